@@ -1,0 +1,18 @@
+//! treewarden takes custody of process trees.
+//!
+//! Modules in reading order:
+//!
+//! - [`config`]: one validated [`config::Config`], passed explicitly; no globals.
+//! - [`proc`]: the only code that makes process syscalls: identity, boundary
+//!   (session, process group, cgroup v2), signals, subreaper and reaping, host probe.
+//! - [`ledger`]: the only code that knows SQL: the write-ahead authority ledger.
+//! - [`scan`]: `/proc` snapshots and the pure classification of members and escapes.
+//! - [`custody`]: the engine: spawn protocol, teardown state machine, dispatch gate, sweep.
+//!
+//! The binary (`src/main.rs`, `src/cli.rs`) is a thin shell over these.
+
+pub mod config;
+pub mod custody;
+pub mod ledger;
+pub mod proc;
+pub mod scan;
