@@ -1,0 +1,50 @@
+//! Helpers shared by the integration tests: bounded condition polls (never
+//! fixed sleeps), temp dirs, and the path of the real binary.
+
+#![allow(dead_code)]
+
+use std::time::{Duration, Instant};
+
+/// The `treewarden` binary built for this test run.
+pub fn bin() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_BIN_EXE_treewarden"))
+}
+
+/// Polls `cond` every few milliseconds until it holds or `limit` passes.
+/// Returns whether it held. Waits on a condition, never a fixed sleep.
+pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Whether a process with this pid exists and is not a zombie.
+pub fn pid_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            // The state follows the last ')' (comm may contain parentheses).
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next());
+            !matches!(state, Some('Z') | Some('X') | None)
+        }
+        Err(_) => false,
+    }
+}
+
+/// Whether this test process runs as root (needed for ns_last_pid and cgroups).
+pub fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// Prints the standard skip line; tests that lack a capability say so.
+pub fn skip(why: &str) {
+    eprintln!("skipped: {why}");
+}
