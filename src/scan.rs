@@ -1,1 +1,419 @@
-//! Placeholder: filled by its issue.
+//! Snapshot scans of `/proc`, and the pure classification of what they saw.
+//!
+//! A scan is two steps kept apart on purpose: [`snapshot`] reads the kernel's
+//! view (through `procfs`, so `comm` with spaces, parentheses or newlines is
+//! parsed correctly), and [`classify`] is a pure function of that snapshot and
+//! the trees we know. Tests feed `classify` crafted snapshots; the engine feeds
+//! it real ones.
+//!
+//! Membership is monotonic by construction: a process once seen as a member is
+//! remembered by its identity (pid + start ticks) in [`KnownTree::seen`], so a
+//! member re-parented to the subreaper (or to init) after its parent died stays
+//! a member. Escapes are findings the caller records once and never erases; a
+//! later scan that would no longer derive them changes nothing.
+//!
+//! This module never signals anything and never writes the ledger.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+
+/// One process as a snapshot saw it: the fields classification needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcEntry {
+    pub pid: i32,
+    pub ppid: i32,
+    pub pgid: i32,
+    pub sid: i32,
+    /// Start time in clock ticks since boot: with the pid, the identity.
+    pub start_ticks: u64,
+    /// The state letter from `/proc/<pid>/stat` (`R`, `S`, `Z`, `T`, ...).
+    pub state: char,
+    pub comm: String,
+    /// Resident set size in bytes.
+    pub rss_bytes: u64,
+}
+
+impl ProcEntry {
+    /// Zombies and dead tasks are not live members: they run nothing and
+    /// cannot be signalled usefully.
+    pub fn is_live(&self) -> bool {
+        !matches!(self.state, 'Z' | 'X' | 'x')
+    }
+}
+
+/// A full `/proc` snapshot, keyed by pid.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub entries: HashMap<i32, ProcEntry>,
+}
+
+/// Reads every process in `/proc`. Processes that vanish while being read are
+/// skipped: they are not there any more, which is what a snapshot says.
+pub fn snapshot() -> Snapshot {
+    let mut entries = HashMap::new();
+    let page = procfs::page_size();
+    if let Ok(all) = procfs::process::all_processes() {
+        for proc in all.flatten() {
+            if let Some(entry) = read_entry(&proc, page) {
+                entries.insert(entry.pid, entry);
+            }
+        }
+    }
+    Snapshot { entries }
+}
+
+/// Re-reads only the given pids (targeted refresh of known members).
+pub fn snapshot_pids(pids: impl IntoIterator<Item = i32>) -> Snapshot {
+    let page = procfs::page_size();
+    let mut entries = HashMap::new();
+    for pid in pids {
+        if let Ok(proc) = procfs::process::Process::new(pid)
+            && let Some(entry) = read_entry(&proc, page)
+        {
+            entries.insert(entry.pid, entry);
+        }
+    }
+    Snapshot { entries }
+}
+
+fn read_entry(proc: &procfs::process::Process, page: u64) -> Option<ProcEntry> {
+    let stat = proc.stat().ok()?;
+    Some(ProcEntry {
+        pid: stat.pid,
+        ppid: stat.ppid,
+        pgid: stat.pgrp,
+        sid: stat.session,
+        start_ticks: stat.starttime,
+        state: stat.state,
+        comm: stat.comm,
+        rss_bytes: stat.rss.saturating_mul(page),
+    })
+}
+
+/// The pids listed in a cgroup's `cgroup.procs` (empty if it is gone).
+pub fn cgroup_pids(cgroup_dir: &Path) -> HashSet<i32> {
+    std::fs::read_to_string(cgroup_dir.join("cgroup.procs"))
+        .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// What an incident reviewer needs about a member, read once, the first time
+/// it is seen (these reads are too costly for every tick).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemberDetails {
+    pub uid: Option<u32>,
+    pub exe: Option<String>,
+    pub cmdline: Option<String>,
+    pub cwd: Option<String>,
+    pub cgroup: Option<String>,
+}
+
+/// Reads the forensic details of one process; fields that cannot be read
+/// (exited meanwhile, permission) are `None`.
+pub fn details(pid: i32) -> MemberDetails {
+    let Ok(proc) = procfs::process::Process::new(pid) else {
+        return MemberDetails::default();
+    };
+    MemberDetails {
+        uid: proc.uid().ok(),
+        exe: proc.exe().ok().map(|p| p.display().to_string()),
+        cmdline: proc.cmdline().ok().map(|v| v.join(" ")),
+        cwd: proc.cwd().ok().map(|p| p.display().to_string()),
+        cgroup: proc.cgroups().ok().and_then(|groups| {
+            groups
+                .into_iter()
+                .find(|g| g.hierarchy == 0)
+                .map(|g| g.pathname)
+        }),
+    }
+}
+
+/// A tree as the classifier needs to know it: its recorded boundary and the
+/// members already seen (by identity), which keeps membership monotonic.
+#[derive(Clone, Debug, Default)]
+pub struct KnownTree {
+    pub id: i64,
+    /// Recorded at spawn, never re-resolved from the leader.
+    pub pgid: i32,
+    pub sid: i32,
+    /// Pids read from the tree's `cgroup.procs` for this scan (cgroup boundary).
+    pub cgroup_pids: HashSet<i32>,
+    /// `(pid, start_ticks)` of every member seen before.
+    pub seen: HashSet<(i32, u64)>,
+}
+
+/// Why a process counts as a member.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Because {
+    Cgroup,
+    Session,
+    Group,
+    /// Seen as a member before (e.g. re-parented since).
+    Seen,
+    /// A descendant of a member.
+    Descent,
+}
+
+/// One member found by a scan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    pub entry: ProcEntry,
+    pub because: Because,
+    /// Outside both the tree's process group and its session.
+    pub escaped: bool,
+}
+
+/// What one scan found for one tree.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TreeFindings {
+    pub tree: i64,
+    /// Live members (zombies excluded).
+    pub members: Vec<Member>,
+}
+
+impl TreeFindings {
+    pub fn escapes(&self) -> impl Iterator<Item = &Member> {
+        self.members.iter().filter(|m| m.escaped)
+    }
+}
+
+/// Classifies a snapshot against the known trees.
+///
+/// A live process is a member of a tree if it is in the tree's cgroup, its
+/// session, or its process group, was seen as a member before, or descends
+/// (by parent links in this snapshot) from a member. A member outside both the
+/// tree's group and session has escaped. `exclude` holds the scanner, the
+/// owner and their helpers: never members, and never a link of descent (a
+/// subreaper's adopted children are not its descendants in the tree sense).
+/// When a process matches several trees, the first direct match wins, in the
+/// order of `trees`.
+pub fn classify(snap: &Snapshot, trees: &[KnownTree], exclude: &HashSet<i32>) -> Vec<TreeFindings> {
+    // Direct matches first.
+    let mut owner_of: HashMap<i32, (usize, Because)> = HashMap::new();
+    for entry in snap.entries.values() {
+        if !entry.is_live() || exclude.contains(&entry.pid) {
+            continue;
+        }
+        for (i, tree) in trees.iter().enumerate() {
+            let because = if tree.cgroup_pids.contains(&entry.pid) {
+                Some(Because::Cgroup)
+            } else if entry.sid == tree.sid {
+                Some(Because::Session)
+            } else if entry.pgid == tree.pgid {
+                Some(Because::Group)
+            } else if tree.seen.contains(&(entry.pid, entry.start_ticks)) {
+                Some(Because::Seen)
+            } else {
+                None
+            };
+            if let Some(because) = because {
+                owner_of.insert(entry.pid, (i, because));
+                break;
+            }
+        }
+    }
+    // Then descent: walk each unowned process's parent chain to the first
+    // member (or to a root / excluded process). Memoised so the whole pass is
+    // linear in the number of processes.
+    let mut descent: HashMap<i32, Option<usize>> = HashMap::new();
+    let pids: Vec<i32> = snap.entries.keys().copied().collect();
+    for pid in pids {
+        if owner_of.contains_key(&pid) || descent.contains_key(&pid) {
+            continue;
+        }
+        let mut chain = Vec::new();
+        let mut cur = pid;
+        let found = loop {
+            if let Some((i, _)) = owner_of.get(&cur) {
+                break Some(*i);
+            }
+            if let Some(known) = descent.get(&cur) {
+                break *known;
+            }
+            if exclude.contains(&cur) || chain.len() > snap.entries.len() {
+                break None;
+            }
+            let Some(entry) = snap.entries.get(&cur) else {
+                break None;
+            };
+            chain.push(cur);
+            if entry.ppid <= 0 || entry.ppid == cur {
+                break None;
+            }
+            cur = entry.ppid;
+        };
+        for p in chain {
+            descent.insert(p, found);
+        }
+    }
+    let mut out: Vec<TreeFindings> = trees
+        .iter()
+        .map(|t| TreeFindings {
+            tree: t.id,
+            members: Vec::new(),
+        })
+        .collect();
+    for entry in snap.entries.values() {
+        if !entry.is_live() || exclude.contains(&entry.pid) {
+            continue;
+        }
+        let hit = match owner_of.get(&entry.pid) {
+            Some((i, because)) => Some((*i, *because)),
+            None => descent
+                .get(&entry.pid)
+                .copied()
+                .flatten()
+                .map(|i| (i, Because::Descent)),
+        };
+        if let Some((i, because)) = hit {
+            let tree = &trees[i];
+            let escaped = entry.pgid != tree.pgid && entry.sid != tree.sid;
+            out[i].members.push(Member {
+                entry: entry.clone(),
+                because,
+                escaped,
+            });
+        }
+    }
+    for findings in &mut out {
+        findings.members.sort_by_key(|m| m.entry.pid);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(pid: i32, ppid: i32, pgid: i32, sid: i32) -> ProcEntry {
+        ProcEntry {
+            pid,
+            ppid,
+            pgid,
+            sid,
+            start_ticks: 1000 + pid as u64,
+            state: 'S',
+            comm: format!("p{pid}"),
+            rss_bytes: 0,
+        }
+    }
+
+    fn snap(entries: Vec<ProcEntry>) -> Snapshot {
+        Snapshot {
+            entries: entries.into_iter().map(|e| (e.pid, e)).collect(),
+        }
+    }
+
+    fn tree(id: i64, pgid: i32) -> KnownTree {
+        KnownTree {
+            id,
+            pgid,
+            sid: pgid,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn members_by_group_session_and_descent() {
+        let s = snap(vec![
+            p(1, 0, 1, 1),
+            p(50, 1, 50, 50),     // the owner
+            p(100, 50, 100, 100), // root
+            p(101, 100, 100, 100),
+            p(102, 101, 102, 100), // own group, same session
+            p(103, 102, 103, 103), // setsid: escaped, by descent
+            p(104, 103, 103, 103), // its child: escaped too
+            p(200, 1, 200, 200),   // unrelated
+        ]);
+        let exclude = HashSet::from([50]);
+        let f = classify(&s, &[tree(7, 100)], &exclude);
+        let pids: Vec<i32> = f[0].members.iter().map(|m| m.entry.pid).collect();
+        assert_eq!(pids, vec![100, 101, 102, 103, 104]);
+        let escaped: Vec<i32> = f[0].escapes().map(|m| m.entry.pid).collect();
+        assert_eq!(escaped, vec![103, 104]);
+        assert_eq!(f[0].members[2].because, Because::Session);
+        assert_eq!(f[0].members[3].because, Because::Descent);
+    }
+
+    #[test]
+    fn reparented_escapee_stays_a_member_once_seen() {
+        // 103 escaped and its parent died: it is now a child of the owner
+        // (subreaper), which is excluded, so descent no longer finds it.
+        let s = snap(vec![
+            p(50, 1, 50, 50),
+            p(100, 50, 100, 100),
+            p(103, 50, 103, 103),
+        ]);
+        let exclude = HashSet::from([50]);
+        let mut t = tree(7, 100);
+        let first = classify(&s, std::slice::from_ref(&t), &exclude);
+        assert_eq!(
+            first[0].members.len(),
+            1,
+            "without memory, ancestry is lost"
+        );
+        t.seen.insert((103, 1103));
+        let again = classify(&s, std::slice::from_ref(&t), &exclude);
+        let m: Vec<(i32, bool)> = again[0]
+            .members
+            .iter()
+            .map(|m| (m.entry.pid, m.escaped))
+            .collect();
+        assert_eq!(m, vec![(100, false), (103, true)]);
+    }
+
+    #[test]
+    fn recycled_pid_is_not_remembered() {
+        // Same pid, later start: not the process we saw.
+        let mut e = p(103, 1, 103, 103);
+        e.start_ticks = 99_999;
+        let s = snap(vec![e]);
+        let mut t = tree(7, 100);
+        t.seen.insert((103, 1103));
+        assert!(classify(&s, &[t], &HashSet::new())[0].members.is_empty());
+    }
+
+    #[test]
+    fn zombies_excluded_and_children_of_excluded_are_not_descendants() {
+        let mut z = p(101, 100, 100, 100);
+        z.state = 'Z';
+        let s = snap(vec![
+            p(100, 50, 100, 100),
+            z,
+            p(50, 1, 50, 50),
+            p(60, 50, 60, 60),
+        ]);
+        let f = classify(&s, &[tree(7, 100)], &HashSet::from([50]));
+        let pids: Vec<i32> = f[0].members.iter().map(|m| m.entry.pid).collect();
+        assert_eq!(pids, vec![100]);
+    }
+
+    #[test]
+    fn cgroup_members_beat_other_trees() {
+        let s = snap(vec![p(300, 1, 300, 300)]);
+        let mut a = tree(1, 100);
+        a.cgroup_pids.insert(300);
+        let f = classify(&s, &[a, tree(2, 300)], &HashSet::new());
+        assert_eq!(f[0].members.len(), 1);
+        assert_eq!(f[0].members[0].because, Because::Cgroup);
+        assert!(f[0].members[0].escaped);
+        assert!(f[1].members.is_empty());
+    }
+
+    #[test]
+    fn parent_cycles_terminate() {
+        // Not possible in a real kernel snapshot, but a torn read must not hang.
+        let s = snap(vec![p(10, 11, 10, 10), p(11, 10, 11, 11)]);
+        let f = classify(&s, &[tree(7, 100)], &HashSet::new());
+        assert!(f[0].members.is_empty());
+    }
+
+    #[test]
+    fn real_snapshot_sees_this_process() {
+        let s = snapshot();
+        let me = std::process::id() as i32;
+        let entry = s.entries.get(&me).expect("own process is in /proc");
+        assert!(entry.start_ticks > 0);
+        assert!(entry.is_live());
+    }
+}
