@@ -140,6 +140,27 @@ pub struct KnownTree {
     pub cgroup_pids: HashSet<i32>,
     /// `(pid, start_ticks)` of every member seen before.
     pub seen: HashSet<(i32, u64)>,
+    /// Start ticks of the recorded root (0 = unknown). A session or group
+    /// whose leader pid now belongs to another process, or a process that
+    /// started before the root, is not ours: pids of sessions and groups are
+    /// reused once they are empty.
+    pub root_start_ticks: u64,
+}
+
+impl KnownTree {
+    /// Whether session/group matches can be trusted in this snapshot: the
+    /// leader (pid == sid, pid == pgid) is either gone or is the recorded root.
+    fn ids_are_ours(&self, snap: &Snapshot) -> bool {
+        if self.root_start_ticks == 0 {
+            return true;
+        }
+        [self.sid, self.pgid]
+            .iter()
+            .all(|leader| match snap.entries.get(leader) {
+                Some(e) => e.start_ticks == self.root_start_ticks,
+                None => true,
+            })
+    }
 }
 
 /// Why a process counts as a member.
@@ -190,16 +211,18 @@ impl TreeFindings {
 pub fn classify(snap: &Snapshot, trees: &[KnownTree], exclude: &HashSet<i32>) -> Vec<TreeFindings> {
     // Direct matches first.
     let mut owner_of: HashMap<i32, (usize, Because)> = HashMap::new();
+    let trusted: Vec<bool> = trees.iter().map(|t| t.ids_are_ours(snap)).collect();
     for entry in snap.entries.values() {
         if !entry.is_live() || exclude.contains(&entry.pid) {
             continue;
         }
         for (i, tree) in trees.iter().enumerate() {
+            let ids_match = trusted[i] && entry.start_ticks >= tree.root_start_ticks;
             let because = if tree.cgroup_pids.contains(&entry.pid) {
                 Some(Because::Cgroup)
-            } else if entry.sid == tree.sid {
+            } else if ids_match && entry.sid == tree.sid {
                 Some(Because::Session)
-            } else if entry.pgid == tree.pgid {
+            } else if ids_match && entry.pgid == tree.pgid {
                 Some(Because::Group)
             } else if tree.seen.contains(&(entry.pid, entry.start_ticks)) {
                 Some(Because::Seen)
@@ -398,6 +421,20 @@ mod tests {
         assert_eq!(f[0].members[0].because, Because::Cgroup);
         assert!(f[0].members[0].escaped);
         assert!(f[1].members.is_empty());
+    }
+
+    #[test]
+    fn recycled_session_id_is_not_ours() {
+        // The root (pid 100, start 1100) is gone; pid 100 now leads a new
+        // session started later: neither it nor its session are members.
+        let mut impostor = p(100, 1, 100, 100);
+        impostor.start_ticks = 5000;
+        let mut child = p(101, 100, 100, 100);
+        child.start_ticks = 5001;
+        let s = snap(vec![impostor, child]);
+        let mut t = tree(7, 100);
+        t.root_start_ticks = 1100;
+        assert!(classify(&s, &[t], &HashSet::new())[0].members.is_empty());
     }
 
     #[test]
