@@ -1,0 +1,99 @@
+//! The dispatch gate: new work is refused while any tree on the host is
+//! unsettled.
+//!
+//! A tree is unsettled when it is `ambiguous` in the ledger, when this
+//! process holds it ambiguous in memory (the ledger refused the write), or
+//! when its teardown was interrupted: state `terminating`/`killing` and its
+//! owner gone. The last rule is what closes dispatch across processes when the
+//! ledger could not even record the ambiguity: the interrupted state is the
+//! last thing it did record, and it stays until a sweep completes the teardown
+//! or an operator resolves it.
+
+use serde::Serialize;
+
+use super::{CustodyError, Engine};
+use crate::ledger::{EventKind, TreeRow, TreeState};
+
+/// One reason dispatch is closed.
+#[derive(Clone, Debug, Serialize)]
+pub struct Unsettled {
+    pub tree: i64,
+    pub reason: String,
+}
+
+impl Engine {
+    /// Every unsettled tree, in id order. Reads only: works while another
+    /// process holds the write lock.
+    pub fn unsettled(&self) -> Result<Vec<Unsettled>, CustodyError> {
+        let mut out: Vec<Unsettled> = self
+            .ambiguous_in_memory()
+            .into_iter()
+            .map(|tree| Unsettled {
+                tree,
+                reason: "ambiguous teardown (not yet in the ledger)".into(),
+            })
+            .collect();
+        for row in self.ledger.nonterminal_trees()? {
+            if out.iter().any(|u| u.tree == row.id) {
+                continue;
+            }
+            match row.state {
+                TreeState::Ambiguous => out.push(Unsettled {
+                    tree: row.id,
+                    reason: row
+                        .note
+                        .clone()
+                        .unwrap_or_else(|| "ambiguous teardown".into()),
+                }),
+                TreeState::Terminating | TreeState::Killing if !self.owner_alive(&row) => {
+                    out.push(Unsettled {
+                        tree: row.id,
+                        reason: format!(
+                            "teardown interrupted in state {} and its owner is gone",
+                            row.state.as_str()
+                        ),
+                    })
+                }
+                _ => {}
+            }
+        }
+        out.sort_by_key(|u| u.tree);
+        Ok(out)
+    }
+
+    /// Refuses with [`CustodyError::DispatchRefused`] naming the first
+    /// unsettled tree, and records the refusal (best effort: the refusal
+    /// stands even when the ledger cannot take the event).
+    pub fn check_dispatch(&self) -> Result<(), CustodyError> {
+        let unsettled = self.unsettled()?;
+        let Some(first) = unsettled.first() else {
+            return Ok(());
+        };
+        let data = serde_json::json!({
+            "tree": first.tree,
+            "reason": first.reason,
+            "unsettled": unsettled.len(),
+        });
+        if let Err(e) = self.ledger.append_event(None, EventKind::DispatchRefused, data) {
+            tracing::warn!(error = %e, "dispatch.refused not recorded");
+        }
+        Err(CustodyError::DispatchRefused {
+            tree: first.tree,
+            reason: first.reason.clone(),
+        })
+    }
+
+    /// Whether a tree's owner still lives. An owner whose start time cannot
+    /// be read counts as alive: a missed reap is recoverable, a wrong kill is
+    /// not.
+    pub(crate) fn owner_alive(&self, row: &TreeRow) -> bool {
+        use crate::proc::Liveness;
+        let owner = row.owner_identity();
+        if owner.pid == std::process::id() as i32
+            && crate::proc::self_identity().map(|me| me == owner).unwrap_or(true)
+        {
+            return true;
+        }
+        !matches!(owner.check(), Liveness::Gone | Liveness::Recycled)
+    }
+}

@@ -1,0 +1,185 @@
+//! Owning one tree from start to end: what `treewarden run` does.
+//!
+//! The owner spawns the tree, scans it on an interval, and tears the whole
+//! tree down when the root exits, on timeout, on SIGINT/SIGTERM/SIGHUP, or
+//! (with `die_with_parent`) when its own parent dies. Events arrive on one
+//! channel from small threads (the root's waiter, the signal iterator), so
+//! the loop reacts at once, not at the next scan tick.
+
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::spawn::SpawnRequest;
+use super::teardown::{Origin, Progress, TeardownOptions, TeardownReport};
+use super::watch::TreeWatch;
+use super::{CustodyError, Engine};
+use crate::ledger::TreeId;
+use crate::proc::ExitStatus;
+
+/// How `run` owns its tree.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    pub grace: Duration,
+    pub timeout: Option<Duration>,
+    pub scan_interval: Duration,
+    pub die_with_parent: bool,
+}
+
+/// Why the tree was torn down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunEnd {
+    RootExited(ExitStatus),
+    Timeout,
+    Signal(i32),
+    ParentDied,
+}
+
+/// What `run` did, and the exit code it maps to.
+#[derive(Debug)]
+pub struct RunOutcome {
+    pub tree: TreeId,
+    pub end: RunEnd,
+    pub teardown: Result<TeardownReport, CustodyError>,
+}
+
+impl RunOutcome {
+    /// The exit code `treewarden run` returns: the root's status; 124 on
+    /// timeout; 128+N when `run` itself got signal N; 125 when the teardown
+    /// is ambiguous or could not be recorded.
+    pub fn exit_code(&self) -> u8 {
+        if self.teardown.is_err() {
+            return 125;
+        }
+        match self.end {
+            RunEnd::RootExited(status) => status.code_for_shell() as u8,
+            RunEnd::Timeout => 124,
+            RunEnd::Signal(n) => (128 + n) as u8,
+            RunEnd::ParentDied => (128 + libc::SIGHUP) as u8,
+        }
+    }
+}
+
+enum Event {
+    Root(ExitStatus),
+    Signal(i32),
+}
+
+impl Engine {
+    /// Spawns `req` and owns it until it is torn down. Requires a reaper
+    /// (this process must be the tree's subreaper).
+    pub fn run(
+        &self,
+        req: &SpawnRequest,
+        opts: &RunOptions,
+        progress: &mut dyn FnMut(&Progress),
+    ) -> Result<RunOutcome, CustodyError> {
+        let reaper = self.reaper.ok_or_else(|| {
+            CustodyError::Conflict("run needs a reaper: this process must own its children".into())
+        })?;
+        let (tx, rx) = mpsc::channel::<Event>();
+        // Signals first, so a SIGTERM during the spawn is not lost.
+        let mut signals = signal_hook::iterator::Signals::new([
+            signal_hook::consts::SIGINT,
+            signal_hook::consts::SIGTERM,
+            signal_hook::consts::SIGHUP,
+        ])
+        .map_err(|e| CustodyError::Proc(crate::proc::ProcError::Io(e)))?;
+        let signals_handle = signals.handle();
+        {
+            let tx = tx.clone();
+            std::thread::Builder::new()
+                .name("tw-signals".into())
+                .spawn(move || {
+                    for sig in signals.forever() {
+                        if tx.send(Event::Signal(sig)).is_err() {
+                            break;
+                        }
+                    }
+                })
+                .map_err(|e| CustodyError::Proc(crate::proc::ProcError::Io(e)))?;
+        }
+        let parent = crate::proc::parent_pid();
+        if opts.die_with_parent {
+            crate::proc::set_parent_death_signal(crate::proc::Sig::Hup)?;
+        }
+
+        let spawned = self.spawn(req)?;
+        let tree = spawned.tree;
+        {
+            let tx = tx.clone();
+            let root = spawned.root.pid;
+            std::thread::Builder::new()
+                .name("tw-root".into())
+                .spawn(move || {
+                    if let Some(status) = reaper.wait_exit(root, None) {
+                        let _ = tx.send(Event::Root(status));
+                    }
+                })
+                .map_err(|e| CustodyError::Proc(crate::proc::ProcError::Io(e)))?;
+        }
+
+        let row = self.ledger.tree(tree)?.ok_or(CustodyError::UnknownTree(tree.0))?;
+        let exclude = self.exclude.as_ref().clone();
+        let mut watch = TreeWatch::new(&row, &[], &exclude);
+        let mut exits: HashMap<i32, ExitStatus> = HashMap::new();
+        let deadline = opts.timeout.map(|t| Instant::now() + t);
+        let mut next_scan = Instant::now();
+        let end = loop {
+            let now = Instant::now();
+            if let Some(d) = deadline
+                && now >= d
+            {
+                break RunEnd::Timeout;
+            }
+            if now >= next_scan {
+                exits.extend(reaper.take_unclaimed());
+                // The root may have exited before its waiter asked for it.
+                if let Some(status) = exits.get(&spawned.root.pid) {
+                    break RunEnd::RootExited(*status);
+                }
+                if let Some(w) = watch.as_mut() {
+                    w.tick(self, &exits);
+                }
+                if opts.die_with_parent && crate::proc::parent_pid() != parent {
+                    break RunEnd::ParentDied;
+                }
+                next_scan = now + opts.scan_interval;
+            }
+            let mut wait = next_scan.saturating_duration_since(Instant::now());
+            if let Some(d) = deadline {
+                wait = wait.min(d.saturating_duration_since(Instant::now()));
+            }
+            match rx.recv_timeout(wait) {
+                Ok(Event::Root(status)) => break RunEnd::RootExited(status),
+                Ok(Event::Signal(sig)) if sig == libc::SIGHUP && opts.die_with_parent => {
+                    break RunEnd::ParentDied;
+                }
+                Ok(Event::Signal(sig)) => break RunEnd::Signal(sig),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => break RunEnd::Signal(libc::SIGTERM),
+            }
+        };
+
+        let reason = match end {
+            RunEnd::RootExited(s) => format!("root exited ({s})"),
+            RunEnd::Timeout => format!(
+                "timeout after {}",
+                humantime::format_duration(opts.timeout.unwrap_or_default())
+            ),
+            RunEnd::Signal(n) => format!("run received signal {n}"),
+            RunEnd::ParentDied => "run's parent died".to_string(),
+        };
+        let mut topts = TeardownOptions::new(opts.grace, reason, Origin::Run);
+        topts.root_exit = match end {
+            RunEnd::RootExited(s) => Some(s),
+            _ => None,
+        };
+        let teardown = self.teardown(tree, &topts, progress);
+        signals_handle.close();
+        Ok(RunOutcome { tree, end, teardown })
+    }
+}

@@ -1,0 +1,143 @@
+//! The spawn protocol: record, fork held, record what the kernel gave us,
+//! commit, release.
+//!
+//! 1. the dispatch gate;
+//! 2. owner + tree row (`spawning`), committed with synchronous=FULL;
+//! 3. fork into the boundary, the child held on its pipe;
+//! 4. pid, pgid, sid, cgroup and the root's identity committed (`tree.spawned`,
+//!    FULL) — this commit is what releases the child;
+//! 5. release to exec; an exec failure is `tree.spawn_failed` (126/127).
+//!
+//! If step 2 or 4 fails, the held child is killed before it runs anything.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use super::{CustodyError, Engine};
+use crate::ledger::{IdentityRecord, NewTree, OwnerKind, OwnerRecord, SpawnRecord, TreeId};
+use crate::proc::{BoundaryKind, HeldChild, Identity, SpawnSpec, SpawnStdio};
+
+/// What to run and on whose behalf.
+#[derive(Clone, Debug)]
+pub struct SpawnRequest {
+    pub argv: Vec<OsString>,
+    pub label: Option<String>,
+    pub cwd: Option<PathBuf>,
+    /// `None` inherits this process's environment.
+    pub env: Option<Vec<(OsString, OsString)>>,
+    pub stdio: SpawnStdio,
+    /// The process on whose behalf the tree runs (verified by the caller).
+    pub owner: Identity,
+    pub owner_kind: OwnerKind,
+}
+
+/// A released tree.
+#[derive(Clone, Debug)]
+pub struct Spawned {
+    pub tree: TreeId,
+    pub root: Identity,
+    pub pgid: i32,
+    pub sid: i32,
+    pub cgroup: Option<PathBuf>,
+    pub boundary: BoundaryKind,
+}
+
+pub(crate) fn identity_record(id: &Identity) -> IdentityRecord {
+    IdentityRecord {
+        pid: id.pid,
+        start_ticks: id.start_ticks,
+        boot_id: id.boot_id.clone(),
+    }
+}
+
+impl Engine {
+    /// Spawns `req` as an owned tree. Work that cannot be recorded never starts.
+    pub fn spawn(&self, req: &SpawnRequest) -> Result<Spawned, CustodyError> {
+        if req.argv.is_empty() {
+            return Err(CustodyError::Conflict("empty command: nothing to run".into()));
+        }
+        self.check_dispatch()?;
+        let owner = self.ledger.register_owner(&OwnerRecord {
+            identity: identity_record(&req.owner),
+            kind: req.owner_kind,
+        })?;
+        let tree = self.ledger.create_tree(&NewTree {
+            label: req.label.clone(),
+            boundary: self.boundary.to_string(),
+            owner,
+            argv: req.argv.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
+            cwd: req.cwd.as_ref().map(|p| p.display().to_string()),
+        })?;
+        let cgroup = match (self.boundary, &self.cgroup_root) {
+            (BoundaryKind::Cgroup, Some(root)) => Some(root.join(format!("tree-{}", tree.0))),
+            _ => None,
+        };
+        let spec = SpawnSpec {
+            argv: req.argv.clone(),
+            cwd: req.cwd.clone(),
+            env: req.env.clone(),
+            stdio: req.stdio,
+            cgroup: cgroup.clone(),
+        };
+        let held = match crate::proc::spawn_held(&spec) {
+            Ok(held) => held,
+            Err(e) => {
+                self.record_spawn_failed(tree, &format!("fork into the boundary failed: {e}"), 125);
+                return Err(e.into());
+            }
+        };
+        if let Err(e) = self.commit_spawn(tree, &held) {
+            // The child has run nothing: kill it on its pipe.
+            if let Err(cancel) = held.cancel() {
+                tracing::error!(tree = tree.0, error = %cancel, "cancelling the held child failed");
+            }
+            self.record_spawn_failed(tree, &format!("could not record the spawn: {e}"), 125);
+            return Err(e);
+        }
+        let root = held.identity.clone();
+        let (pgid, sid, cg) = (held.pgid, held.sid, held.cgroup.clone());
+        match held.release() {
+            Ok(_) => {}
+            Err(failure) => {
+                let code = failure.exit_code();
+                self.record_spawn_failed(tree, &failure.to_string(), code);
+                if let Some(reaper) = self.reaper {
+                    // The child exits at once; collect it so it is not a zombie.
+                    let _ = reaper.wait_exit(root.pid, Some(std::time::Duration::from_secs(2)));
+                }
+                if let Some(dir) = &cg {
+                    let _ = crate::proc::remove_cgroup_if_empty(dir);
+                }
+                return Err(CustodyError::Exec(failure));
+            }
+        }
+        tracing::info!(tree = tree.0, pid = root.pid, boundary = %self.boundary, "tree spawned");
+        Ok(Spawned {
+            tree,
+            root,
+            pgid,
+            sid,
+            cgroup: cg,
+            boundary: self.boundary,
+        })
+    }
+
+    fn commit_spawn(&self, tree: TreeId, held: &HeldChild) -> Result<(), CustodyError> {
+        self.ledger.tree_spawned(
+            tree,
+            &SpawnRecord {
+                root: identity_record(&held.identity),
+                pgid: held.pgid,
+                sid: held.sid,
+                cgroup: held.cgroup.as_ref().map(|p| p.display().to_string()),
+            },
+        )?;
+        Ok(())
+    }
+
+    fn record_spawn_failed(&self, tree: TreeId, reason: &str, code: i32) {
+        if let Err(e) = self.ledger.tree_spawn_failed(tree, reason, code) {
+            tracing::error!(tree = tree.0, error = %e, "tree.spawn_failed not recorded");
+        }
+    }
+}

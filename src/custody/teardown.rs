@@ -1,0 +1,571 @@
+//! The teardown state machine: one implementation for `run`, `kill`, the
+//! sweep and the service.
+//!
+//! ```text
+//! running -> terminating: SIGTERM to the recorded group and to every member
+//!            outside it (identity-checked pidfds)
+//!         -> grace, ending as soon as no live member remains
+//!         -> freeze the cgroup (or SIGSTOP group and stragglers), snapshot
+//!            the survivors as evidence
+//!         -> commit kill.authorized naming the targets       (synchronous=FULL)
+//!            | commit failed: no SIGKILL; thaw; ambiguous; dispatch closes
+//!         -> killing: SIGKILL (cgroup.kill | killpg(recorded pgid) | pidfd)
+//!         -> verify by scan that no live member remains
+//!            | members remain (fork race): freeze-snapshot-authorize-kill
+//!              again, a bounded number of rounds; then ambiguous
+//!         -> ended
+//! ```
+//!
+//! Every step is a ledger event. The only step whose failure to record stops
+//! the teardown is the authorization: evidence writes are best effort (logged
+//! and counted), authority is not.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::watch::{TreeWatch, exit_record};
+use super::{CustodyError, Engine};
+use crate::ledger::{
+    AuthorizationId, EventKind, IdentityRecord, KillTarget, SignalRecord, SurvivorRecord, TreeId,
+    TreeState,
+};
+use crate::proc::{Delivery, GroupDelivery, GroupRecord, Identity, Sig};
+use crate::scan::Member;
+
+/// Who asked for the teardown; chooses the event that records a refusal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Origin {
+    Run,
+    Kill,
+    Sweep,
+    Service,
+}
+
+/// How a teardown runs.
+#[derive(Clone, Debug)]
+pub struct TeardownOptions {
+    /// Time between SIGTERM and the forced kill; ends early when the tree is empty.
+    pub grace: Duration,
+    /// Why (recorded with the state change and the authorization).
+    pub reason: String,
+    pub origin: Origin,
+    /// How long to wait after each SIGKILL for the scan to come back empty.
+    pub verify_timeout: Duration,
+    /// Freeze-snapshot-authorize-kill rounds before giving up (fork races).
+    pub rounds: u32,
+    /// Exit status of the root, when the caller reaped it.
+    pub root_exit: Option<crate::proc::ExitStatus>,
+}
+
+impl TeardownOptions {
+    pub fn new(grace: Duration, reason: impl Into<String>, origin: Origin) -> Self {
+        Self {
+            grace,
+            reason: reason.into(),
+            origin,
+            verify_timeout: Duration::from_secs(3),
+            rounds: 3,
+            root_exit: None,
+        }
+    }
+}
+
+/// The phases, in order; durations of each are reported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    Term,
+    Grace,
+    Freeze,
+    Authorize,
+    Kill,
+    Verify,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Term => "term",
+            Phase::Grace => "grace",
+            Phase::Freeze => "freeze",
+            Phase::Authorize => "authorize",
+            Phase::Kill => "kill",
+            Phase::Verify => "verify",
+        }
+    }
+}
+
+/// Where a teardown is, for a progress display.
+#[derive(Clone, Debug)]
+pub struct Progress {
+    pub phase: Phase,
+    pub alive: usize,
+    pub grace_left: Option<Duration>,
+    pub elapsed: Duration,
+}
+
+/// What a teardown did.
+#[derive(Clone, Debug, Serialize)]
+pub struct TeardownReport {
+    pub tree: i64,
+    pub state: TreeState,
+    /// Live members when the teardown started.
+    pub members_at_start: usize,
+    /// Members that outlived the grace and were force-killed.
+    pub force_killed: usize,
+    pub authorizations: u32,
+    pub phases: Vec<(Phase, Duration)>,
+    pub elapsed: Duration,
+}
+
+/// Signal targets for one step: the recorded group, the cgroup, and members
+/// that neither reaches.
+struct Step<'a> {
+    group: GroupRecord,
+    cgroup: Option<&'a std::path::Path>,
+    /// Live members outside the recorded group (and, for a cgroup kill,
+    /// outside the cgroup): signalled one by one through pidfds.
+    loose: Vec<Identity>,
+    in_group: usize,
+}
+
+impl Engine {
+    /// Tears a tree down (or resumes a teardown from the state the ledger
+    /// holds). Terminal trees are left as they are.
+    pub fn teardown(
+        &self,
+        tree: TreeId,
+        opts: &TeardownOptions,
+        progress: &mut dyn FnMut(&Progress),
+    ) -> Result<TeardownReport, CustodyError> {
+        let started = Instant::now();
+        let row = self.ledger.tree(tree)?.ok_or(CustodyError::UnknownTree(tree.0))?;
+        let mut report = TeardownReport {
+            tree: tree.0,
+            state: row.state,
+            members_at_start: 0,
+            force_killed: 0,
+            authorizations: 0,
+            phases: Vec::new(),
+            elapsed: Duration::ZERO,
+        };
+        if row.state.is_terminal() {
+            return Ok(report);
+        }
+        let detail = self.ledger.tree_detail(tree)?.ok_or(CustodyError::UnknownTree(tree.0))?;
+        let exclude = self.exclude.as_ref().clone();
+        let Some(mut watch) = TreeWatch::new(&row, &detail.members, &exclude) else {
+            // Never released: the held child exits when its owner's pipe closes.
+            self.ledger.end_tree(tree, TreeState::Vanished, None)?;
+            report.state = TreeState::Vanished;
+            return Ok(report);
+        };
+        let leader = Identity {
+            pid: row.root_pid.unwrap_or(watch.pgid()),
+            start_ticks: row.root_start_ticks.unwrap_or(0),
+            boot_id: row.boot_id.clone().unwrap_or_default(),
+        };
+        let group = GroupRecord {
+            pgid: watch.pgid(),
+            sid: watch.sid(),
+            leader,
+        };
+        let mut exits: HashMap<i32, crate::proc::ExitStatus> = HashMap::new();
+        self.collect_exits(&mut exits);
+
+        if matches!(
+            row.state,
+            TreeState::Spawning | TreeState::Running | TreeState::Ambiguous
+        ) {
+            self.ledger.set_state(tree, TreeState::Terminating, Some(&opts.reason))?;
+        }
+
+        // TERM.
+        let t0 = Instant::now();
+        let members = watch.tick(self, &exits).members;
+        report.members_at_start = members.len();
+        if members.is_empty() {
+            return self.finish(tree, &watch, opts, report, started);
+        }
+        let step = self.step(&watch, &group, &members, false);
+        let group_ok = self.send(tree, &step, Sig::Term, None, opts)?;
+        report.phases.push((Phase::Term, t0.elapsed()));
+
+        // Grace, ending as soon as the tree is empty.
+        let t0 = Instant::now();
+        let deadline = Instant::now() + opts.grace;
+        let mut members;
+        loop {
+            self.collect_exits(&mut exits);
+            members = watch.tick(self, &exits).members;
+            let now = Instant::now();
+            if members.is_empty() || now >= deadline {
+                break;
+            }
+            progress(&Progress {
+                phase: Phase::Grace,
+                alive: members.len(),
+                grace_left: Some(deadline - now),
+                elapsed: started.elapsed(),
+            });
+            std::thread::sleep(poll_interval(t0.elapsed()));
+        }
+        report.phases.push((Phase::Grace, t0.elapsed()));
+        if members.is_empty() {
+            return self.finish(tree, &watch, opts, report, started);
+        }
+        if !group_ok && watch.cgroup().is_none() && members.iter().all(|m| m.entry.pgid == group.pgid) {
+            // Nothing provably ours to signal: refuse, close as vanished.
+            return self.refuse(tree, opts, "process group is not provably the recorded one", report, started);
+        }
+
+        // Forced kill, in bounded rounds.
+        for round in 1..=opts.rounds.max(1) {
+            let t0 = Instant::now();
+            self.freeze(&watch, &group, &members, true);
+            self.collect_exits(&mut exits);
+            let survivors = watch.tick(self, &exits).members;
+            report.phases.push((Phase::Freeze, t0.elapsed()));
+            if survivors.is_empty() {
+                self.freeze(&watch, &group, &survivors, false);
+                return self.finish(tree, &watch, opts, report, started);
+            }
+            progress(&Progress {
+                phase: Phase::Authorize,
+                alive: survivors.len(),
+                grace_left: None,
+                elapsed: started.elapsed(),
+            });
+            let t0 = Instant::now();
+            let forensic: Vec<SurvivorRecord> = survivors
+                .iter()
+                .map(|m| SurvivorRecord {
+                    identity: watch.identity(m),
+                    state: m.entry.state.to_string(),
+                    rss_bytes: m.entry.rss_bytes,
+                    comm: m.entry.comm.clone(),
+                })
+                .collect();
+            if let Err(e) = self.ledger.record_survivors(tree, &forensic) {
+                tracing::warn!(tree = tree.0, error = %e, "survivor snapshot not recorded");
+            }
+            let step = self.step(&watch, &group, &survivors, true);
+            let targets = kill_targets(&watch, &step, &survivors);
+            let reason = format!("{} (round {round}: {} survivors after grace)", opts.reason, survivors.len());
+            let auth = match self.ledger.authorize_kill(tree, &targets, &reason) {
+                Ok(auth) => auth,
+                Err(e) => {
+                    // Fail closed: a kill we cannot prove we were authorized
+                    // to send is worse than survivors we can still inspect.
+                    self.freeze(&watch, &group, &survivors, false);
+                    self.mark_ambiguous_in_memory(tree.0);
+                    let why = format!(
+                        "forced kill skipped: its authority could not be written ({e}); {} survivors left alive as evidence",
+                        survivors.len()
+                    );
+                    let _ = self.ledger.kill_skipped(tree, &why);
+                    let _ = self.ledger.add_flag(tree, "authority_write_failed");
+                    let _ = self.ledger.set_state(tree, TreeState::Ambiguous, Some(&why));
+                    return Err(CustodyError::Ambiguous { tree: tree.0, reason: why });
+                }
+            };
+            report.authorizations += 1;
+            report.phases.push((Phase::Authorize, t0.elapsed()));
+            if round == 1
+                && let Err(e) = self.ledger.set_state(tree, TreeState::Killing, Some(&reason))
+            {
+                tracing::warn!(tree = tree.0, error = %e, "state killing not recorded");
+            }
+
+            let t0 = Instant::now();
+            self.send(tree, &step, Sig::Kill, Some(auth), opts)?;
+            report.force_killed += survivors.len();
+            // Thaw: killed tasks in a frozen cgroup die once thawed at the latest.
+            self.freeze(&watch, &group, &[], false);
+            report.phases.push((Phase::Kill, t0.elapsed()));
+
+            let t0 = Instant::now();
+            let deadline = Instant::now() + opts.verify_timeout;
+            loop {
+                self.collect_exits(&mut exits);
+                members = watch.tick(self, &exits).members;
+                if members.is_empty() || Instant::now() >= deadline {
+                    break;
+                }
+                progress(&Progress {
+                    phase: Phase::Verify,
+                    alive: members.len(),
+                    grace_left: None,
+                    elapsed: started.elapsed(),
+                });
+                std::thread::sleep(poll_interval(t0.elapsed()));
+            }
+            report.phases.push((Phase::Verify, t0.elapsed()));
+            if members.is_empty() {
+                return self.finish(tree, &watch, opts, report, started);
+            }
+        }
+
+        // Members outlived every round: the tree is not provably gone.
+        let why = format!("{} members survived the forced kill", members.len());
+        self.mark_ambiguous_in_memory(tree.0);
+        let _ = self.ledger.add_flag(tree, "survivors");
+        if let Err(e) = self.ledger.set_state(tree, TreeState::Ambiguous, Some(&why)) {
+            tracing::error!(tree = tree.0, error = %e, "ambiguous state not recorded");
+        }
+        Err(CustodyError::Ambiguous { tree: tree.0, reason: why })
+    }
+
+    /// Builds the targets of one signal step from the live members.
+    fn step<'a>(&self, watch: &'a TreeWatch, group: &GroupRecord, members: &[Member], kill: bool) -> Step<'a> {
+        let cgroup = watch.cgroup();
+        let cgroup_pids = cgroup.map(crate::scan::cgroup_pids).unwrap_or_default();
+        let mut loose = Vec::new();
+        let mut in_group = 0;
+        for m in members {
+            if m.entry.pgid == group.pgid {
+                in_group += 1;
+                continue;
+            }
+            if kill && cgroup_pids.contains(&m.entry.pid) {
+                continue; // cgroup.kill reaches it
+            }
+            loose.push(Identity {
+                pid: m.entry.pid,
+                start_ticks: m.entry.start_ticks,
+                boot_id: group.leader.boot_id.clone(),
+            });
+        }
+        Step {
+            group: group.clone(),
+            cgroup: if kill { cgroup } else { None },
+            loose,
+            in_group,
+        }
+    }
+
+    /// Sends `sig` to a step's targets and records each signal. Returns
+    /// whether the group was provably the recorded one (or empty).
+    fn send(
+        &self,
+        tree: TreeId,
+        step: &Step<'_>,
+        sig: Sig,
+        authorization: Option<AuthorizationId>,
+        opts: &TeardownOptions,
+    ) -> Result<bool, CustodyError> {
+        let mut group_ok = true;
+        if let Some(dir) = step.cgroup {
+            let result = match crate::proc::cgroup_kill(dir) {
+                Ok(()) => "sent".to_string(),
+                Err(e) => format!("failed: {e}"),
+            };
+            self.record(tree, sig, "cgroup", &dir.display().to_string(), &result, authorization);
+        }
+        // With a cgroup kill, group members are in the cgroup; the group
+        // signal is still sent for members that left it (none, unless moved).
+        if step.in_group > 0 || step.cgroup.is_none() {
+            let result = match crate::proc::signal_group(&step.group, sig) {
+                Ok(GroupDelivery::Sent { members }) => format!("sent to {members} members"),
+                Ok(GroupDelivery::Empty) => "group empty".to_string(),
+                Ok(GroupDelivery::NotRecorded(why)) => {
+                    group_ok = false;
+                    self.refusal_event(tree, opts, &why);
+                    format!("refused: {why}")
+                }
+                Err(e) => format!("failed: {e}"),
+            };
+            if result.starts_with("sent") || sig != Sig::Kill {
+                self.record(tree, sig, "group", &step.group.pgid.to_string(), &result, authorization);
+            } else if step.cgroup.is_none() {
+                // A SIGKILL that was not sent is recorded as skipped, not as a signal.
+                let _ = self.ledger.kill_skipped(tree, &format!("group {}: {result}", step.group.pgid));
+            }
+        }
+        for id in &step.loose {
+            let result = match crate::proc::signal_process(id, sig) {
+                Ok(Delivery::Sent) => "sent".to_string(),
+                Ok(Delivery::Gone) => "gone".to_string(),
+                Ok(Delivery::Recycled) => "refused: pid recycled".to_string(),
+                Err(e) => format!("failed: {e}"),
+            };
+            if result == "sent" || sig != Sig::Kill {
+                self.record(tree, sig, "pid", &id.pid.to_string(), &result, authorization);
+            }
+        }
+        Ok(group_ok)
+    }
+
+    fn record(
+        &self,
+        tree: TreeId,
+        sig: Sig,
+        kind: &str,
+        target: &str,
+        result: &str,
+        authorization: Option<AuthorizationId>,
+    ) {
+        let rec = SignalRecord {
+            signal: sig.name().to_string(),
+            target_kind: kind.to_string(),
+            target: target.to_string(),
+            result: result.to_string(),
+            authorization,
+        };
+        if let Err(e) = self.ledger.record_signal(tree, &rec) {
+            tracing::error!(tree = tree.0, signal = sig.name(), error = %e, "signal not recorded");
+        }
+    }
+
+    fn refusal_event(&self, tree: TreeId, opts: &TeardownOptions, why: &str) {
+        let data = serde_json::json!({ "reason": why });
+        let result = if opts.origin == Origin::Sweep {
+            self.ledger.append_event(Some(tree), EventKind::SweepRefused, data)
+        } else {
+            self.ledger.kill_skipped(tree, why).map(|_| 0)
+        };
+        if let Err(e) = result {
+            tracing::warn!(tree = tree.0, error = %e, "refusal not recorded");
+        }
+    }
+
+    /// Freezes (or thaws) what the next step will kill: the cgroup, or
+    /// SIGSTOP/SIGCONT to the group and the loose members.
+    fn freeze(&self, watch: &TreeWatch, group: &GroupRecord, members: &[Member], frozen: bool) {
+        if let Some(dir) = watch.cgroup() {
+            if let Err(e) = crate::proc::cgroup_freeze(dir, frozen, Duration::from_secs(1)) {
+                tracing::warn!(tree = watch.tree().0, error = %e, frozen, "cgroup freeze failed");
+            }
+            return;
+        }
+        let sig = if frozen { Sig::Stop } else { Sig::Cont };
+        let _ = crate::proc::signal_group(group, sig);
+        for m in members.iter().filter(|m| m.entry.pgid != group.pgid) {
+            let id = Identity {
+                pid: m.entry.pid,
+                start_ticks: m.entry.start_ticks,
+                boot_id: group.leader.boot_id.clone(),
+            };
+            let _ = crate::proc::signal_process(&id, sig);
+        }
+    }
+
+    fn collect_exits(&self, exits: &mut HashMap<i32, crate::proc::ExitStatus>) {
+        if let Some(reaper) = self.reaper {
+            exits.extend(reaper.take_unclaimed());
+        }
+    }
+
+    fn finish(
+        &self,
+        tree: TreeId,
+        watch: &TreeWatch,
+        opts: &TeardownOptions,
+        mut report: TeardownReport,
+        started: Instant,
+    ) -> Result<TeardownReport, CustodyError> {
+        let exit = opts.root_exit.map(exit_record);
+        match self.ledger.end_tree(tree, TreeState::Ended, exit) {
+            Ok(()) => {}
+            Err(e) => {
+                // Someone else (a concurrent `kill`) may have ended it first.
+                match self.ledger.tree(tree) {
+                    Ok(Some(row)) if row.state.is_terminal() => {}
+                    _ => return Err(e.into()),
+                }
+            }
+        }
+        self.forget_ambiguous(tree.0);
+        if let Some(dir) = watch.cgroup() {
+            remove_cgroup(dir);
+        }
+        report.state = TreeState::Ended;
+        report.elapsed = started.elapsed();
+        Ok(report)
+    }
+
+    fn refuse(
+        &self,
+        tree: TreeId,
+        opts: &TeardownOptions,
+        why: &str,
+        mut report: TeardownReport,
+        started: Instant,
+    ) -> Result<TeardownReport, CustodyError> {
+        self.refusal_event(tree, opts, why);
+        self.ledger.end_tree(tree, TreeState::Vanished, None)?;
+        report.state = TreeState::Vanished;
+        report.elapsed = started.elapsed();
+        Ok(report)
+    }
+}
+
+/// The authorization names every target with the identities it will reach.
+fn kill_targets(watch: &TreeWatch, step: &Step<'_>, survivors: &[Member]) -> Vec<KillTarget> {
+    let ids = |filter: &dyn Fn(&Member) -> bool| -> Vec<IdentityRecord> {
+        survivors.iter().filter(|m| filter(m)).map(|m| watch.identity(m)).collect()
+    };
+    let mut targets = Vec::new();
+    if let Some(dir) = step.cgroup {
+        let pids = crate::scan::cgroup_pids(dir);
+        targets.push(KillTarget {
+            kind: "cgroup".into(),
+            target: dir.display().to_string(),
+            identities: ids(&|m| pids.contains(&m.entry.pid)),
+        });
+    }
+    if step.in_group > 0 || step.cgroup.is_none() {
+        targets.push(KillTarget {
+            kind: "group".into(),
+            target: step.group.pgid.to_string(),
+            identities: ids(&|m| m.entry.pgid == step.group.pgid),
+        });
+    }
+    for id in &step.loose {
+        targets.push(KillTarget {
+            kind: "pid".into(),
+            target: id.pid.to_string(),
+            identities: vec![IdentityRecord {
+                pid: id.pid,
+                start_ticks: id.start_ticks,
+                boot_id: id.boot_id.clone(),
+            }],
+        });
+    }
+    targets
+}
+
+/// Polls fast at first (most trees die within milliseconds of their
+/// signal), then backs off to keep a long grace cheap.
+fn poll_interval(elapsed: Duration) -> Duration {
+    if elapsed < Duration::from_millis(50) {
+        Duration::from_millis(2)
+    } else if elapsed < Duration::from_secs(1) {
+        Duration::from_millis(10)
+    } else {
+        Duration::from_millis(50)
+    }
+}
+
+/// Removes a tree's cgroup once the kernel has let go of it (rmdir fails
+/// with EBUSY while dying tasks are still accounted to it).
+fn remove_cgroup(dir: &std::path::Path) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match crate::proc::remove_cgroup_if_empty(dir) {
+            Ok(true) => return,
+            Ok(false) | Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            Ok(false) => {
+                tracing::warn!(cgroup = %dir.display(), "cgroup still populated; left in place");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(cgroup = %dir.display(), error = %e, "cgroup not removed");
+                return;
+            }
+        }
+    }
+}

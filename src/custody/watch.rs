@@ -1,0 +1,216 @@
+//! Watching one tree: scan, classify, and record what is new.
+//!
+//! A [`TreeWatch`] remembers every member it has seen (by identity) and
+//! every escape it has recorded, so each finding is written once and never
+//! unwritten. Both the owner's periodic scans and the teardown's scans go
+//! through [`TreeWatch::tick`], so they cannot disagree about membership.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use super::Engine;
+use crate::ledger::{ExitRecord, IdentityRecord, MemberRecord, TreeId, TreeRow};
+use crate::proc::ExitStatus;
+use crate::scan::{self, KnownTree, Member};
+
+/// What one tick saw.
+#[derive(Clone, Debug, Default)]
+pub struct TickReport {
+    /// Live members now.
+    pub members: Vec<Member>,
+    pub new_members: usize,
+    pub new_escapes: usize,
+    /// Members alive at the previous tick and gone now.
+    pub exited: usize,
+    pub duration: Duration,
+    /// Ledger writes that failed this tick (logged; evidence is best effort
+    /// here, authority is not).
+    pub write_errors: usize,
+}
+
+/// The scanning state of one tree.
+pub struct TreeWatch {
+    tree: TreeId,
+    known: KnownTree,
+    cgroup: Option<PathBuf>,
+    exclude: HashSet<i32>,
+    escapes: HashSet<(i32, u64)>,
+    alive: HashMap<(i32, u64), i32>,
+    boot_id: String,
+}
+
+impl TreeWatch {
+    /// A watch over a recorded tree; `None` when the tree never got a root
+    /// (it was never released, so nothing of it can be running).
+    pub fn new(row: &TreeRow, previously: &[crate::ledger::MemberRow], exclude: &HashSet<i32>) -> Option<Self> {
+        let (pgid, sid, root_start) = (row.pgid?, row.sid?, row.root_start_ticks?);
+        let mut exclude = exclude.clone();
+        exclude.insert(row.owner.pid);
+        let mut known = KnownTree {
+            id: row.id,
+            pgid,
+            sid,
+            root_start_ticks: root_start,
+            ..KnownTree::default()
+        };
+        let mut escapes = HashSet::new();
+        for m in previously {
+            known.seen.insert((m.pid, m.start_ticks));
+            if m.escaped_at.is_some() {
+                escapes.insert((m.pid, m.start_ticks));
+            }
+        }
+        Some(Self {
+            tree: TreeId(row.id),
+            known,
+            cgroup: row.cgroup.as_ref().map(PathBuf::from),
+            exclude,
+            escapes,
+            alive: HashMap::new(),
+            boot_id: row.boot_id.clone().unwrap_or_default(),
+        })
+    }
+
+    pub fn tree(&self) -> TreeId {
+        self.tree
+    }
+
+    pub fn pgid(&self) -> i32 {
+        self.known.pgid
+    }
+
+    pub fn sid(&self) -> i32 {
+        self.known.sid
+    }
+
+    pub fn cgroup(&self) -> Option<&std::path::Path> {
+        self.cgroup.as_deref()
+    }
+
+    /// Identity of a scanned member, in the ledger's terms.
+    pub fn identity(&self, m: &Member) -> IdentityRecord {
+        IdentityRecord {
+            pid: m.entry.pid,
+            start_ticks: m.entry.start_ticks,
+            boot_id: self.boot_id.clone(),
+        }
+    }
+
+    /// Scans `/proc`, classifies, records first sightings, escapes and exits.
+    /// `exits` holds statuses the reaper collected, to attach to exit records.
+    pub fn tick(&mut self, engine: &Engine, exits: &HashMap<i32, ExitStatus>) -> TickReport {
+        let started = Instant::now();
+        let snap = scan::snapshot();
+        if let Some(dir) = &self.cgroup {
+            self.known.cgroup_pids = scan::cgroup_pids(dir);
+        }
+        let mut findings = scan::classify(&snap, std::slice::from_ref(&self.known), &self.exclude);
+        let members = findings.pop().map(|f| f.members).unwrap_or_default();
+        let mut report = TickReport::default();
+        let ledger = engine.ledger();
+
+        let mut fresh = Vec::new();
+        let mut sightings = Vec::with_capacity(members.len());
+        for m in &members {
+            let key = (m.entry.pid, m.entry.start_ticks);
+            let details = if self.known.seen.contains(&key) {
+                None
+            } else {
+                Some(scan::details(m.entry.pid))
+            };
+            let record = MemberRecord {
+                identity: self.identity(m),
+                ppid: m.entry.ppid,
+                pgid: m.entry.pgid,
+                sid: m.entry.sid,
+                cgroup: details.as_ref().and_then(|d| d.cgroup.clone()),
+                uid: details.as_ref().and_then(|d| d.uid),
+                exe: details.as_ref().and_then(|d| d.exe.clone()),
+                cmdline: details.as_ref().and_then(|d| d.cmdline.clone()),
+                cwd: details.as_ref().and_then(|d| d.cwd.clone()),
+            };
+            if details.is_some() {
+                fresh.push(key);
+            }
+            sightings.push(record);
+        }
+        if !sightings.is_empty() {
+            match ledger.observe_members(self.tree, &sightings) {
+                Ok(new) => {
+                    report.new_members = new.len();
+                    self.known.seen.extend(fresh);
+                }
+                Err(e) => {
+                    report.write_errors += 1;
+                    tracing::warn!(tree = self.tree.0, error = %e, "member sightings not recorded");
+                }
+            }
+        }
+        for (m, record) in members.iter().zip(&sightings) {
+            let key = (m.entry.pid, m.entry.start_ticks);
+            if !m.escaped || self.escapes.contains(&key) {
+                continue;
+            }
+            let reason = format!(
+                "outside the tree's group {} and session {} (pgid {}, sid {})",
+                self.known.pgid, self.known.sid, m.entry.pgid, m.entry.sid
+            );
+            match ledger.record_escape(self.tree, record, &reason) {
+                Ok(_) => {
+                    self.escapes.insert(key);
+                    report.new_escapes += 1;
+                }
+                Err(e) => {
+                    report.write_errors += 1;
+                    tracing::warn!(tree = self.tree.0, error = %e, "escape not recorded");
+                }
+            }
+        }
+
+        let now: HashMap<(i32, u64), i32> = members
+            .iter()
+            .map(|m| ((m.entry.pid, m.entry.start_ticks), m.entry.pid))
+            .collect();
+        let gone: Vec<(IdentityRecord, Option<ExitRecord>)> = self
+            .alive
+            .keys()
+            .filter(|k| !now.contains_key(k))
+            .map(|&(pid, start_ticks)| {
+                let exit = exits.get(&pid).map(|s| exit_record(*s));
+                (
+                    IdentityRecord {
+                        pid,
+                        start_ticks,
+                        boot_id: self.boot_id.clone(),
+                    },
+                    exit,
+                )
+            })
+            .collect();
+        if !gone.is_empty() {
+            report.exited = gone.len();
+            if let Err(e) = ledger.record_exits(self.tree, &gone) {
+                report.write_errors += 1;
+                tracing::warn!(tree = self.tree.0, error = %e, "member exits not recorded");
+            }
+        }
+        self.alive = now;
+        report.members = members;
+        report.duration = started.elapsed();
+        report
+    }
+}
+
+pub(crate) fn exit_record(status: ExitStatus) -> ExitRecord {
+    match status {
+        ExitStatus::Exited(code) => ExitRecord {
+            code: Some(code),
+            signal: None,
+        },
+        ExitStatus::Signaled(sig) => ExitRecord {
+            code: None,
+            signal: Some(sig),
+        },
+    }
+}
