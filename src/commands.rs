@@ -1,0 +1,292 @@
+//! The custody commands of the CLI: `run`, `kill`, `ls`, `show`, `sweep`,
+//! `resolve`. Argument structs, the call into the engine, and human / JSON
+//! output. Exit codes follow DESIGN.md: 2 for bad input, 125 when
+//! treewarden itself failed, and for `run` the root's status.
+
+use std::ffi::OsString;
+use std::io::{IsTerminal, Write};
+use std::time::Duration;
+
+use anyhow::anyhow;
+use clap::Args;
+use treewarden::config::Config;
+use treewarden::custody::{
+    CustodyError, Engine, Origin, Progress, RunOptions, SpawnRequest, TeardownOptions,
+};
+use treewarden::ledger::{Ledger, LedgerOptions, OwnerKind, TreeId, TreeRow};
+use treewarden::proc::{Reaper, SpawnStdio};
+
+use crate::cli::{CliError, CliResult, EXIT_INTERNAL, EXIT_USAGE, parse_duration};
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// A label for the tree (shown by ls and the dashboard).
+    #[arg(long)]
+    label: Option<String>,
+    /// Time between SIGTERM and the forced kill.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    grace: Duration,
+    /// Tear the tree down after this long (exit 124).
+    #[arg(long, value_parser = parse_duration)]
+    timeout: Option<Duration>,
+    /// How often the tree is scanned for members and escapes.
+    #[arg(long, default_value = "250ms", value_parser = parse_duration)]
+    scan_interval: Duration,
+    /// Tear the tree down when run's parent dies.
+    #[arg(long)]
+    die_with_parent: bool,
+    /// No teardown progress on stderr.
+    #[arg(long, short)]
+    quiet: bool,
+    /// The command and its arguments.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+    command: Vec<OsString>,
+}
+
+#[derive(Args, Debug)]
+pub struct KillArgs {
+    /// Tree id.
+    tree: i64,
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    grace: Duration,
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct LsArgs {
+    /// Include ended trees.
+    #[arg(long)]
+    all: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ShowArgs {
+    tree: i64,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct SweepArgs {
+    /// Grace given to each orphan between SIGTERM and the forced kill.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    grace: Duration,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ResolveArgs {
+    tree: i64,
+    /// The operator's decision, for the audit trail.
+    #[arg(long)]
+    note: String,
+}
+
+fn open_ledger(config: &Config) -> Result<Ledger, CliError> {
+    Ledger::open(
+        &config.ledger_path(),
+        LedgerOptions {
+            busy_timeout: config.busy_timeout,
+        },
+    )
+    .map_err(|e| CliError::internal(anyhow!("cannot open the ledger {}: {e}", config.ledger_path().display())))
+}
+
+fn engine(config: &Config, reaper: Option<&'static Reaper>) -> Result<Engine, CliError> {
+    let ledger = open_ledger(config)?;
+    Engine::new(config, ledger, reaper).map_err(custody_error)
+}
+
+/// Maps an engine error to its exit code, once.
+fn custody_error(e: CustodyError) -> CliError {
+    let code = match &e {
+        CustodyError::UnknownTree(_) | CustodyError::Conflict(_) => EXIT_USAGE,
+        CustodyError::Exec(failure) => failure.exit_code() as u8,
+        CustodyError::DispatchRefused { .. }
+        | CustodyError::Ledger(_)
+        | CustodyError::Proc(_)
+        | CustodyError::Ambiguous { .. } => EXIT_INTERNAL,
+    };
+    CliError::with_code(code, anyhow!(e))
+}
+
+/// Prints teardown progress on stderr, only when it is a terminal, only
+/// after the first second, at most a few times a second.
+fn progress_printer(quiet: bool) -> impl FnMut(&Progress) {
+    let tty = !quiet && std::io::stderr().is_terminal();
+    let mut last = Duration::ZERO;
+    move |p: &Progress| {
+        if !tty || p.elapsed < Duration::from_secs(1) || p.elapsed - last < Duration::from_millis(250) {
+            return;
+        }
+        last = p.elapsed;
+        let grace = p
+            .grace_left
+            .map(|g| format!(", grace left {:.1}s", g.as_secs_f64()))
+            .unwrap_or_default();
+        eprint!("\rtreewarden: {} — {} alive{grace}   ", p.phase.as_str(), p.alive);
+        let _ = std::io::stderr().flush();
+    }
+}
+
+pub fn run(config: &Config, args: RunArgs) -> CliResult {
+    if args.command.is_empty() {
+        return Err(CliError::usage(anyhow!("empty command: usage is `treewarden run [OPTIONS] -- CMD [ARGS...]`")));
+    }
+    let reaper = Reaper::install().map_err(|e| CliError::internal(anyhow!("cannot become a subreaper: {e}")))?;
+    let engine = engine(config, Some(reaper))?;
+    let owner = treewarden::proc::self_identity().map_err(|e| CliError::internal(anyhow!(e)))?;
+    let req = SpawnRequest {
+        argv: args.command,
+        label: args.label,
+        cwd: None,
+        env: None,
+        stdio: SpawnStdio::Inherit,
+        owner,
+        owner_kind: OwnerKind::Run,
+    };
+    let opts = RunOptions {
+        grace: args.grace,
+        timeout: args.timeout,
+        scan_interval: args.scan_interval,
+        die_with_parent: args.die_with_parent,
+    };
+    let mut progress = progress_printer(args.quiet);
+    let outcome = engine.run(&req, &opts, &mut progress).map_err(custody_error)?;
+    let code = outcome.exit_code();
+    if let Err(e) = outcome.teardown {
+        return Err(CliError::internal(anyhow!(e)));
+    }
+    Ok(code)
+}
+
+pub fn kill(config: &Config, args: KillArgs) -> CliResult {
+    let engine = engine(config, None)?;
+    let tree = TreeId(args.tree);
+    let row = engine
+        .ledger()
+        .tree(tree)
+        .map_err(|e| CliError::internal(anyhow!(e)))?
+        .ok_or_else(|| CliError::usage(anyhow!("unknown tree {}", args.tree)))?;
+    if row.state.is_terminal() {
+        println!("tree {} is already {}", row.id, row.state.as_str());
+        return Ok(0);
+    }
+    let opts = TeardownOptions::new(args.grace, "treewarden kill", Origin::Kill);
+    let mut progress = progress_printer(args.quiet);
+    let report = engine.teardown(tree, &opts, &mut progress).map_err(custody_error)?;
+    println!(
+        "tree {} {}: {} members at start, {} force-killed, {:.0} ms",
+        report.tree,
+        report.state.as_str(),
+        report.members_at_start,
+        report.force_killed,
+        report.elapsed.as_secs_f64() * 1000.0
+    );
+    Ok(0)
+}
+
+pub fn ls(config: &Config, args: LsArgs) -> CliResult {
+    let ledger = open_ledger(config)?;
+    let trees = ledger.list_trees(args.all).map_err(|e| CliError::internal(anyhow!(e)))?;
+    if args.json {
+        print_json(&trees)?;
+        return Ok(0);
+    }
+    println!("{:>6}  {:<12}  {:<8}  {:>8}  {:<20}  {}", "ID", "STATE", "BOUNDARY", "ROOT", "LABEL", "CREATED");
+    for t in &trees {
+        println!("{}", tree_line(t));
+    }
+    Ok(0)
+}
+
+fn tree_line(t: &TreeRow) -> String {
+    format!(
+        "{:>6}  {:<12}  {:<8}  {:>8}  {:<20}  {}",
+        t.id,
+        t.state.as_str(),
+        t.boundary,
+        t.root_pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+        t.label.clone().unwrap_or_default(),
+        t.created_at
+    )
+}
+
+pub fn show(config: &Config, args: ShowArgs) -> CliResult {
+    let ledger = open_ledger(config)?;
+    let detail = ledger
+        .tree_detail(TreeId(args.tree))
+        .map_err(|e| CliError::internal(anyhow!(e)))?
+        .ok_or_else(|| CliError::usage(anyhow!("unknown tree {}", args.tree)))?;
+    if args.json {
+        print_json(&detail)?;
+        return Ok(0);
+    }
+    let t = &detail.tree;
+    println!("tree {}  {}  boundary {}  label {}", t.id, t.state.as_str(), t.boundary, t.label.clone().unwrap_or_default());
+    println!(
+        "root {}  pgid {}  sid {}  cgroup {}",
+        opt(t.root_pid),
+        opt(t.pgid),
+        opt(t.sid),
+        t.cgroup.clone().unwrap_or_else(|| "-".into())
+    );
+    println!("owner pid {} (start {})  created {}  ended {}", t.owner.pid, t.owner.start_ticks, t.created_at, t.ended_at.clone().unwrap_or_else(|| "-".into()));
+    println!("\nmembers ({}):", detail.members.len());
+    for m in &detail.members {
+        println!(
+            "  {:>7} start {:<10} pgid {:<7} sid {:<7} {}{}{}",
+            m.pid,
+            m.start_ticks,
+            m.pgid,
+            m.sid,
+            m.cmdline.clone().unwrap_or_default(),
+            if m.escaped_at.is_some() { "  [escaped]" } else { "" },
+            if m.exited_at.is_some() { "  [exited]" } else { "" },
+        );
+    }
+    println!("\nevents ({}):", detail.events.len());
+    for e in &detail.events {
+        println!("  {:>6} {} {:<18} {}", e.seq, e.at, e.kind, e.data);
+    }
+    Ok(0)
+}
+
+fn opt(v: Option<i32>) -> String {
+    v.map(|v| v.to_string()).unwrap_or_else(|| "-".into())
+}
+
+pub fn sweep(config: &Config, args: SweepArgs) -> CliResult {
+    let engine = engine(config, None)?;
+    let report = engine.sweep(args.grace).map_err(custody_error)?;
+    if args.json {
+        print_json(&report)?;
+    } else {
+        println!("sweep: {} live trees examined, {} owned, {} orphans", report.examined, report.owned, report.orphans.len());
+        for o in &report.orphans {
+            match (&o.to, &o.error) {
+                (Some(to), _) => println!("  tree {}: {} -> {}", o.tree, o.from.as_str(), to.as_str()),
+                (None, Some(e)) => println!("  tree {}: {} -> unsettled: {e}", o.tree, o.from.as_str()),
+                (None, None) => {}
+            }
+        }
+    }
+    Ok(if report.settled() { 0 } else { EXIT_INTERNAL })
+}
+
+pub fn resolve(config: &Config, args: ResolveArgs) -> CliResult {
+    let engine = engine(config, None)?;
+    engine.resolve(TreeId(args.tree), &args.note).map_err(custody_error)?;
+    println!("tree {} resolved", args.tree);
+    Ok(0)
+}
+
+fn print_json(value: &impl serde::Serialize) -> Result<(), CliError> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| CliError::internal(anyhow!(e)))?;
+    println!("{text}");
+    Ok(())
+}
