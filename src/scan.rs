@@ -145,6 +145,11 @@ pub struct KnownTree {
     /// started before the root, is not ours: pids of sessions and groups are
     /// reused once they are empty.
     pub root_start_ticks: u64,
+    /// A subreaper that owns only this tree (`run`): every process it adopted
+    /// came from the tree, so its children are members (a daemonizing double
+    /// fork lands here, in a session of its own). The subreaper itself stays
+    /// excluded.
+    pub adopted_by: Option<i32>,
 }
 
 impl KnownTree {
@@ -173,6 +178,8 @@ pub enum Because {
     Seen,
     /// A descendant of a member.
     Descent,
+    /// A child of the tree's own subreaper (see [`KnownTree::adopted_by`]).
+    Adopted,
 }
 
 /// One member found by a scan.
@@ -226,6 +233,8 @@ pub fn classify(snap: &Snapshot, trees: &[KnownTree], exclude: &HashSet<i32>) ->
                 Some(Because::Group)
             } else if tree.seen.contains(&(entry.pid, entry.start_ticks)) {
                 Some(Because::Seen)
+            } else if tree.adopted_by == Some(entry.ppid) {
+                Some(Because::Adopted)
             } else {
                 None
             };
@@ -383,6 +392,17 @@ mod tests {
             .map(|m| (m.entry.pid, m.escaped))
             .collect();
         assert_eq!(m, vec![(100, false), (103, true)]);
+    }
+
+    #[test]
+    fn children_of_a_dedicated_subreaper_are_adopted_members() {
+        // `run` (50) owns only tree 7: the daemon 103 it adopted, and its child, are members.
+        let s = snap(vec![p(50, 1, 50, 50), p(103, 50, 103, 103), p(104, 103, 103, 103)]);
+        let mut t = tree(7, 100);
+        t.adopted_by = Some(50);
+        let f = classify(&s, &[t], &HashSet::from([50]));
+        let m: Vec<(i32, Because)> = f[0].members.iter().map(|m| (m.entry.pid, m.because)).collect();
+        assert_eq!(m, vec![(103, Because::Adopted), (104, Because::Descent)]);
     }
 
     #[test]

@@ -125,6 +125,9 @@ impl Engine {
         let row = self.ledger.tree(tree)?.ok_or(CustodyError::UnknownTree(tree.0))?;
         let exclude = self.exclude.as_ref().clone();
         let mut watch = TreeWatch::new(&row, &[], &exclude);
+        if let Some(w) = watch.as_mut() {
+            w.adopt_children_of(std::process::id() as i32);
+        }
         let mut exits: HashMap<i32, ExitStatus> = HashMap::new();
         let deadline = opts.timeout.map(|t| Instant::now() + t);
         let mut next_scan = Instant::now();

@@ -157,12 +157,16 @@ impl Engine {
         }
         let detail = self.ledger.tree_detail(tree)?.ok_or(CustodyError::UnknownTree(tree.0))?;
         let exclude = self.exclude.as_ref().clone();
+        let adopted_by = (opts.origin == Origin::Run).then_some(std::process::id() as i32);
         let Some(mut watch) = TreeWatch::new(&row, &detail.members, &exclude) else {
             // Never released: the held child exits when its owner's pipe closes.
             self.ledger.end_tree(tree, TreeState::Vanished, None)?;
             report.state = TreeState::Vanished;
             return Ok(report);
         };
+        if let Some(pid) = adopted_by {
+            watch.adopt_children_of(pid);
+        }
         let leader = Identity {
             pid: row.root_pid.unwrap_or(watch.pgid()),
             start_ticks: row.root_start_ticks.unwrap_or(0),
@@ -188,6 +192,9 @@ impl Engine {
         let members = watch.tick(self, &exits).members;
         report.members_at_start = members.len();
         if members.is_empty() {
+            if let Some(why) = watch.recycled_leader() {
+                return self.refuse(tree, opts, &why, report, started);
+            }
             return self.finish(tree, &watch, opts, report, started);
         }
         let step = self.step(&watch, &group, &members, false);

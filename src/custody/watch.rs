@@ -72,6 +72,29 @@ impl TreeWatch {
         })
     }
 
+    /// Marks this process as the tree's dedicated subreaper: its children
+    /// are members (see [`KnownTree::adopted_by`]). Only `run` may say so.
+    pub fn adopt_children_of(&mut self, pid: i32) {
+        self.known.adopted_by = Some(pid);
+    }
+
+    /// Why the recorded group or session may not be signalled: its leader
+    /// pid now belongs to a process other than the recorded root (the id was
+    /// recycled). `None` when the leader is gone or is the root.
+    pub fn recycled_leader(&self) -> Option<String> {
+        for (what, id) in [("pgid", self.known.pgid), ("sid", self.known.sid)] {
+            if let Ok(Some(now)) = crate::proc::identity_of(id)
+                && now.start_ticks != self.known.root_start_ticks
+            {
+                return Some(format!(
+                    "{what} {id} now belongs to a process started at tick {} (recorded root started at tick {}): recycled",
+                    now.start_ticks, self.known.root_start_ticks
+                ));
+            }
+        }
+        None
+    }
+
     pub fn tree(&self) -> TreeId {
         self.tree
     }

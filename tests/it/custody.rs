@@ -1,0 +1,616 @@
+//! Custody end to end: the real `treewarden` binary owns real process trees
+//! of every awkward shape, on the cgroup boundary and on the forced session
+//! boundary, and each test ends with zero survivors.
+//!
+//! Survivors are found independently of treewarden: every process of a test
+//! tree carries a unique marker in its environment (`TW_TEST_MARK`), and
+//! [`Env::marked`] reads `/proc/*/environ` for it. A member treewarden
+//! failed to see is still found this way. At the end each test (and, as a
+//! last line of defence, `Drop`) ends its leftovers by pid, never by name.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::util::{bin, is_root, pid_alive, skip, wait_until};
+
+static SEQ: AtomicUsize = AtomicUsize::new(0);
+
+/// One test's world: a temp dir, its own ledger, its own cgroup root (on the
+/// cgroup boundary) and a marker for its processes.
+pub struct Env {
+    pub dir: tempfile::TempDir,
+    pub boundary: &'static str,
+    cgroup_root: Option<PathBuf>,
+    pub mark: String,
+}
+
+/// The cgroup v2 directory of this process, if a writable hierarchy exists.
+pub fn own_cgroup_dir() -> Option<PathBuf> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let mount = mountinfo.lines().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        if !right.starts_with("cgroup2 ") {
+            return None;
+        }
+        left.split_whitespace().nth(4).map(PathBuf::from)
+    })?;
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let rel = cgroup.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let dir = mount.join(rel.trim_start_matches('/'));
+    dir.join("cgroup.procs").exists().then_some(dir)
+}
+
+impl Env {
+    /// `None` (after printing "skipped: ...") when the boundary cannot be
+    /// formed on this host.
+    pub fn new(boundary: &'static str) -> Option<Env> {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let n = SEQ.fetch_add(1, Ordering::SeqCst);
+        let mark = format!("tw-{}-{n}-{}", std::process::id(), boundary);
+        let cgroup_root = if boundary == "cgroup" {
+            let Some(own) = own_cgroup_dir().filter(|_| is_root()) else {
+                skip("cgroup boundary needs root and a writable cgroup v2 hierarchy");
+                return None;
+            };
+            let root = own.join(format!("tw-test-{}-{n}", std::process::id()));
+            if let Err(e) = std::fs::create_dir(&root) {
+                skip(&format!("cannot create a test cgroup under {}: {e}", own.display()));
+                return None;
+            }
+            Some(root)
+        } else {
+            None
+        };
+        Some(Env { dir, boundary, cgroup_root, mark })
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    pub fn ledger_path(&self) -> PathBuf {
+        self.data_dir().join("ledger.db")
+    }
+
+    /// The binary with this env's data dir, boundary and cgroup root.
+    pub fn cmd(&self) -> Command {
+        let mut c = Command::new(bin());
+        c.current_dir(self.dir.path())
+            .env("TREEWARDEN_DATA_DIR", self.data_dir())
+            .env("TREEWARDEN_BOUNDARY", self.boundary)
+            .env_remove("TREEWARDEN_CGROUP_ROOT")
+            .env("TREEWARDEN_BUSY_TIMEOUT", "300ms");
+        if let Some(root) = &self.cgroup_root {
+            c.env("TREEWARDEN_CGROUP_ROOT", root);
+        }
+        c
+    }
+
+    /// `treewarden run [extra] -- env TW_TEST_MARK=... sh -c script`, started
+    /// in the background.
+    pub fn spawn_run(&self, extra: &[&str], script: &str) -> Child {
+        let mut c = self.cmd();
+        c.arg("run").args(extra).arg("--").args(self.marked_argv(script));
+        c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        c.spawn().expect("start treewarden run")
+    }
+
+    pub fn marked_argv(&self, script: &str) -> Vec<String> {
+        vec![
+            "env".into(),
+            format!("TW_TEST_MARK={}", self.mark),
+            "sh".into(),
+            "-c".into(),
+            script.into(),
+        ]
+    }
+
+    /// Runs the binary to completion.
+    pub fn output(&self, args: &[&str]) -> Output {
+        self.cmd().args(args).output().expect("run treewarden")
+    }
+
+    /// Live (non-zombie) processes carrying this env's marker.
+    pub fn marked(&self) -> Vec<i32> {
+        let needle = format!("TW_TEST_MARK={}", self.mark);
+        let mut out = Vec::new();
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return out;
+        };
+        for entry in dir.flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                continue;
+            };
+            let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+                continue;
+            };
+            let hit = environ.split(|b| *b == 0).any(|var| var == needle.as_bytes());
+            if hit && pid_alive(pid) {
+                out.push(pid);
+            }
+        }
+        out.sort_unstable();
+        out
+    }
+
+    /// Waits until at least `n` marked processes are alive.
+    pub fn wait_marked(&self, n: usize) -> bool {
+        wait_until(Duration::from_secs(20), || self.marked().len() >= n)
+    }
+
+    /// Waits until no marked process is alive.
+    pub fn wait_none_marked(&self) -> bool {
+        wait_until(Duration::from_secs(10), || self.marked().is_empty())
+    }
+
+    /// The audit trail, parsed.
+    pub fn export(&self) -> Vec<Value> {
+        let out = self.output(&["export", "--format", "ndjson"]);
+        assert!(out.status.success(), "export failed: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("ndjson line"))
+            .collect()
+    }
+
+    /// Every SIGKILL in the trail is preceded by a `kill.authorized` of the
+    /// same tree. Returns the number of SIGKILLs checked.
+    pub fn assert_kills_authorized(&self) -> usize {
+        let events = self.export();
+        let mut authorized: HashSet<i64> = HashSet::new();
+        let mut kills = 0;
+        for e in &events {
+            let tree = e["tree"].as_i64().unwrap_or(-1);
+            match e["kind"].as_str() {
+                Some("kill.authorized") => {
+                    authorized.insert(tree);
+                }
+                Some("signal.sent") if e["data"]["signal"] == "SIGKILL" => {
+                    kills += 1;
+                    assert!(
+                        authorized.contains(&tree),
+                        "SIGKILL without a prior kill.authorized for tree {tree}: {e}"
+                    );
+                }
+                _ => {}
+            }
+        }
+        kills
+    }
+
+    pub fn kinds(&self) -> Vec<String> {
+        self.export()
+            .iter()
+            .filter_map(|e| e["kind"].as_str().map(String::from))
+            .collect()
+    }
+
+    /// `show --json` of a tree.
+    pub fn show(&self, tree: i64) -> Value {
+        let out = self.output(&["show", &tree.to_string(), "--json"]);
+        assert!(out.status.success(), "show failed: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("show json")
+    }
+
+    /// Ends every marked process by pid (cleanup, and the last line of defence).
+    pub fn end_leftovers(&self) {
+        for pid in self.marked() {
+            // SAFETY-free: a plain kill(2) by pid through rustix.
+            if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
+        wait_until(Duration::from_secs(5), || self.marked().is_empty());
+    }
+
+    pub fn cgroup_root(&self) -> Option<&Path> {
+        self.cgroup_root.as_deref()
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        self.end_leftovers();
+        if let Some(root) = &self.cgroup_root {
+            if let Ok(dir) = std::fs::read_dir(root) {
+                for e in dir.flatten() {
+                    if e.path().is_dir() {
+                        let _ = std::fs::remove_dir(e.path());
+                    }
+                }
+            }
+            let _ = std::fs::remove_dir(root);
+        }
+    }
+}
+
+/// Waits for a child with a bound; kills it (by pid) if the bound passes.
+pub fn wait_child(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let mut status = None;
+    wait_until(limit, || {
+        status = child.try_wait().ok().flatten();
+        status.is_some()
+    });
+    if status.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    status
+}
+
+/// Sends a signal to a process we started, by its pid.
+pub fn signal(pid: u32, sig: rustix::process::Signal) {
+    if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+        let _ = rustix::process::kill_process(pid, sig);
+    }
+}
+
+fn stderr_of(child: &mut Child) -> String {
+    use std::io::Read;
+    let mut s = String::new();
+    if let Some(e) = child.stderr.as_mut() {
+        let _ = e.read_to_string(&mut s);
+    }
+    s
+}
+
+const BOTH: [&str; 2] = ["cgroup", "session"];
+
+/// Starts `script` under `run`, waits for `expect` marked processes, sends
+/// SIGTERM to `run`, and checks that the whole tree is gone, `run` exited
+/// 143, and every SIGKILL was authorized first.
+fn torn_down_on_sigterm(boundary: &'static str, script: &str, expect: usize) {
+    let Some(env) = Env::new(boundary) else { return };
+    let mut run = env.spawn_run(&["--grace", "100ms", "--quiet"], script);
+    assert!(env.wait_marked(expect), "[{boundary}] tree did not reach {expect} processes: {:?}", env.marked());
+    signal(run.id(), rustix::process::Signal::TERM);
+    let status = wait_child(&mut run, Duration::from_secs(30)).expect("run exits");
+    let err = stderr_of(&mut run);
+    assert_eq!(status.code(), Some(143), "[{boundary}] run exit; stderr: {err}");
+    assert!(env.wait_none_marked(), "[{boundary}] survivors: {:?}", env.marked());
+    assert!(env.assert_kills_authorized() > 0, "[{boundary}] a SIGTERM-ignoring tree needs a forced kill");
+    let trees = env.output(&["ls", "--all", "--json"]);
+    let trees: Value = serde_json::from_slice(&trees.stdout).expect("ls json");
+    assert_eq!(trees[0]["state"], "ended", "[{boundary}] {trees}");
+}
+
+const IGNORE_TERM_GRANDCHILDREN: &str =
+    "trap '' TERM; sh -c 'trap \"\" TERM; sleep 600 & sleep 600 & wait' & sleep 600 & wait";
+
+#[test]
+fn sigterm_ignoring_grandchildren_are_killed_on_both_boundaries() {
+    for b in BOTH {
+        torn_down_on_sigterm(b, IGNORE_TERM_GRANDCHILDREN, 5);
+    }
+}
+
+#[test]
+fn setsid_and_setpgid_descendants_are_killed_on_both_boundaries() {
+    let script = "trap '' TERM; \
+        setsid sh -c 'trap \"\" TERM; sleep 600 & wait' & \
+        python3 -c 'import os,signal,time; os.setpgid(0,0); signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)' & \
+        sleep 600 & wait";
+    for b in BOTH {
+        torn_down_on_sigterm(b, script, 5);
+    }
+}
+
+#[test]
+fn daemonizing_double_fork_is_killed_on_both_boundaries() {
+    // The middle process exits at once: the daemon is re-parented to `run`
+    // (the subreaper) in a session of its own.
+    let script = "trap '' TERM; (setsid sh -c 'trap \"\" TERM; sleep 600 & wait' &); sleep 600 & wait";
+    for b in BOTH {
+        torn_down_on_sigterm(b, script, 4);
+    }
+}
+
+#[test]
+fn wide_and_deep_trees_are_killed_on_both_boundaries() {
+    let wide = "trap '' TERM; i=0; while [ $i -lt 300 ]; do sleep 600 & i=$((i+1)); done; wait";
+    // Forty levels, each a sleep that is the parent of the next level.
+    let deep = "trap '' TERM; cat > deep.sh <<'EOF'\n\
+        trap '' TERM\n\
+        if [ \"$1\" -gt 0 ]; then sh ./deep.sh $(($1 - 1)) & fi\n\
+        exec sleep 600\n\
+        EOF\n\
+        sh ./deep.sh 40 & wait";
+    for b in BOTH {
+        torn_down_on_sigterm(b, wide, 301);
+        torn_down_on_sigterm(b, deep, 42);
+    }
+}
+
+#[test]
+fn a_tree_that_keeps_forking_is_killed_on_both_boundaries() {
+    let script = "trap '' TERM; while :; do sleep 600 & sleep 0.01; done";
+    for b in BOTH {
+        torn_down_on_sigterm(b, script, 20);
+    }
+}
+
+#[test]
+fn leader_exiting_first_or_killed_first_still_ends_the_tree() {
+    for b in BOTH {
+        let Some(env) = Env::new(b) else { continue };
+        // The leader exits 7 once its children run; the children ignore SIGTERM.
+        let script = "trap '' TERM; sleep 600 & sleep 600 & \
+                      while [ ! -e ready ]; do sleep 0.01; done; exit 7";
+        let mut run = env.spawn_run(&["--grace", "100ms", "--quiet"], script);
+        assert!(env.wait_marked(3), "[{b}] {:?}", env.marked());
+        std::fs::write(env.dir.path().join("ready"), b"").expect("ready file");
+        let status = wait_child(&mut run, Duration::from_secs(30)).expect("run exits");
+        assert_eq!(status.code(), Some(7), "[{b}] the root's status: {}", stderr_of(&mut run));
+        assert!(env.wait_none_marked(), "[{b}] survivors: {:?}", env.marked());
+        env.assert_kills_authorized();
+
+        // The leader killed first: 128 + 9.
+        let script = "trap '' TERM; sleep 600 & sleep 600 & \
+                      while [ ! -e ready2 ]; do sleep 0.01; done; kill -9 $$";
+        let mut run = env.spawn_run(&["--grace", "100ms", "--quiet"], script);
+        assert!(env.wait_marked(3), "[{b}] {:?}", env.marked());
+        std::fs::write(env.dir.path().join("ready2"), b"").expect("ready file");
+        let status = wait_child(&mut run, Duration::from_secs(30)).expect("run exits");
+        assert_eq!(status.code(), Some(137), "[{b}] {}", stderr_of(&mut run));
+        assert!(env.wait_none_marked(), "[{b}] survivors: {:?}", env.marked());
+        env.assert_kills_authorized();
+    }
+}
+
+#[test]
+fn run_passes_exit_status_and_times_out_with_124() {
+    let Some(env) = Env::new("session") else { return };
+    let out = env.cmd().args(["run", "--", "sh", "-c", "echo hello; exit 3"]).output().expect("run");
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\n");
+    let mut run = env.spawn_run(&["--timeout", "300ms", "--grace", "100ms"], "trap '' TERM; sleep 600 & wait");
+    let status = wait_child(&mut run, Duration::from_secs(30)).expect("run exits");
+    assert_eq!(status.code(), Some(124), "{}", stderr_of(&mut run));
+    assert!(env.wait_none_marked());
+}
+
+#[test]
+fn bad_input_is_one_line_and_exit_2() {
+    let Some(env) = Env::new("session") else { return };
+    for (args, needle) in [
+        (vec!["run", "--"], "empty command"),
+        (vec!["run", "--grace", "5x", "--", "true"], "malformed duration"),
+        (vec!["kill", "999"], "unknown tree 999"),
+        (vec!["show", "999"], "unknown tree 999"),
+        (vec!["resolve", "999", "--note", "x"], "unknown tree 999"),
+    ] {
+        let out = env.output(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+    // Exec failures: 127 not found, 126 not executable, recorded as spawn_failed.
+    let out = env.output(&["run", "--", "./definitely-not-here"]);
+    assert_eq!(out.status.code(), Some(127), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::write(env.dir.path().join("noexec"), b"#!/bin/sh\n").expect("file");
+    let out = env.output(&["run", "--", "./noexec"]);
+    assert_eq!(out.status.code(), Some(126), "{}", String::from_utf8_lossy(&out.stderr));
+    let kinds = env.kinds();
+    assert_eq!(kinds.iter().filter(|k| *k == "tree.spawn_failed").count(), 2, "{kinds:?}");
+}
+
+#[test]
+fn owner_killed_then_sweep_ends_the_orphan_and_spares_live_owners() {
+    for b in BOTH {
+        let Some(env) = Env::new(b) else { continue };
+        let mut orphaned = env.spawn_run(&["--grace", "100ms", "--quiet"], IGNORE_TERM_GRANDCHILDREN);
+        assert!(env.wait_marked(5), "[{b}] {:?}", env.marked());
+        let orphan_pids = env.marked();
+        // A second tree whose owner stays alive.
+        let other = Env { dir: tempfile::tempdir().expect("tmp"), boundary: b, cgroup_root: None, mark: format!("{}-live", env.mark) };
+        let mut live = {
+            let mut c = env.cmd();
+            c.args(["run", "--quiet", "--"]).args(other.marked_argv("sleep 600 & wait"));
+            c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+            c.spawn().expect("second run")
+        };
+        assert!(other.wait_marked(2));
+
+        signal(orphaned.id(), rustix::process::Signal::KILL);
+        wait_child(&mut orphaned, Duration::from_secs(10)).expect("owner dies");
+        assert!(orphan_pids.iter().all(|p| pid_alive(*p)), "[{b}] the tree outlives its owner until the sweep");
+
+        let out = env.output(&["sweep", "--grace", "100ms", "--json"]);
+        assert!(out.status.success(), "[{b}] sweep: {}", String::from_utf8_lossy(&out.stderr));
+        let report: Value = serde_json::from_slice(&out.stdout).expect("sweep json");
+        assert_eq!(report["orphans"].as_array().map(Vec::len), Some(1), "[{b}] {report}");
+        assert_eq!(report["owned"], 1, "[{b}] {report}");
+        assert!(env.wait_none_marked(), "[{b}] survivors: {:?}", env.marked());
+        assert_eq!(other.marked().len(), 2, "[{b}] the live owner's tree is untouched");
+        env.assert_kills_authorized();
+        let kinds = env.kinds();
+        assert!(kinds.contains(&"sweep.orphan_found".to_string()), "{kinds:?}");
+
+        signal(live.id(), rustix::process::Signal::TERM);
+        wait_child(&mut live, Duration::from_secs(20)).expect("live run exits");
+        assert!(other.wait_none_marked());
+    }
+}
+
+#[test]
+fn authorization_write_failing_under_a_held_lock_skips_the_kill_and_closes_dispatch() {
+    for b in BOTH {
+        let Some(env) = Env::new(b) else { continue };
+        let mut run = env.spawn_run(&["--grace", "100ms", "--quiet"], "trap '' TERM; sleep 600 & wait");
+        assert!(env.wait_marked(2), "[{b}] {:?}", env.marked());
+        let survivors = env.marked();
+
+        // Another connection holds the write lock past the busy timeout.
+        let lock = rusqlite::Connection::open(env.ledger_path()).expect("open ledger");
+        lock.execute_batch("BEGIN IMMEDIATE").expect("take the write lock");
+        signal(run.id(), rustix::process::Signal::TERM);
+        let status = wait_child(&mut run, Duration::from_secs(30)).expect("run exits");
+        let err = stderr_of(&mut run);
+        assert_eq!(status.code(), Some(125), "[{b}] {err}");
+        assert!(err.contains("forced kill skipped"), "[{b}] {err}");
+        assert!(survivors.iter().all(|p| pid_alive(*p)), "[{b}] survivors are left alive as evidence");
+
+        // Dispatch is refused while the tree is unsettled (reads still work).
+        let out = env.output(&["run", "--", "true"]);
+        assert_eq!(out.status.code(), Some(125));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("dispatch refused"), "[{b}] {}", String::from_utf8_lossy(&out.stderr));
+
+        // Once writable, the sweep completes the teardown with authority.
+        lock.execute_batch("ROLLBACK").expect("release the lock");
+        drop(lock);
+        let out = env.output(&["sweep", "--grace", "100ms"]);
+        assert!(out.status.success(), "[{b}] sweep: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(env.wait_none_marked(), "[{b}] {:?}", env.marked());
+        assert!(env.assert_kills_authorized() > 0);
+        let out = env.output(&["run", "--", "true"]);
+        assert_eq!(out.status.code(), Some(0), "[{b}] dispatch reopens: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+/// A small tmpfs, unmounted on drop.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, size: &str) -> Option<Tmpfs> {
+        std::fs::create_dir_all(dir).ok()?;
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        ok.then(|| Tmpfs(dir.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn authorization_write_failing_on_a_full_disk_skips_the_kill_until_space_returns() {
+    if !is_root() {
+        skip("a full disk needs a tmpfs mount, which needs root");
+        return;
+    }
+    let Some(env) = Env::new("session") else { return };
+    let Some(_fs) = Tmpfs::mount(&env.data_dir(), "2m") else {
+        skip("mount -t tmpfs failed");
+        return;
+    };
+    let mut run = env.spawn_run(&["--grace", "100ms", "--quiet"], "trap '' TERM; sleep 600 & wait");
+    assert!(env.wait_marked(2), "{:?}", env.marked());
+    let survivors = env.marked();
+    // Fill the disk to the last byte.
+    let filler = env.data_dir().join("filler");
+    let _ = Command::new("dd")
+        .args(["if=/dev/zero", "bs=4k"])
+        .arg(format!("of={}", filler.display()))
+        .stderr(Stdio::null())
+        .status();
+    signal(run.id(), rustix::process::Signal::TERM);
+    let status = wait_child(&mut run, Duration::from_secs(30)).expect("run exits");
+    let err = stderr_of(&mut run);
+    assert_eq!(status.code(), Some(125), "{err}");
+    assert!(err.contains("forced kill skipped"), "{err}");
+    assert!(survivors.iter().all(|p| pid_alive(*p)), "survivors left alive");
+    let out = env.output(&["run", "--", "true"]);
+    assert_eq!(out.status.code(), Some(125), "dispatch refused: {}", String::from_utf8_lossy(&out.stderr));
+
+    std::fs::remove_file(&filler).expect("free space");
+    let out = env.output(&["sweep", "--grace", "100ms"]);
+    assert!(out.status.success(), "sweep: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(env.wait_none_marked(), "{:?}", env.marked());
+    assert!(env.assert_kills_authorized() > 0);
+    let out = env.output(&["verify"]);
+    assert!(out.status.success(), "verify: {}", String::from_utf8_lossy(&out.stdout));
+}
+
+#[test]
+fn resolve_reopens_dispatch_after_an_operator_decision() {
+    let Some(env) = Env::new("session") else { return };
+    let mut run = env.spawn_run(&["--grace", "100ms", "--quiet"], "trap '' TERM; sleep 600 & wait");
+    assert!(env.wait_marked(2));
+    let lock = rusqlite::Connection::open(env.ledger_path()).expect("open ledger");
+    lock.execute_batch("BEGIN IMMEDIATE").expect("lock");
+    signal(run.id(), rustix::process::Signal::TERM);
+    assert_eq!(wait_child(&mut run, Duration::from_secs(30)).and_then(|s| s.code()), Some(125));
+    lock.execute_batch("ROLLBACK").expect("unlock");
+    drop(lock);
+    // The operator ends the survivors by hand, then records the decision.
+    env.end_leftovers();
+    let out = env.output(&["resolve", "1", "--note", "killed by hand after inspection"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = env.output(&["run", "--", "true"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(env.kinds().contains(&"tree.resolved".to_string()));
+}
+
+#[test]
+fn a_recycled_pgid_is_never_signalled_by_the_sweep() {
+    if !is_root() {
+        skip("forcing pid reuse through /proc/sys/kernel/ns_last_pid needs root");
+        return;
+    }
+    let Some(env) = Env::new("session") else { return };
+    let mut run = env.spawn_run(&["--quiet"], "sleep 600 & wait");
+    assert!(env.wait_marked(2));
+    let show = env.show(1);
+    let pgid = show["tree"]["pgid"].as_i64().or_else(|| show["pgid"].as_i64()).expect("pgid") as i32;
+    // The owner dies; then the tree's processes, by their pids.
+    signal(run.id(), rustix::process::Signal::KILL);
+    wait_child(&mut run, Duration::from_secs(10));
+    env.end_leftovers();
+    assert!(wait_until(Duration::from_secs(5), || !pid_alive(pgid)));
+
+    // An unrelated process takes the pgid as its own new group.
+    let mut impostor = None;
+    for _ in 0..50 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", format!("{}", pgid - 1)).expect("ns_last_pid");
+        let child = Command::new("setsid")
+            .args(["sleep", "600"])
+            .current_dir(env.dir.path())
+            .spawn()
+            .expect("impostor");
+        if child.id() as i32 == pgid {
+            impostor = Some(child);
+            break;
+        }
+        let mut child = child;
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let Some(mut impostor) = impostor else {
+        skip("could not win the pid race in 50 tries");
+        return;
+    };
+    assert!(wait_until(Duration::from_secs(5), || {
+        std::fs::read_to_string(format!("/proc/{pgid}/stat"))
+            .map(|s| s.rsplit_once(')').map(|(_, r)| r.split_whitespace().nth(2) == Some(&pgid.to_string())).unwrap_or(false))
+            .unwrap_or(false)
+    }), "the impostor leads group {pgid}");
+
+    let out = env.output(&["sweep", "--grace", "100ms", "--json"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(pid_alive(pgid), "the impostor was signalled: {text}");
+    let events = env.export();
+    // The first owner died by SIGKILL before any teardown: any signal that
+    // was sent at all would have gone to the impostor's group.
+    let signalled: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["kind"] == "signal.sent" && e["data"]["result"].as_str().is_some_and(|r| r.starts_with("sent")))
+        .collect();
+    assert!(signalled.is_empty(), "no signal may reach the recycled group: {signalled:?} {text}");
+    assert!(events.iter().any(|e| e["kind"] == "sweep.refused"), "{text}");
+    let ls: Value = serde_json::from_slice(&env.output(&["ls", "--all", "--json"]).stdout).expect("ls");
+    assert_eq!(ls[0]["state"], "vanished", "{ls}");
+    let _ = impostor.kill();
+    let _ = impostor.wait();
+}
