@@ -29,7 +29,8 @@ pub mod signal;
 
 pub use boundary::{
     BoundaryKind, ExecFailure, ExecFailureKind, HeldChild, SpawnSpec, SpawnStdio, Spawned,
-    cgroup_root, remove_cgroup_if_empty, resolve_boundary, spawn_held,
+    cgroup_root, cgroup2_mount, check_cgroup_writable, own_cgroup_dir, remove_cgroup_if_empty,
+    remove_cgroup_when_empty, resolve_boundary, spawn_held,
 };
 pub use identity::{Identity, Liveness, ProcStat, boot_id, identity_of, read_stat, self_identity};
 pub use probe::{Capability, Probe, probe};
