@@ -115,6 +115,13 @@ pub fn own_cgroup_dir() -> Result<Option<PathBuf>, ProcError> {
 /// Where tree cgroups go: the override (`TREEWARDEN_CGROUP_ROOT`,
 /// `Config::cgroup_root`) if given, else the cgroup v2 directory of our own
 /// process. `Ok(None)` when no cgroup v2 hierarchy is mounted.
+///
+/// Tree cgroups are made next to our own processes. cgroup v2's "no internal
+/// processes" rule does not stop this: it applies only to a cgroup with
+/// controllers enabled in `cgroup.subtree_control`, and treewarden enables
+/// none (it needs only `cgroup.procs`, `cgroup.kill`, `cgroup.freeze`,
+/// `cgroup.events`, which every non-root cgroup has). Under systemd the
+/// owning unit needs `Delegate=yes`, or systemd may move or remove them.
 pub fn cgroup_root(override_: Option<&Path>) -> Result<Option<PathBuf>, ProcError> {
     match override_ {
         Some(root) if root.join("cgroup.procs").exists() => Ok(Some(root.to_path_buf())),
@@ -810,5 +817,45 @@ pub fn remove_cgroup_when_empty(path: &Path, wait: Duration) -> Result<bool, Pro
             return Ok(false);
         }
         std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn path_search_prefers_an_executable_and_reports_enoent() {
+        let a = tempfile::tempdir().expect("tempdir");
+        let b = tempfile::tempdir().expect("tempdir");
+        let plain = a.path().join("tool");
+        std::fs::write(&plain, "").expect("write");
+        let exe = b.path().join("tool");
+        std::fs::write(&exe, "").expect("write");
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let path = std::env::join_paths([a.path(), b.path()]).expect("join");
+        let found = resolve_program(OsStr::new("tool"), Some(&path)).expect("found");
+        assert_eq!(found.as_bytes(), exe.as_os_str().as_bytes());
+        let only_plain = std::env::join_paths([a.path()]).expect("join");
+        let found = resolve_program(OsStr::new("tool"), Some(&only_plain)).expect("found");
+        assert_eq!(
+            found.as_bytes(),
+            plain.as_os_str().as_bytes(),
+            "EACCES at exec"
+        );
+        assert!(resolve_program(OsStr::new("no-such-tool"), Some(&path)).is_err());
+    }
+
+    #[test]
+    fn exec_failure_kinds_follow_the_shell() {
+        let f = |errno| ExecFailure::new("x", errno);
+        assert_eq!(f(libc::ENOENT).exit_code(), 127);
+        assert_eq!(f(libc::EACCES).exit_code(), 126);
+        assert_eq!(f(libc::E2BIG).exit_code(), 125);
+        assert_eq!(
+            f(libc::ENOENT).to_string(),
+            "cannot execute x: command not found (No such file or directory (os error 2))"
+        );
     }
 }

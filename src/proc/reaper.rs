@@ -131,7 +131,8 @@ impl Reaper {
     fn run(&self) {
         loop {
             let generation = self.lock().spawn_generation;
-            match rustix::process::wait(WaitOptions::empty()) {
+            // __WALL: also children whose exit signal is not SIGCHLD.
+            match rustix::process::wait(WaitOptions::from_bits_retain(libc::__WALL as u32)) {
                 Ok(Some((pid, status))) => {
                     if let Some(exit) = ExitStatus::from_wait(status) {
                         self.record(pid.as_raw_nonzero().get(), exit);

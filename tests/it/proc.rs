@@ -219,6 +219,9 @@ fn spawn_tree(
         BoundaryKind::Session => BoundaryChoice::Session,
     };
     let root = cgroup_root();
+    if let (BoundaryKind::Cgroup, Err(why)) = (kind, &root) {
+        return Err(format!("no writable cgroup v2: {why}"));
+    }
     let resolved = proc::resolve_boundary(choice, root.as_deref().ok())
         .map_err(|e| format!("cgroup boundary unavailable: {e}"))?;
     assert_eq!(resolved, kind);
