@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 use treewarden::config::{BoundaryChoice, Config};
 
 /// Exit code for bad input: unknown tree, malformed duration, empty command.
+#[allow(dead_code)] // used by the commands of later issues
 pub const EXIT_USAGE: u8 = 2;
 /// Exit code when treewarden itself failed (cannot record, ambiguous, refused).
 pub const EXIT_INTERNAL: u8 = 125;
@@ -22,6 +23,7 @@ pub struct CliError {
     pub error: anyhow::Error,
 }
 
+#[allow(dead_code)] // some constructors serve the commands of later issues
 impl CliError {
     pub fn usage(error: impl Into<anyhow::Error>) -> Self {
         Self {
@@ -83,6 +85,13 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     // Each issue adds its commands here; only commands that work are listed.
+    /// Report what this host supports (cgroup v2, pidfd, subreaper, proc
+    /// connector) and which boundary `auto` picks.
+    Doctor {
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Parses a humantime duration (`500ms`, `5s`, `10m`) with a one-line error.
@@ -119,8 +128,100 @@ pub fn main() -> ExitCode {
 }
 
 fn run_command(command: Command, config: &Config) -> CliResult {
-    let _ = config;
-    match command {}
+    match command {
+        Command::Doctor { json } => doctor(config, json),
+    }
+}
+
+/// The boundary `run` would use with the configured `--boundary`.
+fn run_boundary_row(
+    config: &Config,
+    probe: &treewarden::proc::Probe,
+) -> (&'static str, String, String) {
+    let choice = config.boundary;
+    match treewarden::proc::resolve_boundary(choice, probe.cgroup_root.as_deref()) {
+        Ok(kind) => (
+            "run_boundary",
+            kind.to_string(),
+            format!("--boundary {choice}"),
+        ),
+        Err(e) => (
+            "run_boundary",
+            "none".into(),
+            format!("--boundary {choice}: {e}"),
+        ),
+    }
+}
+
+/// `treewarden doctor [--json]`: the host probe, as a table or one JSON object.
+fn doctor(config: &Config, json: bool) -> CliResult {
+    let probe = treewarden::proc::probe(config.cgroup_root.as_deref());
+    if json {
+        let text = serde_json::to_string_pretty(&probe).map_err(CliError::internal)?;
+        println!("{text}");
+        return Ok(0);
+    }
+    let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    let cap =
+        |c: &treewarden::proc::Capability| (if c.available { "yes" } else { "no" }).to_owned();
+    let rows: Vec<(&str, String, String)> = vec![
+        ("kernel", probe.kernel_release.clone(), String::new()),
+        ("boot_id", opt(probe.boot_id.clone()), String::new()),
+        (
+            "pid_max",
+            opt(probe.pid_max.map(|p| p.to_string())),
+            String::new(),
+        ),
+        (
+            "cgroup_v2",
+            cap(&probe.cgroup_v2),
+            probe.cgroup_v2.note.clone(),
+        ),
+        (
+            "cgroup_root",
+            opt(probe.cgroup_root.as_ref().map(|p| p.display().to_string())),
+            String::new(),
+        ),
+        (
+            "cgroup_writable",
+            cap(&probe.cgroup_writable),
+            probe.cgroup_writable.note.clone(),
+        ),
+        (
+            "cgroup_kill",
+            cap(&probe.cgroup_kill),
+            probe.cgroup_kill.note.clone(),
+        ),
+        (
+            "cgroup_freeze",
+            cap(&probe.cgroup_freeze),
+            probe.cgroup_freeze.note.clone(),
+        ),
+        ("pidfd", cap(&probe.pidfd), probe.pidfd.note.clone()),
+        (
+            "subreaper",
+            cap(&probe.subreaper),
+            probe.subreaper.note.clone(),
+        ),
+        (
+            "proc_connector",
+            cap(&probe.proc_connector),
+            probe.proc_connector.note.clone(),
+        ),
+        (
+            "auto_boundary",
+            probe.auto_boundary.to_string(),
+            probe.auto_reason.clone(),
+        ),
+        run_boundary_row(config, &probe),
+    ];
+    let name_w = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
+    let value_w = rows.iter().map(|r| r.1.len()).max().unwrap_or(0);
+    for (name, value, note) in rows {
+        let line = format!("{name:<name_w$}  {value:<value_w$}  {note}");
+        println!("{}", line.trim_end());
+    }
+    Ok(0)
 }
 
 /// Logs go to stderr so that command output on stdout stays clean.

@@ -1,1 +1,92 @@
-//! Placeholder: filled by its issue.
+//! The only code in treewarden that makes process syscalls or reads `/proc`
+//! for process lifecycle: identities, ownership boundaries, signals, the
+//! subreaper and reaper, and the host capability probe.
+//!
+//! Why it exists: DESIGN rules 1 and 4. Ownership is formed at spawn
+//! ([`boundary::spawn_held`]: new session and process group, optionally a
+//! cgroup, joined before exec while the child waits on a pipe), and nothing is
+//! signalled on a guess: a process only through a pidfd verified against its
+//! recorded [`Identity`], a group only while it provably is the recorded one.
+//!
+//! What it must never do:
+//! - signal pid <= 1, the caller itself, its own process group or session
+//!   (every entry point checks; see [`signal`]);
+//! - re-resolve a process group from a leader pid (the pgid is recorded once);
+//! - leak a `rustix`, `procfs` or `libc` type through a public signature;
+//! - wait for children outside [`reaper`] in a process that installed it.
+//!
+//! `unsafe` is allowed in this module tree only (crate-wide it is denied); it
+//! is confined to `fork`/`execve` and the async-signal-safe child path in
+//! [`boundary`], each block with a `// SAFETY:` line.
+
+#![allow(unsafe_code)]
+
+pub mod boundary;
+pub mod identity;
+pub mod probe;
+pub mod reaper;
+pub mod signal;
+
+pub use boundary::{
+    BoundaryKind, ExecFailure, ExecFailureKind, HeldChild, SpawnSpec, SpawnStdio, Spawned,
+    cgroup_root, cgroup2_mount, check_cgroup_writable, own_cgroup_dir, remove_cgroup_if_empty,
+    remove_cgroup_when_empty, resolve_boundary, spawn_held,
+};
+pub use identity::{Identity, Liveness, ProcStat, boot_id, identity_of, read_stat, self_identity};
+pub use probe::{Capability, Probe, probe};
+pub use reaper::{ExitStatus, Reaper, reap_child, set_subreaper};
+pub use signal::{
+    Delivery, GroupDelivery, GroupRecord, Sig, cgroup_freeze, cgroup_kill, cgroup_pids,
+    cgroup_populated, group_members, signal_group, signal_process,
+};
+
+use std::path::PathBuf;
+
+/// Errors of the process layer. A variant exists only where a caller branches
+/// on it; everything else is [`ProcError::Io`] or [`ProcError::Proc`].
+#[derive(Debug, thiserror::Error)]
+pub enum ProcError {
+    /// A sentinel guard refused the target: pid <= 1, ourselves, our own
+    /// process group or session, or a cgroup that contains us. Nothing was sent.
+    #[error("refused to signal {pid}: {reason}")]
+    Refused { pid: i32, reason: String },
+    /// No usable (mounted, writable) cgroup v2 hierarchy for a cgroup boundary.
+    #[error("no usable cgroup v2 hierarchy: {0}")]
+    NoCgroup(String),
+    /// A cgroup control file or directory could not be used.
+    #[error("cgroup {}: {source}", path.display())]
+    Cgroup {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The forked child failed while preparing itself (setsid, stdio, chdir)
+    /// before it was held; it never ran the command and has been reaped.
+    #[error("child setup failed at {step}: {source}")]
+    ChildSetup {
+        step: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    /// `/proc` could not be read or parsed (other than "no such process").
+    #[error("reading /proc: {0}")]
+    Proc(String),
+    /// Any other system call failure.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+impl From<rustix::io::Errno> for ProcError {
+    fn from(e: rustix::io::Errno) -> Self {
+        ProcError::Io(e.into())
+    }
+}
+
+impl ProcError {
+    pub(crate) fn cgroup(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        ProcError::Cgroup {
+            path: path.into(),
+            source,
+        }
+    }
+}

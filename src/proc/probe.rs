@@ -1,0 +1,201 @@
+//! What this host supports, probed for real (the `doctor` command).
+//!
+//! Each item is tried, not guessed from the kernel version: a pidfd is opened
+//! on ourselves, a probe cgroup is created and removed, the subreaper flag is
+//! set and read back. An unsupported item always carries a reason. The probe
+//! never changes lasting state: the subreaper flag is restored when the probe
+//! set it, and the probe cgroup is removed.
+
+use std::path::{Path, PathBuf};
+
+use super::boundary::{BoundaryKind, cgroup_root, cgroup2_mount, probe_child_cgroup};
+
+/// One probed capability.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Capability {
+    pub available: bool,
+    /// What was found, or why it is unavailable.
+    pub note: String,
+}
+
+impl Capability {
+    fn yes(note: impl Into<String>) -> Self {
+        Capability {
+            available: true,
+            note: note.into(),
+        }
+    }
+    fn no(note: impl Into<String>) -> Self {
+        Capability {
+            available: false,
+            note: note.into(),
+        }
+    }
+}
+
+/// The host's process-custody capabilities.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Probe {
+    /// `uname -r`.
+    pub kernel_release: String,
+    pub boot_id: Option<String>,
+    pub pid_max: Option<i32>,
+    /// A cgroup2 filesystem is mounted (note: the mount point).
+    pub cgroup_v2: Capability,
+    pub cgroup2_mount: Option<PathBuf>,
+    /// Where tree cgroups would go (override or our own cgroup).
+    pub cgroup_root: Option<PathBuf>,
+    /// A tree cgroup can be created under the root and processes moved there.
+    pub cgroup_writable: Capability,
+    /// `cgroup.kill` exists (kernel >= 5.14).
+    pub cgroup_kill: Capability,
+    /// `cgroup.freeze` exists (kernel >= 5.2).
+    pub cgroup_freeze: Capability,
+    /// `pidfd_open` works (kernel >= 5.3).
+    pub pidfd: Capability,
+    /// `PR_SET_CHILD_SUBREAPER` can be set.
+    pub subreaper: Capability,
+    /// The proc connector could be used (CAP_NET_ADMIN or root); only the
+    /// capability is probed.
+    pub proc_connector: Capability,
+    /// What `--boundary auto` picks here.
+    pub auto_boundary: BoundaryKind,
+    pub auto_reason: String,
+}
+
+/// Probes the host. `cgroup_root_override` is `Config::cgroup_root`.
+pub fn probe(cgroup_root_override: Option<&Path>) -> Probe {
+    let kernel_release = rustix::system::uname()
+        .release()
+        .to_string_lossy()
+        .into_owned();
+    let boot_id = super::identity::boot_id().ok().map(str::to_owned);
+    let pid_max = procfs::sys::kernel::pid_max().ok();
+
+    let mount = cgroup2_mount();
+    let cgroup2_mount = mount.as_ref().ok().cloned().flatten();
+    let cgroup_v2 = match &mount {
+        Ok(Some(m)) => Capability::yes(format!("mounted at {}", m.display())),
+        Ok(None) => Capability::no("no cgroup2 filesystem in /proc/self/mountinfo"),
+        Err(e) => Capability::no(format!("cannot read mountinfo: {e}")),
+    };
+    let root = cgroup_root(cgroup_root_override);
+    let (cgroup_root, root_note) = match root {
+        Ok(Some(r)) => (Some(r), String::new()),
+        Ok(None) if cgroup2_mount.is_some() => (
+            None,
+            "our cgroup (/proc/self/cgroup 0::) is not reachable through the cgroup2 mount".into(),
+        ),
+        Ok(None) => (None, "no cgroup v2 hierarchy".into()),
+        Err(e) => (None, e.to_string()),
+    };
+    let unavailable = |what: &str| -> Capability {
+        Capability::no(format!("{what}: no cgroup root ({root_note})"))
+    };
+    let (cgroup_writable, cgroup_kill, cgroup_freeze) = match &cgroup_root {
+        None => (
+            unavailable("not writable"),
+            unavailable("unknown"),
+            unavailable("unknown"),
+        ),
+        Some(r) => match probe_child_cgroup(r) {
+            Ok((kill, freeze)) => {
+                let file = |present: bool, name: &str, kernel: &str| {
+                    if present {
+                        Capability::yes(format!("{name} present in a tree cgroup"))
+                    } else {
+                        Capability::no(format!("{name} missing (needs Linux >= {kernel})"))
+                    }
+                };
+                (
+                    Capability::yes(format!(
+                        "created and removed a probe cgroup in {}",
+                        r.display()
+                    )),
+                    file(kill, "cgroup.kill", "5.14"),
+                    file(freeze, "cgroup.freeze", "5.2"),
+                )
+            }
+            Err(why) => (
+                Capability::no(why.clone()),
+                Capability::no(format!("unknown: {why}")),
+                Capability::no(format!("unknown: {why}")),
+            ),
+        },
+    };
+
+    let pidfd = match rustix::process::pidfd_open(
+        rustix::process::getpid(),
+        rustix::process::PidfdFlags::empty(),
+    ) {
+        Ok(_) => Capability::yes("pidfd_open on self works"),
+        Err(e) => Capability::no(format!("pidfd_open failed: {e} (needs Linux >= 5.3)")),
+    };
+    let subreaper = probe_subreaper();
+    let proc_connector = probe_proc_connector();
+
+    let (auto_boundary, auto_reason) = if cgroup_writable.available {
+        (
+            BoundaryKind::Cgroup,
+            "a writable cgroup v2 hierarchy exists".to_owned(),
+        )
+    } else {
+        (
+            BoundaryKind::Session,
+            format!("no writable cgroup v2: {}", cgroup_writable.note),
+        )
+    };
+    Probe {
+        kernel_release,
+        boot_id,
+        pid_max,
+        cgroup_v2,
+        cgroup2_mount,
+        cgroup_root,
+        cgroup_writable,
+        cgroup_kill,
+        cgroup_freeze,
+        pidfd,
+        subreaper,
+        proc_connector,
+        auto_boundary,
+        auto_reason,
+    }
+}
+
+/// Sets the subreaper flag, reads it back, and restores it if it was unset,
+/// so probing inside a long-running owner changes nothing.
+fn probe_subreaper() -> Capability {
+    match rustix::process::child_subreaper() {
+        Ok(Some(_)) => return Capability::yes("already set on this process"),
+        Ok(None) => {}
+        Err(e) => return Capability::no(format!("PR_GET_CHILD_SUBREAPER failed: {e}")),
+    }
+    let me = rustix::process::getpid();
+    if let Err(e) = rustix::process::set_child_subreaper(Some(me)) {
+        return Capability::no(format!("PR_SET_CHILD_SUBREAPER failed: {e}"));
+    }
+    let read_back = rustix::process::child_subreaper();
+    let _ = rustix::process::set_child_subreaper(None);
+    match read_back {
+        Ok(Some(_)) => Capability::yes("PR_SET_CHILD_SUBREAPER set and read back"),
+        Ok(None) => Capability::no("PR_SET_CHILD_SUBREAPER did not stick"),
+        Err(e) => Capability::no(format!("PR_GET_CHILD_SUBREAPER failed: {e}")),
+    }
+}
+
+/// CAP_NET_ADMIN (bit 12) in the effective set, or euid 0.
+fn probe_proc_connector() -> Capability {
+    const CAP_NET_ADMIN: u32 = 12;
+    let status = procfs::process::Process::myself().and_then(|p| p.status());
+    match status {
+        Ok(s) if s.capeff & (1u64 << CAP_NET_ADMIN) != 0 => {
+            Capability::yes("CAP_NET_ADMIN in the effective set (capability only)")
+        }
+        Ok(_) if rustix::process::geteuid().is_root() => {
+            Capability::yes("euid 0 (capability only)")
+        }
+        Ok(_) => Capability::no("needs CAP_NET_ADMIN (not in CapEff) or root"),
+        Err(e) => Capability::no(format!("cannot read /proc/self/status: {e}")),
+    }
+}

@@ -1,0 +1,302 @@
+//! The subreaper and the one reaper of a treewarden process.
+//!
+//! With `PR_SET_CHILD_SUBREAPER` set, descendants whose parent dies are
+//! re-parented to us instead of init, so we see (and record) every exit in a
+//! tree. Waiting is process-wide: any `wait*(-1)` steals the status of
+//! whatever child ends next. So a process that installs [`Reaper`] has exactly
+//! one waiter, the reaper thread, which keeps every exit in a map and hands it
+//! to whoever asks, including exits that happened before the ask.
+//!
+//! Architecture Invariant: in a process that called [`Reaper::install`], only
+//! the reaper thread calls `wait*`. Never use `std::process::Command` with
+//! `Child::wait`/`output`/`status` there (the reaper would take its status and
+//! std's wait would fail with ECHILD); spawn through
+//! [`super::boundary::spawn_held`] and ask the reaper.
+//!
+//! [`reap_child`] is the single entry point for "wait for my child `pid`": it
+//! asks the reaper when one is installed, else it calls `waitpid(pid)` for that
+//! one pid (never -1), so it cannot steal another part of the program's child.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use rustix::io::Errno;
+use rustix::process::{Pid, WaitOptions};
+
+use super::ProcError;
+
+/// How a child ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExitStatus {
+    /// `exit(code)`.
+    Exited(i32),
+    /// Killed by signal N.
+    Signaled(i32),
+}
+
+impl ExitStatus {
+    /// The code a shell would report: the exit code, or 128 + N for signal N.
+    pub fn code_for_shell(self) -> i32 {
+        match self {
+            ExitStatus::Exited(code) => code,
+            ExitStatus::Signaled(sig) => 128 + sig,
+        }
+    }
+
+    fn from_wait(status: rustix::process::WaitStatus) -> Option<Self> {
+        if let Some(code) = status.exit_status() {
+            Some(ExitStatus::Exited(code))
+        } else {
+            status.terminating_signal().map(ExitStatus::Signaled)
+        }
+    }
+}
+
+impl std::fmt::Display for ExitStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExitStatus::Exited(code) => write!(f, "exited with code {code}"),
+            ExitStatus::Signaled(sig) => write!(f, "killed by signal {sig}"),
+        }
+    }
+}
+
+/// Makes the calling process a child subreaper (process-wide, inherited by
+/// nothing: children do not become subreapers).
+pub fn set_subreaper() -> Result<(), ProcError> {
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid()))?;
+    Ok(())
+}
+
+/// Upper bound on how long the reaper thread parks after ECHILD before it
+/// looks again, in case a fork was not announced with `notify_spawned`.
+const IDLE_PARK: Duration = Duration::from_millis(250);
+
+#[derive(Default)]
+struct State {
+    /// Children announced by a spawner whose exit has not arrived yet.
+    expected: HashSet<i32>,
+    /// Exits of announced children: (status, claimed by an ask).
+    exits: HashMap<i32, (ExitStatus, bool)>,
+    /// Exits nobody announced (adopted orphans, stray children), in order.
+    unclaimed: Vec<(i32, ExitStatus)>,
+    /// Bumped by every `notify_spawned`, so the thread never parks past a fork.
+    spawn_generation: u64,
+}
+
+/// The process-wide reaper: one thread blocked in `wait`, a map of exits.
+pub struct Reaper {
+    state: Mutex<State>,
+    /// Signalled when an exit is recorded (wakes `wait_exit`).
+    exited: Condvar,
+    /// Signalled when a child is spawned (wakes the thread parked on ECHILD).
+    spawned: Condvar,
+}
+
+static REAPER: OnceLock<Reaper> = OnceLock::new();
+
+impl Reaper {
+    /// Sets `PR_SET_CHILD_SUBREAPER` and starts the reaper thread, once per
+    /// process; later calls return the same reaper.
+    pub fn install() -> Result<&'static Reaper, ProcError> {
+        static INSTALL: Mutex<()> = Mutex::new(());
+        let _once = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = REAPER.get() {
+            return Ok(r);
+        }
+        set_subreaper()?;
+        let reaper = REAPER.get_or_init(|| Reaper {
+            state: Mutex::new(State::default()),
+            exited: Condvar::new(),
+            spawned: Condvar::new(),
+        });
+        std::thread::Builder::new()
+            .name("treewarden-reaper".into())
+            .spawn(move || reaper.run())?;
+        Ok(reaper)
+    }
+
+    /// The reaper, if this process installed one.
+    pub fn installed() -> Option<&'static Reaper> {
+        REAPER.get()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A poisoned lock only means a waiter panicked; the map is still valid.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn run(&self) {
+        loop {
+            let generation = self.lock().spawn_generation;
+            // __WALL: also children whose exit signal is not SIGCHLD.
+            match rustix::process::wait(WaitOptions::from_bits_retain(libc::__WALL as u32)) {
+                Ok(Some((pid, status))) => {
+                    if let Some(exit) = ExitStatus::from_wait(status) {
+                        self.record(pid.as_raw_nonzero().get(), exit);
+                    }
+                }
+                Ok(None) | Err(Errno::INTR) => {}
+                Err(e) => {
+                    if e != Errno::CHILD {
+                        tracing::warn!(error = %e, "reaper: wait failed");
+                    }
+                    // No children: park until a spawn is announced (or a
+                    // short bounded time passes), never busy-loop.
+                    let state = self.lock();
+                    if state.spawn_generation == generation {
+                        let _ = self
+                            .spawned
+                            .wait_timeout(state, IDLE_PARK)
+                            .unwrap_or_else(|e| e.into_inner());
+                    }
+                }
+            }
+        }
+    }
+
+    fn record(&self, pid: i32, exit: ExitStatus) {
+        let mut state = self.lock();
+        if state.expected.remove(&pid) {
+            state.exits.insert(pid, (exit, false));
+        } else {
+            state.unclaimed.push((pid, exit));
+        }
+        drop(state);
+        self.exited.notify_all();
+    }
+
+    /// Announces a new child `pid`. Spawners call this (spawn_held does, under
+    /// the lock held across fork: see [`Reaper::fork_lock`]) so the exit is
+    /// kept for its owner and not reported by [`Reaper::take_unclaimed`]. An
+    /// older, never-claimed exit recorded under the same (now recycled) pid is
+    /// moved to the unclaimed list rather than confused with the new child.
+    pub fn notify_spawned(&self, pid: i32) {
+        let mut state = self.lock();
+        Self::register(&mut state, pid);
+        drop(state);
+        self.spawned.notify_all();
+    }
+
+    fn register(state: &mut State, pid: i32) {
+        if let Some((old, claimed)) = state.exits.remove(&pid)
+            && !claimed
+        {
+            state.unclaimed.push((pid, old));
+        }
+        state.expected.insert(pid);
+        state.spawn_generation += 1;
+    }
+
+    /// Holds the reaper's lock across a fork so the new child is announced
+    /// before its exit can be recorded. See `boundary::spawn_held`.
+    pub(crate) fn fork_lock(&self) -> ForkLock<'_> {
+        ForkLock {
+            reaper: self,
+            state: self.lock(),
+        }
+    }
+
+    /// Waits until `pid` has exited and returns its status (`None` on
+    /// timeout; `timeout: None` waits forever). Exits recorded before the ask
+    /// are returned at once. The status stays available to [`Reaper::exit_of`].
+    pub fn wait_exit(&self, pid: i32, timeout: Option<Duration>) -> Option<ExitStatus> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut state = self.lock();
+        loop {
+            if let Some(exit) = Self::claim(&mut state, pid) {
+                return Some(exit);
+            }
+            state = match deadline {
+                None => self.exited.wait(state).unwrap_or_else(|e| e.into_inner()),
+                Some(deadline) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return None;
+                    }
+                    self.exited
+                        .wait_timeout(state, deadline - now)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+            };
+        }
+    }
+
+    /// The exit of `pid` if it has been reaped already (marks it claimed).
+    pub fn exit_of(&self, pid: i32) -> Option<ExitStatus> {
+        Self::claim(&mut self.lock(), pid)
+    }
+
+    fn claim(state: &mut State, pid: i32) -> Option<ExitStatus> {
+        if let Some((exit, claimed)) = state.exits.get_mut(&pid) {
+            *claimed = true;
+            return Some(*exit);
+        }
+        let idx = state.unclaimed.iter().position(|(p, _)| *p == pid)?;
+        let (_, exit) = state.unclaimed.remove(idx);
+        state.exits.insert(pid, (exit, true));
+        Some(exit)
+    }
+
+    /// Drains the exits nobody announced or asked for: adopted orphans and
+    /// other strays, in reaping order, for the caller to record.
+    pub fn take_unclaimed(&self) -> Vec<(i32, ExitStatus)> {
+        std::mem::take(&mut self.lock().unclaimed)
+    }
+}
+
+/// The reaper's lock, held by a spawner across `fork`.
+pub(crate) struct ForkLock<'a> {
+    reaper: &'a Reaper,
+    state: MutexGuard<'a, State>,
+}
+
+impl ForkLock<'_> {
+    /// Announces the freshly forked `pid` and releases the lock.
+    pub(crate) fn spawned(mut self, pid: i32) {
+        Reaper::register(&mut self.state, pid);
+        drop(self.state);
+        self.reaper.spawned.notify_all();
+    }
+}
+
+/// Waits for our child `pid` to end: through the reaper when one is
+/// installed, else `waitpid(pid)` on that pid only (so it steals nothing).
+/// `timeout` bounds the reaper wait; without a reaper the wait polls with
+/// `WNOHANG` until the timeout (or blocks when `None`).
+pub fn reap_child(pid: i32, timeout: Option<Duration>) -> Result<Option<ExitStatus>, ProcError> {
+    if let Some(reaper) = Reaper::installed() {
+        return Ok(reaper.wait_exit(pid, timeout));
+    }
+    let raw = Pid::from_raw(pid).ok_or_else(|| ProcError::Refused {
+        pid,
+        reason: "not a child pid".into(),
+    })?;
+    let deadline = timeout.map(|t| Instant::now() + t);
+    loop {
+        let opts = if deadline.is_some() {
+            WaitOptions::NOHANG
+        } else {
+            WaitOptions::empty()
+        };
+        match rustix::process::waitpid(Some(raw), opts) {
+            Ok(Some((_, status))) => {
+                if let Some(exit) = ExitStatus::from_wait(status) {
+                    return Ok(Some(exit));
+                }
+            }
+            Ok(None) => {}
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+        if let Some(deadline) = deadline {
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}

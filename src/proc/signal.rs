@@ -1,0 +1,312 @@
+//! Signals, aimed only at what we provably own (DESIGN rules 3 and 4).
+//!
+//! - A single process is signalled through a pidfd opened first and then
+//!   checked against the recorded [`Identity`]; once the pidfd is open it
+//!   names one process for good, so a recycled pid is never hit.
+//! - A process group is signalled by the pgid recorded at spawn
+//!   ([`GroupRecord`]), never re-resolved from the leader pid (the leader is
+//!   often the first to die and be reaped), and only while the group provably
+//!   is the recorded one: it has live members, all in the recorded session,
+//!   and any live process whose pid is the pgid is the recorded leader.
+//! - A cgroup is signalled with `cgroup.kill` (race-free: the kernel kills
+//!   every member, including ones forking right now) and frozen with
+//!   `cgroup.freeze`.
+//!
+//! Every entry point refuses pid <= 1, our own pid, our own process group and
+//! session, and a cgroup that contains us ([`ProcError::Refused`]).
+//!
+//! Residual: between the group check and `killpg` the whole group could die
+//! and its pgid be reused by a new session within microseconds; pid
+//! allocation makes this very unlikely (a pgid number is not reused while any
+//! process is still in that group). The cgroup boundary has no such window.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rustix::io::Errno;
+use rustix::process::{Pid, PidfdFlags, Signal};
+
+use super::ProcError;
+use super::identity::{Identity, ProcStat, boot_id, read_stat};
+
+/// The signals treewarden sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Sig {
+    Term,
+    Kill,
+    Stop,
+    Cont,
+    Int,
+    Hup,
+}
+
+impl Sig {
+    /// "SIGTERM", "SIGKILL", ... (the ledger's `signal` field).
+    pub fn name(self) -> &'static str {
+        match self {
+            Sig::Term => "SIGTERM",
+            Sig::Kill => "SIGKILL",
+            Sig::Stop => "SIGSTOP",
+            Sig::Cont => "SIGCONT",
+            Sig::Int => "SIGINT",
+            Sig::Hup => "SIGHUP",
+        }
+    }
+
+    /// The signal number (for `128 + N` exit codes and comparisons).
+    pub fn number(self) -> i32 {
+        self.raw().as_raw()
+    }
+
+    fn raw(self) -> Signal {
+        match self {
+            Sig::Term => Signal::TERM,
+            Sig::Kill => Signal::KILL,
+            Sig::Stop => Signal::STOP,
+            Sig::Cont => Signal::CONT,
+            Sig::Int => Signal::INT,
+            Sig::Hup => Signal::HUP,
+        }
+    }
+}
+
+impl std::fmt::Display for Sig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+fn own_pid() -> i32 {
+    rustix::process::getpid().as_raw_nonzero().get()
+}
+
+/// The sentinel guard for a pid or pgid about to be signalled.
+fn guard(target: i32, what: &str) -> Result<(), ProcError> {
+    let refuse = |reason: String| {
+        Err(ProcError::Refused {
+            pid: target,
+            reason,
+        })
+    };
+    if target == 0 {
+        return refuse(format!("{what} 0 means the caller's own process group"));
+    }
+    if target == -1 {
+        return refuse(format!("{what} -1 means every process we may signal"));
+    }
+    if target < 0 {
+        return refuse(format!("negative {what} {target} names a process group"));
+    }
+    if target == 1 {
+        return refuse(format!("{what} 1 is init"));
+    }
+    if target == own_pid() {
+        return refuse(format!("{what} {target} is treewarden itself"));
+    }
+    if target == rustix::process::getpgrp().as_raw_nonzero().get() {
+        return refuse(format!("{what} {target} is treewarden's own process group"));
+    }
+    if let Ok(sid) = rustix::process::getsid(None)
+        && target == sid.as_raw_nonzero().get()
+    {
+        return refuse(format!("{what} {target} is treewarden's own session"));
+    }
+    Ok(())
+}
+
+/// What happened to a signal aimed at one identity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Delivery {
+    /// Delivered to the recorded process.
+    Sent,
+    /// The process is dead (no such pid, or a zombie). Nothing sent.
+    Gone,
+    /// The pid now belongs to another process. Nothing sent.
+    Recycled,
+}
+
+/// Signals one process, only if it still is `id`: opens a pidfd for the pid,
+/// verifies start ticks and boot id (after the open, so the verified process
+/// is the one the pidfd names), then sends through the pidfd.
+pub fn signal_process(id: &Identity, sig: Sig) -> Result<Delivery, ProcError> {
+    guard(id.pid, "pid")?;
+    let Some(pid) = Pid::from_raw(id.pid) else {
+        return Ok(Delivery::Gone);
+    };
+    let pidfd = match rustix::process::pidfd_open(pid, PidfdFlags::empty()) {
+        Ok(fd) => fd,
+        Err(Errno::SRCH) => return Ok(Delivery::Gone),
+        Err(e) => return Err(e.into()),
+    };
+    let Some(stat) = read_stat(id.pid)? else {
+        return Ok(Delivery::Gone);
+    };
+    if stat.start_ticks != id.start_ticks || boot_id()? != id.boot_id {
+        return Ok(Delivery::Recycled);
+    }
+    if stat.is_dead() {
+        return Ok(Delivery::Gone);
+    }
+    match rustix::process::pidfd_send_signal(&pidfd, sig.raw()) {
+        Ok(()) => Ok(Delivery::Sent),
+        Err(Errno::SRCH) => Ok(Delivery::Gone),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A tree's process group, recorded once at spawn.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GroupRecord {
+    pub pgid: i32,
+    pub sid: i32,
+    /// The group leader as spawned (pid == pgid).
+    pub leader: Identity,
+}
+
+/// What happened to a signal aimed at a recorded group.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GroupDelivery {
+    /// `killpg(pgid)` was sent; `members` live members were seen just before.
+    Sent { members: usize },
+    /// No live member: nothing to signal, nothing sent.
+    Empty,
+    /// The group with that pgid is not provably the recorded one. Nothing sent.
+    NotRecorded(String),
+}
+
+/// Live (non-zombie) processes whose process group is `pgid`, by a `/proc` walk.
+pub fn group_members(pgid: i32) -> Result<Vec<ProcStat>, ProcError> {
+    let all = procfs::process::all_processes().map_err(|e| ProcError::Proc(e.to_string()))?;
+    let mut members = Vec::new();
+    for process in all {
+        // Processes vanish mid-walk; a vanished one is not a member.
+        let Ok(process) = process else { continue };
+        let Ok(Some(stat)) = read_stat(process.pid()) else {
+            continue;
+        };
+        if stat.pgid == pgid && !stat.is_dead() {
+            members.push(stat);
+        }
+    }
+    Ok(members)
+}
+
+/// Signals the recorded group with `killpg(rec.pgid)`, only while it provably
+/// is the recorded one (see the module doc). Call it again before every
+/// escalation step: the check is not cached.
+pub fn signal_group(rec: &GroupRecord, sig: Sig) -> Result<GroupDelivery, ProcError> {
+    guard(rec.pgid, "process group")?;
+    guard(rec.sid, "session")?;
+    if rec.leader.pid != rec.pgid {
+        return Ok(GroupDelivery::NotRecorded(format!(
+            "record is inconsistent: leader pid {} is not pgid {}",
+            rec.leader.pid, rec.pgid
+        )));
+    }
+    let members = group_members(rec.pgid)?;
+    if members.is_empty() {
+        return Ok(GroupDelivery::Empty);
+    }
+    if let Some(stranger) = members.iter().find(|m| m.sid != rec.sid) {
+        return Ok(GroupDelivery::NotRecorded(format!(
+            "member pid {} is in session {}, not the recorded session {}",
+            stranger.pid, stranger.sid, rec.sid
+        )));
+    }
+    // A live process holding the pgid's number must be the recorded leader.
+    if let Some(leader) = read_stat(rec.pgid)?
+        && !leader.is_dead()
+    {
+        if boot_id()? != rec.leader.boot_id {
+            return Ok(GroupDelivery::NotRecorded(
+                "the group record is from another boot".into(),
+            ));
+        }
+        if leader.start_ticks != rec.leader.start_ticks {
+            return Ok(GroupDelivery::NotRecorded(format!(
+                "pid {} now belongs to a process started at tick {}, not the recorded leader (tick {})",
+                rec.pgid, leader.start_ticks, rec.leader.start_ticks
+            )));
+        }
+    }
+    let Some(pgid) = Pid::from_raw(rec.pgid) else {
+        return Ok(GroupDelivery::Empty);
+    };
+    match rustix::process::kill_process_group(pgid, sig.raw()) {
+        Ok(()) => Ok(GroupDelivery::Sent {
+            members: members.len(),
+        }),
+        Err(Errno::SRCH) => Ok(GroupDelivery::Empty),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Refuses a cgroup that contains the calling process (killing or freezing
+/// it would hit treewarden itself).
+fn guard_cgroup(path: &Path) -> Result<(), ProcError> {
+    let refuse = || ProcError::Refused {
+        pid: own_pid(),
+        reason: format!("cgroup {} contains treewarden itself", path.display()),
+    };
+    if let Ok(Some(own)) = super::boundary::own_cgroup_dir()
+        && let (Ok(own), Ok(target)) = (own.canonicalize(), path.canonicalize())
+        && own.starts_with(&target)
+    {
+        return Err(refuse());
+    }
+    if cgroup_pids(path)?.contains(&own_pid()) {
+        return Err(refuse());
+    }
+    Ok(())
+}
+
+fn write_control(path: &Path, file: &str, value: &str) -> Result<(), ProcError> {
+    std::fs::write(path.join(file), value).map_err(|e| ProcError::cgroup(path.join(file), e))
+}
+
+/// Reads one key of `cgroup.events` (`populated`, `frozen`).
+fn cgroup_event(path: &Path, key: &str) -> Result<bool, ProcError> {
+    let file: PathBuf = path.join("cgroup.events");
+    let text = std::fs::read_to_string(&file).map_err(|e| ProcError::cgroup(&file, e))?;
+    Ok(text
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .any(|(k, v)| k == key && v.trim() == "1"))
+}
+
+/// SIGKILLs every process in the cgroup and its descendants (`cgroup.kill`).
+pub fn cgroup_kill(path: &Path) -> Result<(), ProcError> {
+    guard_cgroup(path)?;
+    write_control(path, "cgroup.kill", "1")
+}
+
+/// Freezes (or thaws) the cgroup and waits up to `wait` for `cgroup.events`
+/// to report it. Returns whether the requested state was reached.
+pub fn cgroup_freeze(path: &Path, frozen: bool, wait: Duration) -> Result<bool, ProcError> {
+    guard_cgroup(path)?;
+    write_control(path, "cgroup.freeze", if frozen { "1" } else { "0" })?;
+    let deadline = Instant::now() + wait;
+    loop {
+        if cgroup_event(path, "frozen")? == frozen {
+            return Ok(true);
+        }
+        if Instant::now() >= deadline {
+            return Ok(false);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Pids directly in the cgroup (`cgroup.procs`; not its sub-cgroups).
+pub fn cgroup_pids(path: &Path) -> Result<Vec<i32>, ProcError> {
+    let file = path.join("cgroup.procs");
+    let text = std::fs::read_to_string(&file).map_err(|e| ProcError::cgroup(&file, e))?;
+    Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect())
+}
+
+/// Whether any live process is in the cgroup or below (`cgroup.events`).
+pub fn cgroup_populated(path: &Path) -> Result<bool, ProcError> {
+    cgroup_event(path, "populated")
+}
