@@ -34,7 +34,9 @@ pub use boundary::{
 };
 pub use identity::{Identity, Liveness, ProcStat, boot_id, identity_of, read_stat, self_identity};
 pub use probe::{Capability, Probe, probe};
-pub use reaper::{ExitStatus, Reaper, reap_child, set_subreaper};
+pub use reaper::{
+    ExitStatus, Reaper, parent_pid, reap_child, set_parent_death_signal, set_subreaper,
+};
 pub use signal::{
     Delivery, GroupDelivery, GroupRecord, Sig, cgroup_freeze, cgroup_kill, cgroup_pids,
     cgroup_populated, group_members, signal_group, signal_process,
