@@ -106,7 +106,14 @@ mod tests {
             c,
             r#"[1,"2024-01-01T00:00:00.000Z",null,"kill.skipped",{"reason":"x"}]"#
         );
-        let h = event_hash(GENESIS, 1, "2024-01-01T00:00:00.000Z", None, "kill.skipped", &data);
+        let h = event_hash(
+            GENESIS,
+            1,
+            "2024-01-01T00:00:00.000Z",
+            None,
+            "kill.skipped",
+            &data,
+        );
         assert_eq!(h.len(), 64);
         let mut hasher = Sha256::new();
         hasher.update(format!("{GENESIS}{c}").as_bytes());

@@ -62,8 +62,8 @@ impl Drop for Handle {
 
 /// Opens (creating if needed) and migrates the ledger, then starts its owner thread.
 pub(crate) fn start(path: &Path, busy_timeout: Duration) -> Result<Arc<Handle>, LedgerError> {
-    let conn = open_connection(path, busy_timeout)
-        .map_err(|fail| fail.into_ledger(busy_timeout))?;
+    let conn =
+        open_connection(path, busy_timeout).map_err(|fail| fail.into_ledger(busy_timeout))?;
     let mut store = Store {
         conn,
         busy_timeout,

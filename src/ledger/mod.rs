@@ -67,10 +67,10 @@ use std::time::Duration;
 pub use chain::{GENESIS, canonical_event, canonical_string, event_hash};
 pub use error::LedgerError;
 pub use types::{
-    AuthorizationId, AuthorizationRow, EventFilter, EventKind, EventRow, ExitRecord,
-    ExportFormat, IdentityRecord, KillTarget, MemberRecord, MemberRow, NewTree, ObservationRow,
-    OwnerId, OwnerKind, OwnerRecord, OwnerRow, SignalRecord, SignalRow, SpawnRecord,
-    SurvivorRecord, TreeDetail, TreeId, TreeRow, TreeState, VerifyBreak, VerifyReport,
+    AuthorizationId, AuthorizationRow, EventFilter, EventKind, EventRow, ExitRecord, ExportFormat,
+    IdentityRecord, KillTarget, MemberRecord, MemberRow, NewTree, ObservationRow, OwnerId,
+    OwnerKind, OwnerRecord, OwnerRow, SignalRecord, SignalRow, SpawnRecord, SurvivorRecord,
+    TreeDetail, TreeId, TreeRow, TreeState, VerifyBreak, VerifyReport,
 };
 
 use db::Durability;
@@ -139,7 +139,9 @@ impl Ledger {
     /// The owner row for this identity and kind, created if it is new.
     pub fn register_owner(&self, owner: &OwnerRecord) -> Result<OwnerId, LedgerError> {
         let owner = owner.clone();
-        self.write(Durability::Normal, move |w| write::register_owner(w, &owner))
+        self.write(Durability::Normal, move |w| {
+            write::register_owner(w, &owner)
+        })
     }
 
     /// Commits a tree in state `spawning` (FULL) with a `tree.created` event.
@@ -152,7 +154,9 @@ impl Ledger {
     /// Commits with FULL: this commit is what releases the child to exec.
     pub fn tree_spawned(&self, id: TreeId, spawn: &SpawnRecord) -> Result<(), LedgerError> {
         let spawn = spawn.clone();
-        self.write(Durability::Full, move |w| write::tree_spawned(w, id, &spawn))
+        self.write(Durability::Full, move |w| {
+            write::tree_spawned(w, id, &spawn)
+        })
     }
 
     /// The spawn failed; state `spawn_failed`, event `tree.spawn_failed`.
@@ -203,7 +207,9 @@ impl Ledger {
         exits: &[(IdentityRecord, Option<ExitRecord>)],
     ) -> Result<(), LedgerError> {
         let exits = exits.to_vec();
-        self.write(Durability::Normal, move |w| write::record_exits(w, id, &exits))
+        self.write(Durability::Normal, move |w| {
+            write::record_exits(w, id, &exits)
+        })
     }
 
     /// Moves the tree to `to` (event `tree.state {from,to,reason}`) and returns

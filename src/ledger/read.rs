@@ -4,11 +4,12 @@ use rusqlite::{Connection, OptionalExtension, Row, params_from_iter, types::Valu
 
 use super::error::{Fail, LedgerError};
 use super::types::{
-    AuthorizationRow, EventFilter, EventRow, ExitRecord, IdentityRecord, MemberRow,
-    ObservationRow, OwnerRow, SignalRow, TreeDetail, TreeId, TreeRow, TreeState,
+    AuthorizationRow, EventFilter, EventRow, ExitRecord, IdentityRecord, MemberRow, ObservationRow,
+    OwnerRow, SignalRow, TreeDetail, TreeId, TreeRow, TreeState,
 };
 
-const TREE_COLUMNS: &str = "t.id, t.label, t.state, t.boundary, o.id, o.pid, o.start_ticks, o.boot_id, o.kind,
+const TREE_COLUMNS: &str =
+    "t.id, t.label, t.state, t.boundary, o.id, o.pid, o.start_ticks, o.boot_id, o.kind,
      t.argv, t.cwd, t.root_pid, t.root_start_ticks, t.boot_id, t.pgid, t.sid, t.cgroup,
      t.created_at, t.ended_at, t.exit_code, t.exit_signal, t.flags, t.note";
 
@@ -71,8 +72,9 @@ fn tree_from_row(row: &Row<'_>) -> rusqlite::Result<TreeRow> {
 }
 
 pub(crate) fn tree(conn: &Connection, id: TreeId) -> Result<Option<TreeRow>, Fail> {
-    let sql =
-        format!("SELECT {TREE_COLUMNS} FROM trees t JOIN owners o ON o.id = t.owner_id WHERE t.id = ?1");
+    let sql = format!(
+        "SELECT {TREE_COLUMNS} FROM trees t JOIN owners o ON o.id = t.owner_id WHERE t.id = ?1"
+    );
     Ok(conn.query_row(&sql, [id.0], tree_from_row).optional()?)
 }
 
@@ -240,8 +242,7 @@ pub(crate) fn events(conn: &Connection, filter: &EventFilter) -> Result<Vec<Even
         clauses.push("seq > ?");
         args.push(Value::Integer(after));
     }
-    let mut sql =
-        String::from("SELECT seq, at, tree, kind, data, prev_hash, hash FROM events");
+    let mut sql = String::from("SELECT seq, at, tree, kind, data, prev_hash, hash FROM events");
     if !clauses.is_empty() {
         sql.push_str(" WHERE ");
         sql.push_str(&clauses.join(" AND "));

@@ -83,7 +83,9 @@ pub(crate) fn verify(
             ),
             Some(_) => {
                 let stored: Option<String> = conn
-                    .query_row("SELECT hash FROM events WHERE seq = ?1", [seq], |r| r.get(0))
+                    .query_row("SELECT hash FROM events WHERE seq = ?1", [seq], |r| {
+                        r.get(0)
+                    })
                     .ok();
                 match stored {
                     Some(stored) if stored.eq_ignore_ascii_case(&hash) => None,
@@ -101,9 +103,8 @@ pub(crate) fn verify(
 
 /// Walks every event in seq order. Returns the first break.
 fn walk_chain(conn: &Connection, report: &mut VerifyReport) -> Result<Option<VerifyBreak>, Fail> {
-    let mut stmt = conn.prepare(
-        "SELECT seq, at, tree, kind, data, prev_hash, hash FROM events ORDER BY seq",
-    )?;
+    let mut stmt =
+        conn.prepare("SELECT seq, at, tree, kind, data, prev_hash, hash FROM events ORDER BY seq")?;
     let mut rows = stmt.query([])?;
     let mut expected_seq = 1_i64;
     let mut prev_hash = chain::GENESIS.to_string();

@@ -23,9 +23,10 @@ fn invariant(msg: impl Into<String>) -> Fail {
 }
 
 fn current_state(w: &Writer<'_>, id: TreeId) -> Result<TreeState, Fail> {
-    let state: Option<String> = w
-        .tx
-        .query_row("SELECT state FROM trees WHERE id = ?1", [id.0], |r| r.get(0))
+    let state: Option<String> =
+        w.tx.query_row("SELECT state FROM trees WHERE id = ?1", [id.0], |r| {
+            r.get(0)
+        })
         .optional()?;
     let state = state.ok_or_else(|| LedgerError::NotFound(format!("tree {id}")))?;
     state
@@ -64,7 +65,14 @@ pub(crate) fn create_tree(w: &mut Writer<'_>, tree: &NewTree) -> Result<TreeId, 
     w.tx.execute(
         "INSERT INTO trees (label, state, boundary, owner_id, argv, cwd, created_at)
          VALUES (?1, 'spawning', ?2, ?3, ?4, ?5, ?6)",
-        params![tree.label, tree.boundary, tree.owner.0, argv, tree.cwd, w.now],
+        params![
+            tree.label,
+            tree.boundary,
+            tree.owner.0,
+            argv,
+            tree.cwd,
+            w.now
+        ],
     )?;
     let id = TreeId(w.tx.last_insert_rowid());
     let owner: (i32, i64, String) = w.tx.query_row(
@@ -86,7 +94,11 @@ pub(crate) fn create_tree(w: &mut Writer<'_>, tree: &NewTree) -> Result<TreeId, 
     Ok(id)
 }
 
-pub(crate) fn tree_spawned(w: &mut Writer<'_>, id: TreeId, spawn: &SpawnRecord) -> Result<(), Fail> {
+pub(crate) fn tree_spawned(
+    w: &mut Writer<'_>,
+    id: TreeId,
+    spawn: &SpawnRecord,
+) -> Result<(), Fail> {
     let from = current_state(w, id)?;
     if from != TreeState::Spawning {
         return Err(invariant(format!(
@@ -370,11 +382,7 @@ pub(crate) fn authorize_kill(
     Ok(auth)
 }
 
-pub(crate) fn record_signal(
-    w: &mut Writer<'_>,
-    id: TreeId,
-    s: &SignalRecord,
-) -> Result<i64, Fail> {
+pub(crate) fn record_signal(w: &mut Writer<'_>, id: TreeId, s: &SignalRecord) -> Result<i64, Fail> {
     // No pre-check for SIGKILL authority here on purpose: the database
     // trigger is the one rule, and its refusal surfaces as `Invariant`.
     w.tx.execute(
