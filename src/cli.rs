@@ -5,14 +5,16 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use clap::{Parser, Subcommand};
 use treewarden::config::{BoundaryChoice, Config};
+use treewarden::ledger::{EventFilter, ExportFormat, Ledger, LedgerError, LedgerOptions, TreeId};
 
 /// Exit code for bad input: unknown tree, malformed duration, empty command.
-#[allow(dead_code)] // used by the commands of later issues
 pub const EXIT_USAGE: u8 = 2;
+/// Exit code of `verify` when the ledger is broken (the first break is printed).
+pub const EXIT_BROKEN: u8 = 1;
 /// Exit code when treewarden itself failed (cannot record, ambiguous, refused).
 pub const EXIT_INTERNAL: u8 = 125;
 
@@ -23,7 +25,6 @@ pub struct CliError {
     pub error: anyhow::Error,
 }
 
-#[allow(dead_code)] // some constructors serve the commands of later issues
 impl CliError {
     pub fn usage(error: impl Into<anyhow::Error>) -> Self {
         Self {
@@ -84,13 +85,56 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    // Each issue adds its commands here; only commands that work are listed.
+    /// Spawn CMD as an owned tree and stay its owner; tear the whole tree
+    /// down when the root exits, on timeout, or on SIGINT/SIGTERM/SIGHUP.
+    ///
+    /// Exit: the root's status; 124 timeout; 128+N signal N; 125 treewarden
+    /// failed (cannot record, teardown ambiguous, dispatch refused); 126 not
+    /// executable; 127 not found.
+    Run(crate::commands::RunArgs),
+    /// Tear one tree down, with the same rules as run.
+    Kill(crate::commands::KillArgs),
+    /// List trees (live by default).
+    Ls(crate::commands::LsArgs),
+    /// One tree: members, escapes, signals, authorizations, events.
+    Show(crate::commands::ShowArgs),
+    /// One orphan sweep now: tear down every tree whose owner is gone.
+    Sweep(crate::commands::SweepArgs),
+    /// Record an operator's resolution of an ambiguous tree; reopens dispatch.
+    Resolve(crate::commands::ResolveArgs),
     /// Report what this host supports (cgroup v2, pidfd, subreaper, proc
     /// connector) and which boundary `auto` picks.
     Doctor {
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
+    },
+    /// Write the audit trail (hash-chained events) for incident review.
+    ///
+    /// Exit 0 on success; 2 on a bad argument or when no ledger exists at the
+    /// data directory (nothing is created); 125 when the ledger cannot be read.
+    Export {
+        /// ndjson (one event per line) or csv.
+        #[arg(long, default_value = "ndjson", value_name = "FORMAT")]
+        format: String,
+        /// Only events at or after T: RFC 3339 (`2024-05-01T12:00:00Z`) or an
+        /// age (`2h`, `30m`).
+        #[arg(long, value_name = "T")]
+        since: Option<String>,
+        /// Only events of this tree.
+        #[arg(long, value_name = "ID")]
+        tree: Option<String>,
+    },
+    /// Check the ledger: SQLite integrity, the whole hash chain, every SIGKILL
+    /// preceded by its authorization, and (with --expect-head) truncation.
+    ///
+    /// Exit 0 with a one-line summary; 1 with the first break; 2 on a bad
+    /// argument or when no ledger exists at the data directory.
+    Verify {
+        /// The head published elsewhere (the `ledger head` log line), as
+        /// SEQ:HASH; the ledger must contain exactly this event.
+        #[arg(long, value_name = "SEQ:HASH")]
+        expect_head: Option<String>,
     },
 }
 
@@ -129,7 +173,19 @@ pub fn main() -> ExitCode {
 
 fn run_command(command: Command, config: &Config) -> CliResult {
     match command {
+        Command::Run(args) => crate::commands::run(config, args),
+        Command::Kill(args) => crate::commands::kill(config, args),
+        Command::Ls(args) => crate::commands::ls(config, args),
+        Command::Show(args) => crate::commands::show(config, args),
+        Command::Sweep(args) => crate::commands::sweep(config, args),
+        Command::Resolve(args) => crate::commands::resolve(config, args),
         Command::Doctor { json } => doctor(config, json),
+        Command::Export {
+            format,
+            since,
+            tree,
+        } => export(config, &format, since.as_deref(), tree.as_deref()),
+        Command::Verify { expect_head } => verify(config, expect_head.as_deref()),
     }
 }
 
@@ -222,6 +278,114 @@ fn doctor(config: &Config, json: bool) -> CliResult {
         println!("{}", line.trim_end());
     }
     Ok(0)
+}
+
+/// Opens an existing ledger for `export` and `verify`. A missing file is a
+/// usage error (usually a wrong --data-dir), and these commands never create one.
+fn open_existing_ledger(config: &Config) -> Result<Ledger, CliError> {
+    let path = config.ledger_path();
+    if !path.is_file() {
+        return Err(CliError::usage(anyhow::anyhow!(
+            "no ledger at {} (check --data-dir)",
+            path.display()
+        )));
+    }
+    Ledger::open(&path, LedgerOptions::from_config(config))
+        .map_err(|e| CliError::internal(anyhow::anyhow!("{}: {e}", path.display())))
+}
+
+/// `--since`: an RFC 3339 time, or an age such as `2h` counted back from now.
+fn parse_since(s: &str) -> Result<SystemTime, String> {
+    if let Ok(at) = humantime::parse_rfc3339_weak(s) {
+        return Ok(at);
+    }
+    let age = humantime::parse_duration(s).map_err(|_| {
+        format!("malformed --since {s:?}: expected RFC 3339 (2024-05-01T12:00:00Z) or an age (2h)")
+    })?;
+    SystemTime::now()
+        .checked_sub(age)
+        .ok_or_else(|| format!("--since {s:?} reaches before the epoch"))
+}
+
+/// `--expect-head SEQ:HASH`.
+fn parse_head(s: &str) -> Result<(i64, String), String> {
+    let bad = || format!("malformed --expect-head {s:?}: expected SEQ:HASH (64 hex digits)");
+    let (seq, hash) = s.split_once(':').ok_or_else(bad)?;
+    let seq: i64 = seq.trim().parse().map_err(|_| bad())?;
+    let hash = hash.trim().to_ascii_lowercase();
+    if seq < 1 || hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(bad());
+    }
+    Ok((seq, hash))
+}
+
+fn export(config: &Config, format: &str, since: Option<&str>, tree: Option<&str>) -> CliResult {
+    let format: ExportFormat = format
+        .parse()
+        .map_err(|e: String| CliError::usage(anyhow::anyhow!("--format: {e}")))?;
+    let since = since
+        .map(parse_since)
+        .transpose()
+        .map_err(|e| CliError::usage(anyhow::anyhow!(e)))?;
+    let tree = tree
+        .map(|t| {
+            t.parse::<i64>()
+                .map(TreeId)
+                .map_err(|_| format!("malformed --tree {t:?}: expected a tree id"))
+        })
+        .transpose()
+        .map_err(|e| CliError::usage(anyhow::anyhow!(e)))?;
+    let ledger = open_existing_ledger(config)?;
+    let filter = EventFilter {
+        since,
+        tree,
+        ..EventFilter::default()
+    };
+    let stdout = std::io::stdout();
+    ledger
+        .export(&filter, format, &mut stdout.lock())
+        .map_err(CliError::internal)?;
+    Ok(0)
+}
+
+fn verify(config: &Config, expect_head: Option<&str>) -> CliResult {
+    let expect_head = expect_head
+        .map(parse_head)
+        .transpose()
+        .map_err(|e| CliError::usage(anyhow::anyhow!(e)))?;
+    let broken =
+        |what: String| CliError::with_code(EXIT_BROKEN, anyhow::anyhow!("verify failed: {what}"));
+    let path = config.ledger_path();
+    if !path.is_file() {
+        return Err(CliError::usage(anyhow::anyhow!(
+            "no ledger at {} (check --data-dir)",
+            path.display()
+        )));
+    }
+    let report = Ledger::open(&path, LedgerOptions::from_config(config))
+        .and_then(|ledger| ledger.verify(expect_head));
+    let report = match report {
+        Ok(report) => report,
+        // A file SQLite cannot read as a database is a failed verification.
+        Err(e @ LedgerError::Corrupt(_)) => return Err(broken(e.to_string())),
+        Err(e) => {
+            return Err(CliError::internal(anyhow::anyhow!(
+                "{}: {e}",
+                path.display()
+            )));
+        }
+    };
+    match &report.first_break {
+        Some(found) => Err(broken(found.to_string())),
+        None => {
+            let head = match &report.head {
+                Some((seq, hash)) => format!("head {seq}:{hash}"),
+                None => "no head".to_string(),
+            };
+            println!("ok: {} events, {head}, integrity ok", report.events);
+            Ok(0)
+        }
+    }
 }
 
 /// Logs go to stderr so that command output on stdout stays clean.

@@ -39,7 +39,11 @@ pub struct RunArgs {
     #[arg(long, short)]
     quiet: bool,
     /// The command and its arguments.
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
     command: Vec<OsString>,
 }
 
@@ -93,7 +97,12 @@ fn open_ledger(config: &Config) -> Result<Ledger, CliError> {
             busy_timeout: config.busy_timeout,
         },
     )
-    .map_err(|e| CliError::internal(anyhow!("cannot open the ledger {}: {e}", config.ledger_path().display())))
+    .map_err(|e| {
+        CliError::internal(anyhow!(
+            "cannot open the ledger {}: {e}",
+            config.ledger_path().display()
+        ))
+    })
 }
 
 fn engine(config: &Config, reaper: Option<&'static Reaper>) -> Result<Engine, CliError> {
@@ -105,7 +114,7 @@ fn engine(config: &Config, reaper: Option<&'static Reaper>) -> Result<Engine, Cl
 fn custody_error(e: CustodyError) -> CliError {
     let code = match &e {
         CustodyError::UnknownTree(_) | CustodyError::Conflict(_) => EXIT_USAGE,
-        CustodyError::Exec(failure) => failure.exit_code() as u8,
+        CustodyError::Exec(failure) => failure.exit_code(),
         CustodyError::DispatchRefused { .. }
         | CustodyError::Ledger(_)
         | CustodyError::Proc(_)
@@ -120,7 +129,10 @@ fn progress_printer(quiet: bool) -> impl FnMut(&Progress) {
     let tty = !quiet && std::io::stderr().is_terminal();
     let mut last = Duration::ZERO;
     move |p: &Progress| {
-        if !tty || p.elapsed < Duration::from_secs(1) || p.elapsed - last < Duration::from_millis(250) {
+        if !tty
+            || p.elapsed < Duration::from_secs(1)
+            || p.elapsed - last < Duration::from_millis(250)
+        {
             return;
         }
         last = p.elapsed;
@@ -128,16 +140,23 @@ fn progress_printer(quiet: bool) -> impl FnMut(&Progress) {
             .grace_left
             .map(|g| format!(", grace left {:.1}s", g.as_secs_f64()))
             .unwrap_or_default();
-        eprint!("\rtreewarden: {} — {} alive{grace}   ", p.phase.as_str(), p.alive);
+        eprint!(
+            "\rtreewarden: {} — {} alive{grace}   ",
+            p.phase.as_str(),
+            p.alive
+        );
         let _ = std::io::stderr().flush();
     }
 }
 
 pub fn run(config: &Config, args: RunArgs) -> CliResult {
     if args.command.is_empty() {
-        return Err(CliError::usage(anyhow!("empty command: usage is `treewarden run [OPTIONS] -- CMD [ARGS...]`")));
+        return Err(CliError::usage(anyhow!(
+            "empty command: usage is `treewarden run [OPTIONS] -- CMD [ARGS...]`"
+        )));
     }
-    let reaper = Reaper::install().map_err(|e| CliError::internal(anyhow!("cannot become a subreaper: {e}")))?;
+    let reaper = Reaper::install()
+        .map_err(|e| CliError::internal(anyhow!("cannot become a subreaper: {e}")))?;
     let engine = engine(config, Some(reaper))?;
     let owner = treewarden::proc::self_identity().map_err(|e| CliError::internal(anyhow!(e)))?;
     let req = SpawnRequest {
@@ -156,7 +175,9 @@ pub fn run(config: &Config, args: RunArgs) -> CliResult {
         die_with_parent: args.die_with_parent,
     };
     let mut progress = progress_printer(args.quiet);
-    let outcome = engine.run(&req, &opts, &mut progress).map_err(custody_error)?;
+    let outcome = engine
+        .run(&req, &opts, &mut progress)
+        .map_err(custody_error)?;
     let code = outcome.exit_code();
     if let Err(e) = outcome.teardown {
         return Err(CliError::internal(anyhow!(e)));
@@ -178,7 +199,9 @@ pub fn kill(config: &Config, args: KillArgs) -> CliResult {
     }
     let opts = TeardownOptions::new(args.grace, "treewarden kill", Origin::Kill);
     let mut progress = progress_printer(args.quiet);
-    let report = engine.teardown(tree, &opts, &mut progress).map_err(custody_error)?;
+    let report = engine
+        .teardown(tree, &opts, &mut progress)
+        .map_err(custody_error)?;
     println!(
         "tree {} {}: {} members at start, {} force-killed, {:.0} ms",
         report.tree,
@@ -192,12 +215,17 @@ pub fn kill(config: &Config, args: KillArgs) -> CliResult {
 
 pub fn ls(config: &Config, args: LsArgs) -> CliResult {
     let ledger = open_ledger(config)?;
-    let trees = ledger.list_trees(args.all).map_err(|e| CliError::internal(anyhow!(e)))?;
+    let trees = ledger
+        .list_trees(args.all)
+        .map_err(|e| CliError::internal(anyhow!(e)))?;
     if args.json {
         print_json(&trees)?;
         return Ok(0);
     }
-    println!("{:>6}  {:<12}  {:<8}  {:>8}  {:<20}  {}", "ID", "STATE", "BOUNDARY", "ROOT", "LABEL", "CREATED");
+    println!(
+        "{:>6}  {:<12}  {:<8}  {:>8}  {:<20}  CREATED",
+        "ID", "STATE", "BOUNDARY", "ROOT", "LABEL"
+    );
     for t in &trees {
         println!("{}", tree_line(t));
     }
@@ -210,7 +238,9 @@ fn tree_line(t: &TreeRow) -> String {
         t.id,
         t.state.as_str(),
         t.boundary,
-        t.root_pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+        t.root_pid
+            .map(|p| p.to_string())
+            .unwrap_or_else(|| "-".into()),
         t.label.clone().unwrap_or_default(),
         t.created_at
     )
@@ -227,7 +257,13 @@ pub fn show(config: &Config, args: ShowArgs) -> CliResult {
         return Ok(0);
     }
     let t = &detail.tree;
-    println!("tree {}  {}  boundary {}  label {}", t.id, t.state.as_str(), t.boundary, t.label.clone().unwrap_or_default());
+    println!(
+        "tree {}  {}  boundary {}  label {}",
+        t.id,
+        t.state.as_str(),
+        t.boundary,
+        t.label.clone().unwrap_or_default()
+    );
     println!(
         "root {}  pgid {}  sid {}  cgroup {}",
         opt(t.root_pid),
@@ -235,18 +271,32 @@ pub fn show(config: &Config, args: ShowArgs) -> CliResult {
         opt(t.sid),
         t.cgroup.clone().unwrap_or_else(|| "-".into())
     );
-    println!("owner pid {} (start {})  created {}  ended {}", t.owner.pid, t.owner.start_ticks, t.created_at, t.ended_at.clone().unwrap_or_else(|| "-".into()));
+    println!(
+        "owner pid {} (start {})  created {}  ended {}",
+        t.owner.pid,
+        t.owner.start,
+        t.created_at,
+        t.ended_at.clone().unwrap_or_else(|| "-".into())
+    );
     println!("\nmembers ({}):", detail.members.len());
     for m in &detail.members {
         println!(
             "  {:>7} start {:<10} pgid {:<7} sid {:<7} {}{}{}",
             m.pid,
             m.start_ticks,
-            m.pgid,
-            m.sid,
-            m.cmdline.clone().unwrap_or_default(),
-            if m.escaped_at.is_some() { "  [escaped]" } else { "" },
-            if m.exited_at.is_some() { "  [exited]" } else { "" },
+            opt(m.pgid),
+            opt(m.sid),
+            m.cmdline.join(" "),
+            if m.escaped_at.is_some() {
+                "  [escaped]"
+            } else {
+                ""
+            },
+            if m.exited_at.is_some() {
+                "  [exited]"
+            } else {
+                ""
+            },
         );
     }
     println!("\nevents ({}):", detail.events.len());
@@ -266,11 +316,20 @@ pub fn sweep(config: &Config, args: SweepArgs) -> CliResult {
     if args.json {
         print_json(&report)?;
     } else {
-        println!("sweep: {} live trees examined, {} owned, {} orphans", report.examined, report.owned, report.orphans.len());
+        println!(
+            "sweep: {} live trees examined, {} owned, {} orphans",
+            report.examined,
+            report.owned,
+            report.orphans.len()
+        );
         for o in &report.orphans {
             match (&o.to, &o.error) {
-                (Some(to), _) => println!("  tree {}: {} -> {}", o.tree, o.from.as_str(), to.as_str()),
-                (None, Some(e)) => println!("  tree {}: {} -> unsettled: {e}", o.tree, o.from.as_str()),
+                (Some(to), _) => {
+                    println!("  tree {}: {} -> {}", o.tree, o.from.as_str(), to.as_str())
+                }
+                (None, Some(e)) => {
+                    println!("  tree {}: {} -> unsettled: {e}", o.tree, o.from.as_str())
+                }
                 (None, None) => {}
             }
         }
@@ -280,7 +339,9 @@ pub fn sweep(config: &Config, args: SweepArgs) -> CliResult {
 
 pub fn resolve(config: &Config, args: ResolveArgs) -> CliResult {
     let engine = engine(config, None)?;
-    engine.resolve(TreeId(args.tree), &args.note).map_err(custody_error)?;
+    engine
+        .resolve(TreeId(args.tree), &args.note)
+        .map_err(custody_error)?;
     println!("tree {} resolved", args.tree);
     Ok(0)
 }

@@ -2,6 +2,7 @@
 //! into the library, and own the exit code. Errors are printed once, as one line.
 
 mod cli;
+mod commands;
 
 use std::process::ExitCode;
 

@@ -103,7 +103,7 @@ pub fn cgroup_pids(cgroup_dir: &Path) -> HashSet<i32> {
 pub struct MemberDetails {
     pub uid: Option<u32>,
     pub exe: Option<String>,
-    pub cmdline: Option<String>,
+    pub cmdline: Vec<String>,
     pub cwd: Option<String>,
     pub cgroup: Option<String>,
 }
@@ -117,7 +117,7 @@ pub fn details(pid: i32) -> MemberDetails {
     MemberDetails {
         uid: proc.uid().ok(),
         exe: proc.exe().ok().map(|p| p.display().to_string()),
-        cmdline: proc.cmdline().ok().map(|v| v.join(" ")),
+        cmdline: proc.cmdline().unwrap_or_default(),
         cwd: proc.cwd().ok().map(|p| p.display().to_string()),
         cgroup: proc.cgroups().ok().and_then(|groups| {
             groups
@@ -397,11 +397,19 @@ mod tests {
     #[test]
     fn children_of_a_dedicated_subreaper_are_adopted_members() {
         // `run` (50) owns only tree 7: the daemon 103 it adopted, and its child, are members.
-        let s = snap(vec![p(50, 1, 50, 50), p(103, 50, 103, 103), p(104, 103, 103, 103)]);
+        let s = snap(vec![
+            p(50, 1, 50, 50),
+            p(103, 50, 103, 103),
+            p(104, 103, 103, 103),
+        ]);
         let mut t = tree(7, 100);
         t.adopted_by = Some(50);
         let f = classify(&s, &[t], &HashSet::from([50]));
-        let m: Vec<(i32, Because)> = f[0].members.iter().map(|m| (m.entry.pid, m.because)).collect();
+        let m: Vec<(i32, Because)> = f[0]
+            .members
+            .iter()
+            .map(|m| (m.entry.pid, m.because))
+            .collect();
         assert_eq!(m, vec![(103, Because::Adopted), (104, Because::Descent)]);
     }
 

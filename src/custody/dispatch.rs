@@ -74,7 +74,10 @@ impl Engine {
             "reason": first.reason,
             "unsettled": unsettled.len(),
         });
-        if let Err(e) = self.ledger.append_event(None, EventKind::DispatchRefused, data) {
+        if let Err(e) = self
+            .ledger
+            .append_event(None, EventKind::DispatchRefused, data)
+        {
             tracing::warn!(error = %e, "dispatch.refused not recorded");
         }
         Err(CustodyError::DispatchRefused {
@@ -88,9 +91,16 @@ impl Engine {
     /// not.
     pub(crate) fn owner_alive(&self, row: &TreeRow) -> bool {
         use crate::proc::Liveness;
-        let owner = row.owner_identity();
+        let o = row.owner_identity();
+        let owner = crate::proc::Identity {
+            pid: o.pid,
+            start_ticks: o.start_ticks,
+            boot_id: o.boot_id,
+        };
         if owner.pid == std::process::id() as i32
-            && crate::proc::self_identity().map(|me| me == owner).unwrap_or(true)
+            && crate::proc::self_identity()
+                .map(|me| me == owner)
+                .unwrap_or(true)
         {
             return true;
         }

@@ -117,9 +117,14 @@ impl Engine {
     /// once no other tree is unsettled.
     pub fn resolve(&self, tree: TreeId, note: &str) -> Result<(), CustodyError> {
         if note.trim().is_empty() {
-            return Err(CustodyError::Conflict("a resolution needs a non-empty --note".into()));
+            return Err(CustodyError::Conflict(
+                "a resolution needs a non-empty --note".into(),
+            ));
         }
-        let row = self.ledger.tree(tree)?.ok_or(CustodyError::UnknownTree(tree.0))?;
+        let row = self
+            .ledger
+            .tree(tree)?
+            .ok_or(CustodyError::UnknownTree(tree.0))?;
         let in_memory = self.is_ambiguous_in_memory(tree.0);
         if row.state != crate::ledger::TreeState::Ambiguous && !in_memory {
             return Err(CustodyError::Conflict(format!(
@@ -129,7 +134,11 @@ impl Engine {
             )));
         }
         if row.state != crate::ledger::TreeState::Ambiguous {
-            self.ledger.set_state(tree, crate::ledger::TreeState::Ambiguous, Some("recorded late"))?;
+            self.ledger.set_state(
+                tree,
+                crate::ledger::TreeState::Ambiguous,
+                Some("recorded late"),
+            )?;
         }
         self.ledger.resolve(tree, note)?;
         self.forget_ambiguous(tree.0);
@@ -149,7 +158,10 @@ impl Engine {
     }
 
     fn is_ambiguous_in_memory(&self, tree: i64) -> bool {
-        self.ambiguous.lock().map(|s| s.contains(&tree)).unwrap_or(true)
+        self.ambiguous
+            .lock()
+            .map(|s| s.contains(&tree))
+            .unwrap_or(true)
     }
 
     /// Ambiguous trees this process knows of, whether or not the ledger

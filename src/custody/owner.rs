@@ -122,7 +122,10 @@ impl Engine {
                 .map_err(|e| CustodyError::Proc(crate::proc::ProcError::Io(e)))?;
         }
 
-        let row = self.ledger.tree(tree)?.ok_or(CustodyError::UnknownTree(tree.0))?;
+        let row = self
+            .ledger
+            .tree(tree)?
+            .ok_or(CustodyError::UnknownTree(tree.0))?;
         let exclude = self.exclude.as_ref().clone();
         let mut watch = TreeWatch::new(&row, &[], &exclude);
         if let Some(w) = watch.as_mut() {
@@ -183,6 +186,10 @@ impl Engine {
         };
         let teardown = self.teardown(tree, &topts, progress);
         signals_handle.close();
-        Ok(RunOutcome { tree, end, teardown })
+        Ok(RunOutcome {
+            tree,
+            end,
+            teardown,
+        })
     }
 }

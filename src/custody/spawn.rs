@@ -54,7 +54,9 @@ impl Engine {
     /// Spawns `req` as an owned tree. Work that cannot be recorded never starts.
     pub fn spawn(&self, req: &SpawnRequest) -> Result<Spawned, CustodyError> {
         if req.argv.is_empty() {
-            return Err(CustodyError::Conflict("empty command: nothing to run".into()));
+            return Err(CustodyError::Conflict(
+                "empty command: nothing to run".into(),
+            ));
         }
         self.check_dispatch()?;
         let owner = self.ledger.register_owner(&OwnerRecord {
@@ -65,7 +67,11 @@ impl Engine {
             label: req.label.clone(),
             boundary: self.boundary.to_string(),
             owner,
-            argv: req.argv.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
+            argv: req
+                .argv
+                .iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect(),
             cwd: req.cwd.as_ref().map(|p| p.display().to_string()),
         })?;
         let cgroup = match (self.boundary, &self.cgroup_root) {
@@ -100,7 +106,7 @@ impl Engine {
             Ok(_) => {}
             Err(failure) => {
                 let code = failure.exit_code();
-                self.record_spawn_failed(tree, &failure.to_string(), code);
+                self.record_spawn_failed(tree, &failure.to_string(), i32::from(code));
                 if let Some(reaper) = self.reaper {
                     // The child exits at once; collect it so it is not a zombie.
                     let _ = reaper.wait_exit(root.pid, Some(std::time::Duration::from_secs(2)));

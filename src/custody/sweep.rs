@@ -60,10 +60,13 @@ impl Engine {
             }
             let tree = TreeId(row.id);
             let found = serde_json::json!({
-                "owner": { "pid": row.owner.pid, "start": row.owner.start_ticks },
+                "owner": { "pid": row.owner.pid, "start": row.owner.start },
                 "state": row.state.as_str(),
             });
-            if let Err(e) = self.ledger.append_event(Some(tree), EventKind::SweepOrphanFound, found) {
+            if let Err(e) = self
+                .ledger
+                .append_event(Some(tree), EventKind::SweepOrphanFound, found)
+            {
                 report.orphans.push(SweepOutcome {
                     tree: row.id,
                     from: row.state,

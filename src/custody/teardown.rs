@@ -142,7 +142,10 @@ impl Engine {
         progress: &mut dyn FnMut(&Progress),
     ) -> Result<TeardownReport, CustodyError> {
         let started = Instant::now();
-        let row = self.ledger.tree(tree)?.ok_or(CustodyError::UnknownTree(tree.0))?;
+        let row = self
+            .ledger
+            .tree(tree)?
+            .ok_or(CustodyError::UnknownTree(tree.0))?;
         let mut report = TeardownReport {
             tree: tree.0,
             state: row.state,
@@ -155,7 +158,10 @@ impl Engine {
         if row.state.is_terminal() {
             return Ok(report);
         }
-        let detail = self.ledger.tree_detail(tree)?.ok_or(CustodyError::UnknownTree(tree.0))?;
+        let detail = self
+            .ledger
+            .tree_detail(tree)?
+            .ok_or(CustodyError::UnknownTree(tree.0))?;
         let exclude = self.exclude.as_ref().clone();
         let adopted_by = (opts.origin == Origin::Run).then_some(std::process::id() as i32);
         let Some(mut watch) = TreeWatch::new(&row, &detail.members, &exclude) else {
@@ -184,7 +190,8 @@ impl Engine {
             row.state,
             TreeState::Spawning | TreeState::Running | TreeState::Ambiguous
         ) {
-            self.ledger.set_state(tree, TreeState::Terminating, Some(&opts.reason))?;
+            self.ledger
+                .set_state(tree, TreeState::Terminating, Some(&opts.reason))?;
         }
 
         // TERM.
@@ -224,9 +231,18 @@ impl Engine {
         if members.is_empty() {
             return self.finish(tree, &watch, opts, report, started);
         }
-        if !group_ok && watch.cgroup().is_none() && members.iter().all(|m| m.entry.pgid == group.pgid) {
+        if !group_ok
+            && watch.cgroup().is_none()
+            && members.iter().all(|m| m.entry.pgid == group.pgid)
+        {
             // Nothing provably ours to signal: refuse, close as vanished.
-            return self.refuse(tree, opts, "process group is not provably the recorded one", report, started);
+            return self.refuse(
+                tree,
+                opts,
+                "process group is not provably the recorded one",
+                report,
+                started,
+            );
         }
 
         // Forced kill, in bounded rounds.
@@ -253,7 +269,14 @@ impl Engine {
                     identity: watch.identity(m),
                     state: m.entry.state.to_string(),
                     rss_bytes: m.entry.rss_bytes,
-                    comm: m.entry.comm.clone(),
+                    cmdline: {
+                        let argv = crate::scan::details(m.entry.pid).cmdline;
+                        if argv.is_empty() {
+                            vec![m.entry.comm.clone()]
+                        } else {
+                            argv
+                        }
+                    },
                 })
                 .collect();
             if let Err(e) = self.ledger.record_survivors(tree, &forensic) {
@@ -261,7 +284,11 @@ impl Engine {
             }
             let step = self.step(&watch, &group, &survivors, true);
             let targets = kill_targets(&watch, &step, &survivors);
-            let reason = format!("{} (round {round}: {} survivors after grace)", opts.reason, survivors.len());
+            let reason = format!(
+                "{} (round {round}: {} survivors after grace)",
+                opts.reason,
+                survivors.len()
+            );
             let auth = match self.ledger.authorize_kill(tree, &targets, &reason) {
                 Ok(auth) => auth,
                 Err(e) => {
@@ -275,14 +302,21 @@ impl Engine {
                     );
                     let _ = self.ledger.kill_skipped(tree, &why);
                     let _ = self.ledger.add_flag(tree, "authority_write_failed");
-                    let _ = self.ledger.set_state(tree, TreeState::Ambiguous, Some(&why));
-                    return Err(CustodyError::Ambiguous { tree: tree.0, reason: why });
+                    let _ = self
+                        .ledger
+                        .set_state(tree, TreeState::Ambiguous, Some(&why));
+                    return Err(CustodyError::Ambiguous {
+                        tree: tree.0,
+                        reason: why,
+                    });
                 }
             };
             report.authorizations += 1;
             report.phases.push((Phase::Authorize, t0.elapsed()));
             if round == 1
-                && let Err(e) = self.ledger.set_state(tree, TreeState::Killing, Some(&reason))
+                && let Err(e) = self
+                    .ledger
+                    .set_state(tree, TreeState::Killing, Some(&reason))
             {
                 tracing::warn!(tree = tree.0, error = %e, "state killing not recorded");
             }
@@ -320,14 +354,26 @@ impl Engine {
         let why = format!("{} members survived the forced kill", members.len());
         self.mark_ambiguous_in_memory(tree.0);
         let _ = self.ledger.add_flag(tree, "survivors");
-        if let Err(e) = self.ledger.set_state(tree, TreeState::Ambiguous, Some(&why)) {
+        if let Err(e) = self
+            .ledger
+            .set_state(tree, TreeState::Ambiguous, Some(&why))
+        {
             tracing::error!(tree = tree.0, error = %e, "ambiguous state not recorded");
         }
-        Err(CustodyError::Ambiguous { tree: tree.0, reason: why })
+        Err(CustodyError::Ambiguous {
+            tree: tree.0,
+            reason: why,
+        })
     }
 
     /// Builds the targets of one signal step from the live members.
-    fn step<'a>(&self, watch: &'a TreeWatch, group: &GroupRecord, members: &[Member], kill: bool) -> Step<'a> {
+    fn step<'a>(
+        &self,
+        watch: &'a TreeWatch,
+        group: &GroupRecord,
+        members: &[Member],
+        kill: bool,
+    ) -> Step<'a> {
         let cgroup = watch.cgroup();
         let cgroup_pids = cgroup.map(crate::scan::cgroup_pids).unwrap_or_default();
         let mut loose = Vec::new();
@@ -370,7 +416,14 @@ impl Engine {
                 Ok(()) => "sent".to_string(),
                 Err(e) => format!("failed: {e}"),
             };
-            self.record(tree, sig, "cgroup", &dir.display().to_string(), &result, authorization);
+            self.record(
+                tree,
+                sig,
+                "cgroup",
+                &dir.display().to_string(),
+                &result,
+                authorization,
+            );
         }
         // With a cgroup kill, group members are in the cgroup; the group
         // signal is still sent for members that left it (none, unless moved).
@@ -386,10 +439,19 @@ impl Engine {
                 Err(e) => format!("failed: {e}"),
             };
             if result.starts_with("sent") || sig != Sig::Kill {
-                self.record(tree, sig, "group", &step.group.pgid.to_string(), &result, authorization);
+                self.record(
+                    tree,
+                    sig,
+                    "group",
+                    &step.group.pgid.to_string(),
+                    &result,
+                    authorization,
+                );
             } else if step.cgroup.is_none() {
                 // A SIGKILL that was not sent is recorded as skipped, not as a signal.
-                let _ = self.ledger.kill_skipped(tree, &format!("group {}: {result}", step.group.pgid));
+                let _ = self
+                    .ledger
+                    .kill_skipped(tree, &format!("group {}: {result}", step.group.pgid));
             }
         }
         for id in &step.loose {
@@ -400,7 +462,14 @@ impl Engine {
                 Err(e) => format!("failed: {e}"),
             };
             if result == "sent" || sig != Sig::Kill {
-                self.record(tree, sig, "pid", &id.pid.to_string(), &result, authorization);
+                self.record(
+                    tree,
+                    sig,
+                    "pid",
+                    &id.pid.to_string(),
+                    &result,
+                    authorization,
+                );
             }
         }
         Ok(group_ok)
@@ -430,7 +499,8 @@ impl Engine {
     fn refusal_event(&self, tree: TreeId, opts: &TeardownOptions, why: &str) {
         let data = serde_json::json!({ "reason": why });
         let result = if opts.origin == Origin::Sweep {
-            self.ledger.append_event(Some(tree), EventKind::SweepRefused, data)
+            self.ledger
+                .append_event(Some(tree), EventKind::SweepRefused, data)
         } else {
             self.ledger.kill_skipped(tree, why).map(|_| 0)
         };
@@ -513,7 +583,11 @@ impl Engine {
 /// The authorization names every target with the identities it will reach.
 fn kill_targets(watch: &TreeWatch, step: &Step<'_>, survivors: &[Member]) -> Vec<KillTarget> {
     let ids = |filter: &dyn Fn(&Member) -> bool| -> Vec<IdentityRecord> {
-        survivors.iter().filter(|m| filter(m)).map(|m| watch.identity(m)).collect()
+        survivors
+            .iter()
+            .filter(|m| filter(m))
+            .map(|m| watch.identity(m))
+            .collect()
     };
     let mut targets = Vec::new();
     if let Some(dir) = step.cgroup {
@@ -564,7 +638,9 @@ fn remove_cgroup(dir: &std::path::Path) {
     loop {
         match crate::proc::remove_cgroup_if_empty(dir) {
             Ok(true) => return,
-            Ok(false) | Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            Ok(false) | Err(_) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
             Ok(false) => {
                 tracing::warn!(cgroup = %dir.display(), "cgroup still populated; left in place");
                 return;

@@ -43,7 +43,11 @@ pub struct TreeWatch {
 impl TreeWatch {
     /// A watch over a recorded tree; `None` when the tree never got a root
     /// (it was never released, so nothing of it can be running).
-    pub fn new(row: &TreeRow, previously: &[crate::ledger::MemberRow], exclude: &HashSet<i32>) -> Option<Self> {
+    pub fn new(
+        row: &TreeRow,
+        previously: &[crate::ledger::MemberRow],
+        exclude: &HashSet<i32>,
+    ) -> Option<Self> {
         let (pgid, sid, root_start) = (row.pgid?, row.sid?, row.root_start_ticks?);
         let mut exclude = exclude.clone();
         exclude.insert(row.owner.pid);
@@ -150,7 +154,10 @@ impl TreeWatch {
                 cgroup: details.as_ref().and_then(|d| d.cgroup.clone()),
                 uid: details.as_ref().and_then(|d| d.uid),
                 exe: details.as_ref().and_then(|d| d.exe.clone()),
-                cmdline: details.as_ref().and_then(|d| d.cmdline.clone()),
+                cmdline: details
+                    .as_ref()
+                    .map(|d| d.cmdline.clone())
+                    .unwrap_or_default(),
                 cwd: details.as_ref().and_then(|d| d.cwd.clone()),
             };
             if details.is_some() {

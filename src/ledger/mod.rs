@@ -1,1 +1,385 @@
-//! Placeholder: filled by its issue.
+//! The write-ahead authority ledger: the only code that knows SQL.
+//!
+//! One SQLite file (`<data-dir>/ledger.db`, WAL mode) is shared by every
+//! treewarden process on the host. In each process one owner thread holds the
+//! connection; [`Ledger`] is a cheap, cloneable handle whose methods are typed
+//! and blocking: they send a job over a channel and wait for the reply.
+//!
+//! # Writes
+//!
+//! Every write is one `BEGIN IMMEDIATE` transaction, so writers in several
+//! processes serialise; a write lock held elsewhere for longer than the busy
+//! timeout becomes [`LedgerError::Busy`], never an endless wait. Rows that
+//! release a spawn ([`Ledger::create_tree`], [`Ledger::tree_spawned`]) or
+//! authorize a kill ([`Ledger::authorize_kill`]) commit with
+//! `synchronous=FULL` (the WAL is fsynced before the call returns); the rest
+//! use `NORMAL` (crash-safe, but a power loss may drop the newest commits).
+//!
+//! Invariants are enforced by the database itself (`migrations/0001_init.sql`):
+//! a SIGKILL signal row must cite a kill authorization of the same tree; events,
+//! observations, signals and kill authorizations are append-only; a tree never
+//! leaves a terminal state; only an ambiguous tree is resolved. A refusal
+//! surfaces as [`LedgerError::Invariant`]. This module must never work around
+//! them (no `PRAGMA writable_schema`, no dropping triggers).
+//!
+//! # The hash chain
+//!
+//! Every write transaction appends its audit event(s) to `events` in the same
+//! transaction. `seq` is gapless from 1. For each event:
+//!
+//! ```text
+//! canonical = canonical JSON of the array [seq, at, tree, kind, data]
+//! hash      = lowercase_hex(sha256(prev_hash || canonical))
+//! ```
+//!
+//! where `prev_hash` enters as its 64 ASCII hex characters (the previous
+//! event's `hash`; 64 `0`s for seq 1), `seq` is a JSON integer, `at` the
+//! RFC 3339 UTC timestamp string with milliseconds (`2024-05-01T12:00:00.123Z`),
+//! `tree` an integer or `null`, `kind` a string, and `data` a JSON object.
+//! *Canonical JSON* means: no whitespace; object keys sorted by their UTF-8
+//! bytes; strings escaped as serde_json does (`"` `\` and control characters
+//! only; `\n \r \t \b \f` short forms, other controls `\u00XX` lowercase; no
+//! escaping of `/` or non-ASCII); numbers as serde_json prints them (integers
+//! in decimal). `data` is stored in this canonical form, so an external tool
+//! can recompute every hash from an NDJSON export alone, e.g. in Python:
+//! `json.dumps([seq,at,tree,kind,data], separators=(",",":"), sort_keys=True,
+//! ensure_ascii=False)`.
+//!
+//! The chain shows edits, deletions and reorderings, but not that its newest
+//! events were cut off: after each commit the head is logged at info level
+//! (target `treewarden::ledger::head`: `ledger head seq=N hash=H`), and
+//! [`Ledger::verify`] checks against a head published elsewhere.
+
+mod chain;
+mod db;
+mod error;
+mod export;
+mod read;
+mod types;
+mod verify;
+mod write;
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use chain::{GENESIS, canonical_event, canonical_string, event_hash};
+pub use error::LedgerError;
+pub use types::{
+    AuthorizationId, AuthorizationRow, EventFilter, EventKind, EventRow, ExitRecord, ExportFormat,
+    IdentityRecord, KillTarget, MemberRecord, MemberRow, NewTree, ObservationRow, OwnerId,
+    OwnerKind, OwnerRecord, OwnerRow, SignalRecord, SignalRow, SpawnRecord, SurvivorRecord,
+    TreeDetail, TreeId, TreeRow, TreeState, VerifyBreak, VerifyReport,
+};
+
+use db::Durability;
+
+/// How to open the ledger.
+#[derive(Clone, Copy, Debug)]
+pub struct LedgerOptions {
+    /// How long a write waits for another connection's write lock before it
+    /// fails with [`LedgerError::Busy`].
+    pub busy_timeout: Duration,
+}
+
+impl Default for LedgerOptions {
+    fn default() -> Self {
+        Self {
+            busy_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+impl LedgerOptions {
+    pub fn from_config(config: &crate::config::Config) -> Self {
+        Self {
+            busy_timeout: config.busy_timeout,
+        }
+    }
+}
+
+/// A cheap handle to the ledger's owner thread. Clones share the thread; the
+/// connection closes when the last clone is dropped.
+#[derive(Clone)]
+pub struct Ledger {
+    handle: Arc<db::Handle>,
+}
+
+impl std::fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ledger").finish_non_exhaustive()
+    }
+}
+
+impl Ledger {
+    /// Opens the ledger at `path`, creating the file and its parent directory
+    /// if needed, in WAL mode with foreign keys on, and applies migrations.
+    pub fn open(path: &Path, opts: LedgerOptions) -> Result<Ledger, LedgerError> {
+        Ok(Ledger {
+            handle: db::start(path, opts.busy_timeout)?,
+        })
+    }
+
+    fn write<T: Send + 'static>(
+        &self,
+        durability: Durability,
+        f: impl FnOnce(&mut db::Writer<'_>) -> Result<T, error::Fail> + Send + 'static,
+    ) -> Result<T, LedgerError> {
+        self.handle.call(move |store| store.write(durability, f))
+    }
+
+    fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T, error::Fail> + Send + 'static,
+    ) -> Result<T, LedgerError> {
+        self.handle.call(move |store| store.read(f))
+    }
+
+    /// The owner row for this identity and kind, created if it is new.
+    pub fn register_owner(&self, owner: &OwnerRecord) -> Result<OwnerId, LedgerError> {
+        let owner = owner.clone();
+        self.write(Durability::Normal, move |w| {
+            write::register_owner(w, &owner)
+        })
+    }
+
+    /// Commits a tree in state `spawning` (FULL) with a `tree.created` event.
+    pub fn create_tree(&self, tree: &NewTree) -> Result<TreeId, LedgerError> {
+        let tree = tree.clone();
+        self.write(Durability::Full, move |w| write::create_tree(w, &tree))
+    }
+
+    /// Records what the spawn formed; state `running`, event `tree.spawned`.
+    /// Commits with FULL: this commit is what releases the child to exec.
+    pub fn tree_spawned(&self, id: TreeId, spawn: &SpawnRecord) -> Result<(), LedgerError> {
+        let spawn = spawn.clone();
+        self.write(Durability::Full, move |w| {
+            write::tree_spawned(w, id, &spawn)
+        })
+    }
+
+    /// The spawn failed; state `spawn_failed`, event `tree.spawn_failed`.
+    pub fn tree_spawn_failed(
+        &self,
+        id: TreeId,
+        reason: &str,
+        exit_code: i32,
+    ) -> Result<(), LedgerError> {
+        let reason = reason.to_string();
+        self.write(Durability::Normal, move |w| {
+            write::tree_spawn_failed(w, id, &reason, exit_code)
+        })
+    }
+
+    /// Records a scan's members. First sightings insert the row and emit one
+    /// `member.observed` each (returned); later ones only bump `last_seen`.
+    pub fn observe_members(
+        &self,
+        id: TreeId,
+        members: &[MemberRecord],
+    ) -> Result<Vec<IdentityRecord>, LedgerError> {
+        let members = members.to_vec();
+        self.write(Durability::Normal, move |w| {
+            write::observe_members(w, id, &members)
+        })
+    }
+
+    /// Records an escape once per identity (observation + `escape.observed`);
+    /// returns whether it was new. Never erased.
+    pub fn record_escape(
+        &self,
+        id: TreeId,
+        member: &MemberRecord,
+        reason: &str,
+    ) -> Result<bool, LedgerError> {
+        let member = member.clone();
+        let reason = reason.to_string();
+        self.write(Durability::Normal, move |w| {
+            write::record_escape(w, id, &member, &reason)
+        })
+    }
+
+    /// Records exits (observation + `member.exited`, once per identity).
+    pub fn record_exits(
+        &self,
+        id: TreeId,
+        exits: &[(IdentityRecord, Option<ExitRecord>)],
+    ) -> Result<(), LedgerError> {
+        let exits = exits.to_vec();
+        self.write(Durability::Normal, move |w| {
+            write::record_exits(w, id, &exits)
+        })
+    }
+
+    /// Moves the tree to `to` (event `tree.state {from,to,reason}`) and returns
+    /// the state it left. Same state: no write. Leaving a terminal state: `Invariant`.
+    pub fn set_state(
+        &self,
+        id: TreeId,
+        to: TreeState,
+        reason: Option<&str>,
+    ) -> Result<TreeState, LedgerError> {
+        let reason = reason.map(str::to_string);
+        self.write(Durability::Normal, move |w| {
+            write::set_state(w, id, to, reason.as_deref())
+        })
+    }
+
+    /// Forensic snapshot of the survivors before a forced kill (observations
+    /// + one `survivors.recorded` event).
+    pub fn record_survivors(
+        &self,
+        id: TreeId,
+        survivors: &[SurvivorRecord],
+    ) -> Result<(), LedgerError> {
+        let survivors = survivors.to_vec();
+        self.write(Durability::Normal, move |w| {
+            write::record_survivors(w, id, &survivors)
+        })
+    }
+
+    /// Commits (FULL) the authority for a forced kill of these targets, with
+    /// its `kill.authorized` event. Only after this returns may SIGKILL be sent.
+    pub fn authorize_kill(
+        &self,
+        id: TreeId,
+        targets: &[KillTarget],
+        reason: &str,
+    ) -> Result<AuthorizationId, LedgerError> {
+        let targets = targets.to_vec();
+        let reason = reason.to_string();
+        self.write(Durability::Full, move |w| {
+            write::authorize_kill(w, id, &targets, &reason)
+        })
+    }
+
+    /// Records a sent signal (`signal.sent`); returns the signal row id. The
+    /// database refuses a SIGKILL without an authorization of this tree.
+    pub fn record_signal(&self, id: TreeId, signal: &SignalRecord) -> Result<i64, LedgerError> {
+        let signal = signal.clone();
+        self.write(Durability::Normal, move |w| {
+            write::record_signal(w, id, &signal)
+        })
+    }
+
+    /// A forced kill was not sent (event `kill.skipped`).
+    pub fn kill_skipped(&self, id: TreeId, reason: &str) -> Result<(), LedgerError> {
+        let reason = reason.to_string();
+        self.write(Durability::Normal, move |w| {
+            write::kill_skipped(w, id, &reason)
+        })
+    }
+
+    /// Ends the tree as `ended` or `vanished` (event `tree.ended`).
+    pub fn end_tree(
+        &self,
+        id: TreeId,
+        state: TreeState,
+        exit: Option<ExitRecord>,
+    ) -> Result<(), LedgerError> {
+        self.write(Durability::Normal, move |w| {
+            write::end_tree(w, id, state, exit)
+        })
+    }
+
+    /// An operator's resolution of an ambiguous tree (event `tree.resolved`).
+    pub fn resolve(&self, id: TreeId, note: &str) -> Result<(), LedgerError> {
+        let note = note.to_string();
+        self.write(Durability::Normal, move |w| write::resolve(w, id, &note))
+    }
+
+    /// Adds a flag to the tree (idempotent); returns whether it was new.
+    pub fn add_flag(&self, id: TreeId, flag: &str) -> Result<bool, LedgerError> {
+        let flag = flag.to_string();
+        self.write(Durability::Normal, move |w| write::add_flag(w, id, &flag))
+    }
+
+    /// Appends a free-standing event (`sweep.*`, `dispatch.refused`): kinds
+    /// with rows of their own are written only by their typed method.
+    /// `data` must be a JSON object. Returns the event's seq.
+    pub fn append_event(
+        &self,
+        tree: Option<TreeId>,
+        kind: EventKind,
+        data: serde_json::Value,
+    ) -> Result<i64, LedgerError> {
+        self.write(Durability::Normal, move |w| {
+            write::append_event(w, tree, kind, data)
+        })
+    }
+
+    /// Records one scan's cost and findings (no event).
+    pub fn record_scan(
+        &self,
+        tree: Option<TreeId>,
+        duration: Duration,
+        processes: usize,
+        members: usize,
+        escapes: usize,
+    ) -> Result<(), LedgerError> {
+        self.write(Durability::Normal, move |w| {
+            write::record_scan(w, tree, duration, processes, members, escapes)
+        })
+    }
+
+    pub fn tree(&self, id: TreeId) -> Result<Option<TreeRow>, LedgerError> {
+        self.read(move |tx| read::tree(tx, id))
+    }
+
+    pub fn tree_detail(&self, id: TreeId) -> Result<Option<TreeDetail>, LedgerError> {
+        self.read(move |tx| read::tree_detail(tx, id))
+    }
+
+    /// Live (non-terminal) trees, or every tree with `all`.
+    pub fn list_trees(&self, all: bool) -> Result<Vec<TreeRow>, LedgerError> {
+        if all {
+            self.read(|tx| read::trees(tx, None))
+        } else {
+            self.nonterminal_trees()
+        }
+    }
+
+    pub fn nonterminal_trees(&self) -> Result<Vec<TreeRow>, LedgerError> {
+        let live: Vec<TreeState> = TreeState::ALL
+            .into_iter()
+            .filter(|s| !s.is_terminal())
+            .collect();
+        self.read(move |tx| read::trees(tx, Some(&live)))
+    }
+
+    /// Trees awaiting an operator's resolution: while any exists, dispatch is refused.
+    pub fn ambiguous_trees(&self) -> Result<Vec<TreeRow>, LedgerError> {
+        self.read(|tx| read::trees(tx, Some(&[TreeState::Ambiguous])))
+    }
+
+    pub fn events(&self, filter: &EventFilter) -> Result<Vec<EventRow>, LedgerError> {
+        let filter = filter.clone();
+        self.read(move |tx| read::events(tx, &filter))
+    }
+
+    /// The newest event's (seq, hash).
+    pub fn head(&self) -> Result<Option<(i64, String)>, LedgerError> {
+        self.read(|tx| db::read_head(tx))
+    }
+
+    /// Integrity check, the whole chain, the SIGKILL authority rule and, if
+    /// given, the expected head (which catches truncation). Reports the first break.
+    pub fn verify(&self, expect_head: Option<(i64, String)>) -> Result<VerifyReport, LedgerError> {
+        self.read(move |tx| verify::verify(tx, expect_head))
+    }
+
+    /// Writes the selected events to `out` in `format`; returns how many.
+    /// Nothing is written to `out` unless the whole export was read.
+    pub fn export(
+        &self,
+        filter: &EventFilter,
+        format: ExportFormat,
+        out: &mut dyn Write,
+    ) -> Result<usize, LedgerError> {
+        let rows = self.events(filter)?;
+        let bytes = export::format(&rows, format)?;
+        export::write_all(&bytes, out)?;
+        Ok(rows.len())
+    }
+}

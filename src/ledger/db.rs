@@ -1,0 +1,284 @@
+//! The owner thread and the connection it alone holds (wastebin's db.rs
+//! pattern): callers send boxed jobs over a channel and block on the reply.
+//! Every write is one `BEGIN IMMEDIATE` transaction that also extends the
+//! hash chain, so the change and its audit event commit or vanish together.
+
+use std::path::Path;
+use std::sync::{Arc, mpsc};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime};
+
+use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
+use rusqlite_migration::{M, Migrations};
+
+use super::chain;
+use super::error::{Fail, LedgerError};
+use super::types::{EventKind, TreeId};
+
+/// The schema, oldest first. Append only: a shipped migration never changes.
+const MIGRATIONS: &[M<'static>] = &[M::up(include_str!("../../migrations/0001_init.sql"))];
+
+/// How hard a commit must be on disk before it returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Durability {
+    /// `synchronous=FULL`: the WAL is fsynced at commit, so the row survives
+    /// power loss. For rows that release a spawn or authorize a kill.
+    Full,
+    /// `synchronous=NORMAL`: survives a crash of any process; the WAL is
+    /// fsynced at checkpoints, so a power loss may lose the newest commits
+    /// (never corrupt or half-write them).
+    Normal,
+}
+
+/// A job for the owner thread.
+type Job = Box<dyn FnOnce(&mut Store) + Send>;
+
+/// The connection and what the owner thread remembers about it.
+pub(crate) struct Store {
+    conn: Connection,
+    busy_timeout: Duration,
+    /// The `synchronous` level currently set on the connection.
+    sync: Durability,
+}
+
+/// Owns the channel to the owner thread and joins it when the last handle goes.
+pub(crate) struct Handle {
+    jobs: Option<mpsc::Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // Closing the channel ends the owner thread's loop; joining makes the
+        // connection close before the last handle's drop returns.
+        self.jobs.take();
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("ledger owner thread panicked");
+        }
+    }
+}
+
+/// Opens (creating if needed) and migrates the ledger, then starts its owner thread.
+pub(crate) fn start(path: &Path, busy_timeout: Duration) -> Result<Arc<Handle>, LedgerError> {
+    let conn =
+        open_connection(path, busy_timeout).map_err(|fail| fail.into_ledger(busy_timeout))?;
+    let mut store = Store {
+        conn,
+        busy_timeout,
+        sync: Durability::Normal,
+    };
+    let (jobs, inbox) = mpsc::channel::<Job>();
+    let thread = std::thread::Builder::new()
+        .name("ledger".into())
+        .spawn(move || {
+            while let Ok(job) = inbox.recv() {
+                job(&mut store);
+            }
+        })
+        .map_err(|e| LedgerError::Other(format!("cannot start ledger thread: {e}")))?;
+    Ok(Arc::new(Handle {
+        jobs: Some(jobs),
+        thread: Some(thread),
+    }))
+}
+
+impl Handle {
+    /// Runs `f` on the owner thread and waits for its result.
+    pub(crate) fn call<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Store) -> Result<T, LedgerError> + Send + 'static,
+    ) -> Result<T, LedgerError> {
+        let (reply, answer) = mpsc::sync_channel(1);
+        let job: Job = Box::new(move |store| {
+            // The caller may have gone away; then nobody needs the answer.
+            let _ = reply.send(f(store));
+        });
+        let jobs = self
+            .jobs
+            .as_ref()
+            .ok_or_else(|| LedgerError::Other("ledger is closed".into()))?;
+        jobs.send(job)
+            .map_err(|_| LedgerError::Other("ledger thread has stopped".into()))?;
+        answer
+            .recv()
+            .map_err(|_| LedgerError::Other("ledger thread stopped before replying".into()))?
+    }
+}
+
+fn open_connection(path: &Path, busy_timeout: Duration) -> Result<Connection, Fail> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(|e| {
+            let msg = format!("cannot create {}: {e}", parent.display());
+            match e.kind() {
+                std::io::ErrorKind::StorageFull => LedgerError::Full(msg),
+                std::io::ErrorKind::ReadOnlyFilesystem | std::io::ErrorKind::PermissionDenied => {
+                    LedgerError::ReadOnly(msg)
+                }
+                _ => LedgerError::Other(msg),
+            }
+        })?;
+    }
+    let mut conn = Connection::open(path)?;
+    conn.busy_timeout(busy_timeout)?;
+    let mode: String =
+        conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(LedgerError::Other(format!(
+            "{} cannot use WAL (journal_mode is {mode})",
+            path.display()
+        ))
+        .into());
+    }
+    conn.pragma_update(None, "foreign_keys", true)?;
+    // INSERT OR REPLACE deletes the old row; with recursive triggers that
+    // delete meets the append-only guards instead of slipping past them.
+    conn.pragma_update(None, "recursive_triggers", true)?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    // Migrations take the write lock up front, like every other write.
+    conn.set_transaction_behavior(TransactionBehavior::Immediate);
+    let migrations = Migrations::from_slice(MIGRATIONS);
+    if let Err(first) = migrations.to_latest(&mut conn) {
+        // Another process may have migrated between our version check and our
+        // transaction; then the schema is current and our attempt rolled back.
+        let current = migrations.current_version(&conn);
+        let latest = rusqlite_migration::SchemaVersion::Inside(
+            std::num::NonZeroUsize::new(MIGRATIONS.len())
+                .ok_or_else(|| LedgerError::Other("no migrations".into()))?,
+        );
+        if current.ok() != Some(latest) {
+            return Err(LedgerError::from_migration(first, busy_timeout).into());
+        }
+    }
+    conn.set_transaction_behavior(TransactionBehavior::Deferred);
+    Ok(conn)
+}
+
+/// Now, as the ledger spells times: RFC 3339, UTC, milliseconds.
+pub(crate) fn now_string() -> String {
+    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+}
+
+impl Store {
+    fn set_sync(&mut self, level: Durability) -> Result<(), Fail> {
+        if self.sync != level {
+            let value = match level {
+                Durability::Full => "FULL",
+                Durability::Normal => "NORMAL",
+            };
+            self.conn.pragma_update(None, "synchronous", value)?;
+            self.sync = level;
+        }
+        Ok(())
+    }
+
+    /// One write transaction: `BEGIN IMMEDIATE` at the given durability, `f`,
+    /// commit, then publish the new chain head in the log. On any error the
+    /// transaction rolls back and nothing is written.
+    pub(crate) fn write<T>(
+        &mut self,
+        durability: Durability,
+        f: impl FnOnce(&mut Writer<'_>) -> Result<T, Fail>,
+    ) -> Result<T, LedgerError> {
+        let busy_timeout = self.busy_timeout;
+        let result = (|| {
+            self.set_sync(durability)?;
+            let tx = self
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let mut writer = Writer {
+                tx: &tx,
+                now: now_string(),
+                head: None,
+                appended: false,
+            };
+            let value = f(&mut writer)?;
+            let head = writer.appended.then(|| writer.head.clone()).flatten();
+            tx.commit()?;
+            if let Some((seq, hash)) = head {
+                tracing::info!(target: "treewarden::ledger::head", seq, %hash, "ledger head seq={seq} hash={hash}");
+            }
+            Ok(value)
+        })();
+        result.map_err(|fail: Fail| fail.into_ledger(busy_timeout))
+    }
+
+    /// A consistent read: one deferred transaction (a WAL snapshot).
+    pub(crate) fn read<T>(
+        &mut self,
+        f: impl FnOnce(&Transaction<'_>) -> Result<T, Fail>,
+    ) -> Result<T, LedgerError> {
+        let busy_timeout = self.busy_timeout;
+        let result = (|| {
+            let tx = self
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Deferred)?;
+            let value = f(&tx)?;
+            tx.finish()?;
+            Ok(value)
+        })();
+        result.map_err(|fail: Fail| fail.into_ledger(busy_timeout))
+    }
+}
+
+/// The open write transaction, with the chain head it has extended so far.
+pub(crate) struct Writer<'t> {
+    pub(crate) tx: &'t Transaction<'t>,
+    /// One timestamp for everything this transaction records.
+    pub(crate) now: String,
+    head: Option<(i64, String)>,
+    appended: bool,
+}
+
+impl Writer<'_> {
+    /// Appends one event to the hash chain inside this transaction.
+    /// `data` must be a JSON object; it is stored in canonical form.
+    pub(crate) fn event(
+        &mut self,
+        tree: Option<TreeId>,
+        kind: EventKind,
+        data: serde_json::Value,
+    ) -> Result<i64, Fail> {
+        if !data.is_object() {
+            return Err(LedgerError::Invariant(format!(
+                "event data for {kind} must be a JSON object"
+            ))
+            .into());
+        }
+        let (prev_seq, prev_hash) = match self.head.take() {
+            Some(head) => head,
+            None => read_head(self.tx)?.unwrap_or_else(|| (0, chain::GENESIS.to_string())),
+        };
+        let seq = prev_seq + 1;
+        let tree = tree.map(|t| t.0);
+        let hash = chain::event_hash(&prev_hash, seq, &self.now, tree, kind.as_str(), &data);
+        self.tx.execute(
+            "INSERT INTO events (seq, at, tree, kind, data, prev_hash, hash)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            params![
+                seq,
+                self.now,
+                tree,
+                kind.as_str(),
+                chain::canonical_string(&data),
+                prev_hash,
+                hash
+            ],
+        )?;
+        self.head = Some((seq, hash));
+        self.appended = true;
+        Ok(seq)
+    }
+}
+
+/// The newest event's (seq, hash).
+pub(crate) fn read_head(conn: &Connection) -> Result<Option<(i64, String)>, Fail> {
+    Ok(conn
+        .query_row(
+            "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1",
+            [],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .optional()?)
+}

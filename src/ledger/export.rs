@@ -1,0 +1,54 @@
+//! Export of the audit trail for incident review: NDJSON (one event per line,
+//! exactly `{"seq","at","tree","kind","data","prev_hash","hash"}`, `data` an
+//! object) or CSV (header `seq,at,tree,kind,data,prev_hash,hash`, `data` as
+//! its canonical JSON text, `tree` empty when null). The whole export is
+//! formatted in memory first, so an error leaves nothing half-written.
+
+use std::io::Write;
+
+use super::chain;
+use super::error::LedgerError;
+use super::types::{EventRow, ExportFormat};
+
+pub(crate) fn format(rows: &[EventRow], format: ExportFormat) -> Result<Vec<u8>, LedgerError> {
+    match format {
+        ExportFormat::Ndjson => {
+            let mut out = Vec::new();
+            for row in rows {
+                serde_json::to_writer(&mut out, row)
+                    .map_err(|e| LedgerError::Other(format!("export: {e}")))?;
+                out.push(b'\n');
+            }
+            Ok(out)
+        }
+        ExportFormat::Csv => {
+            let mut writer = csv::Writer::from_writer(Vec::new());
+            let fail = |e: csv::Error| LedgerError::Other(format!("export: {e}"));
+            writer
+                .write_record(["seq", "at", "tree", "kind", "data", "prev_hash", "hash"])
+                .map_err(fail)?;
+            for row in rows {
+                writer
+                    .write_record([
+                        row.seq.to_string(),
+                        row.at.clone(),
+                        row.tree.map(|t| t.to_string()).unwrap_or_default(),
+                        row.kind.clone(),
+                        chain::canonical_string(&row.data),
+                        row.prev_hash.clone(),
+                        row.hash.clone(),
+                    ])
+                    .map_err(fail)?;
+            }
+            writer
+                .into_inner()
+                .map_err(|e| LedgerError::Other(format!("export: {e}")))
+        }
+    }
+}
+
+pub(crate) fn write_all(bytes: &[u8], out: &mut dyn Write) -> Result<(), LedgerError> {
+    out.write_all(bytes)
+        .and_then(|()| out.flush())
+        .map_err(|e| LedgerError::Other(format!("export: cannot write output: {e}")))
+}

@@ -1,0 +1,260 @@
+//! Reads: rows back into typed shapes. Each public read runs in one snapshot.
+
+use rusqlite::{Connection, OptionalExtension, Row, params_from_iter, types::Value};
+
+use super::error::{Fail, LedgerError};
+use super::types::{
+    AuthorizationRow, EventFilter, EventRow, ExitRecord, IdentityRecord, MemberRow, ObservationRow,
+    OwnerRow, SignalRow, TreeDetail, TreeId, TreeRow, TreeState,
+};
+
+const TREE_COLUMNS: &str =
+    "t.id, t.label, t.state, t.boundary, o.id, o.pid, o.start_ticks, o.boot_id, o.kind,
+     t.argv, t.cwd, t.root_pid, t.root_start_ticks, t.boot_id, t.pgid, t.sid, t.cgroup,
+     t.created_at, t.ended_at, t.exit_code, t.exit_signal, t.flags, t.note";
+
+fn json_column<T: serde::de::DeserializeOwned>(row: &Row<'_>, idx: usize) -> rusqlite::Result<T> {
+    let text: String = row.get(idx)?;
+    serde_json::from_str(&text).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
+fn ticks(row: &Row<'_>, idx: usize) -> rusqlite::Result<u64> {
+    let value: i64 = row.get(idx)?;
+    u64::try_from(value).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Integer, Box::new(e))
+    })
+}
+
+fn opt_ticks(row: &Row<'_>, idx: usize) -> rusqlite::Result<Option<u64>> {
+    match row.get::<_, Option<i64>>(idx)? {
+        None => Ok(None),
+        Some(_) => ticks(row, idx).map(Some),
+    }
+}
+
+fn exit_of(code: Option<i32>, signal: Option<i32>) -> Option<ExitRecord> {
+    (code.is_some() || signal.is_some()).then_some(ExitRecord { code, signal })
+}
+
+fn tree_from_row(row: &Row<'_>) -> rusqlite::Result<TreeRow> {
+    let state: String = row.get(2)?;
+    let state: TreeState = state.parse().map_err(|e: String| {
+        rusqlite::Error::FromSqlConversionFailure(2, rusqlite::types::Type::Text, e.into())
+    })?;
+    Ok(TreeRow {
+        id: row.get(0)?,
+        label: row.get(1)?,
+        state,
+        boundary: row.get(3)?,
+        owner: OwnerRow {
+            id: row.get(4)?,
+            pid: row.get(5)?,
+            start: ticks(row, 6)?,
+            boot_id: row.get(7)?,
+            kind: row.get(8)?,
+        },
+        argv: json_column(row, 9)?,
+        cwd: row.get(10)?,
+        root_pid: row.get(11)?,
+        root_start_ticks: opt_ticks(row, 12)?,
+        boot_id: row.get(13)?,
+        pgid: row.get(14)?,
+        sid: row.get(15)?,
+        cgroup: row.get(16)?,
+        created_at: row.get(17)?,
+        ended_at: row.get(18)?,
+        exit: exit_of(row.get(19)?, row.get(20)?),
+        flags: json_column(row, 21)?,
+        note: row.get(22)?,
+    })
+}
+
+pub(crate) fn tree(conn: &Connection, id: TreeId) -> Result<Option<TreeRow>, Fail> {
+    let sql = format!(
+        "SELECT {TREE_COLUMNS} FROM trees t JOIN owners o ON o.id = t.owner_id WHERE t.id = ?1"
+    );
+    Ok(conn.query_row(&sql, [id.0], tree_from_row).optional()?)
+}
+
+/// Trees whose state is in `states` (all trees when `None`), oldest first.
+pub(crate) fn trees(conn: &Connection, states: Option<&[TreeState]>) -> Result<Vec<TreeRow>, Fail> {
+    let (filter, args): (String, Vec<Value>) = match states {
+        None => (String::new(), Vec::new()),
+        Some(states) => (
+            format!(
+                "WHERE t.state IN ({})",
+                vec!["?"; states.len().max(1)].join(", ")
+            ),
+            if states.is_empty() {
+                vec![Value::Null]
+            } else {
+                states
+                    .iter()
+                    .map(|s| Value::Text(s.as_str().to_string()))
+                    .collect()
+            },
+        ),
+    };
+    let sql = format!(
+        "SELECT {TREE_COLUMNS} FROM trees t JOIN owners o ON o.id = t.owner_id {filter} ORDER BY t.id"
+    );
+    let mut stmt = conn.prepare(&sql)?;
+    let rows = stmt.query_map(params_from_iter(args), tree_from_row)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+fn members(conn: &Connection, id: TreeId) -> Result<Vec<MemberRow>, Fail> {
+    let mut stmt = conn.prepare(
+        "SELECT pid, start_ticks, boot_id, ppid, pgid, sid, cgroup, uid, exe, cmdline, cwd,
+                first_seen, last_seen, exited_at, exit_code, exit_signal, escaped_at
+         FROM members WHERE tree_id = ?1 ORDER BY id",
+    )?;
+    let rows = stmt.query_map([id.0], |row| {
+        let cmdline: Option<String> = row.get(9)?;
+        Ok(MemberRow {
+            pid: row.get(0)?,
+            start_ticks: ticks(row, 1)?,
+            boot_id: row.get(2)?,
+            ppid: row.get(3)?,
+            pgid: row.get(4)?,
+            sid: row.get(5)?,
+            cgroup: row.get(6)?,
+            uid: row.get(7)?,
+            exe: row.get(8)?,
+            cmdline: cmdline
+                .and_then(|c| serde_json::from_str(&c).ok())
+                .unwrap_or_default(),
+            cwd: row.get(10)?,
+            first_seen: row.get(11)?,
+            last_seen: row.get(12)?,
+            exited_at: row.get(13)?,
+            exit: exit_of(row.get(14)?, row.get(15)?),
+            escaped_at: row.get(16)?,
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+fn observations(conn: &Connection, id: TreeId) -> Result<Vec<ObservationRow>, Fail> {
+    let mut stmt = conn.prepare(
+        "SELECT id, kind, pid, start_ticks, boot_id, at, detail
+         FROM observations WHERE tree_id = ?1 ORDER BY id",
+    )?;
+    let rows = stmt.query_map([id.0], |row| {
+        Ok(ObservationRow {
+            id: row.get(0)?,
+            kind: row.get(1)?,
+            identity: IdentityRecord {
+                pid: row.get(2)?,
+                start_ticks: ticks(row, 3)?,
+                boot_id: row.get(4)?,
+            },
+            at: row.get(5)?,
+            detail: json_column(row, 6)?,
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+fn signals(conn: &Connection, id: TreeId) -> Result<Vec<SignalRow>, Fail> {
+    let mut stmt = conn.prepare(
+        "SELECT id, signal, target_kind, target, result, authorization_id, at
+         FROM signals WHERE tree_id = ?1 ORDER BY id",
+    )?;
+    let rows = stmt.query_map([id.0], |row| {
+        Ok(SignalRow {
+            id: row.get(0)?,
+            signal: row.get(1)?,
+            target_kind: row.get(2)?,
+            target: row.get(3)?,
+            result: row.get(4)?,
+            authorization: row.get(5)?,
+            at: row.get(6)?,
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+fn authorizations(conn: &Connection, id: TreeId) -> Result<Vec<AuthorizationRow>, Fail> {
+    let mut stmt = conn.prepare(
+        "SELECT id, reason, targets, at FROM kill_authorizations WHERE tree_id = ?1 ORDER BY id",
+    )?;
+    let rows = stmt.query_map([id.0], |row| {
+        Ok(AuthorizationRow {
+            id: row.get(0)?,
+            reason: row.get(1)?,
+            targets: json_column(row, 2)?,
+            at: row.get(3)?,
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+pub(crate) fn tree_detail(conn: &Connection, id: TreeId) -> Result<Option<TreeDetail>, Fail> {
+    let Some(tree) = tree(conn, id)? else {
+        return Ok(None);
+    };
+    Ok(Some(TreeDetail {
+        tree,
+        members: members(conn, id)?,
+        observations: observations(conn, id)?,
+        signals: signals(conn, id)?,
+        authorizations: authorizations(conn, id)?,
+        events: events(
+            conn,
+            &EventFilter {
+                tree: Some(id),
+                ..EventFilter::default()
+            },
+        )?,
+    }))
+}
+
+pub(crate) fn event_from_row(row: &Row<'_>) -> rusqlite::Result<EventRow> {
+    Ok(EventRow {
+        seq: row.get(0)?,
+        at: row.get(1)?,
+        tree: row.get(2)?,
+        kind: row.get(3)?,
+        data: json_column(row, 4)?,
+        prev_hash: row.get(5)?,
+        hash: row.get(6)?,
+    })
+}
+
+pub(crate) fn events(conn: &Connection, filter: &EventFilter) -> Result<Vec<EventRow>, Fail> {
+    let mut clauses = Vec::new();
+    let mut args: Vec<Value> = Vec::new();
+    if let Some(since) = filter.since {
+        clauses.push("at >= ?");
+        // Times are fixed-width RFC 3339 UTC with milliseconds, so text order is time order.
+        args.push(Value::Text(
+            humantime::format_rfc3339_millis(since).to_string(),
+        ));
+    }
+    if let Some(tree) = filter.tree {
+        clauses.push("tree = ?");
+        args.push(Value::Integer(tree.0));
+    }
+    if let Some(after) = filter.after_seq {
+        clauses.push("seq > ?");
+        args.push(Value::Integer(after));
+    }
+    let mut sql = String::from("SELECT seq, at, tree, kind, data, prev_hash, hash FROM events");
+    if !clauses.is_empty() {
+        sql.push_str(" WHERE ");
+        sql.push_str(&clauses.join(" AND "));
+    }
+    sql.push_str(" ORDER BY seq");
+    if let Some(limit) = filter.limit {
+        let limit = i64::try_from(limit)
+            .map_err(|_| LedgerError::Other(format!("limit {limit} is too large")))?;
+        sql.push_str(" LIMIT ?");
+        args.push(Value::Integer(limit));
+    }
+    let mut stmt = conn.prepare(&sql)?;
+    let rows = stmt.query_map(params_from_iter(args), event_from_row)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}

@@ -1,0 +1,514 @@
+//! The typed records callers write and the rows they read back. Plain data:
+//! no SQL here, and no rusqlite type ever appears in these shapes.
+
+use serde::{Deserialize, Serialize};
+
+/// A tree's row id in the ledger.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct TreeId(pub i64);
+
+/// An owner's row id in the ledger.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct OwnerId(pub i64);
+
+/// A committed kill authorization's row id. Holding one means the row that
+/// authorizes a SIGKILL is durably in the ledger.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct AuthorizationId(pub i64);
+
+impl std::fmt::Display for TreeId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// Where a tree is in its life. Terminal states are final: the database
+/// refuses to move a tree out of one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TreeState {
+    Spawning,
+    Running,
+    Terminating,
+    Killing,
+    Ambiguous,
+    Ended,
+    Vanished,
+    SpawnFailed,
+    Resolved,
+}
+
+impl TreeState {
+    pub const ALL: [TreeState; 9] = [
+        Self::Spawning,
+        Self::Running,
+        Self::Terminating,
+        Self::Killing,
+        Self::Ambiguous,
+        Self::Ended,
+        Self::Vanished,
+        Self::SpawnFailed,
+        Self::Resolved,
+    ];
+
+    /// The spelling stored in the ledger and used in JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Spawning => "spawning",
+            Self::Running => "running",
+            Self::Terminating => "terminating",
+            Self::Killing => "killing",
+            Self::Ambiguous => "ambiguous",
+            Self::Ended => "ended",
+            Self::Vanished => "vanished",
+            Self::SpawnFailed => "spawn_failed",
+            Self::Resolved => "resolved",
+        }
+    }
+
+    /// Ended, vanished, spawn_failed and resolved are final.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            Self::Ended | Self::Vanished | Self::SpawnFailed | Self::Resolved
+        )
+    }
+}
+
+impl std::fmt::Display for TreeState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for TreeState {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| format!("unknown tree state {s:?}"))
+    }
+}
+
+/// Every audit event kind: the contract for export, the dashboard and tools.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EventKind {
+    /// A tree row was committed (before its child is released). Addition to DESIGN.md.
+    TreeCreated,
+    TreeSpawned,
+    TreeSpawnFailed,
+    MemberObserved,
+    EscapeObserved,
+    MemberExited,
+    /// A forensic snapshot of survivors before a forced kill. Addition to DESIGN.md.
+    SurvivorsRecorded,
+    SignalSent,
+    KillAuthorized,
+    KillSkipped,
+    TreeState,
+    TreeEnded,
+    SweepStarted,
+    SweepOrphanFound,
+    SweepRefused,
+    DispatchRefused,
+    TreeResolved,
+}
+
+impl EventKind {
+    pub const ALL: [EventKind; 17] = [
+        Self::TreeCreated,
+        Self::TreeSpawned,
+        Self::TreeSpawnFailed,
+        Self::MemberObserved,
+        Self::EscapeObserved,
+        Self::MemberExited,
+        Self::SurvivorsRecorded,
+        Self::SignalSent,
+        Self::KillAuthorized,
+        Self::KillSkipped,
+        Self::TreeState,
+        Self::TreeEnded,
+        Self::SweepStarted,
+        Self::SweepOrphanFound,
+        Self::SweepRefused,
+        Self::DispatchRefused,
+        Self::TreeResolved,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::TreeCreated => "tree.created",
+            Self::TreeSpawned => "tree.spawned",
+            Self::TreeSpawnFailed => "tree.spawn_failed",
+            Self::MemberObserved => "member.observed",
+            Self::EscapeObserved => "escape.observed",
+            Self::MemberExited => "member.exited",
+            Self::SurvivorsRecorded => "survivors.recorded",
+            Self::SignalSent => "signal.sent",
+            Self::KillAuthorized => "kill.authorized",
+            Self::KillSkipped => "kill.skipped",
+            Self::TreeState => "tree.state",
+            Self::TreeEnded => "tree.ended",
+            Self::SweepStarted => "sweep.started",
+            Self::SweepOrphanFound => "sweep.orphan_found",
+            Self::SweepRefused => "sweep.refused",
+            Self::DispatchRefused => "dispatch.refused",
+            Self::TreeResolved => "tree.resolved",
+        }
+    }
+
+    /// Kinds with no table of their own, which [`crate::ledger::Ledger::append_event`]
+    /// accepts. Every other kind is written only by the typed method that also
+    /// writes its rows, so the chain and the tables cannot disagree.
+    pub fn is_free_standing(self) -> bool {
+        matches!(
+            self,
+            Self::SweepStarted
+                | Self::SweepOrphanFound
+                | Self::SweepRefused
+                | Self::DispatchRefused
+        )
+    }
+}
+
+impl std::fmt::Display for EventKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for EventKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| format!("unknown event kind {s:?}"))
+    }
+}
+
+/// A process named by its identity, never by a bare pid.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct IdentityRecord {
+    pub pid: i32,
+    /// Start time in clock ticks since boot (field 22 of /proc/<pid>/stat).
+    pub start_ticks: u64,
+    pub boot_id: String,
+}
+
+/// Who a tree runs on behalf of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OwnerKind {
+    /// A `treewarden run` process.
+    Run,
+    /// A client process that asked the service for a tree.
+    Client,
+    /// The service itself.
+    Service,
+}
+
+impl OwnerKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Run => "run",
+            Self::Client => "client",
+            Self::Service => "service",
+        }
+    }
+}
+
+impl std::str::FromStr for OwnerKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "run" => Ok(Self::Run),
+            "client" => Ok(Self::Client),
+            "service" => Ok(Self::Service),
+            other => Err(format!("unknown owner kind {other:?}")),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnerRecord {
+    pub identity: IdentityRecord,
+    pub kind: OwnerKind,
+}
+
+/// A tree about to be spawned. `boundary` is "cgroup" or "session".
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewTree {
+    pub label: Option<String>,
+    pub boundary: String,
+    pub owner: OwnerId,
+    pub argv: Vec<String>,
+    pub cwd: Option<String>,
+}
+
+/// What the spawn formed: recorded once, never re-resolved from the leader pid.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpawnRecord {
+    pub root: IdentityRecord,
+    pub pgid: i32,
+    pub sid: i32,
+    pub cgroup: Option<String>,
+}
+
+/// One process seen in a scan.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberRecord {
+    pub identity: IdentityRecord,
+    pub ppid: i32,
+    pub pgid: i32,
+    pub sid: i32,
+    pub cgroup: Option<String>,
+    /// None when it could not be read (the process exited meanwhile).
+    pub uid: Option<u32>,
+    pub exe: Option<String>,
+    pub cmdline: Vec<String>,
+    pub cwd: Option<String>,
+}
+
+/// How a process ended: an exit code, or the signal that killed it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitRecord {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+/// A survivor snapshot taken (frozen or stopped) before a forced kill.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SurvivorRecord {
+    pub identity: IdentityRecord,
+    /// The state letter from /proc/<pid>/stat (R, S, D, T, Z, ...).
+    pub state: String,
+    pub rss_bytes: u64,
+    pub cmdline: Vec<String>,
+}
+
+/// One target a kill authorization covers. `kind` is "group", "cgroup" or "pid".
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KillTarget {
+    pub kind: String,
+    pub target: String,
+    pub identities: Vec<IdentityRecord>,
+}
+
+/// A signal that was sent (or attempted). `signal` is spelled "SIGTERM",
+/// "SIGKILL", ...; `target_kind` is "group", "cgroup" or "pid".
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignalRecord {
+    pub signal: String,
+    pub target_kind: String,
+    pub target: String,
+    pub result: String,
+    pub authorization: Option<AuthorizationId>,
+}
+
+/// Selects events for reads and export. All conditions combine with AND;
+/// rows come back in seq order.
+#[derive(Clone, Debug, Default)]
+pub struct EventFilter {
+    /// Events at or after this moment.
+    pub since: Option<std::time::SystemTime>,
+    pub tree: Option<TreeId>,
+    /// Events with seq strictly greater than this (for paging / tailing).
+    pub after_seq: Option<i64>,
+    pub limit: Option<usize>,
+}
+
+/// The owner as shown with a tree.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct OwnerRow {
+    pub id: i64,
+    pub pid: i32,
+    /// Start time in clock ticks.
+    pub start: u64,
+    pub boot_id: String,
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TreeRow {
+    pub id: i64,
+    pub label: Option<String>,
+    pub state: TreeState,
+    pub boundary: String,
+    pub owner: OwnerRow,
+    pub argv: Vec<String>,
+    pub cwd: Option<String>,
+    pub root_pid: Option<i32>,
+    pub root_start_ticks: Option<u64>,
+    pub boot_id: Option<String>,
+    pub pgid: Option<i32>,
+    pub sid: Option<i32>,
+    pub cgroup: Option<String>,
+    pub created_at: String,
+    pub ended_at: Option<String>,
+    pub exit: Option<ExitRecord>,
+    pub flags: Vec<String>,
+    pub note: Option<String>,
+}
+
+impl TreeRow {
+    pub fn tree_id(&self) -> TreeId {
+        TreeId(self.id)
+    }
+
+    /// The root's identity, once the spawn was recorded.
+    pub fn root(&self) -> Option<IdentityRecord> {
+        Some(IdentityRecord {
+            pid: self.root_pid?,
+            start_ticks: self.root_start_ticks?,
+            boot_id: self.boot_id.clone()?,
+        })
+    }
+
+    pub fn owner_identity(&self) -> IdentityRecord {
+        IdentityRecord {
+            pid: self.owner.pid,
+            start_ticks: self.owner.start,
+            boot_id: self.owner.boot_id.clone(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MemberRow {
+    pub pid: i32,
+    pub start_ticks: u64,
+    pub boot_id: String,
+    pub ppid: Option<i32>,
+    pub pgid: Option<i32>,
+    pub sid: Option<i32>,
+    pub cgroup: Option<String>,
+    pub uid: Option<u32>,
+    pub exe: Option<String>,
+    pub cmdline: Vec<String>,
+    pub cwd: Option<String>,
+    pub first_seen: String,
+    pub last_seen: String,
+    pub exited_at: Option<String>,
+    pub exit: Option<ExitRecord>,
+    pub escaped_at: Option<String>,
+}
+
+impl MemberRow {
+    pub fn identity(&self) -> IdentityRecord {
+        IdentityRecord {
+            pid: self.pid,
+            start_ticks: self.start_ticks,
+            boot_id: self.boot_id.clone(),
+        }
+    }
+}
+
+/// An append-only observation: an escape, an exit or a survivor snapshot.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ObservationRow {
+    pub id: i64,
+    pub kind: String,
+    pub identity: IdentityRecord,
+    pub at: String,
+    pub detail: serde_json::Value,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SignalRow {
+    pub id: i64,
+    pub signal: String,
+    pub target_kind: String,
+    pub target: String,
+    pub result: String,
+    pub authorization: Option<i64>,
+    pub at: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AuthorizationRow {
+    pub id: i64,
+    pub reason: String,
+    pub targets: Vec<KillTarget>,
+    pub at: String,
+}
+
+/// One audit event, exactly as exported: `data` is a JSON object.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EventRow {
+    pub seq: i64,
+    pub at: String,
+    pub tree: Option<i64>,
+    pub kind: String,
+    pub data: serde_json::Value,
+    pub prev_hash: String,
+    pub hash: String,
+}
+
+/// Everything `show` displays about one tree.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TreeDetail {
+    pub tree: TreeRow,
+    pub members: Vec<MemberRow>,
+    pub observations: Vec<ObservationRow>,
+    pub signals: Vec<SignalRow>,
+    pub authorizations: Vec<AuthorizationRow>,
+    pub events: Vec<EventRow>,
+}
+
+/// The first thing `verify` found wrong.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct VerifyBreak {
+    /// The event seq where the break is, when it is about an event.
+    pub seq: Option<i64>,
+    pub what: String,
+}
+
+impl std::fmt::Display for VerifyBreak {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.seq {
+            Some(seq) => write!(f, "seq {seq}: {}", self.what),
+            None => f.write_str(&self.what),
+        }
+    }
+}
+
+/// What `verify` checked and the first break, if any.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct VerifyReport {
+    /// Events walked.
+    pub events: u64,
+    /// The newest event (seq, hash), if any.
+    pub head: Option<(i64, String)>,
+    /// `PRAGMA integrity_check` said "ok".
+    pub integrity_ok: bool,
+    pub first_break: Option<VerifyBreak>,
+}
+
+impl VerifyReport {
+    pub fn is_ok(&self) -> bool {
+        self.integrity_ok && self.first_break.is_none()
+    }
+}
+
+/// Export formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExportFormat {
+    Ndjson,
+    Csv,
+}
+
+impl std::str::FromStr for ExportFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "ndjson" => Ok(Self::Ndjson),
+            "csv" => Ok(Self::Csv),
+            other => Err(format!("unknown format {other:?}: expected ndjson or csv")),
+        }
+    }
+}

@@ -1,0 +1,522 @@
+//! The write operations, each run inside one [`Writer`] transaction. Each
+//! appends its audit event(s) in that same transaction.
+
+use rusqlite::{OptionalExtension, params};
+use serde_json::json;
+
+use super::db::Writer;
+use super::error::{Fail, LedgerError};
+use super::types::{
+    AuthorizationId, EventKind, ExitRecord, IdentityRecord, KillTarget, MemberRecord, NewTree,
+    OwnerId, OwnerRecord, SignalRecord, SpawnRecord, SurvivorRecord, TreeId, TreeState,
+};
+
+/// Clock ticks as SQLite stores them (an i64; ticks never come near its limit).
+fn ticks(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+const TARGET_KINDS: [&str; 3] = ["group", "cgroup", "pid"];
+
+fn invariant(msg: impl Into<String>) -> Fail {
+    LedgerError::Invariant(msg.into()).into()
+}
+
+fn current_state(w: &Writer<'_>, id: TreeId) -> Result<TreeState, Fail> {
+    let state: Option<String> =
+        w.tx.query_row("SELECT state FROM trees WHERE id = ?1", [id.0], |r| {
+            r.get(0)
+        })
+        .optional()?;
+    let state = state.ok_or_else(|| LedgerError::NotFound(format!("tree {id}")))?;
+    state
+        .parse()
+        .map_err(|e: String| LedgerError::Corrupt(e).into())
+}
+
+pub(crate) fn register_owner(w: &mut Writer<'_>, owner: &OwnerRecord) -> Result<OwnerId, Fail> {
+    let id = &owner.identity;
+    let existing: Option<i64> = w
+        .tx
+        .query_row(
+            "SELECT id FROM owners WHERE pid = ?1 AND start_ticks = ?2 AND boot_id = ?3 AND kind = ?4",
+            params![id.pid, ticks(id.start_ticks), id.boot_id, owner.kind.as_str()],
+            |r| r.get(0),
+        )
+        .optional()?;
+    if let Some(existing) = existing {
+        return Ok(OwnerId(existing));
+    }
+    w.tx.execute(
+        "INSERT INTO owners (pid, start_ticks, boot_id, kind, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+        params![id.pid, ticks(id.start_ticks), id.boot_id, owner.kind.as_str(), w.now],
+    )?;
+    Ok(OwnerId(w.tx.last_insert_rowid()))
+}
+
+pub(crate) fn create_tree(w: &mut Writer<'_>, tree: &NewTree) -> Result<TreeId, Fail> {
+    if tree.boundary != "cgroup" && tree.boundary != "session" {
+        return Err(invariant(format!(
+            "boundary must be cgroup or session, not {:?}",
+            tree.boundary
+        )));
+    }
+    let argv = serde_json::to_string(&tree.argv)?;
+    w.tx.execute(
+        "INSERT INTO trees (label, state, boundary, owner_id, argv, cwd, created_at)
+         VALUES (?1, 'spawning', ?2, ?3, ?4, ?5, ?6)",
+        params![
+            tree.label,
+            tree.boundary,
+            tree.owner.0,
+            argv,
+            tree.cwd,
+            w.now
+        ],
+    )?;
+    let id = TreeId(w.tx.last_insert_rowid());
+    let owner: (i32, i64, String) = w.tx.query_row(
+        "SELECT pid, start_ticks, kind FROM owners WHERE id = ?1",
+        [tree.owner.0],
+        |r| Ok((r.get(0)?, r.get::<_, i64>(1)?, r.get(2)?)),
+    )?;
+    w.event(
+        Some(id),
+        EventKind::TreeCreated,
+        json!({
+            "label": tree.label,
+            "boundary": tree.boundary,
+            "owner": {"id": tree.owner.0, "pid": owner.0, "start": owner.1, "kind": owner.2},
+            "argv": tree.argv,
+            "cwd": tree.cwd,
+        }),
+    )?;
+    Ok(id)
+}
+
+pub(crate) fn tree_spawned(
+    w: &mut Writer<'_>,
+    id: TreeId,
+    spawn: &SpawnRecord,
+) -> Result<(), Fail> {
+    let from = current_state(w, id)?;
+    if from != TreeState::Spawning {
+        return Err(invariant(format!(
+            "tree {id} is {from}, not spawning: its spawn cannot be recorded"
+        )));
+    }
+    w.tx.execute(
+        "UPDATE trees SET state = 'running', root_pid = ?2, root_start_ticks = ?3, boot_id = ?4,
+                pgid = ?5, sid = ?6, cgroup = ?7
+         WHERE id = ?1",
+        params![
+            id.0,
+            spawn.root.pid,
+            ticks(spawn.root.start_ticks),
+            spawn.root.boot_id,
+            spawn.pgid,
+            spawn.sid,
+            spawn.cgroup
+        ],
+    )?;
+    w.event(
+        Some(id),
+        EventKind::TreeSpawned,
+        json!({"root": spawn.root, "pgid": spawn.pgid, "sid": spawn.sid, "cgroup": spawn.cgroup}),
+    )?;
+    Ok(())
+}
+
+pub(crate) fn tree_spawn_failed(
+    w: &mut Writer<'_>,
+    id: TreeId,
+    reason: &str,
+    exit_code: i32,
+) -> Result<(), Fail> {
+    let from = current_state(w, id)?;
+    w.tx.execute(
+        "UPDATE trees SET state = 'spawn_failed', ended_at = ?2, exit_code = ?3, note = ?4 WHERE id = ?1",
+        params![id.0, w.now, exit_code, reason],
+    )?;
+    w.event(
+        Some(id),
+        EventKind::TreeSpawnFailed,
+        json!({"from": from, "reason": reason, "exit_code": exit_code}),
+    )?;
+    Ok(())
+}
+
+fn member_json(m: &MemberRecord) -> serde_json::Value {
+    json!({
+        "identity": m.identity, "ppid": m.ppid, "pgid": m.pgid, "sid": m.sid,
+        "cgroup": m.cgroup, "uid": m.uid, "exe": m.exe, "cmdline": m.cmdline, "cwd": m.cwd,
+    })
+}
+
+/// Inserts the member row if this identity is new to the tree; returns whether it was.
+fn insert_member(w: &Writer<'_>, id: TreeId, m: &MemberRecord) -> Result<bool, Fail> {
+    let cmdline = serde_json::to_string(&m.cmdline)?;
+    let inserted = w.tx.execute(
+        "INSERT INTO members (tree_id, pid, start_ticks, boot_id, ppid, pgid, sid, cgroup, uid, exe,
+                              cmdline, cwd, first_seen, last_seen)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13)
+         ON CONFLICT (tree_id, pid, start_ticks, boot_id) DO NOTHING",
+        params![
+            id.0,
+            m.identity.pid,
+            ticks(m.identity.start_ticks),
+            m.identity.boot_id,
+            m.ppid,
+            m.pgid,
+            m.sid,
+            m.cgroup,
+            m.uid,
+            m.exe,
+            cmdline,
+            m.cwd,
+            w.now
+        ],
+    )?;
+    Ok(inserted == 1)
+}
+
+pub(crate) fn observe_members(
+    w: &mut Writer<'_>,
+    id: TreeId,
+    members: &[MemberRecord],
+) -> Result<Vec<IdentityRecord>, Fail> {
+    current_state(w, id)?;
+    let mut new = Vec::new();
+    for m in members {
+        if insert_member(w, id, m)? {
+            w.event(Some(id), EventKind::MemberObserved, member_json(m))?;
+            new.push(m.identity.clone());
+        } else {
+            w.tx.execute(
+                "UPDATE members SET last_seen = ?5
+                 WHERE tree_id = ?1 AND pid = ?2 AND start_ticks = ?3 AND boot_id = ?4",
+                params![
+                    id.0,
+                    m.identity.pid,
+                    ticks(m.identity.start_ticks),
+                    m.identity.boot_id,
+                    w.now
+                ],
+            )?;
+        }
+    }
+    Ok(new)
+}
+
+pub(crate) fn record_escape(
+    w: &mut Writer<'_>,
+    id: TreeId,
+    m: &MemberRecord,
+    reason: &str,
+) -> Result<bool, Fail> {
+    current_state(w, id)?;
+    let detail = json!({"member": member_json(m), "reason": reason});
+    let inserted = w.tx.execute(
+        "INSERT INTO observations (tree_id, kind, pid, start_ticks, boot_id, at, detail)
+         VALUES (?1, 'escape', ?2, ?3, ?4, ?5, ?6)
+         ON CONFLICT DO NOTHING",
+        params![
+            id.0,
+            m.identity.pid,
+            ticks(m.identity.start_ticks),
+            m.identity.boot_id,
+            w.now,
+            detail.to_string()
+        ],
+    )?;
+    if inserted == 0 {
+        return Ok(false);
+    }
+    insert_member(w, id, m)?;
+    w.tx.execute(
+        "UPDATE members SET escaped_at = coalesce(escaped_at, ?5), last_seen = ?5
+         WHERE tree_id = ?1 AND pid = ?2 AND start_ticks = ?3 AND boot_id = ?4",
+        params![
+            id.0,
+            m.identity.pid,
+            ticks(m.identity.start_ticks),
+            m.identity.boot_id,
+            w.now
+        ],
+    )?;
+    w.event(Some(id), EventKind::EscapeObserved, detail)?;
+    Ok(true)
+}
+
+pub(crate) fn record_exits(
+    w: &mut Writer<'_>,
+    id: TreeId,
+    exits: &[(IdentityRecord, Option<ExitRecord>)],
+) -> Result<(), Fail> {
+    current_state(w, id)?;
+    for (identity, exit) in exits {
+        let detail = json!({"identity": identity, "exit": exit});
+        let inserted = w.tx.execute(
+            "INSERT INTO observations (tree_id, kind, pid, start_ticks, boot_id, at, detail)
+             VALUES (?1, 'exit', ?2, ?3, ?4, ?5, ?6)
+             ON CONFLICT DO NOTHING",
+            params![
+                id.0,
+                identity.pid,
+                ticks(identity.start_ticks),
+                identity.boot_id,
+                w.now,
+                detail.to_string()
+            ],
+        )?;
+        if inserted == 0 {
+            continue;
+        }
+        w.tx.execute(
+            "UPDATE members SET exited_at = ?5, exit_code = ?6, exit_signal = ?7
+             WHERE tree_id = ?1 AND pid = ?2 AND start_ticks = ?3 AND boot_id = ?4",
+            params![
+                id.0,
+                identity.pid,
+                ticks(identity.start_ticks),
+                identity.boot_id,
+                w.now,
+                exit.and_then(|e| e.code),
+                exit.and_then(|e| e.signal)
+            ],
+        )?;
+        w.event(Some(id), EventKind::MemberExited, detail)?;
+    }
+    Ok(())
+}
+
+pub(crate) fn set_state(
+    w: &mut Writer<'_>,
+    id: TreeId,
+    to: TreeState,
+    reason: Option<&str>,
+) -> Result<TreeState, Fail> {
+    let from = current_state(w, id)?;
+    if from == to {
+        return Ok(from);
+    }
+    if from.is_terminal() {
+        return Err(invariant(format!(
+            "invariant: tree {id} is {from}, a terminal state; it cannot become {to}"
+        )));
+    }
+    w.tx.execute(
+        "UPDATE trees SET state = ?2 WHERE id = ?1",
+        params![id.0, to.as_str()],
+    )?;
+    w.event(
+        Some(id),
+        EventKind::TreeState,
+        json!({"from": from, "to": to, "reason": reason}),
+    )?;
+    Ok(from)
+}
+
+pub(crate) fn record_survivors(
+    w: &mut Writer<'_>,
+    id: TreeId,
+    survivors: &[SurvivorRecord],
+) -> Result<(), Fail> {
+    current_state(w, id)?;
+    if survivors.is_empty() {
+        return Ok(());
+    }
+    for s in survivors {
+        let detail = json!({"state": s.state, "rss_bytes": s.rss_bytes, "cmdline": s.cmdline});
+        w.tx.execute(
+            "INSERT INTO observations (tree_id, kind, pid, start_ticks, boot_id, at, detail)
+             VALUES (?1, 'survivor', ?2, ?3, ?4, ?5, ?6)",
+            params![
+                id.0,
+                s.identity.pid,
+                ticks(s.identity.start_ticks),
+                s.identity.boot_id,
+                w.now,
+                detail.to_string()
+            ],
+        )?;
+    }
+    w.event(
+        Some(id),
+        EventKind::SurvivorsRecorded,
+        json!({"survivors": survivors}),
+    )?;
+    Ok(())
+}
+
+pub(crate) fn authorize_kill(
+    w: &mut Writer<'_>,
+    id: TreeId,
+    targets: &[KillTarget],
+    reason: &str,
+) -> Result<AuthorizationId, Fail> {
+    current_state(w, id)?;
+    if targets.is_empty() {
+        return Err(invariant("a kill authorization must name its targets"));
+    }
+    if let Some(bad) = targets
+        .iter()
+        .find(|t| !TARGET_KINDS.contains(&t.kind.as_str()))
+    {
+        return Err(invariant(format!(
+            "kill target kind must be group, cgroup or pid, not {:?}",
+            bad.kind
+        )));
+    }
+    let targets_json = serde_json::to_string(targets)?;
+    w.tx.execute(
+        "INSERT INTO kill_authorizations (tree_id, reason, targets, at) VALUES (?1, ?2, ?3, ?4)",
+        params![id.0, reason, targets_json, w.now],
+    )?;
+    let auth = AuthorizationId(w.tx.last_insert_rowid());
+    w.event(
+        Some(id),
+        EventKind::KillAuthorized,
+        json!({"authorization": auth.0, "targets": targets, "reason": reason}),
+    )?;
+    Ok(auth)
+}
+
+pub(crate) fn record_signal(w: &mut Writer<'_>, id: TreeId, s: &SignalRecord) -> Result<i64, Fail> {
+    // No pre-check for SIGKILL authority here on purpose: the database
+    // trigger is the one rule, and its refusal surfaces as `Invariant`.
+    w.tx.execute(
+        "INSERT INTO signals (tree_id, signal, target_kind, target, result, authorization_id, at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        params![
+            id.0,
+            s.signal,
+            s.target_kind,
+            s.target,
+            s.result,
+            s.authorization.map(|a| a.0),
+            w.now
+        ],
+    )?;
+    let signal_id = w.tx.last_insert_rowid();
+    w.event(
+        Some(id),
+        EventKind::SignalSent,
+        json!({
+            "id": signal_id,
+            "signal": s.signal,
+            "target_kind": s.target_kind,
+            "target": s.target,
+            "result": s.result,
+            "authorization": s.authorization.map(|a| a.0),
+        }),
+    )?;
+    Ok(signal_id)
+}
+
+pub(crate) fn kill_skipped(w: &mut Writer<'_>, id: TreeId, reason: &str) -> Result<(), Fail> {
+    current_state(w, id)?;
+    w.event(Some(id), EventKind::KillSkipped, json!({"reason": reason}))?;
+    Ok(())
+}
+
+pub(crate) fn end_tree(
+    w: &mut Writer<'_>,
+    id: TreeId,
+    state: TreeState,
+    exit: Option<ExitRecord>,
+) -> Result<(), Fail> {
+    if !matches!(state, TreeState::Ended | TreeState::Vanished) {
+        return Err(invariant(format!(
+            "a tree ends as ended or vanished, not {state}"
+        )));
+    }
+    let from = current_state(w, id)?;
+    if from.is_terminal() {
+        return Err(invariant(format!(
+            "invariant: tree {id} is already {from}; it cannot end again"
+        )));
+    }
+    w.tx.execute(
+        "UPDATE trees SET state = ?2, ended_at = ?3, exit_code = ?4, exit_signal = ?5 WHERE id = ?1",
+        params![
+            id.0,
+            state.as_str(),
+            w.now,
+            exit.and_then(|e| e.code),
+            exit.and_then(|e| e.signal)
+        ],
+    )?;
+    w.event(
+        Some(id),
+        EventKind::TreeEnded,
+        json!({"from": from, "to": state, "exit": exit}),
+    )?;
+    Ok(())
+}
+
+pub(crate) fn resolve(w: &mut Writer<'_>, id: TreeId, note: &str) -> Result<(), Fail> {
+    let from = current_state(w, id)?;
+    if from != TreeState::Ambiguous {
+        return Err(invariant(format!(
+            "invariant: tree {id} is {from}; only an ambiguous tree can be resolved"
+        )));
+    }
+    w.tx.execute(
+        "UPDATE trees SET state = 'resolved', note = ?2, ended_at = coalesce(ended_at, ?3) WHERE id = ?1",
+        params![id.0, note, w.now],
+    )?;
+    w.event(Some(id), EventKind::TreeResolved, json!({"note": note}))?;
+    Ok(())
+}
+
+pub(crate) fn add_flag(w: &mut Writer<'_>, id: TreeId, flag: &str) -> Result<bool, Fail> {
+    current_state(w, id)?;
+    let changed = w.tx.execute(
+        "UPDATE trees SET flags = json_insert(flags, '$[#]', ?2)
+         WHERE id = ?1 AND NOT EXISTS (SELECT 1 FROM json_each(trees.flags) WHERE value = ?2)",
+        params![id.0, flag],
+    )?;
+    Ok(changed == 1)
+}
+
+pub(crate) fn append_event(
+    w: &mut Writer<'_>,
+    tree: Option<TreeId>,
+    kind: EventKind,
+    data: serde_json::Value,
+) -> Result<i64, Fail> {
+    if !kind.is_free_standing() {
+        return Err(invariant(format!(
+            "{kind} is written by its typed ledger method, not append_event"
+        )));
+    }
+    if let Some(id) = tree {
+        current_state(w, id)?;
+    }
+    w.event(tree, kind, data)
+}
+
+pub(crate) fn record_scan(
+    w: &mut Writer<'_>,
+    tree: Option<TreeId>,
+    duration: std::time::Duration,
+    processes: usize,
+    members: usize,
+    escapes: usize,
+) -> Result<(), Fail> {
+    let micros = i64::try_from(duration.as_micros()).unwrap_or(i64::MAX);
+    w.tx.execute(
+        "INSERT INTO scans (tree_id, at, duration_us, processes, members, escapes)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![
+            tree.map(|t| t.0),
+            w.now,
+            micros,
+            processes as i64,
+            members as i64,
+            escapes as i64
+        ],
+    )?;
+    Ok(())
+}
