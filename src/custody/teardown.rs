@@ -129,6 +129,8 @@ struct Step<'a> {
     /// Live members outside the recorded group (and, for a cgroup kill,
     /// outside the cgroup): signalled one by one through pidfds.
     loose: Vec<Identity>,
+    /// Live members the group signal must reach (for a cgroup kill: those
+    /// outside the cgroup). Zero means the group is not signalled.
     in_group: usize,
 }
 
@@ -380,7 +382,11 @@ impl Engine {
         let mut in_group = 0;
         for m in members {
             if m.entry.pgid == group.pgid {
-                in_group += 1;
+                // With a cgroup kill, only group members outside the cgroup
+                // need the group signal.
+                if !(kill && cgroup_pids.contains(&m.entry.pid)) {
+                    in_group += 1;
+                }
                 continue;
             }
             if kill && cgroup_pids.contains(&m.entry.pid) {
@@ -425,8 +431,6 @@ impl Engine {
                 authorization,
             );
         }
-        // With a cgroup kill, group members are in the cgroup; the group
-        // signal is still sent for members that left it (none, unless moved).
         if step.in_group > 0 || step.cgroup.is_none() {
             let result = match crate::proc::signal_group(&step.group, sig) {
                 Ok(GroupDelivery::Sent { members }) => format!("sent to {members} members"),
@@ -544,6 +548,7 @@ impl Engine {
         mut report: TeardownReport,
         started: Instant,
     ) -> Result<TeardownReport, CustodyError> {
+        self.record_final_exits(tree, opts);
         let exit = opts.root_exit.map(exit_record);
         match self.ledger.end_tree(tree, TreeState::Ended, exit) {
             Ok(()) => {}
@@ -562,6 +567,35 @@ impl Engine {
         report.state = TreeState::Ended;
         report.elapsed = started.elapsed();
         Ok(report)
+    }
+
+    /// The tree is verified empty: every member seen alive and not yet
+    /// recorded as exited has exited (with its status when we reaped it).
+    fn record_final_exits(&self, tree: TreeId, opts: &TeardownOptions) {
+        let Ok(Some(detail)) = self.ledger.tree_detail(tree) else {
+            return;
+        };
+        let mut exits: HashMap<i32, crate::proc::ExitStatus> = HashMap::new();
+        self.collect_exits(&mut exits);
+        let root = detail.tree.root_pid;
+        let gone: Vec<(IdentityRecord, Option<crate::ledger::ExitRecord>)> = detail
+            .members
+            .iter()
+            .filter(|m| m.exited_at.is_none())
+            .map(|m| {
+                let status = if Some(m.pid) == root {
+                    opts.root_exit
+                } else {
+                    exits.get(&m.pid).copied()
+                };
+                (m.identity(), status.map(exit_record))
+            })
+            .collect();
+        if !gone.is_empty()
+            && let Err(e) = self.ledger.record_exits(tree, &gone)
+        {
+            tracing::warn!(tree = tree.0, error = %e, "final member exits not recorded");
+        }
     }
 
     fn refuse(
