@@ -197,7 +197,8 @@ impl Store {
             let head = writer.appended.then(|| writer.head.clone()).flatten();
             tx.commit()?;
             if let Some((seq, hash)) = head {
-                tracing::info!(target: "treewarden::ledger::head", seq, %hash, "ledger head seq={seq} hash={hash}");
+                // Text logs render this as `ledger head seq=N hash=H`; JSON logs keep the fields.
+                tracing::info!(target: "treewarden::ledger::head", seq, hash = %hash, "ledger head");
             }
             Ok(value)
         })();

@@ -40,10 +40,17 @@
 //! bytes; strings escaped as serde_json does (`"` `\` and control characters
 //! only; `\n \r \t \b \f` short forms, other controls `\u00XX` lowercase; no
 //! escaping of `/` or non-ASCII); numbers as serde_json prints them (integers
-//! in decimal). `data` is stored in this canonical form, so an external tool
-//! can recompute every hash from an NDJSON export alone, e.g. in Python:
-//! `json.dumps([seq,at,tree,kind,data], separators=(",",":"), sort_keys=True,
-//! ensure_ascii=False)`.
+//! in decimal; the ledger's own events carry no floats, and callers of
+//! [`Ledger::append_event`] should not either, since float spelling differs
+//! between JSON libraries). `data` is stored in this canonical form, so an external tool
+//! can recompute every hash from an NDJSON export alone, e.g. in Python
+//! (checked against exports with escapes, non-ASCII and nested objects):
+//!
+//! ```text
+//! c = json.dumps([e["seq"], e["at"], e["tree"], e["kind"], e["data"]],
+//!                separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+//! assert e["hash"] == sha256((prev_hash + c).encode()).hexdigest()
+//! ```
 //!
 //! The chain shows edits, deletions and reorderings, but not that its newest
 //! events were cut off: after each commit the head is logged at info level

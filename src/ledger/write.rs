@@ -383,6 +383,7 @@ pub(crate) fn authorize_kill(
 }
 
 pub(crate) fn record_signal(w: &mut Writer<'_>, id: TreeId, s: &SignalRecord) -> Result<i64, Fail> {
+    current_state(w, id)?;
     // No pre-check for SIGKILL authority here on purpose: the database
     // trigger is the one rule, and its refusal surfaces as `Invariant`.
     w.tx.execute(

@@ -346,8 +346,9 @@ fn ledger_survives_sigkill_of_a_writer_200_times() {
 #[test]
 fn ledger_four_processes_500_events_each() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("ledger.db");
-    drop(Ledger::open(&path, opts(Duration::from_secs(5))).expect("create"));
+    // No ledger yet: the four writers also race to create the directory,
+    // the file and the schema.
+    let path = dir.path().join("fresh").join("ledger.db");
     let mut children: Vec<_> = (0..4).map(|_| harness(&path, Some(500))).collect();
     for child in &mut children {
         let status = child.wait().expect("wait writer");
