@@ -165,7 +165,7 @@ pub fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("treewarden: {:#}", e.error);
+            eprintln!("treewarden: {}", e.error);
             ExitCode::from(e.code)
         }
     }

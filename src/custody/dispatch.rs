@@ -28,9 +28,13 @@ impl Engine {
         let mut out: Vec<Unsettled> = self
             .ambiguous_in_memory()
             .into_iter()
-            .map(|tree| Unsettled {
+            .map(|(tree, reason)| Unsettled {
                 tree,
-                reason: "ambiguous teardown (not yet in the ledger)".into(),
+                reason: if reason.is_empty() {
+                    "ambiguous teardown (not yet in the ledger)".into()
+                } else {
+                    reason
+                },
             })
             .collect();
         for row in self.ledger.nonterminal_trees()? {

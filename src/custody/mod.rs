@@ -82,6 +82,8 @@ pub struct Engine {
     ambiguous: Arc<Mutex<HashSet<i64>>>,
     /// Processes never counted as members: this process and its helpers.
     exclude: Arc<HashSet<i32>>,
+    /// Holds `unsettled/` markers next to the ledger.
+    data_dir: PathBuf,
 }
 
 impl Engine {
@@ -102,6 +104,7 @@ impl Engine {
             reaper,
             ambiguous: Arc::new(Mutex::new(HashSet::new())),
             exclude: Arc::new(HashSet::from([me])),
+            data_dir: config.data_dir.clone(),
         })
     }
 
@@ -145,33 +148,70 @@ impl Engine {
         Ok(())
     }
 
-    fn mark_ambiguous_in_memory(&self, tree: i64) {
+    /// Marks a tree unsettled at once: in memory, and as a marker file
+    /// `<data-dir>/unsettled/tree-<id>` that other treewarden processes read
+    /// in their dispatch gate. The marker is the channel that still works
+    /// when the ledger does not (a held write lock, a full disk: an empty
+    /// file needs no data blocks); it stays until the tree is settled.
+    fn mark_ambiguous(&self, tree: i64, reason: &str) {
         if let Ok(mut set) = self.ambiguous.lock() {
             set.insert(tree);
         }
+        let dir = self.data_dir.join("unsettled");
+        let path = dir.join(format!("tree-{tree}"));
+        let made = std::fs::create_dir_all(&dir).and_then(|_| std::fs::File::create(&path));
+        match made {
+            Ok(mut file) => {
+                use std::io::Write;
+                // The reason is a courtesy; the file's existence is the fact.
+                let _ = file.write_all(reason.as_bytes());
+            }
+            Err(e) => tracing::error!(tree, error = %e, "unsettled marker not written"),
+        }
     }
 
+    /// The tree is settled (teardown verified, or resolved by an operator).
     fn forget_ambiguous(&self, tree: i64) {
         if let Ok(mut set) = self.ambiguous.lock() {
             set.remove(&tree);
         }
+        let path = self.data_dir.join("unsettled").join(format!("tree-{tree}"));
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::error!(tree, error = %e, "unsettled marker not removed"),
+        }
     }
 
     fn is_ambiguous_in_memory(&self, tree: i64) -> bool {
-        self.ambiguous
-            .lock()
-            .map(|s| s.contains(&tree))
-            .unwrap_or(true)
+        self.ambiguous_in_memory().iter().any(|(t, _)| *t == tree)
     }
 
-    /// Ambiguous trees this process knows of, whether or not the ledger
-    /// holds them yet.
-    pub fn ambiguous_in_memory(&self) -> Vec<i64> {
-        let mut v: Vec<i64> = self
+    /// Ambiguous trees not necessarily in the ledger yet: this process's
+    /// memory and every process's marker files, with the recorded reason.
+    pub fn ambiguous_in_memory(&self) -> Vec<(i64, String)> {
+        let mut v: Vec<(i64, String)> = self
             .ambiguous
             .lock()
-            .map(|s| s.iter().copied().collect())
+            .map(|s| s.iter().map(|t| (*t, String::new())).collect())
             .unwrap_or_default();
+        if let Ok(dir) = std::fs::read_dir(self.data_dir.join("unsettled")) {
+            for entry in dir.flatten() {
+                let name = entry.file_name();
+                let Some(tree) = name
+                    .to_str()
+                    .and_then(|n| n.strip_prefix("tree-"))
+                    .and_then(|n| n.parse::<i64>().ok())
+                else {
+                    continue;
+                };
+                let reason = std::fs::read_to_string(entry.path()).unwrap_or_default();
+                match v.iter_mut().find(|(t, _)| *t == tree) {
+                    Some(slot) => slot.1 = reason,
+                    None => v.push((tree, reason)),
+                }
+            }
+        }
         v.sort_unstable();
         v
     }
@@ -180,7 +220,7 @@ impl Engine {
     /// the first time). Trees the ledger now holds as ambiguous stay in
     /// memory until resolved or settled by a teardown.
     pub fn flush_ambiguous(&self) {
-        for tree in self.ambiguous_in_memory() {
+        for (tree, _) in self.ambiguous_in_memory() {
             let id = TreeId(tree);
             match self.ledger.tree(id) {
                 Ok(Some(row)) if row.state.is_terminal() => self.forget_ambiguous(tree),

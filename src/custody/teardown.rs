@@ -192,8 +192,14 @@ impl Engine {
             row.state,
             TreeState::Spawning | TreeState::Running | TreeState::Ambiguous
         ) {
-            self.ledger
-                .set_state(tree, TreeState::Terminating, Some(&opts.reason))?;
+            // Evidence, not authority: a ledger that refuses this write does
+            // not stop SIGTERM; it stops the forced kill, further down.
+            if let Err(e) = self
+                .ledger
+                .set_state(tree, TreeState::Terminating, Some(&opts.reason))
+            {
+                tracing::warn!(tree = tree.0, error = %e, "state terminating not recorded");
+            }
         }
 
         // TERM.
@@ -297,11 +303,11 @@ impl Engine {
                     // Fail closed: a kill we cannot prove we were authorized
                     // to send is worse than survivors we can still inspect.
                     self.freeze(&watch, &group, &survivors, false);
-                    self.mark_ambiguous_in_memory(tree.0);
                     let why = format!(
                         "forced kill skipped: its authority could not be written ({e}); {} survivors left alive as evidence",
                         survivors.len()
                     );
+                    self.mark_ambiguous(tree.0, &why);
                     let _ = self.ledger.kill_skipped(tree, &why);
                     let _ = self.ledger.add_flag(tree, "authority_write_failed");
                     let _ = self
@@ -354,7 +360,7 @@ impl Engine {
 
         // Members outlived every round: the tree is not provably gone.
         let why = format!("{} members survived the forced kill", members.len());
-        self.mark_ambiguous_in_memory(tree.0);
+        self.mark_ambiguous(tree.0, &why);
         let _ = self.ledger.add_flag(tree, "survivors");
         if let Err(e) = self
             .ledger

@@ -27,6 +27,7 @@ pub struct Env {
     pub boundary: &'static str,
     cgroup_root: Option<PathBuf>,
     pub mark: String,
+    stderr_files: std::sync::Mutex<std::collections::HashMap<u32, PathBuf>>,
 }
 
 /// The cgroup v2 directory of this process, if a writable hierarchy exists.
@@ -59,14 +60,23 @@ impl Env {
             };
             let root = own.join(format!("tw-test-{}-{n}", std::process::id()));
             if let Err(e) = std::fs::create_dir(&root) {
-                skip(&format!("cannot create a test cgroup under {}: {e}", own.display()));
+                skip(&format!(
+                    "cannot create a test cgroup under {}: {e}",
+                    own.display()
+                ));
                 return None;
             }
             Some(root)
         } else {
             None
         };
-        Some(Env { dir, boundary, cgroup_root, mark })
+        Some(Env {
+            dir,
+            boundary,
+            cgroup_root,
+            mark,
+            stderr_files: Default::default(),
+        })
     }
 
     pub fn data_dir(&self) -> PathBuf {
@@ -92,12 +102,36 @@ impl Env {
     }
 
     /// `treewarden run [extra] -- env TW_TEST_MARK=... sh -c script`, started
-    /// in the background.
+    /// in the background. Its stderr goes to a file, not a pipe: survivors
+    /// left alive as evidence inherit it and would hold a pipe open.
     pub fn spawn_run(&self, extra: &[&str], script: &str) -> Child {
         let mut c = self.cmd();
-        c.arg("run").args(extra).arg("--").args(self.marked_argv(script));
-        c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        c.spawn().expect("start treewarden run")
+        c.arg("run")
+            .args(extra)
+            .arg("--")
+            .args(self.marked_argv(script));
+        let n = SEQ.fetch_add(1, Ordering::SeqCst);
+        let err_path = self.dir.path().join(format!("run-{n}.stderr"));
+        let err = std::fs::File::create(&err_path).expect("stderr file");
+        c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(err);
+        let child = c.spawn().expect("start treewarden run");
+        self.stderr_files
+            .lock()
+            .expect("lock")
+            .insert(child.id(), err_path);
+        child
+    }
+
+    /// What a `run` started by [`Env::spawn_run`] wrote on stderr.
+    pub fn stderr_of(&self, child: &Child) -> String {
+        let path = self
+            .stderr_files
+            .lock()
+            .expect("lock")
+            .get(&child.id())
+            .cloned();
+        path.and_then(|p| std::fs::read_to_string(p).ok())
+            .unwrap_or_default()
     }
 
     pub fn marked_argv(&self, script: &str) -> Vec<String> {
@@ -123,13 +157,19 @@ impl Env {
             return out;
         };
         for entry in dir.flatten() {
-            let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<i32>().ok())
+            else {
                 continue;
             };
             let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
                 continue;
             };
-            let hit = environ.split(|b| *b == 0).any(|var| var == needle.as_bytes());
+            let hit = environ
+                .split(|b| *b == 0)
+                .any(|var| var == needle.as_bytes());
             if hit && pid_alive(pid) {
                 out.push(pid);
             }
@@ -151,7 +191,11 @@ impl Env {
     /// The audit trail, parsed.
     pub fn export(&self) -> Vec<Value> {
         let out = self.output(&["export", "--format", "ndjson"]);
-        assert!(out.status.success(), "export failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "export failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout)
             .lines()
             .map(|l| serde_json::from_str(l).expect("ndjson line"))
@@ -193,7 +237,11 @@ impl Env {
     /// `show --json` of a tree.
     pub fn show(&self, tree: i64) -> Value {
         let out = self.output(&["show", &tree.to_string(), "--json"]);
-        assert!(out.status.success(), "show failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "show failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         serde_json::from_slice(&out.stdout).expect("show json")
     }
 
@@ -250,33 +298,52 @@ pub fn signal(pid: u32, sig: rustix::process::Signal) {
     }
 }
 
-fn stderr_of(child: &mut Child) -> String {
-    use std::io::Read;
-    let mut s = String::new();
-    if let Some(e) = child.stderr.as_mut() {
-        let _ = e.read_to_string(&mut s);
-    }
-    s
-}
-
 const BOTH: [&str; 2] = ["cgroup", "session"];
 
 /// Starts `script` under `run`, waits for `expect` marked processes, sends
 /// SIGTERM to `run`, and checks that the whole tree is gone, `run` exited
 /// 143, and every SIGKILL was authorized first.
 fn torn_down_on_sigterm(boundary: &'static str, script: &str, expect: usize) {
-    let Some(env) = Env::new(boundary) else { return };
+    let Some(env) = Env::new(boundary) else {
+        return;
+    };
     let mut run = env.spawn_run(&["--grace", "100ms", "--quiet"], script);
-    assert!(env.wait_marked(expect), "[{boundary}] tree did not reach {expect} processes: {:?}", env.marked());
+    assert!(
+        env.wait_marked(expect),
+        "[{boundary}] tree did not reach {expect} processes: {:?}",
+        env.marked()
+    );
     signal(run.id(), rustix::process::Signal::TERM);
     let status = wait_child(&mut run, Duration::from_secs(30)).expect("run exits");
-    let err = stderr_of(&mut run);
-    assert_eq!(status.code(), Some(143), "[{boundary}] run exit; stderr: {err}");
-    assert!(env.wait_none_marked(), "[{boundary}] survivors: {:?}", env.marked());
-    assert!(env.assert_kills_authorized() > 0, "[{boundary}] a SIGTERM-ignoring tree needs a forced kill");
+    let err = env.stderr_of(&run);
+    assert_eq!(
+        status.code(),
+        Some(143),
+        "[{boundary}] run exit; stderr: {err}"
+    );
+    assert!(
+        env.wait_none_marked(),
+        "[{boundary}] survivors: {:?}",
+        env.marked()
+    );
+    assert!(
+        env.assert_kills_authorized() > 0,
+        "[{boundary}] a SIGTERM-ignoring tree needs a forced kill"
+    );
     let trees = env.output(&["ls", "--all", "--json"]);
     let trees: Value = serde_json::from_slice(&trees.stdout).expect("ls json");
     assert_eq!(trees[0]["state"], "ended", "[{boundary}] {trees}");
+    if let Some(root) = env.cgroup_root() {
+        let leftover = || {
+            std::fs::read_dir(root)
+                .map(|d| d.flatten().filter(|e| e.path().is_dir()).count())
+                .unwrap_or(0)
+        };
+        assert!(
+            wait_until(Duration::from_secs(5), || leftover() == 0),
+            "[{boundary}] the tree's cgroup directory is removed once it is empty"
+        );
+    }
 }
 
 const IGNORE_TERM_GRANDCHILDREN: &str =
@@ -304,7 +371,8 @@ fn setsid_and_setpgid_descendants_are_killed_on_both_boundaries() {
 fn daemonizing_double_fork_is_killed_on_both_boundaries() {
     // The middle process exits at once: the daemon is re-parented to `run`
     // (the subreaper) in a session of its own.
-    let script = "trap '' TERM; (setsid sh -c 'trap \"\" TERM; sleep 600 & wait' &); sleep 600 & wait";
+    let script =
+        "trap '' TERM; (setsid sh -c 'trap \"\" TERM; sleep 600 & wait' &); sleep 600 & wait";
     for b in BOTH {
         torn_down_on_sigterm(b, script, 4);
     }
@@ -345,8 +413,17 @@ fn leader_exiting_first_or_killed_first_still_ends_the_tree() {
         assert!(env.wait_marked(3), "[{b}] {:?}", env.marked());
         std::fs::write(env.dir.path().join("ready"), b"").expect("ready file");
         let status = wait_child(&mut run, Duration::from_secs(30)).expect("run exits");
-        assert_eq!(status.code(), Some(7), "[{b}] the root's status: {}", stderr_of(&mut run));
-        assert!(env.wait_none_marked(), "[{b}] survivors: {:?}", env.marked());
+        assert_eq!(
+            status.code(),
+            Some(7),
+            "[{b}] the root's status: {}",
+            env.stderr_of(&run)
+        );
+        assert!(
+            env.wait_none_marked(),
+            "[{b}] survivors: {:?}",
+            env.marked()
+        );
         env.assert_kills_authorized();
 
         // The leader killed first: 128 + 9.
@@ -356,30 +433,48 @@ fn leader_exiting_first_or_killed_first_still_ends_the_tree() {
         assert!(env.wait_marked(3), "[{b}] {:?}", env.marked());
         std::fs::write(env.dir.path().join("ready2"), b"").expect("ready file");
         let status = wait_child(&mut run, Duration::from_secs(30)).expect("run exits");
-        assert_eq!(status.code(), Some(137), "[{b}] {}", stderr_of(&mut run));
-        assert!(env.wait_none_marked(), "[{b}] survivors: {:?}", env.marked());
+        assert_eq!(status.code(), Some(137), "[{b}] {}", env.stderr_of(&run));
+        assert!(
+            env.wait_none_marked(),
+            "[{b}] survivors: {:?}",
+            env.marked()
+        );
         env.assert_kills_authorized();
     }
 }
 
 #[test]
 fn run_passes_exit_status_and_times_out_with_124() {
-    let Some(env) = Env::new("session") else { return };
-    let out = env.cmd().args(["run", "--", "sh", "-c", "echo hello; exit 3"]).output().expect("run");
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    let out = env
+        .cmd()
+        .args(["run", "--", "sh", "-c", "echo hello; exit 3"])
+        .output()
+        .expect("run");
     assert_eq!(out.status.code(), Some(3));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\n");
-    let mut run = env.spawn_run(&["--timeout", "300ms", "--grace", "100ms"], "trap '' TERM; sleep 600 & wait");
+    let mut run = env.spawn_run(
+        &["--timeout", "300ms", "--grace", "100ms"],
+        "trap '' TERM; sleep 600 & wait",
+    );
     let status = wait_child(&mut run, Duration::from_secs(30)).expect("run exits");
-    assert_eq!(status.code(), Some(124), "{}", stderr_of(&mut run));
+    assert_eq!(status.code(), Some(124), "{}", env.stderr_of(&run));
     assert!(env.wait_none_marked());
 }
 
 #[test]
 fn bad_input_is_one_line_and_exit_2() {
-    let Some(env) = Env::new("session") else { return };
+    let Some(env) = Env::new("session") else {
+        return;
+    };
     for (args, needle) in [
         (vec!["run", "--"], "empty command"),
-        (vec!["run", "--grace", "5x", "--", "true"], "malformed duration"),
+        (
+            vec!["run", "--grace", "5x", "--", "true"],
+            "malformed duration",
+        ),
         (vec!["kill", "999"], "unknown tree 999"),
         (vec!["show", "999"], "unknown tree 999"),
         (vec!["resolve", "999", "--note", "x"], "unknown tree 999"),
@@ -391,45 +486,91 @@ fn bad_input_is_one_line_and_exit_2() {
     }
     // Exec failures: 127 not found, 126 not executable, recorded as spawn_failed.
     let out = env.output(&["run", "--", "./definitely-not-here"]);
-    assert_eq!(out.status.code(), Some(127), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(127),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     std::fs::write(env.dir.path().join("noexec"), b"#!/bin/sh\n").expect("file");
     let out = env.output(&["run", "--", "./noexec"]);
-    assert_eq!(out.status.code(), Some(126), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(126),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let kinds = env.kinds();
-    assert_eq!(kinds.iter().filter(|k| *k == "tree.spawn_failed").count(), 2, "{kinds:?}");
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "tree.spawn_failed").count(),
+        2,
+        "{kinds:?}"
+    );
 }
 
 #[test]
 fn owner_killed_then_sweep_ends_the_orphan_and_spares_live_owners() {
     for b in BOTH {
         let Some(env) = Env::new(b) else { continue };
-        let mut orphaned = env.spawn_run(&["--grace", "100ms", "--quiet"], IGNORE_TERM_GRANDCHILDREN);
+        let mut orphaned =
+            env.spawn_run(&["--grace", "100ms", "--quiet"], IGNORE_TERM_GRANDCHILDREN);
         assert!(env.wait_marked(5), "[{b}] {:?}", env.marked());
         let orphan_pids = env.marked();
         // A second tree whose owner stays alive.
-        let other = Env { dir: tempfile::tempdir().expect("tmp"), boundary: b, cgroup_root: None, mark: format!("{}-live", env.mark) };
+        let other = Env {
+            dir: tempfile::tempdir().expect("tmp"),
+            boundary: b,
+            cgroup_root: None,
+            mark: format!("{}-live", env.mark),
+            stderr_files: Default::default(),
+        };
         let mut live = {
             let mut c = env.cmd();
-            c.args(["run", "--quiet", "--"]).args(other.marked_argv("sleep 600 & wait"));
-            c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+            c.args(["run", "--quiet", "--"])
+                .args(other.marked_argv("sleep 600 & wait"));
+            c.stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
             c.spawn().expect("second run")
         };
         assert!(other.wait_marked(2));
 
         signal(orphaned.id(), rustix::process::Signal::KILL);
         wait_child(&mut orphaned, Duration::from_secs(10)).expect("owner dies");
-        assert!(orphan_pids.iter().all(|p| pid_alive(*p)), "[{b}] the tree outlives its owner until the sweep");
+        assert!(
+            orphan_pids.iter().all(|p| pid_alive(*p)),
+            "[{b}] the tree outlives its owner until the sweep"
+        );
 
         let out = env.output(&["sweep", "--grace", "100ms", "--json"]);
-        assert!(out.status.success(), "[{b}] sweep: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "[{b}] sweep: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let report: Value = serde_json::from_slice(&out.stdout).expect("sweep json");
-        assert_eq!(report["orphans"].as_array().map(Vec::len), Some(1), "[{b}] {report}");
+        assert_eq!(
+            report["orphans"].as_array().map(Vec::len),
+            Some(1),
+            "[{b}] {report}"
+        );
         assert_eq!(report["owned"], 1, "[{b}] {report}");
-        assert!(env.wait_none_marked(), "[{b}] survivors: {:?}", env.marked());
-        assert_eq!(other.marked().len(), 2, "[{b}] the live owner's tree is untouched");
+        assert!(
+            env.wait_none_marked(),
+            "[{b}] survivors: {:?}",
+            env.marked()
+        );
+        assert_eq!(
+            other.marked().len(),
+            2,
+            "[{b}] the live owner's tree is untouched"
+        );
         env.assert_kills_authorized();
         let kinds = env.kinds();
-        assert!(kinds.contains(&"sweep.orphan_found".to_string()), "{kinds:?}");
+        assert!(
+            kinds.contains(&"sweep.orphan_found".to_string()),
+            "{kinds:?}"
+        );
 
         signal(live.id(), rustix::process::Signal::TERM);
         wait_child(&mut live, Duration::from_secs(20)).expect("live run exits");
@@ -441,34 +582,54 @@ fn owner_killed_then_sweep_ends_the_orphan_and_spares_live_owners() {
 fn authorization_write_failing_under_a_held_lock_skips_the_kill_and_closes_dispatch() {
     for b in BOTH {
         let Some(env) = Env::new(b) else { continue };
-        let mut run = env.spawn_run(&["--grace", "100ms", "--quiet"], "trap '' TERM; sleep 600 & wait");
+        let mut run = env.spawn_run(
+            &["--grace", "100ms", "--quiet"],
+            "trap '' TERM; sleep 600 & wait",
+        );
         assert!(env.wait_marked(2), "[{b}] {:?}", env.marked());
         let survivors = env.marked();
 
         // Another connection holds the write lock past the busy timeout.
         let lock = rusqlite::Connection::open(env.ledger_path()).expect("open ledger");
-        lock.execute_batch("BEGIN IMMEDIATE").expect("take the write lock");
+        lock.execute_batch("BEGIN IMMEDIATE")
+            .expect("take the write lock");
         signal(run.id(), rustix::process::Signal::TERM);
         let status = wait_child(&mut run, Duration::from_secs(30)).expect("run exits");
-        let err = stderr_of(&mut run);
+        let err = env.stderr_of(&run);
         assert_eq!(status.code(), Some(125), "[{b}] {err}");
         assert!(err.contains("forced kill skipped"), "[{b}] {err}");
-        assert!(survivors.iter().all(|p| pid_alive(*p)), "[{b}] survivors are left alive as evidence");
+        assert!(
+            survivors.iter().all(|p| pid_alive(*p)),
+            "[{b}] survivors are left alive as evidence"
+        );
 
         // Dispatch is refused while the tree is unsettled (reads still work).
         let out = env.output(&["run", "--", "true"]);
         assert_eq!(out.status.code(), Some(125));
-        assert!(String::from_utf8_lossy(&out.stderr).contains("dispatch refused"), "[{b}] {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("dispatch refused"),
+            "[{b}] {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
 
         // Once writable, the sweep completes the teardown with authority.
         lock.execute_batch("ROLLBACK").expect("release the lock");
         drop(lock);
         let out = env.output(&["sweep", "--grace", "100ms"]);
-        assert!(out.status.success(), "[{b}] sweep: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "[{b}] sweep: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert!(env.wait_none_marked(), "[{b}] {:?}", env.marked());
         assert!(env.assert_kills_authorized() > 0);
         let out = env.output(&["run", "--", "true"]);
-        assert_eq!(out.status.code(), Some(0), "[{b}] dispatch reopens: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "[{b}] dispatch reopens: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
 
@@ -500,12 +661,17 @@ fn authorization_write_failing_on_a_full_disk_skips_the_kill_until_space_returns
         skip("a full disk needs a tmpfs mount, which needs root");
         return;
     }
-    let Some(env) = Env::new("session") else { return };
+    let Some(env) = Env::new("session") else {
+        return;
+    };
     let Some(_fs) = Tmpfs::mount(&env.data_dir(), "2m") else {
         skip("mount -t tmpfs failed");
         return;
     };
-    let mut run = env.spawn_run(&["--grace", "100ms", "--quiet"], "trap '' TERM; sleep 600 & wait");
+    let mut run = env.spawn_run(
+        &["--grace", "100ms", "--quiet"],
+        "trap '' TERM; sleep 600 & wait",
+    );
     assert!(env.wait_marked(2), "{:?}", env.marked());
     let survivors = env.marked();
     // Fill the disk to the last byte.
@@ -517,39 +683,72 @@ fn authorization_write_failing_on_a_full_disk_skips_the_kill_until_space_returns
         .status();
     signal(run.id(), rustix::process::Signal::TERM);
     let status = wait_child(&mut run, Duration::from_secs(30)).expect("run exits");
-    let err = stderr_of(&mut run);
+    let err = env.stderr_of(&run);
     assert_eq!(status.code(), Some(125), "{err}");
     assert!(err.contains("forced kill skipped"), "{err}");
-    assert!(survivors.iter().all(|p| pid_alive(*p)), "survivors left alive");
+    assert!(
+        survivors.iter().all(|p| pid_alive(*p)),
+        "survivors left alive"
+    );
     let out = env.output(&["run", "--", "true"]);
-    assert_eq!(out.status.code(), Some(125), "dispatch refused: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(125),
+        "dispatch refused: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     std::fs::remove_file(&filler).expect("free space");
     let out = env.output(&["sweep", "--grace", "100ms"]);
-    assert!(out.status.success(), "sweep: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "sweep: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(env.wait_none_marked(), "{:?}", env.marked());
     assert!(env.assert_kills_authorized() > 0);
     let out = env.output(&["verify"]);
-    assert!(out.status.success(), "verify: {}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        out.status.success(),
+        "verify: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }
 
 #[test]
 fn resolve_reopens_dispatch_after_an_operator_decision() {
-    let Some(env) = Env::new("session") else { return };
-    let mut run = env.spawn_run(&["--grace", "100ms", "--quiet"], "trap '' TERM; sleep 600 & wait");
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    let mut run = env.spawn_run(
+        &["--grace", "100ms", "--quiet"],
+        "trap '' TERM; sleep 600 & wait",
+    );
     assert!(env.wait_marked(2));
     let lock = rusqlite::Connection::open(env.ledger_path()).expect("open ledger");
     lock.execute_batch("BEGIN IMMEDIATE").expect("lock");
     signal(run.id(), rustix::process::Signal::TERM);
-    assert_eq!(wait_child(&mut run, Duration::from_secs(30)).and_then(|s| s.code()), Some(125));
+    assert_eq!(
+        wait_child(&mut run, Duration::from_secs(30)).and_then(|s| s.code()),
+        Some(125)
+    );
     lock.execute_batch("ROLLBACK").expect("unlock");
     drop(lock);
     // The operator ends the survivors by hand, then records the decision.
     env.end_leftovers();
     let out = env.output(&["resolve", "1", "--note", "killed by hand after inspection"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = env.output(&["run", "--", "true"]);
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(env.kinds().contains(&"tree.resolved".to_string()));
 }
 
@@ -559,11 +758,16 @@ fn a_recycled_pgid_is_never_signalled_by_the_sweep() {
         skip("forcing pid reuse through /proc/sys/kernel/ns_last_pid needs root");
         return;
     }
-    let Some(env) = Env::new("session") else { return };
+    let Some(env) = Env::new("session") else {
+        return;
+    };
     let mut run = env.spawn_run(&["--quiet"], "sleep 600 & wait");
     assert!(env.wait_marked(2));
     let show = env.show(1);
-    let pgid = show["tree"]["pgid"].as_i64().or_else(|| show["pgid"].as_i64()).expect("pgid") as i32;
+    let pgid = show["tree"]["pgid"]
+        .as_i64()
+        .or_else(|| show["pgid"].as_i64())
+        .expect("pgid") as i32;
     // The owner dies; then the tree's processes, by their pids.
     signal(run.id(), rustix::process::Signal::KILL);
     wait_child(&mut run, Duration::from_secs(10));
@@ -573,7 +777,8 @@ fn a_recycled_pgid_is_never_signalled_by_the_sweep() {
     // An unrelated process takes the pgid as its own new group.
     let mut impostor = None;
     for _ in 0..50 {
-        std::fs::write("/proc/sys/kernel/ns_last_pid", format!("{}", pgid - 1)).expect("ns_last_pid");
+        std::fs::write("/proc/sys/kernel/ns_last_pid", format!("{}", pgid - 1))
+            .expect("ns_last_pid");
         let child = Command::new("setsid")
             .args(["sleep", "600"])
             .current_dir(env.dir.path())
@@ -591,11 +796,18 @@ fn a_recycled_pgid_is_never_signalled_by_the_sweep() {
         skip("could not win the pid race in 50 tries");
         return;
     };
-    assert!(wait_until(Duration::from_secs(5), || {
-        std::fs::read_to_string(format!("/proc/{pgid}/stat"))
-            .map(|s| s.rsplit_once(')').map(|(_, r)| r.split_whitespace().nth(2) == Some(&pgid.to_string())).unwrap_or(false))
-            .unwrap_or(false)
-    }), "the impostor leads group {pgid}");
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            std::fs::read_to_string(format!("/proc/{pgid}/stat"))
+                .map(|s| {
+                    s.rsplit_once(')')
+                        .map(|(_, r)| r.split_whitespace().nth(2) == Some(&pgid.to_string()))
+                        .unwrap_or(false)
+                })
+                .unwrap_or(false)
+        }),
+        "the impostor leads group {pgid}"
+    );
 
     let out = env.output(&["sweep", "--grace", "100ms", "--json"]);
     let text = String::from_utf8_lossy(&out.stdout);
@@ -605,11 +817,23 @@ fn a_recycled_pgid_is_never_signalled_by_the_sweep() {
     // was sent at all would have gone to the impostor's group.
     let signalled: Vec<&Value> = events
         .iter()
-        .filter(|e| e["kind"] == "signal.sent" && e["data"]["result"].as_str().is_some_and(|r| r.starts_with("sent")))
+        .filter(|e| {
+            e["kind"] == "signal.sent"
+                && e["data"]["result"]
+                    .as_str()
+                    .is_some_and(|r| r.starts_with("sent"))
+        })
         .collect();
-    assert!(signalled.is_empty(), "no signal may reach the recycled group: {signalled:?} {text}");
-    assert!(events.iter().any(|e| e["kind"] == "sweep.refused"), "{text}");
-    let ls: Value = serde_json::from_slice(&env.output(&["ls", "--all", "--json"]).stdout).expect("ls");
+    assert!(
+        signalled.is_empty(),
+        "no signal may reach the recycled group: {signalled:?} {text}"
+    );
+    assert!(
+        events.iter().any(|e| e["kind"] == "sweep.refused"),
+        "{text}"
+    );
+    let ls: Value =
+        serde_json::from_slice(&env.output(&["ls", "--all", "--json"]).stdout).expect("ls");
     assert_eq!(ls[0]["state"], "vanished", "{ls}");
     let _ = impostor.kill();
     let _ = impostor.wait();
