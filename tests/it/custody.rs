@@ -89,7 +89,12 @@ impl Env {
 
     /// The binary with this env's data dir, boundary and cgroup root.
     pub fn cmd(&self) -> Command {
-        let mut c = Command::new(bin());
+        self.cmd_for(bin())
+    }
+
+    /// Any program, with the environment [`Env::cmd`] gives the binary.
+    pub fn cmd_for(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new(program);
         c.current_dir(self.dir.path())
             .env("TREEWARDEN_DATA_DIR", self.data_dir())
             .env("TREEWARDEN_BOUNDARY", self.boundary)
@@ -837,4 +842,71 @@ fn a_recycled_pgid_is_never_signalled_by_the_sweep() {
     assert_eq!(ls[0]["state"], "vanished", "{ls}");
     let _ = impostor.kill();
     let _ = impostor.wait();
+}
+
+#[test]
+fn kill_from_another_process_tears_the_tree_down_and_run_reports_it() {
+    for b in BOTH {
+        let Some(env) = Env::new(b) else { continue };
+        let mut run = env.spawn_run(&["--quiet"], IGNORE_TERM_GRANDCHILDREN);
+        assert!(env.wait_marked(5), "[{b}] {:?}", env.marked());
+        let out = env.output(&["kill", "1", "--grace", "100ms"]);
+        assert!(
+            out.status.success(),
+            "[{b}] kill: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("ended"),
+            "[{b}] {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        assert!(
+            env.wait_none_marked(),
+            "[{b}] survivors: {:?}",
+            env.marked()
+        );
+        // The root ignored SIGTERM, so it died of the authorized SIGKILL.
+        let status = wait_child(&mut run, Duration::from_secs(20)).expect("run exits");
+        assert_eq!(status.code(), Some(137), "[{b}] {}", env.stderr_of(&run));
+        assert!(env.assert_kills_authorized() > 0);
+        // Killing an ended tree is a no-op, not an error.
+        let out = env.output(&["kill", "1"]);
+        assert!(out.status.success());
+    }
+}
+
+#[test]
+fn die_with_parent_tears_the_tree_down_when_runs_parent_dies() {
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    // A parent shell starts `run --die-with-parent` and waits; the test then
+    // kills that shell (by its pid) with SIGKILL.
+    let argv = env.marked_argv("sleep 600 & wait");
+    let quoted: Vec<String> = argv
+        .iter()
+        .map(|a| format!("'{}'", a.replace('\'', "'\\''")))
+        .collect();
+    let script = format!(
+        "'{}' run --quiet --die-with-parent -- {} & wait",
+        bin().display(),
+        quoted.join(" ")
+    );
+    let mut parent = env
+        .cmd_for("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("parent shell");
+    assert!(env.wait_marked(2), "{:?}", env.marked());
+    signal(parent.id(), rustix::process::Signal::KILL);
+    let _ = parent.wait();
+    assert!(
+        env.wait_none_marked(),
+        "the tree outlived run's parent: {:?}",
+        env.marked()
+    );
 }
