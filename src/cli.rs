@@ -81,7 +81,12 @@ pub struct Cli {
 
     /// Proc-connector observer beside the scans: auto (where available), on
     /// (required: refuse to start work without it) or off (scans only).
-    #[arg(long, global = true, env = "TREEWARDEN_OBSERVER", default_value = "auto")]
+    #[arg(
+        long,
+        global = true,
+        env = "TREEWARDEN_OBSERVER",
+        default_value = "auto"
+    )]
     observer: ObserverMode,
 
     /// Receive buffer of the observer's netlink socket in bytes (0: 1 MiB).
@@ -232,11 +237,7 @@ fn observer_row(config: &Config, probe: &treewarden::proc::Probe) -> (bool, Stri
     let mode = config.observer;
     let cap = &probe.proc_connector;
     match (mode, cap.available) {
-        (ObserverMode::Off, _) => (
-            false,
-            "off".into(),
-            "--observer off: scans only".into(),
-        ),
+        (ObserverMode::Off, _) => (false, "off".into(), "--observer off: scans only".into()),
         (_, true) => (
             true,
             "on".into(),

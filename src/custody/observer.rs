@@ -566,7 +566,12 @@ impl Worker {
                                 s.latencies.push(l);
                             }
                         });
-                        tracing::info!(tree, pid = record.identity.pid, ?latency, "observer: escape recorded");
+                        tracing::info!(
+                            tree,
+                            pid = record.identity.pid,
+                            ?latency,
+                            "observer: escape recorded"
+                        );
                     }
                     Err(e) => {
                         handle.bump(|s| s.write_errors += 1);

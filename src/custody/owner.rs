@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::observer::{Observer, ObserverStats};
 use super::spawn::SpawnRequest;
 use super::teardown::{Origin, Progress, TeardownOptions, TeardownReport};
 use super::watch::TreeWatch;
 use super::{CustodyError, Engine};
-use super::observer::{Observer, ObserverStats};
 use crate::config::ObserverMode;
 use crate::ledger::TreeId;
 use crate::proc::ExitStatus;

@@ -28,9 +28,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::time::Duration;
 
 use rustix::io::Errno;
-use rustix::net::{
-    AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType, netlink,
-};
+use rustix::net::{AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType, netlink};
 
 use rustix::net::netlink::SocketAddrNetlink;
 
@@ -165,9 +163,7 @@ impl Connector {
                 match r {
                     Raw::Ack(0) => return Ok(()),
                     Raw::Ack(err) => {
-                        return Err(ProcError::Io(std::io::Error::from_raw_os_error(
-                            err as i32,
-                        )));
+                        return Err(ProcError::Io(std::io::Error::from_raw_os_error(err as i32)));
                     }
                     Raw::Event(ev) => self.pending.push(ev),
                 }
