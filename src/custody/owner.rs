@@ -261,6 +261,8 @@ impl Engine {
                 escapes = stats.escapes_recorded,
                 scan_found_unobserved = stats.scan_found_unobserved,
                 last_latency = ?stats.last_detection_latency,
+                p50_us = stats.latency_quantile(0.5).map(|d| d.as_micros() as u64).unwrap_or(0),
+                p99_us = stats.latency_quantile(0.99).map(|d| d.as_micros() as u64).unwrap_or(0),
                 "observer stats"
             );
             stats

@@ -80,7 +80,8 @@ fn observer_available(env: &Env) -> bool {
 /// observer, its fork (from a member) and its `setsid()` were reported by
 /// the kernel and recorded as `escape.observed` at once, so it is a
 /// recorded member and the teardown signals it through an identity-checked
-/// pidfd.
+/// pidfd. `run` is SIGKILLed before the `kill` (an owner crash), so its
+/// own teardown, which would adopt the escapee, cannot race the result.
 fn escape_then_kill(observer: &str) -> Option<(i32, bool, bool)> {
     let env = Env::new("session")?;
     if observer == "on" && !observer_available(&env) {
@@ -143,18 +144,16 @@ fn escape_then_kill(observer: &str) -> Option<(i32, bool, bool)> {
         );
     }
 
+    // The owner dies (an OOM kill, a crash): nothing adopts the escapee any
+    // more, it is re-parented outside the tree. The operator's `kill` has
+    // only the ledger to go by.
+    signal(run.id(), rustix::process::Signal::KILL);
+    wait_child(&mut run, Duration::from_secs(10)).expect("run dies");
     let out = env.output(&["kill", "1", "--grace", "100ms"]);
     assert!(
         out.status.success(),
         "kill: {}",
         String::from_utf8_lossy(&out.stderr)
-    );
-    let status = wait_child(&mut run, Duration::from_secs(30)).expect("run exits");
-    assert_eq!(
-        status.code(),
-        Some(143),
-        "{}",
-        std::fs::read_to_string(&err).unwrap_or_default()
     );
     let gone = wait_until(Duration::from_secs(5), || !pid_alive(escapee));
     env.assert_kills_authorized();
@@ -175,9 +174,10 @@ fn observer_records_a_fast_setsid_escape_at_once_and_the_teardown_kills_it() {
     assert!(!leaked, "the observed escapee {pid} survived the teardown");
 }
 
-/// The control: the same shape with the observer off. It may leak, and on
-/// this design it does (the teardown has no way to know the escapee); the
-/// test says what happened instead of hiding it, and ends the leftover by pid.
+/// The control: the same shape with the observer off. It may leak, and with
+/// the owner gone it does (the teardown has no way to know the escapee);
+/// the test says what happened instead of hiding it, and ends the leftover
+/// by pid.
 #[test]
 fn control_without_observer_the_same_escape_is_not_recorded_and_may_leak() {
     let Some((pid, recorded, leaked)) = escape_then_kill("off") else {
@@ -338,9 +338,12 @@ fn detection_latency() {
                (setsid sh -c 'echo $$ $(date +%s%N) >> stamps; exec sleep 600' &); \
                sleep 0.03; i=$((i+1)); done; exec sleep 600"
         );
-        let (mut run, _err) = spawn_run(
+        let (mut run, err) = spawn_run(
             &env,
-            &[("TREEWARDEN_OBSERVER", observer)],
+            &[
+                ("TREEWARDEN_OBSERVER", observer),
+                ("TREEWARDEN_LOG", "treewarden::custody::owner=info"),
+            ],
             &["--scan-interval", "250ms", "--grace", "100ms", "--quiet"],
             &script,
         );
@@ -379,6 +382,40 @@ fn detection_latency() {
         );
         signal(run.id(), rustix::process::Signal::TERM);
         wait_child(&mut run, Duration::from_secs(60));
+        if observer == "on" {
+            // The observer's own clock: kernel fork timestamp to committed row.
+            let log = std::fs::read_to_string(&err).unwrap_or_default();
+            let plain: String = {
+                let mut out = String::new();
+                let mut it = log.chars();
+                while let Some(c) = it.next() {
+                    if c == '\u{1b}' {
+                        for d in it.by_ref() {
+                            if d == 'm' {
+                                break;
+                            }
+                        }
+                    } else {
+                        out.push(c);
+                    }
+                }
+                out
+            };
+            let field = |name: &str| {
+                plain
+                    .split(&format!("{name}="))
+                    .nth(1)
+                    .and_then(|r| r.split_whitespace().next())
+                    .unwrap_or("?")
+                    .to_string()
+            };
+            eprintln!(
+                "observer  on: fork (kernel timestamp) to recorded escape: p50 {} us, p99 {} us, escapes {}",
+                field("p50_us"),
+                field("p99_us"),
+                field("escapes")
+            );
+        }
         env.end_leftovers();
     }
 }
