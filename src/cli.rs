@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use clap::{Parser, Subcommand};
-use treewarden::config::{BoundaryChoice, Config};
+use treewarden::config::{BoundaryChoice, Config, ObserverMode};
 use treewarden::ledger::{EventFilter, ExportFormat, Ledger, LedgerError, LedgerOptions, TreeId};
 
 /// Exit code for bad input: unknown tree, malformed duration, empty command.
@@ -78,6 +78,26 @@ pub struct Cli {
     /// How long a ledger write waits for another writer before failing.
     #[arg(long, global = true, env = "TREEWARDEN_BUSY_TIMEOUT", default_value = "2s", value_parser = parse_duration)]
     busy_timeout: Duration,
+
+    /// Proc-connector observer beside the scans: auto (where available), on
+    /// (required: refuse to start work without it) or off (scans only).
+    #[arg(
+        long,
+        global = true,
+        env = "TREEWARDEN_OBSERVER",
+        default_value = "auto"
+    )]
+    observer: ObserverMode,
+
+    /// Receive buffer of the observer's netlink socket in bytes (0: 1 MiB).
+    #[arg(
+        long,
+        global = true,
+        env = "TREEWARDEN_OBSERVER_RCVBUF",
+        default_value = "0",
+        hide = true
+    )]
+    observer_rcvbuf: usize,
 
     #[command(subcommand)]
     command: Command,
@@ -153,6 +173,8 @@ impl Cli {
             boundary: self.boundary,
             cgroup_root: self.cgroup_root.clone(),
             busy_timeout: self.busy_timeout,
+            observer: self.observer,
+            observer_rcvbuf: self.observer_rcvbuf,
         }
     }
 }
@@ -209,11 +231,44 @@ fn run_boundary_row(
     }
 }
 
+/// Whether `run` would start the observer with the configured `--observer`,
+/// and why (not).
+fn observer_row(config: &Config, probe: &treewarden::proc::Probe) -> (bool, String, String) {
+    let mode = config.observer;
+    let cap = &probe.proc_connector;
+    match (mode, cap.available) {
+        (ObserverMode::Off, _) => (false, "off".into(), "--observer off: scans only".into()),
+        (_, true) => (
+            true,
+            "on".into(),
+            format!("--observer {mode}: proc connector available"),
+        ),
+        (ObserverMode::Auto, false) => (
+            false,
+            "off".into(),
+            format!("--observer auto: scans only; {}", cap.note),
+        ),
+        (ObserverMode::On, false) => (
+            false,
+            "refuse".into(),
+            format!("--observer on: run will refuse to start work; {}", cap.note),
+        ),
+    }
+}
+
 /// `treewarden doctor [--json]`: the host probe, as a table or one JSON object.
 fn doctor(config: &Config, json: bool) -> CliResult {
     let probe = treewarden::proc::probe(config.cgroup_root.as_deref());
+    let (observer_runs, observer_value, observer_note) = observer_row(config, &probe);
     if json {
-        let text = serde_json::to_string_pretty(&probe).map_err(CliError::internal)?;
+        let mut value = serde_json::to_value(&probe).map_err(CliError::internal)?;
+        value["observer"] = serde_json::json!({
+            "mode": config.observer,
+            "would_run": observer_runs,
+            "state": observer_value,
+            "reason": observer_note,
+        });
+        let text = serde_json::to_string_pretty(&value).map_err(CliError::internal)?;
         println!("{text}");
         return Ok(0);
     }
@@ -270,6 +325,7 @@ fn doctor(config: &Config, json: bool) -> CliResult {
             probe.auto_reason.clone(),
         ),
         run_boundary_row(config, &probe),
+        ("observer", observer_value, observer_note),
     ];
     let name_w = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
     let value_w = rows.iter().map(|r| r.1.len()).max().unwrap_or(0);

@@ -173,6 +173,8 @@ pub fn run(config: &Config, args: RunArgs) -> CliResult {
         timeout: args.timeout,
         scan_interval: args.scan_interval,
         die_with_parent: args.die_with_parent,
+        observer: config.observer,
+        observer_rcvbuf: config.observer_rcvbuf,
     };
     let mut progress = progress_printer(args.quiet);
     let outcome = engine

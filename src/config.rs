@@ -40,6 +40,42 @@ impl std::fmt::Display for BoundaryChoice {
     }
 }
 
+/// Whether an owner runs the proc-connector observer beside its scans.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ObserverMode {
+    /// Run it where the proc connector can be subscribed to; otherwise scans only.
+    Auto,
+    /// Require it: `run` refuses to start work when it cannot subscribe.
+    On,
+    /// Scans only (the control case of the observer tests).
+    Off,
+}
+
+impl std::str::FromStr for ObserverMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "on" => Ok(Self::On),
+            "off" => Ok(Self::Off),
+            other => Err(format!(
+                "unknown observer mode {other:?}: expected on, off or auto"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for ObserverMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::On => "on",
+            Self::Off => "off",
+        })
+    }
+}
+
 /// Everything a treewarden process needs to know about where it keeps its
 /// evidence and how it forms boundaries.
 #[derive(Clone, Debug)]
@@ -53,6 +89,11 @@ pub struct Config {
     /// How long a ledger write waits for another process's write lock before
     /// it fails. Bounded so a stuck writer elsewhere becomes an error, not a hang.
     pub busy_timeout: Duration,
+    /// Whether owners run the proc-connector observer (`--observer`).
+    pub observer: ObserverMode,
+    /// The observer socket's receive buffer in bytes (0: the default). Small
+    /// values provoke overflows in tests.
+    pub observer_rcvbuf: usize,
 }
 
 impl Config {

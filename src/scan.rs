@@ -140,6 +140,10 @@ pub struct KnownTree {
     pub cgroup_pids: HashSet<i32>,
     /// `(pid, start_ticks)` of every member seen before.
     pub seen: HashSet<(i32, u64)>,
+    /// `(pid, start_ticks)` of members the proc-connector observer
+    /// attributed to the tree (a fork from a member), whether or not a scan
+    /// ever saw them.
+    pub observed: HashSet<(i32, u64)>,
     /// Start ticks of the recorded root (0 = unknown). A session or group
     /// whose leader pid now belongs to another process, or a process that
     /// started before the root, is not ours: pids of sessions and groups are
@@ -176,6 +180,8 @@ pub enum Because {
     Group,
     /// Seen as a member before (e.g. re-parented since).
     Seen,
+    /// Forked by a member, as the proc connector reported it.
+    Observed,
     /// A descendant of a member.
     Descent,
     /// A child of the tree's own subreaper (see [`KnownTree::adopted_by`]).
@@ -233,6 +239,8 @@ pub fn classify(snap: &Snapshot, trees: &[KnownTree], exclude: &HashSet<i32>) ->
                 Some(Because::Group)
             } else if tree.seen.contains(&(entry.pid, entry.start_ticks)) {
                 Some(Because::Seen)
+            } else if tree.observed.contains(&(entry.pid, entry.start_ticks)) {
+                Some(Because::Observed)
             } else if tree.adopted_by == Some(entry.ppid) {
                 Some(Because::Adopted)
             } else {

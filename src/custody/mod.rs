@@ -15,6 +15,7 @@
 //! The engine never makes a syscall itself and never writes SQL.
 
 mod dispatch;
+mod observer;
 mod owner;
 mod spawn;
 mod sweep;
@@ -26,6 +27,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 pub use dispatch::Unsettled;
+pub use observer::{Observer, ObserverHandle, ObserverStats};
 pub use owner::{RunEnd, RunOptions, RunOutcome};
 pub use spawn::{SpawnRequest, Spawned};
 pub use sweep::{SweepOutcome, SweepReport};

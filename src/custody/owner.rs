@@ -12,10 +12,12 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::observer::{Observer, ObserverStats};
 use super::spawn::SpawnRequest;
 use super::teardown::{Origin, Progress, TeardownOptions, TeardownReport};
 use super::watch::TreeWatch;
 use super::{CustodyError, Engine};
+use crate::config::ObserverMode;
 use crate::ledger::TreeId;
 use crate::proc::ExitStatus;
 
@@ -26,6 +28,10 @@ pub struct RunOptions {
     pub timeout: Option<Duration>,
     pub scan_interval: Duration,
     pub die_with_parent: bool,
+    /// Whether to run the proc-connector observer beside the scans.
+    pub observer: ObserverMode,
+    /// Its socket's receive buffer (0: the default).
+    pub observer_rcvbuf: usize,
 }
 
 /// Why the tree was torn down.
@@ -44,6 +50,8 @@ pub struct RunOutcome {
     pub tree: TreeId,
     pub end: RunEnd,
     pub teardown: Result<TeardownReport, CustodyError>,
+    /// The observer's final health counters; `None` when it did not run.
+    pub observer: Option<ObserverStats>,
 }
 
 impl RunOutcome {
@@ -66,6 +74,38 @@ impl RunOutcome {
 enum Event {
     Root(ExitStatus),
     Signal(i32),
+    /// The observer lost events: scan everything now.
+    ForceScan,
+}
+
+/// Starts the observer as `mode` asks. `Ok(None)`: scans only (off, or
+/// auto without the capability, logged). `Err`: `on` without the capability.
+fn start_observer(
+    engine: &Engine,
+    opts: &RunOptions,
+    tx: &mpsc::Sender<Event>,
+) -> Result<Option<Observer>, CustodyError> {
+    if opts.observer == ObserverMode::Off {
+        return Ok(None);
+    }
+    let tx = std::sync::Mutex::new(tx.clone());
+    let on_overflow = Box::new(move || {
+        if let Ok(tx) = tx.lock() {
+            let _ = tx.send(Event::ForceScan);
+        }
+    });
+    match Observer::start(engine.ledger().clone(), opts.observer_rcvbuf, on_overflow) {
+        Ok(o) => Ok(Some(o)),
+        Err(e) if opts.observer == ObserverMode::On => Err(CustodyError::Proc(
+            crate::proc::ProcError::Io(std::io::Error::other(format!(
+                "--observer on, but the proc connector is unavailable: {e}"
+            ))),
+        )),
+        Err(e) => {
+            tracing::info!(error = %e, "observer off: proc connector unavailable; scans only");
+            Ok(None)
+        }
+    }
 }
 
 impl Engine {
@@ -107,8 +147,14 @@ impl Engine {
             crate::proc::set_parent_death_signal(crate::proc::Sig::Hup)?;
         }
 
+        // Subscribed before the spawn, so the root's first fork is seen.
+        let observer = start_observer(self, opts, &tx)?;
         let spawned = self.spawn(req)?;
         let tree = spawned.tree;
+        let obs = observer.as_ref().map(Observer::handle);
+        if let Some(o) = &obs {
+            o.watch(tree, spawned.pgid, spawned.sid, &spawned.root);
+        }
         {
             let tx = tx.clone();
             let root = spawned.root.pid;
@@ -130,6 +176,7 @@ impl Engine {
         let mut watch = TreeWatch::new(&row, &[], &exclude);
         if let Some(w) = watch.as_mut() {
             w.adopt_children_of(std::process::id() as i32);
+            w.set_observer(obs.clone());
         }
         let mut exits: HashMap<i32, ExitStatus> = HashMap::new();
         let deadline = opts.timeout.map(|t| Instant::now() + t);
@@ -165,6 +212,22 @@ impl Engine {
                     break RunEnd::ParentDied;
                 }
                 Ok(Event::Signal(sig)) => break RunEnd::Signal(sig),
+                Ok(Event::ForceScan) => {
+                    // A lost event must not become a silent gap: scan now.
+                    if let Some(w) = watch.as_mut() {
+                        exits.extend(reaper.take_unclaimed());
+                        let r = w.tick(self, &exits);
+                        tracing::warn!(
+                            tree = tree.0,
+                            members = r.members.len(),
+                            new_escapes = r.new_escapes,
+                            "forced full scan after observer overflow"
+                        );
+                    }
+                    if let Some(o) = &obs {
+                        o.forced_scan_done();
+                    }
+                }
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => break RunEnd::Signal(libc::SIGTERM),
             }
@@ -184,12 +247,31 @@ impl Engine {
             RunEnd::RootExited(s) => Some(s),
             _ => None,
         };
+        topts.observer = obs;
         let teardown = self.teardown(tree, &topts, progress);
         signals_handle.close();
+        let observer = observer.map(|o| {
+            let stats = o.stop();
+            tracing::info!(
+                tree = tree.0,
+                events = stats.events,
+                forks = stats.forks_attributed,
+                overflows = stats.overflows,
+                forced_scans = stats.forced_scans,
+                escapes = stats.escapes_recorded,
+                scan_found_unobserved = stats.scan_found_unobserved,
+                last_latency = ?stats.last_detection_latency,
+                p50_us = stats.latency_quantile(0.5).map(|d| d.as_micros() as u64).unwrap_or(0),
+                p99_us = stats.latency_quantile(0.99).map(|d| d.as_micros() as u64).unwrap_or(0),
+                "observer stats"
+            );
+            stats
+        });
         Ok(RunOutcome {
             tree,
             end,
             teardown,
+            observer,
         })
     }
 }

@@ -58,6 +58,10 @@ pub struct TeardownOptions {
     pub rounds: u32,
     /// Exit status of the root, when the caller reaped it.
     pub root_exit: Option<crate::proc::ExitStatus>,
+    /// This process's proc-connector observer, when it runs: the members it
+    /// attributed join every scan of the teardown, even ones the ledger
+    /// refused to record.
+    pub observer: Option<super::observer::ObserverHandle>,
 }
 
 impl TeardownOptions {
@@ -69,6 +73,7 @@ impl TeardownOptions {
             verify_timeout: Duration::from_secs(3),
             rounds: 3,
             root_exit: None,
+            observer: None,
         }
     }
 }
@@ -175,6 +180,7 @@ impl Engine {
         if let Some(pid) = adopted_by {
             watch.adopt_children_of(pid);
         }
+        watch.set_observer(opts.observer.clone());
         let leader = Identity {
             pid: row.root_pid.unwrap_or(watch.pgid()),
             start_ticks: row.root_start_ticks.unwrap_or(0),

@@ -38,6 +38,10 @@ pub struct TreeWatch {
     escapes: HashSet<(i32, u64)>,
     alive: HashMap<(i32, u64), i32>,
     boot_id: String,
+    /// The proc-connector observer of this process, when one runs: its
+    /// members join each classification and the scan's members go back to
+    /// it as the cross-check.
+    observer: Option<super::observer::ObserverHandle>,
 }
 
 impl TreeWatch {
@@ -73,6 +77,7 @@ impl TreeWatch {
             escapes,
             alive: HashMap::new(),
             boot_id: row.boot_id.clone().unwrap_or_default(),
+            observer: None,
         })
     }
 
@@ -80,6 +85,11 @@ impl TreeWatch {
     /// are members (see [`KnownTree::adopted_by`]). Only `run` may say so.
     pub fn adopt_children_of(&mut self, pid: i32) {
         self.known.adopted_by = Some(pid);
+    }
+
+    /// Joins the observer's view of this tree to every tick.
+    pub fn set_observer(&mut self, observer: Option<super::observer::ObserverHandle>) {
+        self.observer = observer;
     }
 
     /// Why the recorded group or session may not be signalled: its leader
@@ -128,12 +138,21 @@ impl TreeWatch {
     /// `exits` holds statuses the reaper collected, to attach to exit records.
     pub fn tick(&mut self, engine: &Engine, exits: &HashMap<i32, ExitStatus>) -> TickReport {
         let started = Instant::now();
+        if let Some(obs) = &self.observer {
+            self.known.observed = obs.members(self.tree);
+        }
         let snap = scan::snapshot();
         if let Some(dir) = &self.cgroup {
             self.known.cgroup_pids = scan::cgroup_pids(dir);
         }
         let mut findings = scan::classify(&snap, std::slice::from_ref(&self.known), &self.exclude);
         let members = findings.pop().map(|f| f.members).unwrap_or_default();
+        if let Some(obs) = &self.observer {
+            obs.scanned(
+                self.tree,
+                members.iter().map(|m| (m.entry.pid, m.entry.start_ticks)),
+            );
+        }
         let mut report = TickReport::default();
         let ledger = engine.ledger();
 

@@ -22,6 +22,7 @@
 #![allow(unsafe_code)]
 
 pub mod boundary;
+pub mod connector;
 pub mod identity;
 pub mod probe;
 pub mod reaper;
@@ -32,6 +33,7 @@ pub use boundary::{
     cgroup_root, cgroup2_mount, check_cgroup_writable, own_cgroup_dir, remove_cgroup_if_empty,
     remove_cgroup_when_empty, resolve_boundary, spawn_held,
 };
+pub use connector::{Connector, ProcEvent, monotonic_ns};
 pub use identity::{Identity, Liveness, ProcStat, boot_id, identity_of, read_stat, self_identity};
 pub use probe::{Capability, Probe, probe};
 pub use reaper::{

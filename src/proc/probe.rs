@@ -55,8 +55,8 @@ pub struct Probe {
     pub pidfd: Capability,
     /// `PR_SET_CHILD_SUBREAPER` can be set.
     pub subreaper: Capability,
-    /// The proc connector could be used (CAP_NET_ADMIN or root); only the
-    /// capability is probed.
+    /// The proc connector could be subscribed to (needs CAP_NET_ADMIN in the
+    /// initial user and pid namespaces); probed by subscribing.
     pub proc_connector: Capability,
     /// What `--boundary auto` picks here.
     pub auto_boundary: BoundaryKind,
@@ -184,18 +184,23 @@ fn probe_subreaper() -> Capability {
     }
 }
 
-/// CAP_NET_ADMIN (bit 12) in the effective set, or euid 0.
+/// Opens and subscribes a connector for real (the kernel acknowledges the
+/// subscription, or says why not), then closes it.
 fn probe_proc_connector() -> Capability {
-    const CAP_NET_ADMIN: u32 = 12;
-    let status = procfs::process::Process::myself().and_then(|p| p.status());
-    match status {
-        Ok(s) if s.capeff & (1u64 << CAP_NET_ADMIN) != 0 => {
-            Capability::yes("CAP_NET_ADMIN in the effective set (capability only)")
+    match super::connector::Connector::open(4096) {
+        Ok(_) => Capability::yes("subscribed to proc events and acknowledged by the kernel"),
+        Err(e) => {
+            const CAP_NET_ADMIN: u32 = 12;
+            let has_cap = procfs::process::Process::myself()
+                .and_then(|p| p.status())
+                .map(|s| s.capeff & (1u64 << CAP_NET_ADMIN) != 0)
+                .unwrap_or(false);
+            let hint = if has_cap {
+                ""
+            } else {
+                " (needs CAP_NET_ADMIN, not in CapEff)"
+            };
+            Capability::no(format!("proc connector unavailable: {e}{hint}"))
         }
-        Ok(_) if rustix::process::geteuid().is_root() => {
-            Capability::yes("euid 0 (capability only)")
-        }
-        Ok(_) => Capability::no("needs CAP_NET_ADMIN (not in CapEff) or root"),
-        Err(e) => Capability::no(format!("cannot read /proc/self/status: {e}")),
     }
 }

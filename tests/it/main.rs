@@ -3,5 +3,6 @@
 
 mod custody;
 mod ledger;
+mod observer;
 mod proc;
 mod util;

@@ -1,0 +1,602 @@
+//! The observer: proc-connector events beside the snapshot scans, so an
+//! escape is recorded the moment it happens, not at the next scan.
+//!
+//! Why it exists: a scan sees a process only if it is alive at the scan and
+//! linked to the tree then. A member that forks, whose child calls `setsid()`
+//! and whose parent then exits, is linked to the tree only through the run
+//! owner's adoption rule, which no other process (`kill`, `sweep`, the
+//! service) can apply. If no scan caught it in between, the ledger never
+//! names it and every teardown but the owner's own misses it. The observer
+//! attributes each fork to the tree whose member is the parent, reads the
+//! child's identity at once, and records a member that left the tree's group
+//! and session as `escape.observed` when the kernel reports the `setsid()`.
+//!
+//! How it feeds the teardown: through the ledger (an escape row is a member
+//! row, so every teardown's [`super::TreeWatch`] starts with it in its
+//! `seen` set) and, in this process, through [`ObserverHandle::members`],
+//! which a watch merges before each classification (`Because::Observed`),
+//! so a ledger that refused the write still does not blind the teardown.
+//!
+//! What it must never do: become a silent gap. An overflow of the socket
+//! (events lost) is logged, counted, and answered by a full scan at once
+//! (the `on_overflow` callback); scans go on as the fallback and cross-check
+//! (members a scan found that the observer did not know are counted and
+//! adopted). It never signals anything.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::ledger::{IdentityRecord, Ledger, MemberRecord, TreeId};
+use crate::proc::{Connector, ProcError, ProcEvent, monotonic_ns};
+
+/// How many recent forks are remembered for a tree registered late (its
+/// root may fork before the owner has told the observer its pid).
+const FORK_HISTORY: usize = 16 * 1024;
+/// Start ticks of a member that was gone before its identity could be read.
+const UNKNOWN_START: u64 = 0;
+/// How many detection latencies are kept for percentiles.
+const LATENCY_SAMPLES: usize = 4096;
+
+/// Observer health, for `run`'s log and the service's metrics.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct ObserverStats {
+    /// Events received from the kernel (all processes on the host).
+    pub events: u64,
+    /// Forks attributed to a watched tree.
+    pub forks_attributed: u64,
+    /// Times the socket overflowed (events were lost).
+    pub overflows: u64,
+    /// Full scans run because of an overflow.
+    pub forced_scans: u64,
+    /// Escapes this observer recorded (new `escape.observed` rows).
+    pub escapes_recorded: u64,
+    /// Member rows this observer wrote first.
+    pub members_recorded: u64,
+    /// Members a scan found that the observer did not know (cross-check).
+    pub scan_found_unobserved: u64,
+    /// Ledger writes that failed (logged; the in-memory set still feeds
+    /// this process's teardown).
+    pub write_errors: u64,
+    /// Fork-to-recorded-escape latency of the last escape.
+    pub last_detection_latency: Option<Duration>,
+    /// Recent fork-to-recorded-escape latencies (bounded), for percentiles.
+    #[serde(skip)]
+    pub latencies: Vec<Duration>,
+}
+
+impl ObserverStats {
+    /// The `q` quantile (0.0..=1.0) of the recorded latencies.
+    pub fn latency_quantile(&self, q: f64) -> Option<Duration> {
+        let mut v = self.latencies.clone();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_unstable();
+        let i = ((v.len() - 1) as f64 * q.clamp(0.0, 1.0)).round() as usize;
+        v.get(i).copied()
+    }
+}
+
+/// One watched tree: its recorded ids and its live members by pid.
+struct Tracked {
+    root: i32,
+    pgid: i32,
+    sid: i32,
+    boot_id: String,
+    /// pid -> start ticks of every live member the observer knows.
+    members: HashMap<i32, u64>,
+    /// Escapes already recorded (or attempted) by identity.
+    escaped: HashSet<(i32, u64)>,
+    /// Kernel time of each member's fork, for the latency.
+    forked_at: HashMap<i32, u64>,
+}
+
+#[derive(Default)]
+struct Shared {
+    trees: Mutex<HashMap<i64, Tracked>>,
+    /// Trees registered but not yet replayed against the fork history.
+    pending: Mutex<Vec<i64>>,
+    stats: Mutex<ObserverStats>,
+    stop: AtomicBool,
+}
+
+/// A cheap handle to a running observer: register trees, read members and
+/// health. Clones share the observer.
+#[derive(Clone)]
+pub struct ObserverHandle {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for ObserverHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObserverHandle").finish_non_exhaustive()
+    }
+}
+
+/// The observer thread and its handle. Stop it with [`Observer::stop`];
+/// dropping it stops it too.
+pub struct Observer {
+    handle: ObserverHandle,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Observer {
+    /// Subscribes to proc events (in the caller's thread, so a host without
+    /// the capability fails here) and starts the observer thread.
+    /// `on_overflow` is called (from that thread) after events were lost:
+    /// the caller must run a full scan at once.
+    pub fn start(
+        ledger: Ledger,
+        rcvbuf: usize,
+        on_overflow: Box<dyn Fn() + Send>,
+    ) -> Result<Observer, ProcError> {
+        let conn = Connector::open(rcvbuf)?;
+        let shared = Arc::new(Shared::default());
+        let worker = Worker {
+            conn,
+            ledger,
+            shared: shared.clone(),
+            history: VecDeque::new(),
+            on_overflow,
+        };
+        let thread = std::thread::Builder::new()
+            .name("tw-observer".into())
+            .spawn(move || worker.run())
+            .map_err(ProcError::Io)?;
+        Ok(Observer {
+            handle: ObserverHandle { shared },
+            thread: Some(thread),
+        })
+    }
+
+    pub fn handle(&self) -> ObserverHandle {
+        self.handle.clone()
+    }
+
+    /// Stops the thread and returns the final health counters.
+    pub fn stop(mut self) -> ObserverStats {
+        self.join();
+        self.handle.stats()
+    }
+
+    fn join(&mut self) {
+        self.handle.shared.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Observer {
+    fn drop(&mut self) {
+        self.join();
+    }
+}
+
+impl ObserverHandle {
+    /// Watches a released tree: its root is a member now, and so is every
+    /// process it forked before this call (replayed from recent forks).
+    pub fn watch(&self, tree: TreeId, pgid: i32, sid: i32, root: &crate::proc::Identity) {
+        let mut members = HashMap::new();
+        members.insert(root.pid, root.start_ticks);
+        if let Ok(mut trees) = self.shared.trees.lock() {
+            trees.insert(
+                tree.0,
+                Tracked {
+                    root: root.pid,
+                    pgid,
+                    sid,
+                    boot_id: root.boot_id.clone(),
+                    members,
+                    escaped: HashSet::new(),
+                    forked_at: HashMap::new(),
+                },
+            );
+        }
+        if let Ok(mut p) = self.shared.pending.lock() {
+            p.push(tree.0);
+        }
+    }
+
+    /// Stops watching a tree (it ended).
+    pub fn unwatch(&self, tree: TreeId) {
+        if let Ok(mut trees) = self.shared.trees.lock() {
+            trees.remove(&tree.0);
+        }
+    }
+
+    /// Live members the observer knows, as `(pid, start_ticks)`.
+    pub fn members(&self, tree: TreeId) -> HashSet<(i32, u64)> {
+        self.shared
+            .trees
+            .lock()
+            .ok()
+            .and_then(|t| {
+                t.get(&tree.0).map(|t| {
+                    t.members
+                        .iter()
+                        .filter(|(_, s)| **s != UNKNOWN_START)
+                        .map(|(p, s)| (*p, *s))
+                        .collect()
+                })
+            })
+            .unwrap_or_default()
+    }
+
+    /// Cross-check: members a scan found. Ones the observer did not know
+    /// (lost events, or forks before the history) are counted and adopted,
+    /// so their later forks and setsid are attributed too.
+    pub fn scanned(&self, tree: TreeId, members: impl IntoIterator<Item = (i32, u64)>) {
+        let mut unknown = 0;
+        if let Ok(mut trees) = self.shared.trees.lock()
+            && let Some(t) = trees.get_mut(&tree.0)
+        {
+            for (pid, start) in members {
+                if t.members.get(&pid) != Some(&start) {
+                    t.members.insert(pid, start);
+                    unknown += 1;
+                }
+            }
+        }
+        if unknown > 0 {
+            self.bump(|s| s.scan_found_unobserved += unknown);
+        }
+    }
+
+    /// The owner ran the full scan an overflow asked for.
+    pub fn forced_scan_done(&self) {
+        self.bump(|s| s.forced_scans += 1);
+    }
+
+    /// A copy of the health counters.
+    pub fn stats(&self) -> ObserverStats {
+        self.shared
+            .stats
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default()
+    }
+
+    fn bump(&self, f: impl FnOnce(&mut ObserverStats)) {
+        if let Ok(mut s) = self.shared.stats.lock() {
+            f(&mut s);
+        }
+    }
+}
+
+/// A member found by an event, to be written after the batch.
+struct Finding {
+    tree: i64,
+    record: MemberRecord,
+    escaped: bool,
+    forked_at: Option<u64>,
+}
+
+struct Worker {
+    conn: Connector,
+    ledger: Ledger,
+    shared: Arc<Shared>,
+    /// Recent forks (parent, child, at_ns), oldest first.
+    history: VecDeque<(i32, i32, u64)>,
+    on_overflow: Box<dyn Fn() + Send>,
+}
+
+impl Worker {
+    fn run(mut self) {
+        let handle = ObserverHandle {
+            shared: self.shared.clone(),
+        };
+        while !self.shared.stop.load(Ordering::SeqCst) {
+            let events = match self.conn.recv(Duration::from_millis(20)) {
+                Ok(ev) => ev,
+                Err(e) => {
+                    // Not silent: the scans carry on alone, and say so.
+                    tracing::error!(error = %e, "observer: proc connector failed; scans only from now on");
+                    handle.bump(|s| s.overflows += 1);
+                    (self.on_overflow)();
+                    return;
+                }
+            };
+            let mut findings = Vec::new();
+            self.replay_pending(&mut findings);
+            let mut overflowed = false;
+            handle.bump(|s| s.events += events.len() as u64);
+            for ev in events {
+                match ev {
+                    ProcEvent::Overflow => overflowed = true,
+                    ProcEvent::Fork {
+                        parent,
+                        child,
+                        at_ns,
+                    } => {
+                        self.history.push_back((parent, child, at_ns));
+                        if self.history.len() > FORK_HISTORY {
+                            self.history.pop_front();
+                        }
+                        self.on_fork(parent, child, at_ns, &mut findings);
+                    }
+                    ProcEvent::Sid { pid, .. } => {
+                        tracing::trace!(pid, "observer: setsid");
+                        self.check(pid, &mut findings)
+                    }
+                    ProcEvent::Exec { .. } => {}
+                    ProcEvent::Exit { pid, .. } => self.on_exit(pid),
+                }
+            }
+            if overflowed {
+                self.prune();
+                handle.bump(|s| s.overflows += 1);
+                tracing::warn!(
+                    "observer: proc connector overflowed, events were lost; forcing a full scan"
+                );
+                (self.on_overflow)();
+            }
+            self.flush(findings, &handle);
+        }
+    }
+
+    /// Trees registered since the last batch: their members' forks that
+    /// happened before registration, from the history, then an escape check
+    /// of every member.
+    fn replay_pending(&mut self, findings: &mut Vec<Finding>) {
+        let pending: Vec<i64> = self
+            .shared
+            .pending
+            .lock()
+            .map(|mut p| std::mem::take(&mut *p))
+            .unwrap_or_default();
+        for tree in pending {
+            let Some(root) = self
+                .shared
+                .trees
+                .lock()
+                .ok()
+                .and_then(|t| t.get(&tree).map(|t| t.root))
+            else {
+                continue;
+            };
+            // Only forks after the root's own: an earlier holder of the
+            // root's pid is not the root.
+            let from = self.history.iter().rposition(|(_, c, _)| *c == root);
+            let forks: Vec<(i32, i32, u64)> = match from {
+                Some(i) => self.history.iter().skip(i + 1).copied().collect(),
+                None => Vec::new(),
+            };
+            for (parent, child, at_ns) in forks {
+                self.attribute(tree, parent, child, at_ns, findings);
+            }
+            let pids: Vec<i32> = self
+                .shared
+                .trees
+                .lock()
+                .ok()
+                .and_then(|t| t.get(&tree).map(|t| t.members.keys().copied().collect()))
+                .unwrap_or_default();
+            for pid in pids {
+                self.check(pid, findings);
+            }
+        }
+    }
+
+    fn on_fork(&mut self, parent: i32, child: i32, at_ns: u64, findings: &mut Vec<Finding>) {
+        let trees: Vec<i64> = self
+            .shared
+            .trees
+            .lock()
+            .map(|t| {
+                t.iter()
+                    .filter(|(_, t)| t.members.contains_key(&parent))
+                    .map(|(id, _)| *id)
+                    .collect()
+            })
+            .unwrap_or_default();
+        for tree in trees {
+            self.attribute(tree, parent, child, at_ns, findings);
+        }
+    }
+
+    /// Makes `child` a member of `tree` if `parent` is one, reading its
+    /// identity at once; a child born outside the group and session (its
+    /// parent escaped) is an escape too.
+    fn attribute(
+        &mut self,
+        tree: i64,
+        parent: i32,
+        child: i32,
+        at_ns: u64,
+        findings: &mut Vec<Finding>,
+    ) {
+        let Ok(mut trees) = self.shared.trees.lock() else {
+            return;
+        };
+        let Some(t) = trees.get_mut(&tree) else {
+            return;
+        };
+        let Some(&parent_start) = t.members.get(&parent) else {
+            return;
+        };
+        if t.members.contains_key(&child) {
+            return;
+        }
+        // The parent must still be the member we know (or gone): a pid
+        // recycled after a lost exit event is not our member.
+        if let Ok(Some(p)) = crate::proc::read_stat(parent)
+            && p.start_ticks != parent_start
+        {
+            t.members.remove(&parent);
+            return;
+        }
+        // Read now: the identity names this process for good, even if it
+        // exits and its pid is reused before the batch is written.
+        let Ok(Some(stat)) = crate::proc::read_stat(child) else {
+            // Already gone (a short-lived intermediate): nothing of it is
+            // left to kill, but its own forks, later in this batch, are
+            // still ours. It stays a member by pid alone (start unknown,
+            // never handed to a teardown) until its exit event.
+            t.members.insert(child, UNKNOWN_START);
+            return;
+        };
+        if stat.start_ticks < parent_start {
+            return; // not a child of that parent: a stale fork record
+        }
+        t.members.insert(child, stat.start_ticks);
+        t.forked_at.insert(child, at_ns);
+        let escaped = stat.pgid != t.pgid && stat.sid != t.sid;
+        tracing::debug!(tree, parent, child, escaped, "observer: fork attributed");
+        if escaped {
+            t.escaped.insert((child, stat.start_ticks));
+        }
+        findings.push(Finding {
+            tree,
+            record: record_of(&stat, &t.boot_id),
+            escaped,
+            forked_at: Some(at_ns),
+        });
+        drop(trees);
+        if let Ok(mut s) = self.shared.stats.lock() {
+            s.forks_attributed += 1;
+        }
+    }
+
+    /// A member changed its session (or was found late): escaped if it is
+    /// now outside both the tree's group and session.
+    fn check(&mut self, pid: i32, findings: &mut Vec<Finding>) {
+        let Ok(mut trees) = self.shared.trees.lock() else {
+            return;
+        };
+        for (id, t) in trees.iter_mut() {
+            let Some(&start) = t.members.get(&pid) else {
+                continue;
+            };
+            let Ok(Some(stat)) = crate::proc::read_stat(pid) else {
+                continue;
+            };
+            if start == UNKNOWN_START || stat.start_ticks != start || stat.is_dead() {
+                continue;
+            }
+            if stat.pgid == t.pgid || stat.sid == t.sid || t.escaped.contains(&(pid, start)) {
+                continue;
+            }
+            t.escaped.insert((pid, start));
+            findings.push(Finding {
+                tree: *id,
+                record: record_of(&stat, &t.boot_id),
+                escaped: true,
+                forked_at: t.forked_at.get(&pid).copied(),
+            });
+        }
+    }
+
+    /// After lost events: forget members whose pid no longer holds them
+    /// (their exit may have been among the lost events).
+    fn prune(&mut self) {
+        if let Ok(mut trees) = self.shared.trees.lock() {
+            for t in trees.values_mut() {
+                t.members.retain(|pid, start| {
+                    matches!(crate::proc::read_stat(*pid), Ok(Some(s)) if s.start_ticks == *start && !s.is_dead())
+                });
+            }
+        }
+    }
+
+    fn on_exit(&mut self, pid: i32) {
+        if let Ok(mut trees) = self.shared.trees.lock() {
+            for t in trees.values_mut() {
+                if t.members.remove(&pid).is_some() {
+                    t.forked_at.remove(&pid);
+                }
+            }
+        }
+    }
+
+    /// Writes a batch's findings: new members in one write per tree, then
+    /// each escape (its own row and event).
+    fn flush(&self, findings: Vec<Finding>, handle: &ObserverHandle) {
+        if findings.is_empty() {
+            return;
+        }
+        let mut by_tree: HashMap<i64, Vec<&Finding>> = HashMap::new();
+        for f in &findings {
+            by_tree.entry(f.tree).or_default().push(f);
+        }
+        for (tree, list) in by_tree {
+            let id = TreeId(tree);
+            let mut records: Vec<MemberRecord> = list.iter().map(|f| f.record.clone()).collect();
+            // Details (exe, argv, cwd) as of now: usually after the exec.
+            for r in &mut records {
+                let d = crate::scan::details(r.identity.pid);
+                r.uid = d.uid;
+                r.exe = d.exe;
+                r.cmdline = d.cmdline;
+                r.cwd = d.cwd;
+                r.cgroup = d.cgroup;
+            }
+            match self.ledger.observe_members(id, &records) {
+                Ok(new) => handle.bump(|s| s.members_recorded += new.len() as u64),
+                Err(e) => {
+                    handle.bump(|s| s.write_errors += 1);
+                    tracing::debug!(tree, error = %e, "observer: members not recorded");
+                }
+            }
+            for (f, record) in list.iter().zip(&records) {
+                if !f.escaped {
+                    continue;
+                }
+                let reason = format!(
+                    "observed: left the tree's group and session (pgid {}, sid {}) at once (proc connector)",
+                    record.pgid, record.sid
+                );
+                match self.ledger.record_escape(id, record, &reason) {
+                    Ok(new) => {
+                        let latency = f
+                            .forked_at
+                            .map(|at| Duration::from_nanos(monotonic_ns().saturating_sub(at)));
+                        handle.bump(|s| {
+                            if new {
+                                s.escapes_recorded += 1;
+                            }
+                            if let Some(l) = latency {
+                                s.last_detection_latency = Some(l);
+                                if s.latencies.len() >= LATENCY_SAMPLES {
+                                    s.latencies.remove(0);
+                                }
+                                s.latencies.push(l);
+                            }
+                        });
+                        tracing::info!(
+                            tree,
+                            pid = record.identity.pid,
+                            ?latency,
+                            "observer: escape recorded"
+                        );
+                    }
+                    Err(e) => {
+                        handle.bump(|s| s.write_errors += 1);
+                        tracing::warn!(tree, error = %e, "observer: escape not recorded");
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn record_of(stat: &crate::proc::ProcStat, boot_id: &str) -> MemberRecord {
+    MemberRecord {
+        identity: IdentityRecord {
+            pid: stat.pid,
+            start_ticks: stat.start_ticks,
+            boot_id: boot_id.to_owned(),
+        },
+        ppid: stat.ppid,
+        pgid: stat.pgid,
+        sid: stat.sid,
+        cgroup: None,
+        uid: Some(stat.uid),
+        exe: None,
+        cmdline: Vec::new(),
+        cwd: None,
+    }
+}

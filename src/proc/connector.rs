@@ -1,0 +1,536 @@
+//! A client of the kernel's process-events connector (`NETLINK_CONNECTOR`,
+//! `CN_IDX_PROC`): every fork, exec, setsid and exit on the host, as it
+//! happens.
+//!
+//! Why it exists: snapshot scans see a process only if it is alive at a scan;
+//! a process that forks, calls `setsid()` and is orphaned between two scans
+//! leaves no trace in them. The connector reports the fork and the setsid the
+//! moment they happen (issue 8).
+//!
+//! What it must never do: trust the kernel's bytes blindly. Messages are
+//! parsed with bounds-checked reads of native-endian integers at the
+//! offsets of `<linux/connector.h>` and `<linux/cn_proc.h>`; a short or
+//! malformed message is skipped, never transmuted. A lost event is never
+//! silent: `ENOBUFS` from the socket becomes [`ProcEvent::Overflow`].
+//!
+//! There is no "process group changed" event in the kernel (`setpgid` is
+//! not reported). It is not needed for escapes: a member is outside the
+//! tree only once it is outside both its group *and* its session, and the
+//! only way out of a session is `setsid()`, which is reported
+//! ([`ProcEvent::Sid`]). A `setpgid` inside the session is not an escape.
+//!
+//! Subscribing needs CAP_NET_ADMIN in the initial user and pid namespaces;
+//! elsewhere the kernel accepts the subscription and sends nothing, which
+//! [`Connector::open`] cannot tell apart from a quiet host. The probe
+//! ([`super::probe`]) therefore checks the namespaces too.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::Duration;
+
+use rustix::io::Errno;
+use rustix::net::{AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType, netlink};
+
+use rustix::net::netlink::SocketAddrNetlink;
+
+use super::ProcError;
+use super::reaper::ExitStatus;
+
+/// `CN_IDX_PROC` / `CN_VAL_PROC` (`<linux/connector.h>`).
+const CN_IDX_PROC: u32 = 1;
+const CN_VAL_PROC: u32 = 1;
+/// `PROC_CN_MCAST_LISTEN` (`<linux/cn_proc.h>`).
+const PROC_CN_MCAST_LISTEN: u32 = 1;
+/// `NLMSG_DONE`: the connector's subscription message type.
+const NLMSG_DONE: u16 = 3;
+/// `NLMSG_ERROR` / `NLMSG_NOOP` / `NLMSG_OVERRUN`.
+const NLMSG_NOOP: u16 = 1;
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_OVERRUN: u16 = 4;
+
+const NLMSG_HDRLEN: usize = 16;
+/// `struct cn_msg`: id (idx, val), seq, ack, len (u16), flags (u16).
+const CN_MSG_LEN: usize = 20;
+
+const PROC_EVENT_NONE: u32 = 0;
+const PROC_EVENT_FORK: u32 = 0x0000_0001;
+const PROC_EVENT_EXEC: u32 = 0x0000_0002;
+const PROC_EVENT_SID: u32 = 0x0000_0080;
+const PROC_EVENT_EXIT: u32 = 0x8000_0000;
+
+/// How long [`Connector::open`] waits for the kernel's acknowledgement.
+const ACK_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Receive buffer used when the caller asks for none (1 MiB; the kernel
+/// doubles it for bookkeeping).
+pub const DEFAULT_RCVBUF: usize = 1 << 20;
+
+/// One process event. Pids are thread-group ids (process ids) unless named
+/// otherwise; events about threads other than a group's leader are dropped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProcEvent {
+    /// A new process (not a thread) `child` was forked by process `parent`.
+    Fork {
+        parent: i32,
+        child: i32,
+        /// Kernel time of the event (`CLOCK_MONOTONIC` ns, as [`monotonic_ns`]).
+        at_ns: u64,
+    },
+    /// `pid` called execve.
+    Exec { pid: i32, at_ns: u64 },
+    /// `pid` called setsid(): it leads a new session and group (`sid == pid`).
+    Sid { pid: i32, at_ns: u64 },
+    /// Process `pid` exited (its last thread did).
+    Exit {
+        pid: i32,
+        status: ExitStatus,
+        at_ns: u64,
+    },
+    /// The socket's receive buffer overflowed: events were lost. The reader
+    /// must not trust its incremental view until it has re-scanned.
+    Overflow,
+}
+
+/// A subscribed process-events socket.
+pub struct Connector {
+    fd: OwnedFd,
+    buf: Vec<u8>,
+    /// Events read while waiting for the subscription's acknowledgement.
+    pending: Vec<ProcEvent>,
+}
+
+impl std::fmt::Debug for Connector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connector").finish_non_exhaustive()
+    }
+}
+
+impl Connector {
+    /// Opens a netlink connector socket with a receive buffer of `rcvbuf`
+    /// bytes (`0`: [`DEFAULT_RCVBUF`]), joins the proc events group and
+    /// subscribes. Fails with the kernel's error (EPERM without
+    /// CAP_NET_ADMIN, EPROTONOSUPPORT without `CONFIG_PROC_EVENTS`).
+    pub fn open(rcvbuf: usize) -> Result<Connector, ProcError> {
+        let fd = rustix::net::socket_with(
+            AddressFamily::NETLINK,
+            SocketType::DGRAM,
+            SocketFlags::CLOEXEC,
+            Some(netlink::CONNECTOR),
+        )?;
+        let size = if rcvbuf == 0 { DEFAULT_RCVBUF } else { rcvbuf };
+        // FORCE lifts net.core.rmem_max for a privileged caller; a small
+        // size (tests provoking overflow) works either way.
+        if rustix::net::sockopt::set_socket_recv_buffer_size_force(&fd, size).is_err() {
+            rustix::net::sockopt::set_socket_recv_buffer_size(&fd, size)?;
+        }
+        // Port id 0: the kernel assigns a unique one (several connectors may
+        // live in one process).
+        rustix::net::bind(&fd, &SocketAddrNetlink::new(0, CN_IDX_PROC))?;
+        let msg = subscribe_message(PROC_CN_MCAST_LISTEN);
+        rustix::net::sendto(&fd, &msg, SendFlags::empty(), &SocketAddrNetlink::new(0, 0))?;
+        let mut conn = Connector {
+            fd,
+            buf: vec![0; 64 * 1024],
+            pending: Vec::new(),
+        };
+        conn.await_ack(ACK_TIMEOUT)?;
+        Ok(conn)
+    }
+
+    /// The kernel answers a subscription with an acknowledgement carrying
+    /// an errno (EPERM without CAP_NET_ADMIN). It sends none to a caller
+    /// outside the initial user and pid namespaces: silence is a failure
+    /// too, or the observer would run blind.
+    fn await_ack(&mut self, limit: Duration) -> Result<(), ProcError> {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() || !self.wait_readable(left)? {
+                return Err(ProcError::Io(std::io::Error::other(
+                    "the kernel did not acknowledge the proc events subscription (not in the initial user and pid namespaces?)",
+                )));
+            }
+            let mut raw = Vec::new();
+            match rustix::net::recv(&self.fd, &mut self.buf[..], RecvFlags::DONTWAIT) {
+                Ok((n, _)) => {
+                    let n = n.min(self.buf.len());
+                    parse_raw(&self.buf[..n], &mut raw);
+                }
+                Err(Errno::NOBUFS) => raw.push(Raw::Event(ProcEvent::Overflow)),
+                Err(Errno::AGAIN | Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+            for r in raw {
+                match r {
+                    Raw::Ack(0) => return Ok(()),
+                    Raw::Ack(err) => {
+                        return Err(ProcError::Io(std::io::Error::from_raw_os_error(err as i32)));
+                    }
+                    Raw::Event(ev) => self.pending.push(ev),
+                }
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for events, then returns every event already
+    /// queued (possibly none). An overflow is reported as
+    /// [`ProcEvent::Overflow`] in order, and reading goes on after it.
+    pub fn recv(&mut self, timeout: Duration) -> Result<Vec<ProcEvent>, ProcError> {
+        let mut out = std::mem::take(&mut self.pending);
+        if !out.is_empty() || !self.wait_readable(timeout)? {
+            return Ok(out);
+        }
+        // Drain what is queued, bounded so a flood cannot starve the caller.
+        for _ in 0..4096 {
+            match rustix::net::recv(&self.fd, &mut self.buf[..], RecvFlags::DONTWAIT) {
+                Ok((n, _)) => {
+                    let n = n.min(self.buf.len());
+                    parse_datagram(&self.buf[..n], &mut out);
+                }
+                Err(Errno::NOBUFS) => out.push(ProcEvent::Overflow),
+                Err(Errno::AGAIN) => break,
+                Err(Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(out)
+    }
+
+    fn wait_readable(&self, timeout: Duration) -> Result<bool, ProcError> {
+        use rustix::event::{PollFd, PollFlags, Timespec};
+        let ts = Timespec {
+            tv_sec: timeout.as_secs() as _,
+            tv_nsec: timeout.subsec_nanos() as _,
+        };
+        let mut fds = [PollFd::new(&self.fd, PollFlags::IN)];
+        match rustix::event::poll(&mut fds, Some(&ts)) {
+            Ok(n) => Ok(n > 0),
+            Err(Errno::INTR) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The receive buffer size the kernel actually granted (bytes).
+    pub fn rcvbuf(&self) -> Result<usize, ProcError> {
+        Ok(rustix::net::sockopt::socket_recv_buffer_size(
+            self.fd.as_fd(),
+        )?)
+    }
+}
+
+/// `CLOCK_MONOTONIC` now, in ns: the clock of the events' `at_ns`
+/// (`ktime_get_ns`), so `monotonic_ns() - at_ns` is an event's age.
+pub fn monotonic_ns() -> u64 {
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+/// nlmsghdr + cn_msg + the u32 operation, native endian.
+fn subscribe_message(op: u32) -> Vec<u8> {
+    let total = NLMSG_HDRLEN + CN_MSG_LEN + 4;
+    let mut m = Vec::with_capacity(total);
+    m.extend_from_slice(&(total as u32).to_ne_bytes()); // nlmsg_len
+    m.extend_from_slice(&NLMSG_DONE.to_ne_bytes()); // nlmsg_type
+    m.extend_from_slice(&0u16.to_ne_bytes()); // nlmsg_flags
+    m.extend_from_slice(&0u32.to_ne_bytes()); // nlmsg_seq
+    m.extend_from_slice(&std::process::id().to_ne_bytes()); // nlmsg_pid
+    m.extend_from_slice(&CN_IDX_PROC.to_ne_bytes());
+    m.extend_from_slice(&CN_VAL_PROC.to_ne_bytes());
+    m.extend_from_slice(&0u32.to_ne_bytes()); // seq
+    m.extend_from_slice(&0u32.to_ne_bytes()); // ack
+    m.extend_from_slice(&4u16.to_ne_bytes()); // len
+    m.extend_from_slice(&0u16.to_ne_bytes()); // flags
+    m.extend_from_slice(&op.to_ne_bytes());
+    m
+}
+
+fn u16_at(b: &[u8], off: usize) -> Option<u16> {
+    b.get(off..off.checked_add(2)?)
+        .and_then(|s| s.try_into().ok())
+        .map(u16::from_ne_bytes)
+}
+
+fn u32_at(b: &[u8], off: usize) -> Option<u32> {
+    b.get(off..off.checked_add(4)?)
+        .and_then(|s| s.try_into().ok())
+        .map(u32::from_ne_bytes)
+}
+
+fn i32_at(b: &[u8], off: usize) -> Option<i32> {
+    u32_at(b, off).map(|v| v as i32)
+}
+
+fn u64_at(b: &[u8], off: usize) -> Option<u64> {
+    b.get(off..off.checked_add(8)?)
+        .and_then(|s| s.try_into().ok())
+        .map(u64::from_ne_bytes)
+}
+
+/// A parsed message: an event, or the acknowledgement of a subscription.
+enum Raw {
+    Event(ProcEvent),
+    Ack(u32),
+}
+
+/// Parses every netlink message of one datagram; malformed ones and
+/// acknowledgements are skipped.
+pub(crate) fn parse_datagram(b: &[u8], out: &mut Vec<ProcEvent>) {
+    let mut raw = Vec::new();
+    parse_raw(b, &mut raw);
+    out.extend(raw.into_iter().filter_map(|r| match r {
+        Raw::Event(ev) => Some(ev),
+        Raw::Ack(_) => None,
+    }));
+}
+
+fn parse_raw(mut b: &[u8], out: &mut Vec<Raw>) {
+    while b.len() >= NLMSG_HDRLEN {
+        let Some(len) = u32_at(b, 0).map(|l| l as usize) else {
+            return;
+        };
+        if len < NLMSG_HDRLEN || len > b.len() {
+            return;
+        }
+        let kind = u16_at(b, 4).unwrap_or(0);
+        match kind {
+            NLMSG_NOOP | NLMSG_ERROR => {}
+            NLMSG_OVERRUN => out.push(Raw::Event(ProcEvent::Overflow)),
+            _ => {
+                if let Some(r) = parse_cn_msg(&b[NLMSG_HDRLEN..len]) {
+                    out.push(r);
+                }
+            }
+        }
+        // NLMSG_ALIGN(len)
+        let next = (len + 3) & !3;
+        if next >= b.len() {
+            return;
+        }
+        b = &b[next..];
+    }
+}
+
+/// One `cn_msg` carrying a `proc_event`.
+fn parse_cn_msg(b: &[u8]) -> Option<Raw> {
+    if u32_at(b, 0)? != CN_IDX_PROC || u32_at(b, 4)? != CN_VAL_PROC {
+        return None;
+    }
+    let len = u16_at(b, 16)? as usize;
+    let data = b.get(CN_MSG_LEN..CN_MSG_LEN.checked_add(len)?)?;
+    if u32_at(data, 0)? == PROC_EVENT_NONE {
+        return Some(Raw::Ack(u32_at(data, 16)?));
+    }
+    parse_proc_event(data).map(Raw::Event)
+}
+
+/// `struct proc_event`: what (u32), cpu (u32), timestamp_ns (u64), then the
+/// event's union at offset 16.
+pub(crate) fn parse_proc_event(d: &[u8]) -> Option<ProcEvent> {
+    let what = u32_at(d, 0)?;
+    let at_ns = u64_at(d, 8)?;
+    const U: usize = 16;
+    match what {
+        PROC_EVENT_FORK => {
+            // parent_pid, parent_tgid, child_pid, child_tgid
+            let parent = i32_at(d, U + 4)?;
+            let child_pid = i32_at(d, U + 8)?;
+            let child = i32_at(d, U + 12)?;
+            // A new thread, not a new process.
+            (child_pid == child).then_some(ProcEvent::Fork {
+                parent,
+                child,
+                at_ns,
+            })
+        }
+        PROC_EVENT_EXEC => {
+            let pid = i32_at(d, U + 4)?;
+            Some(ProcEvent::Exec { pid, at_ns })
+        }
+        PROC_EVENT_SID => {
+            let pid = i32_at(d, U + 4)?;
+            Some(ProcEvent::Sid { pid, at_ns })
+        }
+        PROC_EVENT_EXIT => {
+            let thread = i32_at(d, U)?;
+            let pid = i32_at(d, U + 4)?;
+            if thread != pid {
+                return None; // a thread ended, the process lives on
+            }
+            let code = u32_at(d, U + 8)?;
+            // exit_code is the wait status: a signal in the low 7 bits, or
+            // the exit code in bits 8..16.
+            let status = if code & 0x7f == 0 {
+                ExitStatus::Exited(((code >> 8) & 0xff) as i32)
+            } else {
+                ExitStatus::Signaled((code & 0x7f) as i32)
+            };
+            Some(ProcEvent::Exit { pid, status, at_ns })
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(what: u32, at: u64, words: &[u32]) -> Vec<u8> {
+        let mut d = Vec::new();
+        d.extend_from_slice(&what.to_ne_bytes());
+        d.extend_from_slice(&0u32.to_ne_bytes());
+        d.extend_from_slice(&at.to_ne_bytes());
+        for w in words {
+            d.extend_from_slice(&w.to_ne_bytes());
+        }
+        d
+    }
+
+    fn datagram(events: &[Vec<u8>]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for data in events {
+            let len = NLMSG_HDRLEN + CN_MSG_LEN + data.len();
+            let mut m = Vec::new();
+            m.extend_from_slice(&(len as u32).to_ne_bytes());
+            m.extend_from_slice(&NLMSG_DONE.to_ne_bytes());
+            m.extend_from_slice(&[0; 10]);
+            m.extend_from_slice(&CN_IDX_PROC.to_ne_bytes());
+            m.extend_from_slice(&CN_VAL_PROC.to_ne_bytes());
+            m.extend_from_slice(&[0; 8]);
+            m.extend_from_slice(&(data.len() as u16).to_ne_bytes());
+            m.extend_from_slice(&[0; 2]);
+            m.extend_from_slice(data);
+            while m.len() % 4 != 0 {
+                m.push(0);
+            }
+            out.extend_from_slice(&m);
+        }
+        out
+    }
+
+    #[test]
+    fn parses_fork_exec_sid_exit_and_skips_threads() {
+        let d = datagram(&[
+            event(PROC_EVENT_FORK, 5, &[10, 10, 11, 11]),
+            event(PROC_EVENT_FORK, 6, &[10, 10, 12, 11]), // a thread of 11
+            event(PROC_EVENT_EXEC, 7, &[11, 11]),
+            event(PROC_EVENT_SID, 8, &[11, 11]),
+            event(PROC_EVENT_EXIT, 9, &[11, 11, 3 << 8, 17, 10, 10]),
+            event(PROC_EVENT_EXIT, 9, &[12, 11, 9, 17, 10, 10]), // thread exit
+            event(PROC_EVENT_EXIT, 9, &[13, 13, 9, 17, 10, 10]),
+        ]);
+        let mut out = Vec::new();
+        parse_datagram(&d, &mut out);
+        assert_eq!(
+            out,
+            vec![
+                ProcEvent::Fork {
+                    parent: 10,
+                    child: 11,
+                    at_ns: 5
+                },
+                ProcEvent::Exec { pid: 11, at_ns: 7 },
+                ProcEvent::Sid { pid: 11, at_ns: 8 },
+                ProcEvent::Exit {
+                    pid: 11,
+                    status: ExitStatus::Exited(3),
+                    at_ns: 9
+                },
+                ProcEvent::Exit {
+                    pid: 13,
+                    status: ExitStatus::Signaled(9),
+                    at_ns: 9
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn truncated_and_lying_lengths_are_skipped_not_trusted() {
+        let d = datagram(&[event(PROC_EVENT_FORK, 5, &[10, 10, 11, 11])]);
+        for cut in 0..d.len() {
+            let mut out = Vec::new();
+            parse_datagram(&d[..cut], &mut out);
+            assert!(out.is_empty(), "cut at {cut}: {out:?}");
+        }
+        // nlmsg_len larger than the datagram.
+        let mut bad = d.clone();
+        bad[0..4].copy_from_slice(&((d.len() + 100) as u32).to_ne_bytes());
+        let mut out = Vec::new();
+        parse_datagram(&bad, &mut out);
+        assert!(out.is_empty());
+        // cn_msg len larger than the message.
+        let mut bad = d.clone();
+        bad[NLMSG_HDRLEN + 16..NLMSG_HDRLEN + 18].copy_from_slice(&500u16.to_ne_bytes());
+        let mut out = Vec::new();
+        parse_datagram(&bad, &mut out);
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn overrun_message_is_an_overflow() {
+        let mut m = Vec::new();
+        m.extend_from_slice(&16u32.to_ne_bytes());
+        m.extend_from_slice(&NLMSG_OVERRUN.to_ne_bytes());
+        m.extend_from_slice(&[0; 10]);
+        let mut out = Vec::new();
+        parse_datagram(&m, &mut out);
+        assert_eq!(out, vec![ProcEvent::Overflow]);
+    }
+
+    /// Real kernel: a child's fork and exit are reported (skipped where the
+    /// connector is unavailable).
+    #[test]
+    fn sees_a_real_fork_and_exit() {
+        let mut conn = match Connector::open(0) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("skipped: proc connector unavailable: {e}");
+                return;
+            }
+        };
+        let mut child = std::process::Command::new("true").spawn().expect("spawn");
+        let pid = child.id() as i32;
+        let _ = child.wait();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let (mut forked, mut exited) = (false, false);
+        while !(forked && exited) && std::time::Instant::now() < deadline {
+            for ev in conn.recv(Duration::from_millis(100)).expect("recv") {
+                match ev {
+                    ProcEvent::Fork { child, .. } if child == pid => forked = true,
+                    ProcEvent::Exit { pid: p, status, .. } if p == pid => {
+                        assert_eq!(status, ExitStatus::Exited(0));
+                        exited = true;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        assert!(forked && exited, "fork {forked} exit {exited}");
+    }
+
+    /// A tiny receive buffer and a burst of forks that nobody reads: the
+    /// loss is reported, not silent.
+    #[test]
+    fn a_small_buffer_overflows_loudly() {
+        let mut conn = match Connector::open(1) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("skipped: proc connector unavailable: {e}");
+                return;
+            }
+        };
+        for _ in 0..200 {
+            if let Ok(mut c) = std::process::Command::new("true").spawn() {
+                let _ = c.wait();
+            }
+        }
+        let events = conn.recv(Duration::from_millis(100)).expect("recv");
+        assert!(
+            events.contains(&ProcEvent::Overflow),
+            "{} events, no overflow (rcvbuf {:?})",
+            events.len(),
+            conn.rcvbuf()
+        );
+    }
+}
