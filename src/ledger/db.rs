@@ -136,17 +136,22 @@ fn open_connection(path: &Path, busy_timeout: Duration) -> Result<Connection, Fa
     // delete meets the append-only guards instead of slipping past them.
     conn.pragma_update(None, "recursive_triggers", true)?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
-    // Migrations take the write lock up front, like every other write.
-    conn.set_transaction_behavior(TransactionBehavior::Immediate);
+    // Migrations take the write lock up front, like every other write — but
+    // only when the schema is behind: opening a current ledger (every `show`,
+    // `ls`, `export`) must not queue behind busy writers.
     let migrations = Migrations::from_slice(MIGRATIONS);
+    let latest = rusqlite_migration::SchemaVersion::Inside(
+        std::num::NonZeroUsize::new(MIGRATIONS.len())
+            .ok_or_else(|| LedgerError::Other("no migrations".into()))?,
+    );
+    if migrations.current_version(&conn).ok() == Some(latest) {
+        return Ok(conn);
+    }
+    conn.set_transaction_behavior(TransactionBehavior::Immediate);
     if let Err(first) = migrations.to_latest(&mut conn) {
         // Another process may have migrated between our version check and our
         // transaction; then the schema is current and our attempt rolled back.
         let current = migrations.current_version(&conn);
-        let latest = rusqlite_migration::SchemaVersion::Inside(
-            std::num::NonZeroUsize::new(MIGRATIONS.len())
-                .ok_or_else(|| LedgerError::Other("no migrations".into()))?,
-        );
         if current.ok() != Some(latest) {
             return Err(LedgerError::from_migration(first, busy_timeout).into());
         }

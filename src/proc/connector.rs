@@ -96,6 +96,9 @@ pub struct Connector {
     buf: Vec<u8>,
     /// Events read while waiting for the subscription's acknowledgement.
     pending: Vec<ProcEvent>,
+    /// seq/ack of our subscription, to recognise its acknowledgement among
+    /// those of other processes (acknowledgements are multicast).
+    nonce: u32,
 }
 
 impl std::fmt::Debug for Connector {
@@ -125,12 +128,17 @@ impl Connector {
         // Port id 0: the kernel assigns a unique one (several connectors may
         // live in one process).
         rustix::net::bind(&fd, &SocketAddrNetlink::new(0, CN_IDX_PROC))?;
-        let msg = subscribe_message(PROC_CN_MCAST_LISTEN);
+        static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let nonce = std::process::id().rotate_left(16)
+            ^ (monotonic_ns() as u32)
+            ^ COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let msg = subscribe_message(PROC_CN_MCAST_LISTEN, nonce);
         rustix::net::sendto(&fd, &msg, SendFlags::empty(), &SocketAddrNetlink::new(0, 0))?;
         let mut conn = Connector {
             fd,
             buf: vec![0; 64 * 1024],
             pending: Vec::new(),
+            nonce,
         };
         conn.await_ack(ACK_TIMEOUT)?;
         Ok(conn)
@@ -161,8 +169,11 @@ impl Connector {
             }
             for r in raw {
                 match r {
-                    Raw::Ack(0) => return Ok(()),
-                    Raw::Ack(err) => {
+                    // Someone else's subscription being acknowledged.
+                    Raw::Ack { seq, ack, .. }
+                        if seq != self.nonce || ack != self.nonce.wrapping_add(1) => {}
+                    Raw::Ack { err: 0, .. } => return Ok(()),
+                    Raw::Ack { err, .. } => {
                         return Err(ProcError::Io(std::io::Error::from_raw_os_error(err as i32)));
                     }
                     Raw::Event(ev) => self.pending.push(ev),
@@ -227,7 +238,7 @@ pub fn monotonic_ns() -> u64 {
 }
 
 /// nlmsghdr + cn_msg + the u32 operation, native endian.
-fn subscribe_message(op: u32) -> Vec<u8> {
+fn subscribe_message(op: u32, nonce: u32) -> Vec<u8> {
     let total = NLMSG_HDRLEN + CN_MSG_LEN + 4;
     let mut m = Vec::with_capacity(total);
     m.extend_from_slice(&(total as u32).to_ne_bytes()); // nlmsg_len
@@ -237,8 +248,10 @@ fn subscribe_message(op: u32) -> Vec<u8> {
     m.extend_from_slice(&std::process::id().to_ne_bytes()); // nlmsg_pid
     m.extend_from_slice(&CN_IDX_PROC.to_ne_bytes());
     m.extend_from_slice(&CN_VAL_PROC.to_ne_bytes());
-    m.extend_from_slice(&0u32.to_ne_bytes()); // seq
-    m.extend_from_slice(&0u32.to_ne_bytes()); // ack
+    // The kernel's acknowledgement is multicast to every listener, echoing
+    // seq and ack + 1: a nonce tells ours from another process's.
+    m.extend_from_slice(&nonce.to_ne_bytes()); // seq
+    m.extend_from_slice(&nonce.to_ne_bytes()); // ack
     m.extend_from_slice(&4u16.to_ne_bytes()); // len
     m.extend_from_slice(&0u16.to_ne_bytes()); // flags
     m.extend_from_slice(&op.to_ne_bytes());
@@ -270,7 +283,13 @@ fn u64_at(b: &[u8], off: usize) -> Option<u64> {
 /// A parsed message: an event, or the acknowledgement of a subscription.
 enum Raw {
     Event(ProcEvent),
-    Ack(u32),
+    /// `PROC_EVENT_NONE`: an acknowledgement, with the cn_msg's seq and ack
+    /// (the kernel echoes the request's seq and ack + 1) and the errno.
+    Ack {
+        seq: u32,
+        ack: u32,
+        err: u32,
+    },
 }
 
 /// Parses every netlink message of one datagram; malformed ones and
@@ -280,7 +299,7 @@ pub(crate) fn parse_datagram(b: &[u8], out: &mut Vec<ProcEvent>) {
     parse_raw(b, &mut raw);
     out.extend(raw.into_iter().filter_map(|r| match r {
         Raw::Event(ev) => Some(ev),
-        Raw::Ack(_) => None,
+        Raw::Ack { .. } => None,
     }));
 }
 
@@ -319,7 +338,11 @@ fn parse_cn_msg(b: &[u8]) -> Option<Raw> {
     let len = u16_at(b, 16)? as usize;
     let data = b.get(CN_MSG_LEN..CN_MSG_LEN.checked_add(len)?)?;
     if u32_at(data, 0)? == PROC_EVENT_NONE {
-        return Some(Raw::Ack(u32_at(data, 16)?));
+        return Some(Raw::Ack {
+            seq: u32_at(b, 8)?,
+            ack: u32_at(b, 12)?,
+            err: u32_at(data, 16)?,
+        });
     }
     parse_proc_event(data).map(Raw::Event)
 }
