@@ -170,8 +170,7 @@ impl Connector {
             for r in raw {
                 match r {
                     // Someone else's subscription being acknowledged.
-                    Raw::Ack { seq, ack, .. }
-                        if seq != self.nonce || ack != self.nonce.wrapping_add(1) => {}
+                    Raw::Ack { ack, .. } if ack != self.nonce.wrapping_add(1) => {}
                     Raw::Ack { err: 0, .. } => return Ok(()),
                     Raw::Ack { err, .. } => {
                         return Err(ProcError::Io(std::io::Error::from_raw_os_error(err as i32)));
@@ -248,8 +247,9 @@ fn subscribe_message(op: u32, nonce: u32) -> Vec<u8> {
     m.extend_from_slice(&std::process::id().to_ne_bytes()); // nlmsg_pid
     m.extend_from_slice(&CN_IDX_PROC.to_ne_bytes());
     m.extend_from_slice(&CN_VAL_PROC.to_ne_bytes());
-    // The kernel's acknowledgement is multicast to every listener, echoing
-    // seq and ack + 1: a nonce tells ours from another process's.
+    // The kernel's acknowledgement is multicast to every listener and
+    // carries our ack + 1 (its seq is the kernel's own counter on this
+    // kernel): a nonce in ack tells ours from another process's.
     m.extend_from_slice(&nonce.to_ne_bytes()); // seq
     m.extend_from_slice(&nonce.to_ne_bytes()); // ack
     m.extend_from_slice(&4u16.to_ne_bytes()); // len
@@ -283,10 +283,9 @@ fn u64_at(b: &[u8], off: usize) -> Option<u64> {
 /// A parsed message: an event, or the acknowledgement of a subscription.
 enum Raw {
     Event(ProcEvent),
-    /// `PROC_EVENT_NONE`: an acknowledgement, with the cn_msg's seq and ack
-    /// (the kernel echoes the request's seq and ack + 1) and the errno.
+    /// `PROC_EVENT_NONE`: an acknowledgement, with the cn_msg's ack (the
+    /// request's ack + 1) and the errno.
     Ack {
-        seq: u32,
         ack: u32,
         err: u32,
     },
@@ -339,7 +338,6 @@ fn parse_cn_msg(b: &[u8]) -> Option<Raw> {
     let data = b.get(CN_MSG_LEN..CN_MSG_LEN.checked_add(len)?)?;
     if u32_at(data, 0)? == PROC_EVENT_NONE {
         return Some(Raw::Ack {
-            seq: u32_at(b, 8)?,
             ack: u32_at(b, 12)?,
             err: u32_at(data, 16)?,
         });
