@@ -17,6 +17,7 @@
 mod dispatch;
 mod owner;
 mod spawn;
+mod stats;
 mod sweep;
 mod teardown;
 mod watch;
@@ -28,6 +29,7 @@ use std::sync::{Arc, Mutex};
 pub use dispatch::Unsettled;
 pub use owner::{RunEnd, RunOptions, RunOutcome};
 pub use spawn::{SpawnRequest, Spawned};
+pub use stats::EngineStats;
 pub use sweep::{SweepOutcome, SweepReport};
 pub use teardown::{Origin, Phase, Progress, TeardownOptions, TeardownReport};
 pub use watch::{TickReport, TreeWatch};
@@ -84,6 +86,8 @@ pub struct Engine {
     exclude: Arc<HashSet<i32>>,
     /// Holds `unsettled/` markers next to the ledger.
     data_dir: PathBuf,
+    /// Failures the ledger could not record, for metrics.
+    stats: Arc<EngineStats>,
 }
 
 impl Engine {
@@ -105,6 +109,7 @@ impl Engine {
             ambiguous: Arc::new(Mutex::new(HashSet::new())),
             exclude: Arc::new(HashSet::from([me])),
             data_dir: config.data_dir.clone(),
+            stats: Arc::new(EngineStats::default()),
         })
     }
 
@@ -114,6 +119,11 @@ impl Engine {
 
     pub fn boundary(&self) -> BoundaryKind {
         self.boundary
+    }
+
+    /// Counters of failed writes and survivors (see [`EngineStats`]).
+    pub fn stats(&self) -> &EngineStats {
+        &self.stats
     }
 
     /// Records an operator's resolution of an ambiguous tree; reopens dispatch
