@@ -2,9 +2,10 @@
 //! serving so tests can drive it. JSON API under `/api`, the dashboard at
 //! `/`, `/metrics`, `/healthz`, and the OpenAPI document.
 //!
-//! Layers, outermost first: request tracing (tower-http), a request
-//! timeout, a body limit (1 MiB; bigger bodies are 413), the JSON shape of
-//! every error under `/api`, then bearer-token auth.
+//! Layers, outermost first: request tracing (tower-http), the JSON shape of
+//! every error under `/api` (so the layers' own 408/413 are JSON too), a
+//! request timeout, a body limit (1 MiB; bigger bodies are 413), then
+//! bearer-token auth.
 //!
 //! This module never touches the ledger or a process directly: it parses,
 //! calls [`crate::service::Service`], and maps the answer to a status in one
@@ -61,13 +62,13 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             auth::require_token,
         ))
-        .layer(axum::middleware::from_fn(error::json_errors))
         .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
         .layer(tower_http::limit::RequestBodyLimitLayer::new(BODY_LIMIT))
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
             axum::http::StatusCode::REQUEST_TIMEOUT,
             REQUEST_TIMEOUT,
         ))
+        .layer(axum::middleware::from_fn(error::json_errors))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
 }

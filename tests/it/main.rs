@@ -4,4 +4,5 @@
 mod custody;
 mod ledger;
 mod proc;
+mod serve;
 mod util;
