@@ -131,6 +131,8 @@ pub struct Service {
     /// Spawns hold it shared; shutdown takes it exclusively and sets `true`.
     draining: tokio::sync::RwLock<bool>,
     started: Instant,
+    /// The ledger head when the service started: event-fed counters count after it.
+    start_seq: std::sync::atomic::AtomicI64,
 }
 
 /// Runs a blocking closure on the blocking pool.
@@ -162,6 +164,7 @@ impl Service {
             tasks: TaskTracker::new(),
             draining: tokio::sync::RwLock::new(false),
             started: Instant::now(),
+            start_seq: std::sync::atomic::AtomicI64::new(0),
         }))
     }
 
@@ -380,10 +383,9 @@ impl Service {
         })
         .await?;
         if let Ok(report) = &result {
-            if report.authorizations > 0
-                || report.members_at_start > 0
-                || report.state.is_terminal()
-            {
+            // A tree found already ended (its root's exit raced a kill) is
+            // not a teardown worth timing.
+            if report.members_at_start > 0 || !report.phases.is_empty() {
                 self.metrics
                     .teardown_duration
                     .get_or_create(&metrics::OriginLabel {
@@ -419,6 +421,13 @@ impl Service {
     /// Start-up: sweep once, adopt the client trees a previous service left
     /// (their owners still live), and start the loops.
     pub async fn start(self: &Arc<Self>) -> Result<(), ServiceError> {
+        // Event-fed counters start here, so the start-up sweep is counted.
+        let engine = self.engine.clone();
+        let head = blocking(move || engine.ledger().head()).await??;
+        self.start_seq.store(
+            head.map_or(0, |(seq, _)| seq),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         let engine = self.engine.clone();
         let grace = self.config.default_grace;
         let report = blocking(move || engine.sweep(grace)).await??;
@@ -481,14 +490,7 @@ impl Service {
     async fn scan_loop(self: Arc<Self>) {
         let mut every = tokio::time::interval(self.config.scan_interval);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let engine = self.engine.clone();
-        let first_seq = blocking(move || engine.ledger().head())
-            .await
-            .ok()
-            .and_then(|r| r.ok())
-            .flatten()
-            .map(|(seq, _)| seq)
-            .unwrap_or(0);
+        let first_seq = self.start_seq.load(std::sync::atomic::Ordering::Relaxed);
         self.metrics.ledger_head_seq.set(first_seq);
         let mut state = ScanState {
             host: None,
