@@ -122,6 +122,9 @@ enum Command {
     Sweep(crate::commands::SweepArgs),
     /// Record an operator's resolution of an ambiguous tree; reopens dispatch.
     Resolve(crate::commands::ResolveArgs),
+    /// The service: HTTP API, dashboard, /metrics, scans, sweeps. It owns
+    /// the trees spawned through the API and tears them down on SIGTERM.
+    Serve(crate::commands::ServeArgs),
     /// Report what this host supports (cgroup v2, pidfd, subreaper, proc
     /// connector) and which boundary `auto` picks.
     Doctor {
@@ -181,7 +184,10 @@ impl Cli {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    if !matches!(cli.command, Command::Serve(_)) {
+        // serve sets up its own logging (format, level, OTLP).
+        init_tracing();
+    }
     let config = cli.config();
     let result: CliResult = run_command(cli.command, &config);
     match result {
@@ -201,6 +207,7 @@ fn run_command(command: Command, config: &Config) -> CliResult {
         Command::Show(args) => crate::commands::show(config, args),
         Command::Sweep(args) => crate::commands::sweep(config, args),
         Command::Resolve(args) => crate::commands::resolve(config, args),
+        Command::Serve(args) => crate::commands::serve(config, args),
         Command::Doctor { json } => doctor(config, json),
         Command::Export {
             format,

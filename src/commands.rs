@@ -83,6 +83,42 @@ pub struct SweepArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on. Beyond loopback, every request needs the token.
+    #[arg(long, default_value = "127.0.0.1:7878")]
+    listen: std::net::SocketAddr,
+    /// Targeted scans of the trees the service watches.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    scan_interval: Duration,
+    /// Full /proc re-reads (catches what targeted scans cannot).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    full_scan_interval: Duration,
+    /// Orphan sweeps.
+    #[arg(long, default_value = "1m", value_parser = parse_duration)]
+    sweep_interval: Duration,
+    /// Grace of trees whose request names none, and of sweeps.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    grace: Duration,
+    /// Cap on each tree's grace during shutdown.
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    shutdown_grace: Duration,
+    /// Bound on the whole shutdown (keep it under the supervisor's kill timeout).
+    #[arg(long, default_value = "20s", value_parser = parse_duration)]
+    drain_timeout: Duration,
+    /// text or json (logs on stderr).
+    #[arg(long, default_value = "text")]
+    log_format: treewarden::telemetry::LogFormat,
+    /// Write the bound address (e.g. 127.0.0.1:40123) to this file once
+    /// requests are accepted (useful with --listen 127.0.0.1:0).
+    #[arg(long, value_name = "PATH")]
+    ready_file: Option<std::path::PathBuf>,
+    /// Only these commands (exact argv[0]) may be spawned through the API.
+    /// Repeatable; default: any.
+    #[arg(long = "allow-command", value_name = "CMD")]
+    allow_commands: Vec<String>,
+}
+
+#[derive(Args, Debug)]
 pub struct ResolveArgs {
     tree: i64,
     /// The operator's decision, for the audit trail.
@@ -352,4 +388,70 @@ fn print_json(value: &impl serde::Serialize) -> Result<(), CliError> {
     let text = serde_json::to_string_pretty(value).map_err(|e| CliError::internal(anyhow!(e)))?;
     println!("{text}");
     Ok(())
+}
+
+/// `treewarden serve`: the service. Exit 0 after a clean shutdown (every
+/// owned tree torn down), 125 when it could not start or settle.
+pub fn serve(config: &Config, args: ServeArgs) -> CliResult {
+    let telemetry = treewarden::telemetry::init(args.log_format, "info");
+    let result = serve_inner(config, args);
+    telemetry.shutdown();
+    result
+}
+
+fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
+    use treewarden::service::{Service, ServiceConfig};
+    let reaper = Reaper::install()
+        .map_err(|e| CliError::internal(anyhow!("cannot become a subreaper: {e}")))?;
+    let engine = engine(config, Some(reaper))?;
+    let token = treewarden::http::auth::ensure_token(&config.data_dir)
+        .map_err(|e| CliError::internal(anyhow!("api token: {e}")))?;
+    let svc_config = ServiceConfig {
+        listen: args.listen,
+        scan_interval: args.scan_interval,
+        full_scan_interval: args.full_scan_interval,
+        sweep_interval: args.sweep_interval,
+        default_grace: args.grace,
+        shutdown_grace: args.shutdown_grace,
+        drain_timeout: args.drain_timeout,
+        ready_file: args.ready_file,
+        allow_commands: args.allow_commands,
+    };
+    let service =
+        Service::new(engine, reaper, svc_config).map_err(|e| CliError::internal(anyhow!(e)))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(64)
+        .thread_name("tw-serve")
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::internal(anyhow!("tokio runtime: {e}")))?;
+    rt.block_on(async move {
+        service
+            .start()
+            .await
+            .map_err(|e| CliError::internal(anyhow!("start-up: {e}")))?;
+        let listen = service.config().listen;
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .map_err(|e| CliError::internal(anyhow!("cannot listen on {listen}: {e}")))?;
+        let bound = listener
+            .local_addr()
+            .map_err(|e| CliError::internal(anyhow!(e)))?;
+        let auth = treewarden::http::auth::Auth::new(&token, !bound.ip().is_loopback());
+        let app = treewarden::http::router(treewarden::http::AppState {
+            service: service.clone(),
+            auth: std::sync::Arc::new(auth),
+        });
+        if let Some(path) = &service.config().ready_file {
+            let tmp = path.with_extension("tmp");
+            std::fs::write(&tmp, bound.to_string())
+                .and_then(|_| std::fs::rename(&tmp, path))
+                .map_err(|e| CliError::internal(anyhow!("{}: {e}", path.display())))?;
+        }
+        eprintln!("treewarden: listening on http://{bound}/");
+        tracing::info!(%bound, "listening");
+        let settled = service.run(listener, app).await;
+        Ok(if settled { 0 } else { EXIT_INTERNAL })
+    })
 }

@@ -8,11 +8,17 @@
 //! - [`ledger`]: the only code that knows SQL: the write-ahead authority ledger.
 //! - [`scan`]: `/proc` snapshots and the pure classification of members and escapes.
 //! - [`custody`]: the engine: spawn protocol, teardown state machine, dispatch gate, sweep.
+//! - [`service`]: `serve`'s owner loop: API-spawned trees, scans, sweeps, owner watches, shutdown.
+//! - [`http`]: `router(state)`: the JSON API, dashboard, `/metrics`, export, OpenAPI.
+//! - [`telemetry`]: logs to stderr (text or JSON) and OTLP span export when configured.
 //!
 //! The binary (`src/main.rs`, `src/cli.rs`) is a thin shell over these.
 
 pub mod config;
 pub mod custody;
+pub mod http;
 pub mod ledger;
 pub mod proc;
 pub mod scan;
+pub mod service;
+pub mod telemetry;

@@ -76,6 +76,74 @@ pub fn snapshot_pids(pids: impl IntoIterator<Item = i32>) -> Snapshot {
     Snapshot { entries }
 }
 
+/// A host snapshot kept current cheaply between full scans (the service's
+/// scan loop; `run` and the teardown take full snapshots).
+///
+/// [`HostView::refresh`] lists `/proc` by name only, reads `stat` for pids it
+/// has not seen, drops pids that are gone, and re-reads the pids the caller
+/// names (known members, group and session leaders, cgroup members). Entries
+/// of other processes may be stale: a pid that died and was reused between
+/// two refreshes keeps its old entry. That is harmless for classification (a
+/// process that is not a member cannot become one by staying unread: it can
+/// join neither a tree's session nor its group, and a new child is a new pid),
+/// and [`HostView::full_refresh`], run at a slower cadence, re-reads everything.
+#[derive(Debug, Default)]
+pub struct HostView {
+    snap: Snapshot,
+}
+
+impl HostView {
+    /// A view filled by a full snapshot.
+    pub fn new() -> Self {
+        Self { snap: snapshot() }
+    }
+
+    pub fn snapshot(&self) -> &Snapshot {
+        &self.snap
+    }
+
+    /// Re-reads every process.
+    pub fn full_refresh(&mut self) {
+        self.snap = snapshot();
+    }
+
+    /// Reads new pids, forgets gone ones, and re-reads `reread`. Returns how
+    /// many `stat` files were read.
+    pub fn refresh(&mut self, reread: impl IntoIterator<Item = i32>) -> usize {
+        let page = procfs::page_size();
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return 0;
+        };
+        let listed: HashSet<i32> = dir
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+            .collect();
+        self.snap.entries.retain(|pid, _| listed.contains(pid));
+        let mut wanted: HashSet<i32> = reread.into_iter().filter(|p| listed.contains(p)).collect();
+        wanted.extend(
+            listed
+                .iter()
+                .filter(|p| !self.snap.entries.contains_key(p))
+                .copied(),
+        );
+        let reads = wanted.len();
+        for pid in wanted {
+            match procfs::process::Process::new(pid)
+                .ok()
+                .and_then(|p| read_entry(&p, page))
+            {
+                Some(entry) => {
+                    self.snap.entries.insert(pid, entry);
+                }
+                None => {
+                    self.snap.entries.remove(&pid);
+                }
+            }
+        }
+        reads
+    }
+}
+
 fn read_entry(proc: &procfs::process::Process, page: u64) -> Option<ProcEntry> {
     let stat = proc.stat().ok()?;
     Some(ProcEntry {

@@ -18,6 +18,7 @@ mod dispatch;
 mod observer;
 mod owner;
 mod spawn;
+mod stats;
 mod sweep;
 mod teardown;
 mod watch;
@@ -30,6 +31,7 @@ pub use dispatch::Unsettled;
 pub use observer::{Observer, ObserverHandle, ObserverStats};
 pub use owner::{RunEnd, RunOptions, RunOutcome};
 pub use spawn::{SpawnRequest, Spawned};
+pub use stats::EngineStats;
 pub use sweep::{SweepOutcome, SweepReport};
 pub use teardown::{Origin, Phase, Progress, TeardownOptions, TeardownReport};
 pub use watch::{TickReport, TreeWatch};
@@ -86,6 +88,8 @@ pub struct Engine {
     exclude: Arc<HashSet<i32>>,
     /// Holds `unsettled/` markers next to the ledger.
     data_dir: PathBuf,
+    /// Failures the ledger could not record, for metrics.
+    stats: Arc<EngineStats>,
 }
 
 impl Engine {
@@ -107,6 +111,7 @@ impl Engine {
             ambiguous: Arc::new(Mutex::new(HashSet::new())),
             exclude: Arc::new(HashSet::from([me])),
             data_dir: config.data_dir.clone(),
+            stats: Arc::new(EngineStats::default()),
         })
     }
 
@@ -116,6 +121,11 @@ impl Engine {
 
     pub fn boundary(&self) -> BoundaryKind {
         self.boundary
+    }
+
+    /// Counters of failed writes and survivors (see [`EngineStats`]).
+    pub fn stats(&self) -> &EngineStats {
+        &self.stats
     }
 
     /// Records an operator's resolution of an ambiguous tree; reopens dispatch

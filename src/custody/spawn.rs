@@ -53,6 +53,12 @@ pub(crate) fn identity_record(id: &Identity) -> IdentityRecord {
 impl Engine {
     /// Spawns `req` as an owned tree. Work that cannot be recorded never starts.
     pub fn spawn(&self, req: &SpawnRequest) -> Result<Spawned, CustodyError> {
+        let _span = tracing::info_span!(
+            "spawn",
+            label = req.label.as_deref().unwrap_or(""),
+            owner_kind = req.owner_kind.as_str()
+        )
+        .entered();
         if req.argv.is_empty() {
             return Err(CustodyError::Conflict(
                 "empty command: nothing to run".into(),

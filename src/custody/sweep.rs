@@ -43,6 +43,17 @@ impl SweepReport {
 impl Engine {
     /// Runs one sweep now.
     pub fn sweep(&self, grace: Duration) -> Result<SweepReport, CustodyError> {
+        self.sweep_skipping(grace, &std::collections::HashSet::new())
+    }
+
+    /// Runs one sweep, leaving alone the trees in `skip`: the service's own,
+    /// whose owners it watches itself (so two teardowns never race).
+    pub fn sweep_skipping(
+        &self,
+        grace: Duration,
+        skip: &std::collections::HashSet<i64>,
+    ) -> Result<SweepReport, CustodyError> {
+        let _span = tracing::info_span!("sweep").entered();
         let trees = self.ledger.nonterminal_trees()?;
         self.ledger.append_event(
             None,
@@ -54,7 +65,7 @@ impl Engine {
             ..SweepReport::default()
         };
         for row in trees {
-            if self.owner_alive(&row) {
+            if skip.contains(&row.id) || self.owner_alive(&row) {
                 report.owned += 1;
                 continue;
             }

@@ -148,6 +148,13 @@ impl Engine {
         opts: &TeardownOptions,
         progress: &mut dyn FnMut(&Progress),
     ) -> Result<TeardownReport, CustodyError> {
+        let _span = tracing::info_span!(
+            "teardown",
+            tree = tree.0,
+            origin = ?opts.origin,
+            grace_ms = opts.grace.as_millis() as u64
+        )
+        .entered();
         let started = Instant::now();
         let row = self
             .ledger
@@ -210,6 +217,7 @@ impl Engine {
 
         // TERM.
         let t0 = Instant::now();
+        let phase_span = tracing::info_span!("teardown.phase", phase = "term").entered();
         let members = watch.tick(self, &exits).members;
         report.members_at_start = members.len();
         if members.is_empty() {
@@ -221,9 +229,11 @@ impl Engine {
         let step = self.step(&watch, &group, &members, false);
         let group_ok = self.send(tree, &step, Sig::Term, None, opts)?;
         report.phases.push((Phase::Term, t0.elapsed()));
+        drop(phase_span);
 
         // Grace, ending as soon as the tree is empty.
         let t0 = Instant::now();
+        let phase_span = tracing::info_span!("teardown.phase", phase = "grace").entered();
         let deadline = Instant::now() + opts.grace;
         let mut members;
         loop {
@@ -242,6 +252,7 @@ impl Engine {
             std::thread::sleep(poll_interval(t0.elapsed()));
         }
         report.phases.push((Phase::Grace, t0.elapsed()));
+        drop(phase_span);
         if members.is_empty() {
             return self.finish(tree, &watch, opts, report, started);
         }
@@ -262,10 +273,12 @@ impl Engine {
         // Forced kill, in bounded rounds.
         for round in 1..=opts.rounds.max(1) {
             let t0 = Instant::now();
+            let phase_span = tracing::info_span!("teardown.phase", phase = "freeze").entered();
             self.freeze(&watch, &group, &members, true);
             self.collect_exits(&mut exits);
             let survivors = watch.tick(self, &exits).members;
             report.phases.push((Phase::Freeze, t0.elapsed()));
+            drop(phase_span);
             if survivors.is_empty() {
                 self.freeze(&watch, &group, &survivors, false);
                 return self.finish(tree, &watch, opts, report, started);
@@ -277,6 +290,7 @@ impl Engine {
                 elapsed: started.elapsed(),
             });
             let t0 = Instant::now();
+            let phase_span = tracing::info_span!("teardown.phase", phase = "authorize").entered();
             let forensic: Vec<SurvivorRecord> = survivors
                 .iter()
                 .map(|m| SurvivorRecord {
@@ -308,6 +322,7 @@ impl Engine {
                 Err(e) => {
                     // Fail closed: a kill we cannot prove we were authorized
                     // to send is worse than survivors we can still inspect.
+                    self.stats.authorization_failed();
                     self.freeze(&watch, &group, &survivors, false);
                     let why = format!(
                         "forced kill skipped: its authority could not be written ({e}); {} survivors left alive as evidence",
@@ -327,6 +342,7 @@ impl Engine {
             };
             report.authorizations += 1;
             report.phases.push((Phase::Authorize, t0.elapsed()));
+            drop(phase_span);
             if round == 1
                 && let Err(e) = self
                     .ledger
@@ -336,13 +352,16 @@ impl Engine {
             }
 
             let t0 = Instant::now();
+            let phase_span = tracing::info_span!("teardown.phase", phase = "kill").entered();
             self.send(tree, &step, Sig::Kill, Some(auth), opts)?;
             report.force_killed += survivors.len();
             // Thaw: killed tasks in a frozen cgroup die once thawed at the latest.
             self.freeze(&watch, &group, &[], false);
             report.phases.push((Phase::Kill, t0.elapsed()));
+            drop(phase_span);
 
             let t0 = Instant::now();
+            let phase_span = tracing::info_span!("teardown.phase", phase = "verify").entered();
             let deadline = Instant::now() + opts.verify_timeout;
             loop {
                 self.collect_exits(&mut exits);
@@ -359,6 +378,7 @@ impl Engine {
                 std::thread::sleep(poll_interval(t0.elapsed()));
             }
             report.phases.push((Phase::Verify, t0.elapsed()));
+            drop(phase_span);
             if members.is_empty() {
                 return self.finish(tree, &watch, opts, report, started);
             }
@@ -366,6 +386,7 @@ impl Engine {
 
         // Members outlived every round: the tree is not provably gone.
         let why = format!("{} members survived the forced kill", members.len());
+        self.stats.survivors(members.len());
         self.mark_ambiguous(tree.0, &why);
         let _ = self.ledger.add_flag(tree, "survivors");
         if let Err(e) = self

@@ -145,7 +145,46 @@ impl TreeWatch {
         if let Some(dir) = &self.cgroup {
             self.known.cgroup_pids = scan::cgroup_pids(dir);
         }
-        let mut findings = scan::classify(&snap, std::slice::from_ref(&self.known), &self.exclude);
+        self.classify_and_record(engine, exits, &snap, started, true)
+    }
+
+    /// The pids a targeted refresh must re-read for this tree: live members,
+    /// the group and session leaders, and the cgroup's members (read now and
+    /// kept for the next [`TreeWatch::tick_with`]).
+    pub fn pids_to_reread(&mut self) -> Vec<i32> {
+        if let Some(dir) = &self.cgroup {
+            self.known.cgroup_pids = scan::cgroup_pids(dir);
+        }
+        let mut pids: Vec<i32> = self.alive.values().copied().collect();
+        pids.extend([self.known.pgid, self.known.sid]);
+        pids.extend(self.known.cgroup_pids.iter().copied());
+        pids
+    }
+
+    /// Like [`TreeWatch::tick`], over a snapshot the caller keeps current
+    /// (see [`scan::HostView`]) and with the cgroup members read by
+    /// [`TreeWatch::pids_to_reread`]. With `bump_last_seen` false, sightings
+    /// are written only when something is new, so an idle tree costs no
+    /// ledger write.
+    pub fn tick_with(
+        &mut self,
+        engine: &Engine,
+        exits: &HashMap<i32, ExitStatus>,
+        snap: &scan::Snapshot,
+        bump_last_seen: bool,
+    ) -> TickReport {
+        self.classify_and_record(engine, exits, snap, Instant::now(), bump_last_seen)
+    }
+
+    fn classify_and_record(
+        &mut self,
+        engine: &Engine,
+        exits: &HashMap<i32, ExitStatus>,
+        snap: &scan::Snapshot,
+        started: Instant,
+        bump_last_seen: bool,
+    ) -> TickReport {
+        let mut findings = scan::classify(snap, std::slice::from_ref(&self.known), &self.exclude);
         let members = findings.pop().map(|f| f.members).unwrap_or_default();
         if let Some(obs) = &self.observer {
             obs.scanned(
@@ -184,7 +223,7 @@ impl TreeWatch {
             }
             sightings.push(record);
         }
-        if !sightings.is_empty() {
+        if !sightings.is_empty() && (bump_last_seen || !fresh.is_empty()) {
             match ledger.observe_members(self.tree, &sightings) {
                 Ok(new) => {
                     report.new_members = new.len();
@@ -245,6 +284,7 @@ impl TreeWatch {
             }
         }
         self.alive = now;
+        engine.stats().write_errors(report.write_errors);
         report.members = members;
         report.duration = started.elapsed();
         report

@@ -355,6 +355,11 @@ impl Ledger {
         self.read(move |tx| read::trees(tx, Some(&live)))
     }
 
+    /// How many trees are in each state (states with none are left out).
+    pub fn tree_counts(&self) -> Result<Vec<(TreeState, u64)>, LedgerError> {
+        self.read(|tx| read::tree_counts(tx))
+    }
+
     /// Trees awaiting an operator's resolution: while any exists, dispatch is refused.
     pub fn ambiguous_trees(&self) -> Result<Vec<TreeRow>, LedgerError> {
         self.read(|tx| read::trees(tx, Some(&[TreeState::Ambiguous])))

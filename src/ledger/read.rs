@@ -258,3 +258,20 @@ pub(crate) fn events(conn: &Connection, filter: &EventFilter) -> Result<Vec<Even
     let rows = stmt.query_map(params_from_iter(args), event_from_row)?;
     Ok(rows.collect::<Result<_, _>>()?)
 }
+
+/// How many trees are in each state (states with none are left out).
+pub(crate) fn tree_counts(conn: &Connection) -> Result<Vec<(TreeState, u64)>, Fail> {
+    let mut stmt = conn.prepare("SELECT state, COUNT(*) FROM trees GROUP BY state")?;
+    let rows = stmt.query_map([], |row| {
+        Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (state, n) = row?;
+        let state: TreeState = state
+            .parse()
+            .map_err(|e: String| Fail::Ledger(LedgerError::Corrupt(e)))?;
+        out.push((state, u64::try_from(n).unwrap_or(0)));
+    }
+    Ok(out)
+}

@@ -27,7 +27,7 @@ impl std::fmt::Display for TreeId {
 
 /// Where a tree is in its life. Terminal states are final: the database
 /// refuses to move a tree out of one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum TreeState {
     Spawning,
@@ -192,7 +192,7 @@ impl std::str::FromStr for EventKind {
 }
 
 /// A process named by its identity, never by a bare pid.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct IdentityRecord {
     pub pid: i32,
     /// Start time in clock ticks since boot (field 22 of /proc/<pid>/stat).
@@ -275,7 +275,7 @@ pub struct MemberRecord {
 }
 
 /// How a process ended: an exit code, or the signal that killed it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ExitRecord {
     pub code: Option<i32>,
     pub signal: Option<i32>,
@@ -292,7 +292,7 @@ pub struct SurvivorRecord {
 }
 
 /// One target a kill authorization covers. `kind` is "group", "cgroup" or "pid".
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct KillTarget {
     pub kind: String,
     pub target: String,
@@ -323,7 +323,7 @@ pub struct EventFilter {
 }
 
 /// The owner as shown with a tree.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct OwnerRow {
     pub id: i64,
     pub pid: i32,
@@ -333,7 +333,7 @@ pub struct OwnerRow {
     pub kind: String,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct TreeRow {
     pub id: i64,
     pub label: Option<String>,
@@ -378,7 +378,7 @@ impl TreeRow {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct MemberRow {
     pub pid: i32,
     pub start_ticks: u64,
@@ -409,16 +409,17 @@ impl MemberRow {
 }
 
 /// An append-only observation: an escape, an exit or a survivor snapshot.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct ObservationRow {
     pub id: i64,
     pub kind: String,
     pub identity: IdentityRecord,
     pub at: String,
+    #[schema(value_type = Object)]
     pub detail: serde_json::Value,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct SignalRow {
     pub id: i64,
     pub signal: String,
@@ -429,7 +430,7 @@ pub struct SignalRow {
     pub at: String,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct AuthorizationRow {
     pub id: i64,
     pub reason: String,
@@ -438,19 +439,20 @@ pub struct AuthorizationRow {
 }
 
 /// One audit event, exactly as exported: `data` is a JSON object.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct EventRow {
     pub seq: i64,
     pub at: String,
     pub tree: Option<i64>,
     pub kind: String,
+    #[schema(value_type = Object)]
     pub data: serde_json::Value,
     pub prev_hash: String,
     pub hash: String,
 }
 
 /// Everything `show` displays about one tree.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct TreeDetail {
     pub tree: TreeRow,
     pub members: Vec<MemberRow>,

@@ -24,6 +24,7 @@
 pub mod boundary;
 pub mod connector;
 pub mod identity;
+pub mod pidfd;
 pub mod probe;
 pub mod reaper;
 pub mod signal;
@@ -35,6 +36,7 @@ pub use boundary::{
 };
 pub use connector::{Connector, ProcEvent, monotonic_ns};
 pub use identity::{Identity, Liveness, ProcStat, boot_id, identity_of, read_stat, self_identity};
+pub use pidfd::{ExitWatch, open_exit_watch};
 pub use probe::{Capability, Probe, probe};
 pub use reaper::{
     ExitStatus, Reaper, parent_pid, reap_child, set_parent_death_signal, set_subreaper,

@@ -5,4 +5,5 @@ mod custody;
 mod ledger;
 mod observer;
 mod proc;
+mod serve;
 mod util;

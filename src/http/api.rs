@@ -1,0 +1,440 @@
+//! The JSON API: handlers, their request and response shapes, and the
+//! OpenAPI document generated from them (utoipa), so the description cannot
+//! drift from the code that answers.
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use serde::{Deserialize, Serialize};
+use utoipa::{OpenApi, ToSchema};
+
+use super::AppState;
+use super::error::{ApiError, ApiJson, ApiQuery, TreePath};
+use crate::custody::Origin;
+use crate::ledger::{
+    AuthorizationRow, EventFilter, EventRow, ExitRecord, IdentityRecord, KillTarget, MemberRow,
+    ObservationRow, OwnerRow, SignalRow, TreeDetail, TreeId, TreeRow, TreeState,
+};
+use crate::service::SpawnParams;
+
+/// Longest grace the API accepts (a kill request waits for its teardown).
+pub const MAX_GRACE: Duration = Duration::from_secs(60);
+/// Longest label accepted.
+const MAX_LABEL: usize = 256;
+
+/// `{"error": "..."}`, on every failure.
+#[derive(Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: String,
+    /// The tree the error is about, when one is named (503 dispatch closed).
+    pub tree: Option<i64>,
+}
+
+/// A spawn request.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SpawnBody {
+    /// The command and its arguments; `argv[0]` is searched in `PATH`.
+    #[schema(min_items = 1, example = json!(["sleep", "30"]))]
+    pub argv: Vec<String>,
+    pub label: Option<String>,
+    /// Absolute path of an existing directory.
+    pub cwd: Option<String>,
+    /// Variables added to the service's environment.
+    pub env: Option<std::collections::BTreeMap<String, String>>,
+    /// Time between SIGTERM and the forced kill (humantime: `500ms`, `5s`); at most 60s.
+    #[schema(example = "2s")]
+    pub grace: Option<String>,
+    /// Tear the tree down after this long (humantime).
+    pub timeout: Option<String>,
+    /// The client process on whose behalf the tree runs: the tree is torn
+    /// down within a second of its exit. Must be a live process.
+    pub owner_pid: Option<i32>,
+    /// The owner's start time in clock ticks (field 22 of /proc/PID/stat),
+    /// checked when given.
+    pub owner_start_ticks: Option<u64>,
+}
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResolveBody {
+    /// The operator's decision, for the audit trail.
+    pub note: String,
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+pub struct ListQuery {
+    /// `1`/`true` to include ended trees.
+    pub all: Option<String>,
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+pub struct KillQuery {
+    /// Grace before the forced kill (humantime); default: the tree's.
+    pub grace: Option<String>,
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+pub struct EventsQuery {
+    /// RFC 3339 time, or an age such as `2h`.
+    pub since: Option<String>,
+    /// Only events of this tree.
+    pub tree: Option<i64>,
+    /// Only events with a larger seq.
+    pub after: Option<i64>,
+    /// At most this many (default 1000, at most 10000).
+    pub limit: Option<usize>,
+}
+
+/// One phase of a teardown and its duration.
+#[derive(Serialize, ToSchema)]
+pub struct PhaseJson {
+    pub phase: String,
+    pub ms: u64,
+}
+
+/// What a kill did.
+#[derive(Serialize, ToSchema)]
+pub struct KillResponse {
+    pub tree: i64,
+    pub state: TreeState,
+    pub members_at_start: usize,
+    pub force_killed: usize,
+    pub authorizations: u32,
+    pub elapsed_ms: u64,
+    pub phases: Vec<PhaseJson>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Health {
+    pub status: String,
+    /// `open`, or `closed` while a tree is unsettled.
+    pub dispatch: String,
+    pub owned_trees: usize,
+    pub uptime_seconds: u64,
+}
+
+fn parse_duration(what: &str, s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s.trim())
+        .map_err(|e| format!("malformed {what} {s:?}: {e} (expected e.g. 500ms, 5s, 2m)"))
+}
+
+/// An RFC 3339 time or an age counted back from now.
+pub fn parse_since(s: &str) -> Result<SystemTime, String> {
+    if let Ok(at) = humantime::parse_rfc3339_weak(s) {
+        return Ok(at);
+    }
+    let age = humantime::parse_duration(s).map_err(|_| {
+        format!("malformed since {s:?}: expected RFC 3339 (2024-05-01T12:00:00Z) or an age (2h)")
+    })?;
+    SystemTime::now()
+        .checked_sub(age)
+        .ok_or_else(|| format!("since {s:?} reaches before the epoch"))
+}
+
+fn parse_flag(what: &str, v: Option<&str>) -> Result<bool, ApiError> {
+    match v {
+        None | Some("0") | Some("false") | Some("") => Ok(false),
+        Some("1") | Some("true") => Ok(true),
+        Some(other) => Err(ApiError::BadRequest(format!(
+            "malformed {what} {other:?}: expected 1 or 0"
+        ))),
+    }
+}
+
+impl SpawnBody {
+    fn validate(self) -> Result<SpawnParams, ApiError> {
+        let bad = ApiError::Unprocessable;
+        if self.argv.is_empty() {
+            return Err(bad("empty argv: nothing to run".into()));
+        }
+        if self.argv[0].is_empty() {
+            return Err(bad("argv[0] is empty".into()));
+        }
+        if self.argv.iter().any(|a| a.contains('\0')) {
+            return Err(bad("argv contains a NUL byte".into()));
+        }
+        if let Some(label) = &self.label
+            && (label.chars().count() > MAX_LABEL || label.contains('\0'))
+        {
+            return Err(bad(format!(
+                "label longer than {MAX_LABEL} characters or with a NUL byte"
+            )));
+        }
+        let cwd = match &self.cwd {
+            None => None,
+            Some(c) => {
+                let p = PathBuf::from(c);
+                if c.contains('\0') || !p.is_absolute() || !p.is_dir() {
+                    return Err(bad(format!(
+                        "cwd {c:?} is not an absolute path of an existing directory"
+                    )));
+                }
+                Some(p)
+            }
+        };
+        let mut env = Vec::new();
+        for (k, v) in self.env.unwrap_or_default() {
+            if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+                return Err(bad(format!(
+                    "env name {k:?} is empty or holds '=' or NUL, or its value holds NUL"
+                )));
+            }
+            env.push((k, v));
+        }
+        let grace = self
+            .grace
+            .as_deref()
+            .map(|g| parse_duration("grace", g))
+            .transpose()
+            .map_err(bad)?;
+        if grace.is_some_and(|g| g > MAX_GRACE) {
+            return Err(bad(format!(
+                "grace over {}",
+                humantime::format_duration(MAX_GRACE)
+            )));
+        }
+        let timeout = self
+            .timeout
+            .as_deref()
+            .map(|t| parse_duration("timeout", t))
+            .transpose()
+            .map_err(bad)?;
+        if timeout.is_some_and(|t| t.is_zero() || t > Duration::from_secs(10 * 365 * 86400)) {
+            return Err(bad("timeout must be above zero and under ten years".into()));
+        }
+        if let Some(pid) = self.owner_pid
+            && pid <= 1
+        {
+            return Err(bad(format!("owner_pid {pid} is not a client process")));
+        }
+        Ok(SpawnParams {
+            argv: self.argv,
+            label: self.label,
+            cwd,
+            env,
+            grace,
+            timeout,
+            owner_pid: self.owner_pid,
+            owner_start_ticks: self.owner_start_ticks,
+        })
+    }
+}
+
+/// List trees: live ones, or all with `?all=1`.
+#[utoipa::path(get, path = "/api/trees", params(ListQuery), responses(
+    (status = 200, body = Vec<TreeRow>), (status = 400, body = ErrorBody),
+    (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub async fn list_trees(
+    State(s): State<AppState>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> Result<Json<Vec<TreeRow>>, ApiError> {
+    let all = parse_flag("all", q.all.as_deref())?;
+    let trees = s
+        .service
+        .read(move |e| Ok(e.ledger().list_trees(all)?))
+        .await?;
+    Ok(Json(trees))
+}
+
+/// One tree with its members, observations, signals, authorizations and events.
+#[utoipa::path(get, path = "/api/trees/{id}", params(("id" = i64, Path, description = "tree id")),
+    responses((status = 200, body = TreeDetail), (status = 400, body = ErrorBody),
+    (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub async fn get_tree(
+    State(s): State<AppState>,
+    TreePath(id): TreePath,
+) -> Result<Json<TreeDetail>, ApiError> {
+    let detail = s
+        .service
+        .read(move |e| Ok(e.ledger().tree_detail(TreeId(id))?))
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
+    Ok(Json(detail))
+}
+
+/// Spawn a tree. Needs the bearer token.
+#[utoipa::path(post, path = "/api/trees", request_body = SpawnBody, security(("bearer" = [])),
+    responses((status = 201, body = TreeRow), (status = 400, body = ErrorBody),
+    (status = 401, body = ErrorBody), (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
+    (status = 415, body = ErrorBody), (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub async fn spawn_tree(
+    State(s): State<AppState>,
+    ApiJson(body): ApiJson<SpawnBody>,
+) -> Result<impl IntoResponse, ApiError> {
+    let params = body.validate()?;
+    let row = s.service.spawn(params).await?;
+    Ok((StatusCode::CREATED, Json(row)))
+}
+
+/// Tear a tree down (TERM, grace, authorize, KILL, verify). Needs the token.
+#[utoipa::path(post, path = "/api/trees/{id}/kill", params(("id" = i64, Path, description = "tree id"), KillQuery),
+    security(("bearer" = [])),
+    responses((status = 200, body = KillResponse), (status = 400, body = ErrorBody),
+    (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+    (status = 413, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub async fn kill_tree(
+    State(s): State<AppState>,
+    TreePath(id): TreePath,
+    ApiQuery(q): ApiQuery<KillQuery>,
+) -> Result<Json<KillResponse>, ApiError> {
+    let grace = q
+        .grace
+        .as_deref()
+        .map(|g| parse_duration("grace", g))
+        .transpose()
+        .map_err(ApiError::BadRequest)?;
+    if grace.is_some_and(|g| g > MAX_GRACE) {
+        return Err(ApiError::BadRequest(format!(
+            "grace over {}",
+            humantime::format_duration(MAX_GRACE)
+        )));
+    }
+    let exists = s
+        .service
+        .read(move |e| Ok(e.ledger().tree(TreeId(id))?))
+        .await?;
+    if exists.is_none() {
+        return Err(ApiError::NotFound(format!("unknown tree {id}")));
+    }
+    let r = s
+        .service
+        .teardown(
+            id,
+            grace,
+            "killed through the API".into(),
+            Origin::Kill,
+            None,
+        )
+        .await?;
+    Ok(Json(KillResponse {
+        tree: r.tree,
+        state: r.state,
+        members_at_start: r.members_at_start,
+        force_killed: r.force_killed,
+        authorizations: r.authorizations,
+        elapsed_ms: r.elapsed.as_millis() as u64,
+        phases: r
+            .phases
+            .iter()
+            .map(|(p, d)| PhaseJson {
+                phase: p.as_str().to_string(),
+                ms: d.as_millis() as u64,
+            })
+            .collect(),
+    }))
+}
+
+/// Record an operator's resolution of an ambiguous tree. Needs the token.
+#[utoipa::path(post, path = "/api/trees/{id}/resolve", params(("id" = i64, Path, description = "tree id")),
+    request_body = ResolveBody, security(("bearer" = [])),
+    responses((status = 200, body = TreeRow), (status = 400, body = ErrorBody),
+    (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+    (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody),
+    (status = 503, body = ErrorBody)))]
+pub async fn resolve_tree(
+    State(s): State<AppState>,
+    TreePath(id): TreePath,
+    ApiJson(body): ApiJson<ResolveBody>,
+) -> Result<Json<TreeRow>, ApiError> {
+    if body.note.trim().is_empty() || body.note.contains('\0') {
+        return Err(ApiError::Unprocessable(
+            "a resolution needs a non-empty note".into(),
+        ));
+    }
+    s.service.resolve(id, body.note).await?;
+    let row = s
+        .service
+        .read(move |e| Ok(e.ledger().tree(TreeId(id))?))
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
+    Ok(Json(row))
+}
+
+/// The audit trail as JSON, oldest first.
+#[utoipa::path(get, path = "/api/events", params(EventsQuery),
+    responses((status = 200, body = Vec<EventRow>), (status = 400, body = ErrorBody),
+    (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub async fn events(
+    State(s): State<AppState>,
+    ApiQuery(q): ApiQuery<EventsQuery>,
+) -> Result<Json<Vec<EventRow>>, ApiError> {
+    let since = q
+        .since
+        .as_deref()
+        .map(parse_since)
+        .transpose()
+        .map_err(ApiError::BadRequest)?;
+    let limit = q.limit.unwrap_or(1000);
+    if limit == 0 || limit > 10_000 {
+        return Err(ApiError::BadRequest("limit must be 1..=10000".into()));
+    }
+    let filter = EventFilter {
+        since,
+        tree: q.tree.map(TreeId),
+        after_seq: q.after,
+        limit: Some(limit),
+    };
+    let rows = s
+        .service
+        .read(move |e| Ok(e.ledger().events(&filter)?))
+        .await?;
+    Ok(Json(rows))
+}
+
+/// Liveness, and whether dispatch is open.
+#[utoipa::path(get, path = "/healthz", responses((status = 200, body = Health),
+    (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub async fn healthz(State(s): State<AppState>) -> Result<Json<Health>, ApiError> {
+    let unsettled = s.service.read(|e| Ok(e.unsettled()?)).await?;
+    Ok(Json(Health {
+        status: "ok".into(),
+        dispatch: if unsettled.is_empty() {
+            "open"
+        } else {
+            "closed"
+        }
+        .into(),
+        owned_trees: s.service.owned_trees().len(),
+        uptime_seconds: s.service.uptime().as_secs(),
+    }))
+}
+
+pub async fn not_found() -> ApiError {
+    ApiError::NotFound("no such endpoint".into())
+}
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// The OpenAPI document of this API.
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "treewarden", description = "Custody of process trees: spawn, inspect, kill, audit."),
+    paths(list_trees, get_tree, spawn_tree, kill_tree, resolve_tree, events, healthz,
+          super::export::export),
+    components(schemas(ErrorBody, SpawnBody, ResolveBody, KillResponse, PhaseJson, Health,
+        TreeRow, TreeDetail, TreeState, OwnerRow, ExitRecord, MemberRow, ObservationRow,
+        SignalRow, AuthorizationRow, KillTarget, IdentityRecord, EventRow)),
+    modifiers(&BearerAuth)
+)]
+pub struct ApiDoc;
+
+/// `GET /api/openapi.json`.
+pub async fn openapi_json() -> impl IntoResponse {
+    Json(ApiDoc::openapi())
+}

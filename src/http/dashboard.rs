@@ -1,0 +1,362 @@
+//! The operator dashboard: server-rendered askama pages, usable without
+//! JavaScript, refreshed by a meta refresh. Each view struct lives beside its
+//! handler; the templates are in `templates/`.
+//!
+//! Pictures where people would rather look than read: each tree page draws
+//! its teardown (TERM -> grace -> authorize -> KILL -> verified) as an inline
+//! SVG timeline built from the tree's own ledger events.
+
+use std::time::{Duration, SystemTime};
+
+use askama::Template;
+use axum::extract::State;
+use axum::response::Html;
+use serde::Deserialize;
+
+use super::AppState;
+use super::api::parse_since;
+use super::error::{ApiError, ApiQuery, TreePath};
+use crate::custody::Unsettled;
+use crate::ledger::{EventFilter, EventRow, MemberRow, SignalRow, TreeDetail, TreeId, TreeRow};
+
+/// Trees shown on the index page at most (newest first).
+const MAX_TREES: usize = 100;
+/// Events shown on the events page at most (newest).
+const MAX_EVENTS: usize = 200;
+
+fn render(t: &impl Template) -> Result<Html<String>, ApiError> {
+    t.render()
+        .map(Html)
+        .map_err(|e| ApiError::Internal(format!("rendering a page: {e}")))
+}
+
+fn at(s: &str) -> Option<SystemTime> {
+    humantime::parse_rfc3339_weak(s.trim_end_matches('Z')).ok()
+}
+
+fn age(created: &str) -> String {
+    let Some(t) = at(created) else {
+        return "-".into();
+    };
+    let secs = SystemTime::now()
+        .duration_since(t)
+        .unwrap_or_default()
+        .as_secs();
+    match secs {
+        0..60 => format!("{secs}s"),
+        60..3600 => format!("{}m {}s", secs / 60, secs % 60),
+        3600..86400 => format!("{}h {}m", secs / 3600, (secs % 3600) / 60),
+        _ => format!("{}d {}h", secs / 86400, (secs % 86400) / 3600),
+    }
+}
+
+/// One row of the trees table.
+pub struct TreeLine {
+    pub id: i64,
+    pub state: String,
+    pub label: String,
+    pub boundary: String,
+    pub age: String,
+    pub members: usize,
+    pub escapes: usize,
+    pub flags: String,
+    pub command: String,
+}
+
+impl TreeLine {
+    fn from_detail(d: &TreeDetail) -> Self {
+        let t = &d.tree;
+        TreeLine {
+            id: t.id,
+            state: t.state.as_str().into(),
+            label: t.label.clone().unwrap_or_default(),
+            boundary: t.boundary.clone(),
+            age: age(&t.created_at),
+            members: d.members.iter().filter(|m| m.exited_at.is_none()).count(),
+            escapes: d.members.iter().filter(|m| m.escaped_at.is_some()).count(),
+            flags: t.flags.join(", "),
+            command: t.argv.join(" "),
+        }
+    }
+}
+
+#[derive(Template)]
+#[template(path = "index.html")]
+pub struct IndexPage {
+    pub trees: Vec<TreeLine>,
+    pub all: bool,
+    pub unsettled: Vec<Unsettled>,
+    pub owned: usize,
+}
+
+#[derive(Deserialize)]
+pub struct IndexQuery {
+    pub all: Option<String>,
+}
+
+/// `GET /`: the trees, with a banner while dispatch is closed.
+pub async fn index(
+    State(s): State<AppState>,
+    ApiQuery(q): ApiQuery<IndexQuery>,
+) -> Result<Html<String>, ApiError> {
+    let all = matches!(q.all.as_deref(), Some("1") | Some("true"));
+    let (details, unsettled) = s
+        .service
+        .read(move |e| {
+            let mut trees = e.ledger().list_trees(all)?;
+            trees.sort_by_key(|t| std::cmp::Reverse(t.id));
+            trees.truncate(MAX_TREES);
+            let mut details = Vec::with_capacity(trees.len());
+            for t in trees {
+                if let Some(d) = e.ledger().tree_detail(TreeId(t.id))? {
+                    details.push(d);
+                }
+            }
+            Ok((details, e.unsettled()?))
+        })
+        .await?;
+    render(&IndexPage {
+        trees: details.iter().map(TreeLine::from_detail).collect(),
+        all,
+        unsettled,
+        owned: s.service.owned_trees().len(),
+    })
+}
+
+/// One segment of the teardown picture.
+pub struct Segment {
+    pub name: &'static str,
+    pub class: &'static str,
+    pub x: u32,
+    pub w: u32,
+    pub ms: u64,
+}
+
+/// A labelled instant on the teardown picture.
+pub struct Mark {
+    pub label: &'static str,
+    pub x: u32,
+    pub ms: u64,
+}
+
+/// The teardown of one tree, from its events.
+pub struct Timeline {
+    pub segments: Vec<Segment>,
+    pub marks: Vec<Mark>,
+    pub total_ms: u64,
+    pub summary: String,
+}
+
+const SVG_LEFT: f64 = 10.0;
+const SVG_WIDTH: f64 = 580.0;
+
+/// Builds the picture: TERM -> grace -> (freeze, authorize) -> KILL -> verified.
+pub fn timeline(events: &[EventRow]) -> Option<Timeline> {
+    let find =
+        |pred: &dyn Fn(&EventRow) -> bool| events.iter().find(|e| pred(e)).and_then(|e| at(&e.at));
+    let signal = |e: &EventRow, name: &str| e.kind == "signal.sent" && e.data["signal"] == name;
+    let t_term = find(&|e| {
+        (e.kind == "tree.state" && e.data["to"] == "terminating") || signal(e, "SIGTERM")
+    })?;
+    let t_freeze = find(&|e| e.kind == "survivors.recorded");
+    let t_auth = find(&|e| e.kind == "kill.authorized");
+    let t_kill = find(&|e| signal(e, "SIGKILL"));
+    let t_end = find(&|e| {
+        e.kind == "tree.ended" || (e.kind == "tree.state" && e.data["to"] == "ambiguous")
+    });
+    let ms = |a: SystemTime, b: SystemTime| {
+        b.duration_since(a).unwrap_or(Duration::ZERO).as_millis() as u64
+    };
+    let last = t_end.or(t_kill).or(t_auth).or(t_freeze).unwrap_or(t_term);
+    let total_ms = ms(t_term, last).max(1);
+    let x_of = |t: SystemTime| {
+        (SVG_LEFT + SVG_WIDTH * ms(t_term, t) as f64 / total_ms as f64).round() as u32
+    };
+    let mut segments = Vec::new();
+    let mut push = |name, class, a: SystemTime, b: Option<SystemTime>| {
+        if let Some(b) = b {
+            let (x, x2) = (x_of(a), x_of(b));
+            segments.push(Segment {
+                name,
+                class,
+                x,
+                w: x2.saturating_sub(x).max(3),
+                ms: ms(a, b),
+            });
+        }
+    };
+    let grace_end = t_freeze.or(t_auth).or(t_end);
+    push("TERM + grace", "grace", t_term, grace_end);
+    if let Some(f) = t_freeze {
+        push("freeze + snapshot", "freeze", f, t_auth);
+    }
+    if let Some(a) = t_auth {
+        push("authorized -> KILL", "auth", a, t_kill.or(t_end));
+    }
+    if let Some(k) = t_kill {
+        push("verify", "verify", k, t_end);
+    }
+    let mut marks = vec![Mark {
+        label: "TERM",
+        x: x_of(t_term),
+        ms: 0,
+    }];
+    for (label, t) in [
+        ("authorized", t_auth),
+        ("KILL", t_kill),
+        ("verified", t_end),
+    ] {
+        if let Some(t) = t {
+            marks.push(Mark {
+                label,
+                x: x_of(t),
+                ms: ms(t_term, t),
+            });
+        }
+    }
+    let summary = segments
+        .iter()
+        .map(|s| format!("{} {} ms", s.name, s.ms))
+        .collect::<Vec<_>>()
+        .join(" → ");
+    Some(Timeline {
+        segments,
+        marks,
+        total_ms,
+        summary,
+    })
+}
+
+#[derive(Template)]
+#[template(path = "tree.html")]
+pub struct TreePage {
+    pub tree: TreeRow,
+    pub members: Vec<MemberRow>,
+    pub escapes: Vec<MemberRow>,
+    pub signals: Vec<SignalRow>,
+    pub authorizations: Vec<(i64, String, String, usize)>,
+    pub events: Vec<EventRow>,
+    pub timeline: Option<Timeline>,
+    pub live: bool,
+    pub command: String,
+}
+
+/// `GET /trees/{id}`.
+pub async fn tree(
+    State(s): State<AppState>,
+    TreePath(id): TreePath,
+) -> Result<Html<String>, ApiError> {
+    let d = s
+        .service
+        .read(move |e| Ok(e.ledger().tree_detail(TreeId(id))?))
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
+    let timeline = timeline(&d.events);
+    render(&TreePage {
+        live: !d.tree.state.is_terminal(),
+        command: d.tree.argv.join(" "),
+        escapes: d
+            .members
+            .iter()
+            .filter(|m| m.escaped_at.is_some())
+            .cloned()
+            .collect(),
+        authorizations: d
+            .authorizations
+            .iter()
+            .map(|a| {
+                (
+                    a.id,
+                    a.at.clone(),
+                    a.reason.clone(),
+                    a.targets.iter().map(|t| t.identities.len()).sum(),
+                )
+            })
+            .collect(),
+        tree: d.tree,
+        members: d.members,
+        signals: d.signals,
+        events: d.events,
+        timeline,
+    })
+}
+
+#[derive(Template)]
+#[template(path = "events.html")]
+pub struct EventsPage {
+    pub events: Vec<EventRow>,
+    pub tree: String,
+    pub kind: String,
+    pub since: String,
+    pub error: Option<String>,
+}
+
+#[derive(Deserialize)]
+pub struct EventsQuery {
+    pub tree: Option<String>,
+    pub kind: Option<String>,
+    pub since: Option<String>,
+}
+
+/// `GET /events`: the audit trail, newest first, filterable.
+pub async fn events(
+    State(s): State<AppState>,
+    ApiQuery(q): ApiQuery<EventsQuery>,
+) -> Result<Html<String>, ApiError> {
+    let tree_s = q.tree.clone().unwrap_or_default();
+    let kind = q.kind.clone().unwrap_or_default();
+    let since_s = q.since.clone().unwrap_or_default();
+    let mut error = None;
+    let tree = match tree_s.trim() {
+        "" => None,
+        t => match t.parse::<i64>() {
+            Ok(id) => Some(TreeId(id)),
+            Err(_) => {
+                error = Some(format!("tree {t:?} is not a tree id"));
+                None
+            }
+        },
+    };
+    let since = match since_s.trim() {
+        "" => None,
+        t => match parse_since(t) {
+            Ok(at) => Some(at),
+            Err(e) => {
+                error = Some(e);
+                None
+            }
+        },
+    };
+    let kind_f = kind.trim().to_string();
+    let mut rows = s
+        .service
+        .read(move |e| {
+            let head = e.ledger().head()?.map(|(seq, _)| seq).unwrap_or(0);
+            // Without a kind filter, only the newest page needs reading.
+            let after = if kind_f.is_empty() && tree.is_none() && since.is_none() {
+                Some(head.saturating_sub(MAX_EVENTS as i64))
+            } else {
+                None
+            };
+            let rows = e.ledger().events(&EventFilter {
+                since,
+                tree,
+                after_seq: after,
+                limit: None,
+            })?;
+            Ok(rows
+                .into_iter()
+                .filter(|r| kind_f.is_empty() || r.kind.starts_with(&kind_f))
+                .collect::<Vec<_>>())
+        })
+        .await?;
+    rows.reverse();
+    rows.truncate(MAX_EVENTS);
+    render(&EventsPage {
+        events: rows,
+        tree: tree_s,
+        kind,
+        since: since_s,
+        error,
+    })
+}

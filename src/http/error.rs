@@ -1,0 +1,244 @@
+//! One error type for every HTTP answer that is not a success, and the one
+//! place that picks its status: an exhaustive match, no `_` arm, so a new
+//! engine or ledger error cannot slip through with a guessed status.
+//!
+//! Bodies are `{"error": "..."}` (plus `"tree"` where one is named). 5xx
+//! bodies stay generic; the detail goes to the log.
+
+use axum::Json;
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::custody::CustodyError;
+use crate::ledger::LedgerError;
+use crate::service::ServiceError;
+
+/// A failed request.
+#[derive(Debug)]
+pub enum ApiError {
+    /// 401: token missing or wrong.
+    Unauthorized(&'static str),
+    /// 400: the request cannot be parsed (JSON syntax, query, path).
+    BadRequest(String),
+    /// 422: parsed, but the values are not acceptable.
+    Unprocessable(String),
+    /// 404.
+    NotFound(String),
+    /// 409: the tree's state does not allow it (or its teardown is ambiguous).
+    Conflict { message: String, tree: Option<i64> },
+    /// 413: body over the limit.
+    TooLarge,
+    /// 415: a JSON body without `Content-Type: application/json`.
+    UnsupportedMediaType(String),
+    /// 503: dispatch is closed; names the unsettled tree.
+    DispatchClosed { tree: i64, reason: String },
+    /// 503: the service is draining, or the ledger is busy.
+    Unavailable(String),
+    /// 500: generic body; the detail is logged here.
+    Internal(String),
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    error: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tree: Option<i64>,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, message, tree) = match self {
+            ApiError::Unauthorized(m) => (StatusCode::UNAUTHORIZED, m.to_string(), None),
+            ApiError::BadRequest(m) => (StatusCode::BAD_REQUEST, m, None),
+            ApiError::Unprocessable(m) => (StatusCode::UNPROCESSABLE_ENTITY, m, None),
+            ApiError::NotFound(m) => (StatusCode::NOT_FOUND, m, None),
+            ApiError::Conflict { message, tree } => (StatusCode::CONFLICT, message, tree),
+            ApiError::TooLarge => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("request body over {} bytes", super::BODY_LIMIT),
+                None,
+            ),
+            ApiError::UnsupportedMediaType(m) => (StatusCode::UNSUPPORTED_MEDIA_TYPE, m, None),
+            ApiError::DispatchClosed { tree, reason } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("dispatch refused: tree {tree} is unsettled ({reason}); resolve it first"),
+                Some(tree),
+            ),
+            ApiError::Unavailable(m) => (StatusCode::SERVICE_UNAVAILABLE, m, None),
+            ApiError::Internal(detail) => {
+                tracing::error!(error = %detail, "internal error answering a request");
+                (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal error (see the service log)".to_string(),
+                    None,
+                )
+            }
+        };
+        let mut resp = (
+            status,
+            Json(Body {
+                error: &message,
+                tree,
+            }),
+        )
+            .into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        resp
+    }
+}
+
+impl From<LedgerError> for ApiError {
+    fn from(e: LedgerError) -> Self {
+        match e {
+            LedgerError::Busy(_) => ApiError::Unavailable(e.to_string()),
+            LedgerError::NotFound(m) => ApiError::NotFound(m),
+            LedgerError::Invariant(m) => ApiError::Conflict {
+                message: m,
+                tree: None,
+            },
+            LedgerError::Full(_)
+            | LedgerError::ReadOnly(_)
+            | LedgerError::Corrupt(_)
+            | LedgerError::Other(_) => ApiError::Internal(e.to_string()),
+        }
+    }
+}
+
+impl From<CustodyError> for ApiError {
+    fn from(e: CustodyError) -> Self {
+        match e {
+            CustodyError::DispatchRefused { tree, reason } => {
+                ApiError::DispatchClosed { tree, reason }
+            }
+            CustodyError::Ledger(e) => e.into(),
+            CustodyError::Proc(e) => ApiError::Internal(e.to_string()),
+            CustodyError::Exec(failure) => ApiError::Unprocessable(failure.to_string()),
+            CustodyError::UnknownTree(id) => ApiError::NotFound(format!("unknown tree {id}")),
+            CustodyError::Conflict(m) => ApiError::Conflict {
+                message: m,
+                tree: None,
+            },
+            CustodyError::Ambiguous { tree, reason } => ApiError::Conflict {
+                message: format!(
+                    "teardown of tree {tree} is ambiguous: {reason}; survivors are left as evidence"
+                ),
+                tree: Some(tree),
+            },
+        }
+    }
+}
+
+impl From<ServiceError> for ApiError {
+    fn from(e: ServiceError) -> Self {
+        match e {
+            ServiceError::Custody(e) => e.into(),
+            ServiceError::Ledger(e) => e.into(),
+            ServiceError::Invalid(m) => ApiError::Unprocessable(m),
+            ServiceError::ShuttingDown => ApiError::Unavailable(e.to_string()),
+            ServiceError::Task(m) => ApiError::Internal(m),
+        }
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(r: JsonRejection) -> Self {
+        match r.status() {
+            StatusCode::PAYLOAD_TOO_LARGE => ApiError::TooLarge,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => ApiError::UnsupportedMediaType(r.body_text()),
+            StatusCode::UNPROCESSABLE_ENTITY => ApiError::Unprocessable(r.body_text()),
+            _ => ApiError::BadRequest(r.body_text()),
+        }
+    }
+}
+
+/// `Json<T>` whose rejections are [`ApiError`]s.
+pub struct ApiJson<T>(pub T);
+
+impl<T, S> FromRequest<S> for ApiJson<T>
+where
+    Json<T>: FromRequest<S, Rejection = JsonRejection>,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let Json(v) = Json::<T>::from_request(req, state).await?;
+        Ok(ApiJson(v))
+    }
+}
+
+/// `Query<T>` whose rejections are 400 [`ApiError`]s.
+pub struct ApiQuery<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for ApiQuery<T>
+where
+    axum::extract::Query<T>: FromRequestParts<S, Rejection = QueryRejection>,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let axum::extract::Query(v) = axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map_err(|r| ApiError::BadRequest(r.body_text()))?;
+        Ok(ApiQuery(v))
+    }
+}
+
+/// A tree id from the path; anything but an integer is 400.
+pub struct TreePath(pub i64);
+
+impl<S: Send + Sync> FromRequestParts<S> for TreePath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let axum::extract::Path(raw) =
+            axum::extract::Path::<String>::from_request_parts(parts, state)
+                .await
+                .map_err(|r: PathRejection| ApiError::BadRequest(r.body_text()))?;
+        raw.parse::<i64>().map(TreePath).map_err(|_| {
+            ApiError::BadRequest(format!("malformed tree id {raw:?}: expected an integer"))
+        })
+    }
+}
+
+/// Gives errors made by layers and the router (413 from the body limit,
+/// 408 from the timeout, 405, unknown routes) the same JSON shape under
+/// `/api`, `/metrics` and `/healthz`.
+pub async fn json_errors(req: Request, next: Next) -> Response {
+    let path = req.uri().path();
+    let api = path.starts_with("/api") || path == "/metrics" || path == "/healthz";
+    let resp = next.run(req).await;
+    let status = resp.status();
+    if !api || !(status.is_client_error() || status.is_server_error()) {
+        return resp;
+    }
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if is_json {
+        return resp;
+    }
+    let message = status
+        .canonical_reason()
+        .unwrap_or("error")
+        .to_ascii_lowercase();
+    let (mut parts, _) = resp.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    let body = serde_json::json!({ "error": message }).to_string();
+    Response::from_parts(parts, axum::body::Body::from(body))
+}

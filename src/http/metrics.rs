@@ -1,0 +1,46 @@
+//! `GET /metrics`: refreshes the gauges read at scrape time (trees by
+//! state, dispatch closed, ledger head) and encodes the registry, as
+//! OpenMetrics when the scraper asks for it, else the Prometheus text format.
+
+use axum::extract::State;
+use axum::http::{HeaderMap, header};
+use axum::response::IntoResponse;
+
+use super::AppState;
+use super::error::ApiError;
+
+pub async fn metrics(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+) -> Result<impl IntoResponse, ApiError> {
+    let (counts, unsettled, head) = s
+        .service
+        .read(|e| {
+            let counts = e.ledger().tree_counts()?;
+            let unsettled = e.unsettled()?;
+            let head = e.ledger().head()?;
+            Ok((counts, unsettled, head))
+        })
+        .await?;
+    let m = s.service.metrics();
+    m.set_tree_counts(&counts);
+    m.dispatch_closed.set(i64::from(!unsettled.is_empty()));
+    if let Some((seq, _)) = head {
+        m.ledger_head_seq.set(seq);
+    }
+    m.sync_stats(s.service.engine().stats());
+    let openmetrics = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("application/openmetrics-text"));
+    let (body, content_type) = if openmetrics {
+        (
+            m.encode_openmetrics(),
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )
+    } else {
+        (m.encode_text(), "text/plain; version=0.0.4; charset=utf-8")
+    };
+    let body = body.map_err(|e| ApiError::Internal(format!("encoding metrics: {e}")))?;
+    Ok(([(header::CONTENT_TYPE, content_type)], body))
+}

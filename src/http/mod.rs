@@ -1,0 +1,74 @@
+//! The HTTP face of the service: `router(state) -> Router`, kept apart from
+//! serving so tests can drive it. JSON API under `/api`, the dashboard at
+//! `/`, `/metrics`, `/healthz`, and the OpenAPI document.
+//!
+//! Layers, outermost first: request tracing (tower-http), the JSON shape of
+//! every error under `/api` (so the layers' own 408/413 are JSON too), a
+//! request timeout, a body limit (1 MiB; bigger bodies are 413), then
+//! bearer-token auth.
+//!
+//! This module never touches the ledger or a process directly: it parses,
+//! calls [`crate::service::Service`], and maps the answer to a status in one
+//! place ([`error::ApiError`]).
+
+pub mod api;
+pub mod auth;
+pub mod dashboard;
+pub mod error;
+pub mod export;
+pub mod metrics;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::{get, post};
+
+use crate::service::Service;
+
+/// Largest request body accepted; anything bigger is answered 413.
+pub const BODY_LIMIT: usize = 1024 * 1024;
+
+/// Upper bound on one request. A kill waits for its teardown, whose grace the
+/// API caps at [`api::MAX_GRACE`], plus the verify rounds.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// What every handler gets.
+#[derive(Clone)]
+pub struct AppState {
+    pub service: Arc<Service>,
+    pub auth: Arc<auth::Auth>,
+}
+
+/// The whole application, without a listener.
+pub fn router(state: AppState) -> Router {
+    let api = Router::new()
+        .route("/trees", get(api::list_trees).post(api::spawn_tree))
+        .route("/trees/{id}", get(api::get_tree))
+        .route("/trees/{id}/kill", post(api::kill_tree))
+        .route("/trees/{id}/resolve", post(api::resolve_tree))
+        .route("/events", get(api::events))
+        .route("/export", get(export::export))
+        .route("/openapi.json", get(api::openapi_json))
+        .fallback(api::not_found);
+    Router::new()
+        .nest("/api", api)
+        .route("/", get(dashboard::index))
+        .route("/trees/{id}", get(dashboard::tree))
+        .route("/events", get(dashboard::events))
+        .route("/metrics", get(metrics::metrics))
+        .route("/healthz", get(api::healthz))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_token,
+        ))
+        .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(tower_http::limit::RequestBodyLimitLayer::new(BODY_LIMIT))
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
+            axum::http::StatusCode::REQUEST_TIMEOUT,
+            REQUEST_TIMEOUT,
+        ))
+        .layer(axum::middleware::from_fn(error::json_errors))
+        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .with_state(state)
+}

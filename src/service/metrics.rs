@@ -1,0 +1,337 @@
+//! The service's Prometheus metrics: one registry, the families the issue
+//! names, and how each is fed.
+//!
+//! Three sources, so that no number is invented twice:
+//! - the ledger's events, tailed by the scan loop from the head at start:
+//!   signals, authorizations written, kills skipped, escapes, sweeps,
+//!   orphans, dispatch refusals, spawns (every treewarden process on the
+//!   host writes there, so these are host-wide);
+//! - the engine's [`EngineStats`]: what the ledger refused to hold
+//!   (authorizations failed, write errors, survivors after a forced kill);
+//! - this process's own timings: scan and teardown durations, live members.
+//!
+//! Labels are bounded: states, signal names, target kinds, scan modes and
+//! teardown origins. Never a tree id or a pid.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::custody::EngineStats;
+use crate::ledger::{EventRow, TreeState};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SignalLabels {
+    pub signal: String,
+    pub target_kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModeLabel {
+    pub mode: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OriginLabel {
+    pub origin: String,
+}
+
+type C = Counter<u64, AtomicU64>;
+
+/// Every metric family the service exports.
+pub struct Metrics {
+    registry: Registry,
+    pub trees: Family<StateLabel, Gauge>,
+    pub members: Gauge,
+    pub trees_spawned: C,
+    pub escapes: C,
+    pub signals: Family<SignalLabels, C>,
+    pub authorizations_written: C,
+    pub authorizations_failed: C,
+    pub kills_skipped: C,
+    pub survivors_after_kill: C,
+    pub sweeps: C,
+    pub orphans: C,
+    pub scan_duration: Family<ModeLabel, Histogram>,
+    pub teardown_duration: Family<OriginLabel, Histogram>,
+    pub ledger_write_errors: C,
+    pub dispatch_closed: Gauge,
+    pub dispatch_refused: C,
+    pub ledger_head_seq: Gauge,
+}
+
+fn scan_buckets() -> Histogram {
+    Histogram::new([
+        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+    ])
+}
+
+fn teardown_buckets() -> Histogram {
+    Histogram::new([
+        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    ])
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("treewarden");
+        let m = Metrics {
+            registry: Registry::default(),
+            trees: Family::default(),
+            members: Gauge::default(),
+            trees_spawned: C::default(),
+            escapes: C::default(),
+            signals: Family::default(),
+            authorizations_written: C::default(),
+            authorizations_failed: C::default(),
+            kills_skipped: C::default(),
+            survivors_after_kill: C::default(),
+            sweeps: C::default(),
+            orphans: C::default(),
+            scan_duration: Family::new_with_constructor(scan_buckets),
+            teardown_duration: Family::new_with_constructor(teardown_buckets),
+            ledger_write_errors: C::default(),
+            dispatch_closed: Gauge::default(),
+            dispatch_refused: C::default(),
+            ledger_head_seq: Gauge::default(),
+        };
+        registry.register("trees", "Trees in the ledger by state", m.trees.clone());
+        registry.register(
+            "members",
+            "Live members of the trees this service scans",
+            m.members.clone(),
+        );
+        registry.register(
+            "trees_spawned",
+            "Trees released to exec (tree.spawned events since start)",
+            m.trees_spawned.clone(),
+        );
+        registry.register(
+            "escapes_observed",
+            "Members seen outside their tree's group and session",
+            m.escapes.clone(),
+        );
+        registry.register(
+            "signals_sent",
+            "Signals sent, by signal and target kind",
+            m.signals.clone(),
+        );
+        registry.register(
+            "kill_authorizations_written",
+            "Kill authorizations committed before a forced kill",
+            m.authorizations_written.clone(),
+        );
+        registry.register(
+            "kill_authorizations_failed",
+            "Kill authorizations the ledger refused (the kill was skipped)",
+            m.authorizations_failed.clone(),
+        );
+        registry.register(
+            "kills_skipped",
+            "Forced kills not sent (kill.skipped events)",
+            m.kills_skipped.clone(),
+        );
+        registry.register(
+            "survivors_after_kill",
+            "Members still alive after the last forced-kill round",
+            m.survivors_after_kill.clone(),
+        );
+        registry.register("sweeps", "Orphan sweeps started", m.sweeps.clone());
+        registry.register(
+            "sweep_orphans",
+            "Trees found orphaned by a sweep",
+            m.orphans.clone(),
+        );
+        registry.register_with_unit(
+            "scan_duration",
+            "Duration of one scan of the trees this service watches, by mode",
+            Unit::Seconds,
+            m.scan_duration.clone(),
+        );
+        registry.register_with_unit(
+            "teardown_duration",
+            "Duration of teardowns run by this service, by origin",
+            Unit::Seconds,
+            m.teardown_duration.clone(),
+        );
+        registry.register(
+            "ledger_write_errors",
+            "Ledger writes that failed (evidence and authority)",
+            m.ledger_write_errors.clone(),
+        );
+        registry.register(
+            "dispatch_closed",
+            "1 while new work is refused because a tree is unsettled",
+            m.dispatch_closed.clone(),
+        );
+        registry.register(
+            "dispatch_refused",
+            "Spawns refused while dispatch was closed",
+            m.dispatch_refused.clone(),
+        );
+        registry.register(
+            "ledger_head_seq",
+            "Sequence number of the newest ledger event",
+            m.ledger_head_seq.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// Counts one ledger event into the families fed by events.
+    pub fn count_event(&self, e: &EventRow) {
+        match e.kind.as_str() {
+            "tree.spawned" => {
+                self.trees_spawned.inc();
+            }
+            "escape.observed" => {
+                self.escapes.inc();
+            }
+            "signal.sent" => {
+                let label = |k: &str| {
+                    e.data
+                        .get(k)
+                        .and_then(|v| v.as_str())
+                        .map(bounded)
+                        .unwrap_or("unknown")
+                        .to_string()
+                };
+                self.signals
+                    .get_or_create(&SignalLabels {
+                        signal: label("signal"),
+                        target_kind: label("target_kind"),
+                    })
+                    .inc();
+            }
+            "kill.authorized" => {
+                self.authorizations_written.inc();
+            }
+            "kill.skipped" => {
+                self.kills_skipped.inc();
+            }
+            "sweep.started" => {
+                self.sweeps.inc();
+            }
+            "sweep.orphan_found" => {
+                self.orphans.inc();
+            }
+            "dispatch.refused" => {
+                self.dispatch_refused.inc();
+            }
+            _ => {}
+        }
+        self.ledger_head_seq.set(e.seq);
+    }
+
+    /// Brings the counters fed by [`EngineStats`] up to date.
+    pub fn sync_stats(&self, stats: &EngineStats) {
+        let catch_up = |c: &C, now: u64| {
+            let have = c.get();
+            if now > have {
+                c.inc_by(now - have);
+            }
+        };
+        catch_up(&self.authorizations_failed, stats.authorizations_failed());
+        catch_up(&self.ledger_write_errors, stats.ledger_write_errors());
+        catch_up(&self.survivors_after_kill, stats.survivors_after_kill());
+    }
+
+    /// Sets the per-state gauge (every state, zero where none).
+    pub fn set_tree_counts(&self, counts: &[(TreeState, u64)]) {
+        for state in TreeState::ALL {
+            let n = counts
+                .iter()
+                .find(|(s, _)| *s == state)
+                .map(|(_, n)| *n)
+                .unwrap_or(0);
+            self.trees
+                .get_or_create(&StateLabel {
+                    state: state.as_str().to_string(),
+                })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn encode_openmetrics(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+
+    /// The Prometheus text format (0.0.4): what `promtool check metrics`
+    /// and older scrapers read. OpenMetrics names a counter family without
+    /// `_total` and adds `# UNIT` and `# EOF`; this spells the family as its
+    /// samples are named and drops the two lines 0.0.4 does not have.
+    pub fn encode_text(&self) -> Result<String, std::fmt::Error> {
+        Ok(openmetrics_to_text(&self.encode_openmetrics()?))
+    }
+}
+
+/// Only the values treewarden writes pass through as label values; anything
+/// else (a hand-edited ledger) becomes "other", so label sets stay bounded.
+fn bounded(v: &str) -> &str {
+    match v {
+        "SIGTERM" | "SIGKILL" | "SIGSTOP" | "SIGCONT" | "SIGHUP" | "SIGINT" | "group"
+        | "cgroup" | "pid" => v,
+        _ => "other",
+    }
+}
+
+fn openmetrics_to_text(om: &str) -> String {
+    let counters: std::collections::HashSet<&str> = om
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(om.len());
+    for line in om.lines() {
+        if line.starts_with("# UNIT ") || line == "# EOF" {
+            continue;
+        }
+        let fixed = ["# HELP ", "# TYPE "].iter().find_map(|prefix| {
+            let rest = line.strip_prefix(prefix)?;
+            let (name, tail) = rest.split_once(' ')?;
+            counters
+                .contains(name)
+                .then(|| format!("{prefix}{name}_total {tail}"))
+        });
+        out.push_str(fixed.as_deref().unwrap_or(line));
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_are_spelled_with_total_in_the_text_format() {
+        let m = Metrics::new();
+        m.sweeps.inc();
+        let text = m.encode_text().expect("encode");
+        assert!(
+            text.contains("# TYPE treewarden_sweeps_total counter"),
+            "{text}"
+        );
+        assert!(text.contains("treewarden_sweeps_total 1"), "{text}");
+        assert!(!text.contains("# EOF"));
+        assert!(!text.contains("# UNIT"));
+    }
+}

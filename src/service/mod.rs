@@ -1,0 +1,769 @@
+//! The service behind `treewarden serve`: the owner of the trees spawned
+//! through the API, their scans, the periodic sweep, owner watches, and a
+//! bounded graceful shutdown.
+//!
+//! The engine is blocking (it sleeps through graces and waits on the ledger's
+//! owner thread), so every call into it runs on tokio's blocking pool; the
+//! async side only waits, selects and serves HTTP (`crate::http`).
+//!
+//! What runs, and why:
+//! - one **watch task per owned tree** selects over the root's exit (a
+//!   pidfd), the client owner's exit (a pidfd: the tree is torn down within a
+//!   second of it), the tree's timeout, and its end; whichever comes first
+//!   starts the one teardown;
+//! - the **scan loop** keeps a [`HostView`] current cheaply and ticks every
+//!   watched tree against it: targeted re-reads every `scan_interval`
+//!   (members, leaders, `cgroup.procs`, and only the `/proc` entries that are
+//!   new), a full `/proc` re-read every `full_scan_interval`. It also tails the
+//!   ledger's events into the metrics;
+//! - the **sweep loop** runs the orphan sweep every `sweep_interval` (and once
+//!   at start, before the listener opens), skipping the trees this service
+//!   owns, whose owners it watches itself.
+//!
+//! Shutdown: the cancellation token stops the listener and the loops; the
+//! spawn gate closes (waiting for spawns in flight, so none is missed); every
+//! owned tree is torn down concurrently with its grace capped at
+//! `shutdown_grace`; the whole drain is bounded by `drain_timeout` so the
+//! service never outlives a supervisor's kill window.
+//!
+//! Architecture Invariant: the service never signals or waits for a process
+//! itself; teardowns go through `Engine::teardown`, exits through the
+//! process-wide [`Reaper`]. Two teardowns of one tree never run at once in
+//! this process (a per-tree lock).
+
+pub mod metrics;
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::custody::TreeWatch;
+use crate::custody::{CustodyError, Engine, Origin, SpawnRequest, TeardownOptions, TeardownReport};
+use crate::ledger::{EventFilter, LedgerError, OwnerKind, TreeId, TreeRow, TreeState};
+use crate::proc::{ExitStatus, Identity, Reaper, SpawnStdio};
+use crate::scan::HostView;
+pub use metrics::Metrics;
+
+/// How the service runs. Built by the CLI from `serve`'s flags.
+#[derive(Clone, Debug)]
+pub struct ServiceConfig {
+    pub listen: SocketAddr,
+    /// Targeted scans of watched trees.
+    pub scan_interval: Duration,
+    /// Full `/proc` re-reads (catches pid reuse and anything a targeted
+    /// scan cannot see).
+    pub full_scan_interval: Duration,
+    pub sweep_interval: Duration,
+    /// Grace of API trees that name none, and of sweeps.
+    pub default_grace: Duration,
+    /// Cap on each tree's grace during shutdown.
+    pub shutdown_grace: Duration,
+    /// Bound on the whole shutdown drain.
+    pub drain_timeout: Duration,
+    /// Where the bound address is written once the service accepts requests.
+    pub ready_file: Option<PathBuf>,
+    /// When non-empty, `argv[0]` of an API spawn must be one of these.
+    pub allow_commands: Vec<String>,
+}
+
+/// Errors of the service layer; the HTTP layer maps each to a status.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error(transparent)]
+    Custody(#[from] CustodyError),
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    /// The request itself is not acceptable (bad owner, command not allowed).
+    #[error("{0}")]
+    Invalid(String),
+    /// The service is draining: no new work.
+    #[error("the service is shutting down")]
+    ShuttingDown,
+    /// A blocking task panicked or was cancelled.
+    #[error("internal task failed: {0}")]
+    Task(String),
+}
+
+/// What a client asks the service to spawn (already parsed and validated
+/// for shape by the HTTP layer).
+#[derive(Clone, Debug)]
+pub struct SpawnParams {
+    pub argv: Vec<String>,
+    pub label: Option<String>,
+    pub cwd: Option<PathBuf>,
+    /// Added to the service's own environment.
+    pub env: Vec<(String, String)>,
+    pub grace: Option<Duration>,
+    pub timeout: Option<Duration>,
+    pub owner_pid: Option<i32>,
+    /// When given, the owner's start time must match (clock ticks).
+    pub owner_start_ticks: Option<u64>,
+}
+
+/// A tree this service is responsible for.
+struct Owned {
+    grace: Duration,
+    /// Held by a teardown of this tree; scans skip the tree while it is held.
+    lock: Arc<Mutex<()>>,
+    /// Cancelled when the tree has ended, to stop its watch task.
+    done: CancellationToken,
+}
+
+/// The running service. Shared by the HTTP handlers and the loops.
+pub struct Service {
+    engine: Engine,
+    reaper: &'static Reaper,
+    config: ServiceConfig,
+    me: Identity,
+    metrics: Metrics,
+    owned: Mutex<HashMap<i64, Owned>>,
+    /// Locks of teardowns of trees this service does not own (API kills).
+    foreign_locks: Mutex<HashMap<i64, Arc<Mutex<()>>>>,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+    /// Spawns hold it shared; shutdown takes it exclusively and sets `true`.
+    draining: tokio::sync::RwLock<bool>,
+    started: Instant,
+    /// The ledger head when the service started: event-fed counters count after it.
+    start_seq: std::sync::atomic::AtomicI64,
+}
+
+/// Runs a blocking closure on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ServiceError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ServiceError::Task(e.to_string()))
+}
+
+impl Service {
+    /// Builds the service over an engine whose reaper is installed.
+    pub fn new(
+        engine: Engine,
+        reaper: &'static Reaper,
+        config: ServiceConfig,
+    ) -> Result<Arc<Self>, ServiceError> {
+        let me = crate::proc::self_identity().map_err(CustodyError::from)?;
+        Ok(Arc::new(Self {
+            engine,
+            reaper,
+            config,
+            me,
+            metrics: Metrics::new(),
+            owned: Mutex::new(HashMap::new()),
+            foreign_locks: Mutex::new(HashMap::new()),
+            shutdown: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+            draining: tokio::sync::RwLock::new(false),
+            started: Instant::now(),
+            start_seq: std::sync::atomic::AtomicI64::new(0),
+        }))
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub fn config(&self) -> &ServiceConfig {
+        &self.config
+    }
+
+    pub fn uptime(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// The token whose cancellation starts the shutdown.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Runs a blocking read against the engine (ledger reads, dispatch gate).
+    pub async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Engine) -> Result<T, ServiceError> + Send + 'static,
+    ) -> Result<T, ServiceError> {
+        let engine = self.engine.clone();
+        blocking(move || f(&engine)).await?
+    }
+
+    /// Ids of the trees this service owns now.
+    pub fn owned_trees(&self) -> Vec<i64> {
+        let mut v: Vec<i64> = self.lock_owned().keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    fn lock_owned(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Owned>> {
+        // A poisoned map is still a valid map: a panicking holder changed nothing half-way.
+        self.owned.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn tree_lock(&self, tree: i64) -> Arc<Mutex<()>> {
+        if let Some(o) = self.lock_owned().get(&tree) {
+            return o.lock.clone();
+        }
+        self.foreign_locks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(tree)
+            .or_default()
+            .clone()
+    }
+
+    /// Spawns a tree for a client (or for the service itself when no
+    /// `owner_pid` is given) and starts watching it.
+    pub async fn spawn(self: &Arc<Self>, p: SpawnParams) -> Result<TreeRow, ServiceError> {
+        let gate = self.draining.read().await;
+        if *gate {
+            return Err(ServiceError::ShuttingDown);
+        }
+        if !self.config.allow_commands.is_empty()
+            && !self.config.allow_commands.iter().any(|c| *c == p.argv[0])
+        {
+            return Err(ServiceError::Invalid(format!(
+                "command {:?} is not allowed here (serve --allow-command)",
+                p.argv[0]
+            )));
+        }
+        // The owner's identity is read now, and its exit watch opened before
+        // the tree exists: there is no moment when the tree runs unwatched.
+        let (owner, kind, owner_fd) = match p.owner_pid {
+            None => (self.me.clone(), OwnerKind::Service, None),
+            Some(pid) => {
+                let gone =
+                    || ServiceError::Invalid(format!("owner_pid {pid} is not a live process"));
+                let id = crate::proc::identity_of(pid)
+                    .map_err(CustodyError::from)?
+                    .ok_or_else(gone)?;
+                if let Some(start) = p.owner_start_ticks
+                    && start != id.start_ticks
+                {
+                    return Err(ServiceError::Invalid(format!(
+                        "owner_pid {pid} started at tick {}, not {start}: a different process",
+                        id.start_ticks
+                    )));
+                }
+                if pid == self.me.pid {
+                    return Err(ServiceError::Invalid(
+                        "owner_pid is the service itself: omit owner_pid".into(),
+                    ));
+                }
+                let fd = crate::proc::open_exit_watch(&id)
+                    .map_err(CustodyError::from)?
+                    .ok_or_else(gone)?;
+                (id, OwnerKind::Client, Some(fd))
+            }
+        };
+        let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
+            .filter(|(k, _)| !p.env.iter().any(|(n, _)| OsString::from(n) == *k))
+            .collect();
+        env.extend(p.env.iter().map(|(k, v)| (k.into(), v.into())));
+        let req = SpawnRequest {
+            argv: p.argv.iter().map(OsString::from).collect(),
+            label: p.label.clone(),
+            cwd: p.cwd.clone(),
+            env: Some(env),
+            stdio: SpawnStdio::Null,
+            owner: owner.clone(),
+            owner_kind: kind,
+        };
+        let engine = self.engine.clone();
+        let spawned = blocking(move || engine.spawn(&req)).await??;
+        let tree = spawned.tree;
+        let grace = p.grace.unwrap_or(self.config.default_grace);
+        self.adopt(
+            tree.0,
+            grace,
+            Some(spawned.root.clone()),
+            owner_fd,
+            p.timeout,
+        );
+        drop(gate);
+        let engine = self.engine.clone();
+        let row = blocking(move || engine.ledger().tree(tree)).await??;
+        row.ok_or(ServiceError::Custody(CustodyError::UnknownTree(tree.0)))
+    }
+
+    /// Registers a tree as owned and starts its watch task.
+    fn adopt(
+        self: &Arc<Self>,
+        tree: i64,
+        grace: Duration,
+        root: Option<Identity>,
+        owner_fd: Option<OwnedFd>,
+        timeout: Option<Duration>,
+    ) {
+        let done = self.shutdown.child_token();
+        self.lock_owned().insert(
+            tree,
+            Owned {
+                grace,
+                lock: Arc::new(Mutex::new(())),
+                done: done.clone(),
+            },
+        );
+        let root_fd = root
+            .as_ref()
+            .and_then(|r| crate::proc::open_exit_watch(r).ok().flatten());
+        let root_gone = root.is_some() && root_fd.is_none();
+        let this = self.clone();
+        self.tasks.spawn(async move {
+            let why = watch_tree(done, root_fd, root_gone, owner_fd, timeout).await;
+            let Some(why) = why else {
+                return;
+            };
+            let root_exit = match (&why, &root) {
+                (WatchEnd::RootExited, Some(r)) => {
+                    let reaper = this.reaper;
+                    let pid = r.pid;
+                    blocking(move || reaper.wait_exit(pid, Some(Duration::from_secs(1))))
+                        .await
+                        .ok()
+                        .flatten()
+                }
+                _ => None,
+            };
+            let reason = match &why {
+                WatchEnd::RootExited => match root_exit {
+                    Some(s) => format!("root exited ({s})"),
+                    None => "root exited".to_string(),
+                },
+                WatchEnd::OwnerExited => "owner exited".to_string(),
+                WatchEnd::Timeout => format!(
+                    "timeout after {}",
+                    humantime::format_duration(timeout.unwrap_or_default())
+                ),
+            };
+            if let Err(e) = this
+                .teardown(tree, None, reason, Origin::Service, root_exit)
+                .await
+            {
+                tracing::error!(tree, error = %e, "teardown after {why:?} failed");
+            }
+        });
+    }
+
+    /// Tears a tree down (any tree in the ledger, owned or not), with the
+    /// tree's grace unless one is given. One teardown per tree at a time.
+    pub async fn teardown(
+        &self,
+        tree: i64,
+        grace: Option<Duration>,
+        reason: String,
+        origin: Origin,
+        root_exit: Option<ExitStatus>,
+    ) -> Result<TeardownReport, ServiceError> {
+        let owned_grace = self.lock_owned().get(&tree).map(|o| o.grace);
+        let grace = grace.or(owned_grace).unwrap_or(self.config.default_grace);
+        let lock = self.tree_lock(tree);
+        let engine = self.engine.clone();
+        let origin_label = match origin {
+            Origin::Run => "run",
+            Origin::Kill => "kill",
+            Origin::Sweep => "sweep",
+            Origin::Service => "service",
+        };
+        let result = blocking(move || {
+            let _held = lock.lock().unwrap_or_else(|e| e.into_inner());
+            let mut opts = TeardownOptions::new(grace, reason, origin);
+            opts.root_exit = root_exit;
+            engine.teardown(TreeId(tree), &opts, &mut |_| {})
+        })
+        .await?;
+        if let Ok(report) = &result {
+            // A tree found already ended (its root's exit raced a kill) is
+            // not a teardown worth timing.
+            if report.members_at_start > 0 || !report.phases.is_empty() {
+                self.metrics
+                    .teardown_duration
+                    .get_or_create(&metrics::OriginLabel {
+                        origin: origin_label.into(),
+                    })
+                    .observe(report.elapsed.as_secs_f64());
+            }
+            if report.state.is_terminal() {
+                self.forget(tree);
+            }
+        }
+        Ok(result?)
+    }
+
+    fn forget(&self, tree: i64) {
+        if let Some(o) = self.lock_owned().remove(&tree) {
+            o.done.cancel();
+        }
+        self.foreign_locks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&tree);
+    }
+
+    /// Records an operator's resolution (reopens dispatch).
+    pub async fn resolve(&self, tree: i64, note: String) -> Result<(), ServiceError> {
+        let engine = self.engine.clone();
+        blocking(move || engine.resolve(TreeId(tree), &note)).await??;
+        self.forget(tree);
+        Ok(())
+    }
+
+    /// Start-up: sweep once, adopt the client trees a previous service left
+    /// (their owners still live), and start the loops.
+    pub async fn start(self: &Arc<Self>) -> Result<(), ServiceError> {
+        // Event-fed counters start here, so the start-up sweep is counted.
+        let engine = self.engine.clone();
+        let head = blocking(move || engine.ledger().head()).await??;
+        self.start_seq.store(
+            head.map_or(0, |(seq, _)| seq),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        let engine = self.engine.clone();
+        let grace = self.config.default_grace;
+        let report = blocking(move || engine.sweep(grace)).await??;
+        tracing::info!(
+            examined = report.examined,
+            orphans = report.orphans.len(),
+            "start-up sweep"
+        );
+        let engine = self.engine.clone();
+        let live = blocking(move || engine.ledger().nonterminal_trees()).await??;
+        for row in live {
+            if row.owner.kind == OwnerKind::Client.as_str()
+                && matches!(row.state, TreeState::Running | TreeState::Spawning)
+            {
+                let owner = Identity {
+                    pid: row.owner.pid,
+                    start_ticks: row.owner.start,
+                    boot_id: row.owner.boot_id.clone(),
+                };
+                let fd = crate::proc::open_exit_watch(&owner).ok().flatten();
+                let Some(fd) = fd else { continue };
+                tracing::info!(
+                    tree = row.id,
+                    owner = row.owner.pid,
+                    "adopted a client tree"
+                );
+                self.adopt(row.id, self.config.default_grace, None, Some(fd), None);
+            }
+        }
+        let this = self.clone();
+        self.tasks.spawn(async move { this.scan_loop().await });
+        let this = self.clone();
+        self.tasks.spawn(async move { this.sweep_loop().await });
+        Ok(())
+    }
+
+    async fn sweep_loop(self: Arc<Self>) {
+        let mut every = tokio::time::interval(self.config.sweep_interval);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        every.tick().await; // the first tick is now; start-up already swept
+        loop {
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                _ = every.tick() => {}
+            }
+            let engine = self.engine.clone();
+            let skip: HashSet<i64> = self.owned_trees().into_iter().collect();
+            let grace = self.config.default_grace;
+            match blocking(move || engine.sweep_skipping(grace, &skip)).await {
+                Ok(Ok(report)) if !report.orphans.is_empty() => {
+                    tracing::info!(orphans = report.orphans.len(), "sweep tore orphans down");
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "sweep failed"),
+                Err(e) => tracing::error!(error = %e, "sweep task failed"),
+            }
+        }
+    }
+
+    async fn scan_loop(self: Arc<Self>) {
+        let mut every = tokio::time::interval(self.config.scan_interval);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let first_seq = self.start_seq.load(std::sync::atomic::Ordering::Relaxed);
+        self.metrics.ledger_head_seq.set(first_seq);
+        let mut state = ScanState {
+            host: None,
+            watches: HashMap::new(),
+            exits: HashMap::new(),
+            last_full: None,
+            after_seq: first_seq,
+        };
+        loop {
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                _ = every.tick() => {}
+            }
+            // Trees being torn down are skipped: the teardown scans them.
+            let wanted: Vec<i64> = self
+                .lock_owned()
+                .iter()
+                .filter(|(_, o)| o.lock.try_lock().is_ok())
+                .map(|(id, _)| *id)
+                .collect();
+            let this = self.clone();
+            match blocking(move || {
+                this.scan_once(&mut state, &wanted);
+                state
+            })
+            .await
+            {
+                Ok(s) => state = s,
+                Err(e) => {
+                    tracing::error!(error = %e, "scan task failed");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// One scan-loop tick (blocking).
+    fn scan_once(&self, st: &mut ScanState, wanted: &[i64]) {
+        let ledger = self.engine.ledger();
+        st.watches.retain(|id, _| wanted.contains(id));
+        for id in wanted {
+            if st.watches.contains_key(id) {
+                continue;
+            }
+            let Ok(Some(detail)) = ledger.tree_detail(TreeId(*id)) else {
+                continue;
+            };
+            let exclude = HashSet::from([self.me.pid]);
+            if let Some(w) = TreeWatch::new(&detail.tree, &detail.members, &exclude) {
+                st.watches.insert(*id, w);
+            }
+        }
+        st.exits.extend(self.reaper.take_unclaimed());
+        if st.exits.len() > 4096 {
+            st.exits.clear();
+        }
+        let started = Instant::now();
+        let full = st
+            .last_full
+            .is_none_or(|t: Instant| t.elapsed() >= self.config.full_scan_interval);
+        let mut reread = Vec::new();
+        for w in st.watches.values_mut() {
+            reread.extend(w.pids_to_reread());
+        }
+        let host = st.host.get_or_insert_with(HostView::default);
+        if full {
+            host.full_refresh();
+            st.last_full = Some(Instant::now());
+        } else if !st.watches.is_empty() {
+            host.refresh(reread);
+        }
+        let mut members = 0usize;
+        for w in st.watches.values_mut() {
+            let report = w.tick_with(&self.engine, &st.exits, host.snapshot(), full);
+            members += report.members.len();
+        }
+        if !st.watches.is_empty() || full {
+            self.metrics
+                .scan_duration
+                .get_or_create(&metrics::ModeLabel {
+                    mode: if full { "full" } else { "targeted" }.into(),
+                })
+                .observe(started.elapsed().as_secs_f64());
+        }
+        self.metrics.members.set(members as i64);
+        // Tail the ledger into the event-fed metrics.
+        loop {
+            let filter = EventFilter {
+                after_seq: Some(st.after_seq),
+                limit: Some(1000),
+                ..EventFilter::default()
+            };
+            match ledger.events(&filter) {
+                Ok(events) => {
+                    for e in &events {
+                        self.metrics.count_event(e);
+                        st.after_seq = e.seq;
+                    }
+                    if events.len() < 1000 {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "tailing the ledger failed");
+                    break;
+                }
+            }
+        }
+        self.metrics.sync_stats(self.engine.stats());
+    }
+
+    /// The shutdown drain: close the spawn gate, tear down every owned tree
+    /// (graces capped), stop the loops. Returns whether every owned tree
+    /// reached a terminal state within the bound.
+    pub async fn drain(self: &Arc<Self>) -> bool {
+        let work = async {
+            *self.draining.write().await = true;
+            let owned: Vec<(i64, Duration)> = self
+                .lock_owned()
+                .iter()
+                .map(|(id, o)| (*id, o.grace.min(self.config.shutdown_grace)))
+                .collect();
+            tracing::info!(trees = owned.len(), "shutdown: tearing down owned trees");
+            let mut set = tokio::task::JoinSet::new();
+            for (tree, grace) in owned {
+                let this = self.clone();
+                set.spawn(async move {
+                    let r = this
+                        .teardown(
+                            tree,
+                            Some(grace),
+                            "service shutting down".into(),
+                            Origin::Service,
+                            None,
+                        )
+                        .await;
+                    (tree, r)
+                });
+            }
+            let mut all_ok = true;
+            while let Some(joined) = set.join_next().await {
+                match joined {
+                    Ok((_, Ok(r))) if r.state.is_terminal() => {}
+                    Ok((tree, Ok(r))) => {
+                        all_ok = false;
+                        tracing::error!(tree, state = %r.state, "tree not settled at shutdown");
+                    }
+                    Ok((tree, Err(e))) => {
+                        all_ok = false;
+                        tracing::error!(tree, error = %e, "teardown at shutdown failed");
+                    }
+                    Err(e) => {
+                        all_ok = false;
+                        tracing::error!(error = %e, "teardown task failed");
+                    }
+                }
+            }
+            self.tasks.close();
+            self.tasks.wait().await;
+            all_ok
+        };
+        match tokio::time::timeout(self.config.drain_timeout, work).await {
+            Ok(ok) => ok,
+            Err(_) => {
+                tracing::error!(
+                    timeout = %humantime::format_duration(self.config.drain_timeout),
+                    "shutdown drain timed out"
+                );
+                false
+            }
+        }
+    }
+}
+
+impl Service {
+    /// Serves `app` on `listener` until SIGTERM/SIGINT (or the shutdown
+    /// token), then drains. The listener and the app are injected so tests
+    /// and the CLI drive the same code. Returns whether the drain settled
+    /// every owned tree in time.
+    pub async fn run(
+        self: &Arc<Self>,
+        listener: tokio::net::TcpListener,
+        app: axum::Router,
+    ) -> bool {
+        let token = self.shutdown.clone();
+        {
+            let token = token.clone();
+            tokio::spawn(async move {
+                use tokio::signal::unix::{SignalKind, signal};
+                let (Ok(mut term), Ok(mut int)) = (
+                    signal(SignalKind::terminate()),
+                    signal(SignalKind::interrupt()),
+                ) else {
+                    tracing::error!("cannot listen for SIGTERM/SIGINT");
+                    return;
+                };
+                tokio::select! {
+                    _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+                    _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+                    _ = token.cancelled() => return,
+                }
+                token.cancel();
+            });
+        }
+        let server = {
+            let token = token.clone();
+            tokio::spawn(async move {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(token.cancelled_owned())
+                    .await
+            })
+        };
+        token.cancelled().await;
+        let started = Instant::now();
+        let settled = self.drain().await;
+        let left = self.config.drain_timeout.saturating_sub(started.elapsed());
+        match tokio::time::timeout(left.max(Duration::from_millis(100)), server).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::error!(error = %e, "HTTP server failed"),
+            Ok(Err(e)) => tracing::error!(error = %e, "HTTP server task failed"),
+            Err(_) => tracing::warn!("HTTP connections still open at the end of the drain"),
+        }
+        tracing::info!(settled, "shutdown complete");
+        settled
+    }
+}
+
+/// The scan loop's state, moved into the blocking pool for each tick.
+struct ScanState {
+    host: Option<HostView>,
+    watches: HashMap<i64, TreeWatch>,
+    exits: HashMap<i32, ExitStatus>,
+    last_full: Option<Instant>,
+    after_seq: i64,
+}
+
+#[derive(Debug)]
+enum WatchEnd {
+    RootExited,
+    OwnerExited,
+    Timeout,
+}
+
+/// Waits for the first reason to end a tree; `None` when the tree ended
+/// otherwise (or the service is shutting down: the drain tears it down).
+async fn watch_tree(
+    done: CancellationToken,
+    root_fd: Option<OwnedFd>,
+    root_gone: bool,
+    owner_fd: Option<OwnedFd>,
+    timeout: Option<Duration>,
+) -> Option<WatchEnd> {
+    if root_gone {
+        return Some(WatchEnd::RootExited);
+    }
+    let root = root_fd.and_then(|fd| crate::proc::ExitWatch::new(fd).ok());
+    let owner = owner_fd.and_then(|fd| crate::proc::ExitWatch::new(fd).ok());
+    let readable = |w: Option<crate::proc::ExitWatch>| async move {
+        match w {
+            Some(w) => w.exited().await,
+            None => std::future::pending::<()>().await,
+        }
+    };
+    let sleep = async {
+        match timeout {
+            Some(t) => tokio::time::sleep(t).await,
+            None => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = done.cancelled() => None,
+        _ = readable(owner) => Some(WatchEnd::OwnerExited),
+        _ = readable(root) => Some(WatchEnd::RootExited),
+        _ = sleep => Some(WatchEnd::Timeout),
+    }
+}

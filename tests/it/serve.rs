@@ -1,0 +1,932 @@
+//! The service end to end: the real `treewarden serve` on 127.0.0.1:0,
+//! driven over plain HTTP (and by chromium, promtool and schemathesis where
+//! installed; each such test prints "skipped: <why>" when its tool is
+//! missing, and `.ci/run` installs them).
+//!
+//! The server writes its bound address to `--ready-file`; tests poll for
+//! it. Every tree a test spawns carries a unique `TW_TEST_MARK` in its
+//! environment, so survivors are found independently of treewarden and
+//! ended by pid at the end (and by `Drop`, the last line of defence).
+//! Only 127.0.0.1 is ever contacted.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::custody::{signal, wait_child};
+use crate::util::{bin, pid_alive, skip, wait_until};
+
+static SEQ: AtomicUsize = AtomicUsize::new(0);
+
+/// One running `treewarden serve` with its own data dir.
+struct Server {
+    dir: tempfile::TempDir,
+    /// This server's own cgroup root (cgroup boundary, as root), so tree
+    /// cgroups of servers running side by side never collide.
+    cgroup_root: Option<PathBuf>,
+    child: Option<Child>,
+    addr: String,
+    token: String,
+    mark: String,
+    http: reqwest::blocking::Client,
+}
+
+impl Server {
+    fn start(extra: &[&str]) -> Server {
+        Self::start_with_env(extra, &[])
+    }
+
+    fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let n = SEQ.fetch_add(1, Ordering::SeqCst);
+        let mark = format!("tw-serve-{}-{n}", std::process::id());
+        let ready = dir.path().join("addr");
+        let err = std::fs::File::create(dir.path().join("serve.stderr")).expect("stderr file");
+        let cgroup_root = crate::custody::own_cgroup_dir()
+            .filter(|_| crate::util::is_root())
+            .map(|own| own.join(format!("tw-serve-test-{}-{n}", std::process::id())))
+            .filter(|root| std::fs::create_dir(root).is_ok());
+        let mut cmd = Command::new(bin());
+        cmd.current_dir(dir.path())
+            .env("TREEWARDEN_DATA_DIR", dir.path().join("data"))
+            .env_remove("TREEWARDEN_CGROUP_ROOT")
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            .env("TREEWARDEN_LOG", "info")
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--scan-interval",
+                "100ms",
+            ])
+            .arg("--ready-file")
+            .arg(&ready)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(err);
+        match &cgroup_root {
+            Some(root) => cmd
+                .env("TREEWARDEN_BOUNDARY", "cgroup")
+                .env("TREEWARDEN_CGROUP_ROOT", root),
+            None => cmd.env("TREEWARDEN_BOUNDARY", "session"),
+        };
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("start treewarden serve");
+        let mut server = Server {
+            dir,
+            cgroup_root,
+            child: Some(child),
+            addr: String::new(),
+            token: String::new(),
+            mark,
+            http: reqwest::blocking::Client::builder()
+                .no_proxy()
+                .timeout(Duration::from_secs(60))
+                .build()
+                .expect("http client"),
+        };
+        let up = wait_until(Duration::from_secs(30), || ready.exists());
+        assert!(up, "serve did not come up: {}", server.stderr());
+        server.addr = std::fs::read_to_string(&ready).expect("ready file");
+        server.token = std::fs::read_to_string(server.data_dir().join("api-token"))
+            .expect("token")
+            .trim()
+            .to_string();
+        server
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("serve.stderr")).unwrap_or_default()
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn get(&self, path: &str) -> reqwest::blocking::Response {
+        self.http.get(self.url(path)).send().expect("GET")
+    }
+
+    fn get_json(&self, path: &str) -> Value {
+        let r = self.get(path);
+        assert_eq!(r.status(), 200, "GET {path}");
+        r.json().expect("json")
+    }
+
+    fn post(&self, path: &str, body: Option<&Value>) -> (u16, Value) {
+        let mut req = self.http.post(self.url(path)).bearer_auth(&self.token);
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let r = req.send().expect("POST");
+        let status = r.status().as_u16();
+        (status, r.json().unwrap_or(Value::Null))
+    }
+
+    /// A spawn body whose tree carries this server's marker.
+    fn body(&self, script: &str) -> Value {
+        json!({
+            "argv": ["sh", "-c", script],
+            "env": { "TW_TEST_MARK": self.mark },
+            "grace": "200ms",
+            "label": "test",
+        })
+    }
+
+    fn spawn(&self, body: &Value) -> i64 {
+        let (status, v) = self.post("/api/trees", Some(body));
+        assert_eq!(status, 201, "spawn answered {v}; log: {}", self.stderr());
+        v["id"].as_i64().expect("tree id")
+    }
+
+    fn tree(&self, id: i64) -> Value {
+        self.get_json(&format!("/api/trees/{id}"))
+    }
+
+    fn marked(&self) -> Vec<i32> {
+        marked_processes(&self.mark)
+    }
+
+    fn export(&self) -> Vec<Value> {
+        let r = self.get("/api/export?format=ndjson");
+        assert_eq!(r.status(), 200);
+        r.text()
+            .expect("body")
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("ndjson line"))
+            .collect()
+    }
+
+    /// SIGTERM, then the exit status (bounded).
+    fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        signal(child.id(), rustix::process::Signal::TERM);
+        wait_child(&mut child, Duration::from_secs(40))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        end_marked(&self.mark);
+        if let Some(root) = &self.cgroup_root {
+            for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
+                if e.path().is_dir() {
+                    let _ = std::fs::remove_dir(e.path());
+                }
+            }
+            let _ = std::fs::remove_dir(root);
+        }
+    }
+}
+
+/// Live processes whose environment carries `TW_TEST_MARK=<mark>`.
+fn marked_processes(mark: &str) -> Vec<i32> {
+    let needle = format!("TW_TEST_MARK={mark}");
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        if environ.split(|b| *b == 0).any(|v| v == needle.as_bytes()) && pid_alive(pid) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+fn end_marked(mark: &str) {
+    for pid in marked_processes(mark) {
+        if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        }
+    }
+    wait_until(Duration::from_secs(5), || marked_processes(mark).is_empty());
+}
+
+fn artifacts() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/artifacts");
+    std::fs::create_dir_all(&dir).expect("artifacts dir");
+    dir
+}
+
+fn tool(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+/// A tree that ignores SIGTERM, so its teardown needs the forced kill.
+const STUBBORN: &str = "trap '' TERM; sleep 300 & sleep 300 & wait";
+
+/// Spawns a TERM-ignoring tree, waits until its members are in the ledger,
+/// kills it through the API; returns the tree id.
+fn spawn_and_kill(s: &Server) -> i64 {
+    let id = s.spawn(&s.body(STUBBORN));
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            s.tree(id)["members"].as_array().map_or(0, |m| m.len()) >= 3
+        }),
+        "members did not appear: {}",
+        s.tree(id)
+    );
+    let (status, r) = s.post(&format!("/api/trees/{id}/kill?grace=100ms"), None);
+    assert_eq!(status, 200, "kill answered {r}");
+    assert_eq!(r["state"], "ended", "{r}");
+    assert!(r["authorizations"].as_u64() >= Some(1), "{r}");
+    id
+}
+
+#[test]
+fn serve_spawns_sees_members_kills_and_exports_authority_before_the_sigkill() {
+    let s = Server::start(&[]);
+    let id = spawn_and_kill(&s);
+    assert!(
+        wait_until(Duration::from_secs(10), || s.marked().is_empty()),
+        "survivors: {:?}",
+        s.marked()
+    );
+    let detail = s.tree(id);
+    assert_eq!(detail["tree"]["state"], "ended");
+    assert!(
+        !detail["authorizations"]
+            .as_array()
+            .expect("auths")
+            .is_empty()
+    );
+    assert!(!detail["signals"].as_array().expect("signals").is_empty());
+    let events = s.export();
+    let mine: Vec<&Value> = events.iter().filter(|e| e["tree"] == id).collect();
+    let auth = mine
+        .iter()
+        .position(|e| e["kind"] == "kill.authorized")
+        .expect("kill.authorized in the export");
+    let kill = mine
+        .iter()
+        .position(|e| e["kind"] == "signal.sent" && e["data"]["signal"] == "SIGKILL")
+        .expect("a SIGKILL in the export");
+    assert!(auth < kill, "kill.authorized must precede the SIGKILL");
+    // The same trail as CSV, and the events API.
+    let csv = s.get("/api/export?format=csv");
+    assert_eq!(csv.status(), 200);
+    assert!(csv.text().expect("csv").contains("kill.authorized"));
+    let evs = s.get_json(&format!("/api/events?tree={id}"));
+    assert!(evs.as_array().expect("events").len() >= mine.len());
+    // The tree list: live by default, all with ?all=1.
+    let live = s.get_json("/api/trees");
+    assert!(live.as_array().expect("list").iter().all(|t| t["id"] != id));
+    let all = s.get_json("/api/trees?all=1");
+    assert!(all.as_array().expect("list").iter().any(|t| t["id"] == id));
+}
+
+#[test]
+fn mutating_requests_need_the_token_and_reads_on_loopback_do_not() {
+    let s = Server::start(&[]);
+    let body = s.body("sleep 1");
+    for (auth, why) in [(None, "missing"), (Some("wrong-token"), "wrong")] {
+        let mut req = s.http.post(s.url("/api/trees")).json(&body);
+        if let Some(t) = auth {
+            req = req.bearer_auth(t);
+        }
+        let r = req.send().expect("POST");
+        assert_eq!(r.status(), 401, "{why} token");
+        assert_eq!(
+            r.headers()
+                .get("www-authenticate")
+                .and_then(|v| v.to_str().ok()),
+            Some("Bearer")
+        );
+        let v: Value = r.json().expect("json error");
+        assert!(v["error"].is_string(), "{v}");
+    }
+    let r = s
+        .http
+        .post(s.url("/api/trees/1/kill"))
+        .send()
+        .expect("POST");
+    assert_eq!(r.status(), 401);
+    assert_eq!(s.get("/api/trees").status(), 200);
+    assert_eq!(s.get("/healthz").status(), 200);
+    assert!(s.marked().is_empty(), "an unauthorized spawn ran");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(s.data_dir().join("api-token"))
+            .expect("token file")
+            .permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600);
+}
+
+#[test]
+fn every_bad_input_gets_its_status_and_a_json_error() {
+    let s = Server::start(&[]);
+    let raw = |path: &str, content_type: Option<&str>, body: Vec<u8>| {
+        let mut req = s.http.post(s.url(path)).bearer_auth(&s.token).body(body);
+        if let Some(ct) = content_type {
+            req = req.header("content-type", ct);
+        }
+        let r = req.send().expect("POST");
+        let status = r.status().as_u16();
+        let ct = r
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let v: Value = r.json().unwrap_or(Value::Null);
+        (status, ct, v)
+    };
+    let json_ct = Some("application/json");
+    let big = {
+        let mut b = br#"{"argv":["true"],"label":""#.to_vec();
+        b.extend(std::iter::repeat_n(b'x', 2 * 1024 * 1024));
+        b.extend(br#""}"#);
+        b
+    };
+    let cases: Vec<(&str, u16, (u16, String, Value))> = vec![
+        (
+            "malformed JSON",
+            400,
+            raw("/api/trees", json_ct, b"{\"argv\":".to_vec()),
+        ),
+        (
+            "argv of the wrong type",
+            422,
+            raw("/api/trees", json_ct, br#"{"argv":"true"}"#.to_vec()),
+        ),
+        (
+            "empty argv",
+            422,
+            raw("/api/trees", json_ct, br#"{"argv":[]}"#.to_vec()),
+        ),
+        (
+            "unknown field",
+            422,
+            raw(
+                "/api/trees",
+                json_ct,
+                br#"{"argv":["true"],"bogus":1}"#.to_vec(),
+            ),
+        ),
+        (
+            "bad grace",
+            422,
+            raw(
+                "/api/trees",
+                json_ct,
+                br#"{"argv":["true"],"grace":"soon"}"#.to_vec(),
+            ),
+        ),
+        (
+            "bad timeout",
+            422,
+            raw(
+                "/api/trees",
+                json_ct,
+                br#"{"argv":["true"],"timeout":"-1s"}"#.to_vec(),
+            ),
+        ),
+        (
+            "relative cwd",
+            422,
+            raw(
+                "/api/trees",
+                json_ct,
+                br#"{"argv":["true"],"cwd":"tmp"}"#.to_vec(),
+            ),
+        ),
+        (
+            "dead owner_pid",
+            422,
+            raw(
+                "/api/trees",
+                json_ct,
+                br#"{"argv":["true"],"owner_pid":2147483000}"#.to_vec(),
+            ),
+        ),
+        (
+            "command not found",
+            422,
+            raw(
+                "/api/trees",
+                json_ct,
+                br#"{"argv":["/nonexistent/tw-no-such-command"]}"#.to_vec(),
+            ),
+        ),
+        (
+            "no content type",
+            415,
+            raw("/api/trees", None, br#"{"argv":["true"]}"#.to_vec()),
+        ),
+        ("body over 1 MiB", 413, raw("/api/trees", json_ct, big)),
+        (
+            "unknown tree kill",
+            404,
+            raw("/api/trees/987654/kill", None, Vec::new()),
+        ),
+        (
+            "malformed tree id",
+            400,
+            raw("/api/trees/abc/kill", None, Vec::new()),
+        ),
+        (
+            "bad kill grace",
+            400,
+            raw("/api/trees/1/kill?grace=later", None, Vec::new()),
+        ),
+        (
+            "resolve unknown tree",
+            404,
+            raw(
+                "/api/trees/987654/resolve",
+                json_ct,
+                br#"{"note":"x"}"#.to_vec(),
+            ),
+        ),
+        (
+            "resolve with empty note",
+            422,
+            raw("/api/trees/1/resolve", json_ct, br#"{"note":" "}"#.to_vec()),
+        ),
+    ];
+    for (what, want, (status, ct, v)) in cases {
+        assert_eq!(status, want, "{what}: {v}");
+        assert!(
+            ct.starts_with("application/json"),
+            "{what}: content-type {ct}"
+        );
+        assert!(
+            v["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{what}: {v}"
+        );
+    }
+    let get = |path: &str| {
+        let r = s.get(path);
+        let status = r.status().as_u16();
+        (status, r.json::<Value>().unwrap_or(Value::Null))
+    };
+    for (path, want) in [
+        ("/api/trees/987654", 404),
+        ("/api/trees/abc", 400),
+        ("/api/trees?all=maybe", 400),
+        ("/api/export?format=xml", 400),
+        ("/api/events?since=yesterday-ish", 400),
+        ("/api/events?tree=abc", 400),
+        ("/api/no-such-endpoint", 404),
+    ] {
+        let (status, v) = get(path);
+        assert_eq!(status, want, "{path}: {v}");
+        assert!(v["error"].is_string(), "{path}: {v}");
+    }
+    // A tree that is not ambiguous cannot be resolved: 409.
+    let id = s.spawn(&s.body("exit 0"));
+    let (status, v) = s.post(
+        &format!("/api/trees/{id}/resolve"),
+        Some(&json!({"note": "x"})),
+    );
+    assert_eq!(status, 409, "{v}");
+    assert!(s.marked().is_empty() || wait_until(Duration::from_secs(10), || s.marked().is_empty()));
+}
+
+#[test]
+fn owner_death_tears_the_tree_down_within_a_second() {
+    let s = Server::start(&[]);
+    let mut client = Command::new("sleep")
+        .arg("300")
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("client process");
+    let mut body = s.body("sleep 300 & sleep 300 & wait");
+    body["owner_pid"] = json!(client.id());
+    let id = s.spawn(&body);
+    assert!(
+        wait_until(Duration::from_secs(20), || s.marked().len() >= 3),
+        "tree did not start"
+    );
+    assert_eq!(s.tree(id)["tree"]["owner"]["kind"], "client");
+    let killed = Instant::now();
+    let _ = client.kill();
+    let _ = client.wait();
+    let gone = wait_until(Duration::from_secs(5), || s.marked().is_empty());
+    let took = killed.elapsed();
+    assert!(gone, "survivors after owner death: {:?}", s.marked());
+    assert!(
+        took <= Duration::from_secs(1),
+        "tree outlived its owner by {took:?}"
+    );
+    assert!(wait_until(Duration::from_secs(5), || {
+        s.tree(id)["tree"]["state"] == "ended"
+    }));
+    let reasons: Vec<String> = s.tree(id)["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|e| e["kind"] == "tree.state")
+        .map(|e| e["data"]["reason"].to_string())
+        .collect();
+    assert!(
+        reasons.iter().any(|r| r.contains("owner exited")),
+        "{reasons:?}"
+    );
+}
+
+#[test]
+fn sigterm_to_serve_tears_down_its_trees_and_exits_0() {
+    let mut s = Server::start(&[]);
+    let a = s.spawn(&s.body("sleep 300 & sleep 300 & wait"));
+    let b = s.spawn(&s.body(STUBBORN));
+    assert!(
+        wait_until(Duration::from_secs(20), || s.marked().len() >= 6),
+        "trees did not start: {:?}",
+        s.marked()
+    );
+    let status = s.terminate().expect("serve exits");
+    assert_eq!(status.code(), Some(0), "serve log: {}", s.stderr());
+    assert!(
+        wait_until(Duration::from_secs(5), || s.marked().is_empty()),
+        "survivors: {:?}",
+        s.marked()
+    );
+    // The ledger says so too (read with the CLI: the server is gone).
+    let out = Command::new(bin())
+        .env("TREEWARDEN_DATA_DIR", s.data_dir())
+        .args(["ls", "--all", "--json"])
+        .output()
+        .expect("ls");
+    let trees: Value = serde_json::from_slice(&out.stdout).expect("ls json");
+    for id in [a, b] {
+        let t = trees
+            .as_array()
+            .expect("list")
+            .iter()
+            .find(|t| t["id"] == id)
+            .expect("tree listed");
+        assert_eq!(t["state"], "ended", "{t}");
+    }
+}
+
+#[test]
+fn metrics_pass_promtool_and_never_label_by_tree_or_pid() {
+    let s = Server::start(&[]);
+    spawn_and_kill(&s);
+    let live = s.spawn(&s.body("sleep 300"));
+    assert!(wait_until(Duration::from_secs(10), || {
+        s.tree(live)["members"].as_array().map_or(0, |m| m.len()) >= 1
+    }));
+    // The scan loop tails the ledger into the counters; wait for it.
+    let mut text = String::new();
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            text = s.get("/metrics").text().expect("metrics");
+            text.contains("treewarden_kill_authorizations_written_total 1")
+        }),
+        "{text}"
+    );
+    std::fs::write(artifacts().join("metrics.txt"), &text).expect("artifact");
+    for name in [
+        "treewarden_trees{state=\"running\"} 1",
+        "treewarden_members ",
+        "treewarden_escapes_observed_total",
+        "treewarden_signals_sent_total{signal=\"SIGKILL\"",
+        "treewarden_kill_authorizations_failed_total 0",
+        "treewarden_kills_skipped_total",
+        "treewarden_survivors_after_kill_total",
+        "treewarden_sweeps_total",
+        "treewarden_sweep_orphans_total",
+        "treewarden_scan_duration_seconds_bucket",
+        "treewarden_teardown_duration_seconds_bucket",
+        "treewarden_ledger_write_errors_total 0",
+        "treewarden_dispatch_closed 0",
+        "treewarden_ledger_head_seq ",
+    ] {
+        assert!(text.contains(name), "missing {name} in\n{text}");
+    }
+    for bad in ["tree=", "pid=", "id="] {
+        assert!(!text.contains(bad), "unbounded label {bad} in\n{text}");
+    }
+    let om = s
+        .http
+        .get(s.url("/metrics"))
+        .header("accept", "application/openmetrics-text; version=1.0.0")
+        .send()
+        .expect("metrics")
+        .text()
+        .expect("body");
+    assert!(om.trim_end().ends_with("# EOF"));
+    let Some(promtool) = tool("promtool") else {
+        skip("promtool not installed (Debian package prometheus)");
+        return;
+    };
+    let mut check = Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool");
+    check
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write");
+    let out = check.wait_with_output().expect("promtool output");
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn chromium(user_dir: &Path, extra: &[&str], url: &str) -> std::process::Output {
+    let mut child = Command::new("/usr/bin/chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-dev-shm-usage",
+            "--hide-scrollbars",
+        ])
+        .arg(format!("--user-data-dir={}", user_dir.display()))
+        .args(extra)
+        .arg(url)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("chromium");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let reader = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = stdout.read_to_end(&mut s);
+        s
+    });
+    let status = wait_child(&mut child, Duration::from_secs(90));
+    let out = reader.join().unwrap_or_default();
+    let mut err = Vec::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_end(&mut err);
+    }
+    std::process::Output {
+        status: status.unwrap_or_else(|| std::os::unix::process::ExitStatusExt::from_raw(9)),
+        stdout: out,
+        stderr: err,
+    }
+}
+
+#[test]
+fn dashboard_renders_trees_and_the_teardown_timeline_in_headless_chromium() {
+    let s = Server::start(&[]);
+    let killed = spawn_and_kill(&s);
+    let live = s.spawn(&s.body("sleep 300"));
+    assert!(wait_until(Duration::from_secs(10), || {
+        s.tree(live)["members"].as_array().map_or(0, |m| m.len()) >= 1
+    }));
+    // Server-rendered: the pages are complete without a browser.
+    let index = s.get("/").text().expect("index");
+    assert!(
+        index.contains(&format!("href=\"/trees/{live}\"")),
+        "{index}"
+    );
+    assert!(index.contains("dispatch open"));
+    let page = s
+        .get(&format!("/trees/{killed}"))
+        .text()
+        .expect("tree page");
+    assert!(page.contains("<svg") && page.contains("KILL"), "{page}");
+    let events = s.get("/events?kind=kill.").text().expect("events page");
+    assert!(events.contains("kill.authorized"));
+    if !Path::new("/usr/bin/chromium").exists() {
+        skip("chromium not installed (Debian package chromium)");
+        return;
+    }
+    let profile = tempfile::tempdir().expect("profile dir");
+    let dom = chromium(
+        profile.path(),
+        &["--dump-dom"],
+        &s.url(&format!("/trees/{killed}")),
+    );
+    let dom = String::from_utf8_lossy(&dom.stdout).to_string();
+    assert!(dom.contains("id=\"timeline\""), "no timeline in DOM: {dom}");
+    assert!(
+        dom.contains("authorized") && dom.contains("verified"),
+        "{dom}"
+    );
+    assert!(dom.contains("kill authorized #"), "{dom}");
+    let dom = chromium(profile.path(), &["--dump-dom"], &s.url("/"));
+    let dom = String::from_utf8_lossy(&dom.stdout).to_string();
+    assert!(dom.contains("id=\"trees\""), "{dom}");
+    for (name, path) in [
+        ("dashboard.png", "/?all=1".to_string()),
+        ("tree.png", format!("/trees/{killed}")),
+    ] {
+        let shot = artifacts().join(name);
+        let _ = std::fs::remove_file(&shot);
+        let out = chromium(
+            profile.path(),
+            &[
+                &format!("--screenshot={}", shot.display()),
+                "--window-size=1280,900",
+            ],
+            &s.url(&path),
+        );
+        assert!(
+            shot.is_file() && std::fs::metadata(&shot).map(|m| m.len()).unwrap_or(0) > 1000,
+            "no screenshot {}: {}",
+            shot.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// A tiny OTLP/HTTP receiver: accepts requests on 127.0.0.1, answers 200,
+/// keeps the bodies.
+/// Requests the stub received: (path, body).
+type Received = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+
+fn otlp_stub() -> (String, Received) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind stub");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let got: Received = Arc::default();
+    let store = got.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+                let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
+                    let mut len = 0usize;
+                    loop {
+                        let mut h = String::new();
+                        if reader.read_line(&mut h).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let h = h.trim_end();
+                        if h.is_empty() {
+                            break;
+                        }
+                        if let Some((k, v)) = h.split_once(':')
+                            && k.eq_ignore_ascii_case("content-length")
+                        {
+                            len = v.trim().parse().unwrap_or(0);
+                        }
+                    }
+                    let mut body = vec![0u8; len];
+                    if reader.read_exact(&mut body).is_err() {
+                        return;
+                    }
+                    store.lock().expect("lock").push((path, body));
+                    let mut w = &stream;
+                    let _ = w.write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n",
+                    );
+                }
+            });
+        }
+    });
+    (addr, got)
+}
+
+#[test]
+fn an_otlp_receiver_gets_the_teardown_span() {
+    let (addr, got) = otlp_stub();
+    let endpoint = format!("http://{addr}");
+    let mut s = Server::start_with_env(&[], &[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)]);
+    spawn_and_kill(&s);
+    // Shutdown flushes the batch exporter.
+    let status = s.terminate().expect("serve exits");
+    assert_eq!(status.code(), Some(0), "{}", s.stderr());
+    let has = |needle: &[u8]| {
+        got.lock().expect("lock").iter().any(|(path, body)| {
+            path == "/v1/traces" && body.windows(needle.len()).any(|w| w == needle)
+        })
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), || has(b"teardown")),
+        "no teardown span received; requests: {:?}; log: {}",
+        got.lock()
+            .expect("lock")
+            .iter()
+            .map(|(p, b)| (p.clone(), b.len()))
+            .collect::<Vec<_>>(),
+        s.stderr()
+    );
+    assert!(has(b"teardown.phase"), "no phase spans");
+    assert!(has(b"treewarden"), "no service name");
+}
+
+#[test]
+fn schemathesis_finds_no_5xx_no_schema_drift_and_leaves_no_tree_running() {
+    let Some(st) = tool("schemathesis") else {
+        skip("schemathesis not installed (pip install schemathesis)");
+        return;
+    };
+    // Spawns go through a hook that replaces argv with a harmless, marked
+    // command, and the allow-list refuses anything else.
+    let harmless = "/bin/sleep";
+    let mut s = Server::start(&["--allow-command", harmless, "--grace", "100ms"]);
+    let hooks_dir = s.dir.path().join("hooks");
+    std::fs::create_dir_all(&hooks_dir).expect("hooks dir");
+    std::fs::write(
+        hooks_dir.join("tw_hooks.py"),
+        format!(
+            r#"import schemathesis
+
+@schemathesis.hook
+def before_call(context, case, kwargs):
+    if case.method.upper() == "POST" and case.path == "/api/trees" and isinstance(case.body, dict):
+        case.body["argv"] = ["{harmless}", "2"]
+        env = case.body.get("env")
+        case.body["env"] = {{"TW_TEST_MARK": "{mark}"}}
+"#,
+            mark = s.mark
+        ),
+    )
+    .expect("hooks");
+    let out = Command::new(st)
+        .current_dir(s.dir.path())
+        .env("SCHEMATHESIS_HOOKS", "tw_hooks")
+        .env("PYTHONPATH", &hooks_dir)
+        .env("NO_COLOR", "1")
+        .args([
+            "run",
+            &s.url("/api/openapi.json"),
+            "--header",
+            &format!("Authorization: Bearer {}", s.token),
+            "--checks",
+            "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance",
+            "--max-examples",
+            "15",
+            "--phases",
+            "examples,coverage,fuzzing",
+            "--request-timeout",
+            "30",
+            "--workers",
+            "1",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("schemathesis");
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::write(artifacts().join("schemathesis.txt"), &report);
+    assert!(out.status.success(), "schemathesis failed:\n{report}");
+    let status = s.terminate().expect("serve exits");
+    assert_eq!(status.code(), Some(0), "{}", s.stderr());
+    assert!(
+        wait_until(Duration::from_secs(5), || s.marked().is_empty()),
+        "trees left running: {:?}",
+        s.marked()
+    );
+    let out = Command::new(bin())
+        .env("TREEWARDEN_DATA_DIR", s.data_dir())
+        .args(["ls", "--json"])
+        .output()
+        .expect("ls");
+    let live: Value = serde_json::from_slice(&out.stdout).expect("ls json");
+    assert_eq!(
+        live.as_array().map(|a| a.len()),
+        Some(0),
+        "live trees: {live}"
+    );
+}
