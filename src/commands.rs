@@ -224,6 +224,7 @@ pub fn run(config: &Config, args: RunArgs) -> CliResult {
 }
 
 pub fn kill(config: &Config, args: KillArgs) -> CliResult {
+    shield_from_interrupts();
     let engine = engine(config, None)?;
     let tree = TreeId(args.tree);
     let row = engine
@@ -349,6 +350,7 @@ fn opt(v: Option<i32>) -> String {
 }
 
 pub fn sweep(config: &Config, args: SweepArgs) -> CliResult {
+    shield_from_interrupts();
     let engine = engine(config, None)?;
     let report = engine.sweep(args.grace).map_err(custody_error)?;
     if args.json {
@@ -382,6 +384,24 @@ pub fn resolve(config: &Config, args: ResolveArgs) -> CliResult {
         .map_err(custody_error)?;
     println!("tree {} resolved", args.tree);
     Ok(0)
+}
+
+/// A teardown interrupted between freeze and thaw would leave the tree
+/// frozen (or SIGSTOPped). `kill` and `sweep` are bounded, so they finish
+/// what they started: SIGINT, SIGTERM and SIGHUP are noted and ignored.
+/// (SIGKILL cannot be; a tree left frozen by it is in state `killing` and
+/// the next sweep resumes it.)
+fn shield_from_interrupts() {
+    let noted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ] {
+        if let Err(e) = signal_hook::flag::register(sig, noted.clone()) {
+            tracing::warn!(signal = sig, error = %e, "cannot shield the teardown from this signal");
+        }
+    }
 }
 
 fn print_json(value: &impl serde::Serialize) -> Result<(), CliError> {

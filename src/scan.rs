@@ -227,15 +227,28 @@ pub struct KnownTree {
 impl KnownTree {
     /// Whether session/group matches can be trusted in this snapshot: the
     /// leader (pid == sid, pid == pgid) is either gone or is the recorded root.
+    ///
+    /// A leaderless session or group is trusted only while a member seen
+    /// before (by identity) still lives in it: once all of a tree's known
+    /// processes are gone its ids can be reused by a stranger's `setsid()`,
+    /// and the stranger's children would otherwise look like ours.
     fn ids_are_ours(&self, snap: &Snapshot) -> bool {
         if self.root_start_ticks == 0 {
             return true;
         }
-        [self.sid, self.pgid]
-            .iter()
-            .all(|leader| match snap.entries.get(leader) {
-                Some(e) => e.start_ticks == self.root_start_ticks,
-                None => true,
+        let mut leaderless = false;
+        for leader in [self.sid, self.pgid] {
+            match snap.entries.get(&leader) {
+                Some(e) if e.start_ticks != self.root_start_ticks => return false,
+                Some(_) => {}
+                None => leaderless = true,
+            }
+        }
+        !leaderless
+            || snap.entries.values().any(|e| {
+                e.is_live()
+                    && (e.sid == self.sid || e.pgid == self.pgid)
+                    && self.seen.contains(&(e.pid, e.start_ticks))
             })
     }
 }
@@ -539,6 +552,23 @@ mod tests {
         let mut t = tree(7, 100);
         t.root_start_ticks = 1100;
         assert!(classify(&s, &[t], &HashSet::new())[0].members.is_empty());
+    }
+
+    #[test]
+    fn a_leaderless_session_is_trusted_only_through_a_known_member() {
+        // The root (100) is gone. 101 was seen before; 102 was not.
+        let s = snap(vec![p(101, 1, 100, 100), p(102, 101, 100, 100)]);
+        let mut t = tree(7, 100);
+        t.root_start_ticks = 1100;
+        let blind = classify(&s, std::slice::from_ref(&t), &HashSet::new());
+        assert!(
+            blind[0].members.is_empty(),
+            "no known member lives: a reused session is not ours"
+        );
+        t.seen.insert((101, 1101));
+        let f = classify(&s, &[t], &HashSet::new());
+        let pids: Vec<i32> = f[0].members.iter().map(|m| m.entry.pid).collect();
+        assert_eq!(pids, vec![101, 102]);
     }
 
     #[test]

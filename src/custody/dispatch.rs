@@ -25,18 +25,41 @@ impl Engine {
     /// Every unsettled tree, in id order. Reads only: works while another
     /// process holds the write lock.
     pub fn unsettled(&self) -> Result<Vec<Unsettled>, CustodyError> {
-        let mut out: Vec<Unsettled> = self
-            .ambiguous_in_memory()
-            .into_iter()
-            .map(|(tree, reason)| Unsettled {
-                tree,
-                reason: if reason.is_empty() {
-                    "ambiguous teardown (not yet in the ledger)".into()
-                } else {
-                    reason
-                },
-            })
-            .collect();
+        let mut out = Vec::new();
+        for (tree, reason) in self.ambiguous_in_memory() {
+            let reason = if reason.is_empty() {
+                "ambiguous teardown (not yet in the ledger)".to_string()
+            } else {
+                reason
+            };
+            // A marker left for a tree the ledger holds as ended (a teardown
+            // that raced another) is stale once every survivor it names is
+            // gone; while one lives, the tree is not settled.
+            if let Some(row) = self.ledger.tree(crate::ledger::TreeId(tree))?
+                && row.state.is_terminal()
+            {
+                let alive = self
+                    .marked_survivors(tree)
+                    .into_iter()
+                    .filter(identity_alive)
+                    .count();
+                if alive == 0 {
+                    tracing::info!(
+                        tree,
+                        "stale unsettled marker of a {} tree removed",
+                        row.state.as_str()
+                    );
+                    self.forget_ambiguous(tree);
+                    continue;
+                }
+                out.push(Unsettled {
+                    tree,
+                    reason: format!("{reason} ({alive} survivors named by its marker still live)"),
+                });
+                continue;
+            }
+            out.push(Unsettled { tree, reason });
+        }
         for row in self.ledger.nonterminal_trees()? {
             if out.iter().any(|u| u.tree == row.id) {
                 continue;
@@ -110,4 +133,18 @@ impl Engine {
         }
         !matches!(owner.check(), Liveness::Gone | Liveness::Recycled)
     }
+}
+
+/// Whether the process named by this identity still runs (an identity that
+/// cannot be read counts as alive).
+fn identity_alive(id: &crate::ledger::IdentityRecord) -> bool {
+    let id = crate::proc::Identity {
+        pid: id.pid,
+        start_ticks: id.start_ticks,
+        boot_id: id.boot_id.clone(),
+    };
+    !matches!(
+        id.check(),
+        crate::proc::Liveness::Gone | crate::proc::Liveness::Recycled
+    )
 }

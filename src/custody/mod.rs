@@ -15,6 +15,7 @@
 //! The engine never makes a syscall itself and never writes SQL.
 
 mod dispatch;
+pub mod markers;
 mod observer;
 mod owner;
 mod spawn;
@@ -129,7 +130,9 @@ impl Engine {
     }
 
     /// Records an operator's resolution of an ambiguous tree; reopens dispatch
-    /// once no other tree is unsettled.
+    /// once no other tree is unsettled. A tree the ledger already holds as
+    /// ended but whose marker stayed (a teardown raced another) is settled by
+    /// removing the marker.
     pub fn resolve(&self, tree: TreeId, note: &str) -> Result<(), CustodyError> {
         if note.trim().is_empty() {
             return Err(CustodyError::Conflict(
@@ -140,8 +143,18 @@ impl Engine {
             .ledger
             .tree(tree)?
             .ok_or(CustodyError::UnknownTree(tree.0))?;
-        let in_memory = self.is_ambiguous_in_memory(tree.0);
-        if row.state != crate::ledger::TreeState::Ambiguous && !in_memory {
+        let marked = self.is_ambiguous_in_memory(tree.0);
+        if row.state.is_terminal() && marked {
+            tracing::warn!(
+                tree = tree.0,
+                note,
+                "resolve: tree already {}; its marker is removed",
+                row.state.as_str()
+            );
+            self.forget_ambiguous(tree.0);
+            return Ok(());
+        }
+        if row.state != crate::ledger::TreeState::Ambiguous && !marked {
             return Err(CustodyError::Conflict(format!(
                 "tree {} is {}, not ambiguous: nothing to resolve",
                 tree.0,
@@ -160,26 +173,18 @@ impl Engine {
         Ok(())
     }
 
-    /// Marks a tree unsettled at once: in memory, and as a marker file
-    /// `<data-dir>/unsettled/tree-<id>` that other treewarden processes read
-    /// in their dispatch gate. The marker is the channel that still works
-    /// when the ledger does not (a held write lock, a full disk: an empty
-    /// file needs no data blocks); it stays until the tree is settled.
-    fn mark_ambiguous(&self, tree: i64, reason: &str) {
+    /// Marks a tree unsettled at once: in memory, and as a marker file that
+    /// names its survivors (see [`markers`]). It stays until the tree is
+    /// settled.
+    fn mark_ambiguous(&self, tree: i64, reason: &str, survivors: &[crate::ledger::IdentityRecord]) {
         if let Ok(mut set) = self.ambiguous.lock() {
             set.insert(tree);
         }
-        let dir = self.data_dir.join("unsettled");
-        let path = dir.join(format!("tree-{tree}"));
-        let made = std::fs::create_dir_all(&dir).and_then(|_| std::fs::File::create(&path));
-        match made {
-            Ok(mut file) => {
-                use std::io::Write;
-                // The reason is a courtesy; the file's existence is the fact.
-                let _ = file.write_all(reason.as_bytes());
-            }
-            Err(e) => tracing::error!(tree, error = %e, "unsettled marker not written"),
-        }
+        let marker = markers::Marker {
+            reason: reason.to_string(),
+            survivors: survivors.to_vec(),
+        };
+        markers::write(&self.data_dir, tree, &marker);
     }
 
     /// The tree is settled (teardown verified, or resolved by an operator).
@@ -187,16 +192,19 @@ impl Engine {
         if let Ok(mut set) = self.ambiguous.lock() {
             set.remove(&tree);
         }
-        let path = self.data_dir.join("unsettled").join(format!("tree-{tree}"));
-        match std::fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => tracing::error!(tree, error = %e, "unsettled marker not removed"),
-        }
+        markers::remove(&self.data_dir, tree);
     }
 
     fn is_ambiguous_in_memory(&self, tree: i64) -> bool {
         self.ambiguous_in_memory().iter().any(|(t, _)| *t == tree)
+    }
+
+    /// Survivors a marker names for this tree: a teardown counts them as
+    /// members even when the ledger never recorded them.
+    pub(crate) fn marked_survivors(&self, tree: i64) -> Vec<crate::ledger::IdentityRecord> {
+        markers::read(&self.data_dir, tree)
+            .map(|m| m.survivors)
+            .unwrap_or_default()
     }
 
     /// Ambiguous trees not necessarily in the ledger yet: this process's
@@ -207,21 +215,10 @@ impl Engine {
             .lock()
             .map(|s| s.iter().map(|t| (*t, String::new())).collect())
             .unwrap_or_default();
-        if let Ok(dir) = std::fs::read_dir(self.data_dir.join("unsettled")) {
-            for entry in dir.flatten() {
-                let name = entry.file_name();
-                let Some(tree) = name
-                    .to_str()
-                    .and_then(|n| n.strip_prefix("tree-"))
-                    .and_then(|n| n.parse::<i64>().ok())
-                else {
-                    continue;
-                };
-                let reason = std::fs::read_to_string(entry.path()).unwrap_or_default();
-                match v.iter_mut().find(|(t, _)| *t == tree) {
-                    Some(slot) => slot.1 = reason,
-                    None => v.push((tree, reason)),
-                }
+        for (tree, marker) in markers::all(&self.data_dir) {
+            match v.iter_mut().find(|(t, _)| *t == tree) {
+                Some(slot) => slot.1 = marker.reason,
+                None => v.push((tree, marker.reason)),
             }
         }
         v.sort_unstable();
@@ -235,7 +232,8 @@ impl Engine {
         for (tree, _) in self.ambiguous_in_memory() {
             let id = TreeId(tree);
             match self.ledger.tree(id) {
-                Ok(Some(row)) if row.state.is_terminal() => self.forget_ambiguous(tree),
+                // A terminal tree's marker is judged by the dispatch gate.
+                Ok(Some(row)) if row.state.is_terminal() => {}
                 Ok(Some(row)) if row.state == crate::ledger::TreeState::Ambiguous => {}
                 Ok(Some(_)) => {
                     if let Err(e) = self.ledger.set_state(

@@ -155,25 +155,31 @@ impl Engine {
         if let Some(o) = &obs {
             o.watch(tree, spawned.pgid, spawned.sid, &spawned.root);
         }
+        // From here on the tree runs: no error may return without a
+        // teardown. Each failure below degrades (slower root detection, no
+        // scans) instead of leaving the tree without its owner.
         {
             let tx = tx.clone();
             let root = spawned.root.pid;
-            std::thread::Builder::new()
+            let waiter = std::thread::Builder::new()
                 .name("tw-root".into())
                 .spawn(move || {
                     if let Some(status) = reaper.wait_exit(root, None) {
                         let _ = tx.send(Event::Root(status));
                     }
-                })
-                .map_err(|e| CustodyError::Proc(crate::proc::ProcError::Io(e)))?;
+                });
+            if let Err(e) = waiter {
+                tracing::error!(tree = tree.0, error = %e, "no root waiter thread: the root's exit is seen at scan ticks");
+            }
         }
-
-        let row = self
-            .ledger
-            .tree(tree)?
-            .ok_or(CustodyError::UnknownTree(tree.0))?;
         let exclude = self.exclude.as_ref().clone();
-        let mut watch = TreeWatch::new(&row, &[], &exclude);
+        let mut watch = match self.ledger.tree(tree) {
+            Ok(Some(row)) => TreeWatch::new(&row, &[], &exclude),
+            other => {
+                tracing::error!(tree = tree.0, read = ?other.err(), "tree row unreadable: run goes on without scans");
+                None
+            }
+        };
         if let Some(w) = watch.as_mut() {
             w.adopt_children_of(std::process::id() as i32);
             w.set_observer(obs.clone());
@@ -186,6 +192,10 @@ impl Engine {
             if let Some(d) = deadline
                 && now >= d
             {
+                // A root exit already queued at the deadline wins over it.
+                if let Ok(Event::Root(status)) = rx.try_recv() {
+                    break RunEnd::RootExited(status);
+                }
                 break RunEnd::Timeout;
             }
             if now >= next_scan {

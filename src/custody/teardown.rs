@@ -172,6 +172,16 @@ impl Engine {
         if row.state.is_terminal() {
             return Ok(report);
         }
+        // A tree recorded in another boot has no process left: its ids now
+        // name strangers. Nothing is signalled; it is closed as vanished.
+        if let (Some(recorded), Ok(now)) = (row.boot_id.as_deref(), crate::proc::boot_id())
+            && recorded != now
+        {
+            let why = format!(
+                "recorded in boot {recorded}, this is boot {now}: nothing of it can be running"
+            );
+            return self.refuse(tree, opts, &why, report, started);
+        }
         let detail = self
             .ledger
             .tree_detail(tree)?
@@ -187,6 +197,7 @@ impl Engine {
         if let Some(pid) = adopted_by {
             watch.adopt_children_of(pid);
         }
+        watch.remember(&self.marked_survivors(tree.0));
         watch.set_observer(opts.observer.clone());
         let leader = Identity {
             pid: row.root_pid.unwrap_or(watch.pgid()),
@@ -328,7 +339,9 @@ impl Engine {
                         "forced kill skipped: its authority could not be written ({e}); {} survivors left alive as evidence",
                         survivors.len()
                     );
-                    self.mark_ambiguous(tree.0, &why);
+                    let named: Vec<IdentityRecord> =
+                        survivors.iter().map(|m| watch.identity(m)).collect();
+                    self.mark_ambiguous(tree.0, &why, &named);
                     let _ = self.ledger.kill_skipped(tree, &why);
                     let _ = self.ledger.add_flag(tree, "authority_write_failed");
                     let _ = self
@@ -387,7 +400,8 @@ impl Engine {
         // Members outlived every round: the tree is not provably gone.
         let why = format!("{} members survived the forced kill", members.len());
         self.stats.survivors(members.len());
-        self.mark_ambiguous(tree.0, &why);
+        let named: Vec<IdentityRecord> = members.iter().map(|m| watch.identity(m)).collect();
+        self.mark_ambiguous(tree.0, &why, &named);
         let _ = self.ledger.add_flag(tree, "survivors");
         if let Err(e) = self
             .ledger

@@ -54,7 +54,20 @@ impl TreeWatch {
     ) -> Option<Self> {
         let (pgid, sid, root_start) = (row.pgid?, row.sid?, row.root_start_ticks?);
         let mut exclude = exclude.clone();
-        exclude.insert(row.owner.pid);
+        // The owner is never a member — while it is the owner. A dead
+        // owner's pid may be reused by a member of its own tree.
+        let owner = row.owner_identity();
+        let owner_now = crate::proc::Identity {
+            pid: owner.pid,
+            start_ticks: owner.start_ticks,
+            boot_id: owner.boot_id,
+        };
+        if !matches!(
+            owner_now.check(),
+            crate::proc::Liveness::Gone | crate::proc::Liveness::Recycled
+        ) {
+            exclude.insert(row.owner.pid);
+        }
         let mut known = KnownTree {
             id: row.id,
             pgid,
@@ -107,6 +120,14 @@ impl TreeWatch {
             }
         }
         None
+    }
+
+    /// Counts these identities as members seen before (e.g. the survivors
+    /// an unsettled marker names, which the ledger may never have recorded).
+    pub fn remember(&mut self, ids: &[IdentityRecord]) {
+        self.known
+            .seen
+            .extend(ids.iter().map(|id| (id.pid, id.start_ticks)));
     }
 
     pub fn tree(&self) -> TreeId {

@@ -910,3 +910,74 @@ fn die_with_parent_tears_the_tree_down_when_runs_parent_dies() {
         env.marked()
     );
 }
+
+#[test]
+fn a_survivor_the_ledger_never_recorded_is_still_killed_by_the_sweep() {
+    // The write lock is held before the escapee exists, so the ledger never
+    // hears of it; only `run` (which adopts it) sees it. The unsettled marker
+    // names it, so the later sweep — which has no adoption rule — kills it
+    // instead of settling the tree around a live escapee.
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    let script = "trap '' TERM; while [ ! -e go ]; do sleep 0.01; done; \
+                  (setsid sh -c 'trap \"\" TERM; exec sleep 600' &); sleep 600 & wait";
+    let mut run = env.spawn_run(
+        &["--grace", "100ms", "--quiet", "--observer", "off"],
+        script,
+    );
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            env.ledger_path().exists() && env.kinds().iter().any(|k| k == "member.observed")
+        }),
+        "the root was recorded"
+    );
+    let lock = rusqlite::Connection::open(env.ledger_path()).expect("open ledger");
+    lock.execute_batch("BEGIN IMMEDIATE")
+        .expect("take the write lock");
+    std::fs::write(env.dir.path().join("go"), b"").expect("go file");
+    let leader_of_own_session = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .map(|(_, r)| r.split_whitespace().nth(3) == Some(&pid.to_string()))
+            })
+            .unwrap_or(false)
+    };
+    let mut escapee = None;
+    assert!(wait_until(Duration::from_secs(20), || {
+        escapee = env.marked().into_iter().find(|p| {
+            leader_of_own_session(*p)
+                && std::fs::read_to_string(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| c.starts_with("sleep"))
+        });
+        escapee.is_some()
+    }));
+    let escapee = escapee.expect("escapee");
+    signal(run.id(), rustix::process::Signal::TERM);
+    let status = wait_child(&mut run, Duration::from_secs(60)).expect("run exits");
+    assert_eq!(status.code(), Some(125), "{}", env.stderr_of(&run));
+    assert!(pid_alive(escapee), "left alive as evidence");
+    lock.execute_batch("ROLLBACK").expect("release");
+    drop(lock);
+    let out = env.output(&["sweep", "--grace", "100ms"]);
+    assert!(
+        out.status.success(),
+        "sweep: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || !pid_alive(escapee)),
+        "the escapee named only by the marker was killed"
+    );
+    assert!(env.wait_none_marked(), "{:?}", env.marked());
+    assert!(env.assert_kills_authorized() > 0);
+    let out = env.output(&["run", "--", "true"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "dispatch reopens: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -1,0 +1,96 @@
+//! Unsettled markers: `<data-dir>/unsettled/tree-<id>`, one small JSON file
+//! per tree whose teardown turned ambiguous.
+//!
+//! The marker is the channel that still works when the ledger does not (a
+//! held write lock, a full disk: an empty file needs no data blocks). Every
+//! treewarden process on the host reads the markers in its dispatch gate, so
+//! new work is refused host-wide even when the ledger never learned of the
+//! ambiguity. It names the survivors the teardown left alive, so a later
+//! teardown (a sweep) that has only the ledger to go by still knows them.
+//! It is not evidence — the ledger is — it only holds the door shut.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::ledger::IdentityRecord;
+
+/// What a marker says. A marker whose content could not be written (a full
+/// disk) is still a marker: the file's existence is the fact.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Marker {
+    pub reason: String,
+    /// The survivors left alive as evidence, by identity.
+    pub survivors: Vec<IdentityRecord>,
+}
+
+fn dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("unsettled")
+}
+
+fn path(data_dir: &Path, tree: i64) -> PathBuf {
+    dir(data_dir).join(format!("tree-{tree}"))
+}
+
+/// Creates (or rewrites) the marker; creation is what matters, the content
+/// is best effort.
+pub fn write(data_dir: &Path, tree: i64, marker: &Marker) {
+    let made = std::fs::create_dir_all(dir(data_dir))
+        .and_then(|_| std::fs::File::create(path(data_dir, tree)));
+    match made {
+        Ok(mut file) => {
+            let text = serde_json::to_string(marker).unwrap_or_default();
+            if let Err(e) = file.write_all(text.as_bytes()) {
+                tracing::error!(tree, error = %e, "unsettled marker written without its content");
+            }
+        }
+        Err(e) => tracing::error!(tree, error = %e, "unsettled marker not written"),
+    }
+}
+
+/// Removes the marker (the tree is settled).
+pub fn remove(data_dir: &Path, tree: i64) {
+    match std::fs::remove_file(path(data_dir, tree)) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => tracing::error!(tree, error = %e, "unsettled marker not removed"),
+    }
+}
+
+/// Reads one marker; `None` when there is none. Unreadable or empty content
+/// reads as a marker with no reason and no survivors.
+pub fn read(data_dir: &Path, tree: i64) -> Option<Marker> {
+    let text = match std::fs::read_to_string(path(data_dir, tree)) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(_) => String::new(),
+    };
+    Some(serde_json::from_str(&text).unwrap_or(Marker {
+        reason: text.trim().to_string(),
+        survivors: Vec::new(),
+    }))
+}
+
+/// Every marker on the host, by tree id.
+pub fn all(data_dir: &Path) -> Vec<(i64, Marker)> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir(data_dir)) else {
+        return out;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(tree) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("tree-"))
+            .and_then(|n| n.parse::<i64>().ok())
+        else {
+            continue;
+        };
+        if let Some(marker) = read(data_dir, tree) {
+            out.push((tree, marker));
+        }
+    }
+    out.sort_by_key(|(t, _)| *t);
+    out
+}
