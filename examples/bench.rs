@@ -50,21 +50,37 @@ struct Plan {
     teardown_reps: usize,
     /// Where the ledger and the raw fsync file live.
     dir: PathBuf,
+    /// Run only this section (`authority`, `spawn`, `scan`, `teardown`).
+    only: Option<String>,
+    /// Print each teardown's phase durations on stderr.
+    phases: bool,
 }
 
 impl Plan {
     fn from_args() -> anyhow::Result<Plan> {
         let mut smoke = false;
         let mut dir = std::env::temp_dir();
+        let (mut only, mut phases, mut sizes) = (None, false, None);
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
             match a.as_str() {
                 "--smoke" => smoke = true,
                 "--dir" => dir = args.next().map(PathBuf::from).unwrap_or(dir),
-                other => anyhow::bail!("unknown argument {other:?} (expected --smoke, --dir DIR)"),
+                "--only" => only = args.next(),
+                "--phases" => phases = true,
+                "--sizes" => {
+                    sizes = args.next().map(|s| {
+                        s.split(',')
+                            .filter_map(|n| n.trim().parse().ok())
+                            .collect::<Vec<usize>>()
+                    })
+                }
+                other => anyhow::bail!(
+                    "unknown argument {other:?} (expected --smoke, --dir DIR, --only SECTION, --sizes N,N, --phases)"
+                ),
             }
         }
-        Ok(if smoke {
+        let mut plan = if smoke {
             Plan {
                 commits: 20,
                 spawns: 3,
@@ -73,6 +89,8 @@ impl Plan {
                 tree_sizes: vec![10],
                 teardown_reps: 1,
                 dir,
+                only,
+                phases,
             }
         } else {
             Plan {
@@ -83,8 +101,19 @@ impl Plan {
                 tree_sizes: vec![10, 100, 1000, 5000],
                 teardown_reps: 5,
                 dir,
+                only,
+                phases,
             }
-        })
+        };
+        if let Some(sizes) = sizes {
+            plan.scan_extra = sizes.clone();
+            plan.tree_sizes = sizes;
+        }
+        Ok(plan)
+    }
+
+    fn runs(&self, section: &str) -> bool {
+        self.only.as_deref().is_none_or(|o| o == section)
     }
 }
 
@@ -159,11 +188,7 @@ fn print_table(rows: &[Row]) {
             Target::None => (format!("{ratio:.2}×"), "—".into(), "—"),
         };
         let p99 = |s: &Stats| {
-            if s.n >= 20 {
-                ms(s.p99)
-            } else {
-                "—".into()
-            }
+            if s.n >= 20 { ms(s.p99) } else { "—".into() }
         };
         println!(
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
@@ -195,10 +220,18 @@ fn main() -> anyhow::Result<()> {
         work.path().display()
     );
 
-    authority(&plan, work.path(), &mut rows)?;
-    spawn(&plan, work.path(), &mut rows)?;
-    scans(&plan, &mut rows)?;
-    teardowns(&plan, work.path(), &mut rows)?;
+    if plan.runs("authority") {
+        authority(&plan, work.path(), &mut rows)?;
+    }
+    if plan.runs("spawn") {
+        spawn(&plan, work.path(), &mut rows)?;
+    }
+    if plan.runs("scan") {
+        scans(&plan, &mut rows)?;
+    }
+    if plan.runs("teardown") {
+        teardowns(&plan, work.path(), &mut rows)?;
+    }
 
     print_table(&rows);
     scaling(&rows);
@@ -418,7 +451,10 @@ fn scans(plan: &Plan, rows: &mut Vec<Row>) -> anyhow::Result<()> {
     for &extra in &plan.scan_extra {
         idle.grow_to(extra)?;
         let procs = count_procs();
-        eprintln!("bench: scan at {procs} processes (+{extra} idle) x{}", plan.scan_iters);
+        eprintln!(
+            "bench: scan at {procs} processes (+{extra} idle) x{}",
+            plan.scan_iters
+        );
         let mut sys = sysinfo::System::new()?;
         let (mut ours, mut raw, mut sysi) = (Vec::new(), Vec::new(), Vec::new());
         let mut buf = Vec::with_capacity(1024);
@@ -556,20 +592,25 @@ fn populated(cgroup: &Path) -> bool {
         .unwrap_or(false)
 }
 
-fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+/// Polls `cond` every `every` until it holds or `limit` passes.
+fn wait_until(limit: Duration, every: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + limit;
     while !cond() {
         if Instant::now() >= deadline {
             return false;
         }
-        std::thread::sleep(Duration::from_micros(200));
+        std::thread::sleep(every);
     }
     true
 }
 
+/// The floors poll this often: tight, so the floor is the kernel's time.
+const FLOOR_POLL: Duration = Duration::from_micros(200);
+
 struct Bench {
     engine: Engine,
     me: treewarden::proc::Identity,
+    phases: bool,
 }
 
 impl Bench {
@@ -586,10 +627,14 @@ impl Bench {
         })?;
         let pgid = spawned.pgid;
         let cg = spawned.cgroup.clone();
-        let full = wait_until(Duration::from_secs(60), || match &cg {
-            Some(dir) => scan::cgroup_pids(dir).len() >= n,
-            None => live_in_group(pgid) >= n,
-        });
+        let full = wait_until(
+            Duration::from_secs(60),
+            Duration::from_millis(20),
+            || match &cg {
+                Some(dir) => scan::cgroup_pids(dir).len() >= n,
+                None => live_in_group(pgid) >= n,
+            },
+        );
         anyhow::ensure!(full, "tree of {n} did not start within 60 s");
         // The owner's last periodic scan: members are known (and their
         // details recorded) before the teardown starts, as under `run`.
@@ -609,6 +654,14 @@ impl Bench {
         let t = Instant::now();
         let report = self.engine.teardown(spawned.tree, &opts, &mut |_| {})?;
         let d = t.elapsed();
+        if self.phases {
+            let p: Vec<String> = report
+                .phases
+                .iter()
+                .map(|(p, d)| format!("{} {}", p.as_str(), ms(*d)))
+                .collect();
+            eprintln!("bench:   {n}: {} ms = {}", ms(d), p.join(", "));
+        }
         anyhow::ensure!(
             report.members_at_start >= n && report.force_killed >= n,
             "teardown saw {} members, force-killed {} (expected {n})",
@@ -625,23 +678,24 @@ impl Bench {
         let gone = match &spawned.cgroup {
             Some(dir) => {
                 std::fs::write(dir.join("cgroup.kill"), "1")?;
-                wait_until(Duration::from_secs(30), || !populated(dir))
+                wait_until(Duration::from_secs(30), FLOOR_POLL, || !populated(dir))
             }
             None => {
                 let pgid = rustix::process::Pid::from_raw(spawned.pgid)
                     .ok_or_else(|| anyhow::anyhow!("bad pgid"))?;
                 rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL)?;
-                wait_until(Duration::from_secs(30), || live_in_group(spawned.pgid) == 0)
+                wait_until(Duration::from_secs(30), FLOOR_POLL, || {
+                    live_in_group(spawned.pgid) == 0
+                })
             }
         };
         let d = t.elapsed();
         anyhow::ensure!(gone, "floor kill of {n} did not finish");
         // Close the tree in the ledger (its cgroup goes with the bench's).
-        let _ = self.engine.ledger().end_tree(
-            spawned.tree,
-            treewarden::ledger::TreeState::Ended,
-            None,
-        );
+        let _ =
+            self.engine
+                .ledger()
+                .end_tree(spawned.tree, treewarden::ledger::TreeState::Ended, None);
         if let Some(dir) = &spawned.cgroup {
             let _ = treewarden::proc::remove_cgroup_when_empty(dir, Duration::from_secs(5));
         }
@@ -669,6 +723,7 @@ fn teardowns(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()>
         let bench = Bench {
             engine: Engine::new(&config, ledger, Some(reaper))?,
             me: me.clone(),
+            phases: plan.phases,
         };
         for &n in &plan.tree_sizes {
             let reps = if n >= 5000 {
