@@ -94,7 +94,7 @@ impl Plan {
             }
         } else {
             Plan {
-                commits: 300,
+                commits: 1000,
                 spawns: 30,
                 scan_iters: 31,
                 scan_extra: vec![0, 10, 100, 1000, 2000, 5000],
@@ -286,6 +286,16 @@ fn authority(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()>
         raw_file.write_all(&record)?;
         raw_file.sync_data()?;
         raw.push(t.elapsed());
+    }
+    if plan.phases {
+        // Which commits were slow: periodic ones point at WAL checkpoints.
+        let mut slow: Vec<(usize, Duration)> = auth.iter().copied().enumerate().collect();
+        slow.sort_by_key(|(_, d)| std::cmp::Reverse(*d));
+        let slow: Vec<String> = slow[..slow.len().min(6)]
+            .iter()
+            .map(|(i, d)| format!("#{i} {}", ms(*d)))
+            .collect();
+        eprintln!("bench:   slowest authority commits: {}", slow.join(", "));
     }
     rows.push(Row {
         item: "3".into(),
