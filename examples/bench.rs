@@ -652,6 +652,20 @@ impl Bench {
             let exclude = HashSet::from([self.me.pid]);
             if let Some(mut watch) = TreeWatch::new(&row, &[], &exclude) {
                 watch.tick(&self.engine, &Default::default());
+                if self.phases {
+                    // What one steady-state tick costs, next to its scan alone.
+                    let t = Instant::now();
+                    let snap = scan::snapshot();
+                    let scan_only = t.elapsed();
+                    std::hint::black_box(snap);
+                    let t = Instant::now();
+                    watch.tick(&self.engine, &Default::default());
+                    eprintln!(
+                        "bench:   tick of {n} known members: {} ms (snapshot alone {} ms)",
+                        ms(t.elapsed()),
+                        ms(scan_only)
+                    );
+                }
             }
         }
         Ok(spawned)
