@@ -621,6 +621,25 @@ struct Bench {
     engine: Engine,
     me: treewarden::proc::Identity,
     phases: bool,
+    /// Every tree this bench started: if a measurement fails half-way,
+    /// `Drop` tears down whichever is not yet terminal, through the engine
+    /// (identity-checked, never a bare pgid that may have been reused).
+    started: std::cell::RefCell<Vec<treewarden::ledger::TreeId>>,
+}
+
+impl Drop for Bench {
+    fn drop(&mut self) {
+        for tree in self.started.borrow().iter() {
+            let open = matches!(
+                self.engine.ledger().tree(*tree),
+                Ok(Some(row)) if !row.state.is_terminal()
+            );
+            if open {
+                let opts = TeardownOptions::new(Duration::ZERO, "bench cleanup", Origin::Kill);
+                let _ = self.engine.teardown(*tree, &opts, &mut |_| {});
+            }
+        }
+    }
 }
 
 impl Bench {
@@ -637,6 +656,7 @@ impl Bench {
         })?;
         let pgid = spawned.pgid;
         let cg = spawned.cgroup.clone();
+        self.started.borrow_mut().push(spawned.tree);
         let full = wait_until(
             Duration::from_secs(60),
             Duration::from_millis(20),
@@ -748,6 +768,7 @@ fn teardowns(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()>
             engine: Engine::new(&config, ledger, Some(reaper))?,
             me: me.clone(),
             phases: plan.phases,
+            started: Default::default(),
         };
         for &n in &plan.tree_sizes {
             let reps = if n >= 5000 {
