@@ -246,8 +246,11 @@ impl Engine {
         let t0 = Instant::now();
         let phase_span = tracing::info_span!("teardown.phase", phase = "grace").entered();
         let deadline = Instant::now() + opts.grace;
-        let mut members;
-        loop {
+        let mut members = members;
+        // At grace 0 there is nothing to wait for: the freeze step's scan is
+        // the first chance anything had to exit (an extra scan here cost a
+        // full /proc walk and a member write; issue 6).
+        while !opts.grace.is_zero() {
             self.collect_exits(&mut exits);
             members = watch.tick(self, &exits).members;
             let now = Instant::now();
@@ -309,7 +312,7 @@ impl Engine {
                     state: m.entry.state.to_string(),
                     rss_bytes: m.entry.rss_bytes,
                     cmdline: {
-                        let argv = crate::scan::details(m.entry.pid).cmdline;
+                        let argv = crate::scan::cmdline(m.entry.pid);
                         if argv.is_empty() {
                             vec![m.entry.comm.clone()]
                         } else {
@@ -376,6 +379,13 @@ impl Engine {
             let t0 = Instant::now();
             let phase_span = tracing::info_span!("teardown.phase", phase = "verify").entered();
             let deadline = Instant::now() + opts.verify_timeout;
+            if step.cgroup.is_some() {
+                // The kernel says when the cgroup is empty; scanning /proc
+                // before that only finds the dying. Cheap polls of
+                // `cgroup.events` first, then the verifying scans below
+                // (which also cover members outside the cgroup).
+                self.wait_cgroup_empty(&watch, deadline);
+            }
             loop {
                 self.collect_exits(&mut exits);
                 members = watch.tick(self, &exits).members;
@@ -578,6 +588,20 @@ impl Engine {
                 boot_id: group.leader.boot_id.clone(),
             };
             let _ = crate::proc::signal_process(&id, sig);
+        }
+    }
+
+    /// Polls `cgroup.events` until `populated 0` or `deadline`. Only a hint:
+    /// the caller verifies by scan whatever this says.
+    fn wait_cgroup_empty(&self, watch: &TreeWatch, deadline: Instant) {
+        let Some(dir) = watch.cgroup() else { return };
+        let t0 = Instant::now();
+        while matches!(crate::proc::cgroup_populated(dir), Ok(true)) && Instant::now() < deadline {
+            std::thread::sleep(if t0.elapsed() < Duration::from_millis(100) {
+                Duration::from_micros(250)
+            } else {
+                Duration::from_millis(5)
+            });
         }
     }
 

@@ -23,8 +23,8 @@ fn invariant(msg: impl Into<String>) -> Fail {
 }
 
 fn current_state(w: &Writer<'_>, id: TreeId) -> Result<TreeState, Fail> {
-    let state: Option<String> =
-        w.tx.query_row("SELECT state FROM trees WHERE id = ?1", [id.0], |r| {
+    let state: Option<String> = w
+        .row("SELECT state FROM trees WHERE id = ?1", [id.0], |r| {
             r.get(0)
         })
         .optional()?;
@@ -36,9 +36,7 @@ fn current_state(w: &Writer<'_>, id: TreeId) -> Result<TreeState, Fail> {
 
 pub(crate) fn register_owner(w: &mut Writer<'_>, owner: &OwnerRecord) -> Result<OwnerId, Fail> {
     let id = &owner.identity;
-    let existing: Option<i64> = w
-        .tx
-        .query_row(
+    let existing: Option<i64> = w.row(
             "SELECT id FROM owners WHERE pid = ?1 AND start_ticks = ?2 AND boot_id = ?3 AND kind = ?4",
             params![id.pid, ticks(id.start_ticks), id.boot_id, owner.kind.as_str()],
             |r| r.get(0),
@@ -47,7 +45,7 @@ pub(crate) fn register_owner(w: &mut Writer<'_>, owner: &OwnerRecord) -> Result<
     if let Some(existing) = existing {
         return Ok(OwnerId(existing));
     }
-    w.tx.execute(
+    w.exec(
         "INSERT INTO owners (pid, start_ticks, boot_id, kind, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
         params![id.pid, ticks(id.start_ticks), id.boot_id, owner.kind.as_str(), w.now],
     )?;
@@ -62,7 +60,7 @@ pub(crate) fn create_tree(w: &mut Writer<'_>, tree: &NewTree) -> Result<TreeId, 
         )));
     }
     let argv = serde_json::to_string(&tree.argv)?;
-    w.tx.execute(
+    w.exec(
         "INSERT INTO trees (label, state, boundary, owner_id, argv, cwd, created_at)
          VALUES (?1, 'spawning', ?2, ?3, ?4, ?5, ?6)",
         params![
@@ -75,7 +73,7 @@ pub(crate) fn create_tree(w: &mut Writer<'_>, tree: &NewTree) -> Result<TreeId, 
         ],
     )?;
     let id = TreeId(w.tx.last_insert_rowid());
-    let owner: (i32, i64, String) = w.tx.query_row(
+    let owner: (i32, i64, String) = w.row(
         "SELECT pid, start_ticks, kind FROM owners WHERE id = ?1",
         [tree.owner.0],
         |r| Ok((r.get(0)?, r.get::<_, i64>(1)?, r.get(2)?)),
@@ -105,7 +103,7 @@ pub(crate) fn tree_spawned(
             "tree {id} is {from}, not spawning: its spawn cannot be recorded"
         )));
     }
-    w.tx.execute(
+    w.exec(
         "UPDATE trees SET state = 'running', root_pid = ?2, root_start_ticks = ?3, boot_id = ?4,
                 pgid = ?5, sid = ?6, cgroup = ?7
          WHERE id = ?1",
@@ -134,7 +132,7 @@ pub(crate) fn tree_spawn_failed(
     exit_code: i32,
 ) -> Result<(), Fail> {
     let from = current_state(w, id)?;
-    w.tx.execute(
+    w.exec(
         "UPDATE trees SET state = 'spawn_failed', ended_at = ?2, exit_code = ?3, note = ?4 WHERE id = ?1",
         params![id.0, w.now, exit_code, reason],
     )?;
@@ -156,7 +154,7 @@ fn member_json(m: &MemberRecord) -> serde_json::Value {
 /// Inserts the member row if this identity is new to the tree; returns whether it was.
 fn insert_member(w: &Writer<'_>, id: TreeId, m: &MemberRecord) -> Result<bool, Fail> {
     let cmdline = serde_json::to_string(&m.cmdline)?;
-    let inserted = w.tx.execute(
+    let inserted = w.exec(
         "INSERT INTO members (tree_id, pid, start_ticks, boot_id, ppid, pgid, sid, cgroup, uid, exe,
                               cmdline, cwd, first_seen, last_seen)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13)
@@ -188,21 +186,23 @@ pub(crate) fn observe_members(
     current_state(w, id)?;
     let mut new = Vec::new();
     for m in members {
-        if insert_member(w, id, m)? {
+        // Most sightings on every tick are of known members: one UPDATE
+        // finds them (an INSERT attempt first cost a second statement per
+        // member per tick). Same outcome either way inside the write lock.
+        let known = w.exec(
+            "UPDATE members SET last_seen = ?5
+             WHERE tree_id = ?1 AND pid = ?2 AND start_ticks = ?3 AND boot_id = ?4",
+            params![
+                id.0,
+                m.identity.pid,
+                ticks(m.identity.start_ticks),
+                m.identity.boot_id,
+                w.now
+            ],
+        )? == 1;
+        if !known && insert_member(w, id, m)? {
             w.event(Some(id), EventKind::MemberObserved, member_json(m))?;
             new.push(m.identity.clone());
-        } else {
-            w.tx.execute(
-                "UPDATE members SET last_seen = ?5
-                 WHERE tree_id = ?1 AND pid = ?2 AND start_ticks = ?3 AND boot_id = ?4",
-                params![
-                    id.0,
-                    m.identity.pid,
-                    ticks(m.identity.start_ticks),
-                    m.identity.boot_id,
-                    w.now
-                ],
-            )?;
         }
     }
     Ok(new)
@@ -216,7 +216,7 @@ pub(crate) fn record_escape(
 ) -> Result<bool, Fail> {
     current_state(w, id)?;
     let detail = json!({"member": member_json(m), "reason": reason});
-    let inserted = w.tx.execute(
+    let inserted = w.exec(
         "INSERT INTO observations (tree_id, kind, pid, start_ticks, boot_id, at, detail)
          VALUES (?1, 'escape', ?2, ?3, ?4, ?5, ?6)
          ON CONFLICT DO NOTHING",
@@ -233,7 +233,7 @@ pub(crate) fn record_escape(
         return Ok(false);
     }
     insert_member(w, id, m)?;
-    w.tx.execute(
+    w.exec(
         "UPDATE members SET escaped_at = coalesce(escaped_at, ?5), last_seen = ?5
          WHERE tree_id = ?1 AND pid = ?2 AND start_ticks = ?3 AND boot_id = ?4",
         params![
@@ -256,7 +256,7 @@ pub(crate) fn record_exits(
     current_state(w, id)?;
     for (identity, exit) in exits {
         let detail = json!({"identity": identity, "exit": exit});
-        let inserted = w.tx.execute(
+        let inserted = w.exec(
             "INSERT INTO observations (tree_id, kind, pid, start_ticks, boot_id, at, detail)
              VALUES (?1, 'exit', ?2, ?3, ?4, ?5, ?6)
              ON CONFLICT DO NOTHING",
@@ -272,7 +272,7 @@ pub(crate) fn record_exits(
         if inserted == 0 {
             continue;
         }
-        w.tx.execute(
+        w.exec(
             "UPDATE members SET exited_at = ?5, exit_code = ?6, exit_signal = ?7
              WHERE tree_id = ?1 AND pid = ?2 AND start_ticks = ?3 AND boot_id = ?4",
             params![
@@ -305,7 +305,7 @@ pub(crate) fn set_state(
             "invariant: tree {id} is {from}, a terminal state; it cannot become {to}"
         )));
     }
-    w.tx.execute(
+    w.exec(
         "UPDATE trees SET state = ?2 WHERE id = ?1",
         params![id.0, to.as_str()],
     )?;
@@ -328,7 +328,7 @@ pub(crate) fn record_survivors(
     }
     for s in survivors {
         let detail = json!({"state": s.state, "rss_bytes": s.rss_bytes, "cmdline": s.cmdline});
-        w.tx.execute(
+        w.exec(
             "INSERT INTO observations (tree_id, kind, pid, start_ticks, boot_id, at, detail)
              VALUES (?1, 'survivor', ?2, ?3, ?4, ?5, ?6)",
             params![
@@ -369,7 +369,7 @@ pub(crate) fn authorize_kill(
         )));
     }
     let targets_json = serde_json::to_string(targets)?;
-    w.tx.execute(
+    w.exec(
         "INSERT INTO kill_authorizations (tree_id, reason, targets, at) VALUES (?1, ?2, ?3, ?4)",
         params![id.0, reason, targets_json, w.now],
     )?;
@@ -386,7 +386,7 @@ pub(crate) fn record_signal(w: &mut Writer<'_>, id: TreeId, s: &SignalRecord) ->
     current_state(w, id)?;
     // No pre-check for SIGKILL authority here on purpose: the database
     // trigger is the one rule, and its refusal surfaces as `Invariant`.
-    w.tx.execute(
+    w.exec(
         "INSERT INTO signals (tree_id, signal, target_kind, target, result, authorization_id, at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         params![
@@ -438,7 +438,7 @@ pub(crate) fn end_tree(
             "invariant: tree {id} is already {from}; it cannot end again"
         )));
     }
-    w.tx.execute(
+    w.exec(
         "UPDATE trees SET state = ?2, ended_at = ?3, exit_code = ?4, exit_signal = ?5 WHERE id = ?1",
         params![
             id.0,
@@ -463,7 +463,7 @@ pub(crate) fn resolve(w: &mut Writer<'_>, id: TreeId, note: &str) -> Result<(), 
             "invariant: tree {id} is {from}; only an ambiguous tree can be resolved"
         )));
     }
-    w.tx.execute(
+    w.exec(
         "UPDATE trees SET state = 'resolved', note = ?2, ended_at = coalesce(ended_at, ?3) WHERE id = ?1",
         params![id.0, note, w.now],
     )?;
@@ -473,7 +473,7 @@ pub(crate) fn resolve(w: &mut Writer<'_>, id: TreeId, note: &str) -> Result<(), 
 
 pub(crate) fn add_flag(w: &mut Writer<'_>, id: TreeId, flag: &str) -> Result<bool, Fail> {
     current_state(w, id)?;
-    let changed = w.tx.execute(
+    let changed = w.exec(
         "UPDATE trees SET flags = json_insert(flags, '$[#]', ?2)
          WHERE id = ?1 AND NOT EXISTS (SELECT 1 FROM json_each(trees.flags) WHERE value = ?2)",
         params![id.0, flag],
@@ -507,7 +507,7 @@ pub(crate) fn record_scan(
     escapes: usize,
 ) -> Result<(), Fail> {
     let micros = i64::try_from(duration.as_micros()).unwrap_or(i64::MAX);
-    w.tx.execute(
+    w.exec(
         "INSERT INTO scans (tree_id, at, duration_us, processes, members, escapes)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         params![

@@ -1,0 +1,868 @@
+//! The benchmark suite of issue 6: every cost measured next to its floor in
+//! the same run, printed as one table with ratios.
+//!
+//! `bench/run` builds it with `--release` and runs it; `--smoke` runs every
+//! section at a tiny size (the integration test `bench_smoke` does that, so
+//! the suite keeps compiling and running in CI). Sections, in run order:
+//!
+//! 1. authority commit: `authorize_kill` (synchronous=FULL) p50/p99 vs a raw
+//!    512-byte write + fdatasync on the same file system;
+//! 2. spawn: `treewarden run -- true` end to end vs `sh -c true`;
+//! 3. scan: `scan::snapshot` + `scan::classify` vs plain reads of every
+//!    `/proc/<pid>/stat` (no parsing) vs a sysinfo full process refresh, at
+//!    the base process count and with extra idle `sleep` children;
+//! 4. teardown: `Engine::teardown` of a SIGTERM-ignoring tree at grace 0, from
+//!    the call to verified-empty, vs `cgroup.kill` + wait for `populated 0`
+//!    (cgroup boundary) and `killpg(SIGKILL)` + wait until no live member is
+//!    left (session boundary).
+//!
+//! The order matters: sections 2 and 3 wait for their children with
+//! `std::process`, so they run before section 4 installs the reaper (this
+//! process becomes the trees' subreaper; from then on only the reaper waits,
+//! and every zombie a kill leaves behind is reaped by it, not counted).
+//! Idle children are ended by their own pid at the end of their section.
+
+use std::collections::HashSet;
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use treewarden::config::{BoundaryChoice, Config};
+use treewarden::custody::{Engine, Origin, SpawnRequest, TeardownOptions, TreeWatch};
+use treewarden::ledger::{
+    IdentityRecord, KillTarget, Ledger, LedgerOptions, NewTree, OwnerKind, OwnerRecord,
+};
+use treewarden::proc::{Reaper, SpawnStdio};
+use treewarden::scan;
+
+/// How big each section runs.
+struct Plan {
+    commits: usize,
+    spawns: usize,
+    scan_iters: usize,
+    /// Extra idle processes for the scan rows (item 1 uses 2,000).
+    scan_extra: Vec<usize>,
+    /// Tree sizes for the teardown rows (item 2 uses 1,000).
+    tree_sizes: Vec<usize>,
+    /// Teardowns (and floors) per size and boundary.
+    teardown_reps: usize,
+    /// Where the ledger and the raw fsync file live.
+    dir: PathBuf,
+    /// Run only this section (`authority`, `spawn`, `scan`, `teardown`).
+    only: Option<String>,
+    /// Print each teardown's phase durations on stderr.
+    phases: bool,
+}
+
+impl Plan {
+    fn from_args() -> anyhow::Result<Plan> {
+        let mut smoke = false;
+        let mut dir = std::env::temp_dir();
+        let (mut only, mut phases, mut sizes) = (None, false, None);
+        let mut args = std::env::args().skip(1);
+        while let Some(a) = args.next() {
+            match a.as_str() {
+                "--smoke" => smoke = true,
+                "--dir" => dir = args.next().map(PathBuf::from).unwrap_or(dir),
+                "--only" => only = args.next(),
+                "--phases" => phases = true,
+                "--sizes" => {
+                    sizes = args.next().map(|s| {
+                        s.split(',')
+                            .filter_map(|n| n.trim().parse().ok())
+                            .collect::<Vec<usize>>()
+                    })
+                }
+                other => anyhow::bail!(
+                    "unknown argument {other:?} (expected --smoke, --dir DIR, --only SECTION, --sizes N,N, --phases)"
+                ),
+            }
+        }
+        let mut plan = if smoke {
+            Plan {
+                commits: 20,
+                spawns: 3,
+                scan_iters: 5,
+                scan_extra: vec![0, 10],
+                tree_sizes: vec![10],
+                teardown_reps: 1,
+                dir,
+                only,
+                phases,
+            }
+        } else {
+            Plan {
+                commits: 1000,
+                spawns: 30,
+                scan_iters: 31,
+                scan_extra: vec![0, 10, 100, 1000, 2000, 5000],
+                tree_sizes: vec![10, 100, 1000, 5000],
+                teardown_reps: 5,
+                dir,
+                only,
+                phases,
+            }
+        };
+        if let Some(sizes) = sizes {
+            plan.scan_extra = sizes.clone();
+            plan.tree_sizes = sizes;
+        }
+        Ok(plan)
+    }
+
+    fn runs(&self, section: &str) -> bool {
+        self.only.as_deref().is_none_or(|o| o == section)
+    }
+}
+
+/// Medians and p99 of a sample set.
+#[derive(Clone, Copy)]
+struct Stats {
+    n: usize,
+    p50: Duration,
+    p99: Duration,
+}
+
+fn stats(mut samples: Vec<Duration>) -> Stats {
+    samples.sort_unstable();
+    let at = |q: f64| samples[((samples.len() as f64 - 1.0) * q).round() as usize];
+    Stats {
+        n: samples.len(),
+        p50: at(0.50),
+        p99: at(0.99),
+    }
+}
+
+/// One line of the table: a measurement, its floor, the ratio, the target.
+struct Row {
+    item: String,
+    what: String,
+    ours: Stats,
+    floor_name: String,
+    floor: Stats,
+    /// Compare p99 (authority) instead of the median.
+    by_p99: bool,
+    /// Target ratio (or, for spawn, an absolute overhead in ms).
+    target: Target,
+}
+
+enum Target {
+    Ratio(f64),
+    OverheadMs(f64),
+    None,
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3}", d.as_secs_f64() * 1e3)
+}
+
+fn print_table(rows: &[Row]) {
+    println!();
+    println!(
+        "| item | measured | n | median ms | p99 ms | floor | floor median ms | floor p99 ms | ratio | target | ok |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    for r in rows {
+        let (a, b) = if r.by_p99 {
+            (r.ours.p99, r.floor.p99)
+        } else {
+            (r.ours.p50, r.floor.p50)
+        };
+        let ratio = a.as_secs_f64() / b.as_secs_f64().max(1e-9);
+        let (ratio_s, target_s, ok) = match r.target {
+            Target::Ratio(t) => (
+                format!("{ratio:.2}×{}", if r.by_p99 { " (p99)" } else { "" }),
+                format!("≤ {t}×"),
+                if ratio <= t { "yes" } else { "NO" },
+            ),
+            Target::OverheadMs(t) => {
+                let over = (a.as_secs_f64() - b.as_secs_f64()) * 1e3;
+                (
+                    format!("+{over:.1} ms ({ratio:.2}×)"),
+                    format!("≤ +{t} ms"),
+                    if over <= t { "yes" } else { "NO" },
+                )
+            }
+            Target::None => (format!("{ratio:.2}×"), "—".into(), "—"),
+        };
+        let p99 = |s: &Stats| {
+            if s.n >= 20 { ms(s.p99) } else { "—".into() }
+        };
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r.item,
+            r.what,
+            r.ours.n,
+            ms(r.ours.p50),
+            p99(&r.ours),
+            r.floor_name,
+            ms(r.floor.p50),
+            p99(&r.floor),
+            ratio_s,
+            target_s,
+            ok
+        );
+    }
+    println!(
+        "| 5 | idle service: serve, 5 trees, +2,000 processes, 30 s | — | not yet: needs serve | | | | | | ≤ 1 % core, ≤ 25 MiB | — |"
+    );
+}
+
+fn main() -> anyhow::Result<()> {
+    let plan = Plan::from_args()?;
+    let mut rows = Vec::new();
+    let work = tempfile::tempdir_in(&plan.dir)?;
+    eprintln!(
+        "bench: {} processes on the host, work dir {}",
+        count_procs(),
+        work.path().display()
+    );
+
+    if plan.runs("authority") {
+        authority(&plan, work.path(), &mut rows)?;
+    }
+    if plan.runs("spawn") {
+        spawn(&plan, work.path(), &mut rows)?;
+    }
+    if plan.runs("scan") {
+        scans(&plan, &mut rows)?;
+    }
+    if plan.runs("teardown") {
+        teardowns(&plan, work.path(), &mut rows)?;
+    }
+
+    print_table(&rows);
+    scaling(&rows);
+    Ok(())
+}
+
+// ---------------------------------------------------------------- authority
+
+fn identity(pid: i32) -> IdentityRecord {
+    IdentityRecord {
+        pid,
+        start_ticks: 1,
+        boot_id: "bench".into(),
+    }
+}
+
+fn authority(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    eprintln!("bench: authority commits x{}", plan.commits);
+    let ledger = Ledger::open(&dir.join("authority.db"), LedgerOptions::default())?;
+    let owner = ledger.register_owner(&OwnerRecord {
+        identity: identity(1),
+        kind: OwnerKind::Run,
+    })?;
+    let tree = ledger.create_tree(&NewTree {
+        label: Some("bench".into()),
+        boundary: "session".into(),
+        owner,
+        argv: vec!["true".into()],
+        cwd: None,
+    })?;
+    let targets = [
+        KillTarget {
+            kind: "group".into(),
+            target: "4242".into(),
+            identities: vec![identity(4242), identity(4243), identity(4244)],
+        },
+        KillTarget {
+            kind: "pid".into(),
+            target: "4300".into(),
+            identities: vec![identity(4300)],
+        },
+    ];
+    let mut raw_file = std::fs::File::create(dir.join("raw-fsync"))?;
+    let record = [0x5a_u8; 512];
+    // Interleaved, so both see the same background load.
+    let (mut auth, mut raw) = (Vec::new(), Vec::new());
+    for _ in 0..plan.commits {
+        let t = Instant::now();
+        ledger.authorize_kill(tree, &targets, "bench")?;
+        auth.push(t.elapsed());
+        let t = Instant::now();
+        raw_file.write_all(&record)?;
+        raw_file.sync_data()?;
+        raw.push(t.elapsed());
+    }
+    if plan.phases {
+        // Which commits were slow: periodic ones point at WAL checkpoints.
+        let mut slow: Vec<(usize, Duration)> = auth.iter().copied().enumerate().collect();
+        slow.sort_by_key(|(_, d)| std::cmp::Reverse(*d));
+        let slow: Vec<String> = slow[..slow.len().min(6)]
+            .iter()
+            .map(|(i, d)| format!("#{i} {}", ms(*d)))
+            .collect();
+        eprintln!("bench:   slowest authority commits: {}", slow.join(", "));
+    }
+    rows.push(Row {
+        item: "3".into(),
+        what: "authority commit (kill.authorized, 2 targets, FULL)".into(),
+        ours: stats(auth),
+        floor_name: "512 B write + fdatasync".into(),
+        floor: stats(raw),
+        by_p99: true,
+        target: Target::Ratio(1.5),
+    });
+    Ok(())
+}
+
+// -------------------------------------------------------------------- spawn
+
+/// The release (or debug) `treewarden` next to this example.
+fn treewarden_bin() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .ok_or_else(|| anyhow::anyhow!("no target dir above {}", exe.display()))?;
+    let bin = dir.join("treewarden");
+    anyhow::ensure!(
+        bin.exists(),
+        "{} not built (bench/run builds it)",
+        bin.display()
+    );
+    Ok(bin)
+}
+
+fn spawn(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    eprintln!("bench: run -- true vs sh -c true, x{}", plan.spawns);
+    let bin = treewarden_bin()?;
+    let data = dir.join("spawn-data");
+    let cgroup_root = BenchCgroup::create("spawn");
+    let run = |cmd: &mut Command| -> anyhow::Result<Duration> {
+        let t = Instant::now();
+        let status = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()?;
+        let d = t.elapsed();
+        anyhow::ensure!(status.success(), "{cmd:?} failed: {status}");
+        Ok(d)
+    };
+    let (mut ours, mut floor) = (Vec::new(), Vec::new());
+    for _ in 0..plan.spawns {
+        let mut c = Command::new(&bin);
+        c.env("TREEWARDEN_DATA_DIR", &data)
+            .env_remove("TREEWARDEN_CGROUP_ROOT")
+            .args(["run", "--", "true"]);
+        match &cgroup_root {
+            Some(root) => c
+                .env("TREEWARDEN_BOUNDARY", "cgroup")
+                .env("TREEWARDEN_CGROUP_ROOT", &root.0),
+            None => c.env("TREEWARDEN_BOUNDARY", "session"),
+        };
+        ours.push(run(&mut c)?);
+        floor.push(run(Command::new("sh").args(["-c", "true"]))?);
+    }
+    let boundary = if cgroup_root.is_some() {
+        "cgroup"
+    } else {
+        "session"
+    };
+    rows.push(Row {
+        item: "4".into(),
+        what: format!("`treewarden run -- true` end to end ({boundary})"),
+        ours: stats(ours),
+        floor_name: "`sh -c true`".into(),
+        floor: stats(floor),
+        by_p99: false,
+        target: Target::OverheadMs(30.0),
+    });
+    Ok(())
+}
+
+// --------------------------------------------------------------------- scan
+
+/// Idle children (`sleep`), ended by pid when dropped.
+struct Idle(Vec<Child>);
+
+impl Idle {
+    fn grow_to(&mut self, n: usize) -> anyhow::Result<()> {
+        while self.0.len() < n {
+            let child = Command::new("sleep")
+                .arg("3600")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()?;
+            self.0.push(child);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Idle {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+        }
+        for c in &mut self.0 {
+            let _ = c.wait();
+        }
+    }
+}
+
+fn count_procs() -> usize {
+    std::fs::read_dir("/proc")
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_str().is_some_and(is_pid))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+fn is_pid(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// The raw floor: every `/proc/<pid>/stat` read into one reused buffer, no parsing.
+fn raw_stat_walk(buf: &mut Vec<u8>) -> usize {
+    let mut n = 0;
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    let mut path = String::with_capacity(32);
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str().filter(|n| is_pid(n)) else {
+            continue;
+        };
+        path.clear();
+        path.push_str("/proc/");
+        path.push_str(name);
+        path.push_str("/stat");
+        if let Ok(mut f) = std::fs::File::open(&path) {
+            buf.clear();
+            if f.read_to_end(buf).is_ok() {
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+fn scans(plan: &Plan, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    let mut idle = Idle(Vec::new());
+    let me = std::process::id() as i32;
+    // A tree the classifier looks for (our own group): classify does the
+    // same work whatever it finds.
+    let known = scan::KnownTree {
+        id: 1,
+        pgid: rustix::process::getpgrp().as_raw_nonzero().get(),
+        sid: 1,
+        ..Default::default()
+    };
+    let exclude = HashSet::from([me]);
+    for &extra in &plan.scan_extra {
+        idle.grow_to(extra)?;
+        let procs = count_procs();
+        eprintln!(
+            "bench: scan at {procs} processes (+{extra} idle) x{}",
+            plan.scan_iters
+        );
+        let mut sys = sysinfo::System::new()?;
+        let (mut ours, mut raw, mut sysi) = (Vec::new(), Vec::new(), Vec::new());
+        let mut buf = Vec::with_capacity(1024);
+        // Warm-up, then interleave so all three see the same load.
+        raw_stat_walk(&mut buf);
+        let _ = scan::classify(&scan::snapshot(), std::slice::from_ref(&known), &exclude);
+        for _ in 0..plan.scan_iters {
+            let t = Instant::now();
+            raw_stat_walk(&mut buf);
+            raw.push(t.elapsed());
+
+            let t = Instant::now();
+            let snap = scan::snapshot();
+            let f = scan::classify(&snap, std::slice::from_ref(&known), &exclude);
+            ours.push(t.elapsed());
+            std::hint::black_box(f);
+
+            // What a user would reach for: a full process refresh from a
+            // fresh System (no state carried from the previous iteration).
+            let t = Instant::now();
+            sys = sysinfo::System::new()?;
+            sys.refresh_processes(sysinfo::ProcessesToUpdate::All, true);
+            sysi.push(t.elapsed());
+        }
+        std::hint::black_box(&sys);
+        let what = format!("scan + classify, {procs} processes (+{extra} idle)");
+        let ours = stats(ours);
+        let item = if extra == 0 || extra == 2000 {
+            "1"
+        } else {
+            "6"
+        };
+        rows.push(Row {
+            item: item.into(),
+            what: what.clone(),
+            ours,
+            floor_name: "raw read of every /proc/<pid>/stat".into(),
+            floor: stats(raw),
+            by_p99: false,
+            target: Target::Ratio(1.3),
+        });
+        if extra == 0 || extra == 2000 || plan.scan_extra.len() <= 2 {
+            rows.push(Row {
+                item: item.into(),
+                what,
+                ours,
+                floor_name: "sysinfo full process refresh".into(),
+                floor: stats(sysi),
+                by_p99: false,
+                target: Target::None,
+            });
+        }
+    }
+    Ok(())
+}
+
+// ----------------------------------------------------------------- teardown
+
+/// A cgroup v2 directory for this bench's trees, removed when dropped.
+struct BenchCgroup(PathBuf);
+
+impl BenchCgroup {
+    fn create(tag: &str) -> Option<BenchCgroup> {
+        let own = treewarden::proc::own_cgroup_dir().ok().flatten()?;
+        let dir = own.join(format!("tw-bench-{}-{tag}", std::process::id()));
+        std::fs::create_dir(&dir).ok()?;
+        if treewarden::proc::check_cgroup_writable(&dir).is_err() {
+            let _ = std::fs::remove_dir(&dir);
+            return None;
+        }
+        Some(BenchCgroup(dir))
+    }
+}
+
+impl Drop for BenchCgroup {
+    fn drop(&mut self) {
+        // Tree cgroups below were removed by their teardowns; the floors' too.
+        if let Ok(d) = std::fs::read_dir(&self.0) {
+            for e in d.flatten() {
+                if e.path().is_dir() {
+                    let _ = std::fs::remove_dir(e.path());
+                }
+            }
+        }
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// `sh` that ignores SIGTERM (inherited by its children through exec),
+/// starts `n - 1` sleeps and becomes the n-th.
+fn tree_argv(n: usize) -> Vec<OsString> {
+    let script = format!(
+        "trap '' TERM; i=1; while [ $i -lt {n} ]; do sleep 3600 & i=$((i+1)); done; exec sleep 3600"
+    );
+    ["sh", "-c", &script].iter().map(OsString::from).collect()
+}
+
+/// Live (non-zombie) processes whose process group is `pgid`: a walk of
+/// `/proc/<pid>/stat` (the state and pgid follow the last ')').
+fn live_in_group(pgid: i32) -> usize {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    let mut n = 0;
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        if !name.to_str().is_some_and(is_pid) {
+            continue;
+        }
+        let Ok(stat) = std::fs::read(entry.path().join("stat")) else {
+            continue;
+        };
+        let Some(close) = stat.iter().rposition(|&b| b == b')') else {
+            continue;
+        };
+        let mut fields = stat[close + 1..]
+            .split(|&b| b == b' ')
+            .filter(|f| !f.is_empty());
+        let state = fields.next().and_then(|s| s.first().copied());
+        let _ppid = fields.next();
+        let group = fields
+            .next()
+            .and_then(|f| std::str::from_utf8(f).ok())
+            .and_then(|f| f.parse::<i32>().ok());
+        if group == Some(pgid) && !matches!(state, Some(b'Z' | b'X')) {
+            n += 1;
+        }
+    }
+    n
+}
+
+fn populated(cgroup: &Path) -> bool {
+    std::fs::read_to_string(cgroup.join("cgroup.events"))
+        .map(|t| t.lines().any(|l| l == "populated 1"))
+        .unwrap_or(false)
+}
+
+/// Polls `cond` every `every` until it holds or `limit` passes.
+fn wait_until(limit: Duration, every: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(every);
+    }
+    true
+}
+
+/// The floors poll this often: tight, so the floor is the kernel's time.
+const FLOOR_POLL: Duration = Duration::from_micros(200);
+
+struct Bench {
+    engine: Engine,
+    me: treewarden::proc::Identity,
+    phases: bool,
+    /// Every tree this bench started: if a measurement fails half-way,
+    /// `Drop` tears down whichever is not yet terminal, through the engine
+    /// (identity-checked, never a bare pgid that may have been reused).
+    started: std::cell::RefCell<Vec<treewarden::ledger::TreeId>>,
+}
+
+impl Drop for Bench {
+    fn drop(&mut self) {
+        for tree in self.started.borrow().iter() {
+            let open = matches!(
+                self.engine.ledger().tree(*tree),
+                Ok(Some(row)) if !row.state.is_terminal()
+            );
+            if open {
+                let opts = TeardownOptions::new(Duration::ZERO, "bench cleanup", Origin::Kill);
+                let _ = self.engine.teardown(*tree, &opts, &mut |_| {});
+            }
+        }
+    }
+}
+
+impl Bench {
+    /// Spawns an `n`-process tree and waits until all of it is running.
+    fn tree(&self, n: usize) -> anyhow::Result<treewarden::custody::Spawned> {
+        let spawned = self.engine.spawn(&SpawnRequest {
+            argv: tree_argv(n),
+            label: Some(format!("bench-{n}")),
+            cwd: None,
+            env: None,
+            stdio: SpawnStdio::Null,
+            owner: self.me.clone(),
+            owner_kind: OwnerKind::Run,
+        })?;
+        let pgid = spawned.pgid;
+        let cg = spawned.cgroup.clone();
+        self.started.borrow_mut().push(spawned.tree);
+        let full = wait_until(
+            Duration::from_secs(60),
+            Duration::from_millis(20),
+            || match &cg {
+                Some(dir) => scan::cgroup_pids(dir).len() >= n,
+                None => live_in_group(pgid) >= n,
+            },
+        );
+        anyhow::ensure!(full, "tree of {n} did not start within 60 s");
+        // The owner's last periodic scan: members are known (and their
+        // details recorded) before the teardown starts, as under `run`.
+        if let Some(row) = self.engine.ledger().tree(spawned.tree)? {
+            let exclude = HashSet::from([self.me.pid]);
+            if let Some(mut watch) = TreeWatch::new(&row, &[], &exclude) {
+                watch.tick(&self.engine, &Default::default());
+                if self.phases {
+                    // What one steady-state tick costs, next to its scan alone.
+                    let t = Instant::now();
+                    let snap = scan::snapshot();
+                    let scan_only = t.elapsed();
+                    std::hint::black_box(snap);
+                    let t = Instant::now();
+                    watch.tick(&self.engine, &Default::default());
+                    eprintln!(
+                        "bench:   tick of {n} known members: {} ms (snapshot alone {} ms)",
+                        ms(t.elapsed()),
+                        ms(scan_only)
+                    );
+                }
+            }
+        }
+        Ok(spawned)
+    }
+
+    fn teardown(&self, n: usize) -> anyhow::Result<Duration> {
+        let spawned = self.tree(n)?;
+        let mut opts = TeardownOptions::new(Duration::ZERO, "bench", Origin::Kill);
+        opts.verify_timeout = Duration::from_secs(30);
+        let t = Instant::now();
+        let report = self.engine.teardown(spawned.tree, &opts, &mut |_| {})?;
+        let d = t.elapsed();
+        if self.phases {
+            let p: Vec<String> = report
+                .phases
+                .iter()
+                .map(|(p, d)| format!("{} {}", p.as_str(), ms(*d)))
+                .collect();
+            eprintln!("bench:   {n}: {} ms = {}", ms(d), p.join(", "));
+        }
+        anyhow::ensure!(
+            report.members_at_start >= n && report.force_killed >= n,
+            "teardown saw {} members, force-killed {} (expected {n})",
+            report.members_at_start,
+            report.force_killed
+        );
+        Ok(d)
+    }
+
+    /// The floor: the kernel's own kill of the same tree, waited for.
+    fn floor(&self, n: usize) -> anyhow::Result<Duration> {
+        let spawned = self.tree(n)?;
+        let t = Instant::now();
+        let gone = match &spawned.cgroup {
+            Some(dir) => {
+                std::fs::write(dir.join("cgroup.kill"), "1")?;
+                wait_until(Duration::from_secs(30), FLOOR_POLL, || !populated(dir))
+            }
+            None => {
+                let pgid = rustix::process::Pid::from_raw(spawned.pgid)
+                    .ok_or_else(|| anyhow::anyhow!("bad pgid"))?;
+                rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL)?;
+                wait_until(Duration::from_secs(30), FLOOR_POLL, || {
+                    live_in_group(spawned.pgid) == 0
+                })
+            }
+        };
+        let d = t.elapsed();
+        anyhow::ensure!(gone, "floor kill of {n} did not finish");
+        // Close the tree in the ledger (its cgroup goes with the bench's).
+        let _ =
+            self.engine
+                .ledger()
+                .end_tree(spawned.tree, treewarden::ledger::TreeState::Ended, None);
+        if let Some(dir) = &spawned.cgroup {
+            let _ = treewarden::proc::remove_cgroup_when_empty(dir, Duration::from_secs(5));
+        }
+        Ok(d)
+    }
+}
+
+fn teardowns(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    let reaper = Reaper::install()?;
+    let me = treewarden::proc::self_identity()?;
+    let cgroup = BenchCgroup::create("trees");
+    let mut boundaries = vec![("session", BoundaryChoice::Session, None)];
+    match &cgroup {
+        Some(cg) => boundaries.insert(0, ("cgroup", BoundaryChoice::Cgroup, Some(cg.0.clone()))),
+        None => eprintln!("bench: no writable cgroup v2 hierarchy: cgroup rows skipped"),
+    }
+    for (name, choice, root) in boundaries {
+        let config = Config {
+            data_dir: dir.join(format!("teardown-{name}")),
+            boundary: choice,
+            cgroup_root: root,
+            busy_timeout: Duration::from_secs(5),
+            // The teardown is measured, not the observer's bookkeeping.
+            observer: treewarden::config::ObserverMode::Off,
+            observer_rcvbuf: 0,
+        };
+        let ledger = Ledger::open(&config.ledger_path(), LedgerOptions::from_config(&config))?;
+        let bench = Bench {
+            engine: Engine::new(&config, ledger, Some(reaper))?,
+            me: me.clone(),
+            phases: plan.phases,
+            started: Default::default(),
+        };
+        for &n in &plan.tree_sizes {
+            let reps = if n >= 5000 {
+                plan.teardown_reps.min(2)
+            } else {
+                plan.teardown_reps
+            };
+            eprintln!("bench: teardown of {n} processes on the {name} boundary x{reps}");
+            let (mut ours, mut floor) = (Vec::new(), Vec::new());
+            for _ in 0..reps {
+                ours.push(bench.teardown(n)?);
+                floor.push(bench.floor(n)?);
+            }
+            let (floor_name, target) = if name == "cgroup" {
+                ("cgroup.kill + wait populated 0", 1.5)
+            } else {
+                ("killpg(SIGKILL) + wait no live member", 2.0)
+            };
+            rows.push(Row {
+                item: if n == 1000 { "2" } else { "6" }.into(),
+                what: format!("teardown, {n} processes, {name}, grace 0"),
+                ours: stats(ours),
+                floor_name: floor_name.into(),
+                floor: stats(floor),
+                by_p99: false,
+                target: Target::Ratio(target),
+            });
+        }
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------ scaling
+
+/// Least-squares slope of median time over process count, per series.
+fn scaling(rows: &[Row]) {
+    let series = |prefix: &str, floor_prefix: &str| -> Vec<(f64, f64, f64)> {
+        rows.iter()
+            .filter(|r| r.what.starts_with(prefix) && r.floor_name.starts_with(floor_prefix))
+            .filter_map(|r| {
+                let n: f64 = r
+                    .what
+                    .split(|c: char| !c.is_ascii_digit() && c != ',')
+                    .find(|w| !w.is_empty() && w.chars().any(|c| c.is_ascii_digit()))?
+                    .replace(',', "")
+                    .parse()
+                    .ok()?;
+                Some((
+                    n,
+                    r.ours.p50.as_secs_f64() * 1e3,
+                    r.floor.p50.as_secs_f64() * 1e3,
+                ))
+            })
+            .collect()
+    };
+    let fit = |pts: &[(f64, f64)]| -> Option<(f64, f64)> {
+        if pts.len() < 2 {
+            return None;
+        }
+        let n = pts.len() as f64;
+        let mx = pts.iter().map(|p| p.0).sum::<f64>() / n;
+        let my = pts.iter().map(|p| p.1).sum::<f64>() / n;
+        let sxx: f64 = pts.iter().map(|p| (p.0 - mx).powi(2)).sum();
+        let sxy: f64 = pts.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+        let syy: f64 = pts.iter().map(|p| (p.1 - my).powi(2)).sum();
+        let slope = sxy / sxx.max(1e-12);
+        let r2 = if syy > 0.0 {
+            (sxy * sxy) / (sxx * syy)
+        } else {
+            1.0
+        };
+        Some((slope, r2))
+    };
+    println!();
+    println!("| scaling (item 6) | points | slope ours µs/process | r² | slope floor µs/process |");
+    println!("|---|---|---|---|---|");
+    for (label, prefix, floor) in [
+        ("scan + classify (host processes)", "scan", "raw"),
+        ("teardown, cgroup (tree size)", "teardown", "cgroup.kill"),
+        ("teardown, session (tree size)", "teardown", "killpg"),
+    ] {
+        let pts = series(prefix, floor);
+        let ours: Vec<(f64, f64)> = pts.iter().map(|p| (p.0, p.1)).collect();
+        let flo: Vec<(f64, f64)> = pts.iter().map(|p| (p.0, p.2)).collect();
+        if let (Some((s, r2)), Some((fs, _))) = (fit(&ours), fit(&flo)) {
+            println!(
+                "| {label} | {} | {:.2} | {r2:.3} | {:.2} |",
+                pts.len(),
+                s * 1e3,
+                fs * 1e3
+            );
+        }
+    }
+}
