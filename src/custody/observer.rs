@@ -141,6 +141,7 @@ impl Observer {
             shared: shared.clone(),
             history: VecDeque::new(),
             on_overflow,
+            strict: false,
         };
         let thread = std::thread::Builder::new()
             .name("tw-observer".into())
@@ -282,6 +283,9 @@ struct Worker {
     /// Recent forks (parent, child, at_ns), oldest first.
     history: VecDeque<(i32, i32, u64)>,
     on_overflow: Box<dyn Fn() + Send>,
+    /// This batch lost events: forks are attributed only to parents that
+    /// can be verified now.
+    strict: bool,
 }
 
 impl Worker {
@@ -302,11 +306,19 @@ impl Worker {
             };
             let mut findings = Vec::new();
             self.replay_pending(&mut findings);
-            let mut overflowed = false;
             handle.bump(|s| s.events += events.len() as u64);
+            // Events were lost in this batch (an exit among them, perhaps):
+            // prune first, and attribute no fork whose parent cannot be
+            // verified now — a stranger may hold a dead member's pid. The
+            // forced full scan finds the real members.
+            let overflowed = events.iter().any(|e| matches!(e, ProcEvent::Overflow));
+            if overflowed {
+                self.prune();
+            }
+            self.strict = overflowed;
             for ev in events {
                 match ev {
-                    ProcEvent::Overflow => overflowed = true,
+                    ProcEvent::Overflow => {}
                     ProcEvent::Fork {
                         parent,
                         child,
@@ -327,7 +339,6 @@ impl Worker {
                 }
             }
             if overflowed {
-                self.prune();
                 handle.bump(|s| s.overflows += 1);
                 tracing::warn!(
                     "observer: proc connector overflowed, events were lost; forcing a full scan"
@@ -423,11 +434,16 @@ impl Worker {
         }
         // The parent must still be the member we know (or gone): a pid
         // recycled after a lost exit event is not our member.
-        if let Ok(Some(p)) = crate::proc::read_stat(parent)
-            && p.start_ticks != parent_start
-        {
-            t.members.remove(&parent);
-            return;
+        match crate::proc::read_stat(parent) {
+            Ok(Some(p)) if p.start_ticks != parent_start => {
+                t.members.remove(&parent);
+                return;
+            }
+            Ok(Some(_)) => {}
+            // Gone: normally a short-lived member; after lost events it
+            // could have been anyone holding that pid.
+            _ if self.strict => return,
+            _ => {}
         }
         // Read now: the identity names this process for good, even if it
         // exits and its pid is reused before the batch is written.
