@@ -436,6 +436,8 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
         drain_timeout: args.drain_timeout,
         ready_file: args.ready_file,
         allow_commands: args.allow_commands,
+        observer: config.observer,
+        observer_rcvbuf: config.observer_rcvbuf,
     };
     let service =
         Service::new(engine, reaper, svc_config).map_err(|e| CliError::internal(anyhow!(e)))?;

@@ -87,6 +87,25 @@ pub struct IndexPage {
     pub all: bool,
     pub unsettled: Vec<Unsettled>,
     pub owned: usize,
+    /// One line on the proc-connector observer's health (or why it is off).
+    pub observer: String,
+}
+
+/// The observer line of the index page.
+fn observer_line(status: Result<crate::custody::ObserverStats, String>) -> String {
+    match status {
+        Ok(s) => {
+            let latency = s
+                .latency_quantile(0.5)
+                .map(|d| format!(", detection p50 {:.1} ms", d.as_secs_f64() * 1e3))
+                .unwrap_or_default();
+            format!(
+                "observer on: {} kernel events, {} forks attributed, {} escapes recorded at once, {} overflows ({} forced full scans){latency}",
+                s.events, s.forks_attributed, s.escapes_recorded, s.overflows, s.forced_scans
+            )
+        }
+        Err(why) => format!("observer off ({why}): escapes are found by scans only"),
+    }
 }
 
 #[derive(Deserialize)]
@@ -120,6 +139,7 @@ pub async fn index(
         all,
         unsettled,
         owned: s.service.owned_trees().len(),
+        observer: observer_line(s.service.observer_status()),
     })
 }
 

@@ -68,6 +68,11 @@ pub struct Metrics {
     pub dispatch_closed: Gauge,
     pub dispatch_refused: C,
     pub ledger_head_seq: Gauge,
+    pub observer_up: Gauge,
+    pub observer_events: C,
+    pub observer_overflows: C,
+    pub observer_forced_scans: C,
+    pub observer_escapes: C,
 }
 
 fn scan_buckets() -> Histogram {
@@ -110,6 +115,11 @@ impl Metrics {
             dispatch_closed: Gauge::default(),
             dispatch_refused: C::default(),
             ledger_head_seq: Gauge::default(),
+            observer_up: Gauge::default(),
+            observer_events: C::default(),
+            observer_overflows: C::default(),
+            observer_forced_scans: C::default(),
+            observer_escapes: C::default(),
         };
         registry.register("trees", "Trees in the ledger by state", m.trees.clone());
         registry.register(
@@ -190,7 +200,51 @@ impl Metrics {
             "Sequence number of the newest ledger event",
             m.ledger_head_seq.clone(),
         );
+        registry.register(
+            "observer_up",
+            "1 while the proc-connector observer runs beside the scans, else 0",
+            m.observer_up.clone(),
+        );
+        registry.register(
+            "observer_events",
+            "Process events received from the kernel's proc connector",
+            m.observer_events.clone(),
+        );
+        registry.register(
+            "observer_overflows",
+            "Times the proc connector dropped events (each forces a full scan)",
+            m.observer_overflows.clone(),
+        );
+        registry.register(
+            "observer_forced_scans",
+            "Full scans forced by an observer overflow",
+            m.observer_forced_scans.clone(),
+        );
+        registry.register(
+            "observer_escapes",
+            "Escapes the observer recorded the moment they happened",
+            m.observer_escapes.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    /// Brings the observer's families up to date (`None`: it is off).
+    pub fn sync_observer(&self, stats: Option<&crate::custody::ObserverStats>) {
+        let Some(stats) = stats else {
+            self.observer_up.set(0);
+            return;
+        };
+        self.observer_up.set(1);
+        let catch_up = |c: &C, now: u64| {
+            let have = c.get();
+            if now > have {
+                c.inc_by(now - have);
+            }
+        };
+        catch_up(&self.observer_events, stats.events);
+        catch_up(&self.observer_overflows, stats.overflows);
+        catch_up(&self.observer_forced_scans, stats.forced_scans);
+        catch_up(&self.observer_escapes, stats.escapes_recorded);
     }
 
     /// Counts one ledger event into the families fed by events.

@@ -71,6 +71,10 @@ pub struct ServiceConfig {
     pub ready_file: Option<PathBuf>,
     /// When non-empty, `argv[0]` of an API spawn must be one of these.
     pub allow_commands: Vec<String>,
+    /// Whether the proc-connector observer runs beside the scans.
+    pub observer: crate::config::ObserverMode,
+    /// Its socket's receive buffer (0: the default).
+    pub observer_rcvbuf: usize,
 }
 
 /// Errors of the service layer; the HTTP layer maps each to a status.
@@ -133,6 +137,15 @@ pub struct Service {
     started: Instant,
     /// The ledger head when the service started: event-fed counters count after it.
     start_seq: std::sync::atomic::AtomicI64,
+    /// The proc-connector observer, when it runs: forks and setsid of
+    /// members recorded as they happen (issue 8). Kept to be stopped.
+    observer: Mutex<Option<crate::custody::Observer>>,
+    observer_handle: Option<crate::custody::ObserverHandle>,
+    /// Why the observer is off (empty when it runs).
+    observer_off: String,
+    /// Set by the observer when the kernel dropped events: the next scan
+    /// tick is a full one, so a lost event never becomes a silent gap.
+    force_full: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Runs a blocking closure on the blocking pool.
@@ -152,6 +165,9 @@ impl Service {
         config: ServiceConfig,
     ) -> Result<Arc<Self>, ServiceError> {
         let me = crate::proc::self_identity().map_err(CustodyError::from)?;
+        let force_full = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (observer, observer_off) = start_observer(&engine, &config, force_full.clone())?;
+        let observer_handle = observer.as_ref().map(crate::custody::Observer::handle);
         Ok(Arc::new(Self {
             engine,
             reaper,
@@ -165,7 +181,19 @@ impl Service {
             draining: tokio::sync::RwLock::new(false),
             started: Instant::now(),
             start_seq: std::sync::atomic::AtomicI64::new(0),
+            observer: Mutex::new(observer),
+            observer_handle,
+            observer_off,
+            force_full,
         }))
+    }
+
+    /// The observer's health, or why it is off.
+    pub fn observer_status(&self) -> Result<crate::custody::ObserverStats, String> {
+        match &self.observer_handle {
+            Some(h) => Ok(h.stats()),
+            None => Err(self.observer_off.clone()),
+        }
     }
 
     pub fn engine(&self) -> &Engine {
@@ -282,6 +310,9 @@ impl Service {
         let engine = self.engine.clone();
         let spawned = blocking(move || engine.spawn(&req)).await??;
         let tree = spawned.tree;
+        if let Some(h) = &self.observer_handle {
+            h.watch(tree, spawned.pgid, spawned.sid, &spawned.root);
+        }
         let grace = p.grace.unwrap_or(self.config.default_grace);
         self.adopt(
             tree.0,
@@ -403,6 +434,9 @@ impl Service {
     fn forget(&self, tree: i64) {
         if let Some(o) = self.lock_owned().remove(&tree) {
             o.done.cancel();
+        }
+        if let Some(h) = &self.observer_handle {
+            h.unwatch(TreeId(tree));
         }
         self.foreign_locks
             .lock()
@@ -539,7 +573,8 @@ impl Service {
                 continue;
             };
             let exclude = HashSet::from([self.me.pid]);
-            if let Some(w) = TreeWatch::new(&detail.tree, &detail.members, &exclude) {
+            if let Some(mut w) = TreeWatch::new(&detail.tree, &detail.members, &exclude) {
+                w.set_observer(self.observer_handle.clone());
                 st.watches.insert(*id, w);
             }
         }
@@ -548,9 +583,13 @@ impl Service {
             st.exits.clear();
         }
         let started = Instant::now();
-        let full = st
-            .last_full
-            .is_none_or(|t: Instant| t.elapsed() >= self.config.full_scan_interval);
+        let forced = self
+            .force_full
+            .swap(false, std::sync::atomic::Ordering::SeqCst);
+        let full = forced
+            || st
+                .last_full
+                .is_none_or(|t: Instant| t.elapsed() >= self.config.full_scan_interval);
         let mut reread = Vec::new();
         for w in st.watches.values_mut() {
             reread.extend(w.pids_to_reread());
@@ -600,6 +639,10 @@ impl Service {
             }
         }
         self.metrics.sync_stats(self.engine.stats());
+        if forced && let Some(h) = &self.observer_handle {
+            tracing::warn!("forced full scan after observer overflow");
+            h.forced_scan_done();
+        }
     }
 
     /// The shutdown drain: close the spawn gate, tear down every owned tree
@@ -650,6 +693,21 @@ impl Service {
             }
             self.tasks.close();
             self.tasks.wait().await;
+            let observer = self
+                .observer
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            if let Some(o) = observer
+                && let Ok(stats) = blocking(move || o.stop()).await
+            {
+                tracing::info!(
+                    events = stats.events,
+                    overflows = stats.overflows,
+                    escapes = stats.escapes_recorded,
+                    "observer stopped"
+                );
+            }
             all_ok
         };
         match tokio::time::timeout(self.config.drain_timeout, work).await {
@@ -765,5 +823,36 @@ async fn watch_tree(
         _ = readable(owner) => Some(WatchEnd::OwnerExited),
         _ = readable(root) => Some(WatchEnd::RootExited),
         _ = sleep => Some(WatchEnd::Timeout),
+    }
+}
+
+/// Starts the observer per the configuration: `off` never, `auto` when the
+/// proc connector can be subscribed to (else the reason is returned), `on`
+/// or fail. Overflows set `force_full` for the scan loop.
+fn start_observer(
+    engine: &Engine,
+    config: &ServiceConfig,
+    force_full: Arc<std::sync::atomic::AtomicBool>,
+) -> Result<(Option<crate::custody::Observer>, String), ServiceError> {
+    use crate::config::ObserverMode;
+    if config.observer == ObserverMode::Off {
+        return Ok((None, "--observer off".into()));
+    }
+    let on_overflow = Box::new(move || {
+        force_full.store(true, std::sync::atomic::Ordering::SeqCst);
+    });
+    match crate::custody::Observer::start(
+        engine.ledger().clone(),
+        config.observer_rcvbuf,
+        on_overflow,
+    ) {
+        Ok(o) => Ok((Some(o), String::new())),
+        Err(e) if config.observer == ObserverMode::On => Err(ServiceError::Invalid(format!(
+            "--observer on, but the proc connector is unavailable: {e}"
+        ))),
+        Err(e) => {
+            tracing::info!(error = %e, "observer off: proc connector unavailable; scans only");
+            Ok((None, format!("proc connector unavailable: {e}")))
+        }
     }
 }

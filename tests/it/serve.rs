@@ -59,13 +59,12 @@ impl Server {
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
             .env("TREEWARDEN_LOG", "info")
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--scan-interval",
-                "100ms",
-            ])
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(if extra.contains(&"--scan-interval") {
+                &[][..]
+            } else {
+                &["--scan-interval", "100ms"][..]
+            })
             .arg("--ready-file")
             .arg(&ready)
             .args(extra)
@@ -929,4 +928,51 @@ def before_call(context, case, kwargs):
         Some(0),
         "live trees: {live}"
     );
+}
+
+#[test]
+fn serve_runs_the_observer_and_records_an_escape_before_any_scan() {
+    // Scans are made (nearly) blind: one at start, then an hour apart. On
+    // the session boundary only the observer can see the setsid escape.
+    let s = Server::start_with_env(
+        &["--scan-interval", "1h", "--full-scan-interval", "1h"],
+        &[("TREEWARDEN_BOUNDARY", "session")],
+    );
+    let metrics = s.get("/metrics").text().expect("metrics");
+    if metrics.contains("treewarden_observer_up 0") {
+        crate::util::skip("the proc connector is unavailable here: the service runs on scans only");
+        assert!(s.get("/").text().expect("page").contains("observer off"));
+        return;
+    }
+    assert!(metrics.contains("treewarden_observer_up 1"), "{metrics}");
+    let id = s.spawn(&s.body(
+        "while [ ! -e go ]; do sleep 0.01; done; (setsid sh -c 'exec sleep 600' &); exec sleep 600",
+    ));
+    std::fs::write(s.dir.path().join("go"), b"").expect("go file");
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            s.export()
+                .iter()
+                .any(|e| e["tree"] == id && e["kind"] == "escape.observed")
+        }),
+        "the escape was recorded by the observer; log: {}",
+        s.stderr()
+    );
+    let (status, r) = s.post(&format!("/api/trees/{id}/kill?grace=100ms"), None);
+    assert_eq!(status, 200, "kill answered {r}");
+    assert!(
+        wait_until(Duration::from_secs(10), || s.marked().is_empty()),
+        "the observed escapee survived: {:?}",
+        s.marked()
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let m = s.get("/metrics").text().unwrap_or_default();
+            m.lines()
+                .any(|l| l.starts_with("treewarden_observer_escapes_total") && !l.ends_with(" 0"))
+        }),
+        "the observer's escape is counted"
+    );
+    let page = s.get("/").text().expect("page");
+    assert!(page.contains("observer on"), "{page}");
 }
