@@ -3,6 +3,7 @@
 
 mod bench_smoke;
 mod custody;
+mod docs;
 mod ledger;
 mod observer;
 mod proc;

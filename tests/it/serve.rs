@@ -25,20 +25,20 @@ use crate::util::{bin, pid_alive, skip, wait_until};
 static SEQ: AtomicUsize = AtomicUsize::new(0);
 
 /// One running `treewarden serve` with its own data dir.
-struct Server {
+pub(crate) struct Server {
     dir: tempfile::TempDir,
     /// This server's own cgroup root (cgroup boundary, as root), so tree
     /// cgroups of servers running side by side never collide.
     cgroup_root: Option<PathBuf>,
     child: Option<Child>,
-    addr: String,
-    token: String,
+    pub(crate) addr: String,
+    pub(crate) token: String,
     mark: String,
     http: reqwest::blocking::Client,
 }
 
 impl Server {
-    fn start(extra: &[&str]) -> Server {
+    pub(crate) fn start(extra: &[&str]) -> Server {
         Self::start_with_env(extra, &[])
     }
 
@@ -104,19 +104,19 @@ impl Server {
         server
     }
 
-    fn data_dir(&self) -> PathBuf {
+    pub(crate) fn data_dir(&self) -> PathBuf {
         self.dir.path().join("data")
     }
 
-    fn stderr(&self) -> String {
+    pub(crate) fn stderr(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("serve.stderr")).unwrap_or_default()
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }
 
-    fn get(&self, path: &str) -> reqwest::blocking::Response {
+    pub(crate) fn get(&self, path: &str) -> reqwest::blocking::Response {
         self.http.get(self.url(path)).send().expect("GET")
     }
 
@@ -171,7 +171,7 @@ impl Server {
     }
 
     /// SIGTERM, then the exit status (bounded).
-    fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+    pub(crate) fn terminate(&mut self) -> Option<std::process::ExitStatus> {
         let mut child = self.child.take()?;
         signal(child.id(), rustix::process::Signal::TERM);
         wait_child(&mut child, Duration::from_secs(40))
@@ -233,7 +233,7 @@ fn artifacts() -> PathBuf {
     dir
 }
 
-fn tool(name: &str) -> Option<PathBuf> {
+pub(crate) fn tool(name: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
             .map(|p| p.join(name))
@@ -246,7 +246,7 @@ const STUBBORN: &str = "trap '' TERM; sleep 300 & sleep 300 & wait";
 
 /// Spawns a TERM-ignoring tree, waits until its members are in the ledger,
 /// kills it through the API; returns the tree id.
-fn spawn_and_kill(s: &Server) -> i64 {
+pub(crate) fn spawn_and_kill(s: &Server) -> i64 {
     let id = s.spawn(&s.body(STUBBORN));
     assert!(
         wait_until(Duration::from_secs(20), || {
