@@ -148,7 +148,74 @@ struct Step {
 impl Engine {
     /// Tears a tree down (or resumes a teardown from the state the ledger
     /// holds). Terminal trees are left as they are.
+    ///
+    /// Holds the tree's teardown lease for the whole teardown: a second
+    /// teardown of the same tree (`kill` while `run` tears down, two sweeps)
+    /// waits for it, up to [`LEASE_WAIT`], and then reads the state again
+    /// (usually terminal: nothing left to do). Without it one teardown's thaw
+    /// could undo the other's freeze between its snapshot and its kill.
     pub fn teardown(
+        &self,
+        tree: TreeId,
+        opts: &TeardownOptions,
+        progress: &mut dyn FnMut(&Progress),
+    ) -> Result<TeardownReport, CustodyError> {
+        let _lease = self.teardown_lease(tree)?;
+        self.teardown_leased(tree, opts, progress)
+    }
+
+    /// Takes `<data-dir>/teardown/tree-<id>.lock` (an advisory `flock`,
+    /// released when the file closes, also when the process dies). `None`
+    /// when the lock file cannot be made (logged): the teardown then runs
+    /// without a lease rather than not at all.
+    fn teardown_lease(&self, tree: TreeId) -> Result<Option<std::fs::File>, CustodyError> {
+        let dir = self.data_dir.join("teardown");
+        let path = dir.join(format!("tree-{}.lock", tree.0));
+        let file = std::fs::create_dir_all(&dir).and_then(|()| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+        });
+        let file = match file {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(tree = tree.0, path = %path.display(), error = %e, "no teardown lease: running without one");
+                return Ok(None);
+            }
+        };
+        let deadline = Instant::now() + LEASE_WAIT;
+        let mut logged = false;
+        loop {
+            match file.try_lock() {
+                Ok(()) => return Ok(Some(file)),
+                Err(std::fs::TryLockError::WouldBlock) => {}
+                Err(std::fs::TryLockError::Error(e)) => {
+                    tracing::warn!(tree = tree.0, error = %e, "teardown lease not taken: running without one");
+                    return Ok(None);
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(CustodyError::Conflict(format!(
+                    "tree {} is being torn down by another process (its teardown lease {} was held for {}); try again",
+                    tree.0,
+                    path.display(),
+                    humantime::format_duration(LEASE_WAIT)
+                )));
+            }
+            if !logged {
+                tracing::info!(
+                    tree = tree.0,
+                    "another teardown of this tree is running: waiting for its lease"
+                );
+                logged = true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn teardown_leased(
         &self,
         tree: TreeId,
         opts: &TeardownOptions,
@@ -702,6 +769,9 @@ impl Engine {
         Ok(report)
     }
 }
+
+/// How long a teardown waits for another one of the same tree to finish.
+pub const LEASE_WAIT: Duration = Duration::from_secs(60);
 
 /// Pids of the members in the recorded group (the group check's candidates).
 fn group_pids(members: &[Member], pgid: i32) -> Vec<i32> {
