@@ -50,10 +50,14 @@ struct Plan {
     teardown_reps: usize,
     /// Where the ledger and the raw fsync file live.
     dir: PathBuf,
-    /// Run only this section (`authority`, `spawn`, `scan`, `teardown`).
+    /// Run only this section (`authority`, `spawn`, `scan`, `teardown`, `idle`).
     only: Option<String>,
     /// Print each teardown's phase durations on stderr.
     phases: bool,
+    /// Idle service: extra host processes, settle time, measured window.
+    idle_extra: usize,
+    idle_settle: Duration,
+    idle_window: Duration,
 }
 
 impl Plan {
@@ -91,6 +95,9 @@ impl Plan {
                 dir,
                 only,
                 phases,
+                idle_extra: 20,
+                idle_settle: Duration::from_millis(500),
+                idle_window: Duration::from_secs(2),
             }
         } else {
             Plan {
@@ -103,6 +110,9 @@ impl Plan {
                 dir,
                 only,
                 phases,
+                idle_extra: 2000,
+                idle_settle: Duration::from_secs(15),
+                idle_window: Duration::from_secs(30),
             }
         };
         if let Some(sizes) = sizes {
@@ -158,7 +168,7 @@ fn ms(d: Duration) -> String {
     format!("{:.3}", d.as_secs_f64() * 1e3)
 }
 
-fn print_table(rows: &[Row]) {
+fn print_table(rows: &[Row], idle: Option<&str>) {
     println!();
     println!(
         "| item | measured | n | median ms | p99 ms | floor | floor median ms | floor p99 ms | ratio | target | ok |"
@@ -205,9 +215,9 @@ fn print_table(rows: &[Row]) {
             ok
         );
     }
-    println!(
-        "| 5 | idle service: serve, 5 trees, +2,000 processes, 30 s | — | not yet: needs serve | | | | | | ≤ 1 % core, ≤ 25 MiB | — |"
-    );
+    if let Some(line) = idle {
+        println!("{line}");
+    }
 }
 
 fn main() -> anyhow::Result<()> {
@@ -232,8 +242,13 @@ fn main() -> anyhow::Result<()> {
     if plan.runs("teardown") {
         teardowns(&plan, work.path(), &mut rows)?;
     }
+    let idle = if plan.runs("idle") {
+        Some(idle_service(&plan, work.path())?)
+    } else {
+        None
+    };
 
-    print_table(&rows);
+    print_table(&rows, idle.as_deref());
     scaling(&rows);
     Ok(())
 }
@@ -373,6 +388,127 @@ fn spawn(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()> {
         target: Target::OverheadMs(30.0),
     });
     Ok(())
+}
+
+// ------------------------------------------------------------- idle service
+
+/// utime + stime of a process, in clock ticks (`/proc/<pid>/stat` 14, 15).
+fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let rest = stat
+        .rsplit_once(')')
+        .ok_or_else(|| anyhow::anyhow!("bad stat"))?
+        .1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // After ") ": state is field 3, so utime (14) is index 11, stime index 12.
+    Ok(f[11].parse::<u64>()? + f[12].parse::<u64>()?)
+}
+
+/// A `/proc/<pid>/status` value in KiB (`VmRSS`, `VmHWM`).
+fn status_kib(pid: u32, key: &str) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no {key} in status"))
+}
+
+/// The serve process, ended by pid (SIGTERM: it tears its trees down).
+struct Serve(Child);
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if let Some(pid) = rustix::process::Pid::from_raw(self.0.id() as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        if !wait_until(Duration::from_secs(30), Duration::from_millis(20), || {
+            matches!(self.0.try_wait(), Ok(Some(_)))
+        }) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Item 5: the real `treewarden serve` with 5 owned trees and extra idle
+/// host processes; its CPU (% of one core) over a window and its RSS.
+fn idle_service(plan: &Plan, dir: &Path) -> anyhow::Result<String> {
+    let bin = treewarden_bin()?;
+    let data = dir.join("serve-data");
+    let ready = dir.join("serve.ready");
+    let cgroup_root = BenchCgroup::create("serve");
+    let mut c = Command::new(&bin);
+    c.env("TREEWARDEN_DATA_DIR", &data)
+        .env_remove("TREEWARDEN_CGROUP_ROOT")
+        .args(["serve", "--listen", "127.0.0.1:0", "--ready-file"])
+        .arg(&ready)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    match &cgroup_root {
+        Some(root) => c
+            .env("TREEWARDEN_BOUNDARY", "cgroup")
+            .env("TREEWARDEN_CGROUP_ROOT", &root.0),
+        None => c.env("TREEWARDEN_BOUNDARY", "session"),
+    };
+    let mut serve = Serve(c.spawn()?);
+    let pid = serve.0.id();
+    anyhow::ensure!(
+        wait_until(Duration::from_secs(30), Duration::from_millis(20), || {
+            ready.exists() || matches!(serve.0.try_wait(), Ok(Some(_)))
+        }) && ready.exists(),
+        "serve did not become ready"
+    );
+    let addr = std::fs::read_to_string(&ready)?;
+    let token = std::fs::read_to_string(data.join("api-token"))?;
+    let http = reqwest::blocking::Client::new();
+    for i in 0..5 {
+        let resp = http
+            .post(format!("http://{}/api/trees", addr.trim()))
+            .bearer_auth(token.trim())
+            .json(
+                &serde_json::json!({"argv": ["sleep", "3600"], "label": format!("bench-idle-{i}")}),
+            )
+            .send()?;
+        anyhow::ensure!(
+            resp.status().is_success(),
+            "spawn through serve: {}",
+            resp.status()
+        );
+    }
+    let mut idle = Idle(Vec::new());
+    idle.grow_to(plan.idle_extra)?;
+    eprintln!(
+        "bench: idle service (pid {pid}), 5 trees, +{} processes ({} on the host); settle {:?}, measure {:?}",
+        plan.idle_extra,
+        count_procs(),
+        plan.idle_settle,
+        plan.idle_window
+    );
+    std::thread::sleep(plan.idle_settle);
+    let hz = rustix::param::clock_ticks_per_second() as f64;
+    let (t0, c0) = (Instant::now(), cpu_ticks(pid)?);
+    std::thread::sleep(plan.idle_window);
+    let (wall, c1) = (t0.elapsed(), cpu_ticks(pid)?);
+    let cpu_pct = (c1 - c0) as f64 / hz / wall.as_secs_f64() * 100.0;
+    let rss = status_kib(pid, "VmRSS")? as f64 / 1024.0;
+    let hwm = status_kib(pid, "VmHWM")? as f64 / 1024.0;
+    eprintln!(
+        "bench:   serve: {:.2} % of a core over {:.1} s ({} ticks), RSS {rss:.1} MiB (peak {hwm:.1} MiB)",
+        cpu_pct,
+        wall.as_secs_f64(),
+        c1 - c0
+    );
+    drop(serve); // SIGTERM: serve tears its 5 trees down
+    drop(idle);
+    let ok = cpu_pct <= 1.0 && rss <= 25.0;
+    Ok(format!(
+        "| 5 | idle service: serve, 5 trees, +{} processes, {:.0} s | — | {cpu_pct:.2} % core, RSS {rss:.1} MiB (peak {hwm:.1}) | | | | | | ≤ 1 % core, ≤ 25 MiB | {} |",
+        plan.idle_extra,
+        wall.as_secs_f64(),
+        if ok { "yes" } else { "NO" }
+    ))
 }
 
 // --------------------------------------------------------------------- scan

@@ -124,13 +124,19 @@ pub struct TeardownReport {
     pub authorizations: u32,
     pub phases: Vec<(Phase, Duration)>,
     pub elapsed: Duration,
+    /// Evidence writes not attempted after the ledger refused one
+    /// (degraded evidence mode; the authorization is always attempted).
+    pub evidence_skipped: usize,
 }
 
 /// Signal targets for one step: the recorded group, the cgroup, and members
 /// that neither reaches.
-struct Step<'a> {
+struct Step {
     group: GroupRecord,
-    cgroup: Option<&'a std::path::Path>,
+    cgroup: Option<std::path::PathBuf>,
+    /// Pids of live members in the recorded group, as just classified: the
+    /// group check re-reads these instead of walking all of `/proc`.
+    group_pids: Vec<i32>,
     /// Live members outside the recorded group (and, for a cgroup kill,
     /// outside the cgroup): signalled one by one through pidfds.
     loose: Vec<Identity>,
@@ -142,7 +148,74 @@ struct Step<'a> {
 impl Engine {
     /// Tears a tree down (or resumes a teardown from the state the ledger
     /// holds). Terminal trees are left as they are.
+    ///
+    /// Holds the tree's teardown lease for the whole teardown: a second
+    /// teardown of the same tree (`kill` while `run` tears down, two sweeps)
+    /// waits for it, up to [`LEASE_WAIT`], and then reads the state again
+    /// (usually terminal: nothing left to do). Without it one teardown's thaw
+    /// could undo the other's freeze between its snapshot and its kill.
     pub fn teardown(
+        &self,
+        tree: TreeId,
+        opts: &TeardownOptions,
+        progress: &mut dyn FnMut(&Progress),
+    ) -> Result<TeardownReport, CustodyError> {
+        let _lease = self.teardown_lease(tree)?;
+        self.teardown_leased(tree, opts, progress)
+    }
+
+    /// Takes `<data-dir>/teardown/tree-<id>.lock` (an advisory `flock`,
+    /// released when the file closes, also when the process dies). `None`
+    /// when the lock file cannot be made (logged): the teardown then runs
+    /// without a lease rather than not at all.
+    fn teardown_lease(&self, tree: TreeId) -> Result<Option<std::fs::File>, CustodyError> {
+        let dir = self.data_dir.join("teardown");
+        let path = dir.join(format!("tree-{}.lock", tree.0));
+        let file = std::fs::create_dir_all(&dir).and_then(|()| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+        });
+        let file = match file {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(tree = tree.0, path = %path.display(), error = %e, "no teardown lease: running without one");
+                return Ok(None);
+            }
+        };
+        let deadline = Instant::now() + LEASE_WAIT;
+        let mut logged = false;
+        loop {
+            match file.try_lock() {
+                Ok(()) => return Ok(Some(file)),
+                Err(std::fs::TryLockError::WouldBlock) => {}
+                Err(std::fs::TryLockError::Error(e)) => {
+                    tracing::warn!(tree = tree.0, error = %e, "teardown lease not taken: running without one");
+                    return Ok(None);
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(CustodyError::Conflict(format!(
+                    "tree {} is being torn down by another process (its teardown lease {} was held for {}); try again",
+                    tree.0,
+                    path.display(),
+                    humantime::format_duration(LEASE_WAIT)
+                )));
+            }
+            if !logged {
+                tracing::info!(
+                    tree = tree.0,
+                    "another teardown of this tree is running: waiting for its lease"
+                );
+                logged = true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn teardown_leased(
         &self,
         tree: TreeId,
         opts: &TeardownOptions,
@@ -168,6 +241,7 @@ impl Engine {
             authorizations: 0,
             phases: Vec::new(),
             elapsed: Duration::ZERO,
+            evidence_skipped: 0,
         };
         if row.state.is_terminal() {
             return Ok(report);
@@ -197,6 +271,7 @@ impl Engine {
         if let Some(pid) = adopted_by {
             watch.adopt_children_of(pid);
         }
+        watch.degrade_on_refusal();
         watch.remember(&self.marked_survivors(tree.0));
         watch.set_observer(opts.observer.clone());
         let leader = Identity {
@@ -218,10 +293,10 @@ impl Engine {
         ) {
             // Evidence, not authority: a ledger that refuses this write does
             // not stop SIGTERM; it stops the forced kill, further down.
-            if let Err(e) = self
-                .ledger
-                .set_state(tree, TreeState::Terminating, Some(&opts.reason))
-            {
+            if let Some(Err(e)) = watch.evidence("state terminating", || {
+                self.ledger
+                    .set_state(tree, TreeState::Terminating, Some(&opts.reason))
+            }) {
                 tracing::warn!(tree = tree.0, error = %e, "state terminating not recorded");
             }
         }
@@ -229,16 +304,19 @@ impl Engine {
         // TERM.
         let t0 = Instant::now();
         let phase_span = tracing::info_span!("teardown.phase", phase = "term").entered();
-        let members = watch.tick(self, &exits).members;
+        // The one full walk before the kill: it finds members by descent
+        // (escapees in sessions of their own). Later scans re-read what it
+        // and `cgroup.procs` name, until one verifying full walk at the end.
+        let members = watch.tick_full(self, &exits, false).members;
         report.members_at_start = members.len();
         if members.is_empty() {
             if let Some(why) = watch.recycled_leader() {
                 return self.refuse(tree, opts, &why, report, started);
             }
-            return self.finish(tree, &watch, opts, report, started);
+            return self.finish(tree, &mut watch, opts, report, started);
         }
         let step = self.step(&watch, &group, &members, false);
-        let group_ok = self.send(tree, &step, Sig::Term, None, opts)?;
+        let group_ok = self.send(tree, &mut watch, &step, Sig::Term, None, opts)?;
         report.phases.push((Phase::Term, t0.elapsed()));
         drop(phase_span);
 
@@ -252,7 +330,7 @@ impl Engine {
         // full /proc walk and a member write; issue 6).
         while !opts.grace.is_zero() {
             self.collect_exits(&mut exits);
-            members = watch.tick(self, &exits).members;
+            members = watch.tick_targeted(self, &exits).members;
             let now = Instant::now();
             if members.is_empty() || now >= deadline {
                 break;
@@ -268,7 +346,12 @@ impl Engine {
         report.phases.push((Phase::Grace, t0.elapsed()));
         drop(phase_span);
         if members.is_empty() {
-            return self.finish(tree, &watch, opts, report, started);
+            // Targeted polls found the known members gone: one full walk
+            // says whether anything else of the tree is left.
+            members = watch.tick_full(self, &exits, false).members;
+        }
+        if members.is_empty() {
+            return self.finish(tree, &mut watch, opts, report, started);
         }
         if !group_ok
             && watch.cgroup().is_none()
@@ -290,12 +373,20 @@ impl Engine {
             let phase_span = tracing::info_span!("teardown.phase", phase = "freeze").entered();
             self.freeze(&watch, &group, &members, true);
             self.collect_exits(&mut exits);
-            let survivors = watch.tick(self, &exits).members;
+            // A frozen cgroup forks nothing: its `cgroup.procs` and the
+            // known members are all there is to re-read. Without a cgroup,
+            // a process forked since the first walk and gone to a session of
+            // its own is found only by descent: walk.
+            let survivors = if watch.cgroup().is_some() {
+                watch.tick_targeted(self, &exits).members
+            } else {
+                watch.tick_full(self, &exits, false).members
+            };
             report.phases.push((Phase::Freeze, t0.elapsed()));
             drop(phase_span);
             if survivors.is_empty() {
-                self.freeze(&watch, &group, &survivors, false);
-                return self.finish(tree, &watch, opts, report, started);
+                self.freeze(&watch, &group, &members, false);
+                return self.finish(tree, &mut watch, opts, report, started);
             }
             progress(&Progress {
                 phase: Phase::Authorize,
@@ -321,7 +412,9 @@ impl Engine {
                     },
                 })
                 .collect();
-            if let Err(e) = self.ledger.record_survivors(tree, &forensic) {
+            if let Some(Err(e)) = watch.evidence("survivor snapshot", || {
+                self.ledger.record_survivors(tree, &forensic)
+            }) {
                 tracing::warn!(tree = tree.0, error = %e, "survivor snapshot not recorded");
             }
             let step = self.step(&watch, &group, &survivors, true);
@@ -345,11 +438,18 @@ impl Engine {
                     let named: Vec<IdentityRecord> =
                         survivors.iter().map(|m| watch.identity(m)).collect();
                     self.mark_ambiguous(tree.0, &why, &named);
-                    let _ = self.ledger.kill_skipped(tree, &why);
-                    let _ = self.ledger.add_flag(tree, "authority_write_failed");
-                    let _ = self
-                        .ledger
-                        .set_state(tree, TreeState::Ambiguous, Some(&why));
+                    // The marker holds the ambiguity for good; these are
+                    // attempted unless the ledger already refused evidence
+                    // (flush_ambiguous records the state later).
+                    let _ = watch.evidence("kill skipped", || self.ledger.kill_skipped(tree, &why));
+                    let _ = watch.evidence("flag", || {
+                        self.ledger.add_flag(tree, "authority_write_failed")
+                    });
+                    let _ = watch.evidence("state ambiguous", || {
+                        self.ledger
+                            .set_state(tree, TreeState::Ambiguous, Some(&why))
+                    });
+                    log_skipped(&watch);
                     return Err(CustodyError::Ambiguous {
                         tree: tree.0,
                         reason: why,
@@ -360,19 +460,20 @@ impl Engine {
             report.phases.push((Phase::Authorize, t0.elapsed()));
             drop(phase_span);
             if round == 1
-                && let Err(e) = self
-                    .ledger
-                    .set_state(tree, TreeState::Killing, Some(&reason))
+                && let Some(Err(e)) = watch.evidence("state killing", || {
+                    self.ledger
+                        .set_state(tree, TreeState::Killing, Some(&reason))
+                })
             {
                 tracing::warn!(tree = tree.0, error = %e, "state killing not recorded");
             }
 
             let t0 = Instant::now();
             let phase_span = tracing::info_span!("teardown.phase", phase = "kill").entered();
-            self.send(tree, &step, Sig::Kill, Some(auth), opts)?;
+            self.send(tree, &mut watch, &step, Sig::Kill, Some(auth), opts)?;
             report.force_killed += survivors.len();
             // Thaw: killed tasks in a frozen cgroup die once thawed at the latest.
-            self.freeze(&watch, &group, &[], false);
+            self.freeze(&watch, &group, &survivors, false);
             report.phases.push((Phase::Kill, t0.elapsed()));
             drop(phase_span);
 
@@ -388,7 +489,12 @@ impl Engine {
             }
             loop {
                 self.collect_exits(&mut exits);
-                members = watch.tick(self, &exits).members;
+                // Re-read the known members until they are gone, then one
+                // full walk verifies that nothing else of the tree lives.
+                members = watch.tick_targeted(self, &exits).members;
+                if members.is_empty() {
+                    members = watch.tick_full(self, &exits, false).members;
+                }
                 if members.is_empty() || Instant::now() >= deadline {
                     break;
                 }
@@ -403,7 +509,7 @@ impl Engine {
             report.phases.push((Phase::Verify, t0.elapsed()));
             drop(phase_span);
             if members.is_empty() {
-                return self.finish(tree, &watch, opts, report, started);
+                return self.finish(tree, &mut watch, opts, report, started);
             }
         }
 
@@ -412,13 +518,14 @@ impl Engine {
         self.stats.survivors(members.len());
         let named: Vec<IdentityRecord> = members.iter().map(|m| watch.identity(m)).collect();
         self.mark_ambiguous(tree.0, &why, &named);
-        let _ = self.ledger.add_flag(tree, "survivors");
-        if let Err(e) = self
-            .ledger
-            .set_state(tree, TreeState::Ambiguous, Some(&why))
-        {
+        let _ = watch.evidence("flag", || self.ledger.add_flag(tree, "survivors"));
+        if let Some(Err(e)) = watch.evidence("state ambiguous", || {
+            self.ledger
+                .set_state(tree, TreeState::Ambiguous, Some(&why))
+        }) {
             tracing::error!(tree = tree.0, error = %e, "ambiguous state not recorded");
         }
+        log_skipped(&watch);
         Err(CustodyError::Ambiguous {
             tree: tree.0,
             reason: why,
@@ -426,13 +533,7 @@ impl Engine {
     }
 
     /// Builds the targets of one signal step from the live members.
-    fn step<'a>(
-        &self,
-        watch: &'a TreeWatch,
-        group: &GroupRecord,
-        members: &[Member],
-        kill: bool,
-    ) -> Step<'a> {
+    fn step(&self, watch: &TreeWatch, group: &GroupRecord, members: &[Member], kill: bool) -> Step {
         let cgroup = watch.cgroup();
         let cgroup_pids = cgroup.map(crate::scan::cgroup_pids).unwrap_or_default();
         let mut loose = Vec::new();
@@ -457,7 +558,12 @@ impl Engine {
         }
         Step {
             group: group.clone(),
-            cgroup: if kill { cgroup } else { None },
+            cgroup: if kill {
+                cgroup.map(std::path::Path::to_path_buf)
+            } else {
+                None
+            },
+            group_pids: group_pids(members, group.pgid),
             loose,
             in_group,
         }
@@ -468,51 +574,50 @@ impl Engine {
     fn send(
         &self,
         tree: TreeId,
-        step: &Step<'_>,
+        watch: &mut TreeWatch,
+        step: &Step,
         sig: Sig,
         authorization: Option<AuthorizationId>,
         opts: &TeardownOptions,
     ) -> Result<bool, CustodyError> {
         let mut group_ok = true;
-        if let Some(dir) = step.cgroup {
+        // The step's signal records, written in one transaction at the end.
+        let mut records: Vec<SignalRecord> = Vec::new();
+        let mut record = |kind: &str, target: &str, result: &str| {
+            records.push(SignalRecord {
+                signal: sig.name().to_string(),
+                target_kind: kind.to_string(),
+                target: target.to_string(),
+                result: result.to_string(),
+                authorization,
+            })
+        };
+        if let Some(dir) = step.cgroup.as_deref() {
             let result = match crate::proc::cgroup_kill(dir) {
                 Ok(()) => "sent".to_string(),
                 Err(e) => format!("failed: {e}"),
             };
-            self.record(
-                tree,
-                sig,
-                "cgroup",
-                &dir.display().to_string(),
-                &result,
-                authorization,
-            );
+            record("cgroup", &dir.display().to_string(), &result);
         }
         if step.in_group > 0 || step.cgroup.is_none() {
-            let result = match crate::proc::signal_group(&step.group, sig) {
+            let result = match crate::proc::signal_group_known(&step.group, sig, &step.group_pids) {
                 Ok(GroupDelivery::Sent { members }) => format!("sent to {members} members"),
                 Ok(GroupDelivery::Empty) => "group empty".to_string(),
                 Ok(GroupDelivery::NotRecorded(why)) => {
                     group_ok = false;
-                    self.refusal_event(tree, opts, &why);
+                    if watch.degraded().is_none() {
+                        self.refusal_event(tree, opts, &why);
+                    }
                     format!("refused: {why}")
                 }
                 Err(e) => format!("failed: {e}"),
             };
             if result.starts_with("sent") || sig != Sig::Kill {
-                self.record(
-                    tree,
-                    sig,
-                    "group",
-                    &step.group.pgid.to_string(),
-                    &result,
-                    authorization,
-                );
+                record("group", &step.group.pgid.to_string(), &result);
             } else if step.cgroup.is_none() {
                 // A SIGKILL that was not sent is recorded as skipped, not as a signal.
-                let _ = self
-                    .ledger
-                    .kill_skipped(tree, &format!("group {}: {result}", step.group.pgid));
+                let why = format!("group {}: {result}", step.group.pgid);
+                let _ = watch.evidence("kill skipped", || self.ledger.kill_skipped(tree, &why));
             }
         }
         for id in &step.loose {
@@ -523,38 +628,22 @@ impl Engine {
                 Err(e) => format!("failed: {e}"),
             };
             if result == "sent" || sig != Sig::Kill {
-                self.record(
-                    tree,
-                    sig,
-                    "pid",
-                    &id.pid.to_string(),
-                    &result,
-                    authorization,
-                );
+                record("pid", &id.pid.to_string(), &result);
             }
         }
-        Ok(group_ok)
-    }
-
-    fn record(
-        &self,
-        tree: TreeId,
-        sig: Sig,
-        kind: &str,
-        target: &str,
-        result: &str,
-        authorization: Option<AuthorizationId>,
-    ) {
-        let rec = SignalRecord {
-            signal: sig.name().to_string(),
-            target_kind: kind.to_string(),
-            target: target.to_string(),
-            result: result.to_string(),
-            authorization,
-        };
-        if let Err(e) = self.ledger.record_signal(tree, &rec) {
-            tracing::error!(tree = tree.0, signal = sig.name(), error = %e, "signal not recorded");
+        if !records.is_empty()
+            && let Some(Err(e)) =
+                watch.evidence("signals", || self.ledger.record_signals(tree, &records))
+        {
+            tracing::error!(
+                tree = tree.0,
+                signal = sig.name(),
+                signals = records.len(),
+                error = %e,
+                "signals not recorded"
+            );
         }
+        Ok(group_ok)
     }
 
     fn refusal_event(&self, tree: TreeId, opts: &TeardownOptions, why: &str) {
@@ -580,7 +669,7 @@ impl Engine {
             return;
         }
         let sig = if frozen { Sig::Stop } else { Sig::Cont };
-        let _ = crate::proc::signal_group(group, sig);
+        let _ = crate::proc::signal_group_known(group, sig, &group_pids(members, group.pgid));
         for m in members.iter().filter(|m| m.entry.pgid != group.pgid) {
             let id = Identity {
                 pid: m.entry.pid,
@@ -614,12 +703,14 @@ impl Engine {
     fn finish(
         &self,
         tree: TreeId,
-        watch: &TreeWatch,
+        watch: &mut TreeWatch,
         opts: &TeardownOptions,
         mut report: TeardownReport,
         started: Instant,
     ) -> Result<TeardownReport, CustodyError> {
-        self.record_final_exits(tree, opts);
+        self.record_final_exits(tree, watch, opts);
+        log_skipped(watch);
+        report.evidence_skipped = watch.skipped_writes();
         let exit = opts.root_exit.map(exit_record);
         match self.ledger.end_tree(tree, TreeState::Ended, exit) {
             Ok(()) => {}
@@ -642,29 +733,23 @@ impl Engine {
 
     /// The tree is verified empty: every member seen alive and not yet
     /// recorded as exited has exited (with its status when we reaped it).
-    fn record_final_exits(&self, tree: TreeId, opts: &TeardownOptions) {
-        let Ok(Some(detail)) = self.ledger.tree_detail(tree) else {
-            return;
-        };
+    /// One transaction; the members are not read back into memory (the
+    /// teardown's scans recorded most exits already, batched per scan).
+    fn record_final_exits(&self, tree: TreeId, watch: &mut TreeWatch, opts: &TeardownOptions) {
         let mut exits: HashMap<i32, crate::proc::ExitStatus> = HashMap::new();
         self.collect_exits(&mut exits);
-        let root = detail.tree.root_pid;
-        let gone: Vec<(IdentityRecord, Option<crate::ledger::ExitRecord>)> = detail
-            .members
+        let root = watch.root_pid();
+        let mut statuses: Vec<(i32, crate::ledger::ExitRecord)> = exits
             .iter()
-            .filter(|m| m.exited_at.is_none())
-            .map(|m| {
-                let status = if Some(m.pid) == root {
-                    opts.root_exit
-                } else {
-                    exits.get(&m.pid).copied()
-                };
-                (m.identity(), status.map(exit_record))
-            })
+            .filter(|(pid, _)| Some(**pid) != root)
+            .map(|(pid, s)| (*pid, exit_record(*s)))
             .collect();
-        if !gone.is_empty()
-            && let Err(e) = self.ledger.record_exits(tree, &gone)
-        {
+        if let (Some(root), Some(status)) = (root, opts.root_exit) {
+            statuses.push((root, exit_record(status)));
+        }
+        if let Some(Err(e)) = watch.evidence("final member exits", || {
+            self.ledger.record_remaining_exits(tree, &statuses)
+        }) {
             tracing::warn!(tree = tree.0, error = %e, "final member exits not recorded");
         }
     }
@@ -685,8 +770,31 @@ impl Engine {
     }
 }
 
+/// How long a teardown waits for another one of the same tree to finish.
+pub const LEASE_WAIT: Duration = Duration::from_secs(60);
+
+/// Pids of the members in the recorded group (the group check's candidates).
+fn group_pids(members: &[Member], pgid: i32) -> Vec<i32> {
+    members
+        .iter()
+        .filter(|m| m.entry.pgid == pgid)
+        .map(|m| m.entry.pid)
+        .collect()
+}
+
+fn log_skipped(watch: &TreeWatch) {
+    if watch.skipped_writes() > 0 {
+        tracing::warn!(
+            tree = watch.tree().0,
+            skipped = watch.skipped_writes(),
+            reason = watch.degraded().unwrap_or(""),
+            "evidence writes skipped in this teardown: the ledger refused writes (findings kept in memory; the unsettled marker and the next sweep carry them)"
+        );
+    }
+}
+
 /// The authorization names every target with the identities it will reach.
-fn kill_targets(watch: &TreeWatch, step: &Step<'_>, survivors: &[Member]) -> Vec<KillTarget> {
+fn kill_targets(watch: &TreeWatch, step: &Step, survivors: &[Member]) -> Vec<KillTarget> {
     let ids = |filter: &dyn Fn(&Member) -> bool| -> Vec<IdentityRecord> {
         survivors
             .iter()
@@ -695,7 +803,7 @@ fn kill_targets(watch: &TreeWatch, step: &Step<'_>, survivors: &[Member]) -> Vec
             .collect()
     };
     let mut targets = Vec::new();
-    if let Some(dir) = step.cgroup {
+    if let Some(dir) = step.cgroup.as_deref() {
         let pids = crate::scan::cgroup_pids(dir);
         targets.push(KillTarget {
             kind: "cgroup".into(),

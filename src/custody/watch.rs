@@ -42,6 +42,30 @@ pub struct TreeWatch {
     /// members join each classification and the scan's members go back to
     /// it as the cross-check.
     observer: Option<super::observer::ObserverHandle>,
+    /// Degraded evidence mode (a teardown's): once set, evidence writes are
+    /// not attempted; see [`TreeWatch::degrade_on_refusal`].
+    root_pid: Option<i32>,
+    degrade: bool,
+    degraded: Option<String>,
+    /// Evidence writes not attempted in degraded mode.
+    skipped: usize,
+    /// When `last_seen` of known members was last bumped (coarse, see
+    /// [`LAST_SEEN_EVERY`]).
+    last_bump: Option<Instant>,
+}
+
+/// How often a steady tick bumps `last_seen` of known members: one write of
+/// every member costs about as much as the scan itself at 1,000 members, and
+/// `last_seen` is a liveness hint, not evidence (first sightings, escapes and
+/// exits are written on the tick that finds them).
+pub const LAST_SEEN_EVERY: Duration = Duration::from_secs(10);
+
+/// Whether a ledger error means "the ledger takes no writes now" (held lock,
+/// full disk, read-only file): retrying within the same teardown would wait
+/// out the busy timeout once per write.
+pub(crate) fn refuses_writes(e: &crate::ledger::LedgerError) -> bool {
+    use crate::ledger::LedgerError as E;
+    matches!(e, E::Busy(_) | E::Full(_) | E::ReadOnly(_))
 }
 
 impl TreeWatch {
@@ -91,6 +115,11 @@ impl TreeWatch {
             alive: HashMap::new(),
             boot_id: row.boot_id.clone().unwrap_or_default(),
             observer: None,
+            root_pid: row.root_pid,
+            degrade: false,
+            degraded: None,
+            skipped: 0,
+            last_bump: None,
         })
     }
 
@@ -130,6 +159,57 @@ impl TreeWatch {
             .extend(ids.iter().map(|id| (id.pid, id.start_ticks)));
     }
 
+    /// Teardown mode: after the first write the ledger refuses with
+    /// Busy/Full/ReadOnly, no further evidence write is attempted by this
+    /// watch (each would wait out the busy timeout again); what was found
+    /// stays in memory (membership, escapes) and the skipped writes are
+    /// counted. Authority writes are not evidence and are never gated here.
+    pub fn degrade_on_refusal(&mut self) {
+        self.degrade = true;
+    }
+
+    /// Why evidence writes stopped, when they did.
+    pub fn degraded(&self) -> Option<&str> {
+        self.degraded.as_deref()
+    }
+
+    /// Evidence writes skipped in degraded mode.
+    pub fn skipped_writes(&self) -> usize {
+        self.skipped
+    }
+
+    /// Runs one evidence write unless degraded; `None` when skipped. A
+    /// refusal switches a teardown's watch to degraded mode.
+    pub fn evidence<T>(
+        &mut self,
+        what: &str,
+        write: impl FnOnce() -> Result<T, crate::ledger::LedgerError>,
+    ) -> Option<Result<T, crate::ledger::LedgerError>> {
+        if self.degraded.is_some() {
+            self.skipped += 1;
+            return None;
+        }
+        let result = write();
+        if let Err(e) = &result
+            && self.degrade
+            && refuses_writes(e)
+        {
+            tracing::warn!(
+                tree = self.tree.0,
+                error = %e,
+                what,
+                "ledger refuses writes: no more evidence writes in this teardown (authority is still attempted)"
+            );
+            self.degraded = Some(e.to_string());
+        }
+        Some(result)
+    }
+
+    /// The recorded root's pid (the tree's group and session leader).
+    pub fn root_pid(&self) -> Option<i32> {
+        self.root_pid
+    }
+
     pub fn tree(&self) -> TreeId {
         self.tree
     }
@@ -157,7 +237,23 @@ impl TreeWatch {
 
     /// Scans `/proc`, classifies, records first sightings, escapes and exits.
     /// `exits` holds statuses the reaper collected, to attach to exit records.
+    /// Known members' `last_seen` is bumped at most every
+    /// [`LAST_SEEN_EVERY`]; new sightings are written at once.
     pub fn tick(&mut self, engine: &Engine, exits: &HashMap<i32, ExitStatus>) -> TickReport {
+        let bump = self
+            .last_bump
+            .is_none_or(|t| t.elapsed() >= LAST_SEEN_EVERY);
+        self.tick_full(engine, exits, bump)
+    }
+
+    /// A full `/proc` walk (what finds members by descent), classified and
+    /// recorded; `bump_last_seen` false writes only what is new.
+    pub fn tick_full(
+        &mut self,
+        engine: &Engine,
+        exits: &HashMap<i32, ExitStatus>,
+        bump_last_seen: bool,
+    ) -> TickReport {
         let started = Instant::now();
         if let Some(obs) = &self.observer {
             self.known.observed = obs.members(self.tree);
@@ -166,7 +262,28 @@ impl TreeWatch {
         if let Some(dir) = &self.cgroup {
             self.known.cgroup_pids = scan::cgroup_pids(dir);
         }
-        self.classify_and_record(engine, exits, &snap, started, true)
+        self.classify_and_record(engine, exits, &snap, started, bump_last_seen)
+    }
+
+    /// A targeted tick: re-reads only the live members, the group and
+    /// session leaders, the cgroup's members (`cgroup.procs`) and the
+    /// observer's members, not all of `/proc`. It cannot find a process by
+    /// descent that it does not read, so a teardown uses it only where
+    /// nothing new can appear unseen (a frozen cgroup) or to wait for known
+    /// members to die before one verifying full walk. Writes only what is new.
+    pub fn tick_targeted(
+        &mut self,
+        engine: &Engine,
+        exits: &HashMap<i32, ExitStatus>,
+    ) -> TickReport {
+        let started = Instant::now();
+        if let Some(obs) = &self.observer {
+            self.known.observed = obs.members(self.tree);
+        }
+        let mut pids = self.pids_to_reread();
+        pids.extend(self.known.observed.iter().map(|&(pid, _)| pid));
+        let snap = scan::snapshot_pids(pids);
+        self.classify_and_record(engine, exits, &snap, started, false)
     }
 
     /// The pids a targeted refresh must re-read for this tree: live members,
@@ -245,15 +362,35 @@ impl TreeWatch {
             sightings.push(record);
         }
         if !sightings.is_empty() && (bump_last_seen || !fresh.is_empty()) {
-            match ledger.observe_members(self.tree, &sightings) {
-                Ok(new) => {
+            // Without a bump only the new sightings are written: a known
+            // member's row is already there.
+            let to_write: Vec<MemberRecord> = if bump_last_seen {
+                sightings.clone()
+            } else {
+                sightings
+                    .iter()
+                    .filter(|r| fresh.contains(&(r.identity.pid, r.identity.start_ticks)))
+                    .cloned()
+                    .collect()
+            };
+            let tree = self.tree;
+            match self.evidence("member sightings", || {
+                ledger.observe_members(tree, &to_write)
+            }) {
+                Some(Ok(new)) => {
                     report.new_members = new.len();
                     self.known.seen.extend(fresh);
+                    if bump_last_seen {
+                        self.last_bump = Some(Instant::now());
+                    }
                 }
-                Err(e) => {
+                Some(Err(e)) => {
                     report.write_errors += 1;
                     tracing::warn!(tree = self.tree.0, error = %e, "member sightings not recorded");
                 }
+                // Degraded: kept in memory; the next teardown (sweep)
+                // records them once the ledger takes writes.
+                None => self.known.seen.extend(fresh),
             }
         }
         for (m, record) in members.iter().zip(&sightings) {
@@ -265,15 +402,17 @@ impl TreeWatch {
                 "outside the tree's group {} and session {} (pgid {}, sid {})",
                 self.known.pgid, self.known.sid, m.entry.pgid, m.entry.sid
             );
-            match ledger.record_escape(self.tree, record, &reason) {
-                Ok(_) => {
+            let tree = self.tree;
+            match self.evidence("escape", || ledger.record_escape(tree, record, &reason)) {
+                Some(Ok(_)) => {
                     self.escapes.insert(key);
                     report.new_escapes += 1;
                 }
-                Err(e) => {
+                Some(Err(e)) => {
                     report.write_errors += 1;
                     tracing::warn!(tree = self.tree.0, error = %e, "escape not recorded");
                 }
+                None => {}
             }
         }
 
@@ -299,7 +438,9 @@ impl TreeWatch {
             .collect();
         if !gone.is_empty() {
             report.exited = gone.len();
-            if let Err(e) = ledger.record_exits(self.tree, &gone) {
+            let tree = self.tree;
+            if let Some(Err(e)) = self.evidence("member exits", || ledger.record_exits(tree, &gone))
+            {
                 report.write_errors += 1;
                 tracing::warn!(tree = self.tree.0, error = %e, "member exits not recorded");
             }

@@ -270,6 +270,30 @@ impl Ledger {
         })
     }
 
+    /// Records a teardown step's signals in one transaction (one
+    /// `signal.sent` each). All or nothing: the database refuses a SIGKILL
+    /// without an authorization of this tree, and then none is written.
+    pub fn record_signals(&self, id: TreeId, signals: &[SignalRecord]) -> Result<(), LedgerError> {
+        let signals = signals.to_vec();
+        self.write(Durability::Normal, move |w| {
+            write::record_signals(w, id, &signals)
+        })
+    }
+
+    /// Records the exit (observation + `member.exited`) of every member not
+    /// yet recorded as exited, with the statuses given by pid; returns how
+    /// many. One transaction, and no member list read back into memory.
+    pub fn record_remaining_exits(
+        &self,
+        id: TreeId,
+        statuses: &[(i32, ExitRecord)],
+    ) -> Result<usize, LedgerError> {
+        let statuses = statuses.to_vec();
+        self.write(Durability::Normal, move |w| {
+            write::record_remaining_exits(w, id, &statuses)
+        })
+    }
+
     /// A forced kill was not sent (event `kill.skipped`).
     pub fn kill_skipped(&self, id: TreeId, reason: &str) -> Result<(), LedgerError> {
         let reason = reason.to_string();

@@ -290,6 +290,56 @@ pub(crate) fn record_exits(
     Ok(())
 }
 
+/// Records the exit of every member of the tree not yet recorded as exited
+/// (the teardown verified the tree empty); `statuses` attaches what the
+/// reaper collected, by pid. Returns how many were recorded.
+pub(crate) fn record_remaining_exits(
+    w: &mut Writer<'_>,
+    id: TreeId,
+    statuses: &[(i32, ExitRecord)],
+) -> Result<usize, Fail> {
+    let remaining: Vec<IdentityRecord> = {
+        let mut stmt = w.tx.prepare_cached(
+            "SELECT pid, start_ticks, boot_id FROM members WHERE tree_id = ?1 AND exited_at IS NULL",
+        )?;
+        let rows = stmt.query_map([id.0], |r| {
+            Ok(IdentityRecord {
+                pid: r.get(0)?,
+                start_ticks: r.get::<_, i64>(1)?.max(0) as u64,
+                boot_id: r.get(2)?,
+            })
+        })?;
+        rows.collect::<Result<_, _>>()?
+    };
+    if remaining.is_empty() {
+        return Ok(0);
+    }
+    let exits: Vec<(IdentityRecord, Option<ExitRecord>)> = remaining
+        .into_iter()
+        .map(|identity| {
+            let exit = statuses
+                .iter()
+                .find(|(pid, _)| *pid == identity.pid)
+                .map(|(_, e)| *e);
+            (identity, exit)
+        })
+        .collect();
+    record_exits(w, id, &exits)?;
+    Ok(exits.len())
+}
+
+/// Several signal records in one transaction (one teardown step).
+pub(crate) fn record_signals(
+    w: &mut Writer<'_>,
+    id: TreeId,
+    signals: &[SignalRecord],
+) -> Result<(), Fail> {
+    for s in signals {
+        record_signal(w, id, s)?;
+    }
+    Ok(())
+}
+
 pub(crate) fn set_state(
     w: &mut Writer<'_>,
     id: TreeId,

@@ -43,7 +43,7 @@ pub use reaper::{
 };
 pub use signal::{
     Delivery, GroupDelivery, GroupRecord, Sig, cgroup_freeze, cgroup_kill, cgroup_pids,
-    cgroup_populated, group_members, signal_group, signal_process,
+    cgroup_populated, group_members, signal_group, signal_group_known, signal_process,
 };
 
 use std::path::PathBuf;

@@ -176,27 +176,52 @@ pub enum GroupDelivery {
     NotRecorded(String),
 }
 
-/// Live (non-zombie) processes whose process group is `pgid`, by a `/proc` walk.
+/// Live processes whose process group is `pgid`, by a `/proc` walk with the
+/// lean stat reader ([`crate::scan::snapshot`]: one open and read per
+/// process, not `procfs`'s directory handle and full parse).
 pub fn group_members(pgid: i32) -> Result<Vec<ProcStat>, ProcError> {
-    let all = procfs::process::all_processes().map_err(|e| ProcError::Proc(e.to_string()))?;
-    let mut members = Vec::new();
-    for process in all {
-        // Processes vanish mid-walk; a vanished one is not a member.
-        let Ok(process) = process else { continue };
-        let Ok(Some(stat)) = read_stat(process.pid()) else {
-            continue;
-        };
-        if stat.pgid == pgid && !stat.is_dead() {
-            members.push(stat);
-        }
-    }
-    Ok(members)
+    Ok(live_in_group(&crate::scan::snapshot(), pgid))
+}
+
+fn live_in_group(snap: &crate::scan::Snapshot, pgid: i32) -> Vec<ProcStat> {
+    snap.entries
+        .values()
+        .filter(|e| e.pgid == pgid && e.is_live())
+        .map(|e| ProcStat {
+            pid: e.pid,
+            ppid: e.ppid,
+            pgid: e.pgid,
+            sid: e.sid,
+            start_ticks: e.start_ticks,
+            state: e.state,
+            comm: e.comm.clone(),
+            uid: 0,
+        })
+        .collect()
 }
 
 /// Signals the recorded group with `killpg(rec.pgid)`, only while it provably
 /// is the recorded one (see the module doc). Call it again before every
 /// escalation step: the check is not cached.
 pub fn signal_group(rec: &GroupRecord, sig: Sig) -> Result<GroupDelivery, ProcError> {
+    signal_group_known(rec, sig, &[])
+}
+
+/// [`signal_group`], with the group's live members looked for first among
+/// `candidates` (pids the caller classified as members moments ago), each
+/// re-read from `/proc` now, so the check is as fresh as a walk's. Only
+/// when none of them is (still) in the group is all of `/proc` walked.
+///
+/// As strong as the walk: every process of a group is in the group's
+/// session (the kernel refuses `setpgid` across sessions, and `setsid`
+/// leaves the group), so one live member in the recorded session proves the
+/// session of all of them, and the leader check below does not depend on
+/// which members were read.
+pub fn signal_group_known(
+    rec: &GroupRecord,
+    sig: Sig,
+    candidates: &[i32],
+) -> Result<GroupDelivery, ProcError> {
     guard(rec.pgid, "process group")?;
     guard(rec.sid, "session")?;
     if rec.leader.pid != rec.pgid {
@@ -205,7 +230,17 @@ pub fn signal_group(rec: &GroupRecord, sig: Sig) -> Result<GroupDelivery, ProcEr
             rec.leader.pid, rec.pgid
         )));
     }
-    let members = group_members(rec.pgid)?;
+    let mut members = if candidates.is_empty() {
+        Vec::new()
+    } else {
+        live_in_group(
+            &crate::scan::snapshot_pids(candidates.iter().copied()),
+            rec.pgid,
+        )
+    };
+    if members.is_empty() {
+        members = group_members(rec.pgid)?;
+    }
     if members.is_empty() {
         return Ok(GroupDelivery::Empty);
     }

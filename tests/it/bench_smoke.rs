@@ -46,7 +46,7 @@ fn bench_suite_runs_at_smoke_size() {
         "scan + classify",
         "sysinfo full process refresh",
         "teardown, 10 processes, session",
-        "not yet: needs serve",
+        "idle service: serve, 5 trees",
         "| scaling (item 6)",
     ] {
         assert!(stdout.contains(row), "no {row:?} row in:\n{stdout}");

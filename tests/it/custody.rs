@@ -981,3 +981,109 @@ fn a_survivor_the_ledger_never_recorded_is_still_killed_by_the_sweep() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn a_held_write_lock_costs_one_busy_timeout_not_one_per_member() {
+    // 21 SIGTERM-ignoring members on the session boundary, 8 of them
+    // escapees in sessions of their own (signalled one by one). Under a held
+    // write lock every evidence write would wait out the busy timeout
+    // (300ms here); after the first refusal the teardown stops trying
+    // evidence writes, still attempts the authorization, and fails closed.
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    let script = "trap '' TERM; i=0; while [ $i -lt 12 ]; do sleep 600 & i=$((i+1)); done; \
+                  j=0; while [ $j -lt 8 ]; do (setsid sh -c 'trap \"\" TERM; exec sleep 600' &); j=$((j+1)); done; wait";
+    let mut run = env.spawn_run(
+        &["--grace", "100ms", "--quiet", "--busy-timeout", "300ms"],
+        script,
+    );
+    assert!(env.wait_marked(21), "{:?}", env.marked());
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            env.kinds()
+                .iter()
+                .filter(|k| *k == "member.observed")
+                .count()
+                >= 21
+        }),
+        "run recorded the members"
+    );
+    let survivors = env.marked();
+    let lock = rusqlite::Connection::open(env.ledger_path()).expect("open ledger");
+    lock.execute_batch("BEGIN IMMEDIATE")
+        .expect("take the write lock");
+    let t0 = std::time::Instant::now();
+    signal(run.id(), rustix::process::Signal::TERM);
+    let status = wait_child(&mut run, Duration::from_secs(60)).expect("run exits");
+    let took = t0.elapsed();
+    let err = env.stderr_of(&run);
+    assert_eq!(status.code(), Some(125), "{err}");
+    assert!(err.contains("forced kill skipped"), "{err}");
+    assert!(
+        took < Duration::from_secs(10),
+        "teardown under a held lock took {took:?}: evidence writes were retried per member"
+    );
+    assert!(
+        survivors.iter().all(|p| pid_alive(*p)),
+        "survivors are left alive as evidence"
+    );
+    lock.execute_batch("ROLLBACK").expect("release the lock");
+    drop(lock);
+    let out = env.output(&["sweep", "--grace", "100ms"]);
+    assert!(
+        out.status.success(),
+        "sweep: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(env.wait_none_marked(), "{:?}", env.marked());
+    assert!(env.assert_kills_authorized() > 0);
+}
+
+#[test]
+fn two_kills_of_one_tree_at_once_run_one_teardown() {
+    // The teardown lease: the second `kill` waits for the first and then
+    // finds the tree ended; without it both would signal, and one's thaw
+    // could undo the other's freeze.
+    for b in BOTH {
+        let Some(env) = Env::new(b) else { continue };
+        let mut run = env.spawn_run(&["--quiet"], IGNORE_TERM_GRANDCHILDREN);
+        assert!(env.wait_marked(5), "[{b}] {:?}", env.marked());
+        let kill = || {
+            env.cmd()
+                .args(["kill", "1", "--grace", "500ms"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("kill")
+        };
+        let (first, second) = (kill(), kill());
+        for k in [first, second] {
+            let out = k.wait_with_output().expect("kill output");
+            assert!(
+                out.status.success(),
+                "[{b}] kill: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        assert!(env.wait_none_marked(), "[{b}] {:?}", env.marked());
+        let status = wait_child(&mut run, Duration::from_secs(20)).expect("run exits");
+        assert_eq!(status.code(), Some(137), "[{b}] {}", env.stderr_of(&run));
+        let events = env.export();
+        let terms = events
+            .iter()
+            .filter(|e| {
+                e["kind"] == "signal.sent"
+                    && e["data"]["signal"] == "SIGTERM"
+                    && e["data"]["target_kind"] == "group"
+            })
+            .count();
+        assert_eq!(terms, 1, "[{b}] one teardown signalled the group");
+        let to_terminating = events
+            .iter()
+            .filter(|e| e["kind"] == "tree.state" && e["data"]["to"] == "terminating")
+            .count();
+        assert_eq!(to_terminating, 1, "[{b}] one teardown started");
+        assert!(env.assert_kills_authorized() > 0);
+    }
+}
