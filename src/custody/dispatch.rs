@@ -41,7 +41,7 @@ impl Engine {
                 let alive = self
                     .marked_survivors(tree)
                     .into_iter()
-                    .filter(identity_alive)
+                    .filter(super::still_alive)
                     .count();
                 if alive == 0 {
                     tracing::info!(
@@ -117,34 +117,6 @@ impl Engine {
     /// be read counts as alive: a missed reap is recoverable, a wrong kill is
     /// not.
     pub(crate) fn owner_alive(&self, row: &TreeRow) -> bool {
-        use crate::proc::Liveness;
-        let o = row.owner_identity();
-        let owner = crate::proc::Identity {
-            pid: o.pid,
-            start_ticks: o.start_ticks,
-            boot_id: o.boot_id,
-        };
-        if owner.pid == std::process::id() as i32
-            && crate::proc::self_identity()
-                .map(|me| me == owner)
-                .unwrap_or(true)
-        {
-            return true;
-        }
-        !matches!(owner.check(), Liveness::Gone | Liveness::Recycled)
+        super::still_alive(&row.owner_identity())
     }
-}
-
-/// Whether the process named by this identity still runs (an identity that
-/// cannot be read counts as alive).
-fn identity_alive(id: &crate::ledger::IdentityRecord) -> bool {
-    let id = crate::proc::Identity {
-        pid: id.pid,
-        start_ticks: id.start_ticks,
-        boot_id: id.boot_id.clone(),
-    };
-    !matches!(
-        id.check(),
-        crate::proc::Liveness::Gone | crate::proc::Liveness::Recycled
-    )
 }

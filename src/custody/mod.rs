@@ -249,3 +249,18 @@ impl Engine {
         }
     }
 }
+
+/// Whether the process a ledger identity names still runs. An identity whose
+/// start time cannot be read counts as alive: a missed reap is recoverable,
+/// a wrong kill is not.
+pub(crate) fn still_alive(id: &crate::ledger::IdentityRecord) -> bool {
+    let id = crate::proc::Identity {
+        pid: id.pid,
+        start_ticks: id.start_ticks,
+        boot_id: id.boot_id.clone(),
+    };
+    !matches!(
+        id.check(),
+        crate::proc::Liveness::Gone | crate::proc::Liveness::Recycled
+    )
+}

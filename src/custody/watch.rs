@@ -80,16 +80,7 @@ impl TreeWatch {
         let mut exclude = exclude.clone();
         // The owner is never a member — while it is the owner. A dead
         // owner's pid may be reused by a member of its own tree.
-        let owner = row.owner_identity();
-        let owner_now = crate::proc::Identity {
-            pid: owner.pid,
-            start_ticks: owner.start_ticks,
-            boot_id: owner.boot_id,
-        };
-        if !matches!(
-            owner_now.check(),
-            crate::proc::Liveness::Gone | crate::proc::Liveness::Recycled
-        ) {
+        if super::still_alive(&row.owner_identity()) {
             exclude.insert(row.owner.pid);
         }
         let mut known = KnownTree {

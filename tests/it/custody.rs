@@ -156,31 +156,7 @@ impl Env {
 
     /// Live (non-zombie) processes carrying this env's marker.
     pub fn marked(&self) -> Vec<i32> {
-        let needle = format!("TW_TEST_MARK={}", self.mark);
-        let mut out = Vec::new();
-        let Ok(dir) = std::fs::read_dir("/proc") else {
-            return out;
-        };
-        for entry in dir.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|s| s.parse::<i32>().ok())
-            else {
-                continue;
-            };
-            let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
-                continue;
-            };
-            let hit = environ
-                .split(|b| *b == 0)
-                .any(|var| var == needle.as_bytes());
-            if hit && pid_alive(pid) {
-                out.push(pid);
-            }
-        }
-        out.sort_unstable();
-        out
+        crate::util::marked_processes(&self.mark)
     }
 
     /// Waits until at least `n` marked processes are alive.

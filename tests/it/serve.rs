@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::custody::{signal, wait_child};
-use crate::util::{bin, pid_alive, skip, wait_until};
+use crate::util::{bin, skip, wait_until};
 
 static SEQ: AtomicUsize = AtomicUsize::new(0);
 
@@ -157,7 +157,7 @@ impl Server {
     }
 
     fn marked(&self) -> Vec<i32> {
-        marked_processes(&self.mark)
+        crate::util::marked_processes(&self.mark)
     }
 
     fn export(&self) -> Vec<Value> {
@@ -196,35 +196,15 @@ impl Drop for Server {
     }
 }
 
-/// Live processes whose environment carries `TW_TEST_MARK=<mark>`.
-fn marked_processes(mark: &str) -> Vec<i32> {
-    let needle = format!("TW_TEST_MARK={mark}");
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
-            continue;
-        };
-        if environ.split(|b| *b == 0).any(|v| v == needle.as_bytes()) && pid_alive(pid) {
-            out.push(pid);
-        }
-    }
-    out
-}
-
 fn end_marked(mark: &str) {
-    for pid in marked_processes(mark) {
+    for pid in crate::util::marked_processes(mark) {
         if let Some(pid) = rustix::process::Pid::from_raw(pid) {
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
         }
     }
-    wait_until(Duration::from_secs(5), || marked_processes(mark).is_empty());
+    wait_until(Duration::from_secs(5), || {
+        crate::util::marked_processes(mark).is_empty()
+    });
 }
 
 fn artifacts() -> PathBuf {

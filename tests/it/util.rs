@@ -48,3 +48,29 @@ pub fn is_root() -> bool {
 pub fn skip(why: &str) {
     eprintln!("skipped: {why}");
 }
+
+/// Live (non-zombie) processes whose environment carries
+/// `TW_TEST_MARK=<mark>`, sorted. Tests give every process of their trees a
+/// unique mark, so survivors are found independently of treewarden (a
+/// member it failed to see is still found here).
+pub fn marked_processes(mark: &str) -> Vec<i32> {
+    let needle = format!("TW_TEST_MARK={mark}");
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        if environ.split(|b| *b == 0).any(|v| v == needle.as_bytes()) && pid_alive(pid) {
+            out.push(pid);
+        }
+    }
+    out.sort_unstable();
+    out
+}
