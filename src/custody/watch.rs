@@ -52,6 +52,9 @@ pub struct TreeWatch {
     /// When `last_seen` of known members was last bumped (coarse, see
     /// [`LAST_SEEN_EVERY`]).
     last_bump: Option<Instant>,
+    /// The `comm` each member had when last seen: a change means it exec'd,
+    /// and its recorded command line is refreshed.
+    comms: HashMap<(i32, u64), String>,
 }
 
 /// How often a steady tick bumps `last_seen` of known members: one write of
@@ -111,6 +114,7 @@ impl TreeWatch {
             degraded: None,
             skipped: 0,
             last_bump: None,
+            comms: HashMap::new(),
         })
     }
 
@@ -324,7 +328,8 @@ impl TreeWatch {
         let mut report = TickReport::default();
         let ledger = engine.ledger();
 
-        let mut fresh = Vec::new();
+        let mut fresh = HashSet::new();
+        let mut execd = Vec::new();
         let mut sightings = Vec::with_capacity(members.len());
         for m in &members {
             let key = (m.entry.pid, m.entry.start_ticks);
@@ -348,8 +353,20 @@ impl TreeWatch {
                 cwd: details.as_ref().and_then(|d| d.cwd.clone()),
             };
             if details.is_some() {
-                fresh.push(key);
+                fresh.insert(key);
+            } else if self
+                .comms
+                .get(&key)
+                .is_some_and(|before| *before != m.entry.comm)
+            {
+                let d = scan::details(m.entry.pid);
+                execd.push(MemberRecord {
+                    exe: d.exe,
+                    cmdline: d.cmdline,
+                    ..record.clone()
+                });
             }
+            self.comms.insert(key, m.entry.comm.clone());
             sightings.push(record);
         }
         if !sightings.is_empty() && (bump_last_seen || !fresh.is_empty()) {
@@ -436,6 +453,16 @@ impl TreeWatch {
                 tracing::warn!(tree = self.tree.0, error = %e, "member exits not recorded");
             }
         }
+        if !execd.is_empty() {
+            let tree = self.tree;
+            if let Some(Err(e)) =
+                self.evidence("member execs", || ledger.refresh_members(tree, &execd))
+            {
+                report.write_errors += 1;
+                tracing::warn!(tree = self.tree.0, error = %e, "member execs not recorded");
+            }
+        }
+        self.comms.retain(|k, _| now.contains_key(k));
         self.alive = now;
         engine.stats().write_errors(report.write_errors);
         report.members = members;

@@ -192,6 +192,16 @@ impl Ledger {
         })
     }
 
+    /// Updates what known members run now (exe, argv) after an exec: a
+    /// member first seen between its fork and its exec would otherwise show
+    /// its parent's command line. Rows only; the events keep the first sighting.
+    pub fn refresh_members(&self, id: TreeId, members: &[MemberRecord]) -> Result<(), LedgerError> {
+        let members = members.to_vec();
+        self.write(Durability::Normal, move |w| {
+            write::refresh_members(w, id, &members)
+        })
+    }
+
     /// Records an escape once per identity (observation + `escape.observed`);
     /// returns whether it was new. Never erased.
     pub fn record_escape(

@@ -571,3 +571,29 @@ pub(crate) fn record_scan(
     )?;
     Ok(())
 }
+
+/// A member exec'd since its first sighting: its row shows what it runs now
+/// (exe, argv). The `member.observed` event keeps what was first seen.
+pub(crate) fn refresh_members(
+    w: &mut Writer<'_>,
+    id: TreeId,
+    members: &[MemberRecord],
+) -> Result<(), Fail> {
+    for m in members {
+        let cmdline = serde_json::to_string(&m.cmdline)?;
+        w.exec(
+            "UPDATE members SET exe = ?5, cmdline = ?6, last_seen = ?7
+             WHERE tree_id = ?1 AND pid = ?2 AND start_ticks = ?3 AND boot_id = ?4",
+            params![
+                id.0,
+                m.identity.pid,
+                ticks(m.identity.start_ticks),
+                m.identity.boot_id,
+                m.exe,
+                cmdline,
+                w.now
+            ],
+        )?;
+    }
+    Ok(())
+}

@@ -1063,3 +1063,68 @@ fn two_kills_of_one_tree_at_once_run_one_teardown() {
         assert!(env.assert_kills_authorized() > 0);
     }
 }
+
+#[test]
+fn a_member_seen_before_its_exec_is_shown_with_what_it_runs_now() {
+    // A member first seen between its fork and its exec has its parent's
+    // command line; once it execs, the ledger's row shows what it runs.
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    let mut run = env.spawn_run(
+        &["--quiet", "--scan-interval", "50ms", "--observer", "off"],
+        "(while [ ! -e go ]; do sleep 0.01; done; exec sleep 600) & wait",
+    );
+    // (tree JSON, members) once the tree is in the ledger.
+    let show = |env: &Env| -> Option<(Value, Vec<Value>)> {
+        let out = env.output(&["show", "1", "--json"]);
+        let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+        let members = v["members"].as_array().cloned().unwrap_or_default();
+        Some((v["tree"].clone(), members))
+    };
+    let mut subshell = None;
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            let Some((tree, ms)) = show(&env) else {
+                return false;
+            };
+            let root = tree["root_pid"].as_i64();
+            subshell = ms
+                .iter()
+                .filter(|m| m["cmdline"][0] == "sh" && m["pid"].as_i64() != root)
+                .filter_map(|m| m["pid"].as_i64())
+                .find(|p| pid_alive(*p as i32) && Some(m_ppid(*p)) == root);
+            subshell.is_some()
+        }),
+        "the subshell was recorded before its exec: {:?}",
+        show(&env)
+    );
+    let subshell = subshell.expect("subshell pid");
+    std::fs::write(env.dir.path().join("go"), b"").expect("go file");
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            show(&env).is_some_and(|(_, ms)| {
+                ms.iter().any(|m| {
+                    m["pid"].as_i64() == Some(subshell)
+                        && m["cmdline"] == serde_json::json!(["sleep", "600"])
+                })
+            })
+        }),
+        "the row of {subshell} shows `sleep 600` after its exec: {:?}",
+        show(&env)
+    );
+    signal(run.id(), rustix::process::Signal::TERM);
+    wait_child(&mut run, Duration::from_secs(20)).expect("run exits");
+    assert!(env.wait_none_marked());
+}
+
+/// The parent pid of a live process (0 when it is gone).
+fn m_ppid(pid: i64) -> i64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().nth(1).and_then(|p| p.parse().ok()))
+        })
+        .unwrap_or(0)
+}
