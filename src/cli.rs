@@ -1,7 +1,8 @@
 //! Command-line interface: clap definitions, config assembly and output
-//! formatting (human tables and `--json`). The only place besides `main.rs`
+//! formatting (human tables and `--json`). With `commands.rs`, the only place
 //! that uses `anyhow`; every failure leaves here as one line on stderr and a
-//! distinct exit code.
+//! distinct exit code (bad arguments included: clap's usage text is reduced
+//! to its first line).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -183,7 +184,10 @@ impl Cli {
 }
 
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
     if !matches!(cli.command, Command::Serve(_)) {
         // serve sets up its own logging (format, level, OTLP).
         init_tracing();
@@ -447,6 +451,23 @@ fn verify(config: &Config, expect_head: Option<&str>) -> CliResult {
             };
             println!("ok: {} events, {head}, integrity ok", report.events);
             Ok(0)
+        }
+    }
+}
+
+/// Help and version go out as clap prints them; a bad argument becomes one
+/// line on stderr and exit 2, like every other bad input.
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp
+        | ErrorKind::DisplayVersion
+        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => e.exit(),
+        _ => {
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or("bad arguments");
+            eprintln!("treewarden: {}", first.trim_start_matches("error: "));
+            ExitCode::from(EXIT_USAGE)
         }
     }
 }

@@ -2,12 +2,14 @@
 //! unsettled.
 //!
 //! A tree is unsettled when it is `ambiguous` in the ledger, when this
-//! process holds it ambiguous in memory (the ledger refused the write), or
-//! when its teardown was interrupted: state `terminating`/`killing` and its
-//! owner gone. The last rule is what closes dispatch across processes when the
-//! ledger could not even record the ambiguity: the interrupted state is the
-//! last thing it did record, and it stays until a sweep completes the teardown
-//! or an operator resolves it.
+//! process holds it ambiguous in memory, when an unsettled marker
+//! (`<data-dir>/unsettled/tree-<id>`, see [`super::markers`]) names it — the
+//! channel that closes dispatch across processes when the ledger refused to
+//! record the ambiguity — or when its teardown was interrupted: state
+//! `terminating`/`killing` and its owner gone. It stays unsettled until a
+//! teardown completes with authority and verification (e.g. a sweep) or an
+//! operator resolves it. A marker of a tree the ledger already holds as
+//! ended is dropped by the gate once every survivor it names is gone.
 
 use serde::Serialize;
 

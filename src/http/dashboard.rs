@@ -3,7 +3,7 @@
 //! handler; the templates are in `templates/`.
 //!
 //! Pictures where people would rather look than read: each tree page draws
-//! its teardown (TERM -> grace -> authorize -> KILL -> verified) as an inline
+//! its teardown (TERM -> grace -> freeze -> authorize -> KILL -> verified) as an inline
 //! SVG timeline built from the tree's own ledger events.
 
 use std::time::{Duration, SystemTime};

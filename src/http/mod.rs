@@ -7,9 +7,10 @@
 //! request timeout, a body limit (1 MiB; bigger bodies are 413), then
 //! bearer-token auth.
 //!
-//! This module never touches the ledger or a process directly: it parses,
-//! calls [`crate::service::Service`], and maps the answer to a status in one
-//! place ([`error::ApiError`]).
+//! This module never signals or waits for a process and never writes the
+//! ledger: it parses, calls [`crate::service::Service`] (reads go through
+//! `Service::read`, on the blocking pool), and maps the answer to a status
+//! in one place ([`error::ApiError`]).
 
 pub mod api;
 pub mod auth;

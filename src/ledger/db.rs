@@ -1,7 +1,9 @@
 //! The owner thread and the connection it alone holds (wastebin's db.rs
 //! pattern): callers send boxed jobs over a channel and block on the reply.
-//! Every write is one `BEGIN IMMEDIATE` transaction that also extends the
-//! hash chain, so the change and its audit event commit or vanish together.
+//! Every write is one `BEGIN IMMEDIATE` transaction; a write that records an
+//! audit fact extends the hash chain in it, so the change and its event
+//! commit or vanish together (bookkeeping writes — owners, flags, scans,
+//! `last_seen`, exec refreshes — carry no event).
 
 use std::path::Path;
 use std::sync::{Arc, mpsc};

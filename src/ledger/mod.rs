@@ -24,8 +24,8 @@
 //!
 //! # The hash chain
 //!
-//! Every write transaction appends its audit event(s) to `events` in the same
-//! transaction. `seq` is gapless from 1. For each event:
+//! Every write transaction that records an audit fact appends its event(s)
+//! to `events` in the same transaction (bookkeeping writes append none). `seq` is gapless from 1. For each event:
 //!
 //! ```text
 //! canonical = canonical JSON of the array [seq, at, tree, kind, data]

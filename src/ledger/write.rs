@@ -1,5 +1,7 @@
 //! The write operations, each run inside one [`Writer`] transaction. Each
-//! appends its audit event(s) in that same transaction.
+//! that records an audit fact appends its event(s) in that same transaction;
+//! the bookkeeping ones (`register_owner`, `add_flag`, `record_scan`,
+//! `last_seen` bumps, `refresh_members`) append none.
 
 use rusqlite::{OptionalExtension, params};
 use serde_json::json;

@@ -19,10 +19,13 @@
 //! only way out of a session is `setsid()`, which is reported
 //! ([`ProcEvent::Sid`]). A `setpgid` inside the session is not an escape.
 //!
-//! Subscribing needs CAP_NET_ADMIN in the initial user and pid namespaces;
-//! elsewhere the kernel accepts the subscription and sends nothing, which
-//! [`Connector::open`] cannot tell apart from a quiet host. The probe
-//! ([`super::probe`]) therefore checks the namespaces too.
+//! Who may subscribe depends on the kernel: CAP_NET_ADMIN before Linux 6.6,
+//! any process since, but only in the initial user and pid namespaces —
+//! elsewhere the kernel ignores the subscription and sends no
+//! acknowledgement. [`Connector::open`] therefore waits (1 s) for the
+//! kernel's acknowledgement of *its* subscription (a nonce in `ack`; acks
+//! are multicast to every listener) and fails on silence or an errno, so
+//! the probe and `doctor` report what really works.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::Duration;

@@ -17,7 +17,8 @@
 //!
 //! `unsafe` is allowed in this module tree only (crate-wide it is denied); it
 //! is confined to `fork`/`execve` and the async-signal-safe child path in
-//! [`boundary`], each block with a `// SAFETY:` line.
+//! [`boundary`], and to registering a pidfd with tokio's reactor in
+//! [`pidfd`], each block with a `// SAFETY:` line.
 
 #![allow(unsafe_code)]
 

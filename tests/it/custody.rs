@@ -464,6 +464,7 @@ fn bad_input_is_one_line_and_exit_2() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(needle), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
     }
     // Exec failures: 127 not found, 126 not executable, recorded as spawn_failed.
     let out = env.output(&["run", "--", "./definitely-not-here"]);
