@@ -161,7 +161,33 @@ impl Engine {
         progress: &mut dyn FnMut(&Progress),
     ) -> Result<TeardownReport, CustodyError> {
         let _lease = self.teardown_lease(tree)?;
-        self.teardown_leased(tree, opts, progress)
+        let result = self.teardown_leased(tree, opts, progress);
+        // One line per teardown for the operator's log (journalctl): how it
+        // ended and what each phase cost. The ledger holds the evidence.
+        match &result {
+            Ok(r) => {
+                let phases: Vec<String> = r
+                    .phases
+                    .iter()
+                    .map(|(p, d)| format!("{}={}ms", p.as_str(), d.as_millis()))
+                    .collect();
+                tracing::info!(
+                    tree = tree.0,
+                    origin = ?opts.origin,
+                    state = r.state.as_str(),
+                    members = r.members_at_start,
+                    force_killed = r.force_killed,
+                    authorizations = r.authorizations,
+                    elapsed_ms = r.elapsed.as_millis() as u64,
+                    phases = %phases.join(" "),
+                    "teardown done"
+                );
+            }
+            Err(e) => {
+                tracing::warn!(tree = tree.0, origin = ?opts.origin, error = %e, "teardown not settled")
+            }
+        }
+        result
     }
 
     /// Takes `<data-dir>/teardown/tree-<id>.lock` (an advisory `flock`,
