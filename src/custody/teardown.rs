@@ -412,7 +412,14 @@ impl Engine {
             drop(phase_span);
             if survivors.is_empty() {
                 self.freeze(&watch, &group, &members, false);
-                return self.finish(tree, &mut watch, opts, report, started);
+                // Only a full walk may end a teardown: the targeted re-read
+                // of a frozen cgroup cannot see a member outside it.
+                let rest = watch.tick_full(self, &exits, false).members;
+                if rest.is_empty() {
+                    return self.finish(tree, &mut watch, opts, report, started);
+                }
+                members = rest;
+                continue;
             }
             progress(&Progress {
                 phase: Phase::Authorize,
