@@ -448,7 +448,7 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
         .enable_all()
         .build()
         .map_err(|e| CliError::internal(anyhow!("tokio runtime: {e}")))?;
-    rt.block_on(async move {
+    let code = rt.block_on(async move {
         service
             .start()
             .await
@@ -475,5 +475,12 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
         tracing::info!(%bound, "listening");
         let settled = service.run(listener, app).await;
         Ok(if settled { 0 } else { EXIT_INTERNAL })
-    })
+    });
+    // The drain is bounded by --drain-timeout; a teardown still running on
+    // the blocking pool after it (a long grace started before the SIGTERM)
+    // must not hold the process past a supervisor's SIGKILL window. It is
+    // abandoned; its tree is resumed by the next start's sweep (the ledger
+    // holds where it stopped; a frozen cgroup is thawed by that teardown).
+    rt.shutdown_timeout(Duration::from_secs(1));
+    code
 }

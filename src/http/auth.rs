@@ -45,9 +45,30 @@ impl Auth {
         std::hint::black_box(diff) == 0
     }
 
-    fn needed(&self, method: &Method) -> bool {
-        self.everywhere || !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+    fn needed(&self, method: &Method, host: Option<&str>) -> bool {
+        self.everywhere
+            || !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+            || !host.is_some_and(is_loopback_host)
     }
+}
+
+/// Whether a `Host` header names this machine's loopback. Reads on loopback
+/// need no token only when the request says it is for loopback: a page in a
+/// local browser that rebinds its own domain to 127.0.0.1 sends its own
+/// name, and then needs the token it does not have (DNS rebinding).
+fn is_loopback_host(host: &str) -> bool {
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        rest.split_once(']').map_or(rest, |(n, _)| n)
+    } else {
+        host.rsplit_once(':').map_or(host, |(n, port)| {
+            if port.bytes().all(|b| b.is_ascii_digit()) {
+                n
+            } else {
+                host
+            }
+        })
+    };
+    matches!(name, "localhost" | "127.0.0.1" | "::1")
 }
 
 /// Reads the token, creating it (0600, 32 random bytes as hex) on first start.
@@ -97,7 +118,12 @@ pub fn ensure_token(data_dir: &Path) -> std::io::Result<String> {
 /// The middleware: 401 with `WWW-Authenticate: Bearer` when a needed token
 /// is missing or wrong.
 pub async fn require_token(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    if !state.auth.needed(req.method()) {
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_ascii_lowercase);
+    if !state.auth.needed(req.method(), host.as_deref()) {
         return next.run(req).await;
     }
     let presented = req
@@ -117,6 +143,30 @@ pub async fn require_token(State(state): State<AppState>, req: Request, next: Ne
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_without_a_token_only_for_loopback_host_names() {
+        let auth = Auth::new("t", false);
+        for host in [
+            "127.0.0.1:7878",
+            "localhost:7878",
+            "localhost",
+            "[::1]:7878",
+            "127.0.0.1",
+        ] {
+            assert!(!auth.needed(&Method::GET, Some(host)), "{host}");
+        }
+        for host in [
+            "attacker.example:7878",
+            "127.0.0.1.evil:80",
+            "10.0.0.1:7878",
+            "[::2]:1",
+        ] {
+            assert!(auth.needed(&Method::GET, Some(host)), "{host}");
+        }
+        assert!(auth.needed(&Method::GET, None), "no Host header");
+        assert!(auth.needed(&Method::POST, Some("127.0.0.1:7878")));
+    }
 
     #[test]
     fn only_the_exact_token_is_accepted() {

@@ -252,7 +252,18 @@ impl Service {
 
     /// Spawns a tree for a client (or for the service itself when no
     /// `owner_pid` is given) and starts watching it.
+    /// Spawns a tree and takes it into custody. The work runs in its own
+    /// task: a client that disconnects (or a request that times out) drops
+    /// only the wait for the answer, never the step between "the tree
+    /// runs" and "the tree is watched".
     pub async fn spawn(self: &Arc<Self>, p: SpawnParams) -> Result<TreeRow, ServiceError> {
+        let this = self.clone();
+        tokio::spawn(async move { this.spawn_and_adopt(p).await })
+            .await
+            .map_err(|e| ServiceError::Task(e.to_string()))?
+    }
+
+    async fn spawn_and_adopt(self: &Arc<Self>, p: SpawnParams) -> Result<TreeRow, ServiceError> {
         let gate = self.draining.read().await;
         if *gate {
             return Err(ServiceError::ShuttingDown);
@@ -265,6 +276,18 @@ impl Service {
                 p.argv[0]
             )));
         }
+        // With an allowlist, the request may not choose how argv[0] is
+        // found or what is loaded into it.
+        if !self.config.allow_commands.is_empty()
+            && let Some((k, _)) = p
+                .env
+                .iter()
+                .find(|(k, _)| k == "PATH" || k.starts_with("LD_"))
+        {
+            return Err(ServiceError::Invalid(format!(
+                "env {k} may not be set while serve --allow-command restricts commands"
+            )));
+        }
         // The owner's identity is read now, and its exit watch opened before
         // the tree exists: there is no moment when the tree runs unwatched.
         let (owner, kind, owner_fd) = match p.owner_pid {
@@ -272,9 +295,23 @@ impl Service {
             Some(pid) => {
                 let gone =
                     || ServiceError::Invalid(format!("owner_pid {pid} is not a live process"));
+                // Whatever the kernel says about a pid a client chose (a
+                // thread id, a kernel thread, a race with its exit) is a bad
+                // request, not a server fault.
                 let id = crate::proc::identity_of(pid)
-                    .map_err(CustodyError::from)?
+                    .ok()
+                    .flatten()
                     .ok_or_else(gone)?;
+                let kernel_thread = pid == 2
+                    || crate::proc::read_stat(pid)
+                        .ok()
+                        .flatten()
+                        .is_some_and(|s| s.ppid == 2);
+                if kernel_thread {
+                    return Err(ServiceError::Invalid(format!(
+                        "owner_pid {pid} is a kernel thread: it never exits"
+                    )));
+                }
                 if let Some(start) = p.owner_start_ticks
                     && start != id.start_ticks
                 {
@@ -288,8 +325,11 @@ impl Service {
                         "owner_pid is the service itself: omit owner_pid".into(),
                     ));
                 }
+                // A thread id that is not a process leader cannot be
+                // watched (pidfd_open refuses it): not a live process.
                 let fd = crate::proc::open_exit_watch(&id)
-                    .map_err(CustodyError::from)?
+                    .ok()
+                    .flatten()
                     .ok_or_else(gone)?;
                 (id, OwnerKind::Client, Some(fd))
             }
@@ -350,6 +390,7 @@ impl Service {
             .and_then(|r| crate::proc::open_exit_watch(r).ok().flatten());
         let root_gone = root.is_some() && root_fd.is_none();
         let this = self.clone();
+        let settled = done.clone();
         self.tasks.spawn(async move {
             let why = watch_tree(done, root_fd, root_gone, owner_fd, timeout).await;
             let Some(why) = why else {
@@ -377,11 +418,26 @@ impl Service {
                     humantime::format_duration(timeout.unwrap_or_default())
                 ),
             };
-            if let Err(e) = this
-                .teardown(tree, None, reason, Origin::Service, root_exit)
-                .await
-            {
-                tracing::error!(tree, error = %e, "teardown after {why:?} failed");
+            // The sweep leaves owned trees alone, so this task is the one
+            // that must see the teardown through: a ledger that refused a
+            // write, a lease held elsewhere, survivors — try again, backing
+            // off, until the tree is settled (or resolved, or the drain takes
+            // over at shutdown).
+            let mut backoff = Duration::from_secs(1);
+            loop {
+                match this
+                    .teardown(tree, None, reason.clone(), Origin::Service, root_exit)
+                    .await
+                {
+                    Ok(r) if r.state.is_terminal() => return,
+                    Ok(r) => tracing::warn!(tree, state = %r.state, "teardown left the tree unsettled; retrying"),
+                    Err(e) => tracing::error!(tree, error = %e, retry_in = ?backoff, "teardown after {why:?} failed; retrying"),
+                }
+                tokio::select! {
+                    _ = settled.cancelled() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(60));
             }
         });
     }
@@ -488,7 +544,14 @@ impl Service {
                     owner = row.owner.pid,
                     "adopted a client tree"
                 );
-                self.adopt(row.id, self.config.default_grace, None, Some(fd), None);
+                // The root's exit is watched again too; the tree's own
+                // timeout and grace are not in the ledger (RESIDUALS.md).
+                let root = row.root().map(|r| Identity {
+                    pid: r.pid,
+                    start_ticks: r.start_ticks,
+                    boot_id: r.boot_id,
+                });
+                self.adopt(row.id, self.config.default_grace, root, Some(fd), None);
             }
         }
         let this = self.clone();

@@ -968,3 +968,44 @@ fn serve_runs_the_observer_and_records_an_escape_before_any_scan() {
     let page = s.get("/").text().expect("page");
     assert!(page.contains("observer on"), "{page}");
 }
+
+#[test]
+fn foreign_host_names_need_the_token_and_the_allowlist_cannot_be_bypassed() {
+    let s = Server::start(&["--allow-command", "sh"]);
+    // DNS rebinding: a page that points its own name at 127.0.0.1 sends its
+    // own name as Host; without the token it reads nothing.
+    let r = s
+        .http
+        .get(s.url("/api/export?format=csv"))
+        .header("host", "attacker.example")
+        .send()
+        .expect("GET");
+    assert_eq!(r.status(), 401);
+    let r = s
+        .http
+        .get(s.url("/api/trees"))
+        .header("host", "attacker.example")
+        .bearer_auth(&s.token)
+        .send()
+        .expect("GET");
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        s.get("/api/trees").status(),
+        200,
+        "loopback names still read freely"
+    );
+    // With an allowlist, the request may not choose how argv[0] is found.
+    for env in [json!({"PATH": "/tmp"}), json!({"LD_PRELOAD": "/tmp/x.so"})] {
+        let (status, v) = s.post(
+            "/api/trees",
+            Some(&json!({"argv": ["sh", "-c", "true"], "env": env})),
+        );
+        assert_eq!(status, 422, "{v}");
+    }
+    // A kernel thread never exits: it cannot own a tree.
+    let (status, v) = s.post(
+        "/api/trees",
+        Some(&json!({"argv": ["sh", "-c", "true"], "owner_pid": 2})),
+    );
+    assert_eq!(status, 422, "{v}");
+}
