@@ -39,21 +39,40 @@ pub struct Telemetry {
     provider: Option<SdkTracerProvider>,
 }
 
+/// How long `serve` waits for its last spans to reach the collector.
+pub const FLUSH_BOUND: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl Telemetry {
     /// Whether spans are exported.
     pub fn exporting(&self) -> bool {
         self.provider.is_some()
     }
 
-    /// Flushes pending spans and stops the exporter.
+    /// Flushes pending spans and stops the exporter, waiting at most
+    /// [`FLUSH_BOUND`]: a collector that hangs must not keep `serve` alive
+    /// past its drain (a supervisor's SIGKILL window). Spans not sent by
+    /// then are dropped, with a line on stderr.
     pub fn shutdown(self) {
-        if let Some(provider) = self.provider {
-            if let Err(e) = provider.force_flush() {
-                eprintln!("treewarden: flushing spans failed: {e}");
-            }
-            if let Err(e) = provider.shutdown() {
-                eprintln!("treewarden: stopping the span exporter failed: {e}");
-            }
+        let Some(provider) = self.provider else {
+            return;
+        };
+        let (done, finished) = std::sync::mpsc::channel();
+        let flusher = std::thread::Builder::new()
+            .name("tw-otlp-flush".into())
+            .spawn(move || {
+                if let Err(e) = provider.force_flush() {
+                    eprintln!("treewarden: flushing spans failed: {e}");
+                }
+                if let Err(e) = provider.shutdown() {
+                    eprintln!("treewarden: stopping the span exporter failed: {e}");
+                }
+                let _ = done.send(());
+            });
+        if flusher.is_ok() && finished.recv_timeout(FLUSH_BOUND).is_err() {
+            eprintln!(
+                "treewarden: span export did not finish within {}: remaining spans dropped",
+                humantime::format_duration(FLUSH_BOUND)
+            );
         }
     }
 }
