@@ -589,13 +589,15 @@ impl Service {
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let first_seq = self.start_seq.load(std::sync::atomic::Ordering::Relaxed);
         self.metrics.ledger_head_seq.set(first_seq);
-        let mut state = ScanState {
+        let fresh = |after_seq: i64| ScanState {
             host: None,
             watches: HashMap::new(),
             exits: HashMap::new(),
             last_full: None,
-            after_seq: first_seq,
+            after_seq,
         };
+        let mut state = fresh(first_seq);
+        let mut tailed = first_seq;
         loop {
             tokio::select! {
                 _ = self.shutdown.cancelled() => return,
@@ -615,10 +617,16 @@ impl Service {
             })
             .await
             {
-                Ok(s) => state = s,
+                Ok(s) => {
+                    tailed = s.after_seq;
+                    state = s;
+                }
                 Err(e) => {
-                    tracing::error!(error = %e, "scan task failed");
-                    return;
+                    // A panicking tick loses its state, not the loop: the
+                    // next tick starts over (a full scan; event tailing
+                    // resumes where the last good tick left it).
+                    tracing::error!(error = %e, "scan task failed; starting the scan state over");
+                    state = fresh(tailed);
                 }
             }
         }
