@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use treewarden::config::{BoundaryChoice, Config, ObserverMode};
@@ -361,19 +361,6 @@ fn open_existing_ledger(config: &Config) -> Result<Ledger, CliError> {
         .map_err(|e| CliError::internal(anyhow::anyhow!("{}: {e}", path.display())))
 }
 
-/// `--since`: an RFC 3339 time, or an age such as `2h` counted back from now.
-fn parse_since(s: &str) -> Result<SystemTime, String> {
-    if let Ok(at) = humantime::parse_rfc3339_weak(s) {
-        return Ok(at);
-    }
-    let age = humantime::parse_duration(s).map_err(|_| {
-        format!("malformed --since {s:?}: expected RFC 3339 (2024-05-01T12:00:00Z) or an age (2h)")
-    })?;
-    SystemTime::now()
-        .checked_sub(age)
-        .ok_or_else(|| format!("--since {s:?} reaches before the epoch"))
-}
-
 /// `--expect-head SEQ:HASH`.
 fn parse_head(s: &str) -> Result<(i64, String), String> {
     let bad = || format!("malformed --expect-head {s:?}: expected SEQ:HASH (64 hex digits)");
@@ -391,7 +378,7 @@ fn export(config: &Config, format: &str, since: Option<&str>, tree: Option<&str>
         .parse()
         .map_err(|e: String| CliError::usage(anyhow::anyhow!("--format: {e}")))?;
     let since = since
-        .map(parse_since)
+        .map(|v| treewarden::ledger::parse_since(v).map_err(|e| format!("--since: {e}")))
         .transpose()
         .map_err(|e| CliError::usage(anyhow::anyhow!(e)))?;
     let tree = tree

@@ -3,7 +3,7 @@
 //! drift from the code that answers.
 
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::State;
@@ -121,19 +121,6 @@ pub struct Health {
 fn parse_duration(what: &str, s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s.trim())
         .map_err(|e| format!("malformed {what} {s:?}: {e} (expected e.g. 500ms, 5s, 2m)"))
-}
-
-/// An RFC 3339 time or an age counted back from now.
-pub fn parse_since(s: &str) -> Result<SystemTime, String> {
-    if let Ok(at) = humantime::parse_rfc3339_weak(s) {
-        return Ok(at);
-    }
-    let age = humantime::parse_duration(s).map_err(|_| {
-        format!("malformed since {s:?}: expected RFC 3339 (2024-05-01T12:00:00Z) or an age (2h)")
-    })?;
-    SystemTime::now()
-        .checked_sub(age)
-        .ok_or_else(|| format!("since {s:?} reaches before the epoch"))
 }
 
 fn parse_flag(what: &str, v: Option<&str>) -> Result<bool, ApiError> {
@@ -366,7 +353,7 @@ pub async fn events(
     let since = q
         .since
         .as_deref()
-        .map(parse_since)
+        .map(crate::ledger::parse_since)
         .transpose()
         .map_err(ApiError::BadRequest)?;
     let limit = q.limit.unwrap_or(1000);

@@ -14,9 +14,9 @@ use axum::response::Html;
 use serde::Deserialize;
 
 use super::AppState;
-use super::api::parse_since;
 use super::error::{ApiError, ApiQuery, TreePath};
 use crate::custody::Unsettled;
+use crate::ledger::parse_since;
 use crate::ledger::{EventFilter, EventRow, MemberRow, SignalRow, TreeDetail, TreeId, TreeRow};
 
 /// Trees shown on the index page at most (newest first).

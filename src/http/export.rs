@@ -7,8 +7,8 @@ use axum::response::IntoResponse;
 use serde::Deserialize;
 
 use super::AppState;
-use super::api::parse_since;
 use super::error::{ApiError, ApiQuery};
+use crate::ledger::parse_since;
 use crate::ledger::{EventFilter, ExportFormat, TreeId};
 
 #[derive(Deserialize, utoipa::IntoParams)]

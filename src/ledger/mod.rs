@@ -77,7 +77,7 @@ pub use types::{
     AuthorizationId, AuthorizationRow, EventFilter, EventKind, EventRow, ExitRecord, ExportFormat,
     IdentityRecord, KillTarget, MemberRecord, MemberRow, NewTree, ObservationRow, OwnerId,
     OwnerKind, OwnerRecord, OwnerRow, SignalRecord, SignalRow, SpawnRecord, SurvivorRecord,
-    TreeDetail, TreeId, TreeRow, TreeState, VerifyBreak, VerifyReport,
+    TreeDetail, TreeId, TreeRow, TreeState, VerifyBreak, VerifyReport, parse_since,
 };
 
 use db::Durability;

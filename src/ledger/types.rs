@@ -310,6 +310,21 @@ pub struct SignalRecord {
     pub authorization: Option<AuthorizationId>,
 }
 
+/// Parses how a reader says "events since": an RFC 3339 time, or an age
+/// such as `2h` counted back from now. One grammar for the CLI's `--since`
+/// and the HTTP API's `since=`; the error names the value, not the flag.
+pub fn parse_since(s: &str) -> Result<std::time::SystemTime, String> {
+    if let Ok(at) = humantime::parse_rfc3339_weak(s) {
+        return Ok(at);
+    }
+    let age = humantime::parse_duration(s).map_err(|_| {
+        format!("malformed since {s:?}: expected RFC 3339 (2024-05-01T12:00:00Z) or an age (2h)")
+    })?;
+    std::time::SystemTime::now()
+        .checked_sub(age)
+        .ok_or_else(|| format!("since {s:?} reaches before the epoch"))
+}
+
 /// Selects events for reads and export. All conditions combine with AND;
 /// rows come back in seq order.
 #[derive(Clone, Debug, Default)]
