@@ -354,19 +354,26 @@ impl TreeWatch {
             };
             if details.is_some() {
                 fresh.insert(key);
-            } else if self
-                .comms
-                .get(&key)
-                .is_some_and(|before| *before != m.entry.comm)
-            {
-                let d = scan::details(m.entry.pid);
-                execd.push(MemberRecord {
-                    exe: d.exe,
-                    cmdline: d.cmdline,
-                    ..record.clone()
-                });
             }
-            self.comms.insert(key, m.entry.comm.clone());
+            // The comm is stored once per member and replaced only when it
+            // changes (an exec): this runs for every member on every tick.
+            match self.comms.get_mut(&key) {
+                Some(before) if *before == m.entry.comm => {}
+                Some(before) => {
+                    before.clone_from(&m.entry.comm);
+                    if details.is_none() {
+                        let d = scan::details(m.entry.pid);
+                        execd.push(MemberRecord {
+                            exe: d.exe,
+                            cmdline: d.cmdline,
+                            ..record.clone()
+                        });
+                    }
+                }
+                None => {
+                    self.comms.insert(key, m.entry.comm.clone());
+                }
+            }
             sightings.push(record);
         }
         if !sightings.is_empty() && (bump_last_seen || !fresh.is_empty()) {
