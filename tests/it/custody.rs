@@ -576,35 +576,14 @@ fn authorization_write_failing_under_a_held_lock_skips_the_kill_and_closes_dispa
         lock.execute_batch("BEGIN IMMEDIATE")
             .expect("take the write lock");
         signal(run.id(), rustix::process::Signal::TERM);
-        let status = wait_child(&mut run, Duration::from_secs(30)).expect("run exits");
-        let err = env.stderr_of(&run);
-        assert_eq!(status.code(), Some(125), "[{b}] {err}");
-        assert!(err.contains("forced kill skipped"), "[{b}] {err}");
-        assert!(
-            survivors.iter().all(|p| pid_alive(*p)),
-            "[{b}] survivors are left alive as evidence"
-        );
-
+        assert_failed_closed(&env, &mut run, &survivors, b);
         // Dispatch is refused while the tree is unsettled (reads still work).
-        let out = env.output(&["run", "--", "true"]);
-        assert_eq!(out.status.code(), Some(125));
-        assert!(
-            String::from_utf8_lossy(&out.stderr).contains("dispatch refused"),
-            "[{b}] {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_dispatch_refused(&env, b);
 
         // Once writable, the sweep completes the teardown with authority.
         lock.execute_batch("ROLLBACK").expect("release the lock");
         drop(lock);
-        let out = env.output(&["sweep", "--grace", "100ms"]);
-        assert!(
-            out.status.success(),
-            "[{b}] sweep: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(env.wait_none_marked(), "[{b}] {:?}", env.marked());
-        assert!(env.assert_kills_authorized() > 0);
+        assert_settled_by_sweep(&env, b);
         let out = env.output(&["run", "--", "true"]);
         assert_eq!(
             out.status.code(),
@@ -613,6 +592,43 @@ fn authorization_write_failing_under_a_held_lock_skips_the_kill_and_closes_dispa
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// `run` was told to stop while the ledger refused writes: it failed closed —
+/// exit 125 saying the forced kill was skipped, every survivor alive.
+fn assert_failed_closed(env: &Env, run: &mut Child, survivors: &[i32], label: &str) {
+    let status = wait_child(run, Duration::from_secs(60)).expect("run exits");
+    let err = env.stderr_of(run);
+    assert_eq!(status.code(), Some(125), "[{label}] {err}");
+    assert!(err.contains("forced kill skipped"), "[{label}] {err}");
+    assert!(
+        survivors.iter().all(|p| pid_alive(*p)),
+        "[{label}] survivors are left alive as evidence"
+    );
+}
+
+/// New work is refused while a tree is unsettled.
+fn assert_dispatch_refused(env: &Env, label: &str) {
+    let out = env.output(&["run", "--", "true"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "[{label}] {err}");
+    assert!(err.contains("dispatch refused"), "[{label}] {err}");
+}
+
+/// Once the ledger takes writes, a sweep completes the teardown with
+/// authority: nothing of the tree is left, every SIGKILL was authorized.
+fn assert_settled_by_sweep(env: &Env, label: &str) {
+    let out = env.output(&["sweep", "--grace", "100ms"]);
+    assert!(
+        out.status.success(),
+        "[{label}] sweep: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(env.wait_none_marked(), "[{label}] {:?}", env.marked());
+    assert!(
+        env.assert_kills_authorized() > 0,
+        "[{label}] no authorized SIGKILL"
+    );
 }
 
 /// A small tmpfs, unmounted on drop.
@@ -664,31 +680,11 @@ fn authorization_write_failing_on_a_full_disk_skips_the_kill_until_space_returns
         .stderr(Stdio::null())
         .status();
     signal(run.id(), rustix::process::Signal::TERM);
-    let status = wait_child(&mut run, Duration::from_secs(30)).expect("run exits");
-    let err = env.stderr_of(&run);
-    assert_eq!(status.code(), Some(125), "{err}");
-    assert!(err.contains("forced kill skipped"), "{err}");
-    assert!(
-        survivors.iter().all(|p| pid_alive(*p)),
-        "survivors left alive"
-    );
-    let out = env.output(&["run", "--", "true"]);
-    assert_eq!(
-        out.status.code(),
-        Some(125),
-        "dispatch refused: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_failed_closed(&env, &mut run, &survivors, "full disk");
+    assert_dispatch_refused(&env, "full disk");
 
     std::fs::remove_file(&filler).expect("free space");
-    let out = env.output(&["sweep", "--grace", "100ms"]);
-    assert!(
-        out.status.success(),
-        "sweep: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(env.wait_none_marked(), "{:?}", env.marked());
-    assert!(env.assert_kills_authorized() > 0);
+    assert_settled_by_sweep(&env, "full disk");
     let out = env.output(&["verify"]);
     assert!(
         out.status.success(),
@@ -933,23 +929,14 @@ fn a_survivor_the_ledger_never_recorded_is_still_killed_by_the_sweep() {
     }));
     let escapee = escapee.expect("escapee");
     signal(run.id(), rustix::process::Signal::TERM);
-    let status = wait_child(&mut run, Duration::from_secs(60)).expect("run exits");
-    assert_eq!(status.code(), Some(125), "{}", env.stderr_of(&run));
-    assert!(pid_alive(escapee), "left alive as evidence");
+    assert_failed_closed(&env, &mut run, &[escapee], "unrecorded escapee");
     lock.execute_batch("ROLLBACK").expect("release");
     drop(lock);
-    let out = env.output(&["sweep", "--grace", "100ms"]);
-    assert!(
-        out.status.success(),
-        "sweep: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_settled_by_sweep(&env, "unrecorded escapee");
     assert!(
         wait_until(Duration::from_secs(5), || !pid_alive(escapee)),
         "the escapee named only by the marker was killed"
     );
-    assert!(env.wait_none_marked(), "{:?}", env.marked());
-    assert!(env.assert_kills_authorized() > 0);
     let out = env.output(&["run", "--", "true"]);
     assert_eq!(
         out.status.code(),
@@ -992,29 +979,15 @@ fn a_held_write_lock_costs_one_busy_timeout_not_one_per_member() {
         .expect("take the write lock");
     let t0 = std::time::Instant::now();
     signal(run.id(), rustix::process::Signal::TERM);
-    let status = wait_child(&mut run, Duration::from_secs(60)).expect("run exits");
+    assert_failed_closed(&env, &mut run, &survivors, "21 members");
     let took = t0.elapsed();
-    let err = env.stderr_of(&run);
-    assert_eq!(status.code(), Some(125), "{err}");
-    assert!(err.contains("forced kill skipped"), "{err}");
     assert!(
         took < Duration::from_secs(10),
         "teardown under a held lock took {took:?}: evidence writes were retried per member"
     );
-    assert!(
-        survivors.iter().all(|p| pid_alive(*p)),
-        "survivors are left alive as evidence"
-    );
     lock.execute_batch("ROLLBACK").expect("release the lock");
     drop(lock);
-    let out = env.output(&["sweep", "--grace", "100ms"]);
-    assert!(
-        out.status.success(),
-        "sweep: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(env.wait_none_marked(), "{:?}", env.marked());
-    assert!(env.assert_kills_authorized() > 0);
+    assert_settled_by_sweep(&env, "21 members");
 }
 
 #[test]
