@@ -585,11 +585,12 @@ fn raw_stat_walk(buf: &mut Vec<u8>) -> usize {
 fn scans(plan: &Plan, rows: &mut Vec<Row>) -> anyhow::Result<()> {
     let mut idle = Idle(Vec::new());
     let me = std::process::id() as i32;
-    // A tree the classifier looks for (our own group): classify does the
-    // same work whatever it finds.
+    // A tree the classifier looks for (a group named by our own pid; getpgrp
+    // reads 0 inside a pid namespace entered without a new session):
+    // classify does the same work whatever it finds.
     let known = scan::KnownTree {
         id: 1,
-        pgid: rustix::process::getpgrp().as_raw_nonzero().get(),
+        pgid: me,
         sid: 1,
         ..Default::default()
     };

@@ -103,15 +103,33 @@ fn guard(target: i32, what: &str) -> Result<(), ProcError> {
     if target == own_pid() {
         return refuse(format!("{what} {target} is treewarden itself"));
     }
-    if target == rustix::process::getpgrp().as_raw_nonzero().get() {
+    if own_pgrp() == Some(target) {
         return refuse(format!("{what} {target} is treewarden's own process group"));
     }
-    if let Ok(sid) = rustix::process::getsid(None)
-        && target == sid.as_raw_nonzero().get()
-    {
+    if own_sid() == Some(target) {
         return refuse(format!("{what} {target} is treewarden's own session"));
     }
     Ok(())
+}
+
+/// Our own process group, or `None` when it lies outside our pid namespace:
+/// a container entered without a new session (`unshare --pid --fork`, some CI
+/// sandboxes) reads 0 for it, which names no pid we could ever target. (rustix
+/// `getpgrp` asserts a non-zero answer and panics there, so libc is used.)
+fn own_pgrp() -> Option<i32> {
+    // SAFETY: getpgrp takes no arguments, touches no memory of ours and
+    // cannot fail.
+    let pgrp = unsafe { libc::getpgrp() };
+    (pgrp > 0).then_some(pgrp)
+}
+
+/// Our own session, or `None` when it lies outside our pid namespace (see
+/// [`own_pgrp`]) or cannot be read.
+fn own_sid() -> Option<i32> {
+    // SAFETY: getsid(0) asks about the calling process; it takes no pointer
+    // and reports failure as -1.
+    let sid = unsafe { libc::getsid(0) };
+    (sid > 0).then_some(sid)
 }
 
 /// What happened to a signal aimed at one identity.

@@ -739,7 +739,17 @@ fn a_recycled_pgid_is_never_signalled_by_the_sweep() {
     let Some(env) = Env::new("session") else {
         return;
     };
-    let mut run = env.spawn_run(&["--quiet"], "sleep 600 & wait");
+    // `run` starts under a parent that reaps whatever is orphaned to it, so
+    // the tree's pids are freed once its processes die, whoever our pid
+    // namespace's init is (one that never reaps would pin them as zombies).
+    let mut argv = vec![
+        crate::util::bin().display().to_string(),
+        "run".into(),
+        "--quiet".into(),
+        "--".into(),
+    ];
+    argv.extend(env.marked_argv("sleep 600 & wait"));
+    let parent = ReapingParent::start(&env, &argv);
     assert!(env.wait_marked(2));
     let show = env.show(1);
     let pgid = show["tree"]["pgid"]
@@ -747,10 +757,19 @@ fn a_recycled_pgid_is_never_signalled_by_the_sweep() {
         .or_else(|| show["pgid"].as_i64())
         .expect("pgid") as i32;
     // The owner dies; then the tree's processes, by their pids.
-    signal(run.id(), rustix::process::Signal::KILL);
-    wait_child(&mut run, Duration::from_secs(10));
+    signal(parent.pid as u32, rustix::process::Signal::KILL);
+    assert!(wait_until(Duration::from_secs(10), || !pid_alive(
+        parent.pid
+    )));
     env.end_leftovers();
     assert!(wait_until(Duration::from_secs(5), || !pid_alive(pgid)));
+    assert!(
+        wait_until(Duration::from_secs(5), || !Path::new(&format!(
+            "/proc/{pgid}"
+        ))
+        .exists()),
+        "pid {pgid} was never reaped"
+    );
 
     // An unrelated process takes the pgid as its own new group.
     let mut impostor = None;
@@ -815,6 +834,112 @@ fn a_recycled_pgid_is_never_signalled_by_the_sweep() {
     assert_eq!(ls[0]["state"], "vanished", "{ls}");
     let _ = impostor.kill();
     let _ = impostor.wait();
+    parent.stop();
+}
+
+/// A copy of this test binary that is a child subreaper: it starts one
+/// command and reaps everything orphaned to it until told to stop, so a test
+/// can SIGKILL an owner and still get its tree's pids back for reuse.
+struct ReapingParent {
+    child: Child,
+    dir: PathBuf,
+    /// The pid of the command it started.
+    pid: i32,
+}
+
+impl ReapingParent {
+    fn start(env: &Env, argv: &[String]) -> ReapingParent {
+        let dir = env.dir.path().join(format!(
+            "reaping-parent-{}",
+            SEQ.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::create_dir(&dir).expect("reaping parent dir");
+        let child = env
+            .cmd_for(std::env::current_exe().expect("test binary path"))
+            .args([
+                "--exact",
+                "custody::reaping_parent",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("TW_REAPING_PARENT_DIR", &dir)
+            .env(
+                "TW_REAPING_PARENT_ARGV",
+                serde_json::to_string(argv).expect("argv json"),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the reaping parent");
+        let pid_file = dir.join("pid");
+        let mut pid = None;
+        wait_until(Duration::from_secs(10), || {
+            pid = std::fs::read_to_string(&pid_file)
+                .ok()
+                .and_then(|s| s.trim().parse().ok());
+            pid.is_some()
+        });
+        ReapingParent {
+            child,
+            pid: pid.expect("the reaping parent started its command"),
+            dir,
+        }
+    }
+
+    /// Tells it to stop; true when it exited cleanly within the bound (it
+    /// is killed by pid otherwise).
+    fn finish(&mut self) -> bool {
+        let _ = std::fs::write(self.dir.join("stop"), b"");
+        wait_child(&mut self.child, Duration::from_secs(10)).is_some_and(|s| s.success())
+    }
+
+    fn stop(mut self) {
+        assert!(self.finish(), "the reaping parent did not stop cleanly");
+    }
+}
+
+impl Drop for ReapingParent {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            self.finish();
+        }
+    }
+}
+
+/// Not a test on its own: the body of [`ReapingParent`].
+#[test]
+#[ignore = "runs only when re-executed by ReapingParent (TW_REAPING_PARENT_DIR)"]
+fn reaping_parent() {
+    let (Ok(dir), Ok(argv)) = (
+        std::env::var("TW_REAPING_PARENT_DIR"),
+        std::env::var("TW_REAPING_PARENT_ARGV"),
+    ) else {
+        skip("reaping_parent runs only when re-executed by ReapingParent");
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    let argv: Vec<String> = serde_json::from_str(&argv).expect("argv json");
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid())).expect("subreaper");
+    let err = std::fs::File::create(dir.join("stderr")).expect("stderr file");
+    let child = Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(err)
+        .spawn()
+        .expect("start the command");
+    std::fs::write(dir.join("pid.tmp"), child.id().to_string()).expect("pid file");
+    std::fs::rename(dir.join("pid.tmp"), dir.join("pid")).expect("pid file");
+    // Reap every child (the command and all orphans) until told to stop,
+    // bounded so a lost test cannot leave this running.
+    let stop = dir.join("stop");
+    wait_until(Duration::from_secs(300), || {
+        while let Ok(Some(_)) = rustix::process::wait(rustix::process::WaitOptions::NOHANG) {}
+        stop.exists()
+    });
+    drop(child);
 }
 
 #[test]
@@ -1101,4 +1226,82 @@ fn m_ppid(pid: i64) -> i64 {
                 .and_then(|(_, r)| r.split_whitespace().nth(1).and_then(|p| p.parse().ok()))
         })
         .unwrap_or(0)
+}
+
+/// Inside a pid namespace entered without a new session (`unshare --pid
+/// --fork`, as some CI sandboxes and containers run us), our own process
+/// group and session live outside the namespace and read as 0. The signal
+/// guard must treat that as "no group of ours to protect", not panic: an
+/// earlier build died in rustix's `getpgrp` there and every teardown failed.
+#[test]
+fn teardown_works_inside_a_pid_namespace_whose_session_lies_outside_it() {
+    if !crate::util::is_root() {
+        skip("needs root to unshare a pid namespace");
+        return;
+    }
+    for boundary in ["cgroup", "session"] {
+        let Some(env) = Env::new(boundary) else {
+            continue;
+        };
+        // Precondition: inside, the session really reads as 0.
+        let probe = Command::new("unshare")
+            .args(["--pid", "--fork", "--kill-child", "--mount-proc", "--"])
+            .args(["sh", "-c", "read -r line < /proc/self/stat; echo \"$line\""])
+            .output();
+        let stat = match probe {
+            Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).into_owned(),
+            Ok(out) => {
+                skip(&format!(
+                    "unshare --pid failed: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+                return;
+            }
+            Err(e) => {
+                skip(&format!("unshare (util-linux) not runnable: {e}"));
+                return;
+            }
+        };
+        let after_comm = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+        let fields: Vec<&str> = after_comm.split_whitespace().collect();
+        assert_eq!(
+            (fields.get(2), fields.get(3)),
+            (Some(&"0"), Some(&"0")),
+            "pgrp and session inside the namespace: {stat}"
+        );
+
+        // A shell is the namespace's init and treewarden its child, as
+        // under a CI runner (`; exit $?` keeps the shell from exec'ing).
+        let mut c = env.cmd_for("unshare");
+        c.args(["--pid", "--fork", "--kill-child", "--mount-proc", "--"])
+            .args(["sh", "-c", "\"$@\"; exit $?", "sh"])
+            .arg(crate::util::bin())
+            .args(["run", "--timeout", "300ms", "--grace", "100ms", "--"])
+            .args(env.marked_argv("trap '' TERM; sleep 600 & sleep 600 & wait"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().expect("unshare");
+        let status = wait_child(&mut child, Duration::from_secs(30));
+        let mut err = String::new();
+        if let Some(mut pipe) = child.stderr.take() {
+            use std::io::Read;
+            let _ = pipe.read_to_string(&mut err);
+        }
+        if status.is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        assert_eq!(
+            status.and_then(|s| s.code()),
+            Some(124),
+            "{boundary}: run inside the namespace: {err}"
+        );
+        assert!(env.wait_none_marked(), "{boundary}: survivors");
+        assert!(env.assert_kills_authorized() >= 1, "{boundary}: no SIGKILL");
+        let kinds = env.kinds();
+        assert!(
+            kinds.iter().any(|k| k == "tree.ended"),
+            "{boundary}: {kinds:?}"
+        );
+    }
 }

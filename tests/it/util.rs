@@ -45,8 +45,18 @@ pub fn is_root() -> bool {
 }
 
 /// Prints the standard skip line; tests that lack a capability say so.
+/// Written to the real stderr, past libtest's output capture, so that a
+/// skip shows in every CI log instead of only under `--nocapture`.
 pub fn skip(why: &str) {
-    eprintln!("skipped: {why}");
+    say(&format!("skipped: {why}"));
+}
+
+/// One line to the real stderr, past libtest's output capture (which only
+/// takes the `print!` family).
+pub fn say(line: &str) {
+    use std::io::Write;
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "{line}");
 }
 
 /// Live (non-zombie) processes whose environment carries
