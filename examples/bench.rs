@@ -828,7 +828,8 @@ impl Bench {
         Ok(spawned)
     }
 
-    fn teardown(&self, n: usize) -> anyhow::Result<Duration> {
+    /// One teardown: (call → verified empty, call → return).
+    fn teardown(&self, n: usize) -> anyhow::Result<(Duration, Duration)> {
         let spawned = self.tree(n)?;
         let mut opts = TeardownOptions::new(Duration::ZERO, "bench", Origin::Kill);
         opts.verify_timeout = Duration::from_secs(30);
@@ -849,7 +850,10 @@ impl Bench {
             report.members_at_start,
             report.force_killed
         );
-        Ok(d)
+        let verified = report
+            .verified
+            .ok_or_else(|| anyhow::anyhow!("teardown of {n} never verified the tree empty"))?;
+        Ok((verified, d))
     }
 
     /// The floor: the kernel's own kill of the same tree, waited for.
@@ -917,9 +921,11 @@ fn teardowns(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()>
                 plan.teardown_reps
             };
             eprintln!("bench: teardown of {n} processes on the {name} boundary x{reps}");
-            let (mut ours, mut floor) = (Vec::new(), Vec::new());
+            let (mut ours, mut total, mut floor) = (Vec::new(), Vec::new(), Vec::new());
             for _ in 0..reps {
-                ours.push(bench.teardown(n)?);
+                let (verified, returned) = bench.teardown(n)?;
+                ours.push(verified);
+                total.push(returned);
                 floor.push(bench.floor(n)?);
             }
             let (floor_name, target) = if name == "cgroup" {
@@ -927,14 +933,26 @@ fn teardowns(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()>
             } else {
                 ("killpg(SIGKILL) + wait no live member", 2.0)
             };
+            let floor = stats(floor);
             rows.push(Row {
                 item: if n == 1000 { "2" } else { "6" }.into(),
-                what: format!("teardown, {n} processes, {name}, grace 0"),
+                what: format!("teardown, {n} processes, {name}, grace 0, call → verified empty"),
                 ours: stats(ours),
                 floor_name: floor_name.into(),
-                floor: stats(floor),
+                floor,
                 by_p99: false,
                 target: Target::Ratio(target),
+            });
+            // The same teardowns up to their return: what the verifying scan
+            // concluded (every member's exit, the tree's end) written too.
+            rows.push(Row {
+                item: if n == 1000 { "2" } else { "6" }.into(),
+                what: format!("  … call → return (exits and end recorded), {n}, {name}"),
+                ours: stats(total),
+                floor_name: floor_name.into(),
+                floor,
+                by_p99: false,
+                target: Target::None,
             });
         }
     }

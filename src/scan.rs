@@ -84,6 +84,15 @@ pub fn snapshot_pids(pids: impl IntoIterator<Item = i32>) -> Snapshot {
     Snapshot { entries }
 }
 
+/// The first of `pids` that is alive (not a zombie) and in process group
+/// `pgid`, read now; stops reading at the first one found.
+pub fn first_live_in_group(pids: impl IntoIterator<Item = i32>, pgid: i32) -> Option<ProcEntry> {
+    let mut reader = StatReader::new();
+    pids.into_iter()
+        .filter_map(|pid| reader.read(pid))
+        .find(|e| e.pgid == pgid && e.is_live())
+}
+
 /// A host snapshot kept current cheaply between full scans (the service's
 /// scan loop; `run` and the teardown take full snapshots).
 ///

@@ -21,7 +21,7 @@
 //! and counted), authority is not.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
 
@@ -88,6 +88,9 @@ pub enum Phase {
     Authorize,
     Kill,
     Verify,
+    /// After the tree is verified empty: its members' exits and its end
+    /// written to the ledger.
+    Record,
 }
 
 impl Phase {
@@ -99,6 +102,7 @@ impl Phase {
             Phase::Authorize => "authorize",
             Phase::Kill => "kill",
             Phase::Verify => "verify",
+            Phase::Record => "record",
         }
     }
 }
@@ -124,6 +128,9 @@ pub struct TeardownReport {
     pub authorizations: u32,
     pub phases: Vec<(Phase, Duration)>,
     pub elapsed: Duration,
+    /// From the call to the scan that found no live member (the rest of
+    /// `elapsed` is the [`Phase::Record`] of what that scan concluded).
+    pub verified: Option<Duration>,
     /// Evidence writes not attempted after the ledger refused one
     /// (degraded evidence mode; the authorization is always attempted).
     pub evidence_skipped: usize,
@@ -267,6 +274,7 @@ impl Engine {
             authorizations: 0,
             phases: Vec::new(),
             elapsed: Duration::ZERO,
+            verified: None,
             evidence_skipped: 0,
         };
         if row.state.is_terminal() {
@@ -282,13 +290,13 @@ impl Engine {
             );
             return self.refuse(tree, opts, &why, report, started);
         }
-        let detail = self
+        let (_, known_members) = self
             .ledger
-            .tree_detail(tree)?
+            .tree_members(tree)?
             .ok_or(CustodyError::UnknownTree(tree.0))?;
         let exclude = self.exclude.as_ref().clone();
         let adopted_by = (opts.origin == Origin::Run).then_some(std::process::id() as i32);
-        let Some(mut watch) = TreeWatch::new(&row, &detail.members, &exclude) else {
+        let Some(mut watch) = TreeWatch::new(&row, &known_members, &exclude) else {
             // Never released: the held child exits when its owner's pipe closes.
             self.ledger.end_tree(tree, TreeState::Vanished, None)?;
             report.state = TreeState::Vanished;
@@ -339,7 +347,7 @@ impl Engine {
             if let Some(why) = watch.recycled_leader() {
                 return self.refuse(tree, opts, &why, report, started);
             }
-            return self.finish(tree, &mut watch, opts, report, started);
+            return self.finish(tree, &mut watch, opts, report, started, Vec::new());
         }
         let step = self.step(&watch, &group, &members, false);
         let group_ok = self.send(tree, &mut watch, &step, Sig::Term, None, opts)?;
@@ -377,7 +385,7 @@ impl Engine {
             members = watch.tick_full(self, &exits, false).members;
         }
         if members.is_empty() {
-            return self.finish(tree, &mut watch, opts, report, started);
+            return self.finish(tree, &mut watch, opts, report, started, Vec::new());
         }
         if !group_ok
             && watch.cgroup().is_none()
@@ -393,7 +401,10 @@ impl Engine {
             );
         }
 
-        // Forced kill, in bounded rounds.
+        // Forced kill, in bounded rounds. Each round's survivor snapshot is
+        // taken while frozen and written once the tree is verified empty
+        // (or the teardown gives up), stamped with when it was taken.
+        let mut snapshots: Vec<(SystemTime, Vec<SurvivorRecord>)> = Vec::new();
         for round in 1..=opts.rounds.max(1) {
             let t0 = Instant::now();
             let phase_span = tracing::info_span!("teardown.phase", phase = "freeze").entered();
@@ -408,6 +419,7 @@ impl Engine {
             } else {
                 watch.tick_full(self, &exits, false).members
             };
+            let taken_at = SystemTime::now();
             report.phases.push((Phase::Freeze, t0.elapsed()));
             drop(phase_span);
             if survivors.is_empty() {
@@ -416,7 +428,7 @@ impl Engine {
                 // of a frozen cgroup cannot see a member outside it.
                 let rest = watch.tick_full(self, &exits, false).members;
                 if rest.is_empty() {
-                    return self.finish(tree, &mut watch, opts, report, started);
+                    return self.finish(tree, &mut watch, opts, report, started, snapshots);
                 }
                 members = rest;
                 continue;
@@ -445,11 +457,10 @@ impl Engine {
                     },
                 })
                 .collect();
-            if let Some(Err(e)) = watch.evidence("survivor snapshot", || {
-                self.ledger.record_survivors(tree, &forensic)
-            }) {
-                tracing::warn!(tree = tree.0, error = %e, "survivor snapshot not recorded");
-            }
+            // The snapshot is taken now, while frozen; it is written after
+            // the tree is verified empty (`finish`), because the
+            // authorization already names every target by identity: the
+            // snapshot adds state, memory and command lines, not authority.
             let step = self.step(&watch, &group, &survivors, true);
             let targets = kill_targets(&watch, &step, &survivors);
             let reason = format!(
@@ -464,6 +475,8 @@ impl Engine {
                     // to send is worse than survivors we can still inspect.
                     self.stats.authorization_failed();
                     self.freeze(&watch, &group, &survivors, false);
+                    snapshots.push((taken_at, forensic));
+                    self.record_survivors(tree, &mut watch, snapshots);
                     let why = format!(
                         "forced kill skipped: its authority could not be written ({e}); {} survivors left alive as evidence",
                         survivors.len()
@@ -490,6 +503,9 @@ impl Engine {
                 }
             };
             report.authorizations += 1;
+            // Exits found from here on are written once the tree is verified
+            // empty, in one transaction, not per scan while it dies.
+            watch.defer_exits();
             report.phases.push((Phase::Authorize, t0.elapsed()));
             drop(phase_span);
             if round == 1
@@ -507,6 +523,7 @@ impl Engine {
             report.force_killed += survivors.len();
             // Thaw: killed tasks in a frozen cgroup die once thawed at the latest.
             self.freeze(&watch, &group, &survivors, false);
+            snapshots.push((taken_at, forensic));
             report.phases.push((Phase::Kill, t0.elapsed()));
             drop(phase_span);
 
@@ -542,11 +559,19 @@ impl Engine {
             report.phases.push((Phase::Verify, t0.elapsed()));
             drop(phase_span);
             if members.is_empty() {
-                return self.finish(tree, &mut watch, opts, report, started);
+                return self.finish(tree, &mut watch, opts, report, started, snapshots);
             }
         }
 
         // Members outlived every round: the tree is not provably gone.
+        self.record_survivors(tree, &mut watch, snapshots);
+        let gone = watch.take_deferred_exits();
+        if !gone.is_empty()
+            && let Some(Err(e)) =
+                watch.evidence("member exits", || self.ledger.record_exits(tree, &gone))
+        {
+            tracing::warn!(tree = tree.0, error = %e, "member exits not recorded");
+        }
         let why = format!("{} members survived the forced kill", members.len());
         self.stats.survivors(members.len());
         let named: Vec<IdentityRecord> = members.iter().map(|m| watch.identity(m)).collect();
@@ -679,6 +704,23 @@ impl Engine {
         Ok(group_ok)
     }
 
+    /// Writes the survivor snapshots taken so far (each with when it was
+    /// taken: the kill it preceded is already in the ledger).
+    fn record_survivors(
+        &self,
+        tree: TreeId,
+        watch: &mut TreeWatch,
+        snapshots: Vec<(SystemTime, Vec<SurvivorRecord>)>,
+    ) {
+        for (taken_at, forensic) in snapshots {
+            if let Some(Err(e)) = watch.evidence("survivor snapshot", || {
+                self.ledger.record_survivors(tree, &forensic, taken_at)
+            }) {
+                tracing::warn!(tree = tree.0, error = %e, "survivor snapshot not recorded");
+            }
+        }
+    }
+
     fn refusal_event(&self, tree: TreeId, opts: &TeardownOptions, why: &str) {
         let data = serde_json::json!({ "reason": why });
         let result = if opts.origin == Origin::Sweep {
@@ -740,7 +782,11 @@ impl Engine {
         opts: &TeardownOptions,
         mut report: TeardownReport,
         started: Instant,
+        snapshots: Vec<(SystemTime, Vec<SurvivorRecord>)>,
     ) -> Result<TeardownReport, CustodyError> {
+        report.verified = Some(started.elapsed());
+        let t0 = Instant::now();
+        self.record_survivors(tree, watch, snapshots);
         self.record_final_exits(tree, watch, opts);
         log_skipped(watch);
         report.evidence_skipped = watch.skipped_writes();
@@ -759,6 +805,7 @@ impl Engine {
         if let Some(dir) = watch.cgroup() {
             remove_cgroup(dir);
         }
+        report.phases.push((Phase::Record, t0.elapsed()));
         report.state = TreeState::Ended;
         report.elapsed = started.elapsed();
         Ok(report)
@@ -777,6 +824,15 @@ impl Engine {
             .filter(|(pid, _)| Some(**pid) != root)
             .map(|(pid, s)| (*pid, exit_record(*s)))
             .collect();
+        // Exits the verifying scans found (with the statuses the reaper had
+        // then); every member not yet recorded as exited is recorded below.
+        statuses.extend(
+            watch
+                .take_deferred_exits()
+                .into_iter()
+                .filter(|(id, _)| Some(id.pid) != root)
+                .filter_map(|(id, exit)| exit.map(|e| (id.pid, e))),
+        );
         if let (Some(root), Some(status)) = (root, opts.root_exit) {
             statuses.push((root, exit_record(status)));
         }

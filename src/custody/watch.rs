@@ -55,6 +55,11 @@ pub struct TreeWatch {
     /// The `comm` each member had when last seen: a change means it exec'd,
     /// and its recorded command line is refreshed.
     comms: HashMap<(i32, u64), String>,
+    /// While set (a teardown past its kill authorization), exits found by a
+    /// tick are kept here instead of written at once; the teardown writes
+    /// them in one go after verifying the tree empty
+    /// ([`TreeWatch::take_deferred_exits`]).
+    deferred_exits: Option<Vec<(IdentityRecord, Option<ExitRecord>)>>,
 }
 
 /// How often a steady tick bumps `last_seen` of known members: one write of
@@ -115,6 +120,7 @@ impl TreeWatch {
             skipped: 0,
             last_bump: None,
             comms: HashMap::new(),
+            deferred_exits: None,
         })
     }
 
@@ -277,6 +283,10 @@ impl TreeWatch {
         }
         let mut pids = self.pids_to_reread();
         pids.extend(self.known.observed.iter().map(|&(pid, _)| pid));
+        // Live members and the cgroup's members are mostly the same pids:
+        // each is read once.
+        pids.sort_unstable();
+        pids.dedup();
         let snap = scan::snapshot_pids(pids);
         self.classify_and_record(engine, exits, &snap, started, false)
     }
@@ -307,6 +317,21 @@ impl TreeWatch {
         bump_last_seen: bool,
     ) -> TickReport {
         self.classify_and_record(engine, exits, snap, Instant::now(), bump_last_seen)
+    }
+
+    /// From now on, exits found by ticks are kept in memory, not written
+    /// (see [`TreeWatch::take_deferred_exits`]).
+    pub fn defer_exits(&mut self) {
+        self.deferred_exits.get_or_insert_with(Vec::new);
+    }
+
+    /// The exits kept since [`TreeWatch::defer_exits`]; they are kept again
+    /// from an empty list.
+    pub fn take_deferred_exits(&mut self) -> Vec<(IdentityRecord, Option<ExitRecord>)> {
+        self.deferred_exits
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     fn classify_and_record(
@@ -451,7 +476,10 @@ impl TreeWatch {
                 )
             })
             .collect();
-        if !gone.is_empty() {
+        if let Some(deferred) = &mut self.deferred_exits {
+            report.exited = gone.len();
+            deferred.extend(gone);
+        } else if !gone.is_empty() {
             report.exited = gone.len();
             let tree = self.tree;
             if let Some(Err(e)) = self.evidence("member exits", || ledger.record_exits(tree, &gone))

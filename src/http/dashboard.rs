@@ -178,7 +178,17 @@ pub fn timeline(events: &[EventRow]) -> Option<Timeline> {
     let t_term = find(&|e| {
         (e.kind == "tree.state" && e.data["to"] == "terminating") || signal(e, "SIGTERM")
     })?;
-    let t_freeze = find(&|e| e.kind == "survivors.recorded");
+    // The snapshot is written after the kill; `taken_at` says when it was
+    // taken (while frozen, before the authorization).
+    let t_freeze = events
+        .iter()
+        .find(|e| e.kind == "survivors.recorded")
+        .and_then(|e| {
+            e.data["taken_at"]
+                .as_str()
+                .and_then(at)
+                .or_else(|| at(&e.at))
+        });
     let t_auth = find(&|e| e.kind == "kill.authorized");
     let t_kill = find(&|e| signal(e, "SIGKILL"));
     let t_end = find(&|e| {

@@ -249,10 +249,12 @@ impl Ledger {
         &self,
         id: TreeId,
         survivors: &[SurvivorRecord],
+        taken_at: std::time::SystemTime,
     ) -> Result<(), LedgerError> {
         let survivors = survivors.to_vec();
+        let taken_at = humantime::format_rfc3339_millis(taken_at).to_string();
         self.write(Durability::Normal, move |w| {
-            write::record_survivors(w, id, &survivors)
+            write::record_survivors(w, id, &survivors, &taken_at)
         })
     }
 
@@ -370,6 +372,21 @@ impl Ledger {
 
     pub fn tree_detail(&self, id: TreeId) -> Result<Option<TreeDetail>, LedgerError> {
         self.read(move |tx| read::tree_detail(tx, id))
+    }
+
+    /// A tree's row and its members only: what a teardown or a scan needs to
+    /// pick a tree up, without the events, signals and observations
+    /// [`Ledger::tree_detail`] also reads (a 1,000-member tree has thousands).
+    pub fn tree_members(
+        &self,
+        id: TreeId,
+    ) -> Result<Option<(TreeRow, Vec<MemberRow>)>, LedgerError> {
+        self.read(move |tx| {
+            let Some(tree) = read::tree(tx, id)? else {
+                return Ok(None);
+            };
+            Ok(Some((tree, read::members(tx, id)?)))
+        })
     }
 
     /// Live (non-terminal) trees, or every tree with `all`.

@@ -105,7 +105,7 @@ pub(crate) fn trees(conn: &Connection, states: Option<&[TreeState]>) -> Result<V
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
-fn members(conn: &Connection, id: TreeId) -> Result<Vec<MemberRow>, Fail> {
+pub(crate) fn members(conn: &Connection, id: TreeId) -> Result<Vec<MemberRow>, Fail> {
     let mut stmt = conn.prepare(
         "SELECT pid, start_ticks, boot_id, ppid, pgid, sid, cgroup, uid, exe, cmdline, cwd,
                 first_seen, last_seen, exited_at, exit_code, exit_signal, escaped_at

@@ -316,13 +316,11 @@ pub(crate) fn record_remaining_exits(
     if remaining.is_empty() {
         return Ok(0);
     }
+    let by_pid: std::collections::HashMap<i32, ExitRecord> = statuses.iter().copied().collect();
     let exits: Vec<(IdentityRecord, Option<ExitRecord>)> = remaining
         .into_iter()
         .map(|identity| {
-            let exit = statuses
-                .iter()
-                .find(|(pid, _)| *pid == identity.pid)
-                .map(|(_, e)| *e);
+            let exit = by_pid.get(&identity.pid).copied();
             (identity, exit)
         })
         .collect();
@@ -373,6 +371,7 @@ pub(crate) fn record_survivors(
     w: &mut Writer<'_>,
     id: TreeId,
     survivors: &[SurvivorRecord],
+    taken_at: &str,
 ) -> Result<(), Fail> {
     current_state(w, id)?;
     if survivors.is_empty() {
@@ -388,7 +387,7 @@ pub(crate) fn record_survivors(
                 s.identity.pid,
                 ticks(s.identity.start_ticks),
                 s.identity.boot_id,
-                w.now,
+                taken_at,
                 detail.to_string()
             ],
         )?;
@@ -396,7 +395,7 @@ pub(crate) fn record_survivors(
     w.event(
         Some(id),
         EventKind::SurvivorsRecorded,
-        json!({"survivors": survivors}),
+        json!({"survivors": survivors, "taken_at": taken_at}),
     )?;
     Ok(())
 }

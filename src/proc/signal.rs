@@ -205,17 +205,21 @@ fn live_in_group(snap: &crate::scan::Snapshot, pgid: i32) -> Vec<ProcStat> {
     snap.entries
         .values()
         .filter(|e| e.pgid == pgid && e.is_live())
-        .map(|e| ProcStat {
-            pid: e.pid,
-            ppid: e.ppid,
-            pgid: e.pgid,
-            sid: e.sid,
-            start_ticks: e.start_ticks,
-            state: e.state,
-            comm: e.comm.clone(),
-            uid: 0,
-        })
+        .map(proc_stat)
         .collect()
+}
+
+fn proc_stat(e: &crate::scan::ProcEntry) -> ProcStat {
+    ProcStat {
+        pid: e.pid,
+        ppid: e.ppid,
+        pgid: e.pgid,
+        sid: e.sid,
+        start_ticks: e.start_ticks,
+        state: e.state,
+        comm: e.comm.clone(),
+        uid: 0,
+    }
 }
 
 /// Signals the recorded group with `killpg(rec.pgid)`, only while it provably
@@ -226,9 +230,11 @@ pub fn signal_group(rec: &GroupRecord, sig: Sig) -> Result<GroupDelivery, ProcEr
 }
 
 /// [`signal_group`], with the group's live members looked for first among
-/// `candidates` (pids the caller classified as members moments ago), each
-/// re-read from `/proc` now, so the check is as fresh as a walk's. Only
-/// when none of them is (still) in the group is all of `/proc` walked.
+/// `candidates` (pids the caller classified as members moments ago),
+/// re-read from `/proc` now until the first one still alive in the group,
+/// so the check is as fresh as a walk's. Only when none of them is (still)
+/// in the group is all of `/proc` walked. `Sent { members }` then reports
+/// the number of candidates (at least one of them re-read live just now).
 ///
 /// As strong as the walk: every process of a group is in the group's
 /// session (the kernel refuses `setpgid` across sessions, and `setsid`
@@ -248,20 +254,20 @@ pub fn signal_group_known(
             rec.leader.pid, rec.pgid
         )));
     }
-    let mut members = if candidates.is_empty() {
-        Vec::new()
-    } else {
-        live_in_group(
-            &crate::scan::snapshot_pids(candidates.iter().copied()),
-            rec.pgid,
-        )
+    // One live member re-read now is proof enough of the group's session
+    // (see above); the count reported is the caller's classification.
+    let members = match crate::scan::first_live_in_group(candidates.iter().copied(), rec.pgid) {
+        Some(e) => vec![proc_stat(&e)],
+        None => group_members(rec.pgid)?,
     };
-    if members.is_empty() {
-        members = group_members(rec.pgid)?;
-    }
     if members.is_empty() {
         return Ok(GroupDelivery::Empty);
     }
+    let count = if candidates.is_empty() {
+        members.len()
+    } else {
+        candidates.len()
+    };
     if let Some(stranger) = members.iter().find(|m| m.sid != rec.sid) {
         return Ok(GroupDelivery::NotRecorded(format!(
             "member pid {} is in session {}, not the recorded session {}",
@@ -288,9 +294,7 @@ pub fn signal_group_known(
         return Ok(GroupDelivery::Empty);
     };
     match rustix::process::kill_process_group(pgid, sig.raw()) {
-        Ok(()) => Ok(GroupDelivery::Sent {
-            members: members.len(),
-        }),
+        Ok(()) => Ok(GroupDelivery::Sent { members: count }),
         Err(Errno::SRCH) => Ok(GroupDelivery::Empty),
         Err(e) => Err(e.into()),
     }
@@ -340,7 +344,8 @@ pub fn cgroup_kill(path: &Path) -> Result<(), ProcError> {
 pub fn cgroup_freeze(path: &Path, frozen: bool, wait: Duration) -> Result<bool, ProcError> {
     guard_cgroup(path)?;
     write_control(path, "cgroup.freeze", if frozen { "1" } else { "0" })?;
-    let deadline = Instant::now() + wait;
+    let started = Instant::now();
+    let deadline = started + wait;
     loop {
         if cgroup_event(path, "frozen")? == frozen {
             return Ok(true);
@@ -348,7 +353,13 @@ pub fn cgroup_freeze(path: &Path, frozen: bool, wait: Duration) -> Result<bool, 
         if Instant::now() >= deadline {
             return Ok(false);
         }
-        std::thread::sleep(Duration::from_millis(2));
+        // A freeze of 1,000 tasks settles in a few ms: poll finely at first
+        // (a read of cgroup.events costs microseconds), then back off.
+        std::thread::sleep(if started.elapsed() < Duration::from_millis(50) {
+            Duration::from_micros(250)
+        } else {
+            Duration::from_millis(2)
+        });
     }
 }
 

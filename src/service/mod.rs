@@ -640,11 +640,11 @@ impl Service {
             if st.watches.contains_key(id) {
                 continue;
             }
-            let Ok(Some(detail)) = ledger.tree_detail(TreeId(*id)) else {
+            let Ok(Some((tree, members))) = ledger.tree_members(TreeId(*id)) else {
                 continue;
             };
             let exclude = HashSet::from([self.me.pid]);
-            if let Some(mut w) = TreeWatch::new(&detail.tree, &detail.members, &exclude) {
+            if let Some(mut w) = TreeWatch::new(&tree, &members, &exclude) {
                 w.set_observer(self.observer_handle.clone());
                 st.watches.insert(*id, w);
             }

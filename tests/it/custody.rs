@@ -314,6 +314,7 @@ fn torn_down_on_sigterm(boundary: &'static str, script: &str, expect: usize) {
     let trees = env.output(&["ls", "--all", "--json"]);
     let trees: Value = serde_json::from_slice(&trees.stdout).expect("ls json");
     assert_eq!(trees[0]["state"], "ended", "[{boundary}] {trees}");
+    assert_evidence_complete(&env, boundary);
     if let Some(root) = env.cgroup_root() {
         let leftover = || {
             std::fs::read_dir(root)
@@ -325,6 +326,66 @@ fn torn_down_on_sigterm(boundary: &'static str, script: &str, expect: usize) {
             "[{boundary}] the tree's cgroup directory is removed once it is empty"
         );
     }
+}
+
+/// What a forced teardown leaves in the ledger: a survivor snapshot taken
+/// (`taken_at`) before its `kill.authorized` though written after the kill,
+/// and, once the tree is verified empty, an exit for every member it saw.
+fn assert_evidence_complete(env: &Env, label: &str) {
+    let events = env.export();
+    let at = |e: &Value, key: &str| -> std::time::SystemTime {
+        humantime::parse_rfc3339_weak(e[key].as_str().or(e["data"][key].as_str()).expect(key))
+            .expect("rfc3339")
+    };
+    let auth = events
+        .iter()
+        .find(|e| e["kind"] == "kill.authorized")
+        .unwrap_or_else(|| panic!("[{label}] no kill.authorized"));
+    let snap = events
+        .iter()
+        .find(|e| e["kind"] == "survivors.recorded")
+        .unwrap_or_else(|| panic!("[{label}] no survivor snapshot"));
+    assert!(
+        at(snap, "taken_at") <= at(auth, "at"),
+        "[{label}] the snapshot was taken before the authorization: {snap} {auth}"
+    );
+    let killed: HashSet<i64> = auth["data"]["targets"]
+        .as_array()
+        .expect("targets")
+        .iter()
+        .flat_map(|t| t["identities"].as_array().cloned().unwrap_or_default())
+        .filter_map(|i| i["pid"].as_i64())
+        .collect();
+    let snapped: HashSet<i64> = snap["data"]["survivors"]
+        .as_array()
+        .expect("survivors")
+        .iter()
+        .filter_map(|s| s["identity"]["pid"].as_i64())
+        .collect();
+    assert!(
+        killed.is_subset(&snapped),
+        "[{label}] every authorized target is in the snapshot: {killed:?} vs {snapped:?}"
+    );
+    let show = env.show(1);
+    let members = show["members"].as_array().expect("members");
+    assert!(!members.is_empty(), "[{label}] {show}");
+    let open: Vec<&Value> = members
+        .iter()
+        .filter(|m| m["exited_at"].is_null())
+        .collect();
+    assert!(
+        open.is_empty(),
+        "[{label}] members without an exit: {open:?}"
+    );
+    let exits = events
+        .iter()
+        .filter(|e| e["kind"] == "member.exited")
+        .count();
+    assert_eq!(
+        exits,
+        members.len(),
+        "[{label}] one member.exited per member"
+    );
 }
 
 const IGNORE_TERM_GRANDCHILDREN: &str =

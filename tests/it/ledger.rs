@@ -140,6 +140,7 @@ fn tree_life(ledger: &Ledger, base: i32) -> TreeId {
                 rss_bytes: 4096,
                 cmdline: vec!["sleep".into(), "60".into()],
             }],
+            std::time::SystemTime::now(),
         )
         .expect("survivors");
     ledger
