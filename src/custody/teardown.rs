@@ -347,7 +347,7 @@ impl Engine {
             if let Some(why) = watch.recycled_leader() {
                 return self.refuse(tree, opts, &why, report, started);
             }
-            return self.finish(tree, &mut watch, opts, report, started, Vec::new());
+            return self.finish(tree, &mut watch, opts, report, started, &exits);
         }
         let step = self.step(&watch, &group, &members, false);
         let group_ok = self.send(tree, &mut watch, &step, Sig::Term, None, opts)?;
@@ -385,7 +385,7 @@ impl Engine {
             members = watch.tick_full(self, &exits, false).members;
         }
         if members.is_empty() {
-            return self.finish(tree, &mut watch, opts, report, started, Vec::new());
+            return self.finish(tree, &mut watch, opts, report, started, &exits);
         }
         if !group_ok
             && watch.cgroup().is_none()
@@ -401,10 +401,7 @@ impl Engine {
             );
         }
 
-        // Forced kill, in bounded rounds. Each round's survivor snapshot is
-        // taken while frozen and written once the tree is verified empty
-        // (or the teardown gives up), stamped with when it was taken.
-        let mut snapshots: Vec<(SystemTime, Vec<SurvivorRecord>)> = Vec::new();
+        // Forced kill, in bounded rounds.
         for round in 1..=opts.rounds.max(1) {
             let t0 = Instant::now();
             let phase_span = tracing::info_span!("teardown.phase", phase = "freeze").entered();
@@ -428,7 +425,7 @@ impl Engine {
                 // of a frozen cgroup cannot see a member outside it.
                 let rest = watch.tick_full(self, &exits, false).members;
                 if rest.is_empty() {
-                    return self.finish(tree, &mut watch, opts, report, started, snapshots);
+                    return self.finish(tree, &mut watch, opts, report, started, &exits);
                 }
                 members = rest;
                 continue;
@@ -457,10 +454,8 @@ impl Engine {
                     },
                 })
                 .collect();
-            // The snapshot is taken now, while frozen; it is written after
-            // the tree is verified empty (`finish`), because the
-            // authorization already names every target by identity: the
-            // snapshot adds state, memory and command lines, not authority.
+            // The snapshot is committed with the authorization, in its FULL
+            // transaction and ahead of it in the chain.
             let step = self.step(&watch, &group, &survivors, true);
             let targets = kill_targets(&watch, &step, &survivors);
             let reason = format!(
@@ -468,22 +463,31 @@ impl Engine {
                 opts.reason,
                 survivors.len()
             );
-            let auth = match self.ledger.authorize_kill(tree, &targets, &reason) {
+            let auth = match self
+                .ledger
+                .authorize_kill_after_snapshot(tree, &forensic, taken_at, &targets, &reason)
+            {
                 Ok(auth) => auth,
                 Err(e) => {
                     // Fail closed: a kill we cannot prove we were authorized
                     // to send is worse than survivors we can still inspect.
                     self.stats.authorization_failed();
                     self.freeze(&watch, &group, &survivors, false);
-                    snapshots.push((taken_at, forensic));
-                    self.record_survivors(tree, &mut watch, snapshots);
                     let why = format!(
                         "forced kill skipped: its authority could not be written ({e}); {} survivors left alive as evidence",
                         survivors.len()
                     );
                     let named: Vec<IdentityRecord> =
                         survivors.iter().map(|m| watch.identity(m)).collect();
+                    // In memory at once; evidence writes after (each may wait
+                    // out the busy timeout).
                     self.mark_ambiguous(tree.0, &why, &named);
+                    if let Some(Err(e)) = watch.evidence("survivor snapshot", || {
+                        self.ledger.record_survivors(tree, &forensic, taken_at)
+                    }) {
+                        tracing::warn!(tree = tree.0, error = %e, "survivor snapshot not recorded");
+                    }
+                    self.flush_deferred_exits(tree, &mut watch, &exits);
                     // The marker holds the ambiguity for good; these are
                     // attempted unless the ledger already refused evidence
                     // (flush_ambiguous records the state later).
@@ -523,7 +527,6 @@ impl Engine {
             report.force_killed += survivors.len();
             // Thaw: killed tasks in a frozen cgroup die once thawed at the latest.
             self.freeze(&watch, &group, &survivors, false);
-            snapshots.push((taken_at, forensic));
             report.phases.push((Phase::Kill, t0.elapsed()));
             drop(phase_span);
 
@@ -559,23 +562,16 @@ impl Engine {
             report.phases.push((Phase::Verify, t0.elapsed()));
             drop(phase_span);
             if members.is_empty() {
-                return self.finish(tree, &mut watch, opts, report, started, snapshots);
+                return self.finish(tree, &mut watch, opts, report, started, &exits);
             }
         }
 
         // Members outlived every round: the tree is not provably gone.
-        self.record_survivors(tree, &mut watch, snapshots);
-        let gone = watch.take_deferred_exits();
-        if !gone.is_empty()
-            && let Some(Err(e)) =
-                watch.evidence("member exits", || self.ledger.record_exits(tree, &gone))
-        {
-            tracing::warn!(tree = tree.0, error = %e, "member exits not recorded");
-        }
         let why = format!("{} members survived the forced kill", members.len());
         self.stats.survivors(members.len());
         let named: Vec<IdentityRecord> = members.iter().map(|m| watch.identity(m)).collect();
         self.mark_ambiguous(tree.0, &why, &named);
+        self.flush_deferred_exits(tree, &mut watch, &exits);
         let _ = watch.evidence("flag", || self.ledger.add_flag(tree, "survivors"));
         if let Some(Err(e)) = watch.evidence("state ambiguous", || {
             self.ledger
@@ -704,20 +700,33 @@ impl Engine {
         Ok(group_ok)
     }
 
-    /// Writes the survivor snapshots taken so far (each with when it was
-    /// taken: the kill it preceded is already in the ledger).
-    fn record_survivors(
+    /// Writes the exits the verifying scans found since the kill
+    /// authorization ([`TreeWatch::defer_exits`]), each with the status the
+    /// reaper collected for its pid if the scan did not have it yet.
+    fn flush_deferred_exits(
         &self,
         tree: TreeId,
         watch: &mut TreeWatch,
-        snapshots: Vec<(SystemTime, Vec<SurvivorRecord>)>,
+        exits: &HashMap<i32, crate::proc::ExitStatus>,
     ) {
-        for (taken_at, forensic) in snapshots {
-            if let Some(Err(e)) = watch.evidence("survivor snapshot", || {
-                self.ledger.record_survivors(tree, &forensic, taken_at)
-            }) {
-                tracing::warn!(tree = tree.0, error = %e, "survivor snapshot not recorded");
+        let mut gone = watch.take_deferred_exits();
+        if gone.is_empty() {
+            return;
+        }
+        let mut fresh: HashMap<i32, crate::proc::ExitStatus> = HashMap::new();
+        self.collect_exits(&mut fresh);
+        for (id, exit) in &mut gone {
+            if exit.is_none() {
+                *exit = fresh
+                    .get(&id.pid)
+                    .or_else(|| exits.get(&id.pid))
+                    .map(|s| exit_record(*s));
             }
+        }
+        if let Some(Err(e)) =
+            watch.evidence("member exits", || self.ledger.record_exits(tree, &gone))
+        {
+            tracing::warn!(tree = tree.0, error = %e, "member exits not recorded");
         }
     }
 
@@ -782,11 +791,11 @@ impl Engine {
         opts: &TeardownOptions,
         mut report: TeardownReport,
         started: Instant,
-        snapshots: Vec<(SystemTime, Vec<SurvivorRecord>)>,
+        exits: &HashMap<i32, crate::proc::ExitStatus>,
     ) -> Result<TeardownReport, CustodyError> {
         report.verified = Some(started.elapsed());
         let t0 = Instant::now();
-        self.record_survivors(tree, watch, snapshots);
+        self.flush_deferred_exits(tree, watch, exits);
         self.record_final_exits(tree, watch, opts);
         log_skipped(watch);
         report.evidence_skipped = watch.skipped_writes();
@@ -814,7 +823,9 @@ impl Engine {
     /// The tree is verified empty: every member seen alive and not yet
     /// recorded as exited has exited (with its status when we reaped it).
     /// One transaction; the members are not read back into memory (the
-    /// teardown's scans recorded most exits already, batched per scan).
+    /// exits the teardown's scans found are written just before, by
+    /// [`Self::flush_deferred_exits`], or were written per scan before the
+    /// kill authorization).
     fn record_final_exits(&self, tree: TreeId, watch: &mut TreeWatch, opts: &TeardownOptions) {
         let mut exits: HashMap<i32, crate::proc::ExitStatus> = HashMap::new();
         self.collect_exits(&mut exits);
@@ -824,15 +835,6 @@ impl Engine {
             .filter(|(pid, _)| Some(**pid) != root)
             .map(|(pid, s)| (*pid, exit_record(*s)))
             .collect();
-        // Exits the verifying scans found (with the statuses the reaper had
-        // then); every member not yet recorded as exited is recorded below.
-        statuses.extend(
-            watch
-                .take_deferred_exits()
-                .into_iter()
-                .filter(|(id, _)| Some(id.pid) != root)
-                .filter_map(|(id, exit)| exit.map(|e| (id.pid, e))),
-        );
         if let (Some(root), Some(status)) = (root, opts.root_exit) {
             statuses.push((root, exit_record(status)));
         }

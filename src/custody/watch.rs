@@ -65,7 +65,8 @@ pub struct TreeWatch {
 /// How often a steady tick bumps `last_seen` of known members: one write of
 /// every member costs about as much as the scan itself at 1,000 members, and
 /// `last_seen` is a liveness hint, not evidence (first sightings, escapes and
-/// exits are written on the tick that finds them).
+/// exits are written on the tick that finds them; a teardown past its kill
+/// authorization defers exits, see [`TreeWatch::defer_exits`]).
 pub const LAST_SEEN_EVERY: Duration = Duration::from_secs(10);
 
 /// Whether a ledger error means "the ledger takes no writes now" (held lock,

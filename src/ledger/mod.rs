@@ -273,6 +273,28 @@ impl Ledger {
         })
     }
 
+    /// [`Ledger::authorize_kill`], with the survivor snapshot it rests on
+    /// (taken at `taken_at`, while frozen) written in the same FULL
+    /// transaction, just before it: one commit, and the chain shows the
+    /// evidence ahead of the authority.
+    pub fn authorize_kill_after_snapshot(
+        &self,
+        id: TreeId,
+        survivors: &[SurvivorRecord],
+        taken_at: std::time::SystemTime,
+        targets: &[KillTarget],
+        reason: &str,
+    ) -> Result<AuthorizationId, LedgerError> {
+        let survivors = survivors.to_vec();
+        let taken_at = humantime::format_rfc3339_millis(taken_at).to_string();
+        let targets = targets.to_vec();
+        let reason = reason.to_string();
+        self.write(Durability::Full, move |w| {
+            write::record_survivors(w, id, &survivors, &taken_at)?;
+            write::authorize_kill(w, id, &targets, &reason)
+        })
+    }
+
     /// Records a sent signal (`signal.sent`); returns the signal row id. The
     /// database refuses a SIGKILL without an authorization of this tree.
     pub fn record_signal(&self, id: TreeId, signal: &SignalRecord) -> Result<i64, LedgerError> {

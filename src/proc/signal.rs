@@ -186,7 +186,9 @@ pub struct GroupRecord {
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GroupDelivery {
-    /// `killpg(pgid)` was sent; `members` live members were seen just before.
+    /// `killpg(pgid)` was sent. `members`: the live members a walk found just
+    /// before, or, when the caller named candidates and one of them was
+    /// re-read live in the group, the number of candidates it named.
     Sent { members: usize },
     /// No live member: nothing to signal, nothing sent.
     Empty,
@@ -256,18 +258,18 @@ pub fn signal_group_known(
     }
     // One live member re-read now is proof enough of the group's session
     // (see above); the count reported is the caller's classification.
-    let members = match crate::scan::first_live_in_group(candidates.iter().copied(), rec.pgid) {
-        Some(e) => vec![proc_stat(&e)],
-        None => group_members(rec.pgid)?,
-    };
+    let (members, count) =
+        match crate::scan::first_live_in_group(candidates.iter().copied(), rec.pgid) {
+            Some(e) => (vec![proc_stat(&e)], candidates.len()),
+            None => {
+                let walked = group_members(rec.pgid)?;
+                let n = walked.len();
+                (walked, n)
+            }
+        };
     if members.is_empty() {
         return Ok(GroupDelivery::Empty);
     }
-    let count = if candidates.is_empty() {
-        members.len()
-    } else {
-        candidates.len()
-    };
     if let Some(stranger) = members.iter().find(|m| m.sid != rec.sid) {
         return Ok(GroupDelivery::NotRecorded(format!(
             "member pid {} is in session {}, not the recorded session {}",

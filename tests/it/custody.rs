@@ -349,6 +349,10 @@ fn assert_evidence_complete(env: &Env, label: &str) {
         at(snap, "taken_at") <= at(auth, "at"),
         "[{label}] the snapshot was taken before the authorization: {snap} {auth}"
     );
+    assert!(
+        snap["seq"].as_i64() < auth["seq"].as_i64(),
+        "[{label}] the snapshot precedes its authorization in the chain"
+    );
     let killed: HashSet<i64> = auth["data"]["targets"]
         .as_array()
         .expect("targets")
@@ -385,6 +389,16 @@ fn assert_evidence_complete(env: &Env, label: &str) {
         exits,
         members.len(),
         "[{label}] one member.exited per member"
+    );
+    // The forced kill's victims were reaped by `run` (their subreaper): the
+    // statuses it collected reach the ledger, deferred or not.
+    let by_sigkill = events
+        .iter()
+        .filter(|e| e["kind"] == "member.exited" && e["data"]["exit"]["signal"] == 9)
+        .count();
+    assert!(
+        by_sigkill > 0,
+        "[{label}] no exit recorded with its SIGKILL status"
     );
 }
 
