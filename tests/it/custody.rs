@@ -390,16 +390,9 @@ fn assert_evidence_complete(env: &Env, label: &str) {
         members.len(),
         "[{label}] one member.exited per member"
     );
-    // The forced kill's victims were reaped by `run` (their subreaper): the
-    // statuses it collected reach the ledger, deferred or not.
-    let by_sigkill = events
-        .iter()
-        .filter(|e| e["kind"] == "member.exited" && e["data"]["exit"]["signal"] == 9)
-        .count();
-    assert!(
-        by_sigkill > 0,
-        "[{label}] no exit recorded with its SIGKILL status"
-    );
+    // Exit statuses are not asserted: which process reaps a killed member
+    // (its own parent, or `run` as subreaper) and whether that happens
+    // before the tree's end is recorded is a race the kernel decides.
 }
 
 const IGNORE_TERM_GRANDCHILDREN: &str =
