@@ -487,7 +487,7 @@ impl Engine {
                     }) {
                         tracing::warn!(tree = tree.0, error = %e, "survivor snapshot not recorded");
                     }
-                    self.flush_deferred_exits(tree, &mut watch, &exits);
+                    let _ = self.flush_deferred_exits(tree, &mut watch, &exits);
                     // The marker holds the ambiguity for good; these are
                     // attempted unless the ledger already refused evidence
                     // (flush_ambiguous records the state later).
@@ -571,7 +571,7 @@ impl Engine {
         self.stats.survivors(members.len());
         let named: Vec<IdentityRecord> = members.iter().map(|m| watch.identity(m)).collect();
         self.mark_ambiguous(tree.0, &why, &named);
-        self.flush_deferred_exits(tree, &mut watch, &exits);
+        let _ = self.flush_deferred_exits(tree, &mut watch, &exits);
         let _ = watch.evidence("flag", || self.ledger.add_flag(tree, "survivors"));
         if let Some(Err(e)) = watch.evidence("state ambiguous", || {
             self.ledger
@@ -703,18 +703,19 @@ impl Engine {
     /// Writes the exits the verifying scans found since the kill
     /// authorization ([`TreeWatch::defer_exits`]), each with the status the
     /// reaper collected for its pid if the scan did not have it yet.
+    /// Returns what it took from the reaper, for the exits recorded after it.
     fn flush_deferred_exits(
         &self,
         tree: TreeId,
         watch: &mut TreeWatch,
         exits: &HashMap<i32, crate::proc::ExitStatus>,
-    ) {
-        let mut gone = watch.take_deferred_exits();
-        if gone.is_empty() {
-            return;
-        }
+    ) -> HashMap<i32, crate::proc::ExitStatus> {
         let mut fresh: HashMap<i32, crate::proc::ExitStatus> = HashMap::new();
         self.collect_exits(&mut fresh);
+        let mut gone = watch.take_deferred_exits();
+        if gone.is_empty() {
+            return fresh;
+        }
         for (id, exit) in &mut gone {
             if exit.is_none() {
                 *exit = fresh
@@ -728,6 +729,7 @@ impl Engine {
         {
             tracing::warn!(tree = tree.0, error = %e, "member exits not recorded");
         }
+        fresh
     }
 
     fn refusal_event(&self, tree: TreeId, opts: &TeardownOptions, why: &str) {
@@ -795,8 +797,8 @@ impl Engine {
     ) -> Result<TeardownReport, CustodyError> {
         report.verified = Some(started.elapsed());
         let t0 = Instant::now();
-        self.flush_deferred_exits(tree, watch, exits);
-        self.record_final_exits(tree, watch, opts);
+        let fresh = self.flush_deferred_exits(tree, watch, exits);
+        self.record_final_exits(tree, watch, opts, fresh);
         log_skipped(watch);
         report.evidence_skipped = watch.skipped_writes();
         let exit = opts.root_exit.map(exit_record);
@@ -826,8 +828,15 @@ impl Engine {
     /// exits the teardown's scans found are written just before, by
     /// [`Self::flush_deferred_exits`], or were written per scan before the
     /// kill authorization).
-    fn record_final_exits(&self, tree: TreeId, watch: &mut TreeWatch, opts: &TeardownOptions) {
-        let mut exits: HashMap<i32, crate::proc::ExitStatus> = HashMap::new();
+    /// `exits`: statuses already taken from the reaper (by
+    /// [`Self::flush_deferred_exits`]); whatever it reaped since is added.
+    fn record_final_exits(
+        &self,
+        tree: TreeId,
+        watch: &mut TreeWatch,
+        opts: &TeardownOptions,
+        mut exits: HashMap<i32, crate::proc::ExitStatus>,
+    ) {
         self.collect_exits(&mut exits);
         let root = watch.root_pid();
         let mut statuses: Vec<(i32, crate::ledger::ExitRecord)> = exits
