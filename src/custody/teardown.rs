@@ -827,9 +827,8 @@ impl Engine {
     /// One transaction; the members are not read back into memory (the
     /// exits the teardown's scans found are written just before, by
     /// [`Self::flush_deferred_exits`], or were written per scan before the
-    /// kill authorization).
-    /// `exits`: statuses already taken from the reaper (by
-    /// [`Self::flush_deferred_exits`]); whatever it reaped since is added.
+    /// kill authorization). `exits` holds the statuses that call already
+    /// took from the reaper; whatever it reaped since is added.
     fn record_final_exits(
         &self,
         tree: TreeId,

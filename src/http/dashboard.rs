@@ -178,8 +178,8 @@ pub fn timeline(events: &[EventRow]) -> Option<Timeline> {
     let t_term = find(&|e| {
         (e.kind == "tree.state" && e.data["to"] == "terminating") || signal(e, "SIGTERM")
     })?;
-    // The snapshot is written after the kill; `taken_at` says when it was
-    // taken (while frozen, before the authorization).
+    // `taken_at` is when the survivors were read (frozen); the event itself
+    // is written in the authorization's transaction, a moment later.
     let t_freeze = events
         .iter()
         .find(|e| e.kind == "survivors.recorded")
