@@ -141,9 +141,16 @@ fn open_ledger(config: &Config) -> Result<Ledger, CliError> {
     })
 }
 
+/// The engine of a command that spawns (`run`, `serve`): its boundary is
+/// resolved now, so a boundary the host cannot form fails before any work.
 fn engine(config: &Config, reaper: Option<&'static Reaper>) -> Result<Engine, CliError> {
     let ledger = open_ledger(config)?;
     Engine::new(config, ledger, reaper).map_err(custody_error)
+}
+
+/// The engine of a command that only signals (`kill`, `sweep`, `resolve`).
+fn signal_engine(config: &Config) -> Result<Engine, CliError> {
+    Ok(Engine::signal_only(config, open_ledger(config)?, None))
 }
 
 /// Maps an engine error to its exit code, once.
@@ -225,7 +232,7 @@ pub fn run(config: &Config, args: RunArgs) -> CliResult {
 
 pub fn kill(config: &Config, args: KillArgs) -> CliResult {
     shield_from_interrupts();
-    let engine = engine(config, None)?;
+    let engine = signal_engine(config)?;
     let tree = TreeId(args.tree);
     let row = engine
         .ledger()
@@ -351,7 +358,7 @@ fn opt(v: Option<i32>) -> String {
 
 pub fn sweep(config: &Config, args: SweepArgs) -> CliResult {
     shield_from_interrupts();
-    let engine = engine(config, None)?;
+    let engine = signal_engine(config)?;
     let report = engine.sweep(args.grace).map_err(custody_error)?;
     if args.json {
         print_json(&report)?;
@@ -378,7 +385,7 @@ pub fn sweep(config: &Config, args: SweepArgs) -> CliResult {
 }
 
 pub fn resolve(config: &Config, args: ResolveArgs) -> CliResult {
-    let engine = engine(config, None)?;
+    let engine = signal_engine(config)?;
     engine
         .resolve(TreeId(args.tree), &args.note)
         .map_err(custody_error)?;

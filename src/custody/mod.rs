@@ -77,8 +77,9 @@ pub struct Engine {
     ledger: Ledger,
     /// Where `tree-<id>` cgroups are made, when the boundary is cgroup.
     cgroup_root: Option<PathBuf>,
-    /// The boundary every new tree gets (resolved once from the config).
-    boundary: BoundaryKind,
+    /// The boundary every new tree gets (resolved once from the config);
+    /// `None` for an engine that only signals ([`Engine::signal_only`]).
+    boundary: Option<BoundaryKind>,
     /// The reaper, when this process owns children (run, serve). A process
     /// that only signals (kill, sweep) has none.
     reaper: Option<&'static Reaper>,
@@ -103,24 +104,37 @@ impl Engine {
     ) -> Result<Self, CustodyError> {
         let cgroup_root = crate::proc::cgroup_root(config.cgroup_root.as_deref())?;
         let boundary = crate::proc::resolve_boundary(config.boundary, cgroup_root.as_deref())?;
+        let mut engine = Self::signal_only(config, ledger, reaper);
+        engine.cgroup_root = cgroup_root;
+        engine.boundary = Some(boundary);
+        Ok(engine)
+    }
+
+    /// An engine for commands that never spawn (`kill`, `sweep`,
+    /// `resolve`): no boundary is resolved, so no probe cgroup is made, and a
+    /// `--boundary cgroup` on a host without a writable cgroup v2 does not
+    /// stop a teardown (which signals by what the tree's row recorded).
+    /// [`Engine::spawn`] on it is refused.
+    pub fn signal_only(config: &Config, ledger: Ledger, reaper: Option<&'static Reaper>) -> Self {
         let me = std::process::id() as i32;
-        Ok(Self {
+        Self {
             ledger,
-            cgroup_root,
-            boundary,
+            cgroup_root: None,
+            boundary: None,
             reaper,
             ambiguous: Arc::new(Mutex::new(HashSet::new())),
             exclude: Arc::new(HashSet::from([me])),
             data_dir: config.data_dir.clone(),
             stats: Arc::new(EngineStats::default()),
-        })
+        }
     }
 
     pub fn ledger(&self) -> &Ledger {
         &self.ledger
     }
 
-    pub fn boundary(&self) -> BoundaryKind {
+    /// The boundary new trees get; `None` on a [`Engine::signal_only`] engine.
+    pub fn boundary(&self) -> Option<BoundaryKind> {
         self.boundary
     }
 

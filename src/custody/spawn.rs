@@ -64,6 +64,9 @@ impl Engine {
                 "empty command: nothing to run".into(),
             ));
         }
+        let boundary = self.boundary.ok_or_else(|| {
+            CustodyError::Conflict("this engine only signals; it spawns nothing".into())
+        })?;
         self.check_dispatch()?;
         let owner = self.ledger.register_owner(&OwnerRecord {
             identity: identity_record(&req.owner),
@@ -71,7 +74,7 @@ impl Engine {
         })?;
         let tree = self.ledger.create_tree(&NewTree {
             label: req.label.clone(),
-            boundary: self.boundary.to_string(),
+            boundary: boundary.to_string(),
             owner,
             argv: req
                 .argv
@@ -80,7 +83,7 @@ impl Engine {
                 .collect(),
             cwd: req.cwd.as_ref().map(|p| p.display().to_string()),
         })?;
-        let cgroup = match (self.boundary, &self.cgroup_root) {
+        let cgroup = match (boundary, &self.cgroup_root) {
             (BoundaryKind::Cgroup, Some(root)) => Some(root.join(format!("tree-{}", tree.0))),
             _ => None,
         };
@@ -112,25 +115,20 @@ impl Engine {
             Ok(_) => {}
             Err(failure) => {
                 let code = failure.exit_code();
+                // `release` has already reaped the child and removed its
+                // cgroup (`HeldChild::teardown`).
                 self.record_spawn_failed(tree, &failure.to_string(), i32::from(code));
-                if let Some(reaper) = self.reaper {
-                    // The child exits at once; collect it so it is not a zombie.
-                    let _ = reaper.wait_exit(root.pid, Some(std::time::Duration::from_secs(2)));
-                }
-                if let Some(dir) = &cg {
-                    let _ = crate::proc::remove_cgroup_if_empty(dir);
-                }
                 return Err(CustodyError::Exec(failure));
             }
         }
-        tracing::info!(tree = tree.0, pid = root.pid, boundary = %self.boundary, "tree spawned");
+        tracing::info!(tree = tree.0, pid = root.pid, boundary = %boundary, "tree spawned");
         Ok(Spawned {
             tree,
             root,
             pgid,
             sid,
             cgroup: cg,
-            boundary: self.boundary,
+            boundary,
         })
     }
 

@@ -20,7 +20,7 @@
 //! the teardown is the authorization: evidence writes are best effort (logged
 //! and counted), authority is not.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
@@ -150,6 +150,9 @@ struct Step {
     /// Live members the group signal must reach (for a cgroup kill: those
     /// outside the cgroup). Zero means the group is not signalled.
     in_group: usize,
+    /// For a cgroup kill: the cgroup's members as the step's tick read them
+    /// (frozen), which the authorization names as the cgroup target's.
+    cgroup_pids: HashSet<i32>,
 }
 
 impl Engine {
@@ -262,9 +265,11 @@ impl Engine {
         )
         .entered();
         let started = Instant::now();
-        let row = self
+        // The row and its members in one read (the members are what the
+        // watch needs to know who was seen before).
+        let (row, known_members) = self
             .ledger
-            .tree(tree)?
+            .tree_members(tree)?
             .ok_or(CustodyError::UnknownTree(tree.0))?;
         let mut report = TeardownReport {
             tree: tree.0,
@@ -290,10 +295,6 @@ impl Engine {
             );
             return self.refuse(tree, opts, &why, report, started);
         }
-        let (_, known_members) = self
-            .ledger
-            .tree_members(tree)?
-            .ok_or(CustodyError::UnknownTree(tree.0))?;
         let exclude = self.exclude.as_ref().clone();
         let adopted_by = (opts.origin == Origin::Run).then_some(std::process::id() as i32);
         let Some(mut watch) = TreeWatch::new(&row, &known_members, &exclude) else {
@@ -589,7 +590,13 @@ impl Engine {
     /// Builds the targets of one signal step from the live members.
     fn step(&self, watch: &TreeWatch, group: &GroupRecord, members: &[Member], kill: bool) -> Step {
         let cgroup = watch.cgroup();
-        let cgroup_pids = cgroup.map(crate::scan::cgroup_pids).unwrap_or_default();
+        // The tick that classified `members` read `cgroup.procs` (frozen,
+        // for a kill): the same set decides who the cgroup kill reaches.
+        let cgroup_pids = if kill && cgroup.is_some() {
+            watch.cgroup_pids().clone()
+        } else {
+            HashSet::new()
+        };
         let mut loose = Vec::new();
         let mut in_group = 0;
         for m in members {
@@ -620,6 +627,7 @@ impl Engine {
             group_pids: group_pids(members, group.pgid),
             loose,
             in_group,
+            cgroup_pids,
         }
     }
 
@@ -903,11 +911,10 @@ fn kill_targets(watch: &TreeWatch, step: &Step, survivors: &[Member]) -> Vec<Kil
     };
     let mut targets = Vec::new();
     if let Some(dir) = step.cgroup.as_deref() {
-        let pids = crate::scan::cgroup_pids(dir);
         targets.push(KillTarget {
             kind: "cgroup".into(),
             target: dir.display().to_string(),
-            identities: ids(&|m| pids.contains(&m.entry.pid)),
+            identities: ids(&|m| step.cgroup_pids.contains(&m.entry.pid)),
         });
     }
     if step.in_group > 0 || step.cgroup.is_none() {
@@ -946,21 +953,11 @@ fn poll_interval(elapsed: Duration) -> Duration {
 /// Removes a tree's cgroup once the kernel has let go of it (rmdir fails
 /// with EBUSY while dying tasks are still accounted to it).
 fn remove_cgroup(dir: &std::path::Path) {
-    let deadline = Instant::now() + Duration::from_secs(2);
-    loop {
-        match crate::proc::remove_cgroup_if_empty(dir) {
-            Ok(true) => return,
-            Ok(false) | Err(_) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(5))
-            }
-            Ok(false) => {
-                tracing::warn!(cgroup = %dir.display(), "cgroup still populated; left in place");
-                return;
-            }
-            Err(e) => {
-                tracing::warn!(cgroup = %dir.display(), error = %e, "cgroup not removed");
-                return;
-            }
+    match crate::proc::remove_cgroup_when_empty(dir, Duration::from_secs(2)) {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::warn!(cgroup = %dir.display(), "cgroup still populated; left in place");
         }
+        Err(e) => tracing::warn!(cgroup = %dir.display(), error = %e, "cgroup not removed"),
     }
 }

@@ -320,6 +320,12 @@ impl TreeWatch {
         self.classify_and_record(engine, exits, snap, Instant::now(), bump_last_seen)
     }
 
+    /// The tree cgroup's members as the last tick read them (empty without
+    /// a cgroup).
+    pub fn cgroup_pids(&self) -> &HashSet<i32> {
+        &self.known.cgroup_pids
+    }
+
     /// From now on, exits found by ticks are kept in memory, not written
     /// (see [`TreeWatch::take_deferred_exits`]).
     pub fn defer_exits(&mut self) {

@@ -1373,3 +1373,38 @@ fn teardown_works_inside_a_pid_namespace_whose_session_lies_outside_it() {
         );
     }
 }
+
+/// `kill`, `sweep` and `resolve` spawn nothing, so a boundary this host cannot
+/// form must not stop them (an earlier build resolved it, with a probe
+/// cgroup, for every command and refused a teardown with exit 125). `run`
+/// still refuses before any work.
+#[test]
+fn commands_that_only_signal_do_not_need_a_formable_boundary() {
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    let mut run = env.spawn_run(&["--quiet"], IGNORE_TERM_GRANDCHILDREN);
+    assert!(env.wait_marked(5), "{:?}", env.marked());
+    let no_cgroup = env.dir.path().join("not-a-cgroup");
+    let unformable = |args: &[&str]| {
+        env.cmd()
+            .env("TREEWARDEN_BOUNDARY", "cgroup")
+            .env("TREEWARDEN_CGROUP_ROOT", &no_cgroup)
+            .args(args)
+            .output()
+            .expect("treewarden")
+    };
+    let out = unformable(&["run", "--", "true"]);
+    assert_eq!(out.status.code(), Some(125), "run must refuse: {out:?}");
+    let out = unformable(&["sweep", "--grace", "100ms"]);
+    assert!(out.status.success(), "sweep: {out:?}");
+    let out = unformable(&["kill", "1", "--grace", "100ms"]);
+    assert!(out.status.success(), "kill: {out:?}");
+    let status = wait_child(&mut run, Duration::from_secs(30)).expect("run exits");
+    assert_ne!(status.code(), Some(0), "{}", env.stderr_of(&run));
+    assert!(env.wait_none_marked(), "survivors: {:?}", env.marked());
+    assert!(
+        env.assert_kills_authorized() > 0,
+        "a forced kill was needed"
+    );
+}
