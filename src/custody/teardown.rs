@@ -406,7 +406,7 @@ impl Engine {
         for round in 1..=opts.rounds.max(1) {
             let t0 = Instant::now();
             let phase_span = tracing::info_span!("teardown.phase", phase = "freeze").entered();
-            self.freeze(&watch, &group, &members, true);
+            self.freeze(tree, &mut watch, &group, &members, true, opts);
             self.collect_exits(&mut exits);
             // A frozen cgroup forks nothing: its `cgroup.procs` and the
             // known members are all there is to re-read. Without a cgroup,
@@ -421,7 +421,7 @@ impl Engine {
             report.phases.push((Phase::Freeze, t0.elapsed()));
             drop(phase_span);
             if survivors.is_empty() {
-                self.freeze(&watch, &group, &members, false);
+                self.freeze(tree, &mut watch, &group, &members, false, opts);
                 // Only a full walk may end a teardown: the targeted re-read
                 // of a frozen cgroup cannot see a member outside it.
                 let rest = watch.tick_full(self, &exits, false).members;
@@ -473,16 +473,17 @@ impl Engine {
                     // Fail closed: a kill we cannot prove we were authorized
                     // to send is worse than survivors we can still inspect.
                     self.stats.authorization_failed();
-                    self.freeze(&watch, &group, &survivors, false);
                     let why = format!(
                         "forced kill skipped: its authority could not be written ({e}); {} survivors left alive as evidence",
                         survivors.len()
                     );
                     let named: Vec<IdentityRecord> =
                         survivors.iter().map(|m| watch.identity(m)).collect();
-                    // In memory at once; evidence writes after (each may wait
-                    // out the busy timeout).
+                    // In memory at once; the thaw (a recorded SIGCONT on the
+                    // session boundary) and evidence writes after, each of
+                    // which may wait out the busy timeout.
                     self.mark_ambiguous(tree.0, &why, &named);
+                    self.freeze(tree, &mut watch, &group, &survivors, false, opts);
                     if let Some(Err(e)) = watch.evidence("survivor snapshot", || {
                         self.ledger.record_survivors(tree, &forensic, taken_at)
                     }) {
@@ -527,7 +528,7 @@ impl Engine {
             self.send(tree, &mut watch, &step, Sig::Kill, Some(auth), opts)?;
             report.force_killed += survivors.len();
             // Thaw: killed tasks in a frozen cgroup die once thawed at the latest.
-            self.freeze(&watch, &group, &survivors, false);
+            self.freeze(tree, &mut watch, &group, &survivors, false, opts);
             report.phases.push((Phase::Kill, t0.elapsed()));
             drop(phase_span);
 
@@ -755,22 +756,27 @@ impl Engine {
 
     /// Freezes (or thaws) what the next step will kill: the cgroup, or
     /// SIGSTOP/SIGCONT to the group and the loose members.
-    fn freeze(&self, watch: &TreeWatch, group: &GroupRecord, members: &[Member], frozen: bool) {
+    fn freeze(
+        &self,
+        tree: TreeId,
+        watch: &mut TreeWatch,
+        group: &GroupRecord,
+        members: &[Member],
+        frozen: bool,
+        opts: &TeardownOptions,
+    ) {
         if let Some(dir) = watch.cgroup() {
             if let Err(e) = crate::proc::cgroup_freeze(dir, frozen, Duration::from_secs(1)) {
                 tracing::warn!(tree = watch.tree().0, error = %e, frozen, "cgroup freeze failed");
             }
             return;
         }
+        // SIGSTOP/SIGCONT are signals like the others: sent and recorded
+        // by the same step as SIGTERM (DESIGN: the ledger holds every signal).
         let sig = if frozen { Sig::Stop } else { Sig::Cont };
-        let _ = crate::proc::signal_group_known(group, sig, &group_pids(members, group.pgid));
-        for m in members.iter().filter(|m| m.entry.pgid != group.pgid) {
-            let id = Identity {
-                pid: m.entry.pid,
-                start_ticks: m.entry.start_ticks,
-                boot_id: group.leader.boot_id.clone(),
-            };
-            let _ = crate::proc::signal_process(&id, sig);
+        let step = self.step(watch, group, members, false);
+        if let Err(e) = self.send(tree, watch, &step, sig, None, opts) {
+            tracing::warn!(tree = tree.0, error = %e, signal = sig.name(), "freeze step failed");
         }
     }
 

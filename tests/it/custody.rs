@@ -353,6 +353,18 @@ fn assert_evidence_complete(env: &Env, label: &str) {
         snap["seq"].as_i64() < auth["seq"].as_i64(),
         "[{label}] the snapshot precedes its authorization in the chain"
     );
+    if label == "session" {
+        // Without a cgroup the freeze is SIGSTOP to the group: a signal,
+        // recorded like the rest, ahead of the authorization.
+        let stop = events
+            .iter()
+            .find(|e| e["kind"] == "signal.sent" && e["data"]["signal"] == "SIGSTOP")
+            .unwrap_or_else(|| panic!("[{label}] the SIGSTOP freeze is not recorded"));
+        assert!(
+            stop["seq"].as_i64() < auth["seq"].as_i64(),
+            "[{label}] {stop}"
+        );
+    }
     let killed: HashSet<i64> = auth["data"]["targets"]
         .as_array()
         .expect("targets")
