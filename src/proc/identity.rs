@@ -58,7 +58,9 @@ pub struct ProcStat {
 impl ProcStat {
     /// A zombie (`Z`) or dead (`X`) process: it runs no code any more.
     pub fn is_dead(&self) -> bool {
-        matches!(self.state, 'Z' | 'X')
+        // The same letters as `scan::ProcEntry::is_live` (`x`: dead, on
+        // kernels before 4.14).
+        matches!(self.state, 'Z' | 'X' | 'x')
     }
 }
 

@@ -27,7 +27,8 @@ use rustix::io::Errno;
 use rustix::process::{Pid, PidfdFlags, Signal};
 
 use super::ProcError;
-use super::identity::{Identity, ProcStat, boot_id, read_stat};
+use super::identity::{Identity, boot_id, read_stat};
+use crate::scan::ProcEntry;
 
 /// The signals treewarden sends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -199,29 +200,12 @@ pub enum GroupDelivery {
 /// Live processes whose process group is `pgid`, by a `/proc` walk with the
 /// lean stat reader ([`crate::scan::snapshot`]: one open and read per
 /// process, not `procfs`'s directory handle and full parse).
-pub fn group_members(pgid: i32) -> Result<Vec<ProcStat>, ProcError> {
-    Ok(live_in_group(&crate::scan::snapshot(), pgid))
-}
-
-fn live_in_group(snap: &crate::scan::Snapshot, pgid: i32) -> Vec<ProcStat> {
-    snap.entries
-        .values()
+pub fn group_members(pgid: i32) -> Result<Vec<ProcEntry>, ProcError> {
+    Ok(crate::scan::snapshot()
+        .entries
+        .into_values()
         .filter(|e| e.pgid == pgid && e.is_live())
-        .map(proc_stat)
-        .collect()
-}
-
-fn proc_stat(e: &crate::scan::ProcEntry) -> ProcStat {
-    ProcStat {
-        pid: e.pid,
-        ppid: e.ppid,
-        pgid: e.pgid,
-        sid: e.sid,
-        start_ticks: e.start_ticks,
-        state: e.state,
-        comm: e.comm.clone(),
-        uid: 0,
-    }
+        .collect())
 }
 
 /// Signals the recorded group with `killpg(rec.pgid)`, only while it provably
@@ -260,7 +244,7 @@ pub fn signal_group_known(
     // (see above); the count reported is the caller's classification.
     let (members, count) =
         match crate::scan::first_live_in_group(candidates.iter().copied(), rec.pgid) {
-            Some(e) => (vec![proc_stat(&e)], candidates.len()),
+            Some(e) => (vec![e], candidates.len()),
             None => {
                 let walked = group_members(rec.pgid)?;
                 let n = walked.len();
