@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::util::{bin, is_root, pid_alive, skip, wait_until};
+use crate::util::{bin, is_root, pid_alive, signal, skip, wait_child, wait_until};
 
 static SEQ: AtomicUsize = AtomicUsize::new(0);
 
@@ -177,10 +177,7 @@ impl Env {
             "export failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(|l| serde_json::from_str(l).expect("ndjson line"))
-            .collect()
+        crate::util::parse_ndjson(&String::from_utf8_lossy(&out.stdout))
     }
 
     /// Every SIGKILL in the trail is preceded by a `kill.authorized` of the
@@ -228,13 +225,7 @@ impl Env {
 
     /// Ends every marked process by pid (cleanup, and the last line of defence).
     pub fn end_leftovers(&self) {
-        for pid in self.marked() {
-            // SAFETY-free: a plain kill(2) by pid through rustix.
-            if let Some(pid) = rustix::process::Pid::from_raw(pid) {
-                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-            }
-        }
-        wait_until(Duration::from_secs(5), || self.marked().is_empty());
+        crate::util::end_marked(&self.mark);
     }
 
     pub fn cgroup_root(&self) -> Option<&Path> {
@@ -255,27 +246,6 @@ impl Drop for Env {
             }
             let _ = std::fs::remove_dir(root);
         }
-    }
-}
-
-/// Waits for a child with a bound; kills it (by pid) if the bound passes.
-pub fn wait_child(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
-    let mut status = None;
-    wait_until(limit, || {
-        status = child.try_wait().ok().flatten();
-        status.is_some()
-    });
-    if status.is_none() {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-    status
-}
-
-/// Sends a signal to a process we started, by its pid.
-pub fn signal(pid: u32, sig: rustix::process::Signal) {
-    if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
-        let _ = rustix::process::kill_process(pid, sig);
     }
 }
 
@@ -485,7 +455,12 @@ fn leader_exiting_first_or_killed_first_still_ends_the_tree() {
             "[{b}] survivors: {:?}",
             env.marked()
         );
-        env.assert_kills_authorized();
+        // The children ignore SIGTERM: only an authorized SIGKILL ends them.
+        let kills_after_exit = env.assert_kills_authorized();
+        assert!(
+            kills_after_exit > 0,
+            "[{b}] the SIGTERM-ignoring children left by the exiting leader need a forced kill"
+        );
 
         // The leader killed first: 128 + 9.
         let script = "trap '' TERM; sleep 600 & sleep 600 & \
@@ -500,7 +475,13 @@ fn leader_exiting_first_or_killed_first_still_ends_the_tree() {
             "[{b}] survivors: {:?}",
             env.marked()
         );
-        env.assert_kills_authorized();
+        // The same ledger: the second tree's forced kill adds to the first's.
+        let kills_after_kill = env.assert_kills_authorized();
+        assert!(
+            kills_after_kill > kills_after_exit,
+            "[{b}] the SIGTERM-ignoring children left by the killed leader need a forced kill \
+             ({kills_after_kill} SIGKILLs in the ledger, {kills_after_exit} before this tree)"
+        );
     }
 }
 
@@ -627,7 +608,10 @@ fn owner_killed_then_sweep_ends_the_orphan_and_spares_live_owners() {
             2,
             "[{b}] the live owner's tree is untouched"
         );
-        env.assert_kills_authorized();
+        assert!(
+            env.assert_kills_authorized() > 0,
+            "[{b}] the orphan's SIGTERM-ignoring tree needs the sweep's forced kill"
+        );
         let kinds = env.kinds();
         assert!(
             kinds.contains(&"sweep.orphan_found".to_string()),
@@ -856,8 +840,11 @@ fn a_recycled_pgid_is_never_signalled_by_the_sweep() {
     for _ in 0..50 {
         std::fs::write("/proc/sys/kernel/ns_last_pid", format!("{}", pgid - 1))
             .expect("ns_last_pid");
+        // Marked, so that `Env`'s drop ends it by pid should the test fail
+        // before its own end (treewarden never reads the marker).
         let child = Command::new("setsid")
             .args(["sleep", "600"])
+            .env("TW_TEST_MARK", &env.mark)
             .current_dir(env.dir.path())
             .spawn()
             .expect("impostor");
@@ -1204,21 +1191,27 @@ fn two_kills_of_one_tree_at_once_run_one_teardown() {
         let Some(env) = Env::new(b) else { continue };
         let mut run = env.spawn_run(&["--quiet"], IGNORE_TERM_GRANDCHILDREN);
         assert!(env.wait_marked(5), "[{b}] {:?}", env.marked());
-        let kill = || {
-            env.cmd()
+        // Output to files, not pipes: the waits below are bounded.
+        let kill = |n: usize| {
+            let err_path = env.dir.path().join(format!("kill-{n}.stderr"));
+            let err = std::fs::File::create(&err_path).expect("stderr file");
+            let child = env
+                .cmd()
                 .args(["kill", "1", "--grace", "500ms"])
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(err)
                 .spawn()
-                .expect("kill")
+                .expect("kill");
+            (child, err_path)
         };
-        let (first, second) = (kill(), kill());
-        for k in [first, second] {
-            let out = k.wait_with_output().expect("kill output");
+        let (first, second) = (kill(1), kill(2));
+        for (mut k, err_path) in [first, second] {
+            let status = wait_child(&mut k, Duration::from_secs(60));
+            let err = std::fs::read_to_string(&err_path).unwrap_or_default();
             assert!(
-                out.status.success(),
-                "[{b}] kill: {}",
-                String::from_utf8_lossy(&out.stderr)
+                status.is_some_and(|s| s.success()),
+                "[{b}] kill ({status:?}): {err}"
             );
         }
         assert!(env.wait_none_marked(), "[{b}] {:?}", env.marked());
@@ -1361,21 +1354,23 @@ fn teardown_works_inside_a_pid_namespace_whose_session_lies_outside_it() {
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         let mut child = c.spawn().expect("unshare");
+        // `wait_child` kills and reaps `unshare` itself when the bound passes.
         let status = wait_child(&mut child, Duration::from_secs(30));
         let mut err = String::new();
         if let Some(mut pipe) = child.stderr.take() {
             use std::io::Read;
             let _ = pipe.read_to_string(&mut err);
         }
-        if status.is_none() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        // What catches a failed teardown: exit 124 (the timeout's teardown
+        // completed) and, below, the authorized SIGKILL and `tree.ended`.
         assert_eq!(
             status.and_then(|s| s.code()),
             Some(124),
             "{boundary}: run inside the namespace: {err}"
         );
+        // A cleanup check more than a test: once the namespace's init (the
+        // shell) ends, the kernel kills everything left in the namespace,
+        // so no marked process can outlive it whatever treewarden did.
         assert!(env.wait_none_marked(), "{boundary}: survivors");
         assert!(env.assert_kills_authorized() >= 1, "{boundary}: no SIGKILL");
         let kinds = env.kinds();

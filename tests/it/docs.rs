@@ -24,9 +24,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::custody::{Env, own_cgroup_dir, wait_child};
+use crate::custody::{Env, own_cgroup_dir};
 use crate::serve::{Server, spawn_and_kill, tool};
-use crate::util::{bin, is_root, skip, wait_until};
+use crate::util::{bin, is_root, skip, wait_child, wait_until};
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -241,6 +241,7 @@ fn assert_sound(path: &Path) {
 #[ignore = "child harness for the crash-safety and concurrency tests"]
 fn ledger_writer_harness() {
     let Some(path) = std::env::var_os(HARNESS_DB) else {
+        util::skip("the writer harness runs only when re-executed by a ledger test");
         return;
     };
     let ledger = Ledger::open(Path::new(&path), opts(Duration::from_secs(20))).expect("open");
@@ -268,7 +269,9 @@ fn ledger_writer_harness() {
     }
 }
 
-fn harness(path: &Path, count: Option<usize>) -> std::process::Child {
+/// The writer harness on `path`; its stdout goes to `stdout` (a pipe for
+/// [`wait_started`], a file when the test only waits for the exit).
+fn harness(path: &Path, count: Option<usize>, stdout: Stdio) -> std::process::Child {
     let mut cmd = Command::new(std::env::current_exe().expect("current exe"));
     cmd.args([
         "--exact",
@@ -278,7 +281,7 @@ fn harness(path: &Path, count: Option<usize>) -> std::process::Child {
         "--test-threads=1",
     ])
     .env(HARNESS_DB, path)
-    .stdout(Stdio::piped())
+    .stdout(stdout)
     .stderr(Stdio::inherit());
     if let Some(n) = count {
         cmd.env(HARNESS_COUNT, n.to_string());
@@ -325,7 +328,7 @@ fn ledger_survives_sigkill_of_a_writer_200_times() {
     let mut rng = Rng::seeded();
     let started = Instant::now();
     for _ in 0..200 {
-        let mut child = harness(&path, None);
+        let mut child = harness(&path, None, Stdio::piped());
         let _out = wait_started(&mut child);
         // The kill moment is what is randomised; this is not a wait for a condition.
         std::thread::sleep(Duration::from_micros(rng.below(15_000)));
@@ -350,10 +353,20 @@ fn ledger_four_processes_500_events_each() {
     // No ledger yet: the four writers also race to create the directory,
     // the file and the schema.
     let path = dir.path().join("fresh").join("ledger.db");
-    let mut children: Vec<_> = (0..4).map(|_| harness(&path, Some(500))).collect();
-    for child in &mut children {
-        let status = child.wait().expect("wait writer");
-        assert!(status.success(), "writer failed: {status}");
+    let mut children: Vec<_> = (0..4)
+        .map(|n| {
+            let out = dir.path().join(format!("writer-{n}.stdout"));
+            let file = std::fs::File::create(&out).expect("writer stdout");
+            (harness(&path, Some(500), Stdio::from(file)), out)
+        })
+        .collect();
+    for (child, out) in &mut children {
+        let status = util::wait_child(child, Duration::from_secs(120));
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "writer failed ({status:?}): {}",
+            std::fs::read_to_string(out).unwrap_or_default()
+        );
     }
     let ledger = Ledger::open(&path, opts(Duration::from_secs(5))).expect("open");
     let report = ledger.verify(None).expect("verify");

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::custody::{Env, signal, wait_child};
-use crate::util::{bin, is_root, pid_alive, skip, wait_until};
+use crate::custody::Env;
+use crate::util::{bin, is_root, pid_alive, signal, skip, wait_child, wait_until};
 
 /// `run` in the background with extra environment; stderr goes to a file.
 fn spawn_run(
@@ -65,6 +65,18 @@ fn observer_available(env: &Env) -> bool {
     v["observer"]["would_run"] == true
 }
 
+/// What [`escape_then_kill`] saw.
+struct Outcome {
+    escapee: i32,
+    /// `escape.observed` named the escapee before the owner died.
+    recorded_before_kill: bool,
+    /// The escapee was still alive after the teardown by `kill`.
+    leaked: bool,
+    /// The full export, read once the teardown and the cleanup are over,
+    /// has an `escape.observed` for the escapee.
+    recorded_after_teardown: bool,
+}
+
 /// The escape shape a snapshot scan really misses.
 ///
 /// The root waits until the first scan has recorded it, then a subshell
@@ -82,7 +94,7 @@ fn observer_available(env: &Env) -> bool {
 /// recorded member and the teardown signals it through an identity-checked
 /// pidfd. `run` is SIGKILLed before the `kill` (an owner crash), so its
 /// own teardown, which would adopt the escapee, cannot race the result.
-fn escape_then_kill(observer: &str) -> Option<(i32, bool, bool)> {
+fn escape_then_kill(observer: &str) -> Option<Outcome> {
     let env = Env::new("session")?;
     if observer == "on" && !observer_available(&env) {
         skip("the proc connector is unavailable here (see `treewarden doctor`)");
@@ -159,12 +171,24 @@ fn escape_then_kill(observer: &str) -> Option<(i32, bool, bool)> {
     env.assert_kills_authorized();
     // Clean up whatever is left, by pid (the control's escapee).
     env.end_leftovers();
-    Some((escapee, recorded_before_kill, !gone))
+    let recorded_after_teardown = escape_pids(&env).contains(&(escapee as i64));
+    Some(Outcome {
+        escapee,
+        recorded_before_kill,
+        leaked: !gone,
+        recorded_after_teardown,
+    })
 }
 
 #[test]
 fn observer_records_a_fast_setsid_escape_at_once_and_the_teardown_kills_it() {
-    let Some((pid, recorded, leaked)) = escape_then_kill("on") else {
+    let Some(Outcome {
+        escapee: pid,
+        recorded_before_kill: recorded,
+        leaked,
+        ..
+    }) = escape_then_kill("on")
+    else {
         return;
     };
     assert!(
@@ -180,12 +204,25 @@ fn observer_records_a_fast_setsid_escape_at_once_and_the_teardown_kills_it() {
 /// by pid.
 #[test]
 fn control_without_observer_the_same_escape_is_not_recorded_and_may_leak() {
-    let Some((pid, recorded, leaked)) = escape_then_kill("off") else {
+    let Some(Outcome {
+        escapee: pid,
+        recorded_before_kill: recorded,
+        leaked,
+        recorded_after_teardown,
+    }) = escape_then_kill("off")
+    else {
         return;
     };
     assert!(
         !recorded,
         "no scan ran between the escape and the kill, so nothing can have recorded it"
+    );
+    // Read the instant the escapee appeared, `recorded` alone could miss a
+    // late write; the whole trail after the teardown has none either
+    // (whether the escapee leaked is not asserted: the control may leak).
+    assert!(
+        !recorded_after_teardown,
+        "without the observer no escape.observed may name pid {pid}, even after the teardown"
     );
     eprintln!(
         "control (observer off): escapee pid {pid} {} the teardown by `kill`",

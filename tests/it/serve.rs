@@ -19,8 +19,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::custody::{signal, wait_child};
-use crate::util::{bin, skip, wait_until};
+use crate::util::{KillOnDrop, bin, signal, skip, wait_child, wait_until};
 
 static SEQ: AtomicUsize = AtomicUsize::new(0);
 
@@ -163,11 +162,7 @@ impl Server {
     fn export(&self) -> Vec<Value> {
         let r = self.get("/api/export?format=ndjson");
         assert_eq!(r.status(), 200);
-        r.text()
-            .expect("body")
-            .lines()
-            .map(|l| serde_json::from_str(l).expect("ndjson line"))
-            .collect()
+        crate::util::parse_ndjson(&r.text().expect("body"))
     }
 
     /// SIGTERM, then the exit status (bounded).
@@ -184,7 +179,7 @@ impl Drop for Server {
             let _ = child.kill();
             let _ = child.wait();
         }
-        end_marked(&self.mark);
+        crate::util::end_marked(&self.mark);
         if let Some(root) = &self.cgroup_root {
             for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
                 if e.path().is_dir() {
@@ -194,17 +189,6 @@ impl Drop for Server {
             let _ = std::fs::remove_dir(root);
         }
     }
-}
-
-fn end_marked(mark: &str) {
-    for pid in crate::util::marked_processes(mark) {
-        if let Some(pid) = rustix::process::Pid::from_raw(pid) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-        }
-    }
-    wait_until(Duration::from_secs(5), || {
-        crate::util::marked_processes(mark).is_empty()
-    });
 }
 
 fn artifacts() -> PathBuf {
@@ -312,6 +296,13 @@ fn mutating_requests_need_the_token_and_reads_on_loopback_do_not() {
     assert_eq!(r.status(), 401);
     assert_eq!(s.get("/api/trees").status(), 200);
     assert_eq!(s.get("/healthz").status(), 200);
+    // The ledger, not only this instant's processes: no tree was ever made.
+    let all = s.get_json("/api/trees?all=1");
+    assert_eq!(
+        all.as_array().map(Vec::len),
+        Some(0),
+        "an unauthorized spawn made a tree: {all}"
+    );
     assert!(s.marked().is_empty(), "an unauthorized spawn ran");
     let mode = std::os::unix::fs::PermissionsExt::mode(
         &std::fs::metadata(s.data_dir().join("api-token"))
@@ -502,17 +493,30 @@ fn every_bad_input_gets_its_status_and_a_json_error() {
         Some(&json!({"note": "x"})),
     );
     assert_eq!(status, 409, "{v}");
-    assert!(s.marked().is_empty() || wait_until(Duration::from_secs(10), || s.marked().is_empty()));
+    assert!(
+        wait_until(Duration::from_secs(10), || s.tree(id)["tree"]["state"]
+            == "ended"),
+        "the `exit 0` tree did not end: {}",
+        s.tree(id)
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || s.marked().is_empty()),
+        "survivors: {:?}",
+        s.marked()
+    );
 }
 
 #[test]
 fn owner_death_tears_the_tree_down_within_a_second() {
     let s = Server::start(&[]);
-    let mut client = Command::new("sleep")
-        .arg("300")
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("client process");
+    // Killed by pid on drop, should an assertion fail before its kill below.
+    let mut client = KillOnDrop(
+        Command::new("sleep")
+            .arg("300")
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("client process"),
+    );
     let mut body = s.body("sleep 300 & sleep 300 & wait");
     body["owner_pid"] = json!(client.id());
     let id = s.spawn(&body);
@@ -522,8 +526,8 @@ fn owner_death_tears_the_tree_down_within_a_second() {
     );
     assert_eq!(s.tree(id)["tree"]["owner"]["kind"], "client");
     let killed = Instant::now();
-    let _ = client.kill();
-    let _ = client.wait();
+    let _ = client.0.kill();
+    let _ = client.0.wait();
     let gone = wait_until(Duration::from_secs(5), || s.marked().is_empty());
     let took = killed.elapsed();
     assert!(gone, "survivors after owner death: {:?}", s.marked());
@@ -634,25 +638,26 @@ fn metrics_pass_promtool_and_never_label_by_tree_or_pid() {
         skip("promtool not installed (Debian package prometheus)");
         return;
     };
+    // Input and output through files, so the wait is bounded.
+    let metrics_in = s.dir.path().join("promtool.in");
+    let (out_path, err_path) = (
+        s.dir.path().join("promtool.stdout"),
+        s.dir.path().join("promtool.stderr"),
+    );
+    std::fs::write(&metrics_in, &text).expect("promtool input");
     let mut check = Command::new(promtool)
         .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stdin(std::fs::File::open(&metrics_in).expect("promtool input"))
+        .stdout(std::fs::File::create(&out_path).expect("promtool stdout"))
+        .stderr(std::fs::File::create(&err_path).expect("promtool stderr"))
         .spawn()
         .expect("promtool");
-    check
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(text.as_bytes())
-        .expect("write");
-    let out = check.wait_with_output().expect("promtool output");
+    let status = wait_child(&mut check, Duration::from_secs(60));
     assert!(
-        out.status.success(),
-        "promtool check metrics: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        status.is_some_and(|s| s.success()),
+        "promtool check metrics ({status:?}): {}{}",
+        std::fs::read_to_string(&out_path).unwrap_or_default(),
+        std::fs::read_to_string(&err_path).unwrap_or_default()
     );
 }
 
@@ -941,6 +946,18 @@ fn serve_runs_the_observer_and_records_an_escape_before_any_scan() {
     let id = s.spawn(&s.body(
         "while [ ! -e go ]; do sleep 0.01; done; (setsid sh -c 'exec sleep 600' &); exec sleep 600",
     ));
+    // The root is recorded before the escape is let go (as in the observer
+    // tests), so the escape is one from a known member.
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            s.tree(id)["members"]
+                .as_array()
+                .is_some_and(|m| !m.is_empty())
+        }),
+        "the root was never recorded: {}; log: {}",
+        s.tree(id),
+        s.stderr()
+    );
     std::fs::write(s.dir.path().join("go"), b"").expect("go file");
     assert!(
         wait_until(Duration::from_secs(10), || {

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant};
 
 /// The `treewarden` binary built for this test run.
@@ -83,4 +84,66 @@ pub fn marked_processes(mark: &str) -> Vec<i32> {
     }
     out.sort_unstable();
     out
+}
+
+/// Ends every live process carrying `TW_TEST_MARK=<mark>` by its pid
+/// (SIGKILL), then waits (bounded) until none is left.
+pub fn end_marked(mark: &str) {
+    for pid in marked_processes(mark) {
+        if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        }
+    }
+    wait_until(Duration::from_secs(5), || marked_processes(mark).is_empty());
+}
+
+/// Waits for a child with a bound; kills it (by pid) and reaps it if the
+/// bound passes. `None` then: the child did not exit by itself in time.
+pub fn wait_child(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let mut status = None;
+    wait_until(limit, || {
+        status = child.try_wait().ok().flatten();
+        status.is_some()
+    });
+    if status.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    status
+}
+
+/// Sends a signal to a process we started, by its pid.
+pub fn signal(pid: u32, sig: rustix::process::Signal) {
+    if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+        let _ = rustix::process::kill_process(pid, sig);
+    }
+}
+
+/// A child that is killed (by its pid, SIGKILL) and reaped when dropped,
+/// so a failing assertion cannot leave it running.
+pub struct KillOnDrop(pub Child);
+
+impl KillOnDrop {
+    pub fn id(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        // `Child::kill` is kill(2) by this child's pid; a child that has
+        // already been reaped is neither signalled nor waited for again.
+        if self.0.try_wait().ok().flatten().is_none() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// The lines of an NDJSON export, each parsed (a malformed line fails the
+/// test).
+pub fn parse_ndjson(text: &str) -> Vec<serde_json::Value> {
+    text.lines()
+        .map(|l| serde_json::from_str(l).expect("ndjson line"))
+        .collect()
 }
