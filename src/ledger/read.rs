@@ -20,7 +20,9 @@ fn json_column<T: serde::de::DeserializeOwned>(row: &Row<'_>, idx: usize) -> rus
     })
 }
 
-fn ticks(row: &Row<'_>, idx: usize) -> rusqlite::Result<u64> {
+/// Clock ticks read back. The one conversion, for reads and writes alike: a
+/// negative value is corrupt and fails the read, never clamped to another identity.
+pub(crate) fn ticks(row: &Row<'_>, idx: usize) -> rusqlite::Result<u64> {
     let value: i64 = row.get(idx)?;
     u64::try_from(value).map_err(|e| {
         rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Integer, Box::new(e))
