@@ -3,7 +3,7 @@
 //! drift from the code that answers.
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use axum::Json;
 use axum::extract::State;
@@ -123,7 +123,29 @@ fn parse_duration(what: &str, s: &str) -> Result<Duration, String> {
         .map_err(|e| format!("malformed {what} {s:?}: {e} (expected e.g. 500ms, 5s, 2m)"))
 }
 
-fn parse_flag(what: &str, v: Option<&str>) -> Result<bool, ApiError> {
+/// A grace as the API accepts it: humantime, at most [`MAX_GRACE`]. The
+/// error is the message; each caller picks its status.
+fn parse_grace(g: Option<&str>) -> Result<Option<Duration>, String> {
+    let grace = g.map(|g| parse_duration("grace", g)).transpose()?;
+    if grace.is_some_and(|g| g > MAX_GRACE) {
+        return Err(format!(
+            "grace over {}",
+            humantime::format_duration(MAX_GRACE)
+        ));
+    }
+    Ok(grace)
+}
+
+/// A `since=` query value (RFC 3339 or an age); malformed is 400.
+pub(super) fn parse_since_query(v: Option<&str>) -> Result<Option<SystemTime>, ApiError> {
+    v.map(crate::ledger::parse_since)
+        .transpose()
+        .map_err(ApiError::BadRequest)
+}
+
+/// A `1`/`0` query flag (absent, empty, `0`, `false`: off; `1`, `true`: on);
+/// anything else is 400. For the API and the dashboard alike.
+pub(super) fn parse_flag(what: &str, v: Option<&str>) -> Result<bool, ApiError> {
     match v {
         None | Some("0") | Some("false") | Some("") => Ok(false),
         Some("1") | Some("true") => Ok(true),
@@ -173,18 +195,7 @@ impl SpawnBody {
             }
             env.push((k, v));
         }
-        let grace = self
-            .grace
-            .as_deref()
-            .map(|g| parse_duration("grace", g))
-            .transpose()
-            .map_err(bad)?;
-        if grace.is_some_and(|g| g > MAX_GRACE) {
-            return Err(bad(format!(
-                "grace over {}",
-                humantime::format_duration(MAX_GRACE)
-            )));
-        }
+        let grace = parse_grace(self.grace.as_deref()).map_err(bad)?;
         let timeout = self
             .timeout
             .as_deref()
@@ -269,18 +280,7 @@ pub async fn kill_tree(
     TreePath(id): TreePath,
     ApiQuery(q): ApiQuery<KillQuery>,
 ) -> Result<Json<KillResponse>, ApiError> {
-    let grace = q
-        .grace
-        .as_deref()
-        .map(|g| parse_duration("grace", g))
-        .transpose()
-        .map_err(ApiError::BadRequest)?;
-    if grace.is_some_and(|g| g > MAX_GRACE) {
-        return Err(ApiError::BadRequest(format!(
-            "grace over {}",
-            humantime::format_duration(MAX_GRACE)
-        )));
-    }
+    let grace = parse_grace(q.grace.as_deref()).map_err(ApiError::BadRequest)?;
     let exists = s
         .service
         .read(move |e| Ok(e.ledger().tree(TreeId(id))?))
@@ -350,12 +350,7 @@ pub async fn events(
     State(s): State<AppState>,
     ApiQuery(q): ApiQuery<EventsQuery>,
 ) -> Result<Json<Vec<EventRow>>, ApiError> {
-    let since = q
-        .since
-        .as_deref()
-        .map(crate::ledger::parse_since)
-        .transpose()
-        .map_err(ApiError::BadRequest)?;
+    let since = parse_since_query(q.since.as_deref())?;
     let limit = q.limit.unwrap_or(1000);
     if limit == 0 || limit > 10_000 {
         return Err(ApiError::BadRequest("limit must be 1..=10000".into()));
@@ -365,6 +360,7 @@ pub async fn events(
         tree: q.tree.map(TreeId),
         after_seq: q.after,
         limit: Some(limit),
+        ..EventFilter::default()
     };
     let rows = s
         .service

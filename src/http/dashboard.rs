@@ -14,10 +14,11 @@ use axum::response::Html;
 use serde::Deserialize;
 
 use super::AppState;
+use super::api::parse_flag;
 use super::error::{ApiError, ApiQuery, TreePath};
 use crate::custody::Unsettled;
 use crate::ledger::parse_since;
-use crate::ledger::{EventFilter, EventRow, MemberRow, SignalRow, TreeDetail, TreeId, TreeRow};
+use crate::ledger::{EventFilter, EventRow, MemberCounts, MemberRow, SignalRow, TreeId, TreeRow};
 
 /// Trees shown on the index page at most (newest first).
 const MAX_TREES: usize = 100;
@@ -64,16 +65,17 @@ pub struct TreeLine {
 }
 
 impl TreeLine {
-    fn from_detail(d: &TreeDetail) -> Self {
-        let t = &d.tree;
+    /// `counts`: the tree's members with no exit recorded, and those seen
+    /// escaped (exited or not).
+    fn new(t: &TreeRow, counts: MemberCounts) -> Self {
         TreeLine {
             id: t.id,
             state: t.state.as_str().into(),
             label: t.label.clone().unwrap_or_default(),
             boundary: t.boundary.clone(),
             age: age(&t.created_at),
-            members: d.members.iter().filter(|m| m.exited_at.is_none()).count(),
-            escapes: d.members.iter().filter(|m| m.escaped_at.is_some()).count(),
+            members: usize::try_from(counts.live).unwrap_or(usize::MAX),
+            escapes: usize::try_from(counts.escaped).unwrap_or(usize::MAX),
             flags: t.flags.join(", "),
             command: t.argv.join(" "),
         }
@@ -118,24 +120,25 @@ pub async fn index(
     State(s): State<AppState>,
     ApiQuery(q): ApiQuery<IndexQuery>,
 ) -> Result<Html<String>, ApiError> {
-    let all = matches!(q.all.as_deref(), Some("1") | Some("true"));
-    let (details, unsettled) = s
+    let all = parse_flag("all", q.all.as_deref())?;
+    let (lines, unsettled) = s
         .service
         .read(move |e| {
             let mut trees = e.ledger().list_trees(all)?;
             trees.sort_by_key(|t| std::cmp::Reverse(t.id));
             trees.truncate(MAX_TREES);
-            let mut details = Vec::with_capacity(trees.len());
-            for t in trees {
-                if let Some(d) = e.ledger().tree_detail(TreeId(t.id))? {
-                    details.push(d);
-                }
-            }
-            Ok((details, e.unsettled()?))
+            // One query for every listed tree's counts, not a full detail read each.
+            let ids: Vec<TreeId> = trees.iter().map(TreeRow::tree_id).collect();
+            let counts = e.ledger().member_counts(&ids)?;
+            let lines: Vec<TreeLine> = trees
+                .iter()
+                .map(|t| TreeLine::new(t, counts.get(&t.tree_id()).copied().unwrap_or_default()))
+                .collect();
+            Ok((lines, e.unsettled()?))
         })
         .await?;
     render(&IndexPage {
-        trees: details.iter().map(TreeLine::from_detail).collect(),
+        trees: lines,
         all,
         unsettled,
         owned: s.service.owned_trees().len(),
@@ -357,31 +360,19 @@ pub async fn events(
             }
         },
     };
-    let kind_f = kind.trim().to_string();
-    let mut rows = s
+    // SQL filters and keeps the newest page; nothing older is read.
+    let filter = EventFilter {
+        since,
+        tree,
+        kind_prefix: Some(kind.trim().to_string()).filter(|k| !k.is_empty()),
+        newest_first: true,
+        limit: Some(MAX_EVENTS),
+        ..EventFilter::default()
+    };
+    let rows = s
         .service
-        .read(move |e| {
-            let head = e.ledger().head()?.map(|(seq, _)| seq).unwrap_or(0);
-            // Without a kind filter, only the newest page needs reading.
-            let after = if kind_f.is_empty() && tree.is_none() && since.is_none() {
-                Some(head.saturating_sub(MAX_EVENTS as i64))
-            } else {
-                None
-            };
-            let rows = e.ledger().events(&EventFilter {
-                since,
-                tree,
-                after_seq: after,
-                limit: None,
-            })?;
-            Ok(rows
-                .into_iter()
-                .filter(|r| kind_f.is_empty() || r.kind.starts_with(&kind_f))
-                .collect::<Vec<_>>())
-        })
+        .read(move |e| Ok(e.ledger().events(&filter)?))
         .await?;
-    rows.reverse();
-    rows.truncate(MAX_EVENTS);
     render(&EventsPage {
         events: rows,
         tree: tree_s,

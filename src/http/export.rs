@@ -7,8 +7,8 @@ use axum::response::IntoResponse;
 use serde::Deserialize;
 
 use super::AppState;
+use super::api::parse_since_query;
 use super::error::{ApiError, ApiQuery};
-use crate::ledger::parse_since;
 use crate::ledger::{EventFilter, ExportFormat, TreeId};
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -35,12 +35,7 @@ pub async fn export(
         .unwrap_or("ndjson")
         .parse()
         .map_err(ApiError::BadRequest)?;
-    let since = q
-        .since
-        .as_deref()
-        .map(parse_since)
-        .transpose()
-        .map_err(ApiError::BadRequest)?;
+    let since = parse_since_query(q.since.as_deref())?;
     let filter = EventFilter {
         since,
         tree: q.tree.map(TreeId),

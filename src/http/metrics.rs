@@ -25,9 +25,8 @@ pub async fn metrics(
     let m = s.service.metrics();
     m.set_tree_counts(&counts);
     m.dispatch_closed.set(i64::from(!unsettled.is_empty()));
-    if let Some((seq, _)) = head {
-        m.ledger_head_seq.set(seq);
-    }
+    // The one place the head gauge is set: the ledger's own head, host-wide.
+    m.ledger_head_seq.set(head.map_or(0, |(seq, _)| seq));
     m.sync_stats(s.service.engine().stats());
     m.sync_observer(s.service.observer_status().ok().as_ref());
     let openmetrics = headers

@@ -75,9 +75,9 @@ pub use chain::{GENESIS, canonical_event, canonical_string, event_hash};
 pub use error::LedgerError;
 pub use types::{
     AuthorizationId, AuthorizationRow, EventFilter, EventKind, EventRow, ExitRecord, ExportFormat,
-    IdentityRecord, KillTarget, MemberRecord, MemberRow, NewTree, ObservationRow, OwnerId,
-    OwnerKind, OwnerRecord, OwnerRow, SignalRecord, SignalRow, SpawnRecord, SurvivorRecord,
-    TreeDetail, TreeId, TreeRow, TreeState, VerifyBreak, VerifyReport, parse_since,
+    IdentityRecord, KillTarget, MemberCounts, MemberRecord, MemberRow, NewTree, ObservationRow,
+    OwnerId, OwnerKind, OwnerRecord, OwnerRow, SignalRecord, SignalRow, SpawnRecord,
+    SurvivorRecord, TreeDetail, TreeId, TreeRow, TreeState, VerifyBreak, VerifyReport, parse_since,
 };
 
 use db::Durability;
@@ -409,6 +409,17 @@ impl Ledger {
             };
             Ok(Some((tree, read::members(tx, id)?)))
         })
+    }
+
+    /// Live and escaped member counts of each of `ids`, in one query and
+    /// one snapshot; trees with no member rows are left out. What a tree
+    /// list needs without reading each tree's detail.
+    pub fn member_counts(
+        &self,
+        ids: &[TreeId],
+    ) -> Result<std::collections::HashMap<TreeId, MemberCounts>, LedgerError> {
+        let ids = ids.to_vec();
+        self.read(move |tx| Ok(read::member_counts(tx, &ids)?.into_iter().collect()))
     }
 
     /// Live (non-terminal) trees, or every tree with `all`.

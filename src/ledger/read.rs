@@ -4,8 +4,8 @@ use rusqlite::{Connection, OptionalExtension, Row, params_from_iter, types::Valu
 
 use super::error::{Fail, LedgerError};
 use super::types::{
-    AuthorizationRow, EventFilter, EventRow, ExitRecord, IdentityRecord, MemberRow, ObservationRow,
-    OwnerRow, SignalRow, TreeDetail, TreeId, TreeRow, TreeState,
+    AuthorizationRow, EventFilter, EventRow, ExitRecord, IdentityRecord, MemberCounts, MemberRow,
+    ObservationRow, OwnerRow, SignalRow, TreeDetail, TreeId, TreeRow, TreeState,
 };
 
 const TREE_COLUMNS: &str =
@@ -20,7 +20,9 @@ fn json_column<T: serde::de::DeserializeOwned>(row: &Row<'_>, idx: usize) -> rus
     })
 }
 
-fn ticks(row: &Row<'_>, idx: usize) -> rusqlite::Result<u64> {
+/// Clock ticks read back. The one conversion, for reads and writes alike: a
+/// negative value is corrupt and fails the read, never clamped to another identity.
+pub(crate) fn ticks(row: &Row<'_>, idx: usize) -> rusqlite::Result<u64> {
     let value: i64 = row.get(idx)?;
     u64::try_from(value).map_err(|e| {
         rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Integer, Box::new(e))
@@ -75,7 +77,10 @@ pub(crate) fn tree(conn: &Connection, id: TreeId) -> Result<Option<TreeRow>, Fai
     let sql = format!(
         "SELECT {TREE_COLUMNS} FROM trees t JOIN owners o ON o.id = t.owner_id WHERE t.id = ?1"
     );
-    Ok(conn.query_row(&sql, [id.0], tree_from_row).optional()?)
+    Ok(conn
+        .prepare_cached(&sql)?
+        .query_row([id.0], tree_from_row)
+        .optional()?)
 }
 
 /// Trees whose state is in `states` (all trees when `None`), oldest first.
@@ -100,13 +105,13 @@ pub(crate) fn trees(conn: &Connection, states: Option<&[TreeState]>) -> Result<V
     let sql = format!(
         "SELECT {TREE_COLUMNS} FROM trees t JOIN owners o ON o.id = t.owner_id {filter} ORDER BY t.id"
     );
-    let mut stmt = conn.prepare(&sql)?;
+    let mut stmt = conn.prepare_cached(&sql)?;
     let rows = stmt.query_map(params_from_iter(args), tree_from_row)?;
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
 pub(crate) fn members(conn: &Connection, id: TreeId) -> Result<Vec<MemberRow>, Fail> {
-    let mut stmt = conn.prepare(
+    let mut stmt = conn.prepare_cached(
         "SELECT pid, start_ticks, boot_id, ppid, pgid, sid, cgroup, uid, exe, cmdline, cwd,
                 first_seen, last_seen, exited_at, exit_code, exit_signal, escaped_at
          FROM members WHERE tree_id = ?1 ORDER BY id",
@@ -138,7 +143,7 @@ pub(crate) fn members(conn: &Connection, id: TreeId) -> Result<Vec<MemberRow>, F
 }
 
 fn observations(conn: &Connection, id: TreeId) -> Result<Vec<ObservationRow>, Fail> {
-    let mut stmt = conn.prepare(
+    let mut stmt = conn.prepare_cached(
         "SELECT id, kind, pid, start_ticks, boot_id, at, detail
          FROM observations WHERE tree_id = ?1 ORDER BY id",
     )?;
@@ -159,7 +164,7 @@ fn observations(conn: &Connection, id: TreeId) -> Result<Vec<ObservationRow>, Fa
 }
 
 fn signals(conn: &Connection, id: TreeId) -> Result<Vec<SignalRow>, Fail> {
-    let mut stmt = conn.prepare(
+    let mut stmt = conn.prepare_cached(
         "SELECT id, signal, target_kind, target, result, authorization_id, at
          FROM signals WHERE tree_id = ?1 ORDER BY id",
     )?;
@@ -178,7 +183,7 @@ fn signals(conn: &Connection, id: TreeId) -> Result<Vec<SignalRow>, Fail> {
 }
 
 fn authorizations(conn: &Connection, id: TreeId) -> Result<Vec<AuthorizationRow>, Fail> {
-    let mut stmt = conn.prepare(
+    let mut stmt = conn.prepare_cached(
         "SELECT id, reason, targets, at FROM kill_authorizations WHERE tree_id = ?1 ORDER BY id",
     )?;
     let rows = stmt.query_map([id.0], |row| {
@@ -242,26 +247,35 @@ pub(crate) fn events(conn: &Connection, filter: &EventFilter) -> Result<Vec<Even
         clauses.push("seq > ?");
         args.push(Value::Integer(after));
     }
+    if let Some(prefix) = &filter.kind_prefix {
+        // Case-sensitive, like `str::starts_with` (LIKE would fold ASCII case).
+        clauses.push("instr(kind, ?) = 1");
+        args.push(Value::Text(prefix.clone()));
+    }
     let mut sql = String::from("SELECT seq, at, tree, kind, data, prev_hash, hash FROM events");
     if !clauses.is_empty() {
         sql.push_str(" WHERE ");
         sql.push_str(&clauses.join(" AND "));
     }
-    sql.push_str(" ORDER BY seq");
+    sql.push_str(if filter.newest_first {
+        " ORDER BY seq DESC"
+    } else {
+        " ORDER BY seq"
+    });
     if let Some(limit) = filter.limit {
         let limit = i64::try_from(limit)
             .map_err(|_| LedgerError::Other(format!("limit {limit} is too large")))?;
         sql.push_str(" LIMIT ?");
         args.push(Value::Integer(limit));
     }
-    let mut stmt = conn.prepare(&sql)?;
+    let mut stmt = conn.prepare_cached(&sql)?;
     let rows = stmt.query_map(params_from_iter(args), event_from_row)?;
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
 /// How many trees are in each state (states with none are left out).
 pub(crate) fn tree_counts(conn: &Connection) -> Result<Vec<(TreeState, u64)>, Fail> {
-    let mut stmt = conn.prepare("SELECT state, COUNT(*) FROM trees GROUP BY state")?;
+    let mut stmt = conn.prepare_cached("SELECT state, COUNT(*) FROM trees GROUP BY state")?;
     let rows = stmt.query_map([], |row| {
         Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
     })?;
@@ -274,4 +288,222 @@ pub(crate) fn tree_counts(conn: &Connection) -> Result<Vec<(TreeState, u64)>, Fa
         out.push((state, u64::try_from(n).unwrap_or(0)));
     }
     Ok(out)
+}
+
+/// Live and escaped member counts of each of `ids`, in one query (trees
+/// with no members are left out). The ids travel as one JSON array, so the
+/// statement text, and its cached preparation, is the same for any number.
+pub(crate) fn member_counts(
+    conn: &Connection,
+    ids: &[TreeId],
+) -> Result<Vec<(TreeId, MemberCounts)>, Fail> {
+    let ids = serde_json::to_string(&ids.iter().map(|id| id.0).collect::<Vec<_>>())?;
+    let mut stmt = conn.prepare_cached(
+        "SELECT tree_id, SUM(exited_at IS NULL), COUNT(escaped_at) FROM members
+         WHERE tree_id IN (SELECT value FROM json_each(?1)) GROUP BY tree_id",
+    )?;
+    let rows = stmt.query_map([ids], |row| {
+        let count = |idx| -> rusqlite::Result<u64> {
+            let n: i64 = row.get(idx)?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        };
+        Ok((
+            TreeId(row.get(0)?),
+            MemberCounts {
+                live: count(1)?,
+                escaped: count(2)?,
+            },
+        ))
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::ledger::{
+        EventFilter, EventKind, IdentityRecord, Ledger, LedgerOptions, MemberCounts, MemberRecord,
+        NewTree, OwnerKind, OwnerRecord, SignalRecord, TreeId,
+    };
+
+    fn ident(pid: i32) -> IdentityRecord {
+        IdentityRecord {
+            pid,
+            start_ticks: 1000 + pid as u64,
+            boot_id: "b0a7-1d".into(),
+        }
+    }
+
+    fn member(pid: i32) -> MemberRecord {
+        MemberRecord {
+            identity: ident(pid),
+            ppid: 1,
+            pgid: 10,
+            sid: 10,
+            cgroup: None,
+            uid: Some(1000),
+            exe: None,
+            cmdline: vec!["sleep".into()],
+            cwd: None,
+        }
+    }
+
+    fn ledger() -> (tempfile::TempDir, Ledger) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ledger = Ledger::open(
+            &dir.path().join("ledger.db"),
+            LedgerOptions {
+                busy_timeout: Duration::from_secs(2),
+            },
+        )
+        .expect("open");
+        (dir, ledger)
+    }
+
+    fn tree(ledger: &Ledger) -> TreeId {
+        let owner = ledger
+            .register_owner(&OwnerRecord {
+                identity: ident(1),
+                kind: OwnerKind::Run,
+            })
+            .expect("owner");
+        ledger
+            .create_tree(&NewTree {
+                label: None,
+                boundary: "session".into(),
+                owner,
+                argv: vec!["sleep".into()],
+                cwd: None,
+            })
+            .expect("tree")
+    }
+
+    #[test]
+    fn member_counts_match_the_member_rows() {
+        let (_dir, ledger) = ledger();
+        let (a, b, empty, unasked) = (tree(&ledger), tree(&ledger), tree(&ledger), tree(&ledger));
+        ledger
+            .observe_members(a, &[member(100), member(101), member(102)])
+            .expect("observe");
+        // 101 escaped and then exited; 102 exited: one live, one escape.
+        ledger
+            .record_escape(a, &member(101), "left")
+            .expect("escape");
+        ledger
+            .record_exits(a, &[(ident(101), None), (ident(102), None)])
+            .expect("exits");
+        ledger
+            .record_escape(b, &member(200), "left")
+            .expect("escape");
+        ledger
+            .observe_members(unasked, &[member(300)])
+            .expect("observe");
+        let counts = ledger.member_counts(&[a, b, empty]).expect("counts");
+        assert_eq!(counts.len(), 2, "{counts:?}");
+        assert_eq!(
+            counts[&a],
+            MemberCounts {
+                live: 1,
+                escaped: 1
+            }
+        );
+        assert_eq!(
+            counts[&b],
+            MemberCounts {
+                live: 1,
+                escaped: 1
+            }
+        );
+        // The same answer the full detail read gives.
+        for id in [a, b] {
+            let d = ledger.tree_detail(id).expect("detail").expect("tree");
+            let live = d.members.iter().filter(|m| m.exited_at.is_none()).count();
+            let esc = d.members.iter().filter(|m| m.escaped_at.is_some()).count();
+            assert_eq!(
+                (counts[&id].live, counts[&id].escaped),
+                (live as u64, esc as u64)
+            );
+        }
+        assert!(ledger.member_counts(&[]).expect("none").is_empty());
+    }
+
+    #[test]
+    fn kind_prefix_and_newest_first_keep_the_newest_matches() {
+        let (_dir, ledger) = ledger();
+        let id = tree(&ledger);
+        for i in 0..7 {
+            ledger
+                .append_event(
+                    Some(id),
+                    EventKind::SweepStarted,
+                    serde_json::json!({"i": i}),
+                )
+                .expect("event");
+            ledger
+                .append_event(
+                    None,
+                    EventKind::DispatchRefused,
+                    serde_json::json!({"i": i}),
+                )
+                .expect("event");
+        }
+        let all = ledger.events(&EventFilter::default()).expect("all");
+        for prefix in ["sweep.", "dispatch.", "tree.", "SWEEP.", "nothing", "%"] {
+            let want: Vec<i64> = all
+                .iter()
+                .rev()
+                .filter(|e| e.kind.starts_with(prefix))
+                .take(4)
+                .map(|e| e.seq)
+                .collect();
+            let got: Vec<i64> = ledger
+                .events(&EventFilter {
+                    kind_prefix: Some(prefix.into()),
+                    newest_first: true,
+                    limit: Some(4),
+                    ..EventFilter::default()
+                })
+                .expect("filtered")
+                .iter()
+                .map(|e| e.seq)
+                .collect();
+            assert_eq!(got, want, "prefix {prefix:?}");
+        }
+        // Defaults unchanged: oldest first.
+        let oldest = ledger
+            .events(&EventFilter {
+                limit: Some(3),
+                ..EventFilter::default()
+            })
+            .expect("oldest");
+        assert_eq!(oldest.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2, 3]);
+    }
+
+    #[test]
+    fn record_signals_checks_the_tree_once_and_only_when_there_are_signals() {
+        let (_dir, ledger) = ledger();
+        let missing = TreeId(999);
+        ledger
+            .record_signals(missing, &[])
+            .expect("nothing to record");
+        let term = SignalRecord {
+            signal: "SIGTERM".into(),
+            target_kind: "group".into(),
+            target: "10".into(),
+            result: "sent".into(),
+            authorization: None,
+        };
+        assert!(
+            ledger
+                .record_signals(missing, std::slice::from_ref(&term))
+                .is_err()
+        );
+        let id = tree(&ledger);
+        ledger
+            .record_signals(id, &[term.clone(), term])
+            .expect("signals");
+        let d = ledger.tree_detail(id).expect("detail").expect("tree");
+        assert_eq!(d.signals.len(), 2);
+    }
 }

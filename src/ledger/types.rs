@@ -326,7 +326,7 @@ pub fn parse_since(s: &str) -> Result<std::time::SystemTime, String> {
 }
 
 /// Selects events for reads and export. All conditions combine with AND;
-/// rows come back in seq order.
+/// rows come back in seq order (newest first with `newest_first`).
 #[derive(Clone, Debug, Default)]
 pub struct EventFilter {
     /// Events at or after this moment.
@@ -334,7 +334,20 @@ pub struct EventFilter {
     pub tree: Option<TreeId>,
     /// Events with seq strictly greater than this (for paging / tailing).
     pub after_seq: Option<i64>,
+    /// Events whose kind starts with this (case-sensitive), e.g. `kill.`.
+    pub kind_prefix: Option<String>,
+    /// Descending seq order, so `limit` keeps the newest matches rather
+    /// than the oldest. Off by default (export and tailing read oldest first).
+    pub newest_first: bool,
     pub limit: Option<usize>,
+}
+
+/// How many of a tree's members are live (no exit recorded) and how many
+/// were seen escaped (exited or not): what a tree list shows per tree.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct MemberCounts {
+    pub live: u64,
+    pub escaped: u64,
 }
 
 /// The owner as shown with a tree.

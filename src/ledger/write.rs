@@ -8,6 +8,7 @@ use serde_json::json;
 
 use super::db::Writer;
 use super::error::{Fail, LedgerError};
+use super::read;
 use super::types::{
     AuthorizationId, EventKind, ExitRecord, IdentityRecord, KillTarget, MemberRecord, NewTree,
     OwnerId, OwnerRecord, SignalRecord, SpawnRecord, SurvivorRecord, TreeId, TreeState,
@@ -180,6 +181,34 @@ fn insert_member(w: &Writer<'_>, id: TreeId, m: &MemberRecord) -> Result<bool, F
     Ok(inserted == 1)
 }
 
+/// Appends one observation row; returns whether it was new. Escapes and
+/// exits are once per identity (unique indexes: a repeat inserts nothing);
+/// survivor snapshots have no such index and always insert.
+fn insert_observation(
+    w: &Writer<'_>,
+    id: TreeId,
+    kind: &str,
+    identity: &IdentityRecord,
+    at: &str,
+    detail: &serde_json::Value,
+) -> Result<bool, Fail> {
+    let inserted = w.exec(
+        "INSERT INTO observations (tree_id, kind, pid, start_ticks, boot_id, at, detail)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+         ON CONFLICT DO NOTHING",
+        params![
+            id.0,
+            kind,
+            identity.pid,
+            ticks(identity.start_ticks),
+            identity.boot_id,
+            at,
+            detail.to_string()
+        ],
+    )?;
+    Ok(inserted == 1)
+}
+
 pub(crate) fn observe_members(
     w: &mut Writer<'_>,
     id: TreeId,
@@ -218,20 +247,7 @@ pub(crate) fn record_escape(
 ) -> Result<bool, Fail> {
     current_state(w, id)?;
     let detail = json!({"member": member_json(m), "reason": reason});
-    let inserted = w.exec(
-        "INSERT INTO observations (tree_id, kind, pid, start_ticks, boot_id, at, detail)
-         VALUES (?1, 'escape', ?2, ?3, ?4, ?5, ?6)
-         ON CONFLICT DO NOTHING",
-        params![
-            id.0,
-            m.identity.pid,
-            ticks(m.identity.start_ticks),
-            m.identity.boot_id,
-            w.now,
-            detail.to_string()
-        ],
-    )?;
-    if inserted == 0 {
+    if !insert_observation(w, id, "escape", &m.identity, &w.now, &detail)? {
         return Ok(false);
     }
     insert_member(w, id, m)?;
@@ -258,20 +274,7 @@ pub(crate) fn record_exits(
     current_state(w, id)?;
     for (identity, exit) in exits {
         let detail = json!({"identity": identity, "exit": exit});
-        let inserted = w.exec(
-            "INSERT INTO observations (tree_id, kind, pid, start_ticks, boot_id, at, detail)
-             VALUES (?1, 'exit', ?2, ?3, ?4, ?5, ?6)
-             ON CONFLICT DO NOTHING",
-            params![
-                id.0,
-                identity.pid,
-                ticks(identity.start_ticks),
-                identity.boot_id,
-                w.now,
-                detail.to_string()
-            ],
-        )?;
-        if inserted == 0 {
+        if !insert_observation(w, id, "exit", identity, &w.now, &detail)? {
             continue;
         }
         w.exec(
@@ -307,7 +310,7 @@ pub(crate) fn record_remaining_exits(
         let rows = stmt.query_map([id.0], |r| {
             Ok(IdentityRecord {
                 pid: r.get(0)?,
-                start_ticks: r.get::<_, i64>(1)?.max(0) as u64,
+                start_ticks: read::ticks(r, 1)?,
                 boot_id: r.get(2)?,
             })
         })?;
@@ -328,14 +331,19 @@ pub(crate) fn record_remaining_exits(
     Ok(exits.len())
 }
 
-/// Several signal records in one transaction (one teardown step).
+/// Several signal records in one transaction (one teardown step): the tree
+/// is checked once, not once per signal.
 pub(crate) fn record_signals(
     w: &mut Writer<'_>,
     id: TreeId,
     signals: &[SignalRecord],
 ) -> Result<(), Fail> {
+    if signals.is_empty() {
+        return Ok(());
+    }
+    current_state(w, id)?;
     for s in signals {
-        record_signal(w, id, s)?;
+        insert_signal(w, id, s)?;
     }
     Ok(())
 }
@@ -379,18 +387,7 @@ pub(crate) fn record_survivors(
     }
     for s in survivors {
         let detail = json!({"state": s.state, "rss_bytes": s.rss_bytes, "cmdline": s.cmdline});
-        w.exec(
-            "INSERT INTO observations (tree_id, kind, pid, start_ticks, boot_id, at, detail)
-             VALUES (?1, 'survivor', ?2, ?3, ?4, ?5, ?6)",
-            params![
-                id.0,
-                s.identity.pid,
-                ticks(s.identity.start_ticks),
-                s.identity.boot_id,
-                taken_at,
-                detail.to_string()
-            ],
-        )?;
+        insert_observation(w, id, "survivor", &s.identity, taken_at, &detail)?;
     }
     w.event(
         Some(id),
@@ -435,6 +432,11 @@ pub(crate) fn authorize_kill(
 
 pub(crate) fn record_signal(w: &mut Writer<'_>, id: TreeId, s: &SignalRecord) -> Result<i64, Fail> {
     current_state(w, id)?;
+    insert_signal(w, id, s)
+}
+
+/// The signal row and its `signal.sent` event, for a tree already checked.
+fn insert_signal(w: &mut Writer<'_>, id: TreeId, s: &SignalRecord) -> Result<i64, Fail> {
     // No pre-check for SIGKILL authority here on purpose: the database
     // trigger is the one rule, and its refusal surfaces as `Invariant`.
     w.exec(

@@ -10,6 +10,11 @@
 //!   (authorizations failed, write errors, survivors after a forced kill);
 //! - this process's own timings: scan and teardown durations, live members.
 //!
+//! Everything that is a reading rather than a tally is taken once, at scrape
+//! time, by `GET /metrics` (`crate::http::metrics`): trees by state, dispatch
+//! closed, the ledger head seq (host-wide, straight from the ledger), and the
+//! catch-up of the [`EngineStats`] and observer counters.
+//!
 //! Labels are bounded: states, signal names, target kinds, scan modes and
 //! teardown origins. Never a tree id or a pid.
 
@@ -67,6 +72,7 @@ pub struct Metrics {
     pub ledger_write_errors: C,
     pub dispatch_closed: Gauge,
     pub dispatch_refused: C,
+    /// Set only at scrape time, from the ledger's head.
     pub ledger_head_seq: Gauge,
     pub observer_up: Gauge,
     pub observer_events: C,
@@ -235,12 +241,6 @@ impl Metrics {
             return;
         };
         self.observer_up.set(1);
-        let catch_up = |c: &C, now: u64| {
-            let have = c.get();
-            if now > have {
-                c.inc_by(now - have);
-            }
-        };
         catch_up(&self.observer_events, stats.events);
         catch_up(&self.observer_overflows, stats.overflows);
         catch_up(&self.observer_forced_scans, stats.forced_scans);
@@ -289,17 +289,10 @@ impl Metrics {
             }
             _ => {}
         }
-        self.ledger_head_seq.set(e.seq);
     }
 
     /// Brings the counters fed by [`EngineStats`] up to date.
     pub fn sync_stats(&self, stats: &EngineStats) {
-        let catch_up = |c: &C, now: u64| {
-            let have = c.get();
-            if now > have {
-                c.inc_by(now - have);
-            }
-        };
         catch_up(&self.authorizations_failed, stats.authorizations_failed());
         catch_up(&self.ledger_write_errors, stats.ledger_write_errors());
         catch_up(&self.survivors_after_kill, stats.survivors_after_kill());
@@ -334,6 +327,14 @@ impl Metrics {
     /// samples are named and drops the two lines 0.0.4 does not have.
     pub fn encode_text(&self) -> Result<String, std::fmt::Error> {
         Ok(openmetrics_to_text(&self.encode_openmetrics()?))
+    }
+}
+
+/// Raises a counter to a running total kept elsewhere (never lowers it).
+fn catch_up(c: &C, now: u64) {
+    let have = c.get();
+    if now > have {
+        c.inc_by(now - have);
     }
 }
 

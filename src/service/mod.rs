@@ -588,7 +588,6 @@ impl Service {
         let mut every = tokio::time::interval(self.config.scan_interval);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let first_seq = self.start_seq.load(std::sync::atomic::Ordering::Relaxed);
-        self.metrics.ledger_head_seq.set(first_seq);
         let fresh = |after_seq: i64| ScanState {
             host: None,
             watches: HashMap::new(),
@@ -709,7 +708,7 @@ impl Service {
                 }
             }
         }
-        self.metrics.sync_stats(self.engine.stats());
+        // EngineStats and the ledger head are synced at scrape time (GET /metrics).
         if forced && let Some(h) = &self.observer_handle {
             tracing::warn!("forced full scan after observer overflow");
             h.forced_scan_done();
