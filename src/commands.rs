@@ -124,6 +124,10 @@ pub struct ResolveArgs {
     /// The operator's decision, for the audit trail.
     #[arg(long)]
     note: String,
+    /// Resolve even though survivors the teardown left still live; they are
+    /// named in `tree.resolved` (and the tree flagged `survivors_left`).
+    #[arg(long)]
+    force: bool,
 }
 
 fn open_ledger(config: &Config) -> Result<Ledger, CliError> {
@@ -387,7 +391,7 @@ pub fn sweep(config: &Config, args: SweepArgs) -> CliResult {
 pub fn resolve(config: &Config, args: ResolveArgs) -> CliResult {
     let engine = signal_engine(config)?;
     engine
-        .resolve(TreeId(args.tree), &args.note)
+        .resolve(TreeId(args.tree), &args.note, args.force)
         .map_err(custody_error)?;
     println!("tree {} resolved", args.tree);
     Ok(0)

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::ledger::IdentityRecord;
+use crate::ledger::{Deferred, IdentityRecord};
 
 /// What a marker says. A marker whose content could not be written (a full
 /// disk) is still a marker: the file's existence is the fact.
@@ -23,6 +23,12 @@ pub struct Marker {
     pub reason: String,
     /// The survivors left alive as evidence, by identity.
     pub survivors: Vec<IdentityRecord>,
+    /// Evidence the teardown could not write (the ledger refused writes),
+    /// in the order it happened: written to the ledger by whichever process
+    /// next finds the ledger writable (`Engine::replay_deferred`), then
+    /// dropped from the marker.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending: Vec<Deferred>,
 }
 
 fn dir(data_dir: &Path) -> PathBuf {
@@ -69,6 +75,7 @@ pub fn read(data_dir: &Path, tree: i64) -> Option<Marker> {
     Some(serde_json::from_str(&text).unwrap_or(Marker {
         reason: text.trim().to_string(),
         survivors: Vec::new(),
+        pending: Vec::new(),
     }))
 }
 

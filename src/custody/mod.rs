@@ -75,8 +75,13 @@ pub enum CustodyError {
 #[derive(Clone)]
 pub struct Engine {
     ledger: Ledger,
-    /// Where `tree-<id>` cgroups are made, when the boundary is cgroup.
+    /// Where per-tree cgroups are made, when the boundary is cgroup.
     cgroup_root: Option<PathBuf>,
+    /// `tw-<8 hex of the ledger's instance id>`: the prefix of this
+    /// ledger's per-tree cgroup names (`<prefix>-<tree>`), so two ledgers on
+    /// one host never make the same one. Empty on a signal-only engine,
+    /// which names no cgroup.
+    cgroup_prefix: String,
     /// The boundary every new tree gets (resolved once from the config);
     /// `None` for an engine that only signals ([`Engine::signal_only`]).
     boundary: Option<BoundaryKind>,
@@ -104,7 +109,9 @@ impl Engine {
     ) -> Result<Self, CustodyError> {
         let cgroup_root = crate::proc::cgroup_root(config.cgroup_root.as_deref())?;
         let boundary = crate::proc::resolve_boundary(config.boundary, cgroup_root.as_deref())?;
+        let instance = ledger.instance_id()?;
         let mut engine = Self::signal_only(config, ledger, reaper);
+        engine.cgroup_prefix = cgroup_prefix(&instance);
         engine.cgroup_root = cgroup_root;
         engine.boundary = Some(boundary);
         Ok(engine)
@@ -120,6 +127,7 @@ impl Engine {
         Self {
             ledger,
             cgroup_root: None,
+            cgroup_prefix: String::new(),
             boundary: None,
             reaper,
             ambiguous: Arc::new(Mutex::new(HashSet::new())),
@@ -147,15 +155,26 @@ impl Engine {
     /// once no other tree is unsettled. A tree the ledger already holds as
     /// ended but whose marker stayed (a teardown raced another) is settled by
     /// removing the marker.
-    pub fn resolve(&self, tree: TreeId, note: &str) -> Result<(), CustodyError> {
+    ///
+    /// A resolution never buries a live survivor by accident: the survivors
+    /// the marker names and every member the ledger holds as not exited are
+    /// re-read (identity checked), and while any lives the resolution is
+    /// refused, naming them and `treewarden kill`, which ends them with
+    /// authority. With `force` the tree is resolved anyway and the survivors
+    /// it leaves are recorded in `tree.resolved` (and flagged
+    /// `survivors_left`).
+    pub fn resolve(&self, tree: TreeId, note: &str, force: bool) -> Result<(), CustodyError> {
         if note.trim().is_empty() {
             return Err(CustodyError::Conflict(
                 "a resolution needs a non-empty --note".into(),
             ));
         }
-        let row = self
+        // What the teardown could not write, first: the trail then shows
+        // what happened before the operator's decision.
+        self.replay_deferred(tree);
+        let (row, members) = self
             .ledger
-            .tree(tree)?
+            .tree_members(tree)?
             .ok_or(CustodyError::UnknownTree(tree.0))?;
         let marked = self.is_ambiguous_in_memory(tree.0);
         if row.state.is_terminal() && marked {
@@ -175,6 +194,25 @@ impl Engine {
                 row.state.as_str()
             )));
         }
+        let mut candidates = self.marked_survivors(tree.0);
+        for m in members.iter().filter(|m| m.exited_at.is_none()) {
+            let id = m.identity();
+            if !candidates.contains(&id) {
+                candidates.push(id);
+            }
+        }
+        let alive: Vec<crate::ledger::IdentityRecord> =
+            candidates.into_iter().filter(still_alive).collect();
+        if !alive.is_empty() && !force {
+            let pids: Vec<String> = alive.iter().map(|id| id.pid.to_string()).collect();
+            return Err(CustodyError::Conflict(format!(
+                "tree {} still has {} live survivor(s) (pid {}): end them with `treewarden kill {}`, or resolve with --force to leave them alive on the record",
+                tree.0,
+                alive.len(),
+                pids.join(", "),
+                tree.0
+            )));
+        }
         if row.state != crate::ledger::TreeState::Ambiguous {
             self.ledger.set_state(
                 tree,
@@ -182,21 +220,73 @@ impl Engine {
                 Some("recorded late"),
             )?;
         }
-        self.ledger.resolve(tree, note)?;
+        self.ledger.resolve(tree, note, &alive)?;
+        if !alive.is_empty() {
+            self.ledger.add_flag(tree, "survivors_left")?;
+        }
         self.forget_ambiguous(tree.0);
+        if alive.is_empty()
+            && let Some(dir) = row.cgroup.as_deref()
+        {
+            teardown::remove_cgroup(std::path::Path::new(dir));
+        }
         Ok(())
+    }
+
+    /// Removes the empty cgroups of this ledger's terminal trees that a
+    /// crash (or a cgroup still busy at the end of its teardown) left
+    /// behind. A cgroup of a live tree, or one that holds processes, is left
+    /// alone. Returns how many were removed.
+    pub fn remove_leftover_cgroups(&self) -> Result<usize, CustodyError> {
+        let prefix = cgroup_prefix(&self.ledger.instance_id()?);
+        let mut removed = 0;
+        for dir in self.ledger.cgroup_dirs(&prefix)? {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                let Some(id) = name
+                    .to_str()
+                    .and_then(|n| n.strip_prefix(prefix.as_str()))
+                    .and_then(|n| n.strip_prefix('-'))
+                    .and_then(|n| n.parse::<i64>().ok())
+                else {
+                    continue;
+                };
+                let terminal = match self.ledger.tree(TreeId(id))? {
+                    Some(row) => row.state.is_terminal(),
+                    None => true, // named by this ledger, recorded nowhere in it
+                };
+                if terminal
+                    && matches!(crate::proc::cgroup_populated(&entry.path()), Ok(false))
+                    && matches!(crate::proc::remove_cgroup_if_empty(&entry.path()), Ok(true))
+                {
+                    tracing::info!(tree = id, cgroup = %entry.path().display(), "leftover cgroup of an ended tree removed");
+                    removed += 1;
+                }
+            }
+        }
+        Ok(removed)
     }
 
     /// Marks a tree unsettled at once: in memory, and as a marker file that
     /// names its survivors (see [`markers`]). It stays until the tree is
     /// settled.
-    fn mark_ambiguous(&self, tree: i64, reason: &str, survivors: &[crate::ledger::IdentityRecord]) {
+    fn mark_ambiguous(
+        &self,
+        tree: i64,
+        reason: &str,
+        survivors: &[crate::ledger::IdentityRecord],
+        pending: &[crate::ledger::Deferred],
+    ) {
         if let Ok(mut set) = self.ambiguous.lock() {
             set.insert(tree);
         }
         let marker = markers::Marker {
             reason: reason.to_string(),
             survivors: survivors.to_vec(),
+            pending: pending.to_vec(),
         };
         markers::write(&self.data_dir, tree, &marker);
     }
@@ -239,12 +329,57 @@ impl Engine {
         v
     }
 
+    /// Writes the evidence an unsettled marker kept for this tree (what a
+    /// teardown could not write while the ledger refused writes), in order,
+    /// then drops it from the marker, which stays until the tree is settled.
+    /// Holds the tree's teardown lease, so two processes never write the
+    /// same journal twice; a teardown calls [`Engine::replay_deferred_leased`]
+    /// under its own lease.
+    pub fn replay_deferred(&self, tree: TreeId) {
+        let has_pending =
+            markers::read(&self.data_dir, tree.0).is_some_and(|m| !m.pending.is_empty());
+        if !has_pending {
+            return;
+        }
+        match self.teardown_lease(tree) {
+            Ok(_lease) => self.replay_deferred_leased(tree),
+            Err(e) => {
+                tracing::warn!(tree = tree.0, error = %e, "deferred evidence not replayed now")
+            }
+        }
+    }
+
+    pub(crate) fn replay_deferred_leased(&self, tree: TreeId) {
+        let Some(mut marker) = markers::read(&self.data_dir, tree.0) else {
+            return;
+        };
+        if marker.pending.is_empty() {
+            return;
+        }
+        match self.ledger.replay_deferred(tree, &marker.pending) {
+            Ok(()) => {
+                tracing::info!(
+                    tree = tree.0,
+                    writes = marker.pending.len(),
+                    "deferred evidence written to the ledger"
+                );
+                marker.pending.clear();
+                markers::write(&self.data_dir, tree.0, &marker);
+            }
+            Err(e) => {
+                tracing::warn!(tree = tree.0, error = %e, "deferred evidence still not written")
+            }
+        }
+    }
+
     /// Retries writing pending ambiguity to the ledger (it may have refused
-    /// the first time). Trees the ledger now holds as ambiguous stay in
-    /// memory until resolved or settled by a teardown.
+    /// the first time): first the evidence each marker kept, then the state.
+    /// Trees the ledger now holds as ambiguous stay in memory until resolved
+    /// or settled by a teardown.
     pub fn flush_ambiguous(&self) {
         for (tree, _) in self.ambiguous_in_memory() {
             let id = TreeId(tree);
+            self.replay_deferred(id);
             match self.ledger.tree(id) {
                 // A terminal tree's marker is judged by the dispatch gate.
                 Ok(Some(row)) if row.state.is_terminal() => {}
@@ -262,6 +397,13 @@ impl Engine {
             }
         }
     }
+}
+
+/// The prefix of a ledger's per-tree cgroup names: `tw-` and the first 8
+/// hex digits of its instance id.
+pub(crate) fn cgroup_prefix(instance_id: &str) -> String {
+    let short: String = instance_id.chars().take(8).collect();
+    format!("tw-{short}")
 }
 
 /// Whether the process a ledger identity names still runs. An identity whose

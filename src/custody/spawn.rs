@@ -84,7 +84,9 @@ impl Engine {
             cwd: req.cwd.as_ref().map(|p| p.display().to_string()),
         })?;
         let cgroup = match (boundary, &self.cgroup_root) {
-            (BoundaryKind::Cgroup, Some(root)) => Some(root.join(format!("tree-{}", tree.0))),
+            (BoundaryKind::Cgroup, Some(root)) => {
+                Some(root.join(format!("{}-{}", self.cgroup_prefix, tree.0)))
+            }
             _ => None,
         };
         let spec = SpawnSpec {

@@ -104,6 +104,9 @@ impl Engine {
             report.orphans.push(outcome);
         }
         self.flush_ambiguous();
+        if let Err(e) = self.remove_leftover_cgroups() {
+            tracing::warn!(error = %e, "leftover cgroups not checked");
+        }
         Ok(report)
     }
 }

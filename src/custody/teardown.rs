@@ -28,8 +28,8 @@ use serde::Serialize;
 use super::watch::{TreeWatch, exit_record};
 use super::{CustodyError, Engine};
 use crate::ledger::{
-    AuthorizationId, EventKind, IdentityRecord, KillTarget, SignalRecord, SurvivorRecord, TreeId,
-    TreeState,
+    AuthorizationId, Deferred, EventKind, IdentityRecord, KillTarget, SignalRecord, SurvivorRecord,
+    TreeId, TreeState,
 };
 use crate::proc::{Delivery, GroupDelivery, GroupRecord, Identity, Sig};
 use crate::scan::Member;
@@ -171,6 +171,7 @@ impl Engine {
         progress: &mut dyn FnMut(&Progress),
     ) -> Result<TeardownReport, CustodyError> {
         let _lease = self.teardown_lease(tree)?;
+        // (the lease file is unlinked and unlocked when `_lease` drops)
         let result = self.teardown_leased(tree, opts, progress);
         // One line per teardown for the operator's log (journalctl): how it
         // ended and what each phase cost. The ledger holds the evidence.
@@ -200,32 +201,44 @@ impl Engine {
         result
     }
 
-    /// Takes `<data-dir>/teardown/tree-<id>.lock` (an advisory `flock`,
-    /// released when the file closes, also when the process dies). `None`
-    /// when the lock file cannot be made (logged): the teardown then runs
-    /// without a lease rather than not at all.
-    fn teardown_lease(&self, tree: TreeId) -> Result<Option<std::fs::File>, CustodyError> {
+    /// Takes the tree's teardown lease: an advisory `flock` on
+    /// `<data-dir>/teardown/tree-<id>.lock`, released when the file closes,
+    /// also when the process dies. The file lives only as long as the
+    /// teardown: the holder unlinks it before it unlocks (see
+    /// [`Lease`]), and a taker whose locked file is no longer the one at the
+    /// path (it was unlinked meanwhile) lets go and tries again, so two
+    /// processes never hold leases on two different files of one path.
+    /// `None` when the lock file cannot be made (logged): the teardown then
+    /// runs without a lease rather than not at all.
+    pub(super) fn teardown_lease(&self, tree: TreeId) -> Result<Option<Lease>, CustodyError> {
         let dir = self.data_dir.join("teardown");
         let path = dir.join(format!("tree-{}.lock", tree.0));
-        let file = std::fs::create_dir_all(&dir).and_then(|()| {
-            std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(&path)
-        });
-        let file = match file {
-            Ok(f) => f,
-            Err(e) => {
-                tracing::warn!(tree = tree.0, path = %path.display(), error = %e, "no teardown lease: running without one");
-                return Ok(None);
-            }
-        };
         let deadline = Instant::now() + LEASE_WAIT;
         let mut logged = false;
         loop {
+            let file = std::fs::create_dir_all(&dir).and_then(|()| {
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .open(&path)
+            });
+            let file = match file {
+                Ok(f) => f,
+                Err(e) => {
+                    tracing::warn!(tree = tree.0, path = %path.display(), error = %e, "no teardown lease: running without one");
+                    return Ok(None);
+                }
+            };
             match file.try_lock() {
-                Ok(()) => return Ok(Some(file)),
+                Ok(()) if Lease::still_at(&file, &path) => {
+                    return Ok(Some(Lease {
+                        _locked: file,
+                        path,
+                    }));
+                }
+                // Locked a file its holder had already unlinked: try again.
+                Ok(()) => continue,
                 Err(std::fs::TryLockError::WouldBlock) => {}
                 Err(std::fs::TryLockError::Error(e)) => {
                     tracing::warn!(tree = tree.0, error = %e, "teardown lease not taken: running without one");
@@ -265,6 +278,9 @@ impl Engine {
         )
         .entered();
         let started = Instant::now();
+        // Evidence an earlier teardown could not write goes first, so the
+        // trail keeps the order things happened in.
+        self.replay_deferred_leased(tree);
         // The row and its members in one read (the members are what the
         // watch needs to know who was seen before).
         let (row, known_members) = self
@@ -293,13 +309,17 @@ impl Engine {
             let why = format!(
                 "recorded in boot {recorded}, this is boot {now}: nothing of it can be running"
             );
-            return self.refuse(tree, opts, &why, report, started);
+            let cgroup = row.cgroup.as_ref().map(std::path::PathBuf::from);
+            return self.refuse(tree, cgroup.as_deref(), opts, &why, report, started);
         }
         let exclude = self.exclude.as_ref().clone();
         let adopted_by = (opts.origin == Origin::Run).then_some(std::process::id() as i32);
         let Some(mut watch) = TreeWatch::new(&row, &known_members, &exclude) else {
             // Never released: the held child exits when its owner's pipe closes.
             self.ledger.end_tree(tree, TreeState::Vanished, None)?;
+            if let Some(dir) = row.cgroup.as_deref() {
+                remove_cgroup(std::path::Path::new(dir));
+            }
             report.state = TreeState::Vanished;
             return Ok(report);
         };
@@ -328,10 +348,15 @@ impl Engine {
         ) {
             // Evidence, not authority: a ledger that refuses this write does
             // not stop SIGTERM; it stops the forced kill, further down.
-            if let Some(Err(e)) = watch.evidence("state terminating", || {
-                self.ledger
-                    .set_state(tree, TreeState::Terminating, Some(&opts.reason))
-            }) {
+            if let Some(Err(e)) = watch.record(
+                &self.ledger,
+                "state terminating",
+                Deferred::State {
+                    to: TreeState::Terminating,
+                    reason: Some(opts.reason.clone()),
+                    at: now(),
+                },
+            ) {
                 tracing::warn!(tree = tree.0, error = %e, "state terminating not recorded");
             }
         }
@@ -346,7 +371,8 @@ impl Engine {
         report.members_at_start = members.len();
         if members.is_empty() {
             if let Some(why) = watch.recycled_leader() {
-                return self.refuse(tree, opts, &why, report, started);
+                self.flush_journal(tree, &mut watch);
+                return self.refuse(tree, watch.cgroup(), opts, &why, report, started);
             }
             return self.finish(tree, &mut watch, opts, report, started, &exits);
         }
@@ -393,8 +419,10 @@ impl Engine {
             && members.iter().all(|m| m.entry.pgid == group.pgid)
         {
             // Nothing provably ours to signal: refuse, close as vanished.
+            self.flush_journal(tree, &mut watch);
             return self.refuse(
                 tree,
+                watch.cgroup(),
                 opts,
                 "process group is not provably the recorded one",
                 report,
@@ -482,25 +510,25 @@ impl Engine {
                     // In memory at once; the thaw (a recorded SIGCONT on the
                     // session boundary) and evidence writes after, each of
                     // which may wait out the busy timeout.
-                    self.mark_ambiguous(tree.0, &why, &named);
+                    self.mark_ambiguous(tree.0, &why, &named, watch.journal());
                     self.freeze(tree, &mut watch, &group, &survivors, false, opts);
-                    if let Some(Err(e)) = watch.evidence("survivor snapshot", || {
-                        self.ledger.record_survivors(tree, &forensic, taken_at)
-                    }) {
+                    if let Some(Err(e)) = watch.record(
+                        &self.ledger,
+                        "survivor snapshot",
+                        Deferred::Survivors {
+                            survivors: forensic,
+                            taken_at: crate::ledger::timestamp(taken_at),
+                        },
+                    ) {
                         tracing::warn!(tree = tree.0, error = %e, "survivor snapshot not recorded");
                     }
                     let _ = self.flush_deferred_exits(tree, &mut watch, &exits);
                     // The marker holds the ambiguity for good; these are
-                    // attempted unless the ledger already refused evidence
-                    // (flush_ambiguous records the state later).
-                    let _ = watch.evidence("kill skipped", || self.ledger.kill_skipped(tree, &why));
-                    let _ = watch.evidence("flag", || {
-                        self.ledger.add_flag(tree, "authority_write_failed")
-                    });
-                    let _ = watch.evidence("state ambiguous", || {
-                        self.ledger
-                            .set_state(tree, TreeState::Ambiguous, Some(&why))
-                    });
+                    // attempted unless the ledger already refused evidence,
+                    // and kept in the marker's journal if not written (the
+                    // next process that finds the ledger writable replays it).
+                    self.fail_closed_trail(&mut watch, &why, "authority_write_failed");
+                    self.mark_ambiguous(tree.0, &why, &named, watch.journal());
                     log_skipped(&watch);
                     return Err(CustodyError::Ambiguous {
                         tree: tree.0,
@@ -515,10 +543,15 @@ impl Engine {
             report.phases.push((Phase::Authorize, t0.elapsed()));
             drop(phase_span);
             if round == 1
-                && let Some(Err(e)) = watch.evidence("state killing", || {
-                    self.ledger
-                        .set_state(tree, TreeState::Killing, Some(&reason))
-                })
+                && let Some(Err(e)) = watch.record(
+                    &self.ledger,
+                    "state killing",
+                    Deferred::State {
+                        to: TreeState::Killing,
+                        reason: Some(reason.clone()),
+                        at: now(),
+                    },
+                )
             {
                 tracing::warn!(tree = tree.0, error = %e, "state killing not recorded");
             }
@@ -572,15 +605,28 @@ impl Engine {
         let why = format!("{} members survived the forced kill", members.len());
         self.stats.survivors(members.len());
         let named: Vec<IdentityRecord> = members.iter().map(|m| watch.identity(m)).collect();
-        self.mark_ambiguous(tree.0, &why, &named);
+        self.mark_ambiguous(tree.0, &why, &named, watch.journal());
         let _ = self.flush_deferred_exits(tree, &mut watch, &exits);
-        let _ = watch.evidence("flag", || self.ledger.add_flag(tree, "survivors"));
-        if let Some(Err(e)) = watch.evidence("state ambiguous", || {
-            self.ledger
-                .set_state(tree, TreeState::Ambiguous, Some(&why))
-        }) {
+        let _ = watch.record(
+            &self.ledger,
+            "flag",
+            Deferred::Flag {
+                flag: "survivors".into(),
+                at: now(),
+            },
+        );
+        if let Some(Err(e)) = watch.record(
+            &self.ledger,
+            "state ambiguous",
+            Deferred::State {
+                to: TreeState::Ambiguous,
+                reason: Some(why.clone()),
+                at: now(),
+            },
+        ) {
             tracing::error!(tree = tree.0, error = %e, "ambiguous state not recorded");
         }
+        self.mark_ambiguous(tree.0, &why, &named, watch.journal());
         log_skipped(&watch);
         Err(CustodyError::Ambiguous {
             tree: tree.0,
@@ -680,7 +726,14 @@ impl Engine {
             } else if step.cgroup.is_none() {
                 // A SIGKILL that was not sent is recorded as skipped, not as a signal.
                 let why = format!("group {}: {result}", step.group.pgid);
-                let _ = watch.evidence("kill skipped", || self.ledger.kill_skipped(tree, &why));
+                let _ = watch.record(
+                    &self.ledger,
+                    "kill skipped",
+                    Deferred::KillSkipped {
+                        reason: why,
+                        at: now(),
+                    },
+                );
             }
         }
         for id in &step.loose {
@@ -695,13 +748,18 @@ impl Engine {
             }
         }
         if !records.is_empty()
-            && let Some(Err(e)) =
-                watch.evidence("signals", || self.ledger.record_signals(tree, &records))
+            && let Some(Err(e)) = watch.record(
+                &self.ledger,
+                "signals",
+                Deferred::Signals {
+                    signals: records,
+                    at: now(),
+                },
+            )
         {
             tracing::error!(
                 tree = tree.0,
                 signal = sig.name(),
-                signals = records.len(),
                 error = %e,
                 "signals not recorded"
             );
@@ -739,6 +797,51 @@ impl Engine {
             tracing::warn!(tree = tree.0, error = %e, "member exits not recorded");
         }
         fresh
+    }
+
+    /// The trail of a teardown that failed closed: `kill.skipped` with its
+    /// reason, the flag, and the state `ambiguous` (each kept in the
+    /// journal when the ledger does not take it).
+    fn fail_closed_trail(&self, watch: &mut TreeWatch, why: &str, flag: &str) {
+        let at = now();
+        let _ = watch.record(
+            &self.ledger,
+            "kill skipped",
+            Deferred::KillSkipped {
+                reason: why.to_string(),
+                at: at.clone(),
+            },
+        );
+        let _ = watch.record(
+            &self.ledger,
+            "flag",
+            Deferred::Flag {
+                flag: flag.to_string(),
+                at: at.clone(),
+            },
+        );
+        let _ = watch.record(
+            &self.ledger,
+            "state ambiguous",
+            Deferred::State {
+                to: TreeState::Ambiguous,
+                reason: Some(why.to_string()),
+                at,
+            },
+        );
+    }
+
+    /// Writes what this teardown's watch could not write earlier (the
+    /// ledger refused, then took writes again: the authorization or the end
+    /// got through), before the tree's end.
+    fn flush_journal(&self, tree: TreeId, watch: &mut TreeWatch) {
+        let journal = watch.take_journal();
+        if journal.is_empty() {
+            return;
+        }
+        if let Err(e) = self.ledger.replay_deferred(tree, &journal) {
+            tracing::error!(tree = tree.0, writes = journal.len(), error = %e, "deferred evidence of this teardown not written");
+        }
     }
 
     fn refusal_event(&self, tree: TreeId, opts: &TeardownOptions, why: &str) {
@@ -811,6 +914,7 @@ impl Engine {
     ) -> Result<TeardownReport, CustodyError> {
         report.verified = Some(started.elapsed());
         let t0 = Instant::now();
+        self.flush_journal(tree, watch);
         let fresh = self.flush_deferred_exits(tree, watch, exits);
         self.record_final_exits(tree, watch, opts, fresh);
         log_skipped(watch);
@@ -870,6 +974,7 @@ impl Engine {
     fn refuse(
         &self,
         tree: TreeId,
+        cgroup: Option<&std::path::Path>,
         opts: &TeardownOptions,
         why: &str,
         mut report: TeardownReport,
@@ -877,10 +982,51 @@ impl Engine {
     ) -> Result<TeardownReport, CustodyError> {
         self.refusal_event(tree, opts, why);
         self.ledger.end_tree(tree, TreeState::Vanished, None)?;
+        // Every terminal path leaves no empty cgroup behind.
+        if let Some(dir) = cgroup.as_deref() {
+            remove_cgroup(dir);
+        }
         report.state = TreeState::Vanished;
         report.elapsed = started.elapsed();
         Ok(report)
     }
+}
+
+/// A held teardown lease. Dropping it unlinks the lock file while the lock
+/// is still held, then closes (unlocks) it: no file per tree outlives its
+/// teardown, and a waiter that locks the unlinked file sees that it is no
+/// longer at the path ([`Lease::still_at`]) and starts over.
+pub(crate) struct Lease {
+    /// Held open for its lock; closing it unlocks.
+    _locked: std::fs::File,
+    path: std::path::PathBuf,
+}
+
+impl Lease {
+    /// Whether `file` is still the file at `path` (same device and inode).
+    fn still_at(file: &std::fs::File, path: &std::path::Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        match (file.metadata(), std::fs::metadata(path)) {
+            (Ok(held), Ok(named)) => held.dev() == named.dev() && held.ino() == named.ino(),
+            _ => false,
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_file(&self.path)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %self.path.display(), error = %e, "teardown lease file not removed");
+        }
+        // `_locked` closes after this body: the unlock comes after the unlink.
+    }
+}
+
+/// The time of a fact, as the ledger writes times.
+fn now() -> String {
+    crate::ledger::timestamp(SystemTime::now())
 }
 
 /// How long a teardown waits for another one of the same tree to finish.
@@ -958,7 +1104,7 @@ fn poll_interval(elapsed: Duration) -> Duration {
 
 /// Removes a tree's cgroup once the kernel has let go of it (rmdir fails
 /// with EBUSY while dying tasks are still accounted to it).
-fn remove_cgroup(dir: &std::path::Path) {
+pub(crate) fn remove_cgroup(dir: &std::path::Path) {
     match crate::proc::remove_cgroup_when_empty(dir, Duration::from_secs(2)) {
         Ok(true) => {}
         Ok(false) => {

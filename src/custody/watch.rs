@@ -49,6 +49,11 @@ pub struct TreeWatch {
     degraded: Option<String>,
     /// Evidence writes not attempted in degraded mode.
     skipped: usize,
+    /// The refused or skipped writes of the trail (state changes, signals,
+    /// kill-skipped, flags, the survivor snapshot), in order: the teardown
+    /// hands them to the unsettled marker, and they are replayed once the
+    /// ledger takes writes ([`TreeWatch::record`]).
+    journal: Vec<crate::ledger::Deferred>,
     /// When `last_seen` of known members was last bumped (coarse, see
     /// [`LAST_SEEN_EVERY`]).
     last_bump: Option<Instant>,
@@ -119,6 +124,7 @@ impl TreeWatch {
             degrade: false,
             degraded: None,
             skipped: 0,
+            journal: Vec::new(),
             last_bump: None,
             comms: HashMap::new(),
             deferred_exits: None,
@@ -205,6 +211,36 @@ impl TreeWatch {
             self.degraded = Some(e.to_string());
         }
         Some(result)
+    }
+
+    /// Makes one write of the tree's trail unless degraded; what is not
+    /// written (skipped, or refused because the ledger takes no writes) is
+    /// kept in the journal, in order, for a later replay. `None` when
+    /// skipped.
+    pub fn record(
+        &mut self,
+        ledger: &crate::ledger::Ledger,
+        what: &str,
+        d: crate::ledger::Deferred,
+    ) -> Option<Result<(), crate::ledger::LedgerError>> {
+        let tree = self.tree;
+        let result = self.evidence(what, || ledger.apply_deferred(tree, &d));
+        match &result {
+            None => self.journal.push(d),
+            Some(Err(e)) if refuses_writes(e) => self.journal.push(d),
+            Some(_) => {}
+        }
+        result
+    }
+
+    /// The trail writes kept so far (see [`TreeWatch::record`]).
+    pub fn journal(&self) -> &[crate::ledger::Deferred] {
+        &self.journal
+    }
+
+    /// The trail writes kept so far (see [`TreeWatch::record`]), emptied.
+    pub fn take_journal(&mut self) -> Vec<crate::ledger::Deferred> {
+        std::mem::take(&mut self.journal)
     }
 
     /// The recorded root's pid (the tree's group and session leader).

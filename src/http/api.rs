@@ -64,6 +64,10 @@ pub struct SpawnBody {
 pub struct ResolveBody {
     /// The operator's decision, for the audit trail.
     pub note: String,
+    /// Resolve even though survivors still live (they are named in
+    /// `tree.resolved`); without it such a resolution is 409.
+    #[serde(default)]
+    pub force: bool,
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -333,7 +337,7 @@ pub async fn resolve_tree(
             "a resolution needs a non-empty note".into(),
         ));
     }
-    s.service.resolve(id, body.note).await?;
+    s.service.resolve(id, body.note, body.force).await?;
     let row = s
         .service
         .read(move |e| Ok(e.ledger().tree(TreeId(id))?))

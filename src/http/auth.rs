@@ -73,7 +73,8 @@ fn is_loopback_host(host: &str) -> bool {
 
 /// Reads the token, creating it (0600, 32 random bytes as hex) on first start.
 pub fn ensure_token(data_dir: &Path) -> std::io::Result<String> {
-    std::fs::create_dir_all(data_dir)?;
+    std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+        .create(data_dir)?;
     let path = data_dir.join("api-token");
     match std::fs::OpenOptions::new()
         .write(true)

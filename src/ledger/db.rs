@@ -5,6 +5,7 @@
 //! commit or vanish together (bookkeeping writes — owners, flags, scans,
 //! `last_seen`, exec refreshes — carry no event).
 
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
@@ -18,7 +19,11 @@ use super::error::{Fail, LedgerError};
 use super::types::{EventKind, TreeId};
 
 /// The schema, oldest first. Append only: a shipped migration never changes.
-const MIGRATIONS: &[M<'static>] = &[M::up(include_str!("../../migrations/0001_init.sql"))];
+const MIGRATIONS: &[M<'static>] = &[
+    M::up(include_str!("../../migrations/0001_init.sql")),
+    // 0002 is the tree options (grace, timeout), from the recovery work.
+    M::up(include_str!("../../migrations/0003_instance.sql")),
+];
 
 /// How hard a commit must be on disk before it returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,19 +114,45 @@ impl Handle {
     }
 }
 
+/// A failure to create the ledger's directory or file, by what it means.
+fn creation_error(path: &Path, e: std::io::Error) -> LedgerError {
+    let msg = format!("cannot create {}: {e}", path.display());
+    match e.kind() {
+        std::io::ErrorKind::StorageFull => LedgerError::Full(msg),
+        std::io::ErrorKind::ReadOnlyFilesystem | std::io::ErrorKind::PermissionDenied => {
+            LedgerError::ReadOnly(msg)
+        }
+        _ => LedgerError::Other(msg),
+    }
+}
+
+/// Creates the ledger file with mode 0600 if it does not exist yet (an
+/// existing file keeps the mode its owner gave it).
+fn create_private(path: &Path) -> std::io::Result<()> {
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 fn open_connection(path: &Path, busy_timeout: Duration) -> Result<Connection, Fail> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(|e| {
-            let msg = format!("cannot create {}: {e}", parent.display());
-            match e.kind() {
-                std::io::ErrorKind::StorageFull => LedgerError::Full(msg),
-                std::io::ErrorKind::ReadOnlyFilesystem | std::io::ErrorKind::PermissionDenied => {
-                    LedgerError::ReadOnly(msg)
-                }
-                _ => LedgerError::Other(msg),
-            }
-        })?;
+        // The ledger holds every tree's argv and cwd: private to its owner,
+        // whoever creates it (directories made here are 0700, the file 0600;
+        // SQLite gives the -wal and -shm files the database file's mode).
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(parent)
+            .map_err(|e| creation_error(parent, e))?;
     }
+    create_private(path).map_err(|e| creation_error(path, e))?;
     let mut conn = Connection::open(path)?;
     conn.busy_timeout(busy_timeout)?;
     // Every write goes through `Writer::exec`/`Writer::row`, which keep their
@@ -204,6 +235,7 @@ impl Store {
                 now: now_string(),
                 head: None,
                 appended: false,
+                late: None,
             };
             let value = f(&mut writer)?;
             let head = writer.appended.then(|| writer.head.clone()).flatten();
@@ -242,6 +274,10 @@ pub(crate) struct Writer<'t> {
     pub(crate) now: String,
     head: Option<(i64, String)>,
     appended: bool,
+    /// Set while replaying evidence a refused write deferred: each event
+    /// then carries `deferred_from`, the time the fact happened (the
+    /// event's own `at` is when the ledger finally took it).
+    pub(crate) late: Option<String>,
 }
 
 impl Writer<'_> {
@@ -277,6 +313,13 @@ impl Writer<'_> {
                 "event data for {kind} must be a JSON object"
             ))
             .into());
+        }
+        let mut data = data;
+        if let (Some(late), Some(obj)) = (&self.late, data.as_object_mut()) {
+            obj.insert(
+                "deferred_from".into(),
+                serde_json::Value::String(late.clone()),
+            );
         }
         let (prev_seq, prev_hash) = match self.head.take() {
             Some(head) => head,

@@ -74,13 +74,19 @@ use std::time::Duration;
 pub use chain::{GENESIS, canonical_event, canonical_string, event_hash};
 pub use error::LedgerError;
 pub use types::{
-    AuthorizationId, AuthorizationRow, EventFilter, EventKind, EventRow, ExitRecord, ExportFormat,
-    IdentityRecord, KillTarget, MemberCounts, MemberRecord, MemberRow, NewTree, ObservationRow,
-    OwnerId, OwnerKind, OwnerRecord, OwnerRow, SignalRecord, SignalRow, SpawnRecord,
-    SurvivorRecord, TreeDetail, TreeId, TreeRow, TreeState, VerifyBreak, VerifyReport, parse_since,
+    AuthorizationId, AuthorizationRow, Deferred, EventFilter, EventKind, EventRow, ExitRecord,
+    ExportFormat, IdentityRecord, KillTarget, MemberCounts, MemberRecord, MemberRow, NewTree,
+    ObservationRow, OwnerId, OwnerKind, OwnerRecord, OwnerRow, SignalRecord, SignalRow,
+    SpawnRecord, SurvivorRecord, TreeDetail, TreeId, TreeRow, TreeState, VerifyBreak, VerifyReport,
+    parse_since,
 };
 
 use db::Durability;
+
+/// A time as the ledger writes it (RFC 3339, UTC, milliseconds).
+pub fn timestamp(t: std::time::SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
+}
 
 /// How to open the ledger.
 #[derive(Clone, Copy, Debug)]
@@ -141,6 +147,13 @@ impl Ledger {
         f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T, error::Fail> + Send + 'static,
     ) -> Result<T, LedgerError> {
         self.handle.call(move |store| store.read(f))
+    }
+
+    /// The ledger's instance id (32 hex digits), made once with the ledger:
+    /// names this ledger gives outside itself (per-tree cgroups) carry it so
+    /// that two ledgers on one host never pick the same name.
+    pub fn instance_id(&self) -> Result<String, LedgerError> {
+        self.read(|tx| read::instance_id(tx))
     }
 
     /// The owner row for this identity and kind, created if it is new.
@@ -349,9 +362,35 @@ impl Ledger {
     }
 
     /// An operator's resolution of an ambiguous tree (event `tree.resolved`).
-    pub fn resolve(&self, id: TreeId, note: &str) -> Result<(), LedgerError> {
+    pub fn resolve(
+        &self,
+        id: TreeId,
+        note: &str,
+        left_alive: &[IdentityRecord],
+    ) -> Result<(), LedgerError> {
         let note = note.to_string();
-        self.write(Durability::Normal, move |w| write::resolve(w, id, &note))
+        let left_alive = left_alive.to_vec();
+        self.write(Durability::Normal, move |w| {
+            write::resolve(w, id, &note, &left_alive)
+        })
+    }
+
+    /// Makes one evidence write described by a [`Deferred`] (used at once
+    /// by a teardown; what the ledger refuses is kept and replayed later).
+    pub fn apply_deferred(&self, id: TreeId, d: &Deferred) -> Result<(), LedgerError> {
+        let d = d.clone();
+        self.write(Durability::Normal, move |w| {
+            write::apply_deferred(w, id, &d)
+        })
+    }
+
+    /// Writes evidence a teardown could not write when it happened, in
+    /// order, in one transaction (each event with `deferred_from`).
+    pub fn replay_deferred(&self, id: TreeId, list: &[Deferred]) -> Result<(), LedgerError> {
+        let list = list.to_vec();
+        self.write(Durability::Normal, move |w| {
+            write::replay_deferred(w, id, &list)
+        })
     }
 
     /// Adds a flag to the tree (idempotent); returns whether it was new.
@@ -429,6 +468,13 @@ impl Ledger {
         } else {
             self.nonterminal_trees()
         }
+    }
+
+    /// Directories holding this ledger's per-tree cgroups named
+    /// `<prefix>-<tree id>` (see [`Ledger::instance_id`]).
+    pub fn cgroup_dirs(&self, prefix: &str) -> Result<Vec<String>, LedgerError> {
+        let prefix = prefix.to_string();
+        self.read(move |tx| read::cgroup_dirs(tx, &prefix))
     }
 
     pub fn nonterminal_trees(&self) -> Result<Vec<TreeRow>, LedgerError> {

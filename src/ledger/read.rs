@@ -73,6 +73,24 @@ fn tree_from_row(row: &Row<'_>) -> rusqlite::Result<TreeRow> {
     })
 }
 
+pub(crate) fn instance_id(conn: &Connection) -> Result<String, Fail> {
+    Ok(conn
+        .prepare_cached("SELECT value FROM ledger_meta WHERE key = 'instance_id'")?
+        .query_row([], |r| r.get(0))?)
+}
+
+/// The directories that hold this ledger's per-tree cgroups (named
+/// `<prefix>-<tree id>`), as recorded: each process makes them next to its
+/// own cgroup, so there may be several.
+pub(crate) fn cgroup_dirs(conn: &Connection, prefix: &str) -> Result<Vec<String>, Fail> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT DISTINCT substr(cgroup, 1, length(cgroup) - length(?1 || '-' || id) - 1)
+         FROM trees WHERE cgroup IS NOT NULL AND cgroup LIKE '%/' || ?1 || '-' || id",
+    )?;
+    let rows = stmt.query_map([prefix], |r| r.get(0))?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
 pub(crate) fn tree(conn: &Connection, id: TreeId) -> Result<Option<TreeRow>, Fail> {
     let sql = format!(
         "SELECT {TREE_COLUMNS} FROM trees t JOIN owners o ON o.id = t.owner_id WHERE t.id = ?1"

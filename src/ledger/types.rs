@@ -310,6 +310,49 @@ pub struct SignalRecord {
     pub authorization: Option<AuthorizationId>,
 }
 
+/// An evidence write a teardown could not make (the ledger refused writes:
+/// a held lock, a full disk) and keeps for later: in memory, then in the
+/// tree's unsettled marker. [`super::Ledger::replay_deferred`] writes a list
+/// of them in order, in one transaction, each event marked with
+/// `deferred_from` (when it happened).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "write", rename_all = "snake_case")]
+pub enum Deferred {
+    /// A state change (`tree.state`).
+    State {
+        to: TreeState,
+        reason: Option<String>,
+        at: String,
+    },
+    /// One teardown step's signals (`signal.sent` each).
+    Signals {
+        signals: Vec<SignalRecord>,
+        at: String,
+    },
+    /// A forced kill not sent (`kill.skipped`), with its reason.
+    KillSkipped { reason: String, at: String },
+    /// A flag on the tree row.
+    Flag { flag: String, at: String },
+    /// The survivor snapshot of a forced kill that was not authorized.
+    Survivors {
+        survivors: Vec<SurvivorRecord>,
+        taken_at: String,
+    },
+}
+
+impl Deferred {
+    /// When the fact happened.
+    pub fn at(&self) -> &str {
+        match self {
+            Deferred::State { at, .. }
+            | Deferred::Signals { at, .. }
+            | Deferred::KillSkipped { at, .. }
+            | Deferred::Flag { at, .. } => at,
+            Deferred::Survivors { taken_at, .. } => taken_at,
+        }
+    }
+}
+
 /// Parses how a reader says "events since": an RFC 3339 time, or an age
 /// such as `2h` counted back from now. One grammar for the CLI's `--since`
 /// and the HTTP API's `since=`; the error names the value, not the flag.

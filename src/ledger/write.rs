@@ -10,8 +10,8 @@ use super::db::Writer;
 use super::error::{Fail, LedgerError};
 use super::read;
 use super::types::{
-    AuthorizationId, EventKind, ExitRecord, IdentityRecord, KillTarget, MemberRecord, NewTree,
-    OwnerId, OwnerRecord, SignalRecord, SpawnRecord, SurvivorRecord, TreeId, TreeState,
+    AuthorizationId, Deferred, EventKind, ExitRecord, IdentityRecord, KillTarget, MemberRecord,
+    NewTree, OwnerId, OwnerRecord, SignalRecord, SpawnRecord, SurvivorRecord, TreeId, TreeState,
 };
 
 /// Clock ticks as SQLite stores them (an i64; ticks never come near its limit).
@@ -509,7 +509,14 @@ pub(crate) fn end_tree(
     Ok(())
 }
 
-pub(crate) fn resolve(w: &mut Writer<'_>, id: TreeId, note: &str) -> Result<(), Fail> {
+/// `left_alive`: survivors an operator chose to leave running (`resolve
+/// --force`), named in the event.
+pub(crate) fn resolve(
+    w: &mut Writer<'_>,
+    id: TreeId,
+    note: &str,
+    left_alive: &[IdentityRecord],
+) -> Result<(), Fail> {
     let from = current_state(w, id)?;
     if from != TreeState::Ambiguous {
         return Err(invariant(format!(
@@ -520,7 +527,12 @@ pub(crate) fn resolve(w: &mut Writer<'_>, id: TreeId, note: &str) -> Result<(), 
         "UPDATE trees SET state = 'resolved', note = ?2, ended_at = coalesce(ended_at, ?3) WHERE id = ?1",
         params![id.0, note, w.now],
     )?;
-    w.event(Some(id), EventKind::TreeResolved, json!({"note": note}))?;
+    let data = if left_alive.is_empty() {
+        json!({"note": note})
+    } else {
+        json!({"note": note, "forced": true, "survivors_left": left_alive})
+    };
+    w.event(Some(id), EventKind::TreeResolved, data)?;
     Ok(())
 }
 
@@ -598,5 +610,43 @@ pub(crate) fn refresh_members(
             ],
         )?;
     }
+    Ok(())
+}
+
+/// Writes one deferred evidence write now (see [`Deferred`]).
+pub(crate) fn apply_deferred(w: &mut Writer<'_>, id: TreeId, d: &Deferred) -> Result<(), Fail> {
+    match d {
+        Deferred::State { to, reason, .. } => {
+            // A state the tree cannot take any more (it ended meanwhile) is
+            // history, not an error: the later state stands.
+            if !current_state(w, id)?.is_terminal() {
+                set_state(w, id, *to, reason.as_deref())?;
+            }
+        }
+        Deferred::Signals { signals, .. } => record_signals(w, id, signals)?,
+        Deferred::KillSkipped { reason, .. } => kill_skipped(w, id, reason)?,
+        Deferred::Flag { flag, .. } => {
+            add_flag(w, id, flag)?;
+        }
+        Deferred::Survivors {
+            survivors,
+            taken_at,
+        } => record_survivors(w, id, survivors, taken_at)?,
+    }
+    Ok(())
+}
+
+/// Writes deferred evidence in the order it happened, in one transaction;
+/// each event carries `deferred_from` (when it happened).
+pub(crate) fn replay_deferred(
+    w: &mut Writer<'_>,
+    id: TreeId,
+    list: &[Deferred],
+) -> Result<(), Fail> {
+    for d in list {
+        w.late = Some(d.at().to_string());
+        apply_deferred(w, id, d)?;
+    }
+    w.late = None;
     Ok(())
 }

@@ -585,7 +585,7 @@ pub fn spawn_held(spec: &SpawnSpec) -> Result<HeldChild, ProcError> {
         .map(|a| a.to_string_lossy().into_owned())
         .unwrap_or_default();
     if let Some(cg) = &spec.cgroup {
-        std::fs::create_dir(cg).map_err(|e| ProcError::cgroup(cg, e))?;
+        make_tree_cgroup(cg)?;
     }
     let result = fork_held(spec, &prepared, program);
     if result.is_err()
@@ -804,6 +804,35 @@ pub fn remove_cgroup_if_empty(path: &Path) -> Result<bool, ProcError> {
 }
 
 /// Waits (bounded) until the cgroup is unpopulated, then removes it.
+/// Creates a tree's cgroup. The name is new to the caller's ledger, so a
+/// directory already there is a leftover it does not know (another ledger's
+/// crash, or a ledger restored from a backup): an *empty* one is removed and
+/// made again; a populated one is refused, never joined.
+fn make_tree_cgroup(cg: &Path) -> Result<(), ProcError> {
+    match std::fs::create_dir(cg) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            if cgroup_populated(cg)? {
+                return Err(ProcError::cgroup(
+                    cg,
+                    std::io::Error::other(
+                        "exists and holds processes this ledger does not know; refusing to join it (remove it, or end what it holds)",
+                    ),
+                ));
+            }
+            tracing::warn!(cgroup = %cg.display(), "an empty leftover cgroup of this name was removed");
+            if !remove_cgroup_if_empty(cg)? {
+                return Err(ProcError::cgroup(
+                    cg,
+                    std::io::Error::other("an empty leftover of this name could not be removed"),
+                ));
+            }
+            std::fs::create_dir(cg).map_err(|e| ProcError::cgroup(cg, e))
+        }
+        Err(e) => Err(ProcError::cgroup(cg, e)),
+    }
+}
+
 pub fn remove_cgroup_when_empty(path: &Path, wait: Duration) -> Result<bool, ProcError> {
     let deadline = Instant::now() + wait;
     loop {

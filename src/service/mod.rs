@@ -501,9 +501,9 @@ impl Service {
     }
 
     /// Records an operator's resolution (reopens dispatch).
-    pub async fn resolve(&self, tree: i64, note: String) -> Result<(), ServiceError> {
+    pub async fn resolve(&self, tree: i64, note: String, force: bool) -> Result<(), ServiceError> {
         let engine = self.engine.clone();
-        blocking(move || engine.resolve(TreeId(tree), &note)).await??;
+        blocking(move || engine.resolve(TreeId(tree), &note, force)).await??;
         self.forget(tree);
         Ok(())
     }
