@@ -146,6 +146,44 @@ impl Engine {
         self.boundary
     }
 
+    /// Who reaped a member whose exit status this process does not have:
+    /// with a reaper (run, serve: the subreaper of its trees, so every
+    /// orphan comes here) it was the member's own parent in the tree; a
+    /// process without one (kill, sweep) was never anyone's reaper, and the
+    /// orphans of a dead owner go to init.
+    pub(crate) fn unknown_reaper(&self) -> &'static str {
+        if self.reaper.is_some() {
+            "parent"
+        } else {
+            "init"
+        }
+    }
+
+    /// The exit status of a member this process reaped, or is about to:
+    /// a dead child of ours (a zombie whose `ppid` is us: the root, or an
+    /// orphan adopted as subreaper) is waited for, up to a second, since
+    /// `/proc` shows it dead a moment before the reaper's wait returns; any
+    /// other pid is looked up in what the reaper already has. `None` when
+    /// this process has no reaper or never was its parent.
+    pub(crate) fn reaped_exit(
+        &self,
+        pid: i32,
+        start_ticks: u64,
+    ) -> Option<crate::proc::ExitStatus> {
+        let reaper = self.reaper?;
+        let me = std::process::id() as i32;
+        if let Ok(Some(stat)) = crate::proc::read_stat(pid)
+            && stat.start_ticks == start_ticks
+            && stat.ppid == me
+        {
+            if !stat.is_dead() {
+                return None;
+            }
+            return reaper.wait_exit(pid, Some(std::time::Duration::from_secs(1)));
+        }
+        reaper.exit_of(pid)
+    }
+
     /// Counters of failed writes and survivors (see [`EngineStats`]).
     pub fn stats(&self) -> &EngineStats {
         &self.stats

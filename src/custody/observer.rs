@@ -305,6 +305,7 @@ impl Worker {
                 }
             };
             let mut findings = Vec::new();
+            let mut execs: Vec<(i64, IdentityRecord)> = Vec::new();
             self.replay_pending(&mut findings);
             handle.bump(|s| s.events += events.len() as u64);
             // Events were lost in this batch (an exit among them, perhaps):
@@ -334,7 +335,7 @@ impl Worker {
                         tracing::trace!(pid, "observer: setsid");
                         self.check(pid, &mut findings)
                     }
-                    ProcEvent::Exec { .. } => {}
+                    ProcEvent::Exec { pid, .. } => self.on_exec(pid, &mut execs),
                     ProcEvent::Exit { pid, .. } => self.on_exit(pid),
                 }
             }
@@ -346,6 +347,55 @@ impl Worker {
                 (self.on_overflow)();
             }
             self.flush(findings, &handle);
+            self.flush_execs(execs);
+        }
+    }
+
+    /// A member ran a new program: noted by identity, its details read at
+    /// the end of the batch.
+    fn on_exec(&mut self, pid: i32, execs: &mut Vec<(i64, IdentityRecord)>) {
+        let Ok(trees) = self.shared.trees.lock() else {
+            return;
+        };
+        for (id, t) in trees.iter() {
+            if let Some(&start) = t.members.get(&pid)
+                && start != UNKNOWN_START
+            {
+                execs.push((
+                    *id,
+                    IdentityRecord {
+                        pid,
+                        start_ticks: start,
+                        boot_id: t.boot_id.clone(),
+                    },
+                ));
+            }
+        }
+    }
+
+    /// Writes what exec'd members run now (`member.exec` where the row said
+    /// otherwise), one write per tree.
+    fn flush_execs(&self, execs: Vec<(i64, IdentityRecord)>) {
+        let mut by_tree: HashMap<i64, Vec<MemberRecord>> = HashMap::new();
+        for (tree, identity) in execs {
+            let Ok(Some(stat)) = crate::proc::read_stat(identity.pid) else {
+                continue;
+            };
+            if stat.start_ticks != identity.start_ticks || stat.is_dead() {
+                continue;
+            }
+            let d = crate::scan::details(identity.pid);
+            let mut record = record_of(&stat, &identity.boot_id);
+            record.exe = d.exe;
+            record.cmdline = d.cmdline;
+            record.cwd = d.cwd;
+            record.cgroup = d.cgroup;
+            by_tree.entry(tree).or_default().push(record);
+        }
+        for (tree, records) in by_tree {
+            if let Err(e) = self.ledger.refresh_members(TreeId(tree), &records) {
+                tracing::debug!(tree, error = %e, "observer: member execs not recorded");
+            }
         }
     }
 

@@ -788,12 +788,14 @@ impl Engine {
                 *exit = fresh
                     .get(&id.pid)
                     .or_else(|| exits.get(&id.pid))
-                    .map(|s| exit_record(*s));
+                    .copied()
+                    .or_else(|| self.reaped_exit(id.pid, id.start_ticks))
+                    .map(exit_record);
             }
         }
-        if let Some(Err(e)) =
-            watch.evidence("member exits", || self.ledger.record_exits(tree, &gone))
-        {
+        if let Some(Err(e)) = watch.evidence("member exits", || {
+            self.ledger.record_exits(tree, &gone, self.unknown_reaper())
+        }) {
             tracing::warn!(tree = tree.0, error = %e, "member exits not recorded");
         }
         fresh
@@ -919,7 +921,9 @@ impl Engine {
         self.record_final_exits(tree, watch, opts, fresh);
         log_skipped(watch);
         report.evidence_skipped = watch.skipped_writes();
-        let exit = opts.root_exit.map(exit_record);
+        // The root's status also when this teardown killed it: this process
+        // spawned it (run, serve), so its reaper has it.
+        let exit = self.root_status(watch, opts).map(exit_record);
         match self.ledger.end_tree(tree, TreeState::Ended, exit) {
             Ok(()) => {}
             Err(e) => {
@@ -938,6 +942,19 @@ impl Engine {
         report.state = TreeState::Ended;
         report.elapsed = started.elapsed();
         Ok(report)
+    }
+
+    /// The root's exit status: the caller's (it reaped it), else the
+    /// reaper's when this process spawned the root.
+    fn root_status(
+        &self,
+        watch: &TreeWatch,
+        opts: &TeardownOptions,
+    ) -> Option<crate::proc::ExitStatus> {
+        opts.root_exit.or_else(|| {
+            let pid = watch.root_pid()?;
+            self.reaped_exit(pid, watch.root_start_ticks())
+        })
     }
 
     /// The tree is verified empty: every member seen alive and not yet
@@ -961,11 +978,12 @@ impl Engine {
             .filter(|(pid, _)| Some(**pid) != root)
             .map(|(pid, s)| (*pid, exit_record(*s)))
             .collect();
-        if let (Some(root), Some(status)) = (root, opts.root_exit) {
+        if let (Some(root), Some(status)) = (root, self.root_status(watch, opts)) {
             statuses.push((root, exit_record(status)));
         }
         if let Some(Err(e)) = watch.evidence("final member exits", || {
-            self.ledger.record_remaining_exits(tree, &statuses)
+            self.ledger
+                .record_remaining_exits(tree, &statuses, self.unknown_reaper())
         }) {
             tracing::warn!(tree = tree.0, error = %e, "final member exits not recorded");
         }

@@ -243,6 +243,11 @@ impl TreeWatch {
         std::mem::take(&mut self.journal)
     }
 
+    /// The recorded root's start time (clock ticks).
+    pub fn root_start_ticks(&self) -> u64 {
+        self.known.root_start_ticks
+    }
+
     /// The recorded root's pid (the tree's group and session leader).
     pub fn root_pid(&self) -> Option<i32> {
         self.root_pid
@@ -508,7 +513,14 @@ impl TreeWatch {
             .keys()
             .filter(|k| !now.contains_key(k))
             .map(|&(pid, start_ticks)| {
-                let exit = exits.get(&pid).map(|s| exit_record(*s));
+                // Not among the orphans' statuses yet: the root (a child
+                // this process spawned), or an orphan whose status is still
+                // on its way to the reaper.
+                let exit = exits
+                    .get(&pid)
+                    .copied()
+                    .or_else(|| engine.reaped_exit(pid, start_ticks))
+                    .map(exit_record);
                 (
                     IdentityRecord {
                         pid,
@@ -525,7 +537,9 @@ impl TreeWatch {
         } else if !gone.is_empty() {
             report.exited = gone.len();
             let tree = self.tree;
-            if let Some(Err(e)) = self.evidence("member exits", || ledger.record_exits(tree, &gone))
+            let unknown = engine.unknown_reaper();
+            if let Some(Err(e)) =
+                self.evidence("member exits", || ledger.record_exits(tree, &gone, unknown))
             {
                 report.write_errors += 1;
                 tracing::warn!(tree = self.tree.0, error = %e, "member exits not recorded");

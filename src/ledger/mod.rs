@@ -231,14 +231,18 @@ impl Ledger {
     }
 
     /// Records exits (observation + `member.exited`, once per identity).
+    /// An exit with a status says `"reaped_by": "treewarden"`; one without
+    /// says who reaped it instead (`unknown_reaper`: "parent", "init"), so
+    /// an unknowable status is never a bare `null`.
     pub fn record_exits(
         &self,
         id: TreeId,
         exits: &[(IdentityRecord, Option<ExitRecord>)],
+        unknown_reaper: &'static str,
     ) -> Result<(), LedgerError> {
         let exits = exits.to_vec();
         self.write(Durability::Normal, move |w| {
-            write::record_exits(w, id, &exits)
+            write::record_exits(w, id, &exits, unknown_reaper)
         })
     }
 
@@ -334,10 +338,11 @@ impl Ledger {
         &self,
         id: TreeId,
         statuses: &[(i32, ExitRecord)],
+        unknown_reaper: &'static str,
     ) -> Result<usize, LedgerError> {
         let statuses = statuses.to_vec();
         self.write(Durability::Normal, move |w| {
-            write::record_remaining_exits(w, id, &statuses)
+            write::record_remaining_exits(w, id, &statuses, unknown_reaper)
         })
     }
 

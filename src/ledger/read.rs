@@ -409,7 +409,7 @@ mod tests {
             .record_escape(a, &member(101), "left")
             .expect("escape");
         ledger
-            .record_exits(a, &[(ident(101), None), (ident(102), None)])
+            .record_exits(a, &[(ident(101), None), (ident(102), None)], "init")
             .expect("exits");
         ledger
             .record_escape(b, &member(200), "left")

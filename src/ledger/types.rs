@@ -104,6 +104,9 @@ pub enum EventKind {
     MemberObserved,
     EscapeObserved,
     MemberExited,
+    /// A member ran a new program (exec) since it was recorded: the old and
+    /// new exe and argv. The member row shows the newest.
+    MemberExec,
     /// A forensic snapshot of survivors before a forced kill. Addition to DESIGN.md.
     SurvivorsRecorded,
     SignalSent,
@@ -119,13 +122,14 @@ pub enum EventKind {
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 17] = [
+    pub const ALL: [EventKind; 18] = [
         Self::TreeCreated,
         Self::TreeSpawned,
         Self::TreeSpawnFailed,
         Self::MemberObserved,
         Self::EscapeObserved,
         Self::MemberExited,
+        Self::MemberExec,
         Self::SurvivorsRecorded,
         Self::SignalSent,
         Self::KillAuthorized,
@@ -147,6 +151,7 @@ impl EventKind {
             Self::MemberObserved => "member.observed",
             Self::EscapeObserved => "escape.observed",
             Self::MemberExited => "member.exited",
+            Self::MemberExec => "member.exec",
             Self::SurvivorsRecorded => "survivors.recorded",
             Self::SignalSent => "signal.sent",
             Self::KillAuthorized => "kill.authorized",

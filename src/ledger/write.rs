@@ -234,6 +234,11 @@ pub(crate) fn observe_members(
         if !known && insert_member(w, id, m)? {
             w.event(Some(id), EventKind::MemberObserved, member_json(m))?;
             new.push(m.identity.clone());
+        } else if known {
+            // A sighting with details of a member already recorded (by the
+            // observer at its fork, by an earlier owner): it may have exec'd
+            // since.
+            note_exec(w, id, m)?;
         }
     }
     Ok(new)
@@ -246,22 +251,46 @@ pub(crate) fn record_escape(
     reason: &str,
 ) -> Result<bool, Fail> {
     current_state(w, id)?;
-    let detail = json!({"member": member_json(m), "reason": reason});
+    // The row as first recorded: the escape keeps where the member was
+    // (`before`) and where it went (`member`); the row shows where it is.
+    let before: Option<(Option<i32>, Option<i32>)> = w
+        .row(
+            "SELECT pgid, sid FROM members
+             WHERE tree_id = ?1 AND pid = ?2 AND start_ticks = ?3 AND boot_id = ?4",
+            params![
+                id.0,
+                m.identity.pid,
+                ticks(m.identity.start_ticks),
+                m.identity.boot_id
+            ],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    let mut detail = json!({"member": member_json(m), "reason": reason});
+    if let Some((pgid, sid)) = before {
+        detail["before"] = json!({"pgid": pgid, "sid": sid});
+    }
     if !insert_observation(w, id, "escape", &m.identity, &w.now, &detail)? {
         return Ok(false);
     }
     insert_member(w, id, m)?;
     w.exec(
-        "UPDATE members SET escaped_at = coalesce(escaped_at, ?5), last_seen = ?5
+        "UPDATE members SET escaped_at = coalesce(escaped_at, ?5), last_seen = ?5,
+                            ppid = ?6, pgid = ?7, sid = ?8
          WHERE tree_id = ?1 AND pid = ?2 AND start_ticks = ?3 AND boot_id = ?4",
         params![
             id.0,
             m.identity.pid,
             ticks(m.identity.start_ticks),
             m.identity.boot_id,
-            w.now
+            w.now,
+            m.ppid,
+            m.pgid,
+            m.sid
         ],
     )?;
+    // An escape read with details may also show an exec since the row.
+    note_exec(w, id, m)?;
     w.event(Some(id), EventKind::EscapeObserved, detail)?;
     Ok(true)
 }
@@ -270,10 +299,16 @@ pub(crate) fn record_exits(
     w: &mut Writer<'_>,
     id: TreeId,
     exits: &[(IdentityRecord, Option<ExitRecord>)],
+    unknown_reaper: &str,
 ) -> Result<(), Fail> {
     current_state(w, id)?;
     for (identity, exit) in exits {
-        let detail = json!({"identity": identity, "exit": exit});
+        let reaped_by = if exit.is_some() {
+            "treewarden"
+        } else {
+            unknown_reaper
+        };
+        let detail = json!({"identity": identity, "exit": exit, "reaped_by": reaped_by});
         if !insert_observation(w, id, "exit", identity, &w.now, &detail)? {
             continue;
         }
@@ -302,6 +337,7 @@ pub(crate) fn record_remaining_exits(
     w: &mut Writer<'_>,
     id: TreeId,
     statuses: &[(i32, ExitRecord)],
+    unknown_reaper: &str,
 ) -> Result<usize, Fail> {
     let remaining: Vec<IdentityRecord> = {
         let mut stmt = w.tx.prepare_cached(
@@ -327,7 +363,7 @@ pub(crate) fn record_remaining_exits(
             (identity, exit)
         })
         .collect();
-    record_exits(w, id, &exits)?;
+    record_exits(w, id, &exits, unknown_reaper)?;
     Ok(exits.len())
 }
 
@@ -587,29 +623,75 @@ pub(crate) fn record_scan(
     Ok(())
 }
 
-/// A member exec'd since its first sighting: its row shows what it runs now
-/// (exe, argv). The `member.observed` event keeps what was first seen.
+/// Members whose `comm` changed (an exec) since the watch last saw them:
+/// each is compared with its row and, where it runs something new, the row
+/// is updated and `member.exec` appended (see [`note_exec`]).
 pub(crate) fn refresh_members(
     w: &mut Writer<'_>,
     id: TreeId,
     members: &[MemberRecord],
 ) -> Result<(), Fail> {
     for m in members {
-        let cmdline = serde_json::to_string(&m.cmdline)?;
-        w.exec(
-            "UPDATE members SET exe = ?5, cmdline = ?6, last_seen = ?7
-             WHERE tree_id = ?1 AND pid = ?2 AND start_ticks = ?3 AND boot_id = ?4",
-            params![
-                id.0,
-                m.identity.pid,
-                ticks(m.identity.start_ticks),
-                m.identity.boot_id,
-                m.exe,
-                cmdline,
-                w.now
-            ],
-        )?;
+        note_exec(w, id, m)?;
     }
+    Ok(())
+}
+
+/// If `m` (read with its details) runs another program than its row says,
+/// the row takes the new exe and argv and a `member.exec` event keeps both.
+/// A record without details (no exe and no argv: a sighting by stat alone,
+/// or a process that exited before its details were read) says nothing.
+fn note_exec(w: &mut Writer<'_>, id: TreeId, m: &MemberRecord) -> Result<(), Fail> {
+    if m.exe.is_none() && m.cmdline.is_empty() {
+        return Ok(());
+    }
+    let key = params![
+        id.0,
+        m.identity.pid,
+        ticks(m.identity.start_ticks),
+        m.identity.boot_id
+    ];
+    let row: Option<(Option<String>, Option<String>)> = w
+        .row(
+            "SELECT exe, cmdline FROM members
+             WHERE tree_id = ?1 AND pid = ?2 AND start_ticks = ?3 AND boot_id = ?4",
+            key,
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    let Some((old_exe, old_cmdline)) = row else {
+        return Ok(());
+    };
+    let old_argv: Vec<String> = old_cmdline
+        .as_deref()
+        .and_then(|c| serde_json::from_str(c).ok())
+        .unwrap_or_default();
+    if old_exe == m.exe && old_argv == m.cmdline {
+        return Ok(());
+    }
+    let cmdline = serde_json::to_string(&m.cmdline)?;
+    w.exec(
+        "UPDATE members SET exe = ?5, cmdline = ?6, last_seen = ?7
+         WHERE tree_id = ?1 AND pid = ?2 AND start_ticks = ?3 AND boot_id = ?4",
+        params![
+            id.0,
+            m.identity.pid,
+            ticks(m.identity.start_ticks),
+            m.identity.boot_id,
+            m.exe,
+            cmdline,
+            w.now
+        ],
+    )?;
+    w.event(
+        Some(id),
+        EventKind::MemberExec,
+        json!({
+            "identity": m.identity,
+            "from": {"exe": old_exe, "argv": old_argv},
+            "to": {"exe": m.exe, "argv": m.cmdline},
+        }),
+    )?;
     Ok(())
 }
 

@@ -225,6 +225,13 @@ impl Reaper {
         }
     }
 
+    /// Whether `pid` is a child a spawner announced to this reaper (its exit
+    /// is coming here, or has come).
+    pub fn knows(&self, pid: i32) -> bool {
+        let state = self.lock();
+        state.expected.contains(&pid) || state.exits.contains_key(&pid)
+    }
+
     /// The exit of `pid` if it has been reaped already (marks it claimed).
     pub fn exit_of(&self, pid: i32) -> Option<ExitStatus> {
         Self::claim(&mut self.lock(), pid)

@@ -114,6 +114,7 @@ fn tree_life(ledger: &Ledger, base: i32) -> TreeId {
                     signal: None,
                 }),
             )],
+            "init",
         )
         .expect("exits");
     ledger
@@ -475,13 +476,17 @@ fn ledger_database_refuses_edits_and_unauthorized_sigkill() {
         .set_state(tree, TreeState::Running, None)
         .expect_err("terminal");
     assert!(matches!(err, LedgerError::Invariant(_)), "{err:?}");
-    let err = ledger.resolve(live, "fine").expect_err("not ambiguous");
+    let err = ledger
+        .resolve(live, "fine", &[])
+        .expect_err("not ambiguous");
     assert!(matches!(err, LedgerError::Invariant(_)), "{err:?}");
     ledger
         .set_state(live, TreeState::Ambiguous, Some("authority write failed"))
         .expect("ambiguous");
     assert_eq!(ledger.ambiguous_trees().expect("gate").len(), 1);
-    ledger.resolve(live, "operator checked").expect("resolve");
+    ledger
+        .resolve(live, "operator checked", &[])
+        .expect("resolve");
     assert!(ledger.ambiguous_trees().expect("gate").is_empty());
     // A typed kind cannot be forged through append_event.
     let err = ledger

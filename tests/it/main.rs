@@ -4,6 +4,7 @@
 mod bench_smoke;
 mod custody;
 mod docs;
+mod fidelity;
 mod ledger;
 mod observer;
 mod proc;

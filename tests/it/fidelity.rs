@@ -1,0 +1,579 @@
+//! Forensic fidelity: the ledger records exactly what ran, checked against
+//! what the workload itself knows (the pids it printed, its argv markers,
+//! its exit codes), field by field, on both boundaries; and nothing one tree
+//! (or one ledger) leaves behind can hurt another.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::custody::Env;
+use crate::util::{pid_alive, signal, wait_child, wait_until};
+
+const BOTH: [&str; 2] = ["cgroup", "session"];
+
+/// The workload: three background `sleep`s with distinct argv markers, a
+/// `setsid` member (its own session and group), and an orphan that exits 7
+/// after its parent is gone (so the subreaper, `run`, reaps it). Each
+/// writes `name pid` to `truth` once it runs what it will be recorded as.
+const WORKLOAD: &str = "\
+sleep 301 & echo \"s301 $!\" >> truth
+sleep 302 & echo \"s302 $!\" >> truth
+sleep 303 & echo \"s303 $!\" >> truth
+setsid sleep 304 & echo \"setsid $!\" >> truth
+( sh -c 'echo \"orphan $$\" >> truth; sleep 0.3; exit 7' orphan7 & )
+echo \"root $$\" >> truth
+wait";
+
+/// `name -> pid` as the workload wrote them.
+fn truth(dir: &Path) -> HashMap<String, i64> {
+    std::fs::read_to_string(dir.join("truth"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let (name, pid) = l.split_once(' ')?;
+            Some((name.to_string(), pid.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+fn member(show: &Value, pid: i64) -> Value {
+    show["members"]
+        .as_array()
+        .and_then(|ms| ms.iter().find(|m| m["pid"].as_i64() == Some(pid)))
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+#[test]
+fn the_record_matches_what_the_workload_knows_on_both_boundaries() {
+    for b in BOTH {
+        for observer in ["auto", "off"] {
+            let Some(env) = Env::new(b) else { continue };
+            let label = format!("{b}, observer {observer}");
+            let mut run = env.spawn_run(
+                &[
+                    "--timeout",
+                    "1500ms",
+                    "--grace",
+                    "2s",
+                    "--observer",
+                    observer,
+                ],
+                WORKLOAD,
+            );
+            let status = wait_child(&mut run, Duration::from_secs(30)).expect("run exits");
+            let err = env.stderr_of(&run);
+            assert_eq!(status.code(), Some(124), "[{label}] {err}");
+            assert!(env.wait_none_marked(), "[{label}] {:?}", env.marked());
+            let t = truth(env.dir.path());
+            assert_eq!(t.len(), 6, "[{label}] the workload's truth: {t:?}");
+            let show = env.show(1);
+
+            // The root: what it ran after `env` exec'd `sh`, and its status
+            // (it died of the teardown's SIGTERM; `run` reaped it).
+            let root = member(&show, t["root"]);
+            assert_eq!(
+                root["cmdline"],
+                json!(env.marked_argv(WORKLOAD)[2..]),
+                "[{label}] root argv after its exec: {root}"
+            );
+            assert_eq!(
+                show["tree"]["exit"],
+                json!({"code": null, "signal": 15}),
+                "[{label}] the tree's exit is the root's SIGTERM"
+            );
+            assert_eq!(root["exit"]["signal"], 15, "[{label}] root member: {root}");
+            let ended = show["events"]
+                .as_array()
+                .and_then(|es| es.iter().find(|e| e["kind"] == "tree.ended"))
+                .cloned()
+                .unwrap_or(Value::Null);
+            assert_eq!(ended["data"]["exit"]["signal"], 15, "[{label}] {ended}");
+
+            // Each exec'd member shows what it ran, and its exit.
+            for (name, argv) in [
+                ("s301", json!(["sleep", "301"])),
+                ("s302", json!(["sleep", "302"])),
+                ("s303", json!(["sleep", "303"])),
+                ("setsid", json!(["sleep", "304"])),
+            ] {
+                let m = member(&show, t[name]);
+                assert_eq!(m["cmdline"], argv, "[{label}] {name}: {m}");
+                assert_eq!(
+                    m["exit"]["signal"], 15,
+                    "[{label}] {name} died of SIGTERM: {m}"
+                );
+                assert!(m["exited_at"].is_string(), "[{label}] {name}: {m}");
+            }
+
+            // The escapee: its row shows where it went (setsid made it the
+            // leader of its own session and group); the observation keeps
+            // where it was.
+            let pid = t["setsid"];
+            let m = member(&show, pid);
+            assert_eq!(
+                (m["pgid"].as_i64(), m["sid"].as_i64()),
+                (Some(pid), Some(pid)),
+                "[{label}] {m}"
+            );
+            assert!(m["escaped_at"].is_string(), "[{label}] {m}");
+            let escape = show["observations"]
+                .as_array()
+                .and_then(|os| {
+                    os.iter().find(|o| {
+                        o["kind"] == "escape" && o["identity"]["pid"].as_i64() == Some(pid)
+                    })
+                })
+                .cloned()
+                .unwrap_or(Value::Null);
+            assert_eq!(
+                escape["detail"]["member"]["sid"].as_i64(),
+                Some(pid),
+                "[{label}] {escape}"
+            );
+
+            // The orphan exited 7 after its parent was gone: `run`, its
+            // subreaper, reaped it and recorded the code.
+            let m = member(&show, t["orphan"]);
+            assert_eq!(
+                m["cmdline"],
+                json!([
+                    "sh",
+                    "-c",
+                    "echo \"orphan $$\" >> truth; sleep 0.3; exit 7",
+                    "orphan7"
+                ]),
+                "[{label}] {m}"
+            );
+            assert_eq!(
+                m["exit"],
+                json!({"code": 7, "signal": null}),
+                "[{label}] {m}"
+            );
+
+            // No exit without a status says nothing: each names its reaper.
+            for e in show["events"].as_array().into_iter().flatten() {
+                if e["kind"] == "member.exited" {
+                    assert!(e["data"]["reaped_by"].is_string(), "[{label}] {e}");
+                }
+            }
+            let out = env.output(&["verify"]);
+            assert!(
+                out.status.success(),
+                "[{label}] verify: {}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+    }
+}
+
+#[test]
+fn a_member_that_execs_later_gets_a_member_exec_event() {
+    for observer in ["auto", "off"] {
+        let Some(env) = Env::new("session") else {
+            return;
+        };
+        let mut run = env.spawn_run(
+            &["--quiet", "--scan-interval", "50ms", "--observer", observer],
+            "(echo \"sub $(exec sh -c 'echo $PPID')\" >> truth; while [ ! -e go ]; do sleep 0.01; done; exec sleep 305) & wait",
+        );
+        assert!(wait_until(Duration::from_secs(20), || truth(
+            env.dir.path()
+        )
+        .contains_key("sub")));
+        let sub = truth(env.dir.path())["sub"];
+        // Recorded (as the subshell) before it execs.
+        assert!(
+            wait_until(Duration::from_secs(20), || member(&env.show(1), sub)["pid"]
+                .as_i64()
+                == Some(sub)),
+            "[{observer}] the subshell is recorded"
+        );
+        std::fs::write(env.dir.path().join("go"), b"").expect("go");
+        assert!(
+            wait_until(
+                Duration::from_secs(10),
+                || member(&env.show(1), sub)["cmdline"] == json!(["sleep", "305"])
+            ),
+            "[{observer}] row after exec: {}",
+            member(&env.show(1), sub)
+        );
+        let exec = env
+            .export()
+            .into_iter()
+            .find(|e| {
+                e["kind"] == "member.exec" && e["data"]["identity"]["pid"].as_i64() == Some(sub)
+            })
+            .unwrap_or(Value::Null);
+        assert_eq!(
+            exec["data"]["to"]["argv"],
+            json!(["sleep", "305"]),
+            "[{observer}] {exec}"
+        );
+        assert_eq!(exec["data"]["from"]["argv"][0], "sh", "[{observer}] {exec}");
+        signal(run.id(), rustix::process::Signal::TERM);
+        wait_child(&mut run, Duration::from_secs(20)).expect("run exits");
+        assert!(env.wait_none_marked());
+    }
+}
+
+/// Per-tree cgroup directories of this test's cgroup root.
+fn tree_cgroups(env: &Env) -> Vec<String> {
+    let Some(root) = env.cgroup_root() else {
+        return Vec::new();
+    };
+    let mut v: Vec<String> = std::fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| e.file_name().to_str().map(String::from))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn two_ledgers_and_leftover_cgroups_never_stop_a_spawn() {
+    let Some(a) = Env::new("cgroup") else {
+        return;
+    };
+    let root = a.cgroup_root().expect("cgroup root").to_path_buf();
+    // Leftovers of every name the product could pick for tree 1: the old
+    // `tree-1` and another ledger's `tw-…-1`, both empty.
+    for name in ["tree-1", "tw-00000000-1"] {
+        std::fs::create_dir(root.join(name)).expect("leftover cgroup");
+    }
+    // A second data dir on the same cgroup root, running its tree 1 at the
+    // same moment as the first.
+    let b_dir = tempfile::tempdir().expect("tempdir");
+    let mut run_a = a.spawn_run(&["--quiet"], "sleep 306");
+    let mut run_b = a
+        .cmd()
+        .env("TREEWARDEN_DATA_DIR", b_dir.path().join("data"))
+        .args(["run", "--quiet", "--"])
+        .args(a.marked_argv("sleep 307"))
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("second run");
+    assert!(a.wait_marked(2), "both trees run: {:?}", a.marked());
+    let names = tree_cgroups(&a);
+    let ours: Vec<&String> = names
+        .iter()
+        .filter(|n| n.starts_with("tw-") && n.ends_with("-1") && *n != "tw-00000000-1")
+        .collect();
+    assert_eq!(
+        ours.len(),
+        2,
+        "two ledgers, two different names for tree 1: {names:?}"
+    );
+    for run in [&mut run_a, &mut run_b] {
+        signal(run.id(), rustix::process::Signal::TERM);
+        wait_child(run, Duration::from_secs(20)).expect("run exits");
+    }
+    assert!(a.wait_none_marked());
+    // The product's own cgroups are gone; the unknown old-style leftover it
+    // never needed is the test's to remove.
+    let left = tree_cgroups(&a);
+    assert!(
+        left.iter().all(|n| n == "tree-1" || n == "tw-00000000-1"),
+        "{left:?}"
+    );
+
+    // A leftover of this ledger's own next name (a crash of a restored
+    // copy): removed if empty, refused if populated.
+    let show = a.show(1);
+    let cg = show["tree"]["cgroup"]
+        .as_str()
+        .expect("cgroup recorded")
+        .to_string();
+    let next = cg.trim_end_matches("-1").to_string() + "-2";
+    std::fs::create_dir(&next).expect("empty leftover of the next name");
+    let out = a.output(&["run", "--", "true"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!Path::new(&next).exists(), "removed with its tree");
+}
+
+#[test]
+fn a_populated_unknown_cgroup_of_the_same_name_is_refused() {
+    let Some(env) = Env::new("cgroup") else {
+        return;
+    };
+    let out = env.output(&["run", "--", "true"]);
+    assert_eq!(out.status.code(), Some(0));
+    let cg = env.show(1)["tree"]["cgroup"]
+        .as_str()
+        .expect("cgroup")
+        .to_string();
+    let next = std::path::PathBuf::from(cg.trim_end_matches("-1").to_string() + "-2");
+    std::fs::create_dir(&next).expect("next name");
+    // A process the ledger does not know sits in it.
+    let mut stranger = env
+        .cmd_for("sh")
+        .args([
+            "-c",
+            &format!(
+                "echo $$ > {}/cgroup.procs && exec env TW_TEST_MARK={} sleep 308",
+                next.display(),
+                env.mark
+            ),
+        ])
+        .spawn()
+        .expect("stranger");
+    assert!(env.wait_marked(1));
+    let out = env.output(&["run", "--", "true"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert!(err.contains("holds processes"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(
+        pid_alive(stranger.id() as i32),
+        "the stranger is never touched"
+    );
+    env.end_leftovers();
+    wait_child(&mut stranger, Duration::from_secs(10)).expect("stranger ends");
+    assert!(wait_until(Duration::from_secs(5), || std::fs::remove_dir(
+        &next
+    )
+    .is_ok()
+        || !next.exists()));
+}
+
+#[test]
+fn twenty_trees_leave_no_per_tree_file_and_the_ledger_is_private() {
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    for _ in 0..20 {
+        let out = env.output(&["run", "--", "true"]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let mut files = Vec::new();
+    for entry in walk(&env.data_dir()) {
+        files.push(
+            entry
+                .strip_prefix(env.data_dir())
+                .expect("inside")
+                .display()
+                .to_string(),
+        );
+    }
+    files.sort();
+    assert!(
+        files.iter().all(|f| matches!(
+            f.as_str(),
+            "ledger.db" | "ledger.db-wal" | "ledger.db-shm" | "teardown"
+        )),
+        "only the ledger (and the empty lease dir) after 20 trees: {files:?}"
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
+    assert_eq!(mode(&env.data_dir()), 0o700);
+    assert_eq!(mode(&env.ledger_path()), 0o600);
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        out.push(e.path());
+        if e.path().is_dir() {
+            out.extend(walk(&e.path()));
+        }
+    }
+    out
+}
+
+#[test]
+fn a_teardown_under_a_held_write_lock_leaves_its_whole_trail_once_the_ledger_is_writable() {
+    for b in BOTH {
+        let Some(env) = Env::new(b) else { continue };
+        let mut run = env.spawn_run(
+            &[
+                "--busy-timeout",
+                "300ms",
+                "--timeout",
+                "1s",
+                "--grace",
+                "100ms",
+            ],
+            "trap '' TERM; sleep 309 & wait",
+        );
+        assert!(env.wait_marked(2), "[{b}] {:?}", env.marked());
+        // Hold the write lock through the timeout and the whole teardown.
+        let lock = rusqlite::Connection::open(env.ledger_path()).expect("open");
+        lock.execute_batch("BEGIN IMMEDIATE").expect("lock");
+        let status = wait_child(&mut run, Duration::from_secs(60)).expect("run exits");
+        assert_eq!(status.code(), Some(125), "[{b}] {}", env.stderr_of(&run));
+        let survivors = env.marked();
+        assert!(
+            !survivors.is_empty(),
+            "[{b}] survivors left alive as evidence"
+        );
+        lock.execute_batch("ROLLBACK").expect("unlock");
+        drop(lock);
+
+        // `resolve` with a live survivor is refused, naming `kill`.
+        let out = env.output(&["resolve", "1", "--note", "looked at it"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "[{b}] {err}");
+        assert!(
+            err.contains("live survivor") && err.contains("treewarden kill 1"),
+            "[{b}] {err}"
+        );
+
+        // The refused resolve wrote the deferred trail first: the tree is
+        // ambiguous in the ledger, and its trail says what happened, in order.
+        let show = env.show(1);
+        assert_eq!(show["tree"]["state"], "ambiguous", "[{b}] {}", show["tree"]);
+        let kinds: Vec<(String, Value)> = show["events"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| {
+                (
+                    e["kind"].as_str().unwrap_or("").to_string(),
+                    e["data"].clone(),
+                )
+            })
+            .collect();
+        let pos = |pred: &dyn Fn(&(String, Value)) -> bool| kinds.iter().position(pred);
+        let terminating = pos(&|(k, d)| k == "tree.state" && d["to"] == "terminating");
+        let term = pos(&|(k, d)| k == "signal.sent" && d["signal"] == "SIGTERM");
+        let skipped = pos(&|(k, d)| {
+            k == "kill.skipped"
+                && d["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.contains("authority could not be written"))
+        });
+        let ambiguous = pos(&|(k, d)| k == "tree.state" && d["to"] == "ambiguous");
+        assert!(
+            terminating.is_some() && terminating < term && term < skipped && skipped < ambiguous,
+            "[{b}] timeout, SIGTERM, kill.skipped, ambiguous in order: {kinds:?}"
+        );
+        let reason = &kinds[terminating.unwrap_or(0)].1["reason"];
+        assert!(
+            reason.as_str().is_some_and(|r| r.starts_with("timeout")),
+            "[{b}] {reason}"
+        );
+        assert!(
+            kinds[skipped.unwrap_or(0)].1["deferred_from"].is_string(),
+            "[{b}] deferred events say when they happened"
+        );
+        assert!(
+            !env.marked().is_empty(),
+            "[{b}] the refused resolve touched nothing"
+        );
+
+        // `kill` works on the ambiguous tree and is what settles it.
+        let out = env.output(&["kill", "1", "--grace", "100ms"]);
+        assert!(
+            out.status.success(),
+            "[{b}] kill: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(env.wait_none_marked(), "[{b}]");
+        assert!(env.assert_kills_authorized() > 0);
+        let out = env.output(&["verify"]);
+        assert!(
+            out.status.success(),
+            "[{b}] verify: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        // The trail was written once, not once per reader.
+        let skipped_count = env.kinds().iter().filter(|k| *k == "kill.skipped").count();
+        assert_eq!(skipped_count, 1, "[{b}]");
+    }
+}
+
+#[test]
+fn resolve_force_records_the_survivors_it_leaves() {
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    let mut run = env.spawn_run(
+        &["--busy-timeout", "300ms", "--grace", "100ms", "--quiet"],
+        "trap '' TERM; sleep 310 & wait",
+    );
+    assert!(env.wait_marked(2));
+    let lock = rusqlite::Connection::open(env.ledger_path()).expect("open");
+    lock.execute_batch("BEGIN IMMEDIATE").expect("lock");
+    signal(run.id(), rustix::process::Signal::TERM);
+    assert_eq!(
+        wait_child(&mut run, Duration::from_secs(30)).and_then(|s| s.code()),
+        Some(125)
+    );
+    lock.execute_batch("ROLLBACK").expect("unlock");
+    drop(lock);
+    let alive = env.marked();
+    let out = env.output(&["resolve", "1", "--note", "left for the owner", "--force"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let show = env.show(1);
+    let resolved = show["events"]
+        .as_array()
+        .and_then(|es| es.iter().find(|e| e["kind"] == "tree.resolved"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    let left: Vec<i64> = resolved["data"]["survivors_left"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|id| id["pid"].as_i64())
+        .collect();
+    for pid in &alive {
+        assert!(left.contains(&i64::from(*pid)), "{pid} named in {resolved}");
+    }
+    assert!(
+        show["tree"]["flags"]
+            .as_array()
+            .is_some_and(|f| f.contains(&json!("survivors_left")))
+    );
+    // Dispatch is open again.
+    assert_eq!(env.output(&["run", "--", "true"]).status.code(), Some(0));
+    env.end_leftovers();
+    assert!(env.wait_none_marked());
+}
+
+#[test]
+fn an_orphan_closed_by_the_sweep_leaves_no_cgroup_behind() {
+    let Some(env) = Env::new("cgroup") else {
+        return;
+    };
+    // The owner is SIGKILLed (no teardown of its own); its tree ends on its
+    // own; the sweep closes it, and nothing of it stays under the root.
+    let mut run = env.spawn_run(&["--quiet"], "sleep 0.5");
+    assert!(env.wait_marked(1));
+    signal(run.id(), rustix::process::Signal::KILL);
+    let _ = wait_child(&mut run, Duration::from_secs(20));
+    assert!(env.wait_none_marked());
+    assert_eq!(
+        tree_cgroups(&env).len(),
+        1,
+        "the orphan's cgroup is still there"
+    );
+    let out = env.output(&["sweep"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(env.show(1)["tree"]["state"], "ended");
+    assert!(tree_cgroups(&env).is_empty(), "{:?}", tree_cgroups(&env));
+}
