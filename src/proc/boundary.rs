@@ -36,7 +36,7 @@ use crate::config::BoundaryChoice;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BoundaryKind {
-    /// Its own cgroup v2 (`<root>/tree-<id>`) plus its own session and group.
+    /// Its own cgroup v2 (`<root>/tw-<ledger>-<id>`) plus its own session and group.
     Cgroup,
     /// Its own session and process group only.
     Session,
@@ -201,7 +201,7 @@ pub struct SpawnSpec {
     pub env: Option<Vec<(OsString, OsString)>>,
     pub stdio: SpawnStdio,
     /// The tree's cgroup directory to create and join before exec (e.g.
-    /// `<root>/tree-<id>`); `None` = session and process group only.
+    /// `<root>/tw-<ledger>-<id>`); `None` = session and process group only.
     pub cgroup: Option<PathBuf>,
 }
 
