@@ -243,7 +243,7 @@ pub fn kill(config: &Config, args: KillArgs) -> CliResult {
         .tree(tree)
         .map_err(|e| CliError::internal(anyhow!(e)))?
         .ok_or_else(|| CliError::usage(anyhow!("unknown tree {}", args.tree)))?;
-    if row.state.is_terminal() {
+    if row.state.is_terminal() && !row.has_survivors_left() {
         println!("tree {} is already {}", row.id, row.state.as_str());
         return Ok(0);
     }

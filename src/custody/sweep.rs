@@ -54,7 +54,7 @@ impl Engine {
         skip: &std::collections::HashSet<i64>,
     ) -> Result<SweepReport, CustodyError> {
         let _span = tracing::info_span!("sweep").entered();
-        let trees = self.ledger.nonterminal_trees()?;
+        let trees = self.ledger.sweep_candidates()?;
         self.ledger.append_event(
             None,
             EventKind::SweepStarted,

@@ -298,7 +298,11 @@ impl Engine {
             verified: None,
             evidence_skipped: 0,
         };
-        if row.state.is_terminal() {
+        // A terminal tree is done, unless an operator resolved it leaving
+        // survivors (`resolve --force`): those are still killed with the
+        // same authority rules; its state stays `resolved` (terminal states
+        // are final), and the teardown ends by flagging `survivors_ended`.
+        if row.state.is_terminal() && !row.has_survivors_left() {
             return Ok(report);
         }
         // A tree recorded in another boot has no process left: its ids now
@@ -924,24 +928,38 @@ impl Engine {
         // The root's status also when this teardown killed it: this process
         // spawned it (run, serve), so its reaper has it.
         let exit = self.root_status(watch, opts).map(exit_record);
-        match self.ledger.end_tree(tree, TreeState::Ended, exit) {
-            Ok(()) => {}
-            Err(e) => {
-                // Someone else (a concurrent `kill`) may have ended it first.
-                match self.ledger.tree(tree) {
-                    Ok(Some(row)) if row.state.is_terminal() => {}
-                    _ => return Err(e.into()),
-                }
-            }
-        }
+        let state = self.close(tree, TreeState::Ended, exit)?;
         self.forget_ambiguous(tree.0);
         if let Some(dir) = watch.cgroup() {
             remove_cgroup(dir);
         }
         report.phases.push((Phase::Record, t0.elapsed()));
-        report.state = TreeState::Ended;
+        report.state = state;
         report.elapsed = started.elapsed();
         Ok(report)
+    }
+
+    /// Ends the tree as `state` and returns the state it is in now. A tree
+    /// someone else ended first (a concurrent `kill`) stays as it is; one an
+    /// operator resolved leaving survivors stays `resolved` and is flagged
+    /// `survivors_ended` (terminal states are final).
+    fn close(
+        &self,
+        tree: TreeId,
+        state: TreeState,
+        exit: Option<crate::ledger::ExitRecord>,
+    ) -> Result<TreeState, CustodyError> {
+        match self.ledger.end_tree(tree, state, exit) {
+            Ok(()) => Ok(state),
+            Err(e) => match self.ledger.tree(tree) {
+                Ok(Some(row)) if row.has_survivors_left() => {
+                    self.ledger.add_flag(tree, "survivors_ended")?;
+                    Ok(row.state)
+                }
+                Ok(Some(row)) if row.state.is_terminal() => Ok(row.state),
+                _ => Err(e.into()),
+            },
+        }
     }
 
     /// The root's exit status: the caller's (it reaped it), else the
@@ -999,12 +1017,12 @@ impl Engine {
         started: Instant,
     ) -> Result<TeardownReport, CustodyError> {
         self.refusal_event(tree, opts, why);
-        self.ledger.end_tree(tree, TreeState::Vanished, None)?;
+        let state = self.close(tree, TreeState::Vanished, None)?;
         // Every terminal path leaves no empty cgroup behind.
         if let Some(dir) = cgroup.as_deref() {
             remove_cgroup(dir);
         }
-        report.state = TreeState::Vanished;
+        report.state = state;
         report.elapsed = started.elapsed();
         Ok(report)
     }

@@ -482,6 +482,17 @@ impl Ledger {
         self.read(move |tx| read::cgroup_dirs(tx, &prefix))
     }
 
+    /// What a sweep looks at: every non-terminal tree, and the resolved
+    /// trees that still have survivors an operator left
+    /// ([`TreeRow::has_survivors_left`]).
+    pub fn sweep_candidates(&self) -> Result<Vec<TreeRow>, LedgerError> {
+        let mut trees = self.nonterminal_trees()?;
+        let resolved = self.read(|tx| read::trees(tx, Some(&[TreeState::Resolved])))?;
+        trees.extend(resolved.into_iter().filter(TreeRow::has_survivors_left));
+        trees.sort_by_key(|t| t.id);
+        Ok(trees)
+    }
+
     pub fn nonterminal_trees(&self) -> Result<Vec<TreeRow>, LedgerError> {
         let live: Vec<TreeState> = TreeState::ALL
             .into_iter()

@@ -445,6 +445,15 @@ impl TreeRow {
         })
     }
 
+    /// A tree an operator resolved with `--force`, leaving survivors named
+    /// in `tree.resolved`, that no teardown has finished since: still
+    /// killable (`kill`) and swept once its owner is gone.
+    pub fn has_survivors_left(&self) -> bool {
+        self.state == TreeState::Resolved
+            && self.flags.iter().any(|f| f == "survivors_left")
+            && !self.flags.iter().any(|f| f == "survivors_ended")
+    }
+
     pub fn owner_identity(&self) -> IdentityRecord {
         IdentityRecord {
             pid: self.owner.pid,

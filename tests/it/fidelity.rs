@@ -14,18 +14,21 @@ use crate::util::{pid_alive, signal, wait_child, wait_until};
 
 const BOTH: [&str; 2] = ["cgroup", "session"];
 
-/// The workload: three background `sleep`s with distinct argv markers, a
-/// `setsid` member (its own session and group), and an orphan that exits 7
-/// after its parent is gone (so the subreaper, `run`, reaps it). Each
-/// writes `name pid` to `truth` once it runs what it will be recorded as.
+/// The workload: three `sleep`s with distinct argv markers, a `setsid`
+/// member (its own session and group), and an orphan that exits 7. Each is
+/// started from a subshell that exits at once, so its parent is gone and
+/// the subreaper (`run`) reaps it: its status is knowable, and must be
+/// recorded. (A member whose parent in the tree reaps it has a status only
+/// that parent saw: the record then says `"reaped_by": "parent"`.) The
+/// workload writes `name pid` to `truth` for each.
 const WORKLOAD: &str = "\
-sleep 301 & echo \"s301 $!\" >> truth
-sleep 302 & echo \"s302 $!\" >> truth
-sleep 303 & echo \"s303 $!\" >> truth
-setsid sleep 304 & echo \"setsid $!\" >> truth
+( sleep 301 & echo \"s301 $!\" >> truth )
+( sleep 302 & echo \"s302 $!\" >> truth )
+( sleep 303 & echo \"s303 $!\" >> truth )
+( setsid sleep 304 & echo \"setsid $!\" >> truth )
 ( sh -c 'echo \"orphan $$\" >> truth; sleep 0.3; exit 7' orphan7 & )
 echo \"root $$\" >> truth
-wait";
+exec sleep 300";
 
 /// `name -> pid` as the workload wrote them.
 fn truth(dir: &Path) -> HashMap<String, i64> {
@@ -72,13 +75,14 @@ fn the_record_matches_what_the_workload_knows_on_both_boundaries() {
             assert_eq!(t.len(), 6, "[{label}] the workload's truth: {t:?}");
             let show = env.show(1);
 
-            // The root: what it ran after `env` exec'd `sh`, and its status
-            // (it died of the teardown's SIGTERM; `run` reaped it).
+            // The root: what it ran after `env` exec'd `sh` and `sh` exec'd
+            // `sleep`, and its status (it died of the teardown's SIGTERM;
+            // `run` reaped it).
             let root = member(&show, t["root"]);
             assert_eq!(
                 root["cmdline"],
-                json!(env.marked_argv(WORKLOAD)[2..]),
-                "[{label}] root argv after its exec: {root}"
+                json!(["sleep", "300"]),
+                "[{label}] root argv after its execs: {root}"
             );
             assert_eq!(
                 show["tree"]["exit"],
@@ -547,8 +551,66 @@ fn resolve_force_records_the_survivors_it_leaves() {
     );
     // Dispatch is open again.
     assert_eq!(env.output(&["run", "--", "true"]).status.code(), Some(0));
-    env.end_leftovers();
-    assert!(env.wait_none_marked());
+    // The tree stays killable: `kill` ends what was left, with authority,
+    // and the tree stays `resolved` (flagged `survivors_ended`).
+    let out = env.output(&["kill", "1", "--grace", "100ms"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(env.wait_none_marked(), "{:?}", env.marked());
+    assert!(env.assert_kills_authorized() > 0);
+    let tree = &env.show(1)["tree"];
+    assert_eq!(tree["state"], "resolved");
+    assert!(
+        tree["flags"]
+            .as_array()
+            .is_some_and(|f| f.contains(&json!("survivors_ended"))),
+        "{tree}"
+    );
+}
+
+#[test]
+fn a_force_resolved_tree_is_swept_once_its_owner_is_gone() {
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    let mut run = env.spawn_run(
+        &["--busy-timeout", "300ms", "--grace", "100ms", "--quiet"],
+        "trap '' TERM; sleep 311 & wait",
+    );
+    assert!(env.wait_marked(2));
+    let lock = rusqlite::Connection::open(env.ledger_path()).expect("open");
+    lock.execute_batch("BEGIN IMMEDIATE").expect("lock");
+    signal(run.id(), rustix::process::Signal::TERM);
+    assert_eq!(
+        wait_child(&mut run, Duration::from_secs(30)).and_then(|s| s.code()),
+        Some(125)
+    );
+    lock.execute_batch("ROLLBACK").expect("unlock");
+    drop(lock);
+    let out = env.output(&["resolve", "1", "--note", "left", "--force"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!env.marked().is_empty());
+    let out = env.output(&["sweep", "--grace", "100ms"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(env.wait_none_marked(), "{:?}", env.marked());
+    assert!(env.assert_kills_authorized() > 0);
+    let out = env.output(&["verify"]);
+    assert!(
+        out.status.success(),
+        "verify: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }
 
 #[test]
