@@ -263,8 +263,17 @@ pub fn kill(config: &Config, args: KillArgs) -> CliResult {
     Ok(0)
 }
 
+/// Opens the ledger for a reader, after writing what unsettled markers kept
+/// (a teardown that failed closed under a held lock), so the reader sees the
+/// whole trail ([`Engine::settle_record`]).
+fn open_for_reading(config: &Config) -> Result<Ledger, CliError> {
+    let engine = signal_engine(config)?;
+    engine.settle_record();
+    Ok(engine.ledger().clone())
+}
+
 pub fn ls(config: &Config, args: LsArgs) -> CliResult {
-    let ledger = open_ledger(config)?;
+    let ledger = open_for_reading(config)?;
     let trees = ledger
         .list_trees(args.all)
         .map_err(|e| CliError::internal(anyhow!(e)))?;
@@ -297,7 +306,7 @@ fn tree_line(t: &TreeRow) -> String {
 }
 
 pub fn show(config: &Config, args: ShowArgs) -> CliResult {
-    let ledger = open_ledger(config)?;
+    let ledger = open_for_reading(config)?;
     let detail = ledger
         .tree_detail(TreeId(args.tree))
         .map_err(|e| CliError::internal(anyhow!(e)))?

@@ -387,6 +387,23 @@ impl Engine {
         }
     }
 
+    /// For readers (`ls`, `show`): writes the evidence every unsettled
+    /// marker kept, if the ledger takes writes now, so what they show is the
+    /// whole trail. A tree whose teardown is running (its lease is held) is
+    /// skipped: that teardown writes it. Cheap when there is no marker.
+    pub fn settle_record(&self) {
+        for (tree, marker) in markers::all(&self.data_dir) {
+            if marker.pending.is_empty() {
+                continue;
+            }
+            if let Ok(Some(_lease)) =
+                self.teardown_lease_within(TreeId(tree), std::time::Duration::ZERO)
+            {
+                self.replay_deferred_leased(TreeId(tree));
+            }
+        }
+    }
+
     pub(crate) fn replay_deferred_leased(&self, tree: TreeId) {
         let Some(mut marker) = markers::read(&self.data_dir, tree.0) else {
             return;

@@ -211,9 +211,18 @@ impl Engine {
     /// `None` when the lock file cannot be made (logged): the teardown then
     /// runs without a lease rather than not at all.
     pub(super) fn teardown_lease(&self, tree: TreeId) -> Result<Option<Lease>, CustodyError> {
+        self.teardown_lease_within(tree, LEASE_WAIT)
+    }
+
+    /// [`Engine::teardown_lease`], waiting at most `wait` for a holder.
+    pub(super) fn teardown_lease_within(
+        &self,
+        tree: TreeId,
+        wait: Duration,
+    ) -> Result<Option<Lease>, CustodyError> {
         let dir = self.data_dir.join("teardown");
         let path = dir.join(format!("tree-{}.lock", tree.0));
-        let deadline = Instant::now() + LEASE_WAIT;
+        let deadline = Instant::now() + wait;
         let mut logged = false;
         loop {
             let file = std::fs::create_dir_all(&dir).and_then(|()| {
@@ -250,7 +259,7 @@ impl Engine {
                     "tree {} is being torn down by another process (its teardown lease {} was held for {}); try again",
                     tree.0,
                     path.display(),
-                    humantime::format_duration(LEASE_WAIT)
+                    humantime::format_duration(wait)
                 )));
             }
             if !logged {
