@@ -1,8 +1,9 @@
 //! Command-line interface: clap definitions, config assembly and output
 //! formatting (human tables and `--json`). With `commands.rs`, the only place
-//! that uses `anyhow`; every failure leaves here as one line on stderr and a
-//! distinct exit code (bad arguments included: clap's usage text is reduced
-//! to its first line).
+//! that uses `anyhow`; every failure leaves here on stderr with a distinct
+//! exit code: one line for our own errors, clap's whole message (with its
+//! suggestions) for bad arguments — exit 2, or 125 for `run`, whose other
+//! statuses belong to the command it runs (as with timeout(1) and env(1)).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -58,12 +59,14 @@ pub struct Cli {
     #[arg(long, global = true, env = "TREEWARDEN_DATA_DIR", value_name = "DIR")]
     data_dir: Option<PathBuf>,
 
-    /// Ownership boundary for new trees: auto, cgroup or session.
+    /// Ownership boundary for new trees (auto: a cgroup where the host
+    /// allows, else session and process group).
     #[arg(
         long,
         global = true,
         env = "TREEWARDEN_BOUNDARY",
-        default_value = "auto"
+        default_value = "auto",
+        value_enum
     )]
     boundary: BoundaryChoice,
 
@@ -86,7 +89,8 @@ pub struct Cli {
         long,
         global = true,
         env = "TREEWARDEN_OBSERVER",
-        default_value = "auto"
+        default_value = "auto",
+        value_enum
     )]
     observer: ObserverMode,
 
@@ -139,8 +143,8 @@ enum Command {
     /// data directory (nothing is created); 125 when the ledger cannot be read.
     Export {
         /// ndjson (one event per line) or csv.
-        #[arg(long, default_value = "ndjson", value_name = "FORMAT")]
-        format: String,
+        #[arg(long, default_value = "ndjson", value_enum)]
+        format: ExportFormat,
         /// Only events at or after T: RFC 3339 (`2024-05-01T12:00:00Z`) or an
         /// age (`2h`, `30m`).
         #[arg(long, value_name = "T")]
@@ -159,12 +163,30 @@ enum Command {
         /// SEQ:HASH; the ledger must contain exactly this event.
         #[arg(long, value_name = "SEQ:HASH")]
         expect_head: Option<String>,
+        /// Print the report as one JSON object (also when it fails).
+        #[arg(long)]
+        json: bool,
     },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff) on stdout: `treewarden man | man -l -`.
+    Man,
 }
 
-/// Parses a humantime duration (`500ms`, `5s`, `10m`) with a one-line error.
+/// Parses a duration: a bare number is seconds, as timeout(1) takes it
+/// (`10`, `1.5`), else humantime (`500ms`, `5s`, `10m`); one-line error.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("malformed duration {s:?}: {e}"))
+    if let Ok(secs) = s.trim().parse::<f64>() {
+        return Duration::try_from_secs_f64(secs).map_err(|_| {
+            format!("malformed duration {s:?}: seconds must be finite and not negative")
+        });
+    }
+    humantime::parse_duration(s).map_err(|e| {
+        format!("malformed duration {s:?}: {e} (a number of seconds, or 500ms, 5s, 10m)")
+    })
 }
 
 impl Cli {
@@ -188,6 +210,20 @@ pub fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
     };
+    if matches!(
+        cli.command,
+        Command::Ls(_)
+            | Command::Show(_)
+            | Command::Export { .. }
+            | Command::Verify { .. }
+            | Command::Doctor { .. }
+            | Command::Completions { .. }
+            | Command::Man
+    ) {
+        // Commands that only print: a reader that closes the pipe early
+        // (`ls | head -1`) ends them quietly (status 141), like any Unix tool.
+        treewarden::proc::default_sigpipe();
+    }
     if !matches!(cli.command, Command::Serve(_)) {
         // serve sets up its own logging (format, level, OTLP).
         init_tracing();
@@ -217,8 +253,20 @@ fn run_command(command: Command, config: &Config) -> CliResult {
             format,
             since,
             tree,
-        } => export(config, &format, since.as_deref(), tree.as_deref()),
-        Command::Verify { expect_head } => verify(config, expect_head.as_deref()),
+        } => export(config, format, since.as_deref(), tree.as_deref()),
+        Command::Verify { expect_head, json } => verify(config, expect_head.as_deref(), json),
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "treewarden", &mut std::io::stdout());
+            Ok(0)
+        }
+        Command::Man => {
+            let cmd = <Cli as clap::CommandFactory>::command();
+            clap_mangen::Man::new(cmd)
+                .render(&mut std::io::stdout())
+                .map_err(CliError::internal)?;
+            Ok(0)
+        }
     }
 }
 
@@ -347,9 +395,10 @@ fn doctor(config: &Config, json: bool) -> CliResult {
     Ok(0)
 }
 
-/// Opens an existing ledger for `export` and `verify`. A missing file is a
-/// usage error (usually a wrong --data-dir), and these commands never create one.
-fn open_existing_ledger(config: &Config) -> Result<Ledger, CliError> {
+/// Opens an existing ledger for every command but `run` and `serve`. A
+/// missing file is a usage error (usually a wrong --data-dir), and these
+/// commands never create one.
+pub fn open_existing_ledger(config: &Config) -> Result<Ledger, CliError> {
     let path = config.ledger_path();
     if !path.is_file() {
         return Err(CliError::usage(anyhow::anyhow!(
@@ -373,10 +422,12 @@ fn parse_head(s: &str) -> Result<(i64, String), String> {
     Ok((seq, hash))
 }
 
-fn export(config: &Config, format: &str, since: Option<&str>, tree: Option<&str>) -> CliResult {
-    let format: ExportFormat = format
-        .parse()
-        .map_err(|e: String| CliError::usage(anyhow::anyhow!("--format: {e}")))?;
+fn export(
+    config: &Config,
+    format: ExportFormat,
+    since: Option<&str>,
+    tree: Option<&str>,
+) -> CliResult {
     let since = since
         .map(|v| treewarden::ledger::parse_since(v).map_err(|e| format!("--since: {e}")))
         .transpose()
@@ -390,6 +441,11 @@ fn export(config: &Config, format: &str, since: Option<&str>, tree: Option<&str>
         .transpose()
         .map_err(|e| CliError::usage(anyhow::anyhow!(e)))?;
     let ledger = open_existing_ledger(config)?;
+    if let Some(id) = tree
+        && ledger.tree(id).map_err(CliError::internal)?.is_none()
+    {
+        return Err(CliError::usage(anyhow::anyhow!("unknown tree {}", id.0)));
+    }
     let filter = EventFilter {
         since,
         tree,
@@ -402,7 +458,7 @@ fn export(config: &Config, format: &str, since: Option<&str>, tree: Option<&str>
     Ok(0)
 }
 
-fn verify(config: &Config, expect_head: Option<&str>) -> CliResult {
+fn verify(config: &Config, expect_head: Option<&str>, json: bool) -> CliResult {
     let expect_head = expect_head
         .map(parse_head)
         .transpose()
@@ -429,6 +485,21 @@ fn verify(config: &Config, expect_head: Option<&str>) -> CliResult {
             )));
         }
     };
+    if json {
+        let text = serde_json::to_string(&serde_json::json!({
+            "ok": report.first_break.is_none(),
+            "events": report.events,
+            "head": report.head.as_ref().map(|(seq, hash)| serde_json::json!({"seq": seq, "hash": hash})),
+            "first_break": report.first_break.as_ref().map(|b| b.to_string()),
+        }))
+        .map_err(CliError::internal)?;
+        println!("{text}");
+        return Ok(if report.first_break.is_some() {
+            EXIT_BROKEN
+        } else {
+            0
+        });
+    }
     match &report.first_break {
         Some(found) => Err(broken(found.to_string())),
         None => {
@@ -442,8 +513,10 @@ fn verify(config: &Config, expect_head: Option<&str>) -> CliResult {
     }
 }
 
-/// Help and version go out as clap prints them; a bad argument becomes one
-/// line on stderr and exit 2, like every other bad input.
+/// Help and version go out as clap prints them; a bad argument is clap's
+/// whole message (what was wrong, its "did you mean" hint, the usage line)
+/// on stderr, and exit 2 — or 125 for `run`, whose 1..=124 and 126..
+/// belong to the command it runs.
 fn usage_error(e: clap::Error) -> ExitCode {
     use clap::error::ErrorKind;
     match e.kind() {
@@ -451,12 +524,45 @@ fn usage_error(e: clap::Error) -> ExitCode {
         | ErrorKind::DisplayVersion
         | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => e.exit(),
         _ => {
-            let text = e.to_string();
-            let first = text.lines().next().unwrap_or("bad arguments");
-            eprintln!("treewarden: {}", first.trim_start_matches("error: "));
-            ExitCode::from(EXIT_USAGE)
+            let _ = e.print();
+            let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+            ExitCode::from(if subcommand_of(&args) == Some("run") {
+                EXIT_INTERNAL
+            } else {
+                EXIT_USAGE
+            })
         }
     }
+}
+
+/// The subcommand named on a command line clap refused: the first word that
+/// is neither an option nor the value of a global option that takes one.
+fn subcommand_of(args: &[std::ffi::OsString]) -> Option<&str> {
+    const WITH_VALUE: [&str; 6] = [
+        "--data-dir",
+        "--boundary",
+        "--cgroup-root",
+        "--busy-timeout",
+        "--observer",
+        "--observer-rcvbuf",
+    ];
+    let mut skip_next = false;
+    for arg in args {
+        let arg = arg.to_str()?;
+        if skip_next {
+            skip_next = false;
+            continue;
+        }
+        if arg == "--" {
+            return None;
+        }
+        if arg.starts_with('-') {
+            skip_next = WITH_VALUE.contains(&arg);
+            continue;
+        }
+        return Some(arg);
+    }
+    None
 }
 
 /// Logs go to stderr so that command output on stdout stays clean.
@@ -465,7 +571,7 @@ fn init_tracing() {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(treewarden::telemetry::use_color())
         .with_writer(std::io::stderr)
         .try_init();
 }

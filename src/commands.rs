@@ -14,7 +14,7 @@ use treewarden::custody::{
     CustodyError, Engine, Origin, Progress, RunOptions, SpawnRequest, TeardownOptions,
 };
 use treewarden::ledger::{Ledger, LedgerOptions, OwnerKind, TreeId, TreeRow};
-use treewarden::proc::{Reaper, SpawnStdio};
+use treewarden::proc::{Reaper, Sig, SpawnStdio};
 
 use crate::cli::{CliError, CliResult, EXIT_INTERNAL, EXIT_USAGE, parse_duration};
 
@@ -23,38 +23,65 @@ pub struct RunArgs {
     /// A label for the tree (shown by ls and the dashboard).
     #[arg(long)]
     label: Option<String>,
-    /// Time between SIGTERM and the forced kill.
+    /// Time between the first signal and the forced kill (a bare number is
+    /// seconds, as in timeout(1)).
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     grace: Duration,
-    /// Tear the tree down after this long (exit 124).
+    /// Tear the tree down after this long (exit 124); a bare number is seconds.
     #[arg(long, value_parser = parse_duration)]
     timeout: Option<Duration>,
+    /// The first signal of the teardown: TERM (default), INT, HUP, QUIT,
+    /// USR1 or USR2, by name or number, as timeout(1) takes it.
+    #[arg(short = 's', long = "signal", value_name = "SIG", default_value = "TERM", value_parser = parse_signal)]
+    signal: Sig,
+    /// Add K=V to the command's environment (repeatable).
+    #[arg(long = "env", value_name = "K=V", value_parser = parse_env)]
+    env: Vec<(OsString, OsString)>,
+    /// Run the command in DIR.
+    #[arg(long, value_name = "DIR")]
+    cwd: Option<std::path::PathBuf>,
     /// How often the tree is scanned for members and escapes.
     #[arg(long, default_value = "250ms", value_parser = parse_duration)]
     scan_interval: Duration,
     /// Tear the tree down when run's parent dies.
     #[arg(long)]
     die_with_parent: bool,
-    /// No teardown progress on stderr.
+    /// No teardown progress and no summary line on stderr.
     #[arg(long, short)]
     quiet: bool,
-    /// The command and its arguments.
-    #[arg(
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        value_name = "CMD"
-    )]
+    /// The command and its arguments (after `--` when they start with `-`).
+    #[arg(trailing_var_arg = true, value_name = "CMD")]
     command: Vec<OsString>,
+}
+
+/// `--signal`: one of the first signals a teardown may send.
+fn parse_signal(s: &str) -> Result<Sig, String> {
+    Sig::parse_first(s)
+}
+
+/// `--env K=V`.
+fn parse_env(s: &str) -> Result<(OsString, OsString), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.into(), v.into())),
+        _ => Err(format!("malformed --env {s:?}: expected K=V")),
+    }
 }
 
 #[derive(Args, Debug)]
 pub struct KillArgs {
     /// Tree id.
     tree: i64,
+    /// Time between the first signal and the forced kill.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     grace: Duration,
+    /// The first signal (as for run).
+    #[arg(short = 's', long = "signal", value_name = "SIG", default_value = "TERM", value_parser = parse_signal)]
+    signal: Sig,
     #[arg(long, short)]
     quiet: bool,
+    /// Print the teardown report as one JSON object.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -124,6 +151,9 @@ pub struct ResolveArgs {
     /// The operator's decision, for the audit trail.
     #[arg(long)]
     note: String,
+    /// Print the resolved tree as JSON.
+    #[arg(long)]
+    json: bool,
     /// Resolve even though survivors the teardown left still live; they are
     /// named in `tree.resolved` (and the tree flagged `survivors_left`).
     #[arg(long)]
@@ -153,8 +183,14 @@ fn engine(config: &Config, reaper: Option<&'static Reaper>) -> Result<Engine, Cl
 }
 
 /// The engine of a command that only signals (`kill`, `sweep`, `resolve`).
+/// The engine of a command that only signals or reads: it never creates a
+/// ledger (a missing one is usually a mistyped --data-dir).
 fn signal_engine(config: &Config) -> Result<Engine, CliError> {
-    Ok(Engine::signal_only(config, open_ledger(config)?, None))
+    Ok(Engine::signal_only(
+        config,
+        crate::cli::open_existing_ledger(config)?,
+        None,
+    ))
 }
 
 /// Maps an engine error to its exit code, once.
@@ -168,6 +204,18 @@ fn custody_error(e: CustodyError) -> CliError {
         | CustodyError::Ambiguous { .. } => EXIT_INTERNAL,
     };
     CliError::with_code(code, anyhow!(e))
+}
+
+/// Whether a progress line is on the terminal (cleared by [`progress_done`]).
+static PROGRESS_SHOWN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Clears the progress line, if one was printed, so the next output starts
+/// on a clean line.
+fn progress_done(quiet: bool) {
+    if !quiet && PROGRESS_SHOWN.swap(false, std::sync::atomic::Ordering::SeqCst) {
+        eprint!("\r\x1b[2K");
+        let _ = std::io::stderr().flush();
+    }
 }
 
 /// Prints teardown progress on stderr, only when it is a terminal, only
@@ -192,13 +240,14 @@ fn progress_printer(quiet: bool) -> impl FnMut(&Progress) {
             p.phase.as_str(),
             p.alive
         );
+        PROGRESS_SHOWN.store(true, std::sync::atomic::Ordering::SeqCst);
         let _ = std::io::stderr().flush();
     }
 }
 
 pub fn run(config: &Config, args: RunArgs) -> CliResult {
     if args.command.is_empty() {
-        return Err(CliError::usage(anyhow!(
+        return Err(CliError::internal(anyhow!(
             "empty command: usage is `treewarden run [OPTIONS] -- CMD [ARGS...]`"
         )));
     }
@@ -206,11 +255,18 @@ pub fn run(config: &Config, args: RunArgs) -> CliResult {
         .map_err(|e| CliError::internal(anyhow!("cannot become a subreaper: {e}")))?;
     let engine = engine(config, Some(reaper))?;
     let owner = treewarden::proc::self_identity().map_err(|e| CliError::internal(anyhow!(e)))?;
+    let env = (!args.env.is_empty()).then(|| {
+        let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
+            .filter(|(k, _)| !args.env.iter().any(|(added, _)| added == k))
+            .collect();
+        env.extend(args.env.iter().cloned());
+        env
+    });
     let req = SpawnRequest {
         argv: args.command,
         label: args.label,
-        cwd: None,
-        env: None,
+        cwd: args.cwd,
+        env,
         stdio: SpawnStdio::Inherit,
         owner,
         owner_kind: OwnerKind::Run,
@@ -222,16 +278,52 @@ pub fn run(config: &Config, args: RunArgs) -> CliResult {
         die_with_parent: args.die_with_parent,
         observer: config.observer,
         observer_rcvbuf: config.observer_rcvbuf,
+        first_signal: args.signal,
     };
     let mut progress = progress_printer(args.quiet);
-    let outcome = engine
-        .run(&req, &opts, &mut progress)
-        .map_err(custody_error)?;
+    let outcome = engine.run(&req, &opts, &mut progress);
+    progress_done(args.quiet);
+    let outcome = outcome.map_err(custody_error)?;
     let code = outcome.exit_code();
+    if !args.quiet
+        && let Some(line) = run_summary(&outcome)
+    {
+        eprintln!("{line}");
+    }
     if let Err(e) = outcome.teardown {
         return Err(CliError::internal(anyhow!(e)));
     }
     Ok(code)
+}
+
+/// One line on stderr, like `systemd-run --wait`, when `run` tore its tree
+/// down for any reason but a clean exit of a tree that left nothing behind:
+/// the tree, why, what was there, what was forced, and the authority.
+fn run_summary(outcome: &treewarden::custody::RunOutcome) -> Option<String> {
+    use treewarden::custody::RunEnd;
+    let why = match outcome.end {
+        RunEnd::RootExited(_) => "root exited",
+        RunEnd::Timeout => "timed out",
+        RunEnd::Signal(_) => "received a signal",
+        RunEnd::ParentDied => "parent died",
+    };
+    match &outcome.teardown {
+        Ok(r) if matches!(outcome.end, RunEnd::RootExited(_)) && r.members_at_start == 0 => None,
+        Ok(r) => Some(format!(
+            "treewarden: tree {} {why}: {} members torn down, {} force-killed ({} authorization{}), {}, {:.0} ms",
+            outcome.tree.0,
+            r.members_at_start,
+            r.force_killed,
+            r.authorizations,
+            if r.authorizations == 1 { "" } else { "s" },
+            r.state.as_str(),
+            r.elapsed.as_secs_f64() * 1000.0
+        )),
+        Err(e) => Some(format!(
+            "treewarden: tree {} {why}: teardown not settled: {e}",
+            outcome.tree.0
+        )),
+    }
 }
 
 pub fn kill(config: &Config, args: KillArgs) -> CliResult {
@@ -244,14 +336,23 @@ pub fn kill(config: &Config, args: KillArgs) -> CliResult {
         .map_err(|e| CliError::internal(anyhow!(e)))?
         .ok_or_else(|| CliError::usage(anyhow!("unknown tree {}", args.tree)))?;
     if row.state.is_terminal() && !row.has_survivors_left() {
+        if args.json {
+            print_json(&serde_json::json!({"tree": row.id, "state": row.state, "already": true}))?;
+            return Ok(0);
+        }
         println!("tree {} is already {}", row.id, row.state.as_str());
         return Ok(0);
     }
-    let opts = TeardownOptions::new(args.grace, "treewarden kill", Origin::Kill);
-    let mut progress = progress_printer(args.quiet);
-    let report = engine
-        .teardown(tree, &opts, &mut progress)
-        .map_err(custody_error)?;
+    let mut opts = TeardownOptions::new(args.grace, "treewarden kill", Origin::Kill);
+    opts.first_signal = args.signal;
+    let mut progress = progress_printer(args.quiet || args.json);
+    let report = engine.teardown(tree, &opts, &mut progress);
+    progress_done(args.quiet || args.json);
+    let report = report.map_err(custody_error)?;
+    if args.json {
+        print_json(&report)?;
+        return Ok(0);
+    }
     println!(
         "tree {} {}: {} members at start, {} force-killed, {:.0} ms",
         report.tree,
@@ -282,8 +383,8 @@ pub fn ls(config: &Config, args: LsArgs) -> CliResult {
         return Ok(0);
     }
     println!(
-        "{:>6}  {:<12}  {:<8}  {:>8}  {:<20}  CREATED",
-        "ID", "STATE", "BOUNDARY", "ROOT", "LABEL"
+        "{:>6}  {:<12}  {:<8}  {:>8}  {:<14}  {:<12}  {:<20}  CREATED",
+        "ID", "STATE", "BOUNDARY", "ROOT", "OWNER", "END", "LABEL"
     );
     for t in &trees {
         println!("{}", tree_line(t));
@@ -293,16 +394,35 @@ pub fn ls(config: &Config, args: LsArgs) -> CliResult {
 
 fn tree_line(t: &TreeRow) -> String {
     format!(
-        "{:>6}  {:<12}  {:<8}  {:>8}  {:<20}  {}",
+        "{:>6}  {:<12}  {:<8}  {:>8}  {:<14}  {:<12}  {:<20}  {}",
         t.id,
         t.state.as_str(),
         t.boundary,
         t.root_pid
             .map(|p| p.to_string())
             .unwrap_or_else(|| "-".into()),
+        format!("{} {}", t.owner.kind, t.owner.pid),
+        end_reason(t),
         t.label.clone().unwrap_or_default(),
         t.created_at
     )
+}
+
+/// How a tree ended, in a word: its root's exit, or why it has none.
+fn end_reason(t: &TreeRow) -> String {
+    use treewarden::ledger::TreeState as S;
+    match (t.state, t.exit) {
+        (_, Some(e)) => match (e.code, e.signal) {
+            (_, Some(sig)) => format!("signal {sig}"),
+            (Some(code), None) => format!("exit {code}"),
+            (None, None) => "-".into(),
+        },
+        (S::Ended, None) => "ended".into(),
+        (S::Vanished, None) => "vanished".into(),
+        (S::Resolved, None) => "resolved".into(),
+        (S::SpawnFailed, None) => "spawn failed".into(),
+        _ => "-".into(),
+    }
 }
 
 pub fn show(config: &Config, args: ShowArgs) -> CliResult {
@@ -358,6 +478,45 @@ pub fn show(config: &Config, args: ShowArgs) -> CliResult {
             },
         );
     }
+    println!("\nobservations ({}):", detail.observations.len());
+    for o in &detail.observations {
+        println!(
+            "  {:<9} {:>7} start {:<10} {}  {}",
+            o.kind, o.identity.pid, o.identity.start_ticks, o.at, o.detail
+        );
+    }
+    println!("\nsignals ({}):", detail.signals.len());
+    for sig in &detail.signals {
+        println!(
+            "  {} {:<8} {:<6} {:<24} {}{}",
+            sig.at,
+            sig.signal,
+            sig.target_kind,
+            sig.target,
+            sig.result,
+            sig.authorization
+                .map(|a| format!("  (authorization {a})"))
+                .unwrap_or_default()
+        );
+    }
+    println!("\nauthorizations ({}):", detail.authorizations.len());
+    for a in &detail.authorizations {
+        let targets: Vec<String> = a
+            .targets
+            .iter()
+            .map(|t| {
+                let pids: Vec<String> = t.identities.iter().map(|i| i.pid.to_string()).collect();
+                format!("{} {} [{}]", t.kind, t.target, pids.join(" "))
+            })
+            .collect();
+        println!(
+            "  {:>4} {} {}: {}",
+            a.id,
+            a.at,
+            a.reason,
+            targets.join("; ")
+        );
+    }
     println!("\nevents ({}):", detail.events.len());
     for e in &detail.events {
         println!("  {:>6} {} {:<18} {}", e.seq, e.at, e.kind, e.data);
@@ -402,6 +561,14 @@ pub fn resolve(config: &Config, args: ResolveArgs) -> CliResult {
     engine
         .resolve(TreeId(args.tree), &args.note, args.force)
         .map_err(custody_error)?;
+    if args.json {
+        let row = engine
+            .ledger()
+            .tree(TreeId(args.tree))
+            .map_err(|e| CliError::internal(anyhow!(e)))?;
+        print_json(&row)?;
+        return Ok(0);
+    }
     println!("tree {} resolved", args.tree);
     Ok(0)
 }

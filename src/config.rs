@@ -5,8 +5,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// Which ownership boundary `run` and the service form at spawn.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
+#[value(rename_all = "lowercase")]
 pub enum BoundaryChoice {
     /// A cgroup v2 per tree where the hierarchy is writable, else session + process group.
     Auto,
@@ -41,8 +44,11 @@ impl std::fmt::Display for BoundaryChoice {
 }
 
 /// Whether an owner runs the proc-connector observer beside its scans.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
+#[value(rename_all = "lowercase")]
 pub enum ObserverMode {
     /// Run it where the proc connector can be subscribed to; otherwise scans only.
     Auto,

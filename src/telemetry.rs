@@ -14,8 +14,16 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
+/// Whether log lines on stderr get ANSI colours: only on a terminal, and
+/// never with `NO_COLOR` set to anything (https://no-color.org).
+pub fn use_color() -> bool {
+    std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
 /// How logs are written.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[value(rename_all = "lowercase")]
 pub enum LogFormat {
     Text,
     Json,
@@ -110,7 +118,7 @@ pub fn init(format: LogFormat, default_filter: &str) -> Telemetry {
     };
     let fmt = match format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_ansi(use_color())
             .with_writer(std::io::stderr)
             .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()

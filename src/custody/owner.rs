@@ -32,6 +32,8 @@ pub struct RunOptions {
     pub observer: ObserverMode,
     /// Its socket's receive buffer (0: the default).
     pub observer_rcvbuf: usize,
+    /// The teardown's first signal (`--signal`; SIGTERM by default).
+    pub first_signal: crate::proc::Sig,
 }
 
 /// Why the tree was torn down.
@@ -253,6 +255,7 @@ impl Engine {
             RunEnd::ParentDied => "run's parent died".to_string(),
         };
         let mut topts = TeardownOptions::new(opts.grace, reason, Origin::Run);
+        topts.first_signal = opts.first_signal;
         topts.root_exit = match end {
             RunEnd::RootExited(s) => Some(s),
             _ => None,

@@ -17,6 +17,9 @@ use super::{CustodyError, Engine};
 use crate::ledger::{IdentityRecord, NewTree, OwnerKind, OwnerRecord, SpawnRecord, TreeId};
 use crate::proc::{BoundaryKind, HeldChild, Identity, SpawnSpec, SpawnStdio};
 
+/// The environment variable that tells every process of a tree its id.
+pub const TREE_ID_VAR: &str = "TREEWARDEN_TREE_ID";
+
 /// What to run and on whose behalf.
 #[derive(Clone, Debug)]
 pub struct SpawnRequest {
@@ -89,10 +92,17 @@ impl Engine {
             }
             _ => None,
         };
+        // The job learns its tree id from its environment.
+        let mut env: Vec<(OsString, OsString)> = req
+            .env
+            .clone()
+            .unwrap_or_else(|| std::env::vars_os().collect());
+        env.retain(|(k, _)| k != TREE_ID_VAR);
+        env.push((TREE_ID_VAR.into(), tree.0.to_string().into()));
         let spec = SpawnSpec {
             argv: req.argv.clone(),
             cwd: req.cwd.clone(),
-            env: req.env.clone(),
+            env: Some(env),
             stdio: req.stdio,
             cgroup: cgroup.clone(),
         };

@@ -47,8 +47,12 @@ pub enum Origin {
 /// How a teardown runs.
 #[derive(Clone, Debug)]
 pub struct TeardownOptions {
-    /// Time between SIGTERM and the forced kill; ends early when the tree is empty.
+    /// Time between the first signal and the forced kill; ends early when
+    /// the tree is empty.
     pub grace: Duration,
+    /// The first signal (SIGTERM unless told otherwise; one of
+    /// [`Sig::FIRST`]).
+    pub first_signal: Sig,
     /// Why (recorded with the state change and the authorization).
     pub reason: String,
     pub origin: Origin,
@@ -68,6 +72,7 @@ impl TeardownOptions {
     pub fn new(grace: Duration, reason: impl Into<String>, origin: Origin) -> Self {
         Self {
             grace,
+            first_signal: Sig::Term,
             reason: reason.into(),
             origin,
             verify_timeout: Duration::from_secs(3),
@@ -390,7 +395,7 @@ impl Engine {
             return self.finish(tree, &mut watch, opts, report, started, &exits);
         }
         let step = self.step(&watch, &group, &members, false);
-        let group_ok = self.send(tree, &mut watch, &step, Sig::Term, None, opts)?;
+        let group_ok = self.send(tree, &mut watch, &step, opts.first_signal, None, opts)?;
         report.phases.push((Phase::Term, t0.elapsed()));
         drop(phase_span);
 
@@ -1028,7 +1033,7 @@ impl Engine {
         self.refusal_event(tree, opts, why);
         let state = self.close(tree, TreeState::Vanished, None)?;
         // Every terminal path leaves no empty cgroup behind.
-        if let Some(dir) = cgroup.as_deref() {
+        if let Some(dir) = cgroup {
             remove_cgroup(dir);
         }
         report.state = state;

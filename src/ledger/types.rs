@@ -362,11 +362,27 @@ impl Deferred {
 /// such as `2h` counted back from now. One grammar for the CLI's `--since`
 /// and the HTTP API's `since=`; the error names the value, not the flag.
 pub fn parse_since(s: &str) -> Result<std::time::SystemTime, String> {
-    if let Ok(at) = humantime::parse_rfc3339_weak(s) {
-        return Ok(at);
+    if let Ok(at) = s.parse::<jiff::Timestamp>() {
+        let ns = at.as_nanosecond();
+        let since_epoch =
+            std::time::Duration::from_nanos(u64::try_from(ns.unsigned_abs()).unwrap_or(u64::MAX));
+        return if ns >= 0 {
+            std::time::UNIX_EPOCH.checked_add(since_epoch)
+        } else {
+            std::time::UNIX_EPOCH.checked_sub(since_epoch)
+        }
+        .ok_or_else(|| format!("since {s:?} is out of range"));
+    }
+    // A time without an offset names no moment: refused, not taken as UTC.
+    if s.parse::<jiff::civil::DateTime>().is_ok() {
+        return Err(format!(
+            "since {s:?} has no offset: add Z (UTC) or one like +02:00 (2024-05-01T12:00:00+02:00)"
+        ));
     }
     let age = humantime::parse_duration(s).map_err(|_| {
-        format!("malformed since {s:?}: expected RFC 3339 (2024-05-01T12:00:00Z) or an age (2h)")
+        format!(
+            "malformed since {s:?}: expected RFC 3339 with an offset (2024-05-01T12:00:00Z, 2024-05-01T14:00:00+02:00) or an age (2h)"
+        )
     })?;
     std::time::SystemTime::now()
         .checked_sub(age)
@@ -583,7 +599,8 @@ impl VerifyReport {
 }
 
 /// Export formats.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[value(rename_all = "lowercase")]
 pub enum ExportFormat {
     Ndjson,
     Csv,

@@ -44,7 +44,8 @@ pub use reaper::{
 };
 pub use signal::{
     Delivery, GroupDelivery, GroupRecord, Sig, cgroup_freeze, cgroup_kill, cgroup_pids,
-    cgroup_populated, group_members, signal_group, signal_group_known, signal_process,
+    cgroup_populated, default_sigpipe, group_members, signal_group, signal_group_known,
+    signal_process,
 };
 
 use std::path::PathBuf;

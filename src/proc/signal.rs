@@ -39,9 +39,42 @@ pub enum Sig {
     Cont,
     Int,
     Hup,
+    Quit,
+    Usr1,
+    Usr2,
 }
 
 impl Sig {
+    /// The signals a teardown may send first (`run --signal`, `kill
+    /// --signal`): never SIGKILL (that needs its authorization) nor the
+    /// freeze's SIGSTOP/SIGCONT.
+    pub const FIRST: [Sig; 6] = [
+        Sig::Term,
+        Sig::Int,
+        Sig::Hup,
+        Sig::Quit,
+        Sig::Usr1,
+        Sig::Usr2,
+    ];
+
+    /// Parses a first signal as kill(1) and timeout(1) spell it: `TERM`,
+    /// `SIGTERM`, `term` or its number (`15`).
+    pub fn parse_first(s: &str) -> Result<Sig, String> {
+        let upper = s.trim().to_ascii_uppercase();
+        let name = upper.strip_prefix("SIG").unwrap_or(&upper);
+        Sig::FIRST
+            .into_iter()
+            .find(|sig| {
+                sig.name().strip_prefix("SIG") == Some(name)
+                    || name.parse::<i32>().ok() == Some(sig.number())
+            })
+            .ok_or_else(|| {
+                format!(
+                    "unknown or refused signal {s:?}: expected one of TERM, INT, HUP, QUIT, USR1, USR2 (a name or its number; KILL comes only with its authorization)"
+                )
+            })
+    }
+
     /// "SIGTERM", "SIGKILL", ... (the ledger's `signal` field).
     pub fn name(self) -> &'static str {
         match self {
@@ -51,6 +84,9 @@ impl Sig {
             Sig::Cont => "SIGCONT",
             Sig::Int => "SIGINT",
             Sig::Hup => "SIGHUP",
+            Sig::Quit => "SIGQUIT",
+            Sig::Usr1 => "SIGUSR1",
+            Sig::Usr2 => "SIGUSR2",
         }
     }
 
@@ -67,6 +103,9 @@ impl Sig {
             Sig::Cont => Signal::CONT,
             Sig::Int => Signal::INT,
             Sig::Hup => Signal::HUP,
+            Sig::Quit => Signal::QUIT,
+            Sig::Usr1 => Signal::USR1,
+            Sig::Usr2 => Signal::USR2,
         }
     }
 }
@@ -359,4 +398,17 @@ pub fn cgroup_pids(path: &Path) -> Result<Vec<i32>, ProcError> {
 /// Whether any live process is in the cgroup or below (`cgroup.events`).
 pub fn cgroup_populated(path: &Path) -> Result<bool, ProcError> {
     cgroup_event(path, "populated")
+}
+
+/// Restores SIGPIPE's default action (the Rust runtime ignores it), so a
+/// command whose output goes to a pipe that closes early (`ls | head -1`)
+/// ends quietly as the shells expect (status 141) instead of failing a
+/// write. Only for commands that print and hold no tree.
+pub fn default_sigpipe() {
+    // SAFETY: setting a signal's disposition to SIG_DFL installs no handler
+    // and touches no memory; it is called before any thread that could
+    // depend on the old disposition writes to a pipe.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
 }

@@ -507,16 +507,41 @@ fn run_passes_exit_status_and_times_out_with_124() {
 }
 
 #[test]
-fn bad_input_is_one_line_and_exit_2() {
+fn bad_input_exits_2_and_runs_own_failures_125() {
     let Some(env) = Env::new("session") else {
         return;
     };
+    // `run`'s own failures are 125 (its other statuses are the command's,
+    // as with timeout(1)); a flag clap refuses gets clap's whole message,
+    // with its suggestion.
     for (args, needle) in [
         (vec!["run", "--"], "empty command"),
         (
             vec!["run", "--grace", "5x", "--", "true"],
             "malformed duration",
         ),
+        (
+            vec!["run", "--no-such-flag", "--", "true"],
+            "--no-such-flag",
+        ),
+        (vec!["run", "--timout", "5s", "--", "true"], "--timeout"),
+        (
+            vec!["run", "--signal", "KILL", "--", "true"],
+            "authorization",
+        ),
+    ] {
+        let out = env.output(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+    // Read commands never create a ledger: a wrong --data-dir is named.
+    let out = env.output(&["ls"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("check --data-dir"));
+    assert!(!env.ledger_path().exists());
+    assert_eq!(env.output(&["run", "--", "true"]).status.code(), Some(0));
+    for (args, needle) in [
         (vec!["kill", "999"], "unknown tree 999"),
         (vec!["show", "999"], "unknown tree 999"),
         (vec!["resolve", "999", "--note", "x"], "unknown tree 999"),

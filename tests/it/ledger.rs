@@ -900,10 +900,19 @@ fn ledger_cli_export_and_verify_exit_codes() {
             .lines()
             .all(|l| l.contains(&format!("\"tree\":{}", tree.0)))
     );
+    // clap's own refusal: its whole message, with the possible values.
+    let out = cli(dir.path())
+        .args(["export", "--format", "xml"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("possible values: ndjson, csv"));
     for bad in [
         vec!["export", "--since", "yesterday-ish"],
-        vec!["export", "--format", "xml"],
+        vec!["export", "--since", "2020-01-01T00:00:00"],
         vec!["export", "--tree", "abc"],
+        vec!["export", "--tree", "999"],
     ] {
         let out = cli(dir.path()).args(&bad).output().expect("run");
         assert_eq!(out.status.code(), Some(2), "{bad:?}");
