@@ -1,0 +1,161 @@
+//! The conventions users already know (issue 16): timeout(1)'s exit codes
+//! and bare seconds, `-s SIG`, env(1)'s `--env`/`--cwd`, a summary line like
+//! `systemd-run --wait`, quiet broken pipes, completions and a man page.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::custody::Env;
+use crate::util::wait_child;
+
+#[test]
+fn run_speaks_timeouts_language() {
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    // A bare number is seconds; the timeout is 124.
+    let started = std::time::Instant::now();
+    let out = env.output(&["run", "--quiet", "--timeout", "1", "--", "sleep", "9"]);
+    assert_eq!(
+        out.status.code(),
+        Some(124),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+    // Flags it does not know, and values it refuses, are its own failure: 125.
+    for args in [
+        vec!["run", "--no-such-flag", "--", "true"],
+        vec!["run", "--timeout", "nonsense", "--", "true"],
+    ] {
+        let out = env.output(&args);
+        assert_eq!(out.status.code(), Some(125), "{args:?}");
+    }
+}
+
+#[test]
+fn signal_env_cwd_and_the_tree_id_reach_the_job() {
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    // The job reports what it sees, then waits for its first signal.
+    let script = "echo \"id=$TREEWARDEN_TREE_ID k=$K pwd=$PWD\" > seen; \
+                  trap 'echo INT >> seen; exit 3' INT; trap 'echo TERM >> seen; exit 4' TERM; \
+                  sleep 300 & wait";
+    let cwd = env.dir.path().join("work");
+    std::fs::create_dir(&cwd).expect("cwd");
+    let mut run = env.spawn_run(
+        &[
+            "--timeout",
+            "1",
+            "--grace",
+            "200ms",
+            "--signal",
+            "INT",
+            "--env",
+            "K=v=1",
+            "--cwd",
+            cwd.to_str().expect("utf-8"),
+        ],
+        script,
+    );
+    let status = wait_child(&mut run, Duration::from_secs(30)).expect("run exits");
+    assert_eq!(status.code(), Some(124));
+    let seen = std::fs::read_to_string(cwd.join("seen")).expect("the job wrote what it saw");
+    let mut lines = seen.lines();
+    assert_eq!(
+        lines.next(),
+        Some(format!("id=1 k=v=1 pwd={}", cwd.display()).as_str()),
+        "{seen}"
+    );
+    assert_eq!(
+        lines.next(),
+        Some("INT"),
+        "the first signal was SIGINT: {seen}"
+    );
+    // The ledger says the same.
+    let first = env
+        .export()
+        .into_iter()
+        .find(|e| e["kind"] == "signal.sent")
+        .unwrap_or(Value::Null);
+    assert_eq!(first["data"]["signal"], "SIGINT", "{first}");
+    // Not a terminal, yet the summary line is there: the tree, why, what.
+    let err = env.stderr_of(&run);
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("treewarden: tree 1 timed out:") && l.contains("torn down")),
+        "{err}"
+    );
+    assert!(env.wait_none_marked());
+}
+
+#[test]
+fn quiet_pipes_completions_and_a_man_page() {
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    for _ in 0..3 {
+        assert_eq!(env.output(&["run", "--", "true"]).status.code(), Some(0));
+    }
+    // `ls --all | head -1`: the reader closes the pipe after one line.
+    let mut ls = env
+        .cmd()
+        .args(["ls", "--all"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ls");
+    drop(ls.stdout.take());
+    let out = ls.wait_with_output().expect("ls ends");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.is_empty(), "quietly: {err}");
+    for (args, needle) in [
+        (vec!["completions", "bash"], "_treewarden"),
+        (vec!["completions", "zsh"], "#compdef treewarden"),
+        (vec!["man"], ".TH treewarden"),
+    ] {
+        let out = env.output(&args);
+        assert!(out.status.success(), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains(needle),
+            "{args:?}"
+        );
+    }
+    // The help lists the possible values of every enum flag.
+    let out = env.output(&["export", "--help"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ndjson"));
+    let out = env.output(&["--help"]);
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("auto") && help.contains("session"), "{help}");
+}
+
+#[test]
+fn since_takes_offsets_and_refuses_naive_times() {
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    assert_eq!(env.output(&["run", "--", "true"]).status.code(), Some(0));
+    let all = env.export().len();
+    // The same moment in two offsets selects the same events.
+    for since in ["2020-01-01T00:00:00Z", "2020-01-01T02:00:00+02:00"] {
+        let out = env.output(&["export", "--since", since]);
+        assert!(out.status.success(), "{since}");
+        assert_eq!(
+            crate::util::parse_ndjson(&String::from_utf8_lossy(&out.stdout)).len(),
+            all
+        );
+    }
+    let out = env.output(&["export", "--since", "2999-01-01T02:00:00+02:00"]);
+    assert!(out.stdout.is_empty());
+    let out = env.output(&["export", "--since", "2020-01-01T00:00:00"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no offset"));
+}
