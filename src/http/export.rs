@@ -1,5 +1,7 @@
 //! `GET /api/export`: the audit trail for incident review, as NDJSON or
-//! CSV, exactly as `treewarden export` writes it.
+//! CSV, exactly as `treewarden export` writes it, streamed from the ledger
+//! page by page (constant memory), as a download (`Content-Disposition`).
+//! `after=SEQ` makes it incremental: exactly the events after SEQ.
 
 use axum::extract::State;
 use axum::http::header;
@@ -18,6 +20,10 @@ pub struct ExportQuery {
     /// RFC 3339 time, or an age such as `2h`.
     pub since: Option<String>,
     pub tree: Option<i64>,
+    /// Only events with a greater seq (an incremental export resumes from
+    /// the last seq it received).
+    #[param(minimum = 0)]
+    pub after: Option<i64>,
 }
 
 /// The audit trail (hash-chained events), NDJSON or CSV.
@@ -36,22 +42,30 @@ pub async fn export(
         .parse()
         .map_err(ApiError::BadRequest)?;
     let since = parse_since_query(q.since.as_deref())?;
+    if q.after.is_some_and(|a| a < 0) {
+        return Err(ApiError::BadRequest("after: a seq is 0 or more".into()));
+    }
     let filter = EventFilter {
         since,
         tree: q.tree.map(TreeId),
+        after_seq: q.after,
         ..EventFilter::default()
     };
-    let bytes = s
-        .service
-        .read(move |e| {
-            let mut out = Vec::new();
-            e.ledger().export(&filter, format, &mut out)?;
-            Ok(out)
-        })
-        .await?;
-    let content_type = match format {
-        ExportFormat::Ndjson => "application/x-ndjson",
-        ExportFormat::Csv => "text/csv; charset=utf-8",
+    let chunks = s.service.export_stream(filter, format).await?;
+    let body =
+        axum::body::Body::from_stream(futures_util::stream::unfold(chunks, |mut rx| async move {
+            rx.recv().await.map(|chunk| (chunk, rx))
+        }));
+    let (content_type, name) = match format {
+        ExportFormat::Ndjson => ("application/x-ndjson", "treewarden-audit.ndjson"),
+        ExportFormat::Csv => ("text/csv; charset=utf-8", "treewarden-audit.csv"),
     };
-    Ok(([(header::CONTENT_TYPE, content_type)], bytes))
+    let disposition = format!("attachment; filename=\"{name}\"");
+    Ok((
+        [
+            (header::CONTENT_TYPE, content_type.to_string()),
+            (header::CONTENT_DISPOSITION, disposition),
+        ],
+        body,
+    ))
 }

@@ -249,6 +249,25 @@ impl Store {
         result.map_err(|fail: Fail| fail.into_ledger(busy_timeout))
     }
 
+    /// An online copy of the database into the new file `dest` (0600),
+    /// stepwise (256 pages a step, a short pause between steps, so other
+    /// connections keep writing; SQLite restarts the copy of what changed).
+    pub(crate) fn backup_to(&mut self, dest: &Path) -> Result<(), LedgerError> {
+        let busy = self.busy_timeout;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(dest)
+            .map_err(|e| creation_error(dest, e))?;
+        let mut copy = Connection::open(dest).map_err(|e| LedgerError::from_sqlite(e, busy))?;
+        let backup = rusqlite::backup::Backup::new(&self.conn, &mut copy)
+            .map_err(|e| LedgerError::from_sqlite(e, busy))?;
+        backup
+            .run_to_completion(256, Duration::from_millis(2), None)
+            .map_err(|e| LedgerError::from_sqlite(e, busy))
+    }
+
     /// A consistent read: one deferred transaction (a WAL snapshot).
     pub(crate) fn read<T>(
         &mut self,

@@ -1,8 +1,12 @@
 //! Export of the audit trail for incident review: NDJSON (one event per line,
 //! exactly `{"seq","at","tree","kind","data","prev_hash","hash"}`, `data` an
 //! object) or CSV (header `seq,at,tree,kind,data,prev_hash,hash`, `data` as
-//! its canonical JSON text, `tree` empty when null). The whole export is
-//! formatted in memory first, so an error leaves nothing half-written.
+//! its canonical JSON text, `tree` empty when null). The export streams: it
+//! reads the events in pages of [`PAGE`] (keyset on `seq`, up to the head
+//! read when it starts, so it is exact however the ledger grows meanwhile)
+//! and hands each page's bytes on before reading the next, so its memory
+//! does not grow with the ledger. Output is whole lines (and whole CSV
+//! records) up to any failure, which the caller reports.
 
 use std::io::Write;
 
@@ -10,7 +14,15 @@ use super::chain;
 use super::error::LedgerError;
 use super::types::{EventRow, ExportFormat};
 
-pub(crate) fn format(rows: &[EventRow], format: ExportFormat) -> Result<Vec<u8>, LedgerError> {
+/// Events per page of a streaming export.
+pub(crate) const PAGE: usize = 1000;
+
+/// Formats one page; `header` adds the CSV header (the first page's).
+pub(crate) fn format(
+    rows: &[EventRow],
+    format: ExportFormat,
+    header: bool,
+) -> Result<Vec<u8>, LedgerError> {
     match format {
         ExportFormat::Ndjson => {
             let mut out = Vec::new();
@@ -24,9 +36,11 @@ pub(crate) fn format(rows: &[EventRow], format: ExportFormat) -> Result<Vec<u8>,
         ExportFormat::Csv => {
             let mut writer = csv::Writer::from_writer(Vec::new());
             let fail = |e: csv::Error| LedgerError::Other(format!("export: {e}"));
-            writer
-                .write_record(["seq", "at", "tree", "kind", "data", "prev_hash", "hash"])
-                .map_err(fail)?;
+            if header {
+                writer
+                    .write_record(["seq", "at", "tree", "kind", "data", "prev_hash", "hash"])
+                    .map_err(fail)?;
+            }
             for row in rows {
                 writer
                     .write_record([
@@ -49,6 +63,5 @@ pub(crate) fn format(rows: &[EventRow], format: ExportFormat) -> Result<Vec<u8>,
 
 pub(crate) fn write_all(bytes: &[u8], out: &mut dyn Write) -> Result<(), LedgerError> {
     out.write_all(bytes)
-        .and_then(|()| out.flush())
         .map_err(|e| LedgerError::Other(format!("export: cannot write output: {e}")))
 }

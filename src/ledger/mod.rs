@@ -535,9 +535,52 @@ impl Ledger {
         format: ExportFormat,
         out: &mut dyn Write,
     ) -> Result<usize, LedgerError> {
-        let rows = self.events(filter)?;
-        let bytes = export::format(&rows, format)?;
-        export::write_all(&bytes, out)?;
-        Ok(rows.len())
+        let n = self.export_pages(filter, format, &mut |bytes| export::write_all(bytes, out))?;
+        out.flush()
+            .map_err(|e| LedgerError::Other(format!("export: cannot write output: {e}")))?;
+        Ok(n)
+    }
+
+    /// Copies the whole ledger to `dest` (a new file, created 0600) through
+    /// SQLite's online backup API, a few hundred pages at a time, so other
+    /// processes keep writing meanwhile (a step that meets a write starts
+    /// over from what changed). The copy is a consistent snapshot of one
+    /// moment: it verifies on its own.
+    pub fn backup_to(&self, dest: &Path) -> Result<(), LedgerError> {
+        let dest = dest.to_path_buf();
+        self.handle.call(move |store| store.backup_to(&dest))
+    }
+
+    /// The streaming core of every export: the events `filter` selects, up
+    /// to the head when it starts, in pages of 1,000 (keyset on `seq`), each
+    /// page's bytes handed to `sink` before the next is read. Memory stays
+    /// flat however long the ledger is. Returns how many events went out.
+    pub fn export_pages(
+        &self,
+        filter: &EventFilter,
+        format: ExportFormat,
+        sink: &mut dyn FnMut(&[u8]) -> Result<(), LedgerError>,
+    ) -> Result<usize, LedgerError> {
+        let head = self.head()?.map_or(0, |(seq, _)| seq);
+        let mut page = filter.clone();
+        page.newest_first = false;
+        page.limit = Some(export::PAGE);
+        let mut sent = 0;
+        let mut first = true;
+        loop {
+            let rows = self.events(&page)?;
+            let full = rows.len() == export::PAGE;
+            let rows: Vec<EventRow> = rows.into_iter().take_while(|r| r.seq <= head).collect();
+            let reached_head = rows.last().is_none_or(|r| r.seq >= head);
+            if !rows.is_empty() || first {
+                sink(&export::format(&rows, format, first)?)?;
+            }
+            first = false;
+            sent += rows.len();
+            match rows.last() {
+                Some(last) if full && !reached_head => page.after_seq = Some(last.seq),
+                _ => return Ok(sent),
+            }
+        }
     }
 }

@@ -31,7 +31,10 @@
 //! process-wide [`Reaper`]. Two teardowns of one tree never run at once in
 //! this process (a per-tree lock).
 
+mod export;
 pub mod metrics;
+
+pub use export::ExportChunks;
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;

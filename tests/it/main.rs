@@ -7,6 +7,7 @@ mod custody;
 mod docs;
 mod fidelity;
 mod ledger;
+mod ledger_life;
 mod observer;
 mod proc;
 mod serve;

@@ -125,7 +125,7 @@ impl Server {
         r.json().expect("json")
     }
 
-    fn post(&self, path: &str, body: Option<&Value>) -> (u16, Value) {
+    pub(crate) fn post(&self, path: &str, body: Option<&Value>) -> (u16, Value) {
         let mut req = self.http.post(self.url(path)).bearer_auth(&self.token);
         if let Some(b) = body {
             req = req.json(b);
