@@ -276,6 +276,8 @@ fn authority(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()>
         owner,
         argv: vec!["true".into()],
         cwd: None,
+        grace_ms: None,
+        timeout_ms: None,
     })?;
     let targets = [
         KillTarget {
@@ -790,6 +792,8 @@ impl Bench {
             stdio: SpawnStdio::Null,
             owner: self.me.clone(),
             owner_kind: OwnerKind::Run,
+            grace: None,
+            timeout: None,
         })?;
         let pgid = spawned.pgid;
         let cg = spawned.cgroup.clone();

@@ -75,9 +75,13 @@ pub struct ShowArgs {
 
 #[derive(Args, Debug)]
 pub struct SweepArgs {
-    /// Grace given to each orphan between SIGTERM and the forced kill.
+    /// Grace of an orphan whose tree records none (trees recorded before
+    /// grace was); every other orphan gets the grace it was spawned with.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     grace: Duration,
+    /// Orphans torn down at once.
+    #[arg(long, default_value_t = treewarden::custody::DEFAULT_SWEEP_CONCURRENCY, value_parser = parse_concurrency)]
+    concurrency: usize,
     #[arg(long)]
     json: bool,
 }
@@ -96,7 +100,11 @@ pub struct ServeArgs {
     /// Orphan sweeps.
     #[arg(long, default_value = "1m", value_parser = parse_duration)]
     sweep_interval: Duration,
-    /// Grace of trees whose request names none, and of sweeps.
+    /// Orphans a sweep (the start-up recovery included) tears down at once.
+    #[arg(long, default_value_t = treewarden::custody::DEFAULT_SWEEP_CONCURRENCY, value_parser = parse_concurrency)]
+    sweep_concurrency: usize,
+    /// Grace of trees whose request names none, and of orphans whose tree
+    /// records none (trees recorded before grace was).
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     grace: Duration,
     /// Cap on each tree's grace during shutdown.
@@ -124,6 +132,14 @@ pub struct ResolveArgs {
     /// The operator's decision, for the audit trail.
     #[arg(long)]
     note: String,
+}
+
+/// A sweep's concurrency: 1 to 1024 teardowns at once (one thread each).
+fn parse_concurrency(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n @ 1..=1024) => Ok(n),
+        _ => Err(format!("{s:?} is not a number of teardowns from 1 to 1024")),
+    }
 }
 
 fn open_ledger(config: &Config) -> Result<Ledger, CliError> {
@@ -210,6 +226,8 @@ pub fn run(config: &Config, args: RunArgs) -> CliResult {
         stdio: SpawnStdio::Inherit,
         owner,
         owner_kind: OwnerKind::Run,
+        grace: Some(args.grace),
+        timeout: args.timeout,
     };
     let opts = RunOptions {
         grace: args.grace,
@@ -359,7 +377,9 @@ fn opt(v: Option<i32>) -> String {
 pub fn sweep(config: &Config, args: SweepArgs) -> CliResult {
     shield_from_interrupts();
     let engine = signal_engine(config)?;
-    let report = engine.sweep(args.grace).map_err(custody_error)?;
+    let mut opts = treewarden::custody::SweepOptions::new(args.grace);
+    opts.concurrency = args.concurrency;
+    let report = engine.sweep_with(&opts).map_err(custody_error)?;
     if args.json {
         print_json(&report)?;
     } else {
@@ -438,6 +458,7 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
         scan_interval: args.scan_interval,
         full_scan_interval: args.full_scan_interval,
         sweep_interval: args.sweep_interval,
+        sweep_concurrency: args.sweep_concurrency,
         default_grace: args.grace,
         shutdown_grace: args.shutdown_grace,
         drain_timeout: args.drain_timeout,
@@ -456,9 +477,11 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
         .build()
         .map_err(|e| CliError::internal(anyhow!("tokio runtime: {e}")))?;
     let code = rt.block_on(async move {
+        // Signals first: from here on SIGTERM drains, whatever start-up is
+        // doing. Then the listener, which answers before the recovery sweep
+        // (started by `run`, in the background) has torn anything down.
         service
-            .start()
-            .await
+            .install_signal_handlers()
             .map_err(|e| CliError::internal(anyhow!("start-up: {e}")))?;
         let listen = service.config().listen;
         let listener = tokio::net::TcpListener::bind(listen)

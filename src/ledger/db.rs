@@ -18,7 +18,10 @@ use super::error::{Fail, LedgerError};
 use super::types::{EventKind, TreeId};
 
 /// The schema, oldest first. Append only: a shipped migration never changes.
-const MIGRATIONS: &[M<'static>] = &[M::up(include_str!("../../migrations/0001_init.sql"))];
+const MIGRATIONS: &[M<'static>] = &[
+    M::up(include_str!("../../migrations/0001_init.sql")),
+    M::up(include_str!("../../migrations/0002_tree_options.sql")),
+];
 
 /// How hard a commit must be on disk before it returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
