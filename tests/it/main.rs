@@ -7,5 +7,6 @@ mod docs;
 mod ledger;
 mod observer;
 mod proc;
+mod recovery;
 mod serve;
 mod util;
