@@ -634,8 +634,13 @@ impl Service {
         let engine = self.engine.clone();
         let live = blocking(move || engine.ledger().nonterminal_trees()).await??;
         for row in live {
+            // A client tree whose teardown the previous instance had begun
+            // (an API kill, its root's exit, its timeout) while its owner
+            // lives: the sweep leaves it alone (the owner is alive), so it
+            // is adopted and its teardown resumed here.
+            let interrupted = matches!(row.state, TreeState::Terminating | TreeState::Killing);
             if row.owner.kind == OwnerKind::Client.as_str()
-                && matches!(row.state, TreeState::Running | TreeState::Spawning)
+                && (interrupted || matches!(row.state, TreeState::Running | TreeState::Spawning))
             {
                 let owner = Identity {
                     pid: row.owner.pid,
@@ -666,6 +671,20 @@ impl Service {
                     t.saturating_sub(age)
                 });
                 self.adopt(row.id, grace, root, Some(fd), timeout);
+                if interrupted {
+                    let this = self.clone();
+                    let tree = row.id;
+                    self.tasks.spawn(async move {
+                        let reason = "resuming a teardown interrupted by a service restart";
+                        if let Err(e) = this
+                            .teardown(tree, Some(grace), reason.into(), Origin::Service, None)
+                            .await
+                        {
+                            // The watch task still tears it down when its owner exits.
+                            tracing::warn!(tree, error = %e, "resumed teardown not settled");
+                        }
+                    });
+                }
             }
         }
         let this = self.clone();

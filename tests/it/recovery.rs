@@ -131,12 +131,16 @@ impl Serve {
 
     /// Spawns a STUBBORN tree with this grace; returns its id.
     fn spawn_stubborn(&self, env: &Env, grace: &str) -> i64 {
-        let body = json!({ "argv": env.marked_argv(STUBBORN), "grace": grace, "label": "orphan" });
+        self.spawn(&json!({ "argv": env.marked_argv(STUBBORN), "grace": grace, "label": "orphan" }))
+    }
+
+    /// Spawns a tree; returns its id.
+    fn spawn(&self, body: &Value) -> i64 {
         let r = self
             .http
             .post(format!("http://{}/api/trees", self.addr))
             .bearer_auth(&self.token)
-            .json(&body)
+            .json(body)
             .send()
             .expect("POST /api/trees");
         let status = r.status().as_u16();
@@ -691,4 +695,88 @@ fn sweep_resumes_a_dead_runs_tree_with_its_recorded_grace_cgroup() {
 #[test]
 fn sweep_resumes_a_dead_runs_tree_with_its_recorded_grace_session() {
     run_killed_then_swept("session");
+}
+
+/// A client tree (its owner a live process of this test) whose API kill
+/// was under way when the service was SIGKILLed: no sweep takes it (its
+/// owner lives), so the next start adopts it and resumes the teardown, with
+/// the tree's grace.
+#[test]
+fn an_api_kill_cut_short_by_a_crash_is_resumed_by_the_next_start_while_its_client_lives() {
+    let boundary = if crate::custody::own_cgroup_dir().is_some() && crate::util::is_root() {
+        "cgroup"
+    } else {
+        "session"
+    };
+    let Some(env) = Env::new(boundary) else {
+        return;
+    };
+    let first = Serve::start(&env, 0, &[], &[]);
+    let client = KillOnDrop(
+        std::process::Command::new("sleep")
+            .arg("300")
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("client process"),
+    );
+    let tree = first.spawn(&json!({
+        "argv": env.marked_argv(STUBBORN),
+        "grace": "2s",
+        "owner_pid": client.id(),
+    }));
+    assert!(env.wait_marked(PER_TREE), "tree did not start");
+    // The kill answers only after its teardown: ask from a thread, which
+    // ends with an error once the service is killed.
+    let (url, token) = (
+        format!("http://{}/api/trees/{tree}/kill", first.addr),
+        first.token.clone(),
+    );
+    let asker = std::thread::spawn(move || {
+        let http = reqwest::blocking::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .expect("http client");
+        let _ = http.post(url).bearer_auth(token).send();
+    });
+    assert!(
+        wait_events(&env, tree, Duration::from_secs(20), |e| {
+            count(e, "signal.sent", Some("SIGTERM")) >= 1
+        }),
+        "the kill sent no SIGTERM"
+    );
+    first.crash();
+    let _ = asker.join();
+    assert_eq!(states(&env)[&tree], "terminating");
+    assert_eq!(env.marked().len(), PER_TREE);
+
+    let second = Serve::start(&env, 1, &["--grace", "60s"], &[]);
+    assert!(
+        wait_until(Duration::from_secs(20), || env.marked().is_empty()),
+        "survivors: {:?}; log: {}",
+        env.marked(),
+        second.stderr()
+    );
+    let took = second.started.elapsed();
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    assert!(
+        crate::util::pid_alive(client.id() as i32),
+        "the client died"
+    );
+    assert!(wait_until(Duration::from_secs(5), || states(&env)[&tree] == "ended"));
+    let all = env.export();
+    let kills = assert_each_kill_authorized(&all);
+    assert!(!kills[&tree].1.is_empty(), "no SIGKILL");
+    let reasons: Vec<String> = events_of(&all, tree)
+        .iter()
+        .filter(|e| e["kind"] == "kill.authorized")
+        .map(|e| e["data"]["reason"].to_string())
+        .collect();
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.contains("interrupted by a service restart")),
+        "{reasons:?}"
+    );
+    assert_clean(&env);
 }
