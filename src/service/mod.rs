@@ -47,13 +47,12 @@ use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::custody::{
     CustodyError, Engine, Origin, SpawnRequest, SweepCounts, SweepOptions, SweepProgress,
