@@ -170,6 +170,8 @@ pub struct Service {
     recovery: Mutex<RecoveryState>,
     /// Whether SIGTERM/SIGINT are already routed to the shutdown token.
     signals_installed: AtomicBool,
+    /// Whether [`Service::start`] ran (it runs once: `run` calls it).
+    started_once: AtomicBool,
 }
 
 /// Where the start-up recovery is.
@@ -240,6 +242,7 @@ impl Service {
                 error: None,
             }),
             signals_installed: AtomicBool::new(false),
+            started_once: AtomicBool::new(false),
         }))
     }
 
@@ -622,7 +625,11 @@ impl Service {
     /// Start-up: adopt the client trees a previous service left (their
     /// owners still live), start the loops, and start the recovery sweep in
     /// the background (it does not hold up the listener).
+    /// Runs once; [`Service::run`] calls it, a second call does nothing.
     pub async fn start(self: &Arc<Self>) -> Result<(), ServiceError> {
+        if self.started_once.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
         // Event-fed counters start here, so the start-up sweep is counted.
         let engine = self.engine.clone();
         let head = blocking(move || engine.ledger().head()).await??;
