@@ -391,9 +391,13 @@ pub fn sweep(config: &Config, args: SweepArgs) -> CliResult {
         );
         for o in &report.orphans {
             match (&o.to, &o.error) {
-                (Some(to), _) => {
-                    println!("  tree {}: {} -> {}", o.tree, o.from.as_str(), to.as_str())
-                }
+                (Some(to), _) => println!(
+                    "  tree {}: {} -> {} (grace {})",
+                    o.tree,
+                    o.from.as_str(),
+                    to.as_str(),
+                    humantime::format_duration(Duration::from_millis(o.grace_ms))
+                ),
                 (None, Some(e)) => {
                     println!("  tree {}: {} -> unsettled: {e}", o.tree, o.from.as_str())
                 }

@@ -289,12 +289,16 @@ impl Service {
         let mut term = listen(SignalKind::terminate(), "SIGTERM")?;
         let mut int = listen(SignalKind::interrupt(), "SIGINT")?;
         let token = self.shutdown.clone();
+        let stop = self.sweep_stop.clone();
         tokio::spawn(async move {
             tokio::select! {
                 _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
                 _ = int.recv() => tracing::info!("SIGINT: shutting down"),
                 _ = token.cancelled() => return,
             }
+            // No orphan teardown starts from here on (the drain sets it
+            // too; this is earlier by the drain's first awaits).
+            stop.store(true, Ordering::SeqCst);
             token.cancel();
         });
         Ok(())
@@ -709,6 +713,13 @@ impl Service {
     /// grace, while the service answers requests.
     async fn recover(self: &Arc<Self>) {
         let t0 = Instant::now();
+        if self.shutdown.is_cancelled() {
+            // A signal before the recovery began: the next start does it.
+            let mut r = self.recovery.lock().unwrap_or_else(|e| e.into_inner());
+            r.running = false;
+            r.error = Some("not started: the service is shutting down".into());
+            return;
+        }
         let engine = self.engine.clone();
         let opts = self.sweep_options();
         let result = blocking(move || engine.sweep_with(&opts)).await;
