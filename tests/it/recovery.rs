@@ -794,3 +794,76 @@ fn an_api_kill_cut_short_by_a_crash_is_resumed_by_the_next_start_while_its_clien
     );
     assert_clean(&env);
 }
+
+/// Trees recorded before migration 0002 have no grace: opening such a
+/// ledger migrates it, their `grace_ms`/`timeout_ms` read as `None`, and a
+/// reader falls back to its configured default.
+#[test]
+fn a_ledger_from_before_0002_migrates_and_its_trees_fall_back_to_the_default_grace() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("ledger.db");
+    {
+        let conn = rusqlite::Connection::open(&path).expect("open");
+        conn.execute_batch(include_str!("../../migrations/0001_init.sql"))
+            .expect("0001");
+        conn.pragma_update(None, "user_version", 1)
+            .expect("version 1");
+        conn.execute_batch(
+            "INSERT INTO owners (pid, start_ticks, boot_id, kind, created_at)
+                 VALUES (4242, 1, 'boot', 'run', '2026-01-01T00:00:00.000Z');
+             INSERT INTO trees (label, state, boundary, owner_id, argv, created_at)
+                 VALUES ('old', 'running', 'session', 1, '[\"true\"]', '2026-01-01T00:00:00.000Z');",
+        )
+        .expect("a tree of version 1");
+    }
+    let ledger = treewarden::ledger::Ledger::open(&path, Default::default()).expect("migrate");
+    let row = ledger
+        .tree(treewarden::ledger::TreeId(1))
+        .expect("read")
+        .expect("the old tree");
+    assert_eq!(row.grace_ms, None);
+    assert_eq!(row.timeout_ms, None);
+    assert_eq!(
+        row.grace_or(Duration::from_millis(1234)),
+        Duration::from_millis(1234)
+    );
+    let conn = rusqlite::Connection::open(&path).expect("reopen");
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .expect("version");
+    assert_eq!(version, 2, "migration 0002 applied");
+}
+
+/// End to end: an orphan whose row has no grace (as if recorded before
+/// 0002) is swept with `sweep --grace`, the configured default.
+#[test]
+fn an_orphan_without_a_recorded_grace_is_swept_with_the_default() {
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    let mut run = KillOnDrop(env.spawn_run(&["--grace", "30s", "--quiet"], STUBBORN));
+    assert!(env.wait_marked(PER_TREE), "tree did not start");
+    let tree = states(&env).into_keys().max().expect("tree");
+    signal(run.id(), rustix::process::Signal::KILL);
+    wait_child(&mut run.0, Duration::from_secs(10)).expect("run reaped");
+    {
+        // As a tree of a ledger from before 0002 reads.
+        let conn = rusqlite::Connection::open(env.ledger_path()).expect("open");
+        conn.execute("UPDATE trees SET grace_ms = NULL WHERE id = ?1", [tree])
+            .expect("forget the grace");
+    }
+    let t0 = Instant::now();
+    let out = env.output(&["sweep", "--json", "--grace", "300ms"]);
+    let took = t0.elapsed();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).expect("sweep json");
+    assert_eq!(report["orphans"][0]["grace_ms"], 300, "{report}");
+    assert_eq!(report["orphans"][0]["to"], "ended", "{report}");
+    assert!(took < Duration::from_secs(10), "sweep took {took:?}");
+    assert!(env.marked().is_empty(), "survivors: {:?}", env.marked());
+    assert_each_kill_authorized(&env.export());
+}
