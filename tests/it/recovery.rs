@@ -867,3 +867,52 @@ fn an_orphan_without_a_recorded_grace_is_swept_with_the_default() {
     assert!(env.marked().is_empty(), "survivors: {:?}", env.marked());
     assert_each_kill_authorized(&env.export());
 }
+
+/// A client tree re-adopted by a restarted service keeps its recorded
+/// timeout, counted from its creation (not from the restart, and not lost).
+#[test]
+fn a_readopted_client_tree_keeps_its_recorded_timeout() {
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    let first = Serve::start(&env, 0, &[], &[]);
+    let client = KillOnDrop(
+        std::process::Command::new("sleep")
+            .arg("300")
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("client process"),
+    );
+    let spawned = Instant::now();
+    let tree = first.spawn(&json!({
+        "argv": env.marked_argv("sleep 300 & wait"),
+        "grace": "200ms",
+        "timeout": "4s",
+        "owner_pid": client.id(),
+    }));
+    assert!(env.wait_marked(PER_TREE), "tree did not start");
+    first.crash();
+    let second = Serve::start(&env, 1, &[], &[]);
+    assert!(
+        wait_until(Duration::from_secs(20), || env.marked().is_empty()),
+        "the timeout was lost: {:?}; log: {}",
+        env.marked(),
+        second.stderr()
+    );
+    let ended = spawned.elapsed();
+    assert!(
+        ended >= Duration::from_millis(3900) && ended < Duration::from_secs(8),
+        "ended {ended:?} after the spawn; its timeout is 4 s from its creation"
+    );
+    assert!(
+        crate::util::pid_alive(client.id() as i32),
+        "the client died"
+    );
+    let all = env.export();
+    let reasons: Vec<String> = events_of(&all, tree)
+        .iter()
+        .filter(|e| e["kind"] == "tree.state")
+        .map(|e| e["data"]["reason"].to_string())
+        .collect();
+    assert!(reasons.iter().any(|r| r.contains("timeout")), "{reasons:?}");
+}
