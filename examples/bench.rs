@@ -11,13 +11,18 @@
 //! 3. scan: `scan::snapshot` + `scan::classify` vs plain reads of every
 //!    `/proc/<pid>/stat` (no parsing) vs a sysinfo full process refresh, at
 //!    the base process count and with extra idle `sleep` children;
-//! 4. teardown: `Engine::teardown` of a SIGTERM-ignoring tree at grace 0, from
+//! 4. recovery (issue 12): N SIGTERM-ignoring orphans (grace 1 s) left by a
+//!    SIGKILLed `treewarden serve`; a new `serve` on the same ledger, from its
+//!    start to `/healthz` (floor: the same start on an empty ledger) and to
+//!    the last orphan gone (floor: the grace itself, which every orphan must
+//!    be given). Flat in N up to the sweep's concurrency bound (64);
+//! 5. teardown: `Engine::teardown` of a SIGTERM-ignoring tree at grace 0, from
 //!    the call to verified-empty, vs `cgroup.kill` + wait for `populated 0`
 //!    (cgroup boundary) and `killpg(SIGKILL)` + wait until no live member is
 //!    left (session boundary).
 //!
-//! The order matters: sections 2 and 3 wait for their children with
-//! `std::process`, so they run before section 4 installs the reaper (this
+//! The order matters: sections 2 to 4 wait for their children with
+//! `std::process`, so they run before section 5 installs the reaper (this
 //! process becomes the trees' subreaper; from then on only the reaper waits,
 //! and every zombie a kill leaves behind is reaped by it, not counted).
 //! Idle children are ended by their own pid at the end of their section.
@@ -50,7 +55,11 @@ struct Plan {
     teardown_reps: usize,
     /// Where the ledger and the raw fsync file live.
     dir: PathBuf,
-    /// Run only this section (`authority`, `spawn`, `scan`, `teardown`, `idle`).
+    /// Orphan counts for the recovery rows, and the orphans' grace.
+    recovery_sizes: Vec<usize>,
+    recovery_grace: Duration,
+    recovery_reps: usize,
+    /// Run only this section (`authority`, `spawn`, `scan`, `recovery`, `teardown`, `idle`).
     only: Option<String>,
     /// Print each teardown's phase durations on stderr.
     phases: bool,
@@ -92,6 +101,9 @@ impl Plan {
                 scan_extra: vec![0, 10],
                 tree_sizes: vec![10],
                 teardown_reps: 1,
+                recovery_sizes: vec![1, 4],
+                recovery_grace: Duration::from_millis(200),
+                recovery_reps: 1,
                 dir,
                 only,
                 phases,
@@ -107,6 +119,9 @@ impl Plan {
                 scan_extra: vec![0, 10, 100, 1000, 2000, 5000],
                 tree_sizes: vec![10, 100, 1000, 5000],
                 teardown_reps: 5,
+                recovery_sizes: vec![1, 16, 64, 128],
+                recovery_grace: Duration::from_secs(1),
+                recovery_reps: 3,
                 dir,
                 only,
                 phases,
@@ -239,6 +254,9 @@ fn main() -> anyhow::Result<()> {
     if plan.runs("scan") {
         scans(&plan, &mut rows)?;
     }
+    if plan.runs("recovery") {
+        recovery(&plan, work.path(), &mut rows)?;
+    }
     if plan.runs("teardown") {
         teardowns(&plan, work.path(), &mut rows)?;
     }
@@ -276,6 +294,8 @@ fn authority(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()>
         owner,
         argv: vec!["true".into()],
         cwd: None,
+        grace_ms: None,
+        timeout_ms: None,
     })?;
     let targets = [
         KillTarget {
@@ -658,6 +678,206 @@ fn scans(plan: &Plan, rows: &mut Vec<Row>) -> anyhow::Result<()> {
     Ok(())
 }
 
+// ----------------------------------------------------------------- recovery
+
+/// Live processes whose environment carries `TW_BENCH_MARK=<mark>`.
+fn marked(mark: &str) -> Vec<i32> {
+    let needle = format!("TW_BENCH_MARK={mark}");
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(env) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        let zombie = std::fs::read_to_string(entry.path().join("stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .map(|(_, r)| r.trim_start().starts_with('Z'))
+            })
+            .unwrap_or(true);
+        if !zombie && env.split(|b| *b == 0).any(|v| v == needle.as_bytes()) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Ends the marked processes by pid (the orphans a failed run leaves).
+struct Marked(String);
+
+impl Drop for Marked {
+    fn drop(&mut self) {
+        for pid in marked(&self.0) {
+            if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
+        wait_until(Duration::from_secs(10), Duration::from_millis(20), || {
+            marked(&self.0).is_empty()
+        });
+    }
+}
+
+/// A `treewarden serve` on `data`; returns it once its ready file exists.
+fn start_serve(
+    bin: &Path,
+    data: &Path,
+    ready: &Path,
+    cgroup: Option<&BenchCgroup>,
+) -> anyhow::Result<Serve> {
+    let _ = std::fs::remove_file(ready);
+    let mut c = Command::new(bin);
+    c.env("TREEWARDEN_DATA_DIR", data)
+        .env_remove("TREEWARDEN_CGROUP_ROOT")
+        .args(["serve", "--listen", "127.0.0.1:0", "--ready-file"])
+        .arg(ready)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    match cgroup {
+        Some(root) => c
+            .env("TREEWARDEN_BOUNDARY", "cgroup")
+            .env("TREEWARDEN_CGROUP_ROOT", &root.0),
+        None => c.env("TREEWARDEN_BOUNDARY", "session"),
+    };
+    Ok(Serve(c.spawn()?))
+}
+
+/// From `t0` until `GET /healthz` answers 200 (the ready file gives the address).
+fn until_healthy(ready: &Path, t0: Instant) -> anyhow::Result<(Duration, String)> {
+    let http = reqwest::blocking::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .build()?;
+    let mut addr = String::new();
+    let ok = wait_until(Duration::from_secs(30), Duration::from_millis(2), || {
+        if addr.is_empty() {
+            addr = std::fs::read_to_string(ready).unwrap_or_default();
+        }
+        !addr.is_empty()
+            && http
+                .get(format!("http://{}/healthz", addr.trim()))
+                .send()
+                .is_ok_and(|r| r.status().is_success())
+    });
+    anyhow::ensure!(ok, "serve did not answer /healthz");
+    Ok((t0.elapsed(), addr.trim().to_string()))
+}
+
+/// One recovery: `n` orphans (grace `grace`) of a SIGKILLed service, then a
+/// new service: (start → /healthz, start → last orphan gone).
+fn recover_once(
+    bin: &Path,
+    dir: &Path,
+    n: usize,
+    grace: Duration,
+    cgroup: Option<&BenchCgroup>,
+) -> anyhow::Result<(Duration, Duration)> {
+    static RUN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let k = RUN.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let data = dir.join(format!("recovery-{k}"));
+    let ready = dir.join(format!("recovery-{k}.ready"));
+    let mark = Marked(format!("{}-{k}", std::process::id()));
+    let mut first = start_serve(bin, &data, &ready, cgroup)?;
+    let (_, addr) = until_healthy(&ready, Instant::now())?;
+    let token = std::fs::read_to_string(data.join("api-token"))?;
+    let http = reqwest::blocking::Client::builder().no_proxy().build()?;
+    let grace_text = humantime::format_duration(grace).to_string();
+    for _ in 0..n {
+        let resp = http
+            .post(format!("http://{addr}/api/trees"))
+            .bearer_auth(token.trim())
+            .json(&serde_json::json!({
+                "argv": ["sh", "-c", "trap '' TERM; sleep 3600 & wait"],
+                "env": { "TW_BENCH_MARK": mark.0 },
+                "grace": grace_text,
+            }))
+            .send()?;
+        anyhow::ensure!(resp.status().is_success(), "spawn: {}", resp.status());
+    }
+    anyhow::ensure!(
+        wait_until(Duration::from_secs(60), Duration::from_millis(20), || {
+            marked(&mark.0).len() >= 2 * n
+        }),
+        "orphans-to-be did not start"
+    );
+    // The crash: SIGKILL, reaped (no reaper is installed yet in this process).
+    let _ = first.0.kill();
+    let _ = first.0.wait();
+    let t0 = Instant::now();
+    let second = start_serve(bin, &data, &ready, cgroup)?;
+    let (healthy, _) = until_healthy(&ready, t0)?;
+    anyhow::ensure!(
+        wait_until(Duration::from_secs(120), Duration::from_millis(2), || {
+            marked(&mark.0).is_empty()
+        }),
+        "orphans survived the recovery"
+    );
+    let gone = t0.elapsed();
+    drop(second);
+    Ok((healthy, gone))
+}
+
+/// Issue 12: recovery time of N orphans vs N, each next to its floor.
+fn recovery(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    let bin = treewarden_bin()?;
+    let cgroup = BenchCgroup::create("recovery");
+    let boundary = if cgroup.is_some() {
+        "cgroup"
+    } else {
+        "session"
+    };
+    let grace = plan.recovery_grace;
+    // The floor of /healthz: the same start with nothing to recover.
+    let mut empty = Vec::new();
+    for _ in 0..plan.recovery_reps {
+        empty.push(recover_once(&bin, dir, 0, grace, cgroup.as_ref())?.0);
+    }
+    let empty = stats(empty);
+    for &n in &plan.recovery_sizes {
+        eprintln!(
+            "bench: recovery of {n} orphans (grace {}) on the {boundary} boundary x{}",
+            humantime::format_duration(grace),
+            plan.recovery_reps
+        );
+        let (mut healthy, mut gone) = (Vec::new(), Vec::new());
+        for _ in 0..plan.recovery_reps {
+            let (h, g) = recover_once(&bin, dir, n, grace, cgroup.as_ref())?;
+            healthy.push(h);
+            gone.push(g);
+        }
+        rows.push(Row {
+            item: "12".into(),
+            what: format!("recovery, {n} orphans, {boundary}, start → /healthz"),
+            ours: stats(healthy),
+            floor_name: "start → /healthz, empty ledger".into(),
+            floor: empty,
+            by_p99: false,
+            target: Target::OverheadMs(1000.0),
+        });
+        rows.push(Row {
+            item: "12".into(),
+            what: format!(
+                "recovery, {n} orphans, {boundary}, grace {}, start → last orphan gone",
+                humantime::format_duration(grace)
+            ),
+            ours: stats(gone),
+            floor_name: "the grace".into(),
+            floor: stats(vec![grace; plan.recovery_reps]),
+            by_p99: false,
+            target: Target::OverheadMs(3000.0),
+        });
+    }
+    Ok(())
+}
+
 // ----------------------------------------------------------------- teardown
 
 /// A cgroup v2 directory for this bench's trees, removed when dropped.
@@ -790,6 +1010,8 @@ impl Bench {
             stdio: SpawnStdio::Null,
             owner: self.me.clone(),
             owner_kind: OwnerKind::Run,
+            grace: None,
+            timeout: None,
         })?;
         let pgid = spawned.pgid;
         let cg = spawned.cgroup.clone();
@@ -1007,6 +1229,11 @@ fn scaling(rows: &[Row]) {
         ("scan + classify (host processes)", "scan", "raw"),
         ("teardown, cgroup (tree size)", "teardown", "cgroup.kill"),
         ("teardown, session (tree size)", "teardown", "killpg"),
+        (
+            "recovery, start → last orphan gone (orphans)",
+            "recovery",
+            "the grace",
+        ),
     ] {
         let pts = series(prefix, floor);
         let ours: Vec<(f64, f64)> = pts.iter().map(|p| (p.0, p.1)).collect();

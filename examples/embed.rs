@@ -58,6 +58,8 @@ fn main() -> anyhow::Result<()> {
         stdio: SpawnStdio::Null,
         owner: me.clone(),
         owner_kind: OwnerKind::Run,
+        grace: None,
+        timeout: None,
     })?;
     println!(
         "spawned tree {} (root pid {}, pgid {}, boundary {})",

@@ -102,9 +102,13 @@ pub struct ShowArgs {
 
 #[derive(Args, Debug)]
 pub struct SweepArgs {
-    /// Grace given to each orphan between SIGTERM and the forced kill.
+    /// Grace of an orphan whose tree records none (trees recorded before
+    /// grace was); every other orphan gets the grace it was spawned with.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     grace: Duration,
+    /// Orphans torn down at once.
+    #[arg(long, default_value_t = treewarden::custody::DEFAULT_SWEEP_CONCURRENCY, value_parser = parse_concurrency)]
+    concurrency: usize,
     #[arg(long)]
     json: bool,
 }
@@ -123,7 +127,11 @@ pub struct ServeArgs {
     /// Orphan sweeps.
     #[arg(long, default_value = "1m", value_parser = parse_duration)]
     sweep_interval: Duration,
-    /// Grace of trees whose request names none, and of sweeps.
+    /// Orphans a sweep (the start-up recovery included) tears down at once.
+    #[arg(long, default_value_t = treewarden::custody::DEFAULT_SWEEP_CONCURRENCY, value_parser = parse_concurrency)]
+    sweep_concurrency: usize,
+    /// Grace of trees whose request names none, and of orphans whose tree
+    /// records none (trees recorded before grace was).
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     grace: Duration,
     /// Cap on each tree's grace during shutdown.
@@ -158,6 +166,14 @@ pub struct ResolveArgs {
     /// named in `tree.resolved` (and the tree flagged `survivors_left`).
     #[arg(long)]
     force: bool,
+}
+
+/// A sweep's concurrency: 1 to 1024 teardowns at once (one thread each).
+fn parse_concurrency(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n @ 1..=1024) => Ok(n),
+        _ => Err(format!("{s:?} is not a number of teardowns from 1 to 1024")),
+    }
 }
 
 fn open_ledger(config: &Config) -> Result<Ledger, CliError> {
@@ -270,6 +286,8 @@ pub fn run(config: &Config, args: RunArgs) -> CliResult {
         stdio: SpawnStdio::Inherit,
         owner,
         owner_kind: OwnerKind::Run,
+        grace: Some(args.grace),
+        timeout: args.timeout,
     };
     let opts = RunOptions {
         grace: args.grace,
@@ -531,7 +549,9 @@ fn opt(v: Option<i32>) -> String {
 pub fn sweep(config: &Config, args: SweepArgs) -> CliResult {
     shield_from_interrupts();
     let engine = signal_engine(config)?;
-    let report = engine.sweep(args.grace).map_err(custody_error)?;
+    let mut opts = treewarden::custody::SweepOptions::new(args.grace);
+    opts.concurrency = args.concurrency;
+    let report = engine.sweep_with(&opts).map_err(custody_error)?;
     if args.json {
         print_json(&report)?;
     } else {
@@ -543,9 +563,13 @@ pub fn sweep(config: &Config, args: SweepArgs) -> CliResult {
         );
         for o in &report.orphans {
             match (&o.to, &o.error) {
-                (Some(to), _) => {
-                    println!("  tree {}: {} -> {}", o.tree, o.from.as_str(), to.as_str())
-                }
+                (Some(to), _) => println!(
+                    "  tree {}: {} -> {} (grace {})",
+                    o.tree,
+                    o.from.as_str(),
+                    to.as_str(),
+                    humantime::format_duration(Duration::from_millis(o.grace_ms))
+                ),
                 (None, Some(e)) => {
                     println!("  tree {}: {} -> unsettled: {e}", o.tree, o.from.as_str())
                 }
@@ -618,6 +642,7 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
         scan_interval: args.scan_interval,
         full_scan_interval: args.full_scan_interval,
         sweep_interval: args.sweep_interval,
+        sweep_concurrency: args.sweep_concurrency,
         default_grace: args.grace,
         shutdown_grace: args.shutdown_grace,
         drain_timeout: args.drain_timeout,
@@ -636,9 +661,11 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
         .build()
         .map_err(|e| CliError::internal(anyhow!("tokio runtime: {e}")))?;
     let code = rt.block_on(async move {
+        // Signals first: from here on SIGTERM drains, whatever start-up is
+        // doing. Then the listener, which answers before the recovery sweep
+        // (started by `run`, in the background) has torn anything down.
         service
-            .start()
-            .await
+            .install_signal_handlers()
             .map_err(|e| CliError::internal(anyhow!("start-up: {e}")))?;
         let listen = service.config().listen;
         let listener = tokio::net::TcpListener::bind(listen)

@@ -11,6 +11,7 @@
 //! - [`service`]: `serve`'s owner loop: API-spawned trees, scans, sweeps, owner watches, shutdown.
 //! - [`http`]: `router(state)`: the JSON API, dashboard, `/metrics`, export, OpenAPI.
 //! - [`telemetry`]: logs to stderr (text or JSON) and OTLP span export when configured.
+//! - [`testhook`]: test-only crash points (`TREEWARDEN_TEST_CRASH_AT`), off by default.
 //!
 //! The binary (`src/main.rs`, `src/cli.rs`) is a thin shell over these.
 
@@ -22,3 +23,4 @@ pub mod proc;
 pub mod scan;
 pub mod service;
 pub mod telemetry;
+pub mod testhook;

@@ -33,7 +33,9 @@ pub use observer::{Observer, ObserverHandle, ObserverStats};
 pub use owner::{RunEnd, RunOptions, RunOutcome};
 pub use spawn::{SpawnRequest, Spawned};
 pub use stats::EngineStats;
-pub use sweep::{SweepOutcome, SweepReport};
+pub use sweep::{
+    DEFAULT_SWEEP_CONCURRENCY, SweepCounts, SweepOptions, SweepOutcome, SweepProgress, SweepReport,
+};
 pub use teardown::{Origin, Phase, Progress, TeardownOptions, TeardownReport};
 pub use watch::{TickReport, TreeWatch};
 

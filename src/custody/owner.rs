@@ -151,7 +151,14 @@ impl Engine {
 
         // Subscribed before the spawn, so the root's first fork is seen.
         let observer = start_observer(self, opts, &tx)?;
-        let spawned = self.spawn(req)?;
+        // The tree's grace and timeout are recorded with it: a sweep that
+        // resumes its teardown after `run` died uses them.
+        let req = SpawnRequest {
+            grace: req.grace.or(Some(opts.grace)),
+            timeout: req.timeout.or(opts.timeout),
+            ..req.clone()
+        };
+        let spawned = self.spawn(&req)?;
         let tree = spawned.tree;
         let obs = observer.as_ref().map(Observer::handle);
         if let Some(o) = &obs {

@@ -12,6 +12,7 @@
 
 use std::ffi::OsString;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use super::{CustodyError, Engine};
 use crate::ledger::{IdentityRecord, NewTree, OwnerKind, OwnerRecord, SpawnRecord, TreeId};
@@ -32,6 +33,12 @@ pub struct SpawnRequest {
     /// The process on whose behalf the tree runs (verified by the caller).
     pub owner: Identity,
     pub owner_kind: OwnerKind,
+    /// The tree's grace, recorded with it: a later teardown by another
+    /// process (a sweep, a restarted service) uses it. `None`: not recorded
+    /// (such teardowns use their configured default).
+    pub grace: Option<Duration>,
+    /// The tree's timeout, recorded with it.
+    pub timeout: Option<Duration>,
 }
 
 /// A released tree.
@@ -43,6 +50,11 @@ pub struct Spawned {
     pub sid: i32,
     pub cgroup: Option<PathBuf>,
     pub boundary: BoundaryKind,
+}
+
+/// A duration as the ledger records it (milliseconds, saturating).
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 pub(crate) fn identity_record(id: &Identity) -> IdentityRecord {
@@ -85,6 +97,8 @@ impl Engine {
                 .map(|a| a.to_string_lossy().into_owned())
                 .collect(),
             cwd: req.cwd.as_ref().map(|p| p.display().to_string()),
+            grace_ms: req.grace.map(millis),
+            timeout_ms: req.timeout.map(millis),
         })?;
         let cgroup = match (boundary, &self.cgroup_root) {
             (BoundaryKind::Cgroup, Some(root)) => {

@@ -120,6 +120,54 @@ pub struct Health {
     pub dispatch: String,
     pub owned_trees: usize,
     pub uptime_seconds: u64,
+    /// The start-up recovery sweep (orphans of a previous instance).
+    pub recovery: Recovery,
+}
+
+/// The start-up recovery as `/healthz` and `/readyz` report it.
+#[derive(Serialize, ToSchema)]
+pub struct Recovery {
+    /// The start-up sweep still runs: orphans are being torn down.
+    pub running: bool,
+    /// Orphans found by this service's sweeps (start-up and periodic).
+    pub orphans_found: usize,
+    /// Of those, teardowns queued or running now.
+    pub orphans_pending: usize,
+    /// Of those, teardowns running now.
+    pub orphans_in_flight: usize,
+    /// Of those, torn down to a terminal state.
+    pub orphans_settled: usize,
+    /// Of those, left unsettled (the next sweep tries again).
+    pub orphans_unsettled: usize,
+    /// How long the start-up sweep took, once done.
+    pub took_ms: Option<u64>,
+    /// Why the start-up sweep failed, if it did.
+    pub error: Option<String>,
+}
+
+impl Recovery {
+    fn of(r: &crate::service::RecoveryStatus) -> Self {
+        Recovery {
+            running: r.running,
+            orphans_found: r.counts.found,
+            orphans_pending: r.counts.pending(),
+            orphans_in_flight: r.counts.in_flight,
+            orphans_settled: r.counts.settled,
+            orphans_unsettled: r.counts.unsettled + r.counts.not_started,
+            took_ms: r
+                .took
+                .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            error: r.error.clone(),
+        }
+    }
+}
+
+/// What `/readyz` answers.
+#[derive(Serialize, ToSchema)]
+pub struct Readiness {
+    /// False while the start-up recovery sweep runs.
+    pub ready: bool,
+    pub recovery: Recovery,
 }
 
 fn parse_duration(what: &str, s: &str) -> Result<Duration, String> {
@@ -388,7 +436,24 @@ pub async fn healthz(State(s): State<AppState>) -> Result<Json<Health>, ApiError
         .into(),
         owned_trees: s.service.owned_trees().len(),
         uptime_seconds: s.service.uptime().as_secs(),
+        recovery: Recovery::of(&s.service.recovery()),
     }))
+}
+
+/// Readiness: 200 once the start-up recovery sweep has finished, 503 while
+/// it runs (the service answers meanwhile; `/healthz` is its liveness). No
+/// ledger read: it answers even while the ledger is busy with the recovery.
+#[utoipa::path(get, path = "/readyz", responses((status = 200, body = Readiness),
+    (status = 401, body = ErrorBody), (status = 503, body = Readiness)))]
+pub async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
+    let recovery = Recovery::of(&s.service.recovery());
+    let ready = !recovery.running;
+    let status = if ready {
+        axum::http::StatusCode::OK
+    } else {
+        axum::http::StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(Readiness { ready, recovery }))
 }
 
 pub async fn not_found() -> ApiError {
@@ -412,9 +477,9 @@ impl utoipa::Modify for BearerAuth {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "treewarden", description = "Custody of process trees: spawn, inspect, kill, audit."),
-    paths(list_trees, get_tree, spawn_tree, kill_tree, resolve_tree, events, healthz,
+    paths(list_trees, get_tree, spawn_tree, kill_tree, resolve_tree, events, healthz, readyz,
           super::export::export),
-    components(schemas(ErrorBody, SpawnBody, ResolveBody, KillResponse, PhaseJson, Health,
+    components(schemas(ErrorBody, SpawnBody, ResolveBody, KillResponse, PhaseJson, Health, Recovery, Readiness,
         TreeRow, TreeDetail, TreeState, OwnerRow, ExitRecord, MemberRow, ObservationRow,
         SignalRow, AuthorizationRow, KillTarget, IdentityRecord, EventRow)),
     modifiers(&BearerAuth)

@@ -91,6 +91,48 @@ pub struct IndexPage {
     pub owned: usize,
     /// One line on the proc-connector observer's health (or why it is off).
     pub observer: String,
+    /// One line on the start-up recovery (orphans pending), while it runs
+    /// or when it found anything.
+    pub recovery: Option<String>,
+    /// Whether the start-up recovery sweep still runs.
+    pub recovering: bool,
+}
+
+/// The recovery line of the index page: `None` once a recovery that found
+/// nothing is over.
+fn recovery_line(r: &crate::service::RecoveryStatus) -> Option<String> {
+    let c = &r.counts;
+    let unsettled = c.unsettled + c.not_started;
+    let unsettled = if unsettled > 0 {
+        format!(", {unsettled} left unsettled for the next sweep")
+    } else {
+        String::new()
+    };
+    if r.running {
+        return Some(format!(
+            "recovery running: {} orphans pending ({} being torn down now), {} of {} found torn down{unsettled}",
+            c.pending(),
+            c.in_flight,
+            c.settled,
+            c.found
+        ));
+    }
+    if let Some(e) = &r.error {
+        return Some(format!("recovery failed ({e}): the periodic sweep retries"));
+    }
+    if c.found == 0 {
+        return None;
+    }
+    let took = r
+        .took
+        .map(|d| format!(" (start-up sweep took {:.1} s)", d.as_secs_f64()))
+        .unwrap_or_default();
+    Some(format!(
+        "orphans: {} pending, {} of {} found torn down{unsettled}{took}",
+        c.pending(),
+        c.settled,
+        c.found
+    ))
 }
 
 /// The observer line of the index page.
@@ -143,6 +185,8 @@ pub async fn index(
         unsettled,
         owned: s.service.owned_trees().len(),
         observer: observer_line(s.service.observer_status()),
+        recovery: recovery_line(&s.service.recovery()),
+        recovering: s.service.recovery().running,
     })
 }
 

@@ -1,5 +1,5 @@
 //! `GET /metrics`: refreshes the gauges read at scrape time (trees by
-//! state, dispatch closed, ledger head, observer health) and encodes the registry, as
+//! state, dispatch closed, ledger head, observer health, orphans pending) and encodes the registry, as
 //! OpenMetrics when the scraper asks for it, else the Prometheus text format.
 
 use axum::extract::State;
@@ -29,6 +29,10 @@ pub async fn metrics(
     m.ledger_head_seq.set(head.map_or(0, |(seq, _)| seq));
     m.sync_stats(s.service.engine().stats());
     m.sync_observer(s.service.observer_status().ok().as_ref());
+    let recovery = s.service.recovery();
+    m.orphans_pending
+        .set(i64::try_from(recovery.counts.pending()).unwrap_or(i64::MAX));
+    m.recovering.set(i64::from(recovery.running));
     let openmetrics = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())

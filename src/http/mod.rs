@@ -1,6 +1,6 @@
 //! The HTTP face of the service: `router(state) -> Router`, kept apart from
 //! serving so tests can drive it. JSON API under `/api`, the dashboard at
-//! `/`, `/metrics`, `/healthz`, and the OpenAPI document.
+//! `/`, `/metrics`, `/healthz`, `/readyz`, and the OpenAPI document.
 //!
 //! Layers, outermost first: request tracing (tower-http), the JSON shape of
 //! every error under `/api` (so the layers' own 408/413 are JSON too), a
@@ -59,6 +59,7 @@ pub fn router(state: AppState) -> Router {
         .route("/events", get(dashboard::events))
         .route("/metrics", get(metrics::metrics))
         .route("/healthz", get(api::healthz))
+        .route("/readyz", get(api::readyz))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             auth::require_token,

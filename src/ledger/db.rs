@@ -21,7 +21,7 @@ use super::types::{EventKind, TreeId};
 /// The schema, oldest first. Append only: a shipped migration never changes.
 const MIGRATIONS: &[M<'static>] = &[
     M::up(include_str!("../../migrations/0001_init.sql")),
-    // 0002 is the tree options (grace, timeout), from the recovery work.
+    M::up(include_str!("../../migrations/0002_tree_options.sql")),
     M::up(include_str!("../../migrations/0003_instance.sql")),
 ];
 

@@ -306,10 +306,14 @@ impl Ledger {
         let taken_at = humantime::format_rfc3339_millis(taken_at).to_string();
         let targets = targets.to_vec();
         let reason = reason.to_string();
-        self.write(Durability::Full, move |w| {
+        crate::testhook::crash_point("before-authorize");
+        let auth = self.write(Durability::Full, move |w| {
             write::record_survivors(w, id, &survivors, &taken_at)?;
             write::authorize_kill(w, id, &targets, &reason)
-        })
+        })?;
+        // The authorization is committed; its SIGKILL is the caller's next step.
+        crate::testhook::crash_point("after-authorize");
+        Ok(auth)
     }
 
     /// Records a sent signal (`signal.sent`); returns the signal row id. The

@@ -11,7 +11,8 @@ use super::types::{
 const TREE_COLUMNS: &str =
     "t.id, t.label, t.state, t.boundary, o.id, o.pid, o.start_ticks, o.boot_id, o.kind,
      t.argv, t.cwd, t.root_pid, t.root_start_ticks, t.boot_id, t.pgid, t.sid, t.cgroup,
-     t.created_at, t.ended_at, t.exit_code, t.exit_signal, t.flags, t.note";
+     t.created_at, t.ended_at, t.exit_code, t.exit_signal, t.flags, t.note,
+     t.grace_ms, t.timeout_ms";
 
 fn json_column<T: serde::de::DeserializeOwned>(row: &Row<'_>, idx: usize) -> rusqlite::Result<T> {
     let text: String = row.get(idx)?;
@@ -70,6 +71,8 @@ fn tree_from_row(row: &Row<'_>) -> rusqlite::Result<TreeRow> {
         exit: exit_of(row.get(19)?, row.get(20)?),
         flags: json_column(row, 21)?,
         note: row.get(22)?,
+        grace_ms: opt_ticks(row, 23)?,
+        timeout_ms: opt_ticks(row, 24)?,
     })
 }
 
@@ -393,6 +396,8 @@ mod tests {
                 owner,
                 argv: vec!["sleep".into()],
                 cwd: None,
+                grace_ms: None,
+                timeout_ms: None,
             })
             .expect("tree")
     }

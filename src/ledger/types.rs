@@ -253,6 +253,11 @@ pub struct NewTree {
     pub owner: OwnerId,
     pub argv: Vec<String>,
     pub cwd: Option<String>,
+    /// The tree's grace (SIGTERM to forced kill), in milliseconds: every
+    /// later teardown of it (a sweep, a restarted service) uses this one.
+    pub grace_ms: Option<u64>,
+    /// The tree's timeout in milliseconds, when it has one.
+    pub timeout_ms: Option<u64>,
 }
 
 /// What the spawn formed: recorded once, never re-resolved from the leader pid.
@@ -445,11 +450,29 @@ pub struct TreeRow {
     pub exit: Option<ExitRecord>,
     pub flags: Vec<String>,
     pub note: Option<String>,
+    /// The grace the tree was given, in milliseconds (`None`: recorded
+    /// before migration 0002; use the configured default).
+    pub grace_ms: Option<u64>,
+    /// The timeout the tree was given, in milliseconds (`None`: none).
+    pub timeout_ms: Option<u64>,
 }
 
 impl TreeRow {
     pub fn tree_id(&self) -> TreeId {
         TreeId(self.id)
+    }
+
+    /// The grace this tree was given, or `default` for a tree recorded
+    /// before grace was (migration 0002).
+    pub fn grace_or(&self, default: std::time::Duration) -> std::time::Duration {
+        self.grace_ms
+            .map(std::time::Duration::from_millis)
+            .unwrap_or(default)
+    }
+
+    /// The timeout this tree was given, if any.
+    pub fn timeout(&self) -> Option<std::time::Duration> {
+        self.timeout_ms.map(std::time::Duration::from_millis)
     }
 
     /// The root's identity, once the spawn was recorded.

@@ -64,15 +64,17 @@ pub(crate) fn create_tree(w: &mut Writer<'_>, tree: &NewTree) -> Result<TreeId, 
     }
     let argv = serde_json::to_string(&tree.argv)?;
     w.exec(
-        "INSERT INTO trees (label, state, boundary, owner_id, argv, cwd, created_at)
-         VALUES (?1, 'spawning', ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO trees (label, state, boundary, owner_id, argv, cwd, created_at, grace_ms, timeout_ms)
+         VALUES (?1, 'spawning', ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
         params![
             tree.label,
             tree.boundary,
             tree.owner.0,
             argv,
             tree.cwd,
-            w.now
+            w.now,
+            tree.grace_ms.map(ticks),
+            tree.timeout_ms.map(ticks)
         ],
     )?;
     let id = TreeId(w.tx.last_insert_rowid());
@@ -90,6 +92,8 @@ pub(crate) fn create_tree(w: &mut Writer<'_>, tree: &NewTree) -> Result<TreeId, 
             "owner": {"id": tree.owner.0, "pid": owner.0, "start": owner.1, "kind": owner.2},
             "argv": tree.argv,
             "cwd": tree.cwd,
+            "grace_ms": tree.grace_ms,
+            "timeout_ms": tree.timeout_ms,
         }),
     )?;
     Ok(id)

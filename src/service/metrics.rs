@@ -72,6 +72,11 @@ pub struct Metrics {
     pub ledger_write_errors: C,
     pub dispatch_closed: Gauge,
     pub dispatch_refused: C,
+    /// Orphans found by this service's sweeps whose teardown has not
+    /// finished (queued or running); set at scrape time.
+    pub orphans_pending: Gauge,
+    /// 1 while the start-up recovery sweep runs; set at scrape time.
+    pub recovering: Gauge,
     /// Set only at scrape time, from the ledger's head.
     pub ledger_head_seq: Gauge,
     pub observer_up: Gauge,
@@ -120,6 +125,8 @@ impl Metrics {
             ledger_write_errors: C::default(),
             dispatch_closed: Gauge::default(),
             dispatch_refused: C::default(),
+            orphans_pending: Gauge::default(),
+            recovering: Gauge::default(),
             ledger_head_seq: Gauge::default(),
             observer_up: Gauge::default(),
             observer_events: C::default(),
@@ -190,6 +197,16 @@ impl Metrics {
             "ledger_write_errors",
             "Ledger writes that failed (evidence and authority)",
             m.ledger_write_errors.clone(),
+        );
+        registry.register(
+            "orphans_pending",
+            "Orphans found by this service's sweeps whose teardown has not finished",
+            m.orphans_pending.clone(),
+        );
+        registry.register(
+            "recovering",
+            "1 while the start-up recovery sweep runs",
+            m.recovering.clone(),
         );
         registry.register(
             "dispatch_closed",

@@ -16,15 +16,24 @@
 //!   (members, leaders, `cgroup.procs`, and only the `/proc` entries that are
 //!   new), a full `/proc` re-read every `full_scan_interval`. It also tails the
 //!   ledger's events into the metrics;
-//! - the **sweep loop** runs the orphan sweep every `sweep_interval` (and once
-//!   at start, before the listener opens), skipping the trees this service
-//!   owns, whose owners it watches itself.
+//! - **recovery**: the start-up sweep runs in the background, after the
+//!   listener is open and the signal handlers are installed, so `/healthz`
+//!   answers at once whatever the ledger holds; `/readyz` says whether it
+//!   still runs, and the dashboard and `treewarden_orphans_pending` show
+//!   its progress. Orphans are torn down concurrently (`sweep_concurrency`
+//!   at once), each with the grace recorded on its row;
+//! - the **sweep loop** runs the orphan sweep every `sweep_interval` after
+//!   that, skipping the trees this service owns, whose owners it watches
+//!   itself.
 //!
 //! Shutdown: the cancellation token stops the listener and the loops; the
 //! spawn gate closes (waiting for spawns in flight, so none is missed); every
 //! owned tree is torn down concurrently with its grace capped at
 //! `shutdown_grace`; the whole drain is bounded by `drain_timeout` so the
-//! service never outlives a supervisor's kill window.
+//! service never outlives a supervisor's kill window. A sweep running at
+//! SIGTERM (recovery included) starts no further teardown; those in flight
+//! finish within the drain, and any the bound cuts off stay in the state
+//! the ledger records (`terminating`), which the next start resumes.
 //!
 //! Architecture Invariant: the service never signals or waits for a process
 //! itself; teardowns go through `Engine::teardown`, exits through the
@@ -41,14 +50,17 @@ use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::custody::TreeWatch;
-use crate::custody::{CustodyError, Engine, Origin, SpawnRequest, TeardownOptions, TeardownReport};
+use crate::custody::{
+    CustodyError, Engine, Origin, SpawnRequest, SweepCounts, SweepOptions, SweepProgress,
+    TeardownOptions, TeardownReport, TreeWatch,
+};
 use crate::ledger::{EventFilter, LedgerError, OwnerKind, TreeId, TreeRow, TreeState};
 use crate::proc::{ExitStatus, Identity, Reaper, SpawnStdio};
 use crate::scan::HostView;
@@ -64,7 +76,10 @@ pub struct ServiceConfig {
     /// scan cannot see).
     pub full_scan_interval: Duration,
     pub sweep_interval: Duration,
-    /// Grace of API trees that name none, and of sweeps.
+    /// Orphan teardowns a sweep (recovery included) runs at once.
+    pub sweep_concurrency: usize,
+    /// Grace of API trees that name none, and of orphans whose row records
+    /// none (trees recorded before migration 0002).
     pub default_grace: Duration,
     /// Cap on each tree's grace during shutdown.
     pub shutdown_grace: Duration,
@@ -149,6 +164,40 @@ pub struct Service {
     /// Set by the observer when the kernel dropped events: the next scan
     /// tick is a full one, so a lost event never becomes a silent gap.
     force_full: Arc<std::sync::atomic::AtomicBool>,
+    /// Counters of this service's sweeps (recovery and periodic): orphans
+    /// found, in flight, settled. Read by `/readyz`, the dashboard, metrics.
+    sweeps: Arc<SweepProgress>,
+    /// Set when the shutdown starts: sweeps start no further teardown.
+    sweep_stop: Arc<AtomicBool>,
+    /// The start-up recovery sweep: running from construction until it ends.
+    recovery: Mutex<RecoveryState>,
+    /// Whether SIGTERM/SIGINT are already routed to the shutdown token.
+    signals_installed: AtomicBool,
+    /// Whether [`Service::start`] ran (it runs once: `run` calls it).
+    started_once: AtomicBool,
+}
+
+/// Where the start-up recovery is.
+#[derive(Clone, Debug)]
+struct RecoveryState {
+    running: bool,
+    took: Option<Duration>,
+    error: Option<String>,
+}
+
+/// The start-up recovery sweep as `/readyz`, `/healthz` and the dashboard
+/// show it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct RecoveryStatus {
+    /// The start-up sweep still runs (orphans of a previous instance are
+    /// being torn down); the service answers meanwhile.
+    pub running: bool,
+    /// Orphans found by this service's sweeps, and how far they got.
+    pub counts: SweepCounts,
+    /// How long the start-up sweep took, once done.
+    pub took: Option<Duration>,
+    /// Why the start-up sweep failed, if it did (the periodic sweep retries).
+    pub error: Option<String>,
 }
 
 /// Runs a blocking closure on the blocking pool.
@@ -188,7 +237,74 @@ impl Service {
             observer_handle,
             observer_off,
             force_full,
+            sweeps: Arc::new(SweepProgress::default()),
+            sweep_stop: Arc::new(AtomicBool::new(false)),
+            recovery: Mutex::new(RecoveryState {
+                running: true,
+                took: None,
+                error: None,
+            }),
+            signals_installed: AtomicBool::new(false),
+            started_once: AtomicBool::new(false),
         }))
+    }
+
+    /// The start-up recovery: still running or not, orphans found and
+    /// pending (cumulative over this service's sweeps).
+    pub fn recovery(&self) -> RecoveryStatus {
+        let r = self
+            .recovery
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        RecoveryStatus {
+            running: r.running,
+            counts: self.sweeps.counts(),
+            took: r.took,
+            error: r.error,
+        }
+    }
+
+    /// The options of this service's sweeps: its own trees skipped, its
+    /// counters, its stop flag.
+    fn sweep_options(&self) -> SweepOptions {
+        SweepOptions {
+            default_grace: self.config.default_grace,
+            concurrency: self.config.sweep_concurrency,
+            skip: self.owned_trees().into_iter().collect(),
+            progress: Some(self.sweeps.clone()),
+            stop: Some(self.sweep_stop.clone()),
+        }
+    }
+
+    /// Routes SIGTERM and SIGINT to the shutdown token. Called before the
+    /// listener opens and before any teardown can start, so a signal at any
+    /// moment of start-up (recovery included) starts the bounded drain
+    /// instead of ending the process where it stands. Idempotent.
+    pub fn install_signal_handlers(&self) -> Result<(), ServiceError> {
+        if self.signals_installed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        use tokio::signal::unix::{SignalKind, signal};
+        let listen = |kind: SignalKind, name: &str| {
+            signal(kind).map_err(|e| ServiceError::Task(format!("cannot listen for {name}: {e}")))
+        };
+        let mut term = listen(SignalKind::terminate(), "SIGTERM")?;
+        let mut int = listen(SignalKind::interrupt(), "SIGINT")?;
+        let token = self.shutdown.clone();
+        let stop = self.sweep_stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+                _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+                _ = token.cancelled() => return,
+            }
+            // No orphan teardown starts from here on (the drain sets it
+            // too; this is earlier by the drain's first awaits).
+            stop.store(true, Ordering::SeqCst);
+            token.cancel();
+        });
+        Ok(())
     }
 
     /// The observer's health, or why it is off.
@@ -349,6 +465,8 @@ impl Service {
             stdio: SpawnStdio::Null,
             owner: owner.clone(),
             owner_kind: kind,
+            grace: Some(p.grace.unwrap_or(self.config.default_grace)),
+            timeout: p.timeout,
         };
         let engine = self.engine.clone();
         let spawned = blocking(move || engine.spawn(&req)).await??;
@@ -511,9 +629,14 @@ impl Service {
         Ok(())
     }
 
-    /// Start-up: sweep once, adopt the client trees a previous service left
-    /// (their owners still live), and start the loops.
+    /// Start-up: adopt the client trees a previous service left (their
+    /// owners still live), start the loops, and start the recovery sweep in
+    /// the background (it does not hold up the listener).
+    /// Runs once; [`Service::run`] calls it, a second call does nothing.
     pub async fn start(self: &Arc<Self>) -> Result<(), ServiceError> {
+        if self.started_once.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
         // Event-fed counters start here, so the start-up sweep is counted.
         let engine = self.engine.clone();
         let head = blocking(move || engine.ledger().head()).await??;
@@ -522,18 +645,15 @@ impl Service {
             std::sync::atomic::Ordering::Relaxed,
         );
         let engine = self.engine.clone();
-        let grace = self.config.default_grace;
-        let report = blocking(move || engine.sweep(grace)).await??;
-        tracing::info!(
-            examined = report.examined,
-            orphans = report.orphans.len(),
-            "start-up sweep"
-        );
-        let engine = self.engine.clone();
         let live = blocking(move || engine.ledger().nonterminal_trees()).await??;
         for row in live {
+            // A client tree whose teardown the previous instance had begun
+            // (an API kill, its root's exit, its timeout) while its owner
+            // lives: the sweep leaves it alone (the owner is alive), so it
+            // is adopted and its teardown resumed here.
+            let interrupted = matches!(row.state, TreeState::Terminating | TreeState::Killing);
             if row.owner.kind == OwnerKind::Client.as_str()
-                && matches!(row.state, TreeState::Running | TreeState::Spawning)
+                && (interrupted || matches!(row.state, TreeState::Running | TreeState::Spawning))
             {
                 let owner = Identity {
                     pid: row.owner.pid,
@@ -547,21 +667,87 @@ impl Service {
                     owner = row.owner.pid,
                     "adopted a client tree"
                 );
-                // The root's exit is watched again too; the tree's own
-                // timeout and grace are not in the ledger (RESIDUALS.md).
+                // The root's exit is watched again too, and the tree keeps
+                // the grace and timeout recorded with it (the timeout counts
+                // from its creation; one already past ends it now).
                 let root = row.root().map(|r| Identity {
                     pid: r.pid,
                     start_ticks: r.start_ticks,
                     boot_id: r.boot_id,
                 });
-                self.adopt(row.id, self.config.default_grace, root, Some(fd), None);
+                let grace = row.grace_or(self.config.default_grace);
+                let timeout = row.timeout().map(|t| {
+                    let age = humantime::parse_rfc3339(&row.created_at)
+                        .ok()
+                        .and_then(|c| std::time::SystemTime::now().duration_since(c).ok())
+                        .unwrap_or_default();
+                    t.saturating_sub(age)
+                });
+                self.adopt(row.id, grace, root, Some(fd), timeout);
+                if interrupted {
+                    let this = self.clone();
+                    let tree = row.id;
+                    self.tasks.spawn(async move {
+                        let reason = "resuming a teardown interrupted by a service restart";
+                        if let Err(e) = this
+                            .teardown(tree, Some(grace), reason.into(), Origin::Service, None)
+                            .await
+                        {
+                            // The watch task still tears it down when its owner exits.
+                            tracing::warn!(tree, error = %e, "resumed teardown not settled");
+                        }
+                    });
+                }
             }
         }
         let this = self.clone();
         self.tasks.spawn(async move { this.scan_loop().await });
+        // Recovery, then the periodic sweeps: one sweep at a time.
         let this = self.clone();
-        self.tasks.spawn(async move { this.sweep_loop().await });
+        self.tasks.spawn(async move {
+            this.recover().await;
+            this.sweep_loop().await
+        });
         Ok(())
+    }
+
+    /// The start-up sweep: orphans of a previous instance (or of `run`
+    /// processes that died) torn down concurrently, each with its recorded
+    /// grace, while the service answers requests.
+    async fn recover(self: &Arc<Self>) {
+        let t0 = Instant::now();
+        if self.shutdown.is_cancelled() {
+            // A signal before the recovery began: the next start does it.
+            let mut r = self.recovery.lock().unwrap_or_else(|e| e.into_inner());
+            r.running = false;
+            r.error = Some("not started: the service is shutting down".into());
+            return;
+        }
+        let engine = self.engine.clone();
+        let opts = self.sweep_options();
+        let result = blocking(move || engine.sweep_with(&opts)).await;
+        let error = match result {
+            Ok(Ok(report)) => {
+                let settled = report.orphans.iter().filter(|o| o.error.is_none()).count();
+                tracing::info!(
+                    examined = report.examined,
+                    orphans = report.orphans.len(),
+                    settled,
+                    took_ms = t0.elapsed().as_millis() as u64,
+                    "start-up recovery sweep done"
+                );
+                None
+            }
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(e) => Some(e.to_string()),
+        };
+        if let Some(e) = &error {
+            tracing::error!(error = %e, "start-up recovery sweep failed; the periodic sweep retries");
+        }
+        let mut r = self.recovery.lock().unwrap_or_else(|e| e.into_inner());
+        r.running = false;
+        r.took = Some(t0.elapsed());
+        r.error = error;
     }
 
     async fn sweep_loop(self: Arc<Self>) {
@@ -574,9 +760,8 @@ impl Service {
                 _ = every.tick() => {}
             }
             let engine = self.engine.clone();
-            let skip: HashSet<i64> = self.owned_trees().into_iter().collect();
-            let grace = self.config.default_grace;
-            match blocking(move || engine.sweep_skipping(grace, &skip)).await {
+            let opts = self.sweep_options();
+            match blocking(move || engine.sweep_with(&opts)).await {
                 Ok(Ok(report)) if !report.orphans.is_empty() => {
                     tracing::info!(orphans = report.orphans.len(), "sweep tore orphans down");
                 }
@@ -722,6 +907,9 @@ impl Service {
     /// (graces capped), stop the loops. Returns whether every owned tree
     /// reached a terminal state within the bound.
     pub async fn drain(self: &Arc<Self>) -> bool {
+        // Sweeps (recovery included) start no further teardown.
+        self.sweep_stop.store(true, Ordering::SeqCst);
+        let deadline = Instant::now() + self.config.drain_timeout;
         let work = async {
             *self.draining.write().await = true;
             let owned: Vec<(i64, Duration)> = self
@@ -765,7 +953,25 @@ impl Service {
                 }
             }
             self.tasks.close();
-            self.tasks.wait().await;
+            // The loops end at once; a sweep's teardowns in flight finish
+            // within the bound, or are handed off to the next start.
+            let left = deadline.saturating_duration_since(Instant::now());
+            if tokio::time::timeout(left, self.tasks.wait()).await.is_err() {
+                let counts = self.sweeps.counts();
+                tracing::warn!(
+                    in_flight = counts.in_flight,
+                    pending = counts.pending(),
+                    "shutdown: orphan teardowns still running at the drain bound are handed off to the next start (their trees stay terminating in the ledger)"
+                );
+                return all_ok;
+            }
+            let counts = self.sweeps.counts();
+            if counts.not_started > 0 {
+                tracing::info!(
+                    left = counts.not_started,
+                    "shutdown: orphans not yet torn down are left to the next sweep"
+                );
+            }
             let observer = self
                 .observer
                 .lock()
@@ -797,8 +1003,9 @@ impl Service {
 }
 
 impl Service {
-    /// Serves `app` on `listener` until SIGTERM/SIGINT (or the shutdown
-    /// token), then drains. The listener and the app are injected so tests
+    /// Serves `app` on `listener`, starts the service ([`Self::start`]:
+    /// recovery in the background) and runs until SIGTERM/SIGINT (or the
+    /// shutdown token), then drains. The listener and the app are injected so tests
     /// and the CLI drive the same code. Returns whether the drain settled
     /// every owned tree in time.
     pub async fn run(
@@ -807,24 +1014,8 @@ impl Service {
         app: axum::Router,
     ) -> bool {
         let token = self.shutdown.clone();
-        {
-            let token = token.clone();
-            tokio::spawn(async move {
-                use tokio::signal::unix::{SignalKind, signal};
-                let (Ok(mut term), Ok(mut int)) = (
-                    signal(SignalKind::terminate()),
-                    signal(SignalKind::interrupt()),
-                ) else {
-                    tracing::error!("cannot listen for SIGTERM/SIGINT");
-                    return;
-                };
-                tokio::select! {
-                    _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-                    _ = int.recv() => tracing::info!("SIGINT: shutting down"),
-                    _ = token.cancelled() => return,
-                }
-                token.cancel();
-            });
+        if let Err(e) = self.install_signal_handlers() {
+            tracing::error!(error = %e, "SIGTERM/SIGINT will not drain the service");
         }
         let server = {
             let token = token.clone();
@@ -834,9 +1025,17 @@ impl Service {
                     .await
             })
         };
+        // Start-up runs while the listener already answers; its recovery
+        // sweep runs in the background.
+        let mut start_failed = false;
+        if let Err(e) = self.start().await {
+            tracing::error!(error = %e, "start-up failed; shutting down");
+            start_failed = true;
+            token.cancel();
+        }
         token.cancelled().await;
         let started = Instant::now();
-        let settled = self.drain().await;
+        let settled = self.drain().await && !start_failed;
         let left = self.config.drain_timeout.saturating_sub(started.elapsed());
         match tokio::time::timeout(left.max(Duration::from_millis(100)), server).await {
             Ok(Ok(Ok(()))) => {}

@@ -46,6 +46,7 @@ fn bench_suite_runs_at_smoke_size() {
         "scan + classify",
         "sysinfo full process refresh",
         "teardown, 10 processes, session",
+        "start → last orphan gone",
         "idle service: serve, 5 trees",
         "| scaling (item 6)",
     ] {

@@ -74,6 +74,8 @@ fn tree_life(ledger: &Ledger, base: i32) -> TreeId {
             owner,
             argv: vec!["sh".into(), "-c".into(), "sleep 60 & wait".into()],
             cwd: Some("/tmp".into()),
+            grace_ms: None,
+            timeout_ms: None,
         })
         .expect("create");
     ledger
@@ -438,6 +440,8 @@ fn ledger_database_refuses_edits_and_unauthorized_sigkill() {
                 owner,
                 argv: vec!["true".into()],
                 cwd: None,
+                grace_ms: None,
+                timeout_ms: None,
             })
             .expect("tree")
     };

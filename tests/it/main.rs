@@ -10,5 +10,6 @@ mod ledger;
 mod ledger_life;
 mod observer;
 mod proc;
+mod recovery;
 mod serve;
 mod util;

@@ -1,0 +1,31 @@
+//! Test-only crash points: `TREEWARDEN_TEST_CRASH_AT=<point>` makes the
+//! process abort itself (`std::process::abort`, as abrupt as a SIGKILL for
+//! everything it holds: no destructor, no thaw, no further ledger write) at
+//! that point. Off by default: unset or empty, every point is a no-op
+//! costing one read of a cached value. The variable is read once.
+//!
+//! It exists so that the recovery tests can kill treewarden at an exact step
+//! of a teardown instead of racing a timer. The points:
+//!
+//! - `before-authorize`: the tree is frozen and its survivors read, the
+//!   authorization not yet committed;
+//! - `after-authorize`: `kill.authorized` is committed (FULL), its SIGKILL
+//!   not yet sent.
+//!
+//! It must never be set in production: a process that aborts in a teardown
+//! leaves the tree frozen in `terminating` for the next sweep.
+
+use std::sync::OnceLock;
+
+/// The environment variable that arms a crash point.
+pub const CRASH_AT: &str = "TREEWARDEN_TEST_CRASH_AT";
+
+/// Aborts the process if `point` is the armed crash point.
+pub fn crash_point(point: &str) {
+    static ARMED: OnceLock<Option<String>> = OnceLock::new();
+    let armed = ARMED.get_or_init(|| std::env::var(CRASH_AT).ok().filter(|v| !v.is_empty()));
+    if armed.as_deref() == Some(point) {
+        eprintln!("treewarden: {CRASH_AT}={point}: aborting here (test hook)");
+        std::process::abort();
+    }
+}
