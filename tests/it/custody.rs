@@ -237,14 +237,21 @@ impl Drop for Env {
     fn drop(&mut self) {
         self.end_leftovers();
         if let Some(root) = &self.cgroup_root {
-            if let Ok(dir) = std::fs::read_dir(root) {
-                for e in dir.flatten() {
-                    if e.path().is_dir() {
-                        let _ = std::fs::remove_dir(e.path());
+            // A cgroup stays busy (EBUSY) until the kernel has let go of its
+            // dying tasks: retry for a bounded while, also on a failing test.
+            let removed = wait_until(Duration::from_secs(10), || {
+                if let Ok(dir) = std::fs::read_dir(root) {
+                    for e in dir.flatten() {
+                        if e.path().is_dir() {
+                            let _ = std::fs::remove_dir(e.path());
+                        }
                     }
                 }
+                std::fs::remove_dir(root).is_ok() || !root.exists()
+            });
+            if !removed {
+                crate::util::say(&format!("test cgroup {} left behind", root.display()));
             }
-            let _ = std::fs::remove_dir(root);
         }
     }
 }
