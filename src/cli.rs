@@ -191,17 +191,9 @@ enum Command {
     Man,
 }
 
-/// Parses a duration: a bare number is seconds, as timeout(1) takes it
-/// (`10`, `1.5`), else humantime (`500ms`, `5s`, `10m`); one-line error.
+/// Parses a duration for clap ([`treewarden::config::parse_duration`]).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    if let Ok(secs) = s.trim().parse::<f64>() {
-        return Duration::try_from_secs_f64(secs).map_err(|_| {
-            format!("malformed duration {s:?}: seconds must be finite and not negative")
-        });
-    }
-    humantime::parse_duration(s).map_err(|e| {
-        format!("malformed duration {s:?}: {e} (a number of seconds, or 500ms, 5s, 10m)")
-    })
+    treewarden::config::parse_duration(s)
 }
 
 impl Cli {

@@ -4,6 +4,26 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// Parses a duration as every treewarden interface takes it: a bare number
+/// is seconds, as timeout(1) takes it (`10`, `1.5`), else humantime
+/// (`500ms`, `5s`, `10m`). The error names the value, not the flag.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    // `1.5` and `1.5s` are seconds (humantime takes no fractions).
+    let bare = s
+        .strip_suffix('s')
+        .filter(|n| !n.ends_with(['m', 'u', 'n']))
+        .unwrap_or(s);
+    if let Ok(secs) = bare.parse::<f64>() {
+        return Duration::try_from_secs_f64(secs).map_err(|_| {
+            format!("malformed duration {s:?}: seconds must be finite and not negative")
+        });
+    }
+    humantime::parse_duration(s).map_err(|e| {
+        format!("malformed duration {s:?}: {e} (a number of seconds, or 500ms, 5s, 10m)")
+    })
+}
+
 /// Which ownership boundary `run` and the service form at spawn.
 #[derive(
     Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
@@ -119,5 +139,24 @@ impl Config {
         }
         let home = std::env::var_os("HOME").unwrap_or_else(|| ".".into());
         PathBuf::from(home).join(".local/state/treewarden")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_seconds_when_bare_and_humantime_otherwise() {
+        let ok = |s: &str| parse_duration(s).expect(s);
+        assert_eq!(ok("10"), Duration::from_secs(10));
+        assert_eq!(ok("1.5"), Duration::from_millis(1500));
+        assert_eq!(ok("1.5s"), Duration::from_millis(1500));
+        assert_eq!(ok("500ms"), Duration::from_millis(500));
+        assert_eq!(ok("2m"), Duration::from_secs(120));
+        assert_eq!(ok("0"), Duration::ZERO);
+        for bad in ["-1", "nonsense", "NaN", "inf", "5x", ""] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -41,18 +41,26 @@ pub struct SpawnBody {
     /// The command and its arguments; `argv[0]` is searched in `PATH`.
     #[schema(min_items = 1, example = json!(["sleep", "30"]))]
     pub argv: Vec<String>,
+    #[schema(max_length = 256, pattern = "^[^\\u0000]*$")]
     pub label: Option<String>,
     /// Absolute path of an existing directory.
     pub cwd: Option<String>,
     /// Variables added to the service's environment.
     pub env: Option<std::collections::BTreeMap<String, String>>,
-    /// Time between SIGTERM and the forced kill (humantime: `500ms`, `5s`); at most 60s.
-    #[schema(example = "2s")]
+    /// Time between SIGTERM and the forced kill (seconds, or `500ms`,
+    /// `5s`); at most 60s.
+    #[schema(
+        example = "2s",
+        pattern = "^([0-9]{1,4}ms|[1-5]?[0-9](\\.[0-9]{1,3})?s?|60s?|1m)$"
+    )]
     pub grace: Option<String>,
-    /// Tear the tree down after this long (humantime).
+    /// Tear the tree down after this long (seconds, or `500ms`, `5m`, `2h`);
+    /// under ten years.
+    #[schema(example = "10m", pattern = "^[1-9][0-9]{0,3}(ms|s|m|h)?$")]
     pub timeout: Option<String>,
     /// The client process on whose behalf the tree runs: the tree is torn
-    /// down within a second of its exit. Must be a live process.
+    /// down within a second of its exit. Must be a live process (else 422).
+    #[schema(minimum = 2)]
     pub owner_pid: Option<i32>,
     /// The owner's start time in clock ticks (field 22 of /proc/PID/stat),
     /// checked when given.
@@ -62,7 +70,9 @@ pub struct SpawnBody {
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ResolveBody {
-    /// The operator's decision, for the audit trail.
+    /// The operator's decision, for the audit trail: not empty, not only
+    /// spaces, tabs and line breaks.
+    #[schema(min_length = 1, pattern = "[^ \\t\\n\\r]")]
     pub note: String,
     /// Resolve even though survivors still live (they are named in
     /// `tree.resolved`); without it such a resolution is 409.
@@ -70,27 +80,42 @@ pub struct ResolveBody {
     pub force: bool,
 }
 
+/// Query parameters are checked like bodies: an unknown one is 400, never
+/// ignored.
 #[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
-    /// `1`/`true` to include ended trees.
+    /// `1`/`true` to include ended trees (`0`/`false`/empty: live only).
+    #[param(pattern = "^(|0|1|true|false)$")]
     pub all: Option<String>,
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct KillQuery {
-    /// Grace before the forced kill (humantime); default: the tree's.
+    /// Grace before the forced kill (seconds, or `500ms`, `5s`; at most
+    /// 60s); default: the tree's.
+    #[param(pattern = "^([0-9]{1,4}ms|[1-5]?[0-9](\\.[0-9]{1,3})?s?|60s?|1m)$")]
     pub grace: Option<String>,
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct EventsQuery {
-    /// RFC 3339 time, or an age such as `2h`.
+    /// Events at or after this RFC 3339 time (with an offset), or within an
+    /// age such as `2h`.
+    #[param(format = DateTime)]
     pub since: Option<String>,
     /// Only events of this tree.
     pub tree: Option<i64>,
     /// Only events with a larger seq.
+    #[param(minimum = 0)]
     pub after: Option<i64>,
     /// At most this many (default 1000, at most 10000).
+    #[param(minimum = 1, maximum = 10000)]
     pub limit: Option<usize>,
 }
 
@@ -171,8 +196,7 @@ pub struct Readiness {
 }
 
 fn parse_duration(what: &str, s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s.trim())
-        .map_err(|e| format!("malformed {what} {s:?}: {e} (expected e.g. 500ms, 5s, 2m)"))
+    crate::config::parse_duration(s).map_err(|e| format!("{what}: {e}"))
 }
 
 /// A grace as the API accepts it: humantime, at most [`MAX_GRACE`]. The
@@ -318,7 +342,12 @@ pub async fn spawn_tree(
 ) -> Result<impl IntoResponse, ApiError> {
     let params = body.validate()?;
     let row = s.service.spawn(params).await?;
-    Ok((StatusCode::CREATED, Json(row)))
+    let location = format!("/api/trees/{}", row.id);
+    Ok((
+        StatusCode::CREATED,
+        [(axum::http::header::LOCATION, location)],
+        Json(row),
+    ))
 }
 
 /// Tear a tree down (TERM, grace, authorize, KILL, verify). Needs the token.
@@ -380,7 +409,11 @@ pub async fn resolve_tree(
     TreePath(id): TreePath,
     ApiJson(body): ApiJson<ResolveBody>,
 ) -> Result<Json<TreeRow>, ApiError> {
-    if body.note.trim().is_empty() || body.note.contains('\0') {
+    if body
+        .note
+        .chars()
+        .all(|c| matches!(c, ' ' | '\t' | '\n' | '\r'))
+    {
         return Err(ApiError::Unprocessable(
             "a resolution needs a non-empty note".into(),
         ));
@@ -403,6 +436,9 @@ pub async fn events(
     ApiQuery(q): ApiQuery<EventsQuery>,
 ) -> Result<Json<Vec<EventRow>>, ApiError> {
     let since = parse_since_query(q.since.as_deref())?;
+    if q.after.is_some_and(|a| a < 0) {
+        return Err(ApiError::BadRequest("after: a seq is 0 or more".into()));
+    }
     let limit = q.limit.unwrap_or(1000);
     if limit == 0 || limit > 10_000 {
         return Err(ApiError::BadRequest("limit must be 1..=10000".into()));

@@ -14,10 +14,15 @@ use super::error::{ApiError, ApiQuery};
 use crate::ledger::{EventFilter, ExportFormat, TreeId};
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct ExportQuery {
     /// `ndjson` (default) or `csv`.
+    #[param(pattern = "^(ndjson|csv)$")]
     pub format: Option<String>,
-    /// RFC 3339 time, or an age such as `2h`.
+    /// Events at or after this RFC 3339 time (with an offset), or within an
+    /// age such as `2h`.
+    #[param(format = DateTime)]
     pub since: Option<String>,
     pub tree: Option<i64>,
     /// Only events with a greater seq (an incremental export resumes from
@@ -28,7 +33,7 @@ pub struct ExportQuery {
 
 /// The audit trail (hash-chained events), NDJSON or CSV.
 #[utoipa::path(get, path = "/api/export", params(ExportQuery),
-    responses((status = 200, description = "NDJSON or CSV", content_type = "application/x-ndjson", body = String),
+    responses((status = 200, description = "NDJSON or CSV", content((String = "application/x-ndjson"), (String = "text/csv"))),
     (status = 400, body = super::api::ErrorBody), (status = 401, body = super::api::ErrorBody),
     (status = 503, body = super::api::ErrorBody)))]
 pub async fn export(

@@ -81,7 +81,16 @@ pub(crate) fn start(path: &Path, busy_timeout: Duration) -> Result<Arc<Handle>, 
         .name("ledger".into())
         .spawn(move || {
             while let Ok(job) = inbox.recv() {
-                job(&mut store);
+                // A job that panics (a bug in one request's code) must not
+                // take the ledger down for every other caller: its caller
+                // sees the reply channel close ("stopped before replying"),
+                // its open transaction rolls back as it unwinds, and the
+                // thread goes on with the next job.
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut store)))
+                    .is_err()
+                {
+                    tracing::error!("a ledger job panicked; its transaction was rolled back");
+                }
             }
         })
         .map_err(|e| LedgerError::Other(format!("cannot start ledger thread: {e}")))?;
@@ -372,4 +381,22 @@ pub(crate) fn read_head(conn: &Connection) -> Result<Option<(i64, String)>, Fail
         .prepare_cached("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1")?
         .query_row([], |row| Ok((row.get(0)?, row.get(1)?)))
         .optional()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panicking_job_does_not_stop_the_ledger_thread() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let handle = start(&dir.path().join("ledger.db"), Duration::from_secs(1)).expect("start");
+        let panicked: Result<(), LedgerError> = handle.call(|_| panic!("a bug in one job"));
+        assert!(
+            panicked.is_err(),
+            "the caller of the panicking job gets an error"
+        );
+        let after = handle.call(|store| store.read(|tx| read_head(tx)));
+        assert!(after.is_ok(), "the next job runs: {after:?}");
+    }
 }

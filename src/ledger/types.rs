@@ -368,15 +368,13 @@ impl Deferred {
 /// and the HTTP API's `since=`; the error names the value, not the flag.
 pub fn parse_since(s: &str) -> Result<std::time::SystemTime, String> {
     if let Ok(at) = s.parse::<jiff::Timestamp>() {
-        let ns = at.as_nanosecond();
-        let since_epoch =
-            std::time::Duration::from_nanos(u64::try_from(ns.unsigned_abs()).unwrap_or(u64::MAX));
-        return if ns >= 0 {
-            std::time::UNIX_EPOCH.checked_add(since_epoch)
-        } else {
-            std::time::UNIX_EPOCH.checked_sub(since_epoch)
-        }
-        .ok_or_else(|| format!("since {s:?} is out of range"));
+        // Nothing in a ledger is older than the epoch: an earlier time
+        // selects everything, like the epoch itself (and a time before it
+        // must never reach the formatter, which cannot write one).
+        let ns = u64::try_from(at.as_nanosecond().max(0)).unwrap_or(u64::MAX);
+        return std::time::UNIX_EPOCH
+            .checked_add(std::time::Duration::from_nanos(ns))
+            .ok_or_else(|| format!("since {s:?} is out of range"));
     }
     // A time without an offset names no moment: refused, not taken as UTC.
     if s.parse::<jiff::civil::DateTime>().is_ok() {
@@ -389,9 +387,15 @@ pub fn parse_since(s: &str) -> Result<std::time::SystemTime, String> {
             "malformed since {s:?}: expected RFC 3339 with an offset (2024-05-01T12:00:00Z, 2024-05-01T14:00:00+02:00) or an age (2h)"
         )
     })?;
-    std::time::SystemTime::now()
+    if age.is_zero() {
+        return Err(format!(
+            "since {s:?} is an empty window: give an age such as 2h, or a time"
+        ));
+    }
+    Ok(std::time::SystemTime::now()
         .checked_sub(age)
-        .ok_or_else(|| format!("since {s:?} reaches before the epoch"))
+        .unwrap_or(std::time::UNIX_EPOCH)
+        .max(std::time::UNIX_EPOCH))
 }
 
 /// Selects events for reads and export. All conditions combine with AND;
@@ -637,5 +641,31 @@ impl std::str::FromStr for ExportFormat {
             "csv" => Ok(Self::Csv),
             other => Err(format!("unknown format {other:?}: expected ndjson or csv")),
         }
+    }
+}
+
+#[cfg(test)]
+mod since_tests {
+    use super::parse_since;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn since_takes_offsets_clamps_to_the_epoch_and_refuses_naive_or_empty() {
+        let utc = parse_since("2024-05-01T12:00:00Z").expect("utc");
+        let plus2 = parse_since("2024-05-01T14:00:00+02:00").expect("offset");
+        assert_eq!(utc, plus2);
+        assert_eq!(utc, UNIX_EPOCH + Duration::from_secs(1_714_564_800));
+        assert_eq!(
+            parse_since("1960-01-01T00:00:00Z").expect("old"),
+            UNIX_EPOCH
+        );
+        assert!(
+            parse_since("2024-05-01T12:00:00")
+                .expect_err("naive")
+                .contains("no offset")
+        );
+        assert!(parse_since("0").is_err());
+        assert!(parse_since("yesterday").is_err());
+        assert!(parse_since("2h").is_ok());
     }
 }
