@@ -785,10 +785,17 @@ impl Service {
         };
         let mut state = fresh(first_seq);
         let mut tailed = first_seq;
+        // `WatchdogSec=`: each completed scan tick says the service lives
+        // (a hung blocking pool or ledger stops the pings, and systemd
+        // restarts the service; its orphans are then recovered).
+        let watchdog = sd_notify::watchdog_enabled().is_some();
         loop {
             tokio::select! {
                 _ = self.shutdown.cancelled() => return,
                 _ = every.tick() => {}
+            }
+            if watchdog {
+                sd_notify_state(&[sd_notify::NotifyState::Watchdog]);
             }
             // Trees being torn down are skipped: the teardown scans them.
             let wanted: Vec<i64> = self
@@ -1032,8 +1039,19 @@ impl Service {
             tracing::error!(error = %e, "start-up failed; shutting down");
             start_failed = true;
             token.cancel();
+        } else {
+            // systemd `Type=notify`: ready once the listener answers and
+            // the recovery has begun (not when it ends: it may take a grace).
+            sd_notify_state(&[
+                sd_notify::NotifyState::Ready,
+                sd_notify::NotifyState::Status("serving; recovery in the background"),
+            ]);
         }
         token.cancelled().await;
+        sd_notify_state(&[
+            sd_notify::NotifyState::Stopping,
+            sd_notify::NotifyState::Status("draining: tearing down the trees it owns"),
+        ]);
         let started = Instant::now();
         let settled = self.drain().await && !start_failed;
         let left = self.config.drain_timeout.saturating_sub(started.elapsed());
@@ -1045,6 +1063,14 @@ impl Service {
         }
         tracing::info!(settled, "shutdown complete");
         settled
+    }
+}
+
+/// Tells systemd (`NOTIFY_SOCKET`, under `Type=notify`) how the service is;
+/// nothing without the variable. A failure is logged, never fatal.
+fn sd_notify_state(state: &[sd_notify::NotifyState<'_>]) {
+    if let Err(e) = sd_notify::notify(state) {
+        tracing::warn!(error = %e, "sd_notify failed");
     }
 }
 

@@ -159,3 +159,95 @@ fn since_takes_offsets_and_refuses_naive_times() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no offset"));
 }
+
+#[test]
+fn serve_speaks_sd_notify_ready_watchdog_and_stopping() {
+    use std::os::unix::net::UnixDatagram;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("notify.sock");
+    let sock = UnixDatagram::bind(&path).expect("notify socket");
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut server = crate::serve::Server::start_with_env(
+        &["--scan-interval", "100ms"],
+        &[
+            ("NOTIFY_SOCKET", path.to_str().expect("utf-8")),
+            ("WATCHDOG_USEC", "2000000"),
+        ],
+    );
+    // Bounded: each recv waits at most 10 s, and at most 50 datagrams.
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 512];
+    for _ in 0..50 {
+        let Ok(n) = sock.recv(&mut buf) else { break };
+        let text = String::from_utf8_lossy(&buf[..n]).to_string();
+        seen.push(text);
+        let all = seen.join("\n");
+        if all.contains("READY=1") && all.contains("WATCHDOG=1") {
+            break;
+        }
+    }
+    let all = seen.join("\n");
+    assert!(all.contains("READY=1"), "{all}");
+    assert!(
+        all.contains("WATCHDOG=1"),
+        "the scan loop pings the watchdog: {all}"
+    );
+    // The answer came before READY=1 could be waited for by systemd.
+    assert_eq!(server.get("/healthz").status(), 200);
+    let status = server.terminate().expect("serve exits");
+    assert_eq!(status.code(), Some(0));
+    let mut stopping = false;
+    for _ in 0..50 {
+        let Ok(n) = sock.recv(&mut buf) else { break };
+        if String::from_utf8_lossy(&buf[..n]).contains("STOPPING=1") {
+            stopping = true;
+            break;
+        }
+    }
+    assert!(stopping, "STOPPING=1 on SIGTERM");
+}
+
+#[test]
+fn the_shipped_units_verify() {
+    let Ok(out) = std::process::Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+    else {
+        crate::util::skip("systemd-analyze not installed");
+        return;
+    };
+    assert!(out.status.success());
+    let dir = tempfile::tempdir().expect("tempdir");
+    for unit in [
+        "treewarden.service",
+        "treewarden-sweep.service",
+        "treewarden-sweep.timer",
+    ] {
+        let text = std::fs::read_to_string(format!("{}/deploy/{unit}", env!("CARGO_MANIFEST_DIR")))
+            .expect("unit")
+            .replace(
+                "/usr/local/bin/treewarden",
+                crate::util::bin().to_str().expect("utf-8"),
+            );
+        std::fs::write(dir.path().join(unit), text).expect("copy");
+    }
+    let out = std::process::Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(dir.path().join("treewarden.service"))
+        .arg(dir.path().join("treewarden-sweep.service"))
+        .arg(dir.path().join("treewarden-sweep.timer"))
+        .output()
+        .expect("verify");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && err.trim().is_empty(), "{err}");
+    let unit = std::fs::read_to_string(dir.path().join("treewarden.service")).expect("unit");
+    for line in [
+        "Type=notify",
+        "WatchdogSec=",
+        "UMask=0077",
+        "ProtectKernelTunables=yes",
+    ] {
+        assert!(unit.contains(line), "{line}");
+    }
+}

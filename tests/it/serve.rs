@@ -41,7 +41,7 @@ impl Server {
         Self::start_with_env(extra, &[])
     }
 
-    fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
+    pub(crate) fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
         let dir = tempfile::tempdir().expect("temp dir");
         let n = SEQ.fetch_add(1, Ordering::SeqCst);
         let mark = format!("tw-serve-{}-{n}", std::process::id());
