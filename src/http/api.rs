@@ -513,8 +513,6 @@ impl utoipa::Modify for BearerAuth {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "treewarden", description = "Custody of process trees: spawn, inspect, kill, audit."),
-    paths(list_trees, get_tree, spawn_tree, kill_tree, resolve_tree, events, healthz, readyz,
-          super::export::export),
     components(schemas(ErrorBody, SpawnBody, ResolveBody, KillResponse, PhaseJson, Health, Recovery, Readiness,
         TreeRow, TreeDetail, TreeState, OwnerRow, ExitRecord, MemberRow, ObservationRow,
         SignalRow, AuthorizationRow, KillTarget, IdentityRecord, EventRow)),
@@ -522,7 +520,3 @@ impl utoipa::Modify for BearerAuth {
 )]
 pub struct ApiDoc;
 
-/// `GET /api/openapi.json`.
-pub async fn openapi_json() -> impl IntoResponse {
-    Json(ApiDoc::openapi())
-}

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::routing::{get, post};
+use axum::routing::get;
 
 use crate::service::Service;
 
@@ -41,25 +41,38 @@ pub struct AppState {
     pub auth: Arc<auth::Auth>,
 }
 
-/// The whole application, without a listener.
+/// The whole application, without a listener. The API's routes and its
+/// OpenAPI document come from one list (`utoipa_axum::routes!`, which takes
+/// each handler's path and method from its `#[utoipa::path]`): a route cannot
+/// be served undocumented, nor documented unserved.
 pub fn router(state: AppState) -> Router {
-    let api = Router::new()
-        .route("/trees", get(api::list_trees).post(api::spawn_tree))
-        .route("/trees/{id}", get(api::get_tree))
-        .route("/trees/{id}/kill", post(api::kill_tree))
-        .route("/trees/{id}/resolve", post(api::resolve_tree))
-        .route("/events", get(api::events))
-        .route("/export", get(export::export))
-        .route("/openapi.json", get(api::openapi_json))
-        .fallback(api::not_found);
+    use utoipa::OpenApi;
+    use utoipa_axum::{router::OpenApiRouter, routes};
+    let (api, doc) = OpenApiRouter::with_openapi(api::ApiDoc::openapi())
+        .routes(routes!(api::list_trees, api::spawn_tree))
+        .routes(routes!(api::get_tree))
+        .routes(routes!(api::kill_tree))
+        .routes(routes!(api::resolve_tree))
+        .routes(routes!(api::events))
+        .routes(routes!(export::export))
+        .routes(routes!(api::healthz))
+        .routes(routes!(api::readyz))
+        .split_for_parts();
+    let doc = Arc::new(doc);
     Router::new()
-        .nest("/api", api)
+        .merge(api)
+        .route(
+            "/api/openapi.json",
+            get(move || {
+                let doc = doc.clone();
+                async move { axum::Json(doc.as_ref().clone()) }
+            }),
+        )
+        .route("/api/{*rest}", axum::routing::any(api::not_found))
         .route("/", get(dashboard::index))
         .route("/trees/{id}", get(dashboard::tree))
         .route("/events", get(dashboard::events))
         .route("/metrics", get(metrics::metrics))
-        .route("/healthz", get(api::healthz))
-        .route("/readyz", get(api::readyz))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             auth::require_token,
