@@ -128,7 +128,7 @@ impl From<CustodyError> for ApiError {
             },
             CustodyError::Ambiguous { tree, reason } => ApiError::Conflict {
                 message: format!(
-                    "teardown of tree {tree} is ambiguous: {reason}; survivors are left as evidence"
+                    "teardown of tree {tree} is ambiguous: {reason}; once the cause is fixed, POST /api/trees/{tree}/kill ends them with authority"
                 ),
                 tree: Some(tree),
             },
