@@ -18,6 +18,7 @@ pub mod dashboard;
 pub mod error;
 pub mod export;
 pub mod metrics;
+pub mod stream;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -54,6 +55,7 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(api::kill_tree))
         .routes(routes!(api::resolve_tree))
         .routes(routes!(api::events))
+        .routes(routes!(stream::events_stream))
         .routes(routes!(export::export))
         .routes(routes!(api::healthz))
         .routes(routes!(api::readyz))

@@ -238,3 +238,97 @@ fn a_backup_taken_while_trees_are_spawned_verifies_on_its_own() {
         .expect("backup");
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// Reads an SSE response line by line on a thread of its own; lines come
+/// back through a channel, so every wait on them is bounded.
+fn sse_lines(resp: reqwest::blocking::Response) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(resp).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// The next SSE event (id, kind, data) within `limit`, skipping comments.
+fn next_event(
+    rx: &std::sync::mpsc::Receiver<String>,
+    limit: Duration,
+) -> Option<(i64, String, serde_json::Value)> {
+    let deadline = std::time::Instant::now() + limit;
+    let (mut id, mut kind, mut data) = (None, None, None);
+    loop {
+        let left = deadline.checked_duration_since(std::time::Instant::now())?;
+        let line = rx.recv_timeout(left).ok()?;
+        if let Some(v) = line.strip_prefix("id:") {
+            id = v.trim().parse().ok();
+        } else if let Some(v) = line.strip_prefix("event:") {
+            kind = Some(v.trim().to_string());
+        } else if let Some(v) = line.strip_prefix("data:") {
+            data = serde_json::from_str(v.trim()).ok();
+        } else if line.is_empty() && id.is_some() {
+            return Some((id?, kind?, data?));
+        }
+    }
+}
+
+#[test]
+fn the_event_stream_sends_each_new_event_with_its_seq_and_resumes() {
+    let server = crate::serve::Server::start(&[]);
+    let client = reqwest::blocking::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client");
+    let resp = client
+        .get(server.url("/api/events/stream"))
+        .send()
+        .expect("stream");
+    assert_eq!(resp.status(), 200);
+    assert!(
+        resp.headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"))
+    );
+    let rx = sse_lines(resp);
+    let (status, tree) = server.post(
+        "/api/trees",
+        Some(&serde_json::json!({"argv": ["true"], "label": "sse"})),
+    );
+    assert_eq!(status, 201);
+    // The first event the stream sends for the new tree is its creation,
+    // with the ledger's seq as the SSE id.
+    let mut created = None;
+    for _ in 0..50 {
+        let Some((id, kind, data)) = next_event(&rx, Duration::from_secs(10)) else {
+            break;
+        };
+        assert_eq!(data["seq"].as_i64(), Some(id), "{data}");
+        assert_eq!(data["kind"].as_str(), Some(kind.as_str()));
+        if kind == "tree.created" && data["tree"] == tree["id"] {
+            created = Some(id);
+            break;
+        }
+    }
+    let created = created.expect("tree.created arrived on the stream");
+    // A reconnect with Last-Event-ID resumes exactly after it.
+    let resp = client
+        .get(server.url("/api/events/stream"))
+        .header("Last-Event-ID", created.to_string())
+        .send()
+        .expect("resume");
+    let rx = sse_lines(resp);
+    let (id, _, _) = next_event(&rx, Duration::from_secs(10)).expect("the next event");
+    assert_eq!(id, created + 1);
+    let bad = client
+        .get(server.url("/api/events/stream"))
+        .header("Last-Event-ID", "x")
+        .send()
+        .expect("bad");
+    assert_eq!(bad.status(), 400);
+}

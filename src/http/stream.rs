@@ -1,0 +1,115 @@
+//! `GET /api/events/stream`: the audit trail as Server-Sent Events, one
+//! event per ledger event (`id: <seq>`, `event: <kind>`, `data: <json>`),
+//! as it is committed — by this service or by any `run`, `kill` or `sweep`
+//! on the host, since it follows the ledger itself.
+//!
+//! Resumable: a client that reconnects sends `Last-Event-ID` (browsers do it
+//! by themselves) and gets exactly the events after it; `?after=SEQ` does the
+//! same for a first connection; without either the stream starts at the
+//! head (new events only). The stream polls the ledger (one indexed read
+//! every 200 ms, at most 500 events each) and ends when the service shuts
+//! down, so it never holds the drain open.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use serde::Deserialize;
+
+use super::AppState;
+use super::error::{ApiError, ApiQuery};
+use crate::ledger::{EventFilter, EventRow};
+
+/// How often a stream asks the ledger for what is new.
+const POLL: Duration = Duration::from_millis(200);
+/// Events read per poll (a client far behind catches up in steps).
+const BATCH: usize = 500;
+
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct StreamQuery {
+    /// Start after this seq (`Last-Event-ID` wins when both are given);
+    /// default: the current head (new events only).
+    #[param(minimum = 0)]
+    pub after: Option<i64>,
+}
+
+/// The live audit trail as Server-Sent Events.
+#[utoipa::path(get, path = "/api/events/stream", params(StreamQuery),
+    responses((status = 200, description = "text/event-stream: `id` is the seq, `event` the kind, `data` the event as JSON",
+        content_type = "text/event-stream", body = String),
+    (status = 400, body = super::api::ErrorBody), (status = 401, body = super::api::ErrorBody),
+    (status = 503, body = super::api::ErrorBody)))]
+pub async fn events_stream(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    ApiQuery(q): ApiQuery<StreamQuery>,
+) -> Result<Sse<impl futures_util::Stream<Item = Result<Event, std::convert::Infallible>>>, ApiError>
+{
+    let last_id = match headers.get("last-event-id") {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<i64>().ok())
+                .filter(|seq| *seq >= 0)
+                .ok_or_else(|| {
+                    ApiError::BadRequest("malformed Last-Event-ID: expected a seq".into())
+                })?,
+        ),
+    };
+    if q.after.is_some_and(|a| a < 0) {
+        return Err(ApiError::BadRequest("after: a seq is 0 or more".into()));
+    }
+    let start = match last_id.or(q.after) {
+        Some(seq) => seq,
+        None => s
+            .service
+            .read(|e| Ok(e.ledger().head()?))
+            .await?
+            .map_or(0, |(seq, _)| seq),
+    };
+    let service = s.service.clone();
+    let stop = service.shutdown_token();
+    let state = (start, VecDeque::<EventRow>::new());
+    let stream = futures_util::stream::unfold(state, move |(mut last, mut queue)| {
+        let service = service.clone();
+        let stop = stop.clone();
+        async move {
+            loop {
+                if let Some(e) = queue.pop_front() {
+                    last = e.seq;
+                    let data = serde_json::to_string(&e).unwrap_or_default();
+                    let event = Event::default()
+                        .id(e.seq.to_string())
+                        .event(e.kind.clone())
+                        .data(data);
+                    return Some((Ok(event), (last, queue)));
+                }
+                if stop.is_cancelled() {
+                    return None;
+                }
+                let filter = EventFilter {
+                    after_seq: Some(last),
+                    limit: Some(BATCH),
+                    ..EventFilter::default()
+                };
+                match service.read(move |e| Ok(e.ledger().events(&filter)?)).await {
+                    Ok(rows) if !rows.is_empty() => queue.extend(rows),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "event stream: ledger read failed"),
+                }
+                if queue.is_empty() {
+                    tokio::select! {
+                        _ = stop.cancelled() => return None,
+                        _ = tokio::time::sleep(POLL) => {}
+                    }
+                }
+            }
+        }
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
