@@ -49,6 +49,10 @@ pub struct RunArgs {
     /// No teardown progress and no summary line on stderr.
     #[arg(long, short)]
     quiet: bool,
+    /// The summary line on stderr after every run, a clean one too, with
+    /// what the tree consumed (like `systemd-run --wait`).
+    #[arg(long, short, conflicts_with = "quiet")]
+    verbose: bool,
     /// The command and its arguments (after `--` when they start with `-`).
     #[arg(trailing_var_arg = true, value_name = "CMD")]
     command: Vec<OsString>,
@@ -304,7 +308,7 @@ pub fn run(config: &Config, args: RunArgs) -> CliResult {
     let outcome = outcome.map_err(custody_error)?;
     let code = outcome.exit_code();
     if !args.quiet
-        && let Some(line) = run_summary(&outcome)
+        && let Some(line) = run_summary(&outcome, args.verbose)
     {
         eprintln!("{line}");
     }
@@ -314,10 +318,32 @@ pub fn run(config: &Config, args: RunArgs) -> CliResult {
     Ok(code)
 }
 
+/// `, consumed cpu 12.3 ms, …`: the figures the host gave.
+fn consumed(r: treewarden::ledger::Resources) -> String {
+    let mut parts = Vec::new();
+    if let Some(us) = r.cpu_usec {
+        parts.push(format!("cpu {:.1} ms", us as f64 / 1000.0));
+    }
+    if let Some(b) = r.memory_peak_bytes {
+        parts.push(format!("memory peak {:.1} MiB", b as f64 / 1048576.0));
+    }
+    if let Some(p) = r.pids_peak {
+        parts.push(format!("pids peak {p}"));
+    }
+    if let (Some(rd), Some(wr)) = (r.io_read_bytes, r.io_write_bytes) {
+        parts.push(format!("io {rd} B read, {wr} B written"));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("; consumed {}", parts.join(", "))
+    }
+}
+
 /// One line on stderr, like `systemd-run --wait`, when `run` tore its tree
 /// down for any reason but a clean exit of a tree that left nothing behind:
 /// the tree, why, what was there, what was forced, and the authority.
-fn run_summary(outcome: &treewarden::custody::RunOutcome) -> Option<String> {
+fn run_summary(outcome: &treewarden::custody::RunOutcome, always: bool) -> Option<String> {
     use treewarden::custody::RunEnd;
     let why = match outcome.end {
         RunEnd::RootExited(_) => "root exited",
@@ -326,16 +352,23 @@ fn run_summary(outcome: &treewarden::custody::RunOutcome) -> Option<String> {
         RunEnd::ParentDied => "parent died",
     };
     match &outcome.teardown {
-        Ok(r) if matches!(outcome.end, RunEnd::RootExited(_)) && r.members_at_start == 0 => None,
+        Ok(r)
+            if !always
+                && matches!(outcome.end, RunEnd::RootExited(_))
+                && r.members_at_start == 0 =>
+        {
+            None
+        }
         Ok(r) => Some(format!(
-            "treewarden: tree {} {why}: {} members torn down, {} force-killed ({} authorization{}), {}, {:.0} ms",
+            "treewarden: tree {} {why}: {} members torn down, {} force-killed ({} authorization{}), {}, {:.0} ms{}",
             outcome.tree.0,
             r.members_at_start,
             r.force_killed,
             r.authorizations,
             if r.authorizations == 1 { "" } else { "s" },
             r.state.as_str(),
-            r.elapsed.as_secs_f64() * 1000.0
+            r.elapsed.as_secs_f64() * 1000.0,
+            r.resources.map(consumed).unwrap_or_default()
         )),
         Err(e) => Some(format!(
             "treewarden: tree {} {why}: teardown not settled: {e}",
@@ -445,10 +478,13 @@ fn end_reason(t: &TreeRow) -> String {
 
 pub fn show(config: &Config, args: ShowArgs) -> CliResult {
     let ledger = open_for_reading(config)?;
-    let detail = ledger
+    let mut detail = ledger
         .tree_detail(TreeId(args.tree))
         .map_err(|e| CliError::internal(anyhow!(e)))?
         .ok_or_else(|| CliError::usage(anyhow!("unknown tree {}", args.tree)))?;
+    if detail.resources.is_none() {
+        detail.resources = treewarden::custody::live_resources(&detail.tree);
+    }
     if args.json {
         print_json(&detail)?;
         return Ok(0);

@@ -456,6 +456,18 @@ impl Engine {
     }
 }
 
+/// What a live tree has consumed so far, read from its cgroup (`None` for
+/// an ended tree, whose figures are in its `tree.ended`, and without a
+/// cgroup).
+pub fn live_resources(row: &crate::ledger::TreeRow) -> Option<crate::ledger::Resources> {
+    if row.state.is_terminal() {
+        return None;
+    }
+    row.cgroup
+        .as_deref()
+        .map(|dir| teardown::resources_of(std::path::Path::new(dir)))
+}
+
 /// The prefix of a ledger's per-tree cgroup names: `tw-` and the first 8
 /// hex digits of its instance id.
 pub(crate) fn cgroup_prefix(instance_id: &str) -> String {

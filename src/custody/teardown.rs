@@ -139,6 +139,8 @@ pub struct TeardownReport {
     /// Evidence writes not attempted after the ledger refused one
     /// (degraded evidence mode; the authorization is always attempted).
     pub evidence_skipped: usize,
+    /// What the tree consumed (its cgroup's figures; `None` without one).
+    pub resources: Option<crate::ledger::Resources>,
 }
 
 /// Signal targets for one step: the recorded group, the cgroup, and members
@@ -311,6 +313,7 @@ impl Engine {
             elapsed: Duration::ZERO,
             verified: None,
             evidence_skipped: 0,
+            resources: None,
         };
         // A terminal tree is done, unless an operator resolved it leaving
         // survivors (`resolve --force`): those are still killed with the
@@ -942,7 +945,10 @@ impl Engine {
         // The root's status also when this teardown killed it: this process
         // spawned it (run, serve), so its reaper has it.
         let exit = self.root_status(watch, opts).map(exit_record);
-        let state = self.close(tree, TreeState::Ended, exit)?;
+        // What it consumed, read from its cgroup before the cgroup goes.
+        let resources = watch.cgroup().map(resources_of);
+        report.resources = resources;
+        let state = self.close(tree, TreeState::Ended, exit, resources)?;
         self.forget_ambiguous(tree.0);
         if let Some(dir) = watch.cgroup() {
             remove_cgroup(dir);
@@ -962,8 +968,9 @@ impl Engine {
         tree: TreeId,
         state: TreeState,
         exit: Option<crate::ledger::ExitRecord>,
+        resources: Option<crate::ledger::Resources>,
     ) -> Result<TreeState, CustodyError> {
-        match self.ledger.end_tree(tree, state, exit) {
+        match self.ledger.end_tree_with(tree, state, exit, resources) {
             Ok(()) => Ok(state),
             Err(e) => match self.ledger.tree(tree) {
                 Ok(Some(row)) if row.has_survivors_left() => {
@@ -1031,7 +1038,7 @@ impl Engine {
         started: Instant,
     ) -> Result<TeardownReport, CustodyError> {
         self.refusal_event(tree, opts, why);
-        let state = self.close(tree, TreeState::Vanished, None)?;
+        let state = self.close(tree, TreeState::Vanished, None, None)?;
         // Every terminal path leaves no empty cgroup behind.
         if let Some(dir) = cgroup {
             remove_cgroup(dir);
@@ -1071,6 +1078,18 @@ impl Drop for Lease {
             tracing::warn!(path = %self.path.display(), error = %e, "teardown lease file not removed");
         }
         // `_locked` closes after this body: the unlock comes after the unlink.
+    }
+}
+
+/// A cgroup's usage, in the ledger's terms.
+pub(crate) fn resources_of(dir: &std::path::Path) -> crate::ledger::Resources {
+    let u = crate::proc::cgroup_usage(dir);
+    crate::ledger::Resources {
+        cpu_usec: u.cpu_usec,
+        memory_peak_bytes: u.memory_peak_bytes,
+        pids_peak: u.pids_peak,
+        io_read_bytes: u.io_read_bytes,
+        io_write_bytes: u.io_write_bytes,
     }
 }
 

@@ -323,11 +323,14 @@ pub async fn get_tree(
     State(s): State<AppState>,
     TreePath(id): TreePath,
 ) -> Result<Json<TreeDetail>, ApiError> {
-    let detail = s
+    let mut detail = s
         .service
         .read(move |e| Ok(e.ledger().tree_detail(TreeId(id))?))
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
+    if detail.resources.is_none() {
+        detail.resources = crate::custody::live_resources(&detail.tree);
+    }
     Ok(Json(detail))
 }
 

@@ -76,7 +76,7 @@ pub use error::LedgerError;
 pub use types::{
     AuthorizationId, AuthorizationRow, Deferred, EventFilter, EventKind, EventRow, ExitRecord,
     ExportFormat, IdentityRecord, KillTarget, MemberCounts, MemberRecord, MemberRow, NewTree,
-    ObservationRow, OwnerId, OwnerKind, OwnerRecord, OwnerRow, SignalRecord, SignalRow,
+    ObservationRow, OwnerId, OwnerKind, OwnerRecord, OwnerRow, Resources, SignalRecord, SignalRow,
     SpawnRecord, SurvivorRecord, TreeDetail, TreeId, TreeRow, TreeState, VerifyBreak, VerifyReport,
     parse_since,
 };
@@ -365,8 +365,20 @@ impl Ledger {
         state: TreeState,
         exit: Option<ExitRecord>,
     ) -> Result<(), LedgerError> {
+        self.end_tree_with(id, state, exit, None)
+    }
+
+    /// [`Ledger::end_tree`] with what the tree consumed (`resources` in
+    /// the `tree.ended` data).
+    pub fn end_tree_with(
+        &self,
+        id: TreeId,
+        state: TreeState,
+        exit: Option<ExitRecord>,
+        resources: Option<Resources>,
+    ) -> Result<(), LedgerError> {
         self.write(Durability::Normal, move |w| {
-            write::end_tree(w, id, state, exit)
+            write::end_tree(w, id, state, exit, resources)
         })
     }
 

@@ -222,19 +222,26 @@ pub(crate) fn tree_detail(conn: &Connection, id: TreeId) -> Result<Option<TreeDe
     let Some(tree) = tree(conn, id)? else {
         return Ok(None);
     };
+    let events = events(
+        conn,
+        &EventFilter {
+            tree: Some(id),
+            ..EventFilter::default()
+        },
+    )?;
+    let resources = events
+        .iter()
+        .rev()
+        .find(|e| e.kind == "tree.ended")
+        .and_then(|e| serde_json::from_value(e.data.get("resources")?.clone()).ok());
     Ok(Some(TreeDetail {
         tree,
+        resources,
         members: members(conn, id)?,
         observations: observations(conn, id)?,
         signals: signals(conn, id)?,
         authorizations: authorizations(conn, id)?,
-        events: events(
-            conn,
-            &EventFilter {
-                tree: Some(id),
-                ..EventFilter::default()
-            },
-        )?,
+        events,
     }))
 }
 

@@ -320,6 +320,24 @@ pub struct SignalRecord {
     pub authorization: Option<AuthorizationId>,
 }
 
+/// What a tree consumed, from its cgroup (`cpu.stat`, `memory.peak`,
+/// `pids.peak`, `io.stat`). A figure the host cannot give (no cgroup on the
+/// session boundary, a controller not enabled in the v2 hierarchy) is
+/// absent, never zero.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Resources {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_usec: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_peak_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pids_peak: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub io_read_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub io_write_bytes: Option<u64>,
+}
+
 /// An evidence write a teardown could not make (the ledger refused writes:
 /// a held lock, a full disk) and keeps for later: in memory, then in the
 /// tree's unsettled marker. [`super::Ledger::replay_deferred`] writes a list
@@ -583,6 +601,11 @@ pub struct EventRow {
 #[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct TreeDetail {
     pub tree: TreeRow,
+    /// What the tree consumed: recorded in `tree.ended` for an ended tree;
+    /// read live from its cgroup for a running one (by the service and
+    /// `show`); absent where nothing is known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
     pub members: Vec<MemberRow>,
     pub observations: Vec<ObservationRow>,
     pub signals: Vec<SignalRow>,

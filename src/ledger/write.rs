@@ -519,6 +519,7 @@ pub(crate) fn end_tree(
     id: TreeId,
     state: TreeState,
     exit: Option<ExitRecord>,
+    resources: Option<super::types::Resources>,
 ) -> Result<(), Fail> {
     if !matches!(state, TreeState::Ended | TreeState::Vanished) {
         return Err(invariant(format!(
@@ -541,11 +542,11 @@ pub(crate) fn end_tree(
             exit.and_then(|e| e.signal)
         ],
     )?;
-    w.event(
-        Some(id),
-        EventKind::TreeEnded,
-        json!({"from": from, "to": state, "exit": exit}),
-    )?;
+    let mut data = json!({"from": from, "to": state, "exit": exit});
+    if let Some(r) = resources {
+        data["resources"] = serde_json::to_value(r)?;
+    }
+    w.event(Some(id), EventKind::TreeEnded, data)?;
     Ok(())
 }
 

@@ -28,6 +28,7 @@ pub mod identity;
 pub mod pidfd;
 pub mod probe;
 pub mod reaper;
+mod resources;
 pub mod signal;
 
 pub use boundary::{
@@ -42,6 +43,7 @@ pub use probe::{Capability, Probe, probe};
 pub use reaper::{
     ExitStatus, Reaper, parent_pid, reap_child, set_parent_death_signal, set_subreaper,
 };
+pub use resources::{CgroupUsage, cgroup_usage};
 pub use signal::{
     Delivery, GroupDelivery, GroupRecord, Sig, cgroup_freeze, cgroup_kill, cgroup_pids,
     cgroup_populated, default_sigpipe, group_members, signal_group, signal_group_known,

@@ -251,3 +251,46 @@ fn the_shipped_units_verify() {
         assert!(unit.contains(line), "{line}");
     }
 }
+
+#[test]
+fn an_ended_trees_resources_come_from_its_cgroup_and_absent_is_not_zero() {
+    // Cgroup boundary: the CPU the workload burnt is recorded in
+    // `tree.ended` and shown by `show --json`; what the host's cgroup v2
+    // does not give (no memory controller on a hybrid host) is absent.
+    if let Some(env) = Env::new("cgroup") {
+        let burn = "i=0; while [ $i -lt 30000 ]; do i=$((i+1)); done";
+        let out = env
+            .cmd()
+            .args(["run", "--verbose", "--"])
+            .args(env.marked_argv(burn))
+            .output()
+            .expect("run");
+        assert_eq!(out.status.code(), Some(0));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("consumed cpu"), "--verbose summary: {err}");
+        let show = env.show(1);
+        let cpu = show["resources"]["cpu_usec"].as_u64().unwrap_or(0);
+        assert!(cpu > 1_000, "the loop burnt CPU: {}", show["resources"]);
+        let ended = show["events"]
+            .as_array()
+            .and_then(|es| es.iter().find(|e| e["kind"] == "tree.ended"))
+            .cloned()
+            .unwrap_or(Value::Null);
+        assert_eq!(ended["data"]["resources"]["cpu_usec"].as_u64(), Some(cpu));
+        let controllers = env
+            .cgroup_root()
+            .and_then(|r| std::fs::read_to_string(r.join("cgroup.controllers")).ok())
+            .unwrap_or_default();
+        if !controllers.contains("memory") {
+            assert!(
+                show["resources"].get("memory_peak_bytes").is_none(),
+                "absent, not zero"
+            );
+        }
+    }
+    // Session boundary: no cgroup, no figures — absent, not zeros.
+    if let Some(env) = Env::new("session") {
+        assert_eq!(env.output(&["run", "--", "true"]).status.code(), Some(0));
+        assert!(env.show(1).get("resources").is_none());
+    }
+}

@@ -1,0 +1,76 @@
+//! What a tree's cgroup says it consumed: `cpu.stat` (core, always there),
+//! and `memory.peak`, `pids.peak`, `io.stat` where their controllers are
+//! enabled for the tree's cgroup. A file the host does not give reads as
+//! `None`: absent, never zero.
+
+use std::path::Path;
+
+/// Usage of one cgroup and its descendants.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CgroupUsage {
+    pub cpu_usec: Option<u64>,
+    pub memory_peak_bytes: Option<u64>,
+    pub pids_peak: Option<u64>,
+    pub io_read_bytes: Option<u64>,
+    pub io_write_bytes: Option<u64>,
+}
+
+/// Reads the cgroup's usage files. Nothing here writes or signals.
+pub fn cgroup_usage(dir: &Path) -> CgroupUsage {
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
+    let cpu_usec = read("cpu.stat").and_then(|text| keyed(&text, "usage_usec"));
+    let single = |name: &str| read(name).and_then(|t| t.trim().parse::<u64>().ok());
+    let (io_read_bytes, io_write_bytes) = match read("io.stat") {
+        // One line per device: "8:0 rbytes=.. wbytes=.. rios=.. ...".
+        Some(text) => {
+            let sum = |key: &str| {
+                text.lines()
+                    .flat_map(|l| l.split_whitespace())
+                    .filter_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse::<u64>().ok())
+                    .sum::<u64>()
+            };
+            (Some(sum("rbytes")), Some(sum("wbytes")))
+        }
+        None => (None, None),
+    };
+    CgroupUsage {
+        cpu_usec,
+        memory_peak_bytes: single("memory.peak"),
+        pids_peak: single("pids.peak"),
+        io_read_bytes,
+        io_write_bytes,
+    }
+}
+
+/// The value of `key` in a flat-keyed cgroup file (`key value` per line).
+fn keyed(text: &str, key: &str) -> Option<u64> {
+    text.lines()
+        .filter_map(|l| l.split_once(' '))
+        .find(|(k, _)| *k == key)
+        .and_then(|(_, v)| v.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_what_is_there_and_leaves_the_rest_absent() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(
+            dir.path().join("cpu.stat"),
+            "usage_usec 1234\nuser_usec 1000\nsystem_usec 234\n",
+        )
+        .expect("cpu.stat");
+        std::fs::write(
+            dir.path().join("io.stat"),
+            "8:0 rbytes=100 wbytes=7 rios=1 wios=1\n8:16 rbytes=5 wbytes=3 rios=1 wios=1\n",
+        )
+        .expect("io.stat");
+        let u = cgroup_usage(dir.path());
+        assert_eq!(u.cpu_usec, Some(1234));
+        assert_eq!((u.io_read_bytes, u.io_write_bytes), (Some(105), Some(10)));
+        assert_eq!(u.memory_peak_bytes, None);
+        assert_eq!(u.pids_peak, None);
+    }
+}
