@@ -46,6 +46,45 @@ pub(crate) struct Store {
     busy_timeout: Duration,
     /// The `synchronous` level currently set on the connection.
     sync: Durability,
+    /// When the head was last published at INFO, and the newest head not
+    /// yet published there (see [`HEAD_LOG_EVERY`]).
+    head_logged: Option<std::time::Instant>,
+    head_pending: Option<(i64, String)>,
+}
+
+/// How often the chain head is published at INFO (`ledger head seq=N
+/// hash=H`): at most once per this interval, and once more when the
+/// ledger closes, so the last head is always published; every commit's
+/// head is logged at DEBUG. Per commit at INFO it was most of what `serve`
+/// logged.
+pub(crate) const HEAD_LOG_EVERY: Duration = Duration::from_secs(10);
+
+impl Store {
+    /// Publishes a new head: at DEBUG always, at INFO when the interval
+    /// has passed (else it waits, as the pending head, for the next commit
+    /// or the close).
+    fn publish_head(&mut self, seq: i64, hash: String) {
+        tracing::debug!(target: "treewarden::ledger::head", seq, hash = %hash, "ledger head");
+        let due = self
+            .head_logged
+            .is_none_or(|t| t.elapsed() >= HEAD_LOG_EVERY);
+        if due {
+            // Text logs render this as `ledger head seq=N hash=H`; JSON logs keep the fields.
+            tracing::info!(target: "treewarden::ledger::head", seq, hash = %hash, "ledger head");
+            self.head_logged = Some(std::time::Instant::now());
+            self.head_pending = None;
+        } else {
+            self.head_pending = Some((seq, hash));
+        }
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        if let Some((seq, hash)) = self.head_pending.take() {
+            tracing::info!(target: "treewarden::ledger::head", seq, hash = %hash, "ledger head");
+        }
+    }
 }
 
 /// Owns the channel to the owner thread and joins it when the last handle goes.
@@ -75,6 +114,8 @@ pub(crate) fn start(path: &Path, busy_timeout: Duration) -> Result<Arc<Handle>, 
         conn,
         busy_timeout,
         sync: Durability::Normal,
+        head_logged: None,
+        head_pending: None,
     };
     let (jobs, inbox) = mpsc::channel::<Job>();
     let thread = std::thread::Builder::new()
@@ -249,13 +290,13 @@ impl Store {
             let value = f(&mut writer)?;
             let head = writer.appended.then(|| writer.head.clone()).flatten();
             tx.commit()?;
-            if let Some((seq, hash)) = head {
-                // Text logs render this as `ledger head seq=N hash=H`; JSON logs keep the fields.
-                tracing::info!(target: "treewarden::ledger::head", seq, hash = %hash, "ledger head");
-            }
-            Ok(value)
+            Ok((value, head))
         })();
-        result.map_err(|fail: Fail| fail.into_ledger(busy_timeout))
+        let (value, head) = result.map_err(|fail: Fail| fail.into_ledger(busy_timeout))?;
+        if let Some((seq, hash)) = head {
+            self.publish_head(seq, hash);
+        }
+        Ok(value)
     }
 
     /// An online copy of the database into the new file `dest` (0600),

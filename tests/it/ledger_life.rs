@@ -332,3 +332,48 @@ fn the_event_stream_sends_each_new_event_with_its_seq_and_resumes() {
         .expect("bad");
     assert_eq!(bad.status(), 400);
 }
+
+#[test]
+fn the_head_is_published_rarely_and_always_last() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = cli(dir.path())
+        .env("TREEWARDEN_LOG", "info")
+        .env("NO_COLOR", "1")
+        .args(["run", "--", "sh", "-c", "sleep 0.2 & sleep 0.2 & wait"])
+        .output()
+        .expect("run");
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let heads: Vec<&str> = err.lines().filter(|l| l.contains("ledger head")).collect();
+    // A run commits a dozen events; the head is published at INFO on the
+    // first commit and once more as the ledger closes, not per commit.
+    assert!(!heads.is_empty() && heads.len() <= 3, "{heads:?}");
+    let last = heads.last().expect("a head");
+    let field = |name: &str| {
+        last.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{name}=")))
+            .map(String::from)
+            .expect("field")
+    };
+    let expect = format!("{}:{}", field("seq"), field("hash"));
+    let out = cli(dir.path())
+        .args(["verify", "--expect-head", &expect])
+        .output()
+        .expect("verify");
+    assert!(
+        out.status.success(),
+        "the last published head is the ledger's head: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let events = parse_ndjson(&String::from_utf8_lossy(
+        &cli(dir.path())
+            .arg("export")
+            .output()
+            .expect("export")
+            .stdout,
+    ));
+    assert!(
+        events.len() > heads.len() * 2,
+        "fewer head lines than commits"
+    );
+}
