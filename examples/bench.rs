@@ -296,6 +296,7 @@ fn authority(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()>
         cwd: None,
         grace_ms: None,
         timeout_ms: None,
+        limits: Default::default(),
     })?;
     let targets = [
         KillTarget {
@@ -1012,6 +1013,7 @@ impl Bench {
             owner_kind: OwnerKind::Run,
             grace: None,
             timeout: None,
+            limits: Default::default(),
         })?;
         let pgid = spawned.pgid;
         let cg = spawned.cgroup.clone();

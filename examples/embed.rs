@@ -60,6 +60,7 @@ fn main() -> anyhow::Result<()> {
         owner_kind: OwnerKind::Run,
         grace: None,
         timeout: None,
+        limits: Default::default(),
     })?;
     println!(
         "spawned tree {} (root pid {}, pgid {}, boundary {})",

@@ -40,6 +40,18 @@ pub struct RunArgs {
     /// Run the command in DIR.
     #[arg(long, value_name = "DIR")]
     cwd: Option<std::path::PathBuf>,
+    /// The tree's memory limit (`memory.max`): bytes, or with K, M, G, T.
+    /// Like every limit it needs the cgroup boundary and its controller;
+    /// without them the run is refused (125), never started unlimited.
+    #[arg(long, value_name = "SIZE", value_parser = treewarden::ledger::parse_size)]
+    memory_max: Option<u64>,
+    /// The tree's process limit (`pids.max`).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pids_max: Option<u64>,
+    /// The tree's CPU limit as a percentage of one CPU (`cpu.max`; `50%`,
+    /// `200%`), like systemd's CPUQuota=.
+    #[arg(long, value_name = "PCT", value_parser = treewarden::ledger::parse_cpu_pct)]
+    cpu_max: Option<u32>,
     /// How often the tree is scanned for members and escapes.
     #[arg(long, default_value = "250ms", value_parser = parse_duration)]
     scan_interval: Duration,
@@ -219,6 +231,7 @@ fn custody_error(e: CustodyError) -> CliError {
         CustodyError::UnknownTree(_) | CustodyError::Conflict(_) => EXIT_USAGE,
         CustodyError::Exec(failure) => failure.exit_code(),
         CustodyError::DispatchRefused { .. }
+        | CustodyError::Unsupported(_)
         | CustodyError::Ledger(_)
         | CustodyError::Proc(_)
         | CustodyError::Ambiguous { .. } => EXIT_INTERNAL,
@@ -287,6 +300,11 @@ pub fn run(config: &Config, args: RunArgs) -> CliResult {
         label: args.label,
         cwd: args.cwd,
         env,
+        limits: treewarden::ledger::Limits {
+            memory_max: args.memory_max,
+            pids_max: args.pids_max,
+            cpu_max_pct: args.cpu_max,
+        },
         stdio: SpawnStdio::Inherit,
         owner,
         owner_kind: OwnerKind::Run,

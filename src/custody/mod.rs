@@ -64,6 +64,11 @@ pub enum CustodyError {
     /// No tree with this id in the ledger.
     #[error("unknown tree {0}")]
     UnknownTree(i64),
+    /// The request asks for something this host or boundary cannot
+    /// enforce (a limit without a cgroup or its controller); nothing was
+    /// recorded or started.
+    #[error("{0}")]
+    Unsupported(String),
     /// The request does not fit the tree's state (e.g. resolving a tree that is not ambiguous).
     #[error("{0}")]
     Conflict(String),

@@ -39,6 +39,9 @@ pub struct SpawnRequest {
     pub grace: Option<Duration>,
     /// The tree's timeout, recorded with it.
     pub timeout: Option<Duration>,
+    /// Limits for its cgroup, set before the command runs; refused
+    /// ([`CustodyError::Unsupported`]) where the boundary cannot enforce them.
+    pub limits: crate::ledger::Limits,
 }
 
 /// A released tree.
@@ -82,6 +85,7 @@ impl Engine {
         let boundary = self.boundary.ok_or_else(|| {
             CustodyError::Conflict("this engine only signals; it spawns nothing".into())
         })?;
+        self.check_limits(boundary, &req.limits)?;
         self.check_dispatch()?;
         let owner = self.ledger.register_owner(&OwnerRecord {
             identity: identity_record(&req.owner),
@@ -99,6 +103,7 @@ impl Engine {
             cwd: req.cwd.as_ref().map(|p| p.display().to_string()),
             grace_ms: req.grace.map(millis),
             timeout_ms: req.timeout.map(millis),
+            limits: req.limits,
         })?;
         let cgroup = match (boundary, &self.cgroup_root) {
             (BoundaryKind::Cgroup, Some(root)) => {
@@ -119,6 +124,16 @@ impl Engine {
             env: Some(env),
             stdio: req.stdio,
             cgroup: cgroup.clone(),
+            cgroup_settings: req
+                .limits
+                .cgroup_settings()
+                .into_iter()
+                .map(|(controller, file, value)| crate::proc::CgroupSetting {
+                    controller,
+                    file,
+                    value,
+                })
+                .collect(),
         };
         let held = match crate::proc::spawn_held(&spec) {
             Ok(held) => held,
@@ -156,6 +171,43 @@ impl Engine {
             cgroup: cg,
             boundary,
         })
+    }
+
+    /// Limits are enforced or refused, never pretended: they need the
+    /// cgroup boundary and, for each, its controller offered to tree
+    /// cgroups (`cgroup.controllers` of the cgroup root). Checked before
+    /// anything is recorded or started.
+    fn check_limits(
+        &self,
+        boundary: BoundaryKind,
+        limits: &crate::ledger::Limits,
+    ) -> Result<(), CustodyError> {
+        if limits.is_empty() {
+            return Ok(());
+        }
+        let root = match (boundary, &self.cgroup_root) {
+            (BoundaryKind::Cgroup, Some(root)) => root,
+            _ => {
+                return Err(CustodyError::Unsupported(format!(
+                    "limits need the cgroup boundary, and this tree would get {boundary}: refusing to start it unlimited"
+                )));
+            }
+        };
+        let offered = crate::proc::cgroup_controllers(root)?;
+        for (controller, file, _) in limits.cgroup_settings() {
+            if !offered.iter().any(|c| c == controller) {
+                return Err(CustodyError::Unsupported(format!(
+                    "{file} needs the {controller} controller, which the cgroup v2 hierarchy does not offer under {} (it offers: {}): refusing to start the tree unlimited",
+                    root.display(),
+                    if offered.is_empty() {
+                        "none".to_string()
+                    } else {
+                        offered.join(" ")
+                    }
+                )));
+            }
+        }
+        Ok(())
     }
 
     fn commit_spawn(&self, tree: TreeId, held: &HeldChild) -> Result<(), CustodyError> {

@@ -65,6 +65,25 @@ pub struct SpawnBody {
     /// The owner's start time in clock ticks (field 22 of /proc/PID/stat),
     /// checked when given.
     pub owner_start_ticks: Option<u64>,
+    /// Limits for the tree's cgroup, set before its command runs; 422 where
+    /// the host cannot enforce one (no cgroup boundary, or its controller
+    /// not offered), never started unlimited.
+    pub limits: Option<LimitsBody>,
+}
+
+/// `"limits": {"memory_max": "64M", "pids_max": 50, "cpu_max": "50%"}`.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsBody {
+    /// `memory.max`: bytes, or with K, M, G, T (powers of 1024).
+    #[schema(pattern = "^[1-9][0-9]{0,5}[KMGT]?$", example = "64M")]
+    pub memory_max: Option<String>,
+    /// `pids.max`.
+    #[schema(minimum = 1, maximum = 1000000)]
+    pub pids_max: Option<u64>,
+    /// `cpu.max` as a percentage of one CPU (`50%`, `200%`).
+    #[schema(pattern = "^[1-9][0-9]{0,4}%?$", example = "50%")]
+    pub cpu_max: Option<String>,
 }
 
 #[derive(Deserialize, ToSchema)]
@@ -286,7 +305,29 @@ impl SpawnBody {
         {
             return Err(bad(format!("owner_pid {pid} is not a client process")));
         }
+        let limits = match self.limits {
+            None => crate::ledger::Limits::default(),
+            Some(l) => crate::ledger::Limits {
+                memory_max: l
+                    .memory_max
+                    .as_deref()
+                    .map(crate::ledger::parse_size)
+                    .transpose()
+                    .map_err(bad)?,
+                pids_max: match l.pids_max {
+                    Some(0) => return Err(bad("pids_max must be 1 or more".into())),
+                    n => n,
+                },
+                cpu_max_pct: l
+                    .cpu_max
+                    .as_deref()
+                    .map(crate::ledger::parse_cpu_pct)
+                    .transpose()
+                    .map_err(bad)?,
+            },
+        };
         Ok(SpawnParams {
+            limits,
             argv: self.argv,
             label: self.label,
             cwd,
@@ -516,7 +557,7 @@ impl utoipa::Modify for BearerAuth {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "treewarden", description = "Custody of process trees: spawn, inspect, kill, audit."),
-    components(schemas(ErrorBody, SpawnBody, ResolveBody, KillResponse, PhaseJson, Health, Recovery, Readiness,
+    components(schemas(ErrorBody, SpawnBody, LimitsBody, ResolveBody, KillResponse, PhaseJson, Health, Recovery, Readiness,
         TreeRow, TreeDetail, TreeState, OwnerRow, ExitRecord, MemberRow, ObservationRow,
         SignalRow, AuthorizationRow, KillTarget, IdentityRecord, EventRow)),
     modifiers(&BearerAuth)

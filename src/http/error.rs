@@ -122,6 +122,7 @@ impl From<CustodyError> for ApiError {
             CustodyError::Proc(e) => ApiError::Internal(e.to_string()),
             CustodyError::Exec(failure) => ApiError::Unprocessable(failure.to_string()),
             CustodyError::UnknownTree(id) => ApiError::NotFound(format!("unknown tree {id}")),
+            CustodyError::Unsupported(m) => ApiError::Unprocessable(m),
             CustodyError::Conflict(m) => ApiError::Conflict {
                 message: m,
                 tree: None,

@@ -75,10 +75,10 @@ pub use chain::{GENESIS, canonical_event, canonical_string, event_hash};
 pub use error::LedgerError;
 pub use types::{
     AuthorizationId, AuthorizationRow, Deferred, EventFilter, EventKind, EventRow, ExitRecord,
-    ExportFormat, IdentityRecord, KillTarget, MemberCounts, MemberRecord, MemberRow, NewTree,
-    ObservationRow, OwnerId, OwnerKind, OwnerRecord, OwnerRow, Resources, SignalRecord, SignalRow,
-    SpawnRecord, SurvivorRecord, TreeDetail, TreeId, TreeRow, TreeState, VerifyBreak, VerifyReport,
-    parse_since,
+    ExportFormat, IdentityRecord, KillTarget, Limits, MemberCounts, MemberRecord, MemberRow,
+    NewTree, ObservationRow, OwnerId, OwnerKind, OwnerRecord, OwnerRow, Resources, SignalRecord,
+    SignalRow, SpawnRecord, SurvivorRecord, TreeDetail, TreeId, TreeRow, TreeState, VerifyBreak,
+    VerifyReport, parse_cpu_pct, parse_since, parse_size,
 };
 
 use db::Durability;

@@ -405,6 +405,7 @@ mod tests {
                 cwd: None,
                 grace_ms: None,
                 timeout_ms: None,
+                limits: Default::default(),
             })
             .expect("tree")
     }

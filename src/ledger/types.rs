@@ -258,6 +258,8 @@ pub struct NewTree {
     pub grace_ms: Option<u64>,
     /// The tree's timeout in milliseconds, when it has one.
     pub timeout_ms: Option<u64>,
+    /// Limits set on its cgroup (recorded in `tree.created`).
+    pub limits: Limits,
 }
 
 /// What the spawn formed: recorded once, never re-resolved from the leader pid.
@@ -318,6 +320,86 @@ pub struct SignalRecord {
     pub target: String,
     pub result: String,
     pub authorization: Option<AuthorizationId>,
+}
+
+/// Limits set on a tree's cgroup before its command runs (cgroup boundary
+/// only; a spawn that asks for one where the host cannot enforce it is
+/// refused, never started unlimited). Recorded in `tree.created`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Limits {
+    /// `memory.max` in bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_max: Option<u64>,
+    /// `pids.max`: processes and threads at most.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pids_max: Option<u64>,
+    /// `cpu.max` as a percentage of one CPU (200 = two CPUs), like
+    /// systemd's `CPUQuota=`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_max_pct: Option<u32>,
+}
+
+impl Limits {
+    pub fn is_empty(&self) -> bool {
+        *self == Limits::default()
+    }
+
+    /// The cgroup files and values that set these limits, with the
+    /// controller each needs (`memory.max` needs `memory`, ...).
+    pub fn cgroup_settings(&self) -> Vec<(&'static str, &'static str, String)> {
+        let mut v = Vec::new();
+        if let Some(b) = self.memory_max {
+            v.push(("memory", "memory.max", b.to_string()));
+        }
+        if let Some(n) = self.pids_max {
+            v.push(("pids", "pids.max", n.to_string()));
+        }
+        if let Some(p) = self.cpu_max_pct {
+            // quota per 100 ms period: 50% of a CPU is 50000 of 100000 us.
+            v.push(("cpu", "cpu.max", format!("{} 100000", u64::from(p) * 1000)));
+        }
+        v
+    }
+}
+
+/// Parses a size as `--memory-max` and the API take it: bytes, or a
+/// number with K, M, G or T (powers of 1024, like systemd's `MemoryMax=`).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let mult: u64 = match c.to_ascii_uppercase() {
+                'K' => 1 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => return Err(format!("malformed size {s:?}: the unit is K, M, G or T")),
+            };
+            (&t[..i], mult)
+        }
+        _ => (t, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .filter(|n| *n > 0)
+        .ok_or_else(|| {
+            format!("malformed size {s:?}: expected bytes or a number with K, M, G or T (64M)")
+        })
+}
+
+/// Parses a CPU share as `--cpu-max` takes it: `50%` (of one CPU) or `50`.
+pub fn parse_cpu_pct(s: &str) -> Result<u32, String> {
+    s.trim()
+        .trim_end_matches('%')
+        .parse::<u32>()
+        .ok()
+        .filter(|p| (1..=100_000).contains(p))
+        .ok_or_else(|| {
+            format!(
+                "malformed cpu share {s:?}: expected a percentage of one CPU such as 50% or 200%"
+            )
+        })
 }
 
 /// What a tree consumed, from its cgroup (`cpu.stat`, `memory.peak`,

@@ -94,6 +94,7 @@ pub(crate) fn create_tree(w: &mut Writer<'_>, tree: &NewTree) -> Result<TreeId, 
             "cwd": tree.cwd,
             "grace_ms": tree.grace_ms,
             "timeout_ms": tree.timeout_ms,
+            "limits": tree.limits,
         }),
     )?;
     Ok(id)

@@ -203,6 +203,18 @@ pub struct SpawnSpec {
     /// The tree's cgroup directory to create and join before exec (e.g.
     /// `<root>/tw-<ledger>-<id>`); `None` = session and process group only.
     pub cgroup: Option<PathBuf>,
+    /// Control files written in the tree's cgroup right after it is made,
+    /// before the child joins it (limits). The controller is enabled in the
+    /// parent's `cgroup.subtree_control` first when it is not yet.
+    pub cgroup_settings: Vec<CgroupSetting>,
+}
+
+/// One control file to set in a tree's cgroup (`pids.max` = `20`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CgroupSetting {
+    pub controller: &'static str,
+    pub file: &'static str,
+    pub value: String,
 }
 
 /// Why `execve` (or the last step before it) failed after release.
@@ -586,6 +598,10 @@ pub fn spawn_held(spec: &SpawnSpec) -> Result<HeldChild, ProcError> {
         .unwrap_or_default();
     if let Some(cg) = &spec.cgroup {
         make_tree_cgroup(cg)?;
+        if let Err(e) = apply_settings(cg, &spec.cgroup_settings) {
+            let _ = remove_cgroup_when_empty(cg, CLEANUP_WAIT);
+            return Err(e);
+        }
     }
     let result = fork_held(spec, &prepared, program);
     if result.is_err()
@@ -804,6 +820,25 @@ pub fn remove_cgroup_if_empty(path: &Path) -> Result<bool, ProcError> {
 }
 
 /// Waits (bounded) until the cgroup is unpopulated, then removes it.
+/// Writes the settings (limits) into a fresh tree cgroup, enabling each
+/// controller in the parent's `cgroup.subtree_control` where it is not yet.
+fn apply_settings(cg: &Path, settings: &[CgroupSetting]) -> Result<(), ProcError> {
+    for s in settings {
+        if let Some(parent) = cg.parent() {
+            let control = parent.join("cgroup.subtree_control");
+            let enabled =
+                std::fs::read_to_string(&control).map_err(|e| ProcError::cgroup(&control, e))?;
+            if !enabled.split_whitespace().any(|c| c == s.controller) {
+                std::fs::write(&control, format!("+{}", s.controller))
+                    .map_err(|e| ProcError::cgroup(&control, e))?;
+            }
+        }
+        let file = cg.join(s.file);
+        std::fs::write(&file, &s.value).map_err(|e| ProcError::cgroup(&file, e))?;
+    }
+    Ok(())
+}
+
 /// Creates a tree's cgroup. The name is new to the caller's ledger, so a
 /// directory already there is a leftover it does not know (another ledger's
 /// crash, or a ledger restored from a backup): an *empty* one is removed and

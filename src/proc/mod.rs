@@ -32,9 +32,9 @@ mod resources;
 pub mod signal;
 
 pub use boundary::{
-    BoundaryKind, ExecFailure, ExecFailureKind, HeldChild, SpawnSpec, SpawnStdio, Spawned,
-    cgroup_root, cgroup2_mount, check_cgroup_writable, own_cgroup_dir, remove_cgroup_if_empty,
-    remove_cgroup_when_empty, resolve_boundary, spawn_held,
+    BoundaryKind, CgroupSetting, ExecFailure, ExecFailureKind, HeldChild, SpawnSpec, SpawnStdio,
+    Spawned, cgroup_root, cgroup2_mount, check_cgroup_writable, own_cgroup_dir,
+    remove_cgroup_if_empty, remove_cgroup_when_empty, resolve_boundary, spawn_held,
 };
 pub use connector::{Connector, ProcEvent, monotonic_ns};
 pub use identity::{Identity, Liveness, ProcStat, boot_id, identity_of, read_stat, self_identity};
@@ -43,7 +43,7 @@ pub use probe::{Capability, Probe, probe};
 pub use reaper::{
     ExitStatus, Reaper, parent_pid, reap_child, set_parent_death_signal, set_subreaper,
 };
-pub use resources::{CgroupUsage, cgroup_usage};
+pub use resources::{CgroupUsage, cgroup_controllers, cgroup_usage};
 pub use signal::{
     Delivery, GroupDelivery, GroupRecord, Sig, cgroup_freeze, cgroup_kill, cgroup_pids,
     cgroup_populated, default_sigpipe, group_members, signal_group, signal_group_known,

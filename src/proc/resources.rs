@@ -42,6 +42,14 @@ pub fn cgroup_usage(dir: &Path) -> CgroupUsage {
     }
 }
 
+/// The controllers a cgroup offers its children (`cgroup.controllers`).
+pub fn cgroup_controllers(dir: &Path) -> Result<Vec<String>, crate::proc::ProcError> {
+    let file = dir.join("cgroup.controllers");
+    let text =
+        std::fs::read_to_string(&file).map_err(|e| crate::proc::ProcError::cgroup(&file, e))?;
+    Ok(text.split_whitespace().map(String::from).collect())
+}
+
 /// The value of `key` in a flat-keyed cgroup file (`key value` per line).
 fn keyed(text: &str, key: &str) -> Option<u64> {
     text.lines()

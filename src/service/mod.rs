@@ -127,6 +127,8 @@ pub struct SpawnParams {
     pub owner_pid: Option<i32>,
     /// When given, the owner's start time must match (clock ticks).
     pub owner_start_ticks: Option<u64>,
+    /// Limits for the tree's cgroup (refused where not enforceable).
+    pub limits: crate::ledger::Limits,
 }
 
 /// A tree this service is responsible for.
@@ -467,6 +469,7 @@ impl Service {
             owner_kind: kind,
             grace: Some(p.grace.unwrap_or(self.config.default_grace)),
             timeout: p.timeout,
+            limits: p.limits,
         };
         let engine = self.engine.clone();
         let spawned = blocking(move || engine.spawn(&req)).await??;

@@ -294,3 +294,101 @@ fn an_ended_trees_resources_come_from_its_cgroup_and_absent_is_not_zero() {
         assert!(env.show(1).get("resources").is_none());
     }
 }
+
+/// Whether the cgroup v2 hierarchy above a test cgroup root offers a
+/// controller to tree cgroups.
+fn offers(env: &Env, controller: &str) -> bool {
+    env.cgroup_root()
+        .and_then(|r| std::fs::read_to_string(r.join("cgroup.controllers")).ok())
+        .is_some_and(|c| c.split_whitespace().any(|x| x == controller))
+}
+
+#[test]
+fn limits_are_enforced_or_refused_never_pretended() {
+    // The session boundary cannot enforce a limit: refused, nothing started.
+    if let Some(env) = Env::new("session") {
+        let out = env.output(&["run", "--pids-max", "20", "--", "true"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{err}");
+        assert!(err.contains("cgroup boundary"), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(
+            !env.ledger_path().exists() || env.export().is_empty(),
+            "nothing recorded"
+        );
+        for bad in [
+            ["--memory-max", "lots"],
+            ["--cpu-max", "0%"],
+            ["--pids-max", "0"],
+        ] {
+            let out = env.output(&["run", bad[0], bad[1], "--", "true"]);
+            assert_eq!(out.status.code(), Some(125), "{bad:?}");
+        }
+    }
+    let Some(env) = Env::new("cgroup") else {
+        return;
+    };
+    if !offers(&env, "pids") {
+        // This host's cgroup v2 gives tree cgroups no pids controller (a
+        // hybrid hierarchy): the refusal is what can be tested here.
+        let out = env.output(&["run", "--pids-max", "20", "--", "true"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{err}");
+        assert!(err.contains("pids controller"), "{err}");
+        crate::util::skip(
+            "limit enforcement: the cgroup v2 hierarchy offers no pids controller here (refusal tested instead)",
+        );
+        return;
+    }
+    // 50 children under --pids-max 20: never more than 20 in the tree.
+    let mut run = env.spawn_run(
+        &["--pids-max", "20", "--timeout", "3"],
+        "i=0; while [ $i -lt 50 ]; do sleep 30 & i=$((i+1)); done; wait",
+    );
+    let mut most = 0;
+    crate::util::wait_until(Duration::from_secs(2), || {
+        most = most.max(env.marked().len());
+        false
+    });
+    let _ = wait_child(&mut run, Duration::from_secs(30));
+    assert!(most <= 20 && most > 1, "at most 20 processes, saw {most}");
+    let created = env
+        .export()
+        .into_iter()
+        .find(|e| e["kind"] == "tree.created")
+        .unwrap_or(Value::Null);
+    assert_eq!(created["data"]["limits"]["pids_max"], 20, "{created}");
+    assert!(env.wait_none_marked());
+}
+
+#[test]
+fn the_api_refuses_limits_it_cannot_enforce_with_422() {
+    let server = crate::serve::Server::start(&[]);
+    let (status, v) = server.post(
+        "/api/trees",
+        Some(&serde_json::json!({"argv": ["true"], "limits": {"pids_max": 20}})),
+    );
+    let controllers = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    if status == 201 {
+        // A host whose cgroup v2 offers the pids controller enforces it.
+        crate::util::skip(&format!(
+            "this host enforces pids.max ({controllers:?}); refusal not reachable"
+        ));
+        return;
+    }
+    assert_eq!(status, 422, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("refusing to start")),
+        "{v}"
+    );
+    let (status, _) = server.post(
+        "/api/trees",
+        Some(&serde_json::json!({"argv": ["true"], "limits": {"memory_max": "lots"}})),
+    );
+    assert_eq!(status, 422);
+    // Nothing was recorded for the refused spawns.
+    let trees: Value = server.get("/api/trees?all=1").json().expect("json");
+    assert_eq!(trees.as_array().map(Vec::len), Some(0), "{trees}");
+}

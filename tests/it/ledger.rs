@@ -76,6 +76,7 @@ fn tree_life(ledger: &Ledger, base: i32) -> TreeId {
             cwd: Some("/tmp".into()),
             grace_ms: None,
             timeout_ms: None,
+            limits: Default::default(),
         })
         .expect("create");
     ledger
@@ -442,6 +443,7 @@ fn ledger_database_refuses_edits_and_unauthorized_sigkill() {
                 cwd: None,
                 grace_ms: None,
                 timeout_ms: None,
+                limits: Default::default(),
             })
             .expect("tree")
     };

@@ -42,6 +42,7 @@ fn sh(script: &str, dir: &Path) -> SpawnSpec {
         env: None,
         stdio: SpawnStdio::Null,
         cgroup: None,
+        cgroup_settings: Vec::new(),
     }
 }
 
@@ -642,6 +643,7 @@ fn exec_failures_map_to_shell_codes() {
         env: None,
         stdio: SpawnStdio::Null,
         cgroup: None,
+        cgroup_settings: Vec::new(),
     };
     let check = |argv0: OsString, kind: ExecFailureKind, code: u8| {
         let held = proc::spawn_held(&spec(argv0.clone())).expect("spawn");

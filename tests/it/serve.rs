@@ -908,6 +908,17 @@ def before_call(context, case, kwargs):
             case.body.pop("owner_start_ticks", None)
         if isinstance(case.body.get("cwd"), str):
             case.body["cwd"] = "/"
+        # Whether a limit can be enforced depends on the host (its cgroup
+        # v2 controllers): schema-valid limits are dropped, invalid ones kept.
+        lim = case.body.get("limits")
+        if isinstance(lim, dict) and set(lim) <= {{"memory_max", "pids_max", "cpu_max"}}:
+            import re
+            mem, pids, cpu = lim.get("memory_max"), lim.get("pids_max"), lim.get("cpu_max")
+            ok = (mem is None or (isinstance(mem, str) and re.search(r"^[1-9][0-9]{{0,5}}[KMGT]?$", mem))) \
+                and (pids is None or (isinstance(pids, int) and not isinstance(pids, bool) and 1 <= pids <= 1000000)) \
+                and (cpu is None or (isinstance(cpu, str) and re.search(r"^[1-9][0-9]{{0,4}}%?$", cpu)))
+            if ok:
+                case.body.pop("limits")
 "#,
             mark = s.mark
         ),
