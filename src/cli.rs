@@ -123,6 +123,9 @@ enum Command {
     Ls(crate::commands::LsArgs),
     /// One tree: members, escapes, signals, authorizations, events.
     Show(crate::commands::ShowArgs),
+    /// A tree's captured stdout and stderr (trees spawned through the API;
+    /// `run` passes its output through).
+    Logs(crate::commands::LogsArgs),
     /// One orphan sweep now: tear down every tree whose owner is gone.
     Sweep(crate::commands::SweepArgs),
     /// Record an operator's resolution of an ambiguous tree; reopens dispatch.
@@ -221,6 +224,7 @@ pub fn main() -> ExitCode {
         cli.command,
         Command::Ls(_)
             | Command::Show(_)
+            | Command::Logs(_)
             | Command::Export { .. }
             | Command::Verify { .. }
             | Command::Doctor { .. }
@@ -252,6 +256,7 @@ fn run_command(command: Command, config: &Config) -> CliResult {
         Command::Kill(args) => crate::commands::kill(config, args),
         Command::Ls(args) => crate::commands::ls(config, args),
         Command::Show(args) => crate::commands::show(config, args),
+        Command::Logs(args) => crate::commands::logs(config, args),
         Command::Sweep(args) => crate::commands::sweep(config, args),
         Command::Resolve(args) => crate::commands::resolve(config, args),
         Command::Serve(args) => crate::commands::serve(config, args),

@@ -117,6 +117,17 @@ pub struct ShowArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct LogsArgs {
+    tree: i64,
+    /// Only the last N lines.
+    #[arg(long, short = 'n', value_name = "N")]
+    tail: Option<usize>,
+    /// Keep printing what the tree writes until it has ended.
+    #[arg(long, short)]
+    follow: bool,
+}
+
+#[derive(Args, Debug)]
 pub struct SweepArgs {
     /// Grace of an orphan whose tree records none (trees recorded before
     /// grace was); every other orphan gets the grace it was spawned with.
@@ -163,6 +174,10 @@ pub struct ServeArgs {
     /// requests are accepted (useful with --listen 127.0.0.1:0).
     #[arg(long, value_name = "PATH")]
     ready_file: Option<std::path::PathBuf>,
+    /// Cap on each API tree's captured output (stdout and stderr in
+    /// `<data-dir>/logs/`); the oldest bytes are dropped past it.
+    #[arg(long, default_value = "10M", value_name = "SIZE", value_parser = treewarden::ledger::parse_size)]
+    log_max: u64,
     /// Only these commands (exact argv[0]) may be spawned through the API.
     /// Repeatable; default: any.
     #[arg(long = "allow-command", value_name = "CMD")]
@@ -600,6 +615,66 @@ fn opt(v: Option<i32>) -> String {
     v.map(|v| v.to_string()).unwrap_or_else(|| "-".into())
 }
 
+pub fn logs(config: &Config, args: LogsArgs) -> CliResult {
+    let engine = signal_engine(config)?;
+    let tree = TreeId(args.tree);
+    let read_row = |engine: &Engine| {
+        engine
+            .ledger()
+            .tree(tree)
+            .map_err(|e| CliError::internal(anyhow!(e)))?
+            .ok_or_else(|| CliError::usage(anyhow!("unknown tree {}", args.tree)))
+    };
+    read_row(&engine)?;
+    let data_dir = engine.data_dir().to_path_buf();
+    let bytes = treewarden::custody::read_log(&data_dir, tree, args.tail)
+        .map_err(|e| CliError::internal(anyhow!("reading the log of tree {}: {e}", args.tree)))?
+        .ok_or_else(|| {
+            CliError::usage(anyhow!(
+                "tree {} captured no output (trees of `run` pass theirs through)",
+                args.tree
+            ))
+        })?;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(&bytes);
+    let _ = out.flush();
+    if !args.follow {
+        return Ok(0);
+    }
+    // Follow: print what is appended, poll every 200 ms, until the tree has
+    // ended and its output stopped growing. A cap that dropped the oldest
+    // bytes (the file shrank) is followed from the new end.
+    let path = treewarden::custody::log_path(&data_dir, tree);
+    let mut offset = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    let mut ended_quiet = 0;
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        if len < offset {
+            offset = len;
+        }
+        if len > offset {
+            use std::io::{Read, Seek, SeekFrom};
+            let mut f = std::fs::File::open(&path)
+                .map_err(|e| CliError::internal(anyhow!("reading the log: {e}")))?;
+            f.seek(SeekFrom::Start(offset))
+                .map_err(|e| CliError::internal(anyhow!("reading the log: {e}")))?;
+            let mut chunk = Vec::new();
+            let _ = f.take(len - offset).read_to_end(&mut chunk);
+            offset += chunk.len() as u64;
+            if out.write_all(&chunk).and_then(|()| out.flush()).is_err() {
+                return Ok(0);
+            }
+            ended_quiet = 0;
+        } else if read_row(&engine)?.state.is_terminal() {
+            ended_quiet += 1;
+            if ended_quiet >= 2 {
+                return Ok(0);
+            }
+        }
+    }
+}
+
 pub fn sweep(config: &Config, args: SweepArgs) -> CliResult {
     shield_from_interrupts();
     let engine = signal_engine(config)?;
@@ -704,6 +779,7 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
         allow_commands: args.allow_commands,
         observer: config.observer,
         observer_rcvbuf: config.observer_rcvbuf,
+        log_max: args.log_max,
     };
     let service =
         Service::new(engine, reaper, svc_config).map_err(|e| CliError::internal(anyhow!(e)))?;

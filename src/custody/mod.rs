@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex};
 pub use dispatch::Unsettled;
 pub use observer::{Observer, ObserverHandle, ObserverStats};
 pub use owner::{RunEnd, RunOptions, RunOutcome};
-pub use spawn::{SpawnRequest, Spawned};
+pub use spawn::{SpawnRequest, Spawned, log_path, read_log};
 pub use stats::EngineStats;
 pub use sweep::{
     DEFAULT_SWEEP_CONCURRENCY, SweepCounts, SweepOptions, SweepOutcome, SweepProgress, SweepReport,
@@ -146,6 +146,12 @@ impl Engine {
 
     pub fn ledger(&self) -> &Ledger {
         &self.ledger
+    }
+
+    /// The data directory: the ledger's, the unsettled markers', the
+    /// teardown leases' and captured output's.
+    pub fn data_dir(&self) -> &std::path::Path {
+        &self.data_dir
     }
 
     /// The boundary new trees get; `None` on a [`Engine::signal_only`] engine.

@@ -55,6 +55,46 @@ pub struct Spawned {
     pub boundary: BoundaryKind,
 }
 
+/// Where a tree spawned with [`SpawnStdio::Log`] writes its stdout and
+/// stderr: `<data-dir>/logs/tree-<id>.log`.
+pub fn log_path(data_dir: &std::path::Path, tree: TreeId) -> PathBuf {
+    data_dir.join("logs").join(format!("tree-{}.log", tree.0))
+}
+
+/// A tree's captured output: all of it, or its last `lines` lines; `None`
+/// when the tree captured none (`run` passes its output through). Bytes a
+/// hole-punching cap freed (zeros at the front) are skipped.
+pub fn read_log(
+    data_dir: &std::path::Path,
+    tree: TreeId,
+    lines: Option<usize>,
+) -> std::io::Result<Option<Vec<u8>>> {
+    let bytes = match std::fs::read(log_path(data_dir, tree)) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let start = bytes.iter().position(|b| *b != 0).unwrap_or(bytes.len());
+    let bytes = &bytes[start..];
+    let Some(n) = lines else {
+        return Ok(Some(bytes.to_vec()));
+    };
+    // The last `n` lines: a final line without its newline counts as one.
+    let body = bytes.strip_suffix(b"\n").unwrap_or(bytes);
+    let cut = body
+        .iter()
+        .enumerate()
+        .rev()
+        .filter(|(_, b)| **b == b'\n')
+        .nth(n.saturating_sub(1))
+        .map_or(0, |(i, _)| i + 1);
+    Ok(Some(if n == 0 {
+        Vec::new()
+    } else {
+        bytes[cut..].to_vec()
+    }))
+}
+
 /// A duration as the ledger records it (milliseconds, saturating).
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
@@ -118,7 +158,28 @@ impl Engine {
             .unwrap_or_else(|| std::env::vars_os().collect());
         env.retain(|(k, _)| k != TREE_ID_VAR);
         env.push((TREE_ID_VAR.into(), tree.0.to_string().into()));
+        let log_file = match req.stdio {
+            SpawnStdio::Log => {
+                let dir = self.data_dir.join("logs");
+                if let Err(e) = std::os::unix::fs::DirBuilderExt::mode(
+                    std::fs::DirBuilder::new().recursive(true),
+                    0o700,
+                )
+                .create(&dir)
+                {
+                    self.record_spawn_failed(
+                        tree,
+                        &format!("cannot make {}: {e}", dir.display()),
+                        125,
+                    );
+                    return Err(CustodyError::Proc(crate::proc::ProcError::Io(e)));
+                }
+                Some(log_path(&self.data_dir, tree))
+            }
+            _ => None,
+        };
         let spec = SpawnSpec {
+            log_file,
             argv: req.argv.clone(),
             cwd: req.cwd.clone(),
             env: Some(env),

@@ -471,6 +471,53 @@ pub async fn resolve_tree(
     Ok(Json(row))
 }
 
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct LogQuery {
+    /// Only the last N lines (default: all that is kept, at most the
+    /// service's `--log-max`).
+    #[param(minimum = 0, maximum = 1000000)]
+    pub tail: Option<usize>,
+}
+
+/// A tree's captured stdout and stderr (API trees only; `run` passes its
+/// output through), as text.
+#[utoipa::path(get, path = "/api/trees/{id}/log", params(("id" = i64, Path, description = "tree id"), LogQuery),
+    responses((status = 200, description = "the captured output", content_type = "text/plain", body = String),
+    (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+    (status = 503, body = ErrorBody)))]
+pub async fn tree_log(
+    State(s): State<AppState>,
+    TreePath(id): TreePath,
+    ApiQuery(q): ApiQuery<LogQuery>,
+) -> Result<impl IntoResponse, ApiError> {
+    if q.tail.is_some_and(|t| t > 1_000_000) {
+        return Err(ApiError::BadRequest("tail: at most 1000000 lines".into()));
+    }
+    let bytes = s
+        .service
+        .read(move |e| {
+            if e.ledger().tree(TreeId(id))?.is_none() {
+                return Ok(None);
+            }
+            let log =
+                crate::custody::read_log(e.data_dir(), TreeId(id), q.tail).map_err(|err| {
+                    crate::service::ServiceError::Task(format!("reading the log: {err}"))
+                })?;
+            Ok(Some(log.unwrap_or_default()))
+        })
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; charset=utf-8",
+        )],
+        bytes,
+    ))
+}
+
 /// The audit trail as JSON, oldest first.
 #[utoipa::path(get, path = "/api/events", params(EventsQuery),
     responses((status = 200, body = Vec<EventRow>), (status = 400, body = ErrorBody),

@@ -316,20 +316,34 @@ pub struct TreePage {
     pub timeline: Option<Timeline>,
     pub live: bool,
     pub command: String,
+    /// The last lines of its captured output (API trees), when it has any.
+    pub output: Option<String>,
 }
+
+/// Lines of captured output the tree page shows.
+const OUTPUT_LINES: usize = 50;
 
 /// `GET /trees/{id}`.
 pub async fn tree(
     State(s): State<AppState>,
     TreePath(id): TreePath,
 ) -> Result<Html<String>, ApiError> {
-    let d = s
+    let (d, output) = s
         .service
-        .read(move |e| Ok(e.ledger().tree_detail(TreeId(id))?))
+        .read(move |e| {
+            let detail = e.ledger().tree_detail(TreeId(id))?;
+            // The panel shows the tail; the whole output is at /api/trees/{id}/log.
+            let output = crate::custody::read_log(e.data_dir(), TreeId(id), Some(OUTPUT_LINES))
+                .ok()
+                .flatten()
+                .map(|b| String::from_utf8_lossy(&b).into_owned());
+            Ok(detail.map(|d| (d, output)))
+        })
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
     let timeline = timeline(&d.events);
     render(&TreePage {
+        output,
         live: !d.tree.state.is_terminal(),
         command: d.tree.argv.join(" "),
         escapes: d

@@ -52,6 +52,7 @@ pub fn router(state: AppState) -> Router {
     let (api, doc) = OpenApiRouter::with_openapi(api::ApiDoc::openapi())
         .routes(routes!(api::list_trees, api::spawn_tree))
         .routes(routes!(api::get_tree))
+        .routes(routes!(api::tree_log))
         .routes(routes!(api::kill_tree))
         .routes(routes!(api::resolve_tree))
         .routes(routes!(api::events))

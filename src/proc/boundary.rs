@@ -188,6 +188,9 @@ pub enum SpawnStdio {
     Inherit,
     /// `/dev/null` for all three.
     Null,
+    /// stdin from `/dev/null`; stdout and stderr appended, interleaved as
+    /// written, to [`SpawnSpec::log_file`] (created 0600).
+    Log,
 }
 
 /// Everything needed to spawn one tree root.
@@ -207,6 +210,8 @@ pub struct SpawnSpec {
     /// before the child joins it (limits). The controller is enabled in the
     /// parent's `cgroup.subtree_control` first when it is not yet.
     pub cgroup_settings: Vec<CgroupSetting>,
+    /// Where stdout and stderr go with [`SpawnStdio::Log`].
+    pub log_file: Option<PathBuf>,
 }
 
 /// One control file to set in a tree's cgroup (`pids.max` = `20`).
@@ -343,6 +348,8 @@ struct Prepared {
     program: Result<CString, i32>,
     cwd: Option<CString>,
     null_fd: Option<OwnedFd>,
+    /// With [`SpawnStdio::Log`]: the log file, for descriptors 1 and 2.
+    log_fd: Option<OwnedFd>,
     empty_mask: libc::sigset_t,
     default_action: libc::sigaction,
     sigmax: libc::c_int,
@@ -430,11 +437,27 @@ fn prepare(spec: &SpawnSpec) -> Result<Prepared, ProcError> {
         .transpose()?;
     let null_fd = match spec.stdio {
         SpawnStdio::Inherit => None,
-        SpawnStdio::Null => Some(rustix::fs::open(
+        SpawnStdio::Null | SpawnStdio::Log => Some(rustix::fs::open(
             "/dev/null",
             rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
             rustix::fs::Mode::empty(),
         )?),
+    };
+    let log_fd = match (spec.stdio, &spec.log_file) {
+        (SpawnStdio::Log, Some(path)) => Some(rustix::fs::open(
+            path,
+            rustix::fs::OFlags::WRONLY
+                | rustix::fs::OFlags::APPEND
+                | rustix::fs::OFlags::CREATE
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::from_raw_mode(0o600),
+        )?),
+        (SpawnStdio::Log, None) => {
+            return Err(ProcError::Io(std::io::Error::other(
+                "stdio Log needs a log file",
+            )));
+        }
+        _ => None,
     };
     let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
     argv_ptrs.push(std::ptr::null());
@@ -459,6 +482,7 @@ fn prepare(spec: &SpawnSpec) -> Result<Prepared, ProcError> {
         program,
         cwd,
         null_fd,
+        log_fd,
         empty_mask,
         default_action,
         sigmax: libc::SIGRTMAX(),
@@ -503,6 +527,15 @@ unsafe fn child_after_fork(p: &Prepared, release_r: libc::c_int, status_w: libc:
         if let Some(null) = &p.null_fd {
             let fd = null.as_raw_fd();
             for target in 0..3 {
+                if libc::dup2(fd, target) < 0 {
+                    report(TAG_SETUP, 2, errno());
+                    libc::_exit(125);
+                }
+            }
+        }
+        if let Some(log) = &p.log_fd {
+            let fd = log.as_raw_fd();
+            for target in 1..3 {
                 if libc::dup2(fd, target) < 0 {
                     report(TAG_SETUP, 2, errno());
                     libc::_exit(125);

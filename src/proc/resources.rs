@@ -42,6 +42,38 @@ pub fn cgroup_usage(dir: &Path) -> CgroupUsage {
     }
 }
 
+/// Keeps a tree's log file under `cap` bytes by dropping its oldest bytes,
+/// down to about three quarters of the cap: `FALLOC_FL_COLLAPSE_RANGE`
+/// removes whole blocks from the front (ext4, xfs), and the tree, which
+/// writes with `O_APPEND`, goes on at the new end. Where the filesystem
+/// cannot collapse, the oldest blocks are punched out instead (the space is
+/// freed; the file keeps its length, with a hole at the front). Returns how
+/// many bytes were dropped.
+pub fn cap_log(path: &Path, cap: u64) -> std::io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let file = std::fs::OpenOptions::new().write(true).open(path)?;
+    let meta = file.metadata()?;
+    let block = meta.blksize().max(512);
+    let used = meta.blocks() * 512;
+    if meta.len() <= cap && used <= cap {
+        return Ok(0);
+    }
+    let keep = cap / 4 * 3;
+    let drop = (meta.len().saturating_sub(keep)) / block * block;
+    if drop == 0 {
+        return Ok(0);
+    }
+    use rustix::fs::FallocateFlags as F;
+    match rustix::fs::fallocate(&file, F::COLLAPSE_RANGE, 0, drop) {
+        Ok(()) => Ok(drop),
+        Err(_) => {
+            rustix::fs::fallocate(&file, F::PUNCH_HOLE | F::KEEP_SIZE, 0, drop)
+                .map_err(std::io::Error::from)?;
+            Ok(drop)
+        }
+    }
+}
+
 /// The controllers a cgroup offers its children (`cgroup.controllers`).
 pub fn cgroup_controllers(dir: &Path) -> Result<Vec<String>, crate::proc::ProcError> {
     let file = dir.join("cgroup.controllers");

@@ -93,6 +93,9 @@ pub struct ServiceConfig {
     pub observer: crate::config::ObserverMode,
     /// Its socket's receive buffer (0: the default).
     pub observer_rcvbuf: usize,
+    /// Cap on each API tree's captured output (`<data-dir>/logs/`): the
+    /// oldest bytes are dropped past it.
+    pub log_max: u64,
 }
 
 /// Errors of the service layer; the HTTP layer maps each to a status.
@@ -464,7 +467,7 @@ impl Service {
             label: p.label.clone(),
             cwd: p.cwd.clone(),
             env: Some(env),
-            stdio: SpawnStdio::Null,
+            stdio: SpawnStdio::Log,
             owner: owner.clone(),
             owner_kind: kind,
             grace: Some(p.grace.unwrap_or(self.config.default_grace)),
@@ -832,6 +835,18 @@ impl Service {
     /// One scan-loop tick (blocking).
     fn scan_once(&self, st: &mut ScanState, wanted: &[i64]) {
         let ledger = self.engine.ledger();
+        // Captured output stays under its cap (one stat per owned tree).
+        for id in wanted {
+            let path = crate::custody::log_path(self.engine.data_dir(), TreeId(*id));
+            match crate::proc::cap_log(&path, self.config.log_max) {
+                Ok(0) => {}
+                Ok(dropped) => {
+                    tracing::debug!(tree = id, dropped, "oldest captured output dropped")
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => tracing::warn!(tree = id, error = %e, "captured output not capped"),
+            }
+        }
         st.watches.retain(|id, _| wanted.contains(id));
         for id in wanted {
             if st.watches.contains_key(id) {

@@ -392,3 +392,81 @@ fn the_api_refuses_limits_it_cannot_enforce_with_422() {
     let trees: Value = server.get("/api/trees?all=1").json().expect("json");
     assert_eq!(trees.as_array().map(Vec::len), Some(0), "{trees}");
 }
+
+#[test]
+fn an_api_trees_output_is_captured_capped_and_served() {
+    let server = crate::serve::Server::start(&["--log-max", "64K"]);
+    let (status, tree) = server.post(
+        "/api/trees",
+        Some(&serde_json::json!({"argv": ["sh", "-c", "echo to-stdout; echo to-stderr >&2; i=0; while [ $i -lt 3 ]; do echo line-$i; i=$((i+1)); done"]})),
+    );
+    assert_eq!(status, 201, "{tree}");
+    let id = tree["id"].as_i64().expect("id");
+    let log = |q: &str| {
+        server
+            .get(&format!("/api/trees/{id}/log{q}"))
+            .text()
+            .expect("log")
+    };
+    assert!(
+        crate::util::wait_until(Duration::from_secs(10), || log("").contains("line-2")),
+        "{}",
+        log("")
+    );
+    let all = log("");
+    assert!(
+        all.contains("to-stdout\n") && all.contains("to-stderr\n"),
+        "{all}"
+    );
+    assert_eq!(log("?tail=2"), "line-1\nline-2\n");
+    // The same through the CLI, and the tree page shows it.
+    let out = std::process::Command::new(crate::util::bin())
+        .env("TREEWARDEN_DATA_DIR", server.data_dir())
+        .args(["logs", &id.to_string(), "--tail", "1"])
+        .output()
+        .expect("logs");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "line-2\n");
+    assert!(
+        server
+            .get(&format!("/trees/{id}"))
+            .text()
+            .expect("page")
+            .contains("to-stderr")
+    );
+    // A tree that writes 1 MiB keeps at most about --log-max of it, the newest.
+    let (status, big) = server.post(
+        "/api/trees",
+        Some(&serde_json::json!({"argv": ["sh", "-c", "i=0; while [ $i -lt 16384 ]; do echo \"line $i ................................................\"; i=$((i+1)); done; sleep 2"]})),
+    );
+    assert_eq!(status, 201);
+    let big = big["id"].as_i64().expect("id");
+    let path = server
+        .data_dir()
+        .join("logs")
+        .join(format!("tree-{big}.log"));
+    use std::os::unix::fs::MetadataExt;
+    assert!(
+        crate::util::wait_until(Duration::from_secs(20), || {
+            std::fs::read_to_string(&path).is_ok_and(|t| t.contains("line 16383 "))
+                && std::fs::metadata(&path).is_ok_and(|m| m.blocks() * 512 <= 96 * 1024)
+        }),
+        "capped: {:?}",
+        std::fs::metadata(&path).map(|m| (m.len(), m.blocks() * 512))
+    );
+    let tail = server
+        .get(&format!("/api/trees/{big}/log?tail=1"))
+        .text()
+        .expect("tail");
+    assert!(
+        tail.starts_with("line 16383 "),
+        "the newest bytes are kept: {tail}"
+    );
+    assert_eq!(server.get("/api/trees/999/log").status(), 404);
+    // A tree of `run` captured nothing: the CLI says so.
+    let out = std::process::Command::new(crate::util::bin())
+        .env("TREEWARDEN_DATA_DIR", server.data_dir())
+        .args(["logs", "999"])
+        .output()
+        .expect("logs");
+    assert_eq!(out.status.code(), Some(2));
+}

@@ -43,6 +43,7 @@ fn sh(script: &str, dir: &Path) -> SpawnSpec {
         stdio: SpawnStdio::Null,
         cgroup: None,
         cgroup_settings: Vec::new(),
+        log_file: None,
     }
 }
 
@@ -644,6 +645,7 @@ fn exec_failures_map_to_shell_codes() {
         stdio: SpawnStdio::Null,
         cgroup: None,
         cgroup_settings: Vec::new(),
+        log_file: None,
     };
     let check = |argv0: OsString, kind: ExecFailureKind, code: u8| {
         let held = proc::spawn_held(&spec(argv0.clone())).expect("spawn");
