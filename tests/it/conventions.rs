@@ -398,7 +398,9 @@ fn an_api_trees_output_is_captured_capped_and_served() {
     let server = crate::serve::Server::start(&["--log-max", "64K"]);
     let (status, tree) = server.post(
         "/api/trees",
-        Some(&serde_json::json!({"argv": ["sh", "-c", "echo to-stdout; echo to-stderr >&2; i=0; while [ $i -lt 3 ]; do echo line-$i; i=$((i+1)); done"]})),
+        Some(&server.body(
+            "echo to-stdout; echo to-stderr >&2; i=0; while [ $i -lt 3 ]; do echo line-$i; i=$((i+1)); done",
+        )),
     );
     assert_eq!(status, 201, "{tree}");
     let id = tree["id"].as_i64().expect("id");
@@ -436,7 +438,9 @@ fn an_api_trees_output_is_captured_capped_and_served() {
     // A tree that writes 1 MiB keeps at most about --log-max of it, the newest.
     let (status, big) = server.post(
         "/api/trees",
-        Some(&serde_json::json!({"argv": ["sh", "-c", "i=0; while [ $i -lt 16384 ]; do echo \"line $i ................................................\"; i=$((i+1)); done; sleep 2"]})),
+        Some(&server.body(
+            "i=0; while [ $i -lt 16384 ]; do echo \"line $i ................................................\"; i=$((i+1)); done; sleep 2",
+        )),
     );
     assert_eq!(status, 201);
     let big = big["id"].as_i64().expect("id");

@@ -136,7 +136,7 @@ impl Server {
     }
 
     /// A spawn body whose tree carries this server's marker.
-    fn body(&self, script: &str) -> Value {
+    pub(crate) fn body(&self, script: &str) -> Value {
         json!({
             "argv": ["sh", "-c", script],
             "env": { "TW_TEST_MARK": self.mark },
@@ -181,12 +181,25 @@ impl Drop for Server {
         }
         crate::util::end_marked(&self.mark);
         if let Some(root) = &self.cgroup_root {
+            // A tree left by a killed service (a test body without the
+            // marker, or a failing test): end what its cgroup holds, by
+            // cgroup, then remove the directories once the kernel lets go.
             for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
                 if e.path().is_dir() {
-                    let _ = std::fs::remove_dir(e.path());
+                    let _ = std::fs::write(e.path().join("cgroup.kill"), "1");
                 }
             }
-            let _ = std::fs::remove_dir(root);
+            let removed = wait_until(Duration::from_secs(10), || {
+                for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
+                    if e.path().is_dir() {
+                        let _ = std::fs::remove_dir(e.path());
+                    }
+                }
+                std::fs::remove_dir(root).is_ok() || !root.exists()
+            });
+            if !removed {
+                crate::util::say(&format!("test cgroup {} left behind", root.display()));
+            }
         }
     }
 }
