@@ -18,7 +18,9 @@ use super::api::parse_flag;
 use super::error::{ApiError, ApiQuery, TreePath};
 use crate::custody::Unsettled;
 use crate::ledger::parse_since;
-use crate::ledger::{EventFilter, EventRow, MemberCounts, MemberRow, SignalRow, TreeId, TreeRow};
+use crate::ledger::{
+    EventFilter, EventRow, MemberCounts, MemberRow, SignalRow, TreeId, TreeRow, TreeState,
+};
 
 /// Trees shown on the index page at most (newest first).
 const MAX_TREES: usize = 100;
@@ -96,6 +98,17 @@ pub struct IndexPage {
     pub recovery: Option<String>,
     /// Whether the start-up recovery sweep still runs.
     pub recovering: bool,
+    /// Trees by state (every state with any), each a link to its filter.
+    pub counts: Vec<(String, u64)>,
+    /// The state and label filters as given (empty: none).
+    pub state: String,
+    pub label: String,
+    /// The query of the next (older) page, when there is one.
+    pub older: Option<String>,
+    /// Whether the page refreshes itself (`?refresh=0` pauses it).
+    pub refresh: bool,
+    /// This page's query with the refresh toggled.
+    pub toggle_refresh: String,
 }
 
 /// The recovery line of the index page: `None` once a recovery that found
@@ -153,8 +166,41 @@ fn observer_line(status: Result<crate::custody::ObserverStats, String>) -> Strin
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct IndexQuery {
     pub all: Option<String>,
+    /// Only trees in this state.
+    pub state: Option<String>,
+    /// Only trees with exactly this label.
+    pub label: Option<String>,
+    /// Keyset paging: trees with an id below this.
+    pub before: Option<i64>,
+    /// `0` pauses the page's refresh.
+    pub refresh: Option<String>,
+}
+
+/// A query string from its non-empty parts (`?a=1&b=x`), URL-encoded.
+fn query_string(parts: &[(&str, String)]) -> String {
+    let enc = |s: &str| -> String {
+        s.bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                    (b as char).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect()
+    };
+    let kept: Vec<String> = parts
+        .iter()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(k, v)| format!("{k}={}", enc(v)))
+        .collect();
+    if kept.is_empty() {
+        "?".into()
+    } else {
+        format!("?{}", kept.join("&"))
+    }
 }
 
 /// `GET /`: the trees, with a banner while dispatch is closed.
@@ -163,12 +209,27 @@ pub async fn index(
     ApiQuery(q): ApiQuery<IndexQuery>,
 ) -> Result<Html<String>, ApiError> {
     let all = parse_flag("all", q.all.as_deref())?;
-    let (lines, unsettled) = s
+    let refresh = !matches!(q.refresh.as_deref(), Some("0"));
+    let state_s = q.state.clone().unwrap_or_default();
+    let label_s = q.label.clone().unwrap_or_default();
+    let states: Option<Vec<TreeState>> = match state_s.trim() {
+        "" if all => None,
+        "" => Some(
+            TreeState::ALL
+                .into_iter()
+                .filter(|s| !s.is_terminal())
+                .collect(),
+        ),
+        st => Some(vec![st.parse::<TreeState>().map_err(ApiError::BadRequest)?]),
+    };
+    let label = Some(label_s.trim().to_string()).filter(|l| !l.is_empty());
+    let before = q.before;
+    let (lines, unsettled, counts) = s
         .service
         .read(move |e| {
-            let mut trees = e.ledger().list_trees(all)?;
-            trees.sort_by_key(|t| std::cmp::Reverse(t.id));
-            trees.truncate(MAX_TREES);
+            // One keyset page: the newest MAX_TREES of the filter, however
+            // many trees the ledger holds.
+            let trees = e.ledger().tree_page(states, label, before, MAX_TREES)?;
             // One query for every listed tree's counts, not a full detail read each.
             let ids: Vec<TreeId> = trees.iter().map(TreeRow::tree_id).collect();
             let counts = e.ledger().member_counts(&ids)?;
@@ -176,10 +237,32 @@ pub async fn index(
                 .iter()
                 .map(|t| TreeLine::new(t, counts.get(&t.tree_id()).copied().unwrap_or_default()))
                 .collect();
-            Ok((lines, e.unsettled()?))
+            let counts = e.ledger().tree_counts()?;
+            Ok((lines, e.unsettled()?, counts))
         })
         .await?;
+    let base = |before: Option<i64>, refresh: bool| {
+        query_string(&[
+            ("all", if all { "1".into() } else { String::new() }),
+            ("state", state_s.clone()),
+            ("label", label_s.clone()),
+            ("before", before.map(|b| b.to_string()).unwrap_or_default()),
+            ("refresh", if refresh { String::new() } else { "0".into() }),
+        ])
+    };
+    let older = (lines.len() == MAX_TREES)
+        .then(|| lines.last().map(|t| base(Some(t.id), refresh)))
+        .flatten();
     render(&IndexPage {
+        older,
+        toggle_refresh: base(before, !refresh),
+        refresh,
+        counts: counts
+            .into_iter()
+            .map(|(st, n)| (st.as_str().to_string(), n))
+            .collect(),
+        state: state_s.clone(),
+        label: label_s.clone(),
         trees: lines,
         all,
         unsettled,
@@ -380,13 +463,18 @@ pub struct EventsPage {
     pub kind: String,
     pub since: String,
     pub error: Option<String>,
+    /// The query of the next (older) page, when there is one.
+    pub older: Option<String>,
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct EventsQuery {
     pub tree: Option<String>,
     pub kind: Option<String>,
     pub since: Option<String>,
+    /// Keyset paging: events with a seq below this.
+    pub before: Option<i64>,
 }
 
 /// `GET /events`: the audit trail, newest first, filterable.
@@ -424,6 +512,7 @@ pub async fn events(
         tree,
         kind_prefix: Some(kind.trim().to_string()).filter(|k| !k.is_empty()),
         newest_first: true,
+        before_seq: q.before,
         limit: Some(MAX_EVENTS),
         ..EventFilter::default()
     };
@@ -431,7 +520,20 @@ pub async fn events(
         .service
         .read(move |e| Ok(e.ledger().events(&filter)?))
         .await?;
+    let older = (rows.len() == MAX_EVENTS)
+        .then(|| {
+            rows.last().map(|e| {
+                query_string(&[
+                    ("tree", tree_s.clone()),
+                    ("kind", kind.clone()),
+                    ("since", since_s.clone()),
+                    ("before", e.seq.to_string()),
+                ])
+            })
+        })
+        .flatten();
     render(&EventsPage {
+        older,
         events: rows,
         tree: tree_s,
         kind,

@@ -214,13 +214,63 @@ impl<S: Send + Sync> FromRequestParts<S> for TreePath {
 /// Gives errors made by layers and the router (413 from the body limit,
 /// 408 from the timeout, 405, unknown routes) the same JSON shape under
 /// `/api`, `/metrics` and `/healthz`.
+/// An error of a dashboard page as a small HTML page: the status, the
+/// message (HTML-escaped), a link back.
+async fn html_error(resp: Response) -> Response {
+    let (mut parts, body) = resp.into_parts();
+    let bytes = axum::body::to_bytes(body, 64 * 1024)
+        .await
+        .unwrap_or_default();
+    let message = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .and_then(|v| v["error"].as_str().map(String::from))
+        .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
+    let escape = |s: &str| {
+        s.replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+            .replace('"', "&quot;")
+    };
+    let title = format!(
+        "{} {}",
+        parts.status.as_u16(),
+        parts.status.canonical_reason().unwrap_or("error")
+    );
+    let page = format!(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>treewarden — {t}</title></head>\
+         <body><main><h1>{t}</h1><p id=\"error\">{m}</p><p><a href=\"/\">back to the trees</a></p></main></body></html>",
+        t = escape(&title),
+        m = escape(&message)
+    );
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    Response::from_parts(parts, axum::body::Body::from(page))
+}
+
 pub async fn json_errors(req: Request, next: Next) -> Response {
     let path = req.uri().path();
     let api = path.starts_with("/api") || path == "/metrics" || path == "/healthz";
+    let browser = req
+        .headers()
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/html"));
     let resp = next.run(req).await;
     let status = resp.status();
-    if !api || !(status.is_client_error() || status.is_server_error()) {
+    if !(status.is_client_error() || status.is_server_error()) {
         return resp;
+    }
+    if !api {
+        // The dashboard's errors are pages for a browser (JSON stays for
+        // everything else).
+        return if browser {
+            html_error(resp).await
+        } else {
+            resp
+        };
     }
     let is_json = resp
         .headers()

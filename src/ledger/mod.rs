@@ -482,6 +482,18 @@ impl Ledger {
         self.read(move |tx| Ok(read::member_counts(tx, &ids)?.into_iter().collect()))
     }
 
+    /// One page of trees, newest first (keyset: ids below `before`),
+    /// filtered by state and exact label.
+    pub fn tree_page(
+        &self,
+        states: Option<Vec<TreeState>>,
+        label: Option<String>,
+        before: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<TreeRow>, LedgerError> {
+        self.read(move |tx| read::tree_page(tx, states.as_deref(), label.as_deref(), before, limit))
+    }
+
     /// Live (non-terminal) trees, or every tree with `all`.
     pub fn list_trees(&self, all: bool) -> Result<Vec<TreeRow>, LedgerError> {
         if all {

@@ -131,6 +131,50 @@ pub(crate) fn trees(conn: &Connection, states: Option<&[TreeState]>) -> Result<V
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
+/// One page of trees, newest first: those with an id below `before`, in
+/// `states` (any when `None`), with exactly `label` when given. A keyset on
+/// the primary key: a page costs the same at tree 10 and at tree 10 million.
+pub(crate) fn tree_page(
+    conn: &Connection,
+    states: Option<&[TreeState]>,
+    label: Option<&str>,
+    before: Option<i64>,
+    limit: usize,
+) -> Result<Vec<TreeRow>, Fail> {
+    let mut clauses: Vec<String> = Vec::new();
+    let mut args: Vec<Value> = Vec::new();
+    if let Some(states) = states {
+        clauses.push(format!(
+            "t.state IN ({})",
+            vec!["?"; states.len().max(1)].join(", ")
+        ));
+        if states.is_empty() {
+            args.push(Value::Null);
+        }
+        args.extend(states.iter().map(|s| Value::Text(s.as_str().to_string())));
+    }
+    if let Some(label) = label {
+        clauses.push("t.label = ?".into());
+        args.push(Value::Text(label.to_string()));
+    }
+    if let Some(before) = before {
+        clauses.push("t.id < ?".into());
+        args.push(Value::Integer(before));
+    }
+    let filter = if clauses.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {}", clauses.join(" AND "))
+    };
+    args.push(Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)));
+    let sql = format!(
+        "SELECT {TREE_COLUMNS} FROM trees t JOIN owners o ON o.id = t.owner_id {filter} ORDER BY t.id DESC LIMIT ?"
+    );
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let rows = stmt.query_map(params_from_iter(args), tree_from_row)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
 pub(crate) fn members(conn: &Connection, id: TreeId) -> Result<Vec<MemberRow>, Fail> {
     let mut stmt = conn.prepare_cached(
         "SELECT pid, start_ticks, boot_id, ppid, pgid, sid, cgroup, uid, exe, cmdline, cwd,
@@ -274,6 +318,10 @@ pub(crate) fn events(conn: &Connection, filter: &EventFilter) -> Result<Vec<Even
     if let Some(after) = filter.after_seq {
         clauses.push("seq > ?");
         args.push(Value::Integer(after));
+    }
+    if let Some(before) = filter.before_seq {
+        clauses.push("seq < ?");
+        args.push(Value::Integer(before));
     }
     if let Some(prefix) = &filter.kind_prefix {
         // Case-sensitive, like `str::starts_with` (LIKE would fold ASCII case).

@@ -507,6 +507,9 @@ pub struct EventFilter {
     pub tree: Option<TreeId>,
     /// Events with seq strictly greater than this (for paging / tailing).
     pub after_seq: Option<i64>,
+    /// Events with seq strictly less than this (keyset paging backwards,
+    /// with `newest_first`).
+    pub before_seq: Option<i64>,
     /// Events whose kind starts with this (case-sensitive), e.g. `kill.`.
     pub kind_prefix: Option<String>,
     /// Descending seq order, so `limit` keeps the newest matches rather

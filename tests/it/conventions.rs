@@ -474,3 +474,72 @@ fn an_api_trees_output_is_captured_capped_and_served() {
         .expect("logs");
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn the_dashboard_pages_filters_counts_and_answers_browsers_in_html() {
+    let server = crate::serve::Server::start(&[]);
+    for i in 0..104 {
+        let label = if i % 2 == 0 { "even" } else { "odd" };
+        let (status, _) = server.post(
+            "/api/trees",
+            Some(&serde_json::json!({"argv": ["true"], "label": label})),
+        );
+        assert_eq!(status, 201);
+    }
+    let page = |q: &str| server.get(&format!("/{q}")).text().expect("page");
+    let rows = |html: &str| html.matches("<tr>\n<td><a href=\"/trees/").count();
+    let counts = |html: &str| {
+        html.split("id=\"counts\"")
+            .nth(1)
+            .and_then(|r| r.split("</p>").next())
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(
+        crate::util::wait_until(Duration::from_secs(60), || {
+            counts(&page("?all=1&refresh=0")).contains("ended</span> 104")
+        }),
+        "counts by state: {}",
+        counts(&page("?all=1&refresh=0"))
+    );
+    let first = page("?all=1&refresh=0");
+    assert_eq!(rows(&first), 100, "one page is 100 trees");
+    assert!(!first.contains("http-equiv=\"refresh\""), "refresh paused");
+    assert!(
+        page("?all=1").contains("http-equiv=\"refresh\""),
+        "refresh by default"
+    );
+    let older = first
+        .split("id=\"older\" href=\"/")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .expect("an older link")
+        .replace("&amp;", "&")
+        .replace("&#38;", "&");
+    let second = page(&older);
+    assert_eq!(rows(&second), 4, "the rest on the next page");
+    assert!(!second.contains("id=\"older\""), "no page after the last");
+    let odd = page("?all=1&label=odd&refresh=0");
+    assert_eq!(rows(&odd), 52);
+    assert!(!odd.contains(">even<"), "only the label asked for");
+    assert_eq!(rows(&page("?state=running&refresh=0")), 0);
+    // A browser gets an HTML page for an error; a script still gets JSON.
+    let html = server
+        .http_get_with("/trees/999999", "text/html,application/xhtml+xml")
+        .expect("page");
+    assert_eq!(html.0, 404);
+    assert!(
+        html.1.contains("<h1>404 Not Found</h1>") && html.1.contains("unknown tree 999999"),
+        "{}",
+        html.1
+    );
+    let json = server
+        .http_get_with("/trees/999999", "application/json")
+        .expect("json");
+    assert!(json.1.starts_with('{'), "{}", json.1);
+    assert_eq!(
+        server.get("/?bogus=1").status(),
+        400,
+        "unknown parameters are refused"
+    );
+}

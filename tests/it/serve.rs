@@ -115,6 +115,18 @@ impl Server {
         format!("http://{}{path}", self.addr)
     }
 
+    /// A GET with an `Accept` header: (status, body).
+    pub(crate) fn http_get_with(&self, path: &str, accept: &str) -> Option<(u16, String)> {
+        let r = self
+            .http
+            .get(self.url(path))
+            .header("accept", accept)
+            .send()
+            .ok()?;
+        let status = r.status().as_u16();
+        Some((status, r.text().ok()?))
+    }
+
     pub(crate) fn get(&self, path: &str) -> reqwest::blocking::Response {
         self.http.get(self.url(path)).send().expect("GET")
     }
