@@ -393,14 +393,73 @@ pub struct TreePage {
     pub tree: TreeRow,
     pub members: Vec<MemberRow>,
     pub escapes: Vec<MemberRow>,
-    pub signals: Vec<SignalRow>,
-    pub authorizations: Vec<(i64, String, String, usize)>,
+    /// Signals and authorizations in one list, in time order.
+    pub authority: Vec<AuthorityLine>,
     pub events: Vec<EventRow>,
     pub timeline: Option<Timeline>,
     pub live: bool,
     pub command: String,
     /// The last lines of its captured output (API trees), when it has any.
     pub output: Option<String>,
+}
+
+/// One row of the tree page's signals-and-authorizations table.
+pub struct AuthorityLine {
+    pub at: String,
+    /// `kill authorized #N`, or the signal's name.
+    pub what: String,
+    pub target: String,
+    pub result: String,
+    /// `committed`, `#N` (the authorization a SIGKILL used), or `-`.
+    pub authority: String,
+    pub authorization: bool,
+}
+
+/// Signals and authorizations merged in time order (an authorization
+/// before the SIGKILL it allowed when both carry the same millisecond).
+fn authority_lines(
+    signals: &[SignalRow],
+    auths: &[crate::ledger::AuthorizationRow],
+) -> Vec<AuthorityLine> {
+    let mut v: Vec<(String, u8, AuthorityLine)> = Vec::new();
+    for a in auths {
+        let pids: Vec<String> = a
+            .targets
+            .iter()
+            .flat_map(|t| t.identities.iter().map(|i| i.pid.to_string()))
+            .collect();
+        v.push((
+            a.at.clone(),
+            0,
+            AuthorityLine {
+                at: a.at.clone(),
+                what: format!("kill authorized #{}", a.id),
+                target: format!("{} identities: pid {}", pids.len(), pids.join(" ")),
+                result: a.reason.clone(),
+                authority: "committed".into(),
+                authorization: true,
+            },
+        ));
+    }
+    for s in signals {
+        v.push((
+            s.at.clone(),
+            1,
+            AuthorityLine {
+                at: s.at.clone(),
+                what: s.signal.clone(),
+                target: format!("{} {}", s.target_kind, s.target),
+                result: s.result.clone(),
+                authority: s
+                    .authorization
+                    .map(|a| format!("#{a}"))
+                    .unwrap_or_else(|| "-".into()),
+                authorization: false,
+            },
+        ));
+    }
+    v.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+    v.into_iter().map(|(_, _, line)| line).collect()
 }
 
 /// Lines of captured output the tree page shows.
@@ -419,7 +478,8 @@ pub async fn tree(
             let output = crate::custody::read_log(e.data_dir(), TreeId(id), Some(OUTPUT_LINES))
                 .ok()
                 .flatten()
-                .map(|b| String::from_utf8_lossy(&b).into_owned());
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .filter(|out| !out.is_empty());
             Ok(detail.map(|d| (d, output)))
         })
         .await?
@@ -435,21 +495,9 @@ pub async fn tree(
             .filter(|m| m.escaped_at.is_some())
             .cloned()
             .collect(),
-        authorizations: d
-            .authorizations
-            .iter()
-            .map(|a| {
-                (
-                    a.id,
-                    a.at.clone(),
-                    a.reason.clone(),
-                    a.targets.iter().map(|t| t.identities.len()).sum(),
-                )
-            })
-            .collect(),
+        authority: authority_lines(&d.signals, &d.authorizations),
         tree: d.tree,
         members: d.members,
-        signals: d.signals,
         events: d.events,
         timeline,
     })
