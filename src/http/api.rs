@@ -14,7 +14,6 @@ use utoipa::{OpenApi, ToSchema};
 
 use super::AppState;
 use super::error::{ApiError, ApiJson, ApiQuery, TreePath};
-use crate::custody::Origin;
 use crate::ledger::{
     AuthorizationRow, EventFilter, EventRow, ExitRecord, IdentityRecord, KillTarget, MemberRow,
     ObservationRow, OwnerRow, SignalRow, TreeDetail, TreeId, TreeRow, TreeState,
@@ -419,7 +418,7 @@ pub async fn kill_tree(
             id,
             grace,
             "killed through the API".into(),
-            Origin::Kill,
+            crate::service::Why::Kill,
             None,
         )
         .await?;

@@ -37,14 +37,13 @@ fn at(s: &str) -> Option<SystemTime> {
     humantime::parse_rfc3339_weak(s.trim_end_matches('Z')).ok()
 }
 
-fn age(created: &str) -> String {
+/// How long a tree has lived: until now, or, once it ended, its lifetime.
+fn age(created: &str, ended: Option<&str>) -> String {
     let Some(t) = at(created) else {
         return "-".into();
     };
-    let secs = SystemTime::now()
-        .duration_since(t)
-        .unwrap_or_default()
-        .as_secs();
+    let until = ended.and_then(at).unwrap_or_else(SystemTime::now);
+    let secs = until.duration_since(t).unwrap_or_default().as_secs();
     match secs {
         0..60 => format!("{secs}s"),
         60..3600 => format!("{}m {}s", secs / 60, secs % 60),
@@ -75,7 +74,7 @@ impl TreeLine {
             state: t.state.as_str().into(),
             label: t.label.clone().unwrap_or_default(),
             boundary: t.boundary.clone(),
-            age: age(&t.created_at),
+            age: age(&t.created_at, t.ended_at.as_deref()),
             members: usize::try_from(counts.live).unwrap_or(usize::MAX),
             escapes: usize::try_from(counts.escaped).unwrap_or(usize::MAX),
             flags: t.flags.join(", "),
@@ -403,6 +402,120 @@ pub struct TreePage {
     pub output: Option<String>,
 }
 
+/// One row of the events page: the event and a line a person reads.
+pub struct EventLine {
+    pub seq: i64,
+    pub at: String,
+    pub tree: Option<i64>,
+    pub kind: String,
+    pub summary: String,
+    pub data: String,
+    pub hash: String,
+}
+
+/// One line per event kind for a reader at 3 a.m.; the JSON stays one
+/// click away.
+pub fn summarize(e: &EventRow) -> String {
+    let d = &e.data;
+    let s = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => "-".into(),
+        other => other.to_string(),
+    };
+    let argv = |v: &serde_json::Value| {
+        v.as_array()
+            .map(|a| a.iter().map(s).collect::<Vec<_>>().join(" "))
+            .unwrap_or_default()
+    };
+    let exit = |v: &serde_json::Value| match (v["code"].as_i64(), v["signal"].as_i64()) {
+        (_, Some(sig)) => format!("killed by signal {sig}"),
+        (Some(code), None) => format!("exit {code}"),
+        _ => "no status".into(),
+    };
+    match e.kind.as_str() {
+        "tree.created" => format!(
+            "{} (owner {} {})",
+            argv(&d["argv"]),
+            s(&d["owner"]["kind"]),
+            s(&d["owner"]["pid"])
+        ),
+        "tree.spawned" => format!(
+            "root pid {}, pgid {}, sid {}",
+            s(&d["root"]["pid"]),
+            s(&d["pgid"]),
+            s(&d["sid"])
+        ),
+        "tree.spawn_failed" => format!("exit {}: {}", s(&d["exit_code"]), s(&d["reason"])),
+        "tree.state" => format!("{} → {}: {}", s(&d["from"]), s(&d["to"]), s(&d["reason"])),
+        "tree.ended" => format!(
+            "{} → {}, root {}",
+            s(&d["from"]),
+            s(&d["to"]),
+            exit(&d["exit"])
+        ),
+        "tree.resolved" => format!("resolved: {}", s(&d["note"])),
+        "member.observed" => format!("pid {}: {}", s(&d["identity"]["pid"]), argv(&d["cmdline"])),
+        "member.exec" => format!(
+            "pid {} ran {} (was {})",
+            s(&d["identity"]["pid"]),
+            argv(&d["to"]["argv"]),
+            argv(&d["from"]["argv"])
+        ),
+        "member.exited" => format!(
+            "pid {} {} (reaped by {})",
+            s(&d["identity"]["pid"]),
+            exit(&d["exit"]),
+            s(&d["reaped_by"])
+        ),
+        "escape.observed" => format!(
+            "pid {} left to pgid {} sid {}",
+            s(&d["member"]["identity"]["pid"]),
+            s(&d["member"]["pgid"]),
+            s(&d["member"]["sid"])
+        ),
+        "signal.sent" => format!(
+            "{} → {} {}: {}",
+            s(&d["signal"]),
+            s(&d["target_kind"]),
+            s(&d["target"]),
+            s(&d["result"])
+        ),
+        "kill.authorized" => {
+            let pids: Vec<String> = d["targets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|t| {
+                    t["identities"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|i| s(&i["pid"]))
+                })
+                .collect();
+            format!(
+                "#{} for pid {}: {}",
+                s(&d["authorization"]),
+                pids.join(" "),
+                s(&d["reason"])
+            )
+        }
+        "kill.skipped" | "sweep.refused" => s(&d["reason"]),
+        "survivors.recorded" => format!(
+            "{} survivors snapshotted",
+            d["survivors"].as_array().map_or(0, Vec::len)
+        ),
+        "sweep.started" => format!("{} candidates", s(&d["candidates"])),
+        "sweep.orphan_found" => format!(
+            "owner pid {} gone; tree was {}",
+            s(&d["owner"]["pid"]),
+            s(&d["state"])
+        ),
+        "dispatch.refused" => format!("tree {} unsettled: {}", s(&d["tree"]), s(&d["reason"])),
+        _ => d.to_string(),
+    }
+}
+
 /// One row of the tree page's signals-and-authorizations table.
 pub struct AuthorityLine {
     pub at: String,
@@ -506,7 +619,7 @@ pub async fn tree(
 #[derive(Template)]
 #[template(path = "events.html")]
 pub struct EventsPage {
-    pub events: Vec<EventRow>,
+    pub events: Vec<EventLine>,
     pub tree: String,
     pub kind: String,
     pub since: String,
@@ -582,7 +695,18 @@ pub async fn events(
         .flatten();
     render(&EventsPage {
         older,
-        events: rows,
+        events: rows
+            .iter()
+            .map(|e| EventLine {
+                seq: e.seq,
+                at: e.at.clone(),
+                tree: e.tree,
+                kind: e.kind.clone(),
+                summary: summarize(e),
+                data: e.data.to_string(),
+                hash: e.hash.chars().take(12).collect(),
+            })
+            .collect(),
         tree: tree_s,
         kind,
         since: since_s,

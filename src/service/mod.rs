@@ -98,6 +98,43 @@ pub struct ServiceConfig {
     pub log_max: u64,
 }
 
+/// Why the service tears a tree down: chooses the engine's [`Origin`] and
+/// the bounded `origin` label of `treewarden_teardown_duration_seconds`, so
+/// timeouts, root exits and kills can be counted apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Why {
+    RootExit,
+    OwnerExit,
+    Timeout,
+    /// `POST /api/trees/{id}/kill`.
+    Kill,
+    Shutdown,
+    /// A teardown a crashed instance had begun, resumed at start.
+    Resume,
+}
+
+impl Why {
+    pub fn origin(self) -> Origin {
+        match self {
+            Why::Kill => Origin::Kill,
+            Why::RootExit | Why::OwnerExit | Why::Timeout | Why::Shutdown | Why::Resume => {
+                Origin::Service
+            }
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Why::RootExit => "root_exit",
+            Why::OwnerExit => "owner_exit",
+            Why::Timeout => "timeout",
+            Why::Kill => "kill",
+            Why::Shutdown => "shutdown",
+            Why::Resume => "resume",
+        }
+    }
+}
+
 /// Errors of the service layer; the HTTP layer maps each to a status.
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
@@ -553,7 +590,7 @@ impl Service {
             let mut backoff = Duration::from_secs(1);
             loop {
                 match this
-                    .teardown(tree, None, reason.clone(), Origin::Service, root_exit)
+                    .teardown(tree, None, reason.clone(), why.cause(), root_exit)
                     .await
                 {
                     Ok(r) if r.state.is_terminal() => return,
@@ -576,19 +613,15 @@ impl Service {
         tree: i64,
         grace: Option<Duration>,
         reason: String,
-        origin: Origin,
+        why: Why,
         root_exit: Option<ExitStatus>,
     ) -> Result<TeardownReport, ServiceError> {
+        let origin = why.origin();
         let owned_grace = self.lock_owned().get(&tree).map(|o| o.grace);
         let grace = grace.or(owned_grace).unwrap_or(self.config.default_grace);
         let lock = self.tree_lock(tree);
         let engine = self.engine.clone();
-        let origin_label = match origin {
-            Origin::Run => "run",
-            Origin::Kill => "kill",
-            Origin::Sweep => "sweep",
-            Origin::Service => "service",
-        };
+        let origin_label = why.label();
         let result = blocking(move || {
             let _held = lock.lock().unwrap_or_else(|e| e.into_inner());
             let mut opts = TeardownOptions::new(grace, reason, origin);
@@ -696,7 +729,7 @@ impl Service {
                     self.tasks.spawn(async move {
                         let reason = "resuming a teardown interrupted by a service restart";
                         if let Err(e) = this
-                            .teardown(tree, Some(grace), reason.into(), Origin::Service, None)
+                            .teardown(tree, Some(grace), reason.into(), Why::Resume, None)
                             .await
                         {
                             // The watch task still tears it down when its owner exits.
@@ -952,7 +985,7 @@ impl Service {
                             tree,
                             Some(grace),
                             "service shutting down".into(),
-                            Origin::Service,
+                            Why::Shutdown,
                             None,
                         )
                         .await;
@@ -1106,6 +1139,16 @@ enum WatchEnd {
     RootExited,
     OwnerExited,
     Timeout,
+}
+
+impl WatchEnd {
+    fn cause(&self) -> Why {
+        match self {
+            WatchEnd::RootExited => Why::RootExit,
+            WatchEnd::OwnerExited => Why::OwnerExit,
+            WatchEnd::Timeout => Why::Timeout,
+        }
+    }
 }
 
 /// Waits for the first reason to end a tree; `None` when the tree ended

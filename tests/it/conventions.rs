@@ -543,3 +543,64 @@ fn the_dashboard_pages_filters_counts_and_answers_browsers_in_html() {
         "unknown parameters are refused"
     );
 }
+
+#[test]
+fn small_truths_an_operator_reads_at_three_in_the_morning() {
+    let server = crate::serve::Server::start(&[]);
+    // A tree that times out, one killed through the API, one that exits.
+    let mut timed = server.body("sleep 30");
+    timed["timeout"] = serde_json::json!("300ms");
+    let (status, t1) = server.post("/api/trees", Some(&timed));
+    assert_eq!(status, 201);
+    let (status, t2) = server.post("/api/trees", Some(&server.body("sleep 30")));
+    assert_eq!(status, 201);
+    let (status, _) = server.post(&format!("/api/trees/{}/kill", t2["id"]), None);
+    assert_eq!(status, 200);
+    let (status, _) = server.post("/api/trees", Some(&server.body("exit 3")));
+    assert_eq!(status, 201);
+    let metrics = || server.get("/metrics").text().expect("metrics");
+    assert!(
+        crate::util::wait_until(Duration::from_secs(20), || {
+            let m = metrics();
+            ["timeout", "kill", "root_exit"].iter().all(|o| {
+                m.contains(&format!(
+                    "treewarden_teardown_duration_seconds_count{{origin=\"{o}\"}}"
+                ))
+            })
+        }),
+        "the origin label says why: {}",
+        metrics()
+            .lines()
+            .filter(|l| l.contains("teardown_duration_seconds_count"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // The events page reads as sentences, with the JSON one click away.
+    let events = server.get("/events").text().expect("events");
+    assert!(events.contains("SIGTERM → group"), "signal summary");
+    assert!(
+        events.contains("running → terminating: timeout after 300ms"),
+        "state summary"
+    );
+    assert!(events.contains("<details>"), "the data is still there");
+    // An ended tree's age is its lifetime, which no longer grows.
+    let row = |html: &str, id: &serde_json::Value| {
+        html.split(&format!("<td><a href=\"/trees/{id}\">{id}</a></td>"))
+            .nth(1)
+            .and_then(|r| r.split("</tr>").next())
+            .unwrap_or_default()
+            .to_string()
+    };
+    // Wait (bounded) until the tree is at least 2 s old: an age that kept
+    // counting would read 2s by then, a lifetime still reads 0s.
+    let since_spawn = std::time::Instant::now();
+    assert!(crate::util::wait_until(Duration::from_secs(5), || {
+        since_spawn.elapsed() >= Duration::from_secs(2)
+    }));
+    let first = row(
+        &server.get("/?all=1&refresh=0").text().expect("page"),
+        &t1["id"],
+    );
+    assert!(first.contains("ended"), "{first}");
+    assert!(first.contains("<td>0s</td>"), "a 300 ms life: {first}");
+}
