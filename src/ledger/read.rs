@@ -141,6 +141,18 @@ pub(crate) fn tree_page(
     before: Option<i64>,
     limit: usize,
 ) -> Result<Vec<TreeRow>, Fail> {
+    let (sql, args) = tree_page_sql(states, label, before, limit);
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let rows = stmt.query_map(params_from_iter(args), tree_from_row)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+fn tree_page_sql(
+    states: Option<&[TreeState]>,
+    label: Option<&str>,
+    before: Option<i64>,
+    limit: usize,
+) -> (String, Vec<Value>) {
     let mut clauses: Vec<String> = Vec::new();
     let mut args: Vec<Value> = Vec::new();
     if let Some(states) = states {
@@ -170,9 +182,7 @@ pub(crate) fn tree_page(
     let sql = format!(
         "SELECT {TREE_COLUMNS} FROM trees t JOIN owners o ON o.id = t.owner_id {filter} ORDER BY t.id DESC LIMIT ?"
     );
-    let mut stmt = conn.prepare_cached(&sql)?;
-    let rows = stmt.query_map(params_from_iter(args), tree_from_row)?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    (sql, args)
 }
 
 pub(crate) fn members(conn: &Connection, id: TreeId) -> Result<Vec<MemberRow>, Fail> {
@@ -302,6 +312,15 @@ pub(crate) fn event_from_row(row: &Row<'_>) -> rusqlite::Result<EventRow> {
 }
 
 pub(crate) fn events(conn: &Connection, filter: &EventFilter) -> Result<Vec<EventRow>, Fail> {
+    let (sql, args) = events_sql(filter)?;
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let rows = stmt.query_map(params_from_iter(args), event_from_row)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// The statement and arguments of an event read (apart, so a test can ask
+/// SQLite for its plan).
+fn events_sql(filter: &EventFilter) -> Result<(String, Vec<Value>), Fail> {
     let mut clauses = Vec::new();
     let mut args: Vec<Value> = Vec::new();
     if let Some(since) = filter.since {
@@ -344,9 +363,7 @@ pub(crate) fn events(conn: &Connection, filter: &EventFilter) -> Result<Vec<Even
         sql.push_str(" LIMIT ?");
         args.push(Value::Integer(limit));
     }
-    let mut stmt = conn.prepare_cached(&sql)?;
-    let rows = stmt.query_map(params_from_iter(args), event_from_row)?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    Ok((sql, args))
 }
 
 /// How many trees are in each state (states with none are left out).
@@ -397,6 +414,72 @@ pub(crate) fn member_counts(
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
+
+    /// The reads the dashboard and the API page with are keyset reads: SQLite
+    /// walks an index (the primary key, or `events_tree`) in order and stops
+    /// at the limit; it never sorts a whole table into a temporary B-tree
+    /// (which would make a page cost grow with the ledger).
+    #[test]
+    fn paged_reads_walk_an_index_and_never_sort_the_table() {
+        use super::{events_sql, tree_page_sql};
+        use crate::ledger::{EventFilter, TreeId, TreeState};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("ledger.db");
+        drop(crate::ledger::Ledger::open(&path, Default::default()).expect("migrate"));
+        let conn = rusqlite::Connection::open(&path).expect("open");
+        let plan = |sql: &str, args: Vec<rusqlite::types::Value>| -> String {
+            let mut stmt = conn
+                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .expect("plan");
+            let rows = stmt
+                .query_map(rusqlite::params_from_iter(args), |r| r.get::<_, String>(3))
+                .expect("rows");
+            rows.map(|r| r.expect("row")).collect::<Vec<_>>().join("; ")
+        };
+        let running = [TreeState::Running];
+        for (states, label, before) in [
+            (None, None, None),
+            (None, None, Some(5000)),
+            (Some(&running[..]), None, Some(5000)),
+            (None, Some("ci"), None),
+        ] {
+            let (sql, args) = tree_page_sql(states, label, before, 100);
+            let p = plan(&sql, args);
+            assert!(!p.contains("TEMP B-TREE"), "tree page sorts: {p}");
+        }
+        for filter in [
+            EventFilter {
+                newest_first: true,
+                limit: Some(200),
+                ..EventFilter::default()
+            },
+            EventFilter {
+                newest_first: true,
+                before_seq: Some(9000),
+                limit: Some(200),
+                ..EventFilter::default()
+            },
+            EventFilter {
+                tree: Some(TreeId(3)),
+                newest_first: true,
+                limit: Some(200),
+                ..EventFilter::default()
+            },
+            EventFilter {
+                after_seq: Some(9000),
+                limit: Some(1000),
+                ..EventFilter::default()
+            },
+        ] {
+            let (sql, args) = events_sql(&filter).expect("sql");
+            let p = plan(&sql, args);
+            assert!(!p.contains("TEMP B-TREE"), "event page sorts: {p}");
+            // A keyset bound is a search of the primary key, not a scan.
+            if filter.before_seq.is_some() || filter.after_seq.is_some() {
+                assert!(p.contains("PRIMARY KEY"), "keyset page scans: {p}");
+            }
+        }
+    }
 
     use crate::ledger::{
         EventFilter, EventKind, IdentityRecord, Ledger, LedgerOptions, MemberCounts, MemberRecord,
