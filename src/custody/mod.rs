@@ -172,29 +172,38 @@ impl Engine {
         }
     }
 
-    /// The exit status of a member this process reaped, or is about to:
-    /// a dead child of ours (a zombie whose `ppid` is us: the root, or an
-    /// orphan adopted as subreaper) is waited for, up to a second, since
-    /// `/proc` shows it dead a moment before the reaper's wait returns; any
-    /// other pid is looked up in what the reaper already has. `None` when
-    /// this process has no reaper or never was its parent.
+    /// The exit status of a member this process reaped, or is about to.
+    /// The tree's root (`is_root`), a child this process spawned: the
+    /// reaper's status for it, waited for up to a second (`/proc` shows it
+    /// dead, or already gone, a moment before the reaper records it). Any
+    /// other member only as an adopted orphan's status (unclaimed), waited
+    /// for while `/proc` shows it as a dead child of ours — never the
+    /// status of an earlier child that held the same pid. `None` when this
+    /// process has no reaper or was not its reaper.
     pub(crate) fn reaped_exit(
         &self,
         pid: i32,
         start_ticks: u64,
+        is_root: bool,
     ) -> Option<crate::proc::ExitStatus> {
         let reaper = self.reaper?;
-        let me = std::process::id() as i32;
-        if let Ok(Some(stat)) = crate::proc::read_stat(pid)
-            && stat.start_ticks == start_ticks
-            && stat.ppid == me
-        {
-            if !stat.is_dead() {
-                return None;
-            }
-            return reaper.wait_exit(pid, Some(std::time::Duration::from_secs(1)));
+        let wait = std::time::Duration::from_secs(1);
+        if is_root && reaper.knows(pid) {
+            return reaper.wait_exit(pid, Some(wait));
         }
-        reaper.exit_of(pid)
+        let me = std::process::id() as i32;
+        let dead_child_of_ours = matches!(
+            crate::proc::read_stat(pid),
+            Ok(Some(stat)) if stat.start_ticks == start_ticks && stat.ppid == me && stat.is_dead()
+        );
+        reaper.wait_unclaimed(
+            pid,
+            if dead_child_of_ours {
+                wait
+            } else {
+                std::time::Duration::ZERO
+            },
+        )
     }
 
     /// Counters of failed writes and survivors (see [`EngineStats`]).

@@ -810,7 +810,9 @@ impl Engine {
                     .get(&id.pid)
                     .or_else(|| exits.get(&id.pid))
                     .copied()
-                    .or_else(|| self.reaped_exit(id.pid, id.start_ticks))
+                    .or_else(|| {
+                        self.reaped_exit(id.pid, id.start_ticks, Some(id.pid) == watch.root_pid())
+                    })
                     .map(exit_record);
             }
         }
@@ -992,7 +994,7 @@ impl Engine {
     ) -> Option<crate::proc::ExitStatus> {
         opts.root_exit.or_else(|| {
             let pid = watch.root_pid()?;
-            self.reaped_exit(pid, watch.root_start_ticks())
+            self.reaped_exit(pid, watch.root_start_ticks(), true)
         })
     }
 

@@ -519,7 +519,7 @@ impl TreeWatch {
                 let exit = exits
                     .get(&pid)
                     .copied()
-                    .or_else(|| engine.reaped_exit(pid, start_ticks))
+                    .or_else(|| engine.reaped_exit(pid, start_ticks, Some(pid) == self.root_pid))
                     .map(exit_record);
                 (
                     IdentityRecord {

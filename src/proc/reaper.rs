@@ -232,6 +232,29 @@ impl Reaper {
         state.expected.contains(&pid) || state.exits.contains_key(&pid)
     }
 
+    /// Waits up to `timeout` for the exit of `pid` among the statuses
+    /// nobody announced (an adopted orphan), and takes it. Unlike
+    /// [`Reaper::wait_exit`] it never answers with the status of an earlier
+    /// child of ours that held the same pid.
+    pub fn wait_unclaimed(&self, pid: i32, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        let mut state = self.lock();
+        loop {
+            if let Some(i) = state.unclaimed.iter().position(|(p, _)| *p == pid) {
+                return Some(state.unclaimed.remove(i).1);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            state = self
+                .exited
+                .wait_timeout(state, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
     /// The exit of `pid` if it has been reaped already (marks it claimed).
     pub fn exit_of(&self, pid: i32) -> Option<ExitStatus> {
         Self::claim(&mut self.lock(), pid)
