@@ -1014,6 +1014,7 @@ impl Bench {
             grace: None,
             timeout: None,
             limits: Default::default(),
+            umask: None,
         })?;
         let pgid = spawned.pgid;
         let cg = spawned.cgroup.clone();

@@ -61,6 +61,7 @@ fn main() -> anyhow::Result<()> {
         grace: None,
         timeout: None,
         limits: Default::default(),
+        umask: None,
     })?;
     println!(
         "spawned tree {} (root pid {}, pgid {}, boundary {})",

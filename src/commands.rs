@@ -320,6 +320,7 @@ pub fn run(config: &Config, args: RunArgs) -> CliResult {
             pids_max: args.pids_max,
             cpu_max_pct: args.cpu_max,
         },
+        umask: None,
         stdio: SpawnStdio::Inherit,
         owner,
         owner_kind: OwnerKind::Run,

@@ -9,6 +9,19 @@ use std::time::Duration;
 /// (`500ms`, `5s`, `10m`). The error names the value, not the flag.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
+    let d = parse_duration_unbounded(s)?;
+    // Every duration treewarden takes is added to a clock: bounded, so no
+    // `Instant + d` can overflow (a grace or timeout of a century is a typo).
+    if d > MAX_DURATION {
+        return Err(format!("duration {s:?} is over ten years"));
+    }
+    Ok(d)
+}
+
+/// The longest duration any flag or field takes.
+pub const MAX_DURATION: Duration = Duration::from_secs(10 * 365 * 86_400);
+
+fn parse_duration_unbounded(s: &str) -> Result<Duration, String> {
     // `1.5` and `1.5s` are seconds (humantime takes no fractions).
     let bare = s
         .strip_suffix('s')

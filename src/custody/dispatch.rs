@@ -51,7 +51,15 @@ impl Engine {
                         "stale unsettled marker of a {} tree removed",
                         row.state.as_str()
                     );
-                    self.forget_ambiguous(tree);
+                    // Under the tree's lease (its deferred evidence is
+                    // replayed first); a lease held elsewhere leaves it for
+                    // that process.
+                    if let Ok(Some(_lease)) = self.teardown_lease_within(
+                        crate::ledger::TreeId(tree),
+                        std::time::Duration::ZERO,
+                    ) {
+                        self.forget_ambiguous(tree);
+                    }
                     continue;
                 }
                 out.push(Unsettled {

@@ -29,6 +29,22 @@ pub struct Marker {
     /// dropped from the marker.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending: Vec<Deferred>,
+    /// Names the pending writes as one batch: the replay writes it into
+    /// each event (`deferred_batch`) in the same transaction, so a replay
+    /// whose marker could not be rewritten afterwards (a crash, a full disk)
+    /// is recognised and never written twice.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub batch: String,
+}
+
+/// A fresh batch name: the time and this process, unique enough for one
+/// tree's journal (hex).
+pub fn new_batch() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!("{nanos:x}-{:x}", std::process::id())
 }
 
 fn dir(data_dir: &Path) -> PathBuf {
@@ -39,14 +55,27 @@ fn path(data_dir: &Path, tree: i64) -> PathBuf {
     dir(data_dir).join(format!("tree-{tree}"))
 }
 
-/// Creates (or rewrites) the marker; creation is what matters, the content
-/// is best effort.
+/// Creates (or rewrites) the marker. A first marker: creation is what
+/// matters, the content is best effort (an empty file still closes
+/// dispatch). A rewrite goes through a temporary file and a rename, so a
+/// full disk or a crash keeps the old marker whole instead of truncating it.
 pub fn write(data_dir: &Path, tree: i64, marker: &Marker) {
-    let made = std::fs::create_dir_all(dir(data_dir))
-        .and_then(|_| std::fs::File::create(path(data_dir, tree)));
+    let target = path(data_dir, tree);
+    let text = serde_json::to_string(marker).unwrap_or_default();
+    if target.exists() {
+        let tmp = dir(data_dir).join(format!(".tree-{tree}.tmp"));
+        let written = std::fs::File::create(&tmp)
+            .and_then(|mut f| f.write_all(text.as_bytes()).and_then(|()| f.sync_all()))
+            .and_then(|()| std::fs::rename(&tmp, &target));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            tracing::error!(tree, error = %e, "unsettled marker not rewritten; the old one stays");
+        }
+        return;
+    }
+    let made = std::fs::create_dir_all(dir(data_dir)).and_then(|_| std::fs::File::create(&target));
     match made {
         Ok(mut file) => {
-            let text = serde_json::to_string(marker).unwrap_or_default();
             if let Err(e) = file.write_all(text.as_bytes()) {
                 tracing::error!(tree, error = %e, "unsettled marker written without its content");
             }
@@ -76,6 +105,7 @@ pub fn read(data_dir: &Path, tree: i64) -> Option<Marker> {
         reason: text.trim().to_string(),
         survivors: Vec::new(),
         pending: Vec::new(),
+        batch: String::new(),
     }))
 }
 

@@ -100,6 +100,9 @@ pub struct Engine {
     ambiguous: Arc<Mutex<HashSet<i64>>>,
     /// Processes never counted as members: this process and its helpers.
     exclude: Arc<HashSet<i32>>,
+    /// Trees whose root this process spawned (so its reaper has the root's
+    /// status, and every orphan of the tree came to it as subreaper).
+    spawned_here: Arc<Mutex<HashSet<i64>>>,
     /// Holds `unsettled/` markers next to the ledger.
     data_dir: PathBuf,
     /// Failures the ledger could not record, for metrics.
@@ -139,6 +142,7 @@ impl Engine {
             reaper,
             ambiguous: Arc::new(Mutex::new(HashSet::new())),
             exclude: Arc::new(HashSet::from([me])),
+            spawned_here: Arc::new(Mutex::new(HashSet::new())),
             data_dir: config.data_dir.clone(),
             stats: Arc::new(EngineStats::default()),
         }
@@ -160,16 +164,25 @@ impl Engine {
     }
 
     /// Who reaped a member whose exit status this process does not have:
-    /// with a reaper (run, serve: the subreaper of its trees, so every
-    /// orphan comes here) it was the member's own parent in the tree; a
-    /// process without one (kill, sweep) was never anyone's reaper, and the
-    /// orphans of a dead owner go to init.
-    pub(crate) fn unknown_reaper(&self) -> &'static str {
-        if self.reaper.is_some() {
+    /// for a tree this process spawned (run, serve: the subreaper of its
+    /// trees, so every orphan comes here) it was the member's own parent in
+    /// the tree; otherwise (kill, sweep, a tree a previous service left)
+    /// this process was nobody's reaper, and the orphans of a dead owner
+    /// went to init.
+    pub(crate) fn unknown_reaper(&self, tree: TreeId) -> &'static str {
+        if self.reaper.is_some() && self.was_spawned_here(tree) {
             "parent"
         } else {
             "init"
         }
+    }
+
+    /// Whether this process spawned the tree's root.
+    pub(crate) fn was_spawned_here(&self, tree: TreeId) -> bool {
+        self.spawned_here
+            .lock()
+            .map(|s| s.contains(&tree.0))
+            .unwrap_or(false)
     }
 
     /// The exit status of a member this process reaped, or is about to.
@@ -180,11 +193,18 @@ impl Engine {
     /// for while `/proc` shows it as a dead child of ours — never the
     /// status of an earlier child that held the same pid. `None` when this
     /// process has no reaper or was not its reaper.
+    ///
+    /// `orphans_until`: for a tree this process spawned (so it is the
+    /// subreaper of every orphan), how long a member already gone from
+    /// `/proc` may be waited for — its status may be in the reaper's hands
+    /// but not yet recorded. One deadline for a whole tick, so a tick with
+    /// many such members waits once, not once per member.
     pub(crate) fn reaped_exit(
         &self,
         pid: i32,
         start_ticks: u64,
         is_root: bool,
+        orphans_until: Option<std::time::Instant>,
     ) -> Option<crate::proc::ExitStatus> {
         let reaper = self.reaper?;
         let wait = std::time::Duration::from_secs(1);
@@ -192,18 +212,25 @@ impl Engine {
             return reaper.wait_exit(pid, Some(wait));
         }
         let me = std::process::id() as i32;
-        let dead_child_of_ours = matches!(
-            crate::proc::read_stat(pid),
-            Ok(Some(stat)) if stat.start_ticks == start_ticks && stat.ppid == me && stat.is_dead()
-        );
-        reaper.wait_unclaimed(
-            pid,
-            if dead_child_of_ours {
+        let wait = match crate::proc::read_stat(pid) {
+            Ok(Some(stat))
+                if stat.start_ticks == start_ticks && stat.ppid == me && stat.is_dead() =>
+            {
                 wait
-            } else {
-                std::time::Duration::ZERO
-            },
-        )
+            }
+            Ok(None) => orphans_until
+                .map(|t| t.saturating_duration_since(std::time::Instant::now()))
+                .unwrap_or_default(),
+            _ => std::time::Duration::ZERO,
+        };
+        reaper.wait_unclaimed(pid, wait)
+    }
+
+    /// The deadline for orphans' statuses in one tick ([`Engine::reaped_exit`]):
+    /// `Some` only for a tree this process spawned.
+    pub(crate) fn orphans_deadline(&self, tree: TreeId) -> Option<std::time::Instant> {
+        self.was_spawned_here(tree)
+            .then(|| std::time::Instant::now() + std::time::Duration::from_millis(100))
     }
 
     /// Counters of failed writes and survivors (see [`EngineStats`]).
@@ -229,24 +256,17 @@ impl Engine {
                 "a resolution needs a non-empty --note".into(),
             ));
         }
+        // The whole resolution under the tree's lease: no teardown of it
+        // runs meanwhile, and the journal is replayed once.
+        let _lease = self.teardown_lease(tree)?;
         // What the teardown could not write, first: the trail then shows
         // what happened before the operator's decision.
-        self.replay_deferred(tree);
+        self.replay_deferred_leased(tree);
         let (row, members) = self
             .ledger
             .tree_members(tree)?
             .ok_or(CustodyError::UnknownTree(tree.0))?;
         let marked = self.is_ambiguous_in_memory(tree.0);
-        if row.state.is_terminal() && marked {
-            tracing::warn!(
-                tree = tree.0,
-                note,
-                "resolve: tree already {}; its marker is removed",
-                row.state.as_str()
-            );
-            self.forget_ambiguous(tree.0);
-            return Ok(());
-        }
         if row.state != crate::ledger::TreeState::Ambiguous && !marked {
             return Err(CustodyError::Conflict(format!(
                 "tree {} is {}, not ambiguous: nothing to resolve",
@@ -272,6 +292,20 @@ impl Engine {
                 pids.join(", "),
                 tree.0
             )));
+        }
+        if row.state.is_terminal() {
+            // Already terminal in the ledger (a teardown raced another, or
+            // a force-resolved tree failed closed again): only its marker
+            // is left to settle; the survivor check above still applied.
+            tracing::warn!(
+                tree = tree.0,
+                note,
+                left_alive = alive.len(),
+                "resolve: tree already {}; its marker is removed",
+                row.state.as_str()
+            );
+            self.forget_ambiguous(tree.0);
+            return Ok(());
         }
         if row.state != crate::ledger::TreeState::Ambiguous {
             self.ledger.set_state(
@@ -343,18 +377,53 @@ impl Engine {
         if let Ok(mut set) = self.ambiguous.lock() {
             set.insert(tree);
         }
+        // Merged with what an earlier marker of this tree still holds: its
+        // survivors and its unreplayed evidence are never dropped (the same
+        // teardown passes its growing journal more than once).
+        let old = markers::read(&self.data_dir, tree).unwrap_or_default();
+        let mut all_survivors = old.survivors;
+        for s in survivors {
+            if !all_survivors.contains(s) {
+                all_survivors.push(s.clone());
+            }
+        }
+        let mut all_pending = old.pending;
+        for d in pending {
+            if !all_pending.contains(d) {
+                all_pending.push(d.clone());
+            }
+        }
+        let batch = if old.batch.is_empty() && !all_pending.is_empty() {
+            markers::new_batch()
+        } else {
+            old.batch
+        };
         let marker = markers::Marker {
             reason: reason.to_string(),
-            survivors: survivors.to_vec(),
-            pending: pending.to_vec(),
+            survivors: all_survivors,
+            pending: all_pending,
+            batch,
         };
         markers::write(&self.data_dir, tree, &marker);
     }
 
     /// The tree is settled (teardown verified, or resolved by an operator).
+    /// Its marker goes only once the evidence it kept is in the ledger: the
+    /// marker is that evidence's only copy. Callers hold the tree's lease
+    /// (or the replay is skipped when another process holds it).
     fn forget_ambiguous(&self, tree: i64) {
         if let Ok(mut set) = self.ambiguous.lock() {
             set.remove(&tree);
+        }
+        if markers::read(&self.data_dir, tree).is_some_and(|m| !m.pending.is_empty()) {
+            self.replay_deferred_leased(TreeId(tree));
+            if markers::read(&self.data_dir, tree).is_some_and(|m| !m.pending.is_empty()) {
+                tracing::warn!(
+                    tree,
+                    "settled, but its deferred evidence is not in the ledger yet: the marker stays"
+                );
+                return;
+            }
         }
         markers::remove(&self.data_dir, tree);
     }
@@ -401,11 +470,14 @@ impl Engine {
         if !has_pending {
             return;
         }
-        match self.teardown_lease(tree) {
-            Ok(_lease) => self.replay_deferred_leased(tree),
-            Err(e) => {
-                tracing::warn!(tree = tree.0, error = %e, "deferred evidence not replayed now")
-            }
+        // Not waiting for a lease held elsewhere: that teardown replays it.
+        match self.teardown_lease_within(tree, std::time::Duration::ZERO) {
+            Ok(Some(_lease)) => self.replay_deferred_leased(tree),
+            Ok(None) => tracing::warn!(
+                tree = tree.0,
+                "no lease: deferred evidence not replayed now"
+            ),
+            Err(_) => {}
         }
     }
 
@@ -433,7 +505,12 @@ impl Engine {
         if marker.pending.is_empty() {
             return;
         }
-        match self.ledger.replay_deferred(tree, &marker.pending) {
+        let batch = if marker.batch.is_empty() {
+            markers::new_batch()
+        } else {
+            marker.batch.clone()
+        };
+        match self.ledger.replay_deferred(tree, &marker.pending, &batch) {
             Ok(()) => {
                 tracing::info!(
                     tree = tree.0,
@@ -441,6 +518,7 @@ impl Engine {
                     "deferred evidence written to the ledger"
                 );
                 marker.pending.clear();
+                marker.batch.clear();
                 markers::write(&self.data_dir, tree.0, &marker);
             }
             Err(e) => {

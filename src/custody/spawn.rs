@@ -42,6 +42,8 @@ pub struct SpawnRequest {
     /// Limits for its cgroup, set before the command runs; refused
     /// ([`CustodyError::Unsupported`]) where the boundary cannot enforce them.
     pub limits: crate::ledger::Limits,
+    /// The command's umask; `None` inherits this process's.
+    pub umask: Option<u32>,
 }
 
 /// A released tree.
@@ -69,8 +71,19 @@ pub fn read_log(
     tree: TreeId,
     lines: Option<usize>,
 ) -> std::io::Result<Option<Vec<u8>>> {
-    let bytes = match std::fs::read(log_path(data_dir, tree)) {
-        Ok(b) => b,
+    // At most the last READ_MAX bytes: a log whose oldest blocks were
+    // punched out (a filesystem that cannot collapse) keeps its length, and
+    // reading it whole would read the holes.
+    const READ_MAX: u64 = 16 << 20;
+    let bytes = match std::fs::File::open(log_path(data_dir, tree)) {
+        Ok(mut f) => {
+            use std::io::{Read, Seek, SeekFrom};
+            let len = f.metadata()?.len();
+            f.seek(SeekFrom::Start(len.saturating_sub(READ_MAX)))?;
+            let mut b = Vec::new();
+            f.take(READ_MAX).read_to_end(&mut b)?;
+            b
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
@@ -180,6 +193,7 @@ impl Engine {
         };
         let spec = SpawnSpec {
             log_file,
+            umask: req.umask,
             argv: req.argv.clone(),
             cwd: req.cwd.clone(),
             env: Some(env),
@@ -222,6 +236,9 @@ impl Engine {
                 self.record_spawn_failed(tree, &failure.to_string(), i32::from(code));
                 return Err(CustodyError::Exec(failure));
             }
+        }
+        if let Ok(mut set) = self.spawned_here.lock() {
+            set.insert(tree.0);
         }
         tracing::info!(tree = tree.0, pid = root.pid, boundary = %boundary, "tree spawned");
         Ok(Spawned {

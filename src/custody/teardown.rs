@@ -513,10 +513,14 @@ impl Engine {
                 opts.reason,
                 survivors.len()
             );
-            let auth = match self
-                .ledger
-                .authorize_kill_after_snapshot(tree, &forensic, taken_at, &targets, &reason)
-            {
+            let auth = match self.ledger.authorize_kill_after_snapshot(
+                tree,
+                watch.journal(),
+                &forensic,
+                taken_at,
+                &targets,
+                &reason,
+            ) {
                 Ok(auth) => auth,
                 Err(e) => {
                     // Fail closed: a kill we cannot prove we were authorized
@@ -558,6 +562,9 @@ impl Engine {
                 }
             };
             report.authorizations += 1;
+            // The ledger took the authorization, and with it the journal:
+            // evidence is written directly again, in order.
+            watch.ledger_writable_again();
             // Exits found from here on are written once the tree is verified
             // empty, in one transaction, not per scan while it dies.
             watch.defer_exits();
@@ -804,6 +811,7 @@ impl Engine {
         if gone.is_empty() {
             return fresh;
         }
+        let orphans_until = self.orphans_deadline(tree);
         for (id, exit) in &mut gone {
             if exit.is_none() {
                 *exit = fresh
@@ -811,13 +819,19 @@ impl Engine {
                     .or_else(|| exits.get(&id.pid))
                     .copied()
                     .or_else(|| {
-                        self.reaped_exit(id.pid, id.start_ticks, Some(id.pid) == watch.root_pid())
+                        self.reaped_exit(
+                            id.pid,
+                            id.start_ticks,
+                            watch.is_root(id.pid, id.start_ticks) && self.was_spawned_here(tree),
+                            orphans_until,
+                        )
                     })
                     .map(exit_record);
             }
         }
         if let Some(Err(e)) = watch.evidence("member exits", || {
-            self.ledger.record_exits(tree, &gone, self.unknown_reaper())
+            self.ledger
+                .record_exits(tree, &gone, self.unknown_reaper(tree))
         }) {
             tracing::warn!(tree = tree.0, error = %e, "member exits not recorded");
         }
@@ -864,7 +878,10 @@ impl Engine {
         if journal.is_empty() {
             return;
         }
-        if let Err(e) = self.ledger.replay_deferred(tree, &journal) {
+        if let Err(e) = self
+            .ledger
+            .replay_deferred(tree, &journal, &super::markers::new_batch())
+        {
             tracing::error!(tree = tree.0, writes = journal.len(), error = %e, "deferred evidence of this teardown not written");
         }
     }
@@ -994,7 +1011,12 @@ impl Engine {
     ) -> Option<crate::proc::ExitStatus> {
         opts.root_exit.or_else(|| {
             let pid = watch.root_pid()?;
-            self.reaped_exit(pid, watch.root_start_ticks(), true)
+            self.reaped_exit(
+                pid,
+                watch.root_start_ticks(),
+                self.was_spawned_here(watch.tree()),
+                None,
+            )
         })
     }
 
@@ -1024,7 +1046,7 @@ impl Engine {
         }
         if let Some(Err(e)) = watch.evidence("final member exits", || {
             self.ledger
-                .record_remaining_exits(tree, &statuses, self.unknown_reaper())
+                .record_remaining_exits(tree, &statuses, self.unknown_reaper(tree))
         }) {
             tracing::warn!(tree = tree.0, error = %e, "final member exits not recorded");
         }

@@ -233,6 +233,14 @@ impl TreeWatch {
         result
     }
 
+    /// The ledger took a write that carried the journal (the
+    /// authorization's transaction): the journal is written, and evidence
+    /// writes are attempted again.
+    pub fn ledger_writable_again(&mut self) {
+        self.journal.clear();
+        self.degraded = None;
+    }
+
     /// The trail writes kept so far (see [`TreeWatch::record`]).
     pub fn journal(&self) -> &[crate::ledger::Deferred] {
         &self.journal
@@ -241,6 +249,11 @@ impl TreeWatch {
     /// The trail writes kept so far (see [`TreeWatch::record`]), emptied.
     pub fn take_journal(&mut self) -> Vec<crate::ledger::Deferred> {
         std::mem::take(&mut self.journal)
+    }
+
+    /// Whether this identity is the tree's recorded root (pid and start).
+    pub fn is_root(&self, pid: i32, start_ticks: u64) -> bool {
+        self.root_pid == Some(pid) && self.known.root_start_ticks == start_ticks
     }
 
     /// The recorded root's start time (clock ticks).
@@ -508,6 +521,7 @@ impl TreeWatch {
             .iter()
             .map(|m| ((m.entry.pid, m.entry.start_ticks), m.entry.pid))
             .collect();
+        let orphans_until = engine.orphans_deadline(self.tree);
         let gone: Vec<(IdentityRecord, Option<ExitRecord>)> = self
             .alive
             .keys()
@@ -519,7 +533,11 @@ impl TreeWatch {
                 let exit = exits
                     .get(&pid)
                     .copied()
-                    .or_else(|| engine.reaped_exit(pid, start_ticks, Some(pid) == self.root_pid))
+                    .or_else(|| {
+                        let root =
+                            self.is_root(pid, start_ticks) && engine.was_spawned_here(self.tree);
+                        engine.reaped_exit(pid, start_ticks, root, orphans_until)
+                    })
                     .map(exit_record);
                 (
                     IdentityRecord {
@@ -537,7 +555,7 @@ impl TreeWatch {
         } else if !gone.is_empty() {
             report.exited = gone.len();
             let tree = self.tree;
-            let unknown = engine.unknown_reaper();
+            let unknown = engine.unknown_reaper(self.tree);
             if let Some(Err(e)) =
                 self.evidence("member exits", || ledger.record_exits(tree, &gone, unknown))
             {

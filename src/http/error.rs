@@ -211,9 +211,6 @@ impl<S: Send + Sync> FromRequestParts<S> for TreePath {
     }
 }
 
-/// Gives errors made by layers and the router (413 from the body limit,
-/// 408 from the timeout, 405, unknown routes) the same JSON shape under
-/// `/api`, `/metrics` and `/healthz`.
 /// An error of a dashboard page as a small HTML page: the status, the
 /// message (HTML-escaped), a link back.
 async fn html_error(resp: Response) -> Response {
@@ -250,6 +247,10 @@ async fn html_error(resp: Response) -> Response {
     Response::from_parts(parts, axum::body::Body::from(page))
 }
 
+/// Gives errors made by layers and the router (413 from the body limit,
+/// 408 from the timeout, 405, unknown routes) the same JSON shape under
+/// `/api`, `/metrics` and `/healthz`; a dashboard page's error is an HTML
+/// page for a browser.
 pub async fn json_errors(req: Request, next: Next) -> Response {
     let path = req.uri().path();
     let api = path.starts_with("/api") || path == "/metrics" || path == "/healthz";

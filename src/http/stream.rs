@@ -26,6 +26,10 @@ use crate::ledger::{EventFilter, EventRow};
 const POLL: Duration = Duration::from_millis(200);
 /// Events read per poll (a client far behind catches up in steps).
 const BATCH: usize = 500;
+/// Streams open at once, across clients.
+const MAX_STREAMS: usize = 16;
+static STREAMS: std::sync::LazyLock<std::sync::Arc<tokio::sync::Semaphore>> =
+    std::sync::LazyLock::new(|| std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)));
 
 #[derive(Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -49,6 +53,11 @@ pub async fn events_stream(
     ApiQuery(q): ApiQuery<StreamQuery>,
 ) -> Result<Sse<impl futures_util::Stream<Item = Result<Event, std::convert::Infallible>>>, ApiError>
 {
+    // Each stream polls the one ledger thread that also commits the
+    // authorizations: a bounded number at once (503 beyond).
+    let permit = STREAMS.clone().try_acquire_owned().map_err(|_| {
+        ApiError::Unavailable(format!("{MAX_STREAMS} event streams are open already"))
+    })?;
     let last_id = match headers.get("last-event-id") {
         None => None,
         Some(v) => Some(
@@ -78,6 +87,8 @@ pub async fn events_stream(
     let stream = futures_util::stream::unfold(state, move |(mut last, mut queue)| {
         let service = service.clone();
         let stop = stop.clone();
+        // Held as long as the stream lives.
+        let _permit = &permit;
         async move {
             loop {
                 if let Some(e) = queue.pop_front() {

@@ -346,7 +346,7 @@ pub(crate) struct Writer<'t> {
     /// Set while replaying evidence a refused write deferred: each event
     /// then carries `deferred_from`, the time the fact happened (the
     /// event's own `at` is when the ledger finally took it).
-    pub(crate) late: Option<String>,
+    pub(crate) late: Option<(String, String)>,
 }
 
 impl Writer<'_> {
@@ -384,10 +384,14 @@ impl Writer<'_> {
             .into());
         }
         let mut data = data;
-        if let (Some(late), Some(obj)) = (&self.late, data.as_object_mut()) {
+        if let (Some((at, batch)), Some(obj)) = (&self.late, data.as_object_mut()) {
             obj.insert(
                 "deferred_from".into(),
-                serde_json::Value::String(late.clone()),
+                serde_json::Value::String(at.clone()),
+            );
+            obj.insert(
+                "deferred_batch".into(),
+                serde_json::Value::String(batch.clone()),
             );
         }
         let (prev_seq, prev_hash) = match self.head.take() {

@@ -294,20 +294,31 @@ impl Ledger {
     /// (taken at `taken_at`, while frozen) written in the same FULL
     /// transaction, just before it: one commit, and the chain shows the
     /// evidence ahead of the authority.
+    ///
+    /// `prior` is the evidence this teardown could not write before (a
+    /// ledger that refused writes, then took them again): it goes first in
+    /// the same transaction, so the chain keeps the order things happened
+    /// in (its state changes and SIGTERM before the authority).
     pub fn authorize_kill_after_snapshot(
         &self,
         id: TreeId,
+        prior: &[Deferred],
         survivors: &[SurvivorRecord],
         taken_at: std::time::SystemTime,
         targets: &[KillTarget],
         reason: &str,
     ) -> Result<AuthorizationId, LedgerError> {
+        let prior = prior.to_vec();
+        let batch = crate::custody::markers::new_batch();
         let survivors = survivors.to_vec();
         let taken_at = humantime::format_rfc3339_millis(taken_at).to_string();
         let targets = targets.to_vec();
         let reason = reason.to_string();
         crate::testhook::crash_point("before-authorize");
         let auth = self.write(Durability::Full, move |w| {
+            if !prior.is_empty() {
+                write::replay_deferred(w, id, &prior, &batch)?;
+            }
             write::record_survivors(w, id, &survivors, &taken_at)?;
             write::authorize_kill(w, id, &targets, &reason)
         })?;
@@ -407,10 +418,18 @@ impl Ledger {
 
     /// Writes evidence a teardown could not write when it happened, in
     /// order, in one transaction (each event with `deferred_from`).
-    pub fn replay_deferred(&self, id: TreeId, list: &[Deferred]) -> Result<(), LedgerError> {
+    /// `batch` names the list: it is written into each event, and a batch
+    /// the ledger already holds is not written again.
+    pub fn replay_deferred(
+        &self,
+        id: TreeId,
+        list: &[Deferred],
+        batch: &str,
+    ) -> Result<(), LedgerError> {
         let list = list.to_vec();
+        let batch = batch.to_string();
         self.write(Durability::Normal, move |w| {
-            write::replay_deferred(w, id, &list)
+            write::replay_deferred(w, id, &list, &batch)
         })
     }
 

@@ -730,9 +730,20 @@ pub(crate) fn replay_deferred(
     w: &mut Writer<'_>,
     id: TreeId,
     list: &[Deferred],
+    batch: &str,
 ) -> Result<(), Fail> {
+    let done: Option<i64> = w
+        .row(
+            "SELECT seq FROM events WHERE tree = ?1 AND json_extract(data, '$.deferred_batch') = ?2 LIMIT 1",
+            params![id.0, batch],
+            |r| r.get(0),
+        )
+        .optional()?;
+    if done.is_some() {
+        return Ok(()); // written before; its marker could not be rewritten then
+    }
     for d in list {
-        w.late = Some(d.at().to_string());
+        w.late = Some((d.at().to_string(), batch.to_string()));
         apply_deferred(w, id, d)?;
     }
     w.late = None;

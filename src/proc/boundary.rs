@@ -212,6 +212,9 @@ pub struct SpawnSpec {
     pub cgroup_settings: Vec<CgroupSetting>,
     /// Where stdout and stderr go with [`SpawnStdio::Log`].
     pub log_file: Option<PathBuf>,
+    /// The child's file mode creation mask, when it must not inherit ours
+    /// (the service runs with `UMask=0077`; its trees get the usual 022).
+    pub umask: Option<u32>,
 }
 
 /// One control file to set in a tree's cgroup (`pids.max` = `20`).
@@ -350,6 +353,7 @@ struct Prepared {
     null_fd: Option<OwnedFd>,
     /// With [`SpawnStdio::Log`]: the log file, for descriptors 1 and 2.
     log_fd: Option<OwnedFd>,
+    umask: Option<libc::mode_t>,
     empty_mask: libc::sigset_t,
     default_action: libc::sigaction,
     sigmax: libc::c_int,
@@ -483,6 +487,7 @@ fn prepare(spec: &SpawnSpec) -> Result<Prepared, ProcError> {
         cwd,
         null_fd,
         log_fd,
+        umask: spec.umask.map(|m| m as libc::mode_t),
         empty_mask,
         default_action,
         sigmax: libc::SIGRTMAX(),
@@ -541,6 +546,9 @@ unsafe fn child_after_fork(p: &Prepared, release_r: libc::c_int, status_w: libc:
                     libc::_exit(125);
                 }
             }
+        }
+        if let Some(mask) = p.umask {
+            libc::umask(mask);
         }
         if let Some(cwd) = &p.cwd
             && libc::chdir(cwd.as_ptr()) != 0

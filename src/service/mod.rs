@@ -510,6 +510,9 @@ impl Service {
             grace: Some(p.grace.unwrap_or(self.config.default_grace)),
             timeout: p.timeout,
             limits: p.limits,
+            // The unit runs the service with UMask=0077 (its own files are
+            // private); the work it spawns gets the usual 022.
+            umask: Some(0o022),
         };
         let engine = self.engine.clone();
         let spawned = blocking(move || engine.spawn(&req)).await??;

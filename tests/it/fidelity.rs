@@ -264,7 +264,19 @@ fn two_ledgers_and_leftover_cgroups_never_stop_a_spawn() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("second run");
-    assert!(a.wait_marked(2), "both trees run: {:?}", a.marked());
+    // Both trees are up once both cgroups of tree 1 exist (counting
+    // processes would not tell the two trees apart).
+    let count = |names: &[String]| {
+        names
+            .iter()
+            .filter(|n| n.starts_with("tw-") && n.ends_with("-1") && *n != "tw-00000000-1")
+            .count()
+    };
+    assert!(
+        wait_until(Duration::from_secs(20), || count(&tree_cgroups(&a)) == 2),
+        "{:?}",
+        tree_cgroups(&a)
+    );
     let names = tree_cgroups(&a);
     let ours: Vec<&String> = names
         .iter()

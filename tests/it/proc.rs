@@ -44,6 +44,7 @@ fn sh(script: &str, dir: &Path) -> SpawnSpec {
         cgroup: None,
         cgroup_settings: Vec::new(),
         log_file: None,
+        umask: None,
     }
 }
 
@@ -646,6 +647,7 @@ fn exec_failures_map_to_shell_codes() {
         cgroup: None,
         cgroup_settings: Vec::new(),
         log_file: None,
+        umask: None,
     };
     let check = |argv0: OsString, kind: ExecFailureKind, code: u8| {
         let held = proc::spawn_held(&spec(argv0.clone())).expect("spawn");
