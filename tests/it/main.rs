@@ -7,5 +7,6 @@ mod docs;
 mod ledger;
 mod observer;
 mod proc;
+mod rules;
 mod serve;
 mod util;
