@@ -691,6 +691,7 @@ fn orphan_with_recycled_owner() -> Option<RecycledOwner> {
     assert_eq!(Some(start as u64), start_ticks(owner_pid));
 
     let report = sweep(&env);
+    assert_eq!(report["examined"], 1, "{report}");
     assert_eq!(
         report["owned"], 1,
         "a live owner's tree is spared: {report}"
@@ -757,6 +758,7 @@ fn sweep(env: &Env) -> Value {
 /// the process now holding the pid is never touched.
 fn assert_swept_as_orphan(o: &mut RecycledOwner) {
     let report = sweep(&o.env);
+    assert_eq!(report["examined"], 1, "{report}");
     assert_eq!(report["owned"], 0, "{report}");
     assert_eq!(report["orphans"][0]["tree"], 1, "{report}");
     assert_eq!(report["orphans"][0]["to"], "ended", "{report}");
@@ -1061,6 +1063,44 @@ fn dispatch_refused_while_a_tree_is_ambiguous_in_the_ledger_and_reopened_by_reso
     assert_refused(&env, "(ambiguous teardown)");
     assert_eq!(last_refusal(&env)["unsettled"], 1);
 
+    // A sweep that cannot commit its authorization settles nothing: it
+    // exits non-zero (its report is not settled) and dispatch stays closed.
+    let terms = || {
+        count(
+            &open(&env.ledger_path()),
+            "SELECT count(*) FROM events WHERE tree = 1 AND kind = 'signal.sent'
+             AND json_extract(data, '$.signal') = 'SIGTERM'",
+        )
+    };
+    let before = terms();
+    let mut cmd = env.cmd();
+    cmd.env("TREEWARDEN_BUSY_TIMEOUT", "1s")
+        .args(["sweep", "--grace", "1s"]);
+    let err_path = env.dir.path().join("failing-sweep.stderr");
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(File::create(&err_path).expect("stderr file"));
+    let mut sweeping = KillOnDrop(cmd.spawn().expect("sweep"));
+    assert!(
+        wait_until(Duration::from_secs(20), || terms() > before),
+        "the sweep's SIGTERM step is recorded"
+    );
+    let conn = open(&env.ledger_path());
+    conn.execute_batch("BEGIN IMMEDIATE")
+        .expect("take the write lock");
+    let marked = wait_until(Duration::from_secs(30), || marker.exists());
+    conn.execute_batch("ROLLBACK").expect("release the lock");
+    drop(conn);
+    assert!(marked, "the sweep's authorization failed");
+    let status = wait_child(&mut sweeping.0, Duration::from_secs(30)).expect("sweep exits");
+    let err = std::fs::read_to_string(&err_path).unwrap_or_default();
+    assert_eq!(status.code(), Some(125), "an unsettled sweep fails: {err}");
+    assert!(
+        survivors.iter().all(|p| pid_alive(*p)),
+        "survivors are left alive as evidence"
+    );
+    assert_refused(&env, "forced kill skipped");
+
     // The operator ends the survivors by hand and records the decision.
     env.end_leftovers();
     let (code, err) = tw(
@@ -1070,4 +1110,47 @@ fn dispatch_refused_while_a_tree_is_ambiguous_in_the_ledger_and_reopened_by_reso
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(tree_state(&env, 1).as_deref(), Some("resolved"));
     assert_open(&env, "after resolve");
+}
+
+/// A marker left for a tree the ledger holds as ended (a teardown that
+/// raced another) keeps dispatch closed while a survivor it names lives,
+/// and is dropped by the gate once none does.
+#[test]
+fn a_stale_marker_of_an_ended_tree_closes_dispatch_only_while_a_survivor_it_names_lives() {
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    assert_open(&env, "a fresh ledger");
+    assert_eq!(tree_state(&env, 1).as_deref(), Some("ended"));
+    let mut survivor = KillOnDrop(
+        env.cmd_for("sleep")
+            .arg("600")
+            .env("TW_TEST_MARK", &env.mark)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("survivor"),
+    );
+    let pid = survivor.id() as i32;
+    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").expect("boot id");
+    // What `markers::write` leaves: the reason and the survivors by identity.
+    let marker = json!({
+        "reason": "teardown raced another",
+        "survivors": [{
+            "pid": pid,
+            "start_ticks": start_ticks(pid).expect("start ticks"),
+            "boot_id": boot_id.trim(),
+        }],
+    });
+    let dir = env.data_dir().join("unsettled");
+    std::fs::create_dir_all(&dir).expect("unsettled dir");
+    let path = dir.join("tree-1");
+    std::fs::write(&path, marker.to_string()).expect("marker");
+
+    assert_refused(&env, "(1 survivors named by its marker still live)");
+    assert!(path.exists(), "kept while its survivor lives");
+
+    survivor.0.kill().expect("kill the survivor by pid");
+    survivor.0.wait().expect("reap it");
+    assert_open(&env, "every survivor the marker names is gone");
+    assert!(!path.exists(), "the stale marker is dropped");
 }
