@@ -241,6 +241,16 @@ mod tests {
     }
 
     #[test]
+    fn display_names_the_pid_and_its_start() {
+        let id = Identity {
+            pid: 42,
+            start_ticks: 7,
+            boot_id: "b".into(),
+        };
+        assert_eq!(id.to_string(), "pid 42 (start 7)");
+    }
+
+    #[test]
     fn a_pid_that_exited_reads_as_no_such_process() {
         let mut child = sleeper();
         let pid = child.0.id() as i32;
