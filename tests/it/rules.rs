@@ -8,11 +8,14 @@
 //!   a ledger cut off below its published head as truncated;
 //! - the boot id recorded is the kernel's;
 //! - a sweep treats a recycled owner pid as gone only after the identity
-//!   check, and an owner whose start time cannot be read as alive;
+//!   check, a dead but unreaped owner as gone, and an owner whose start time
+//!   cannot be read as alive;
 //! - the dispatch gate refuses new work while a tree's teardown was
 //!   interrupted (`terminating`/`killing`) with its owner gone or the tree is
 //!   `ambiguous` in the ledger, not while the owner lives, and reopens once
-//!   the sweep or an operator settles it.
+//!   the sweep or an operator settles it; a sweep that cannot authorize
+//!   settles nothing; a stale marker holds the door only while a survivor
+//!   it names lives.
 //!
 //! Every ledger here is made by the real binary; forgeries are written into
 //! copies of it. Processes carry `TW_TEST_MARK` and are ended by pid.
