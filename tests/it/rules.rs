@@ -755,18 +755,28 @@ fn orphan_with_recycled_owner() -> Option<RecycledOwner> {
 }
 
 fn sweep(env: &Env) -> Value {
-    let out = env
-        .cmd()
-        .args(["sweep", "--grace", "100ms", "--json"])
-        .stdin(Stdio::null())
-        .output()
-        .expect("sweep");
-    assert!(
-        out.status.success(),
-        "sweep: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("sweep json")
+    let mut cmd = env.cmd();
+    cmd.args(["sweep", "--grace", "100ms", "--json"]);
+    let (code, out, err) = output_bounded(env, cmd);
+    assert_eq!(code, Some(0), "sweep: {err}");
+    serde_json::from_str(&out).expect("sweep json")
+}
+
+/// Runs a command to its end, bounded (killed by pid after 90 s, which
+/// fails the test): exit code, stdout, stderr, through files.
+fn output_bounded(env: &Env, mut cmd: Command) -> (Option<i32>, String, String) {
+    let n = NEXT.fetch_add(1, Ordering::SeqCst);
+    let out_path = env.dir.path().join(format!("rules-{n}.stdout"));
+    let err_path = env.dir.path().join(format!("rules-{n}.stderr"));
+    cmd.stdin(Stdio::null())
+        .stdout(File::create(&out_path).expect("stdout file"))
+        .stderr(File::create(&err_path).expect("stderr file"));
+    let mut child = cmd.spawn().expect("start the command");
+    let status = wait_child(&mut child, Duration::from_secs(90));
+    let out = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let err = std::fs::read_to_string(&err_path).unwrap_or_default();
+    let status = status.unwrap_or_else(|| panic!("{cmd:?} did not end within 90 s: {err}"));
+    (status.code(), out, err)
 }
 
 /// The sweep, readable: the owner's pid is alive but its start time is
@@ -838,8 +848,8 @@ fn an_owner_whose_start_time_cannot_be_read_counts_as_alive() {
         as_nobody cat "/proc/$OWNER/stat" >/dev/null 2>&1 && exit 98
         exec setpriv --reuid=65534 --regid=65534 --clear-groups -- "$TW" sweep --grace 100ms --json
     "#;
-    let out = env
-        .cmd_for("unshare")
+    let mut unshare = env.cmd_for("unshare");
+    unshare
         .args([
             "--mount",
             "--propagation",
@@ -850,18 +860,13 @@ fn an_owner_whose_start_time_cannot_be_read_counts_as_alive() {
             script,
         ])
         .env("OWNER", o.owner_pid.to_string())
-        .env("TW", bin())
-        .stdin(Stdio::null())
-        .output();
-    let out = match out {
-        Ok(out) => out,
-        Err(e) => {
-            skip(&format!("unshare: {e}"));
-            return;
-        }
-    };
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    match out.status.code() {
+        .env("TW", bin());
+    if Command::new("unshare").arg("--version").output().is_err() {
+        skip("no unshare(1)");
+        return;
+    }
+    let (code, stdout, stderr) = output_bounded(env, unshare);
+    match code {
         Some(0) => {}
         Some(97) => {
             skip(&format!("cannot mount a /proc with hidepid=1: {stderr}"));
@@ -874,7 +879,7 @@ fn an_owner_whose_start_time_cannot_be_read_counts_as_alive() {
         }
         code => panic!("unprivileged sweep exited {code:?}: {stderr}"),
     }
-    let report: Value = serde_json::from_slice(&out.stdout).expect("sweep json");
+    let report: Value = serde_json::from_str(&stdout).expect("sweep json");
     assert_eq!(
         report["owned"], 1,
         "unreadable means alive: {report} {stderr}"
