@@ -929,8 +929,10 @@ fn dispatch_refused_while_a_teardown_is_interrupted_in_terminating_and_reopened_
     let Some(env) = Env::new("session") else {
         return;
     };
+    // Long enough to interrupt the grace, short enough for the resumed
+    // teardown, which may use the grace recorded with the tree.
     let mut run = KillOnDrop(env.spawn_run(
-        &["--grace", "600s", "--quiet"],
+        &["--grace", "5s", "--quiet"],
         "trap '' TERM; sleep 600 & wait",
     ));
     assert!(env.wait_marked(2), "{:?}", env.marked());
