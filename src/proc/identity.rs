@@ -165,3 +165,151 @@ pub fn self_identity() -> Result<Identity, ProcError> {
     let pid = rustix::process::getpid().as_raw_nonzero().get();
     identity_of(pid)?.ok_or_else(|| ProcError::Proc("cannot read /proc/self/stat".into()))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+
+    use procfs::FromRead;
+
+    use super::*;
+
+    /// A child that is killed (by its pid) and reaped when dropped.
+    struct Child(std::process::Child);
+
+    impl Drop for Child {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    fn sleeper() -> Child {
+        Child(
+            Command::new("sleep")
+                .arg("600")
+                .stdin(Stdio::null())
+                .spawn()
+                .expect("start sleep"),
+        )
+    }
+
+    #[test]
+    fn boot_id_is_the_kernels() {
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .expect("read /proc/sys/kernel/random/boot_id");
+        let kernel = kernel.trim();
+        assert_eq!(kernel.len(), 36, "a UUID: {kernel:?}");
+        assert_eq!(boot_id().expect("boot id"), kernel);
+        let me = self_identity().expect("own identity");
+        assert_eq!(me.boot_id, kernel);
+    }
+
+    /// The stat file of a process that died and was reaped after it was
+    /// opened: the read fails with ESRCH, a real answer of the kernel, and
+    /// procfs hands it on as a bare I/O error (no path to map it by).
+    #[test]
+    fn an_identity_read_failing_with_esrch_means_no_such_process() {
+        let mut child = sleeper();
+        let pid = child.0.id() as i32;
+        let stat = std::fs::File::open(format!("/proc/{pid}/stat")).expect("open stat");
+        child.0.kill().expect("kill the child");
+        child.0.wait().expect("reap the child");
+        let err = procfs::process::Stat::from_read(stat).expect_err("read of a reaped process");
+        assert!(
+            matches!(&err, procfs::ProcError::Io(io, _) if io.raw_os_error() == Some(libc::ESRCH)),
+            "precondition: ESRCH as an I/O error, got {err:?}"
+        );
+        assert!(matches!(not_found_as_none::<ProcStat>(err, pid), Ok(None)));
+    }
+
+    /// Any other I/O error is an error ("unreadable"), never "gone": an
+    /// owner whose start time cannot be read counts as alive.
+    #[test]
+    fn an_identity_read_failing_otherwise_is_an_error_not_gone() {
+        // Reading a directory: EISDIR, a real I/O error that is not ESRCH.
+        let dir = std::fs::File::open("/proc/self").expect("open /proc/self");
+        let err = procfs::process::Stat::from_read(dir).expect_err("read of a directory");
+        assert!(
+            matches!(&err, procfs::ProcError::Io(io, _) if io.raw_os_error() == Some(libc::EISDIR)),
+            "precondition: EISDIR as an I/O error, got {err:?}"
+        );
+        assert!(not_found_as_none::<ProcStat>(err, 1).is_err());
+        let denied = procfs::ProcError::PermissionDenied(None);
+        assert!(not_found_as_none::<ProcStat>(denied, 1).is_err());
+    }
+
+    #[test]
+    fn display_names_the_pid_and_its_start() {
+        let id = Identity {
+            pid: 42,
+            start_ticks: 7,
+            boot_id: "b".into(),
+        };
+        assert_eq!(id.to_string(), "pid 42 (start 7)");
+    }
+
+    #[test]
+    fn a_pid_that_exited_reads_as_no_such_process() {
+        let mut child = sleeper();
+        let pid = child.0.id() as i32;
+        assert!(read_stat(pid).expect("read").is_some());
+        child.0.kill().expect("kill");
+        child.0.wait().expect("reap");
+        assert_eq!(read_stat(pid).expect("read"), None);
+        assert_eq!(identity_of(pid).expect("read"), None);
+        assert_eq!(read_stat(0).expect("pid 0"), None);
+        assert_eq!(read_stat(-1).expect("pid -1"), None);
+    }
+
+    #[test]
+    fn check_tells_same_recycled_and_gone_apart() {
+        let mut child = sleeper();
+        let pid = child.0.id() as i32;
+        let id = identity_of(pid).expect("read").expect("alive");
+        // Field 22 of the stat file, read independently of procfs.
+        let mut text = String::new();
+        std::fs::File::open(format!("/proc/{pid}/stat"))
+            .and_then(|mut f| f.read_to_string(&mut text))
+            .expect("read stat");
+        let after_comm = text.rsplit_once(')').expect("comm").1;
+        let start: u64 = after_comm
+            .split_whitespace()
+            .nth(19)
+            .and_then(|s| s.parse().ok())
+            .expect("start ticks");
+        assert_eq!(id.start_ticks, start);
+        assert_eq!(id.check(), Liveness::Same);
+
+        // The same pid held by a process that started later (or earlier).
+        for start_ticks in [id.start_ticks + 1, id.start_ticks - 1] {
+            let other = Identity {
+                start_ticks,
+                ..id.clone()
+            };
+            assert_eq!(other.check(), Liveness::Recycled);
+        }
+        // The same pid and ticks in another boot.
+        let other_boot = Identity {
+            boot_id: "00000000-0000-0000-0000-000000000000".into(),
+            ..id.clone()
+        };
+        assert_eq!(other_boot.check(), Liveness::Recycled);
+
+        // Dead but not reaped: a zombie runs nothing.
+        child.0.kill().expect("kill");
+        let mut zombie = false;
+        for _ in 0..2000 {
+            if read_stat(pid).expect("read").is_some_and(|s| s.is_dead()) {
+                zombie = true;
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5)); // bounded poll
+        }
+        assert!(zombie, "the killed child turns into a zombie");
+        assert_eq!(id.check(), Liveness::Gone);
+        child.0.wait().expect("reap");
+        assert_eq!(id.check(), Liveness::Gone);
+    }
+}

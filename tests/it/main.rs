@@ -11,5 +11,6 @@ mod ledger_life;
 mod observer;
 mod proc;
 mod recovery;
+mod rules;
 mod serve;
 mod util;
