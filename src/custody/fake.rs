@@ -114,6 +114,8 @@ pub(crate) struct World {
     pub sent: Vec<Sent>,
     /// Whether this host reaps (a subreaper: run, serve).
     pub reaper: bool,
+    /// Where orphans are re-parented (the subreaper's pid; init when unset).
+    pub subreaper: Option<i32>,
     next_pid: i32,
     next_tick: u64,
     clock: Duration,
@@ -144,7 +146,11 @@ impl World {
 
     /// `parent` forks: the child shares its group, session and cgroup.
     pub fn fork(&mut self, parent: i32) -> (i32, u64) {
-        let p = self.procs.get(&parent).cloned().expect("forking parent exists");
+        let p = self
+            .procs
+            .get(&parent)
+            .cloned()
+            .expect("forking parent exists");
         self.spawn(FakeProc {
             pid: 0,
             ppid: parent,
@@ -172,9 +178,19 @@ impl World {
             return;
         };
         if p.respawns && !self.cgroup_frozen(&p) {
+            // It forked just before it died; the child is an orphan now.
             self.procs.insert(pid, p.clone());
-            self.fork(pid);
+            let (child, _) = self.fork(pid);
             self.procs.remove(&pid);
+            let orphan = self.subreaper.unwrap_or(1);
+            if let Some(c) = self.procs.get_mut(&child) {
+                c.ppid = orphan;
+            }
+        }
+        // Its children are orphans too.
+        let orphan = self.subreaper.unwrap_or(1);
+        for c in self.procs.values_mut().filter(|c| c.ppid == pid) {
+            c.ppid = orphan;
         }
         if self.reaper {
             self.unclaimed.push((pid, status));
@@ -305,6 +321,7 @@ impl FakeHost {
                 removed: Vec::new(),
                 sent: Vec::new(),
                 reaper,
+                subreaper: None,
                 next_pid: PID_BASE,
                 next_tick: 1_000,
                 clock: Duration::ZERO,
@@ -504,9 +521,9 @@ impl Host for FakeHost {
                 Some(l) if l.state != 'Z' && rec.leader.boot_id != BOOT => {
                     Some("the group record is from another boot".into())
                 }
-                Some(l) if l.state != 'Z' && l.start_ticks != rec.leader.start_ticks => Some(
-                    format!("pid {} now belongs to another process", rec.pgid),
-                ),
+                Some(l) if l.state != 'Z' && l.start_ticks != rec.leader.start_ticks => {
+                    Some(format!("pid {} now belongs to another process", rec.pgid))
+                }
                 _ => None,
             }
         });

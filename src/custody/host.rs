@@ -160,9 +160,7 @@ impl Host for KernelHost {
     }
 
     fn take_unclaimed_exits(&self) -> Vec<(i32, ExitStatus)> {
-        self.reaper
-            .map(|r| r.take_unclaimed())
-            .unwrap_or_default()
+        self.reaper.map(|r| r.take_unclaimed()).unwrap_or_default()
     }
 
     /// A dead child of ours (a zombie whose `ppid` is us: the root, or an

@@ -255,11 +255,10 @@ impl Engine {
                 candidates.push(id);
             }
         }
-        let alive: Vec<crate::ledger::IdentityRecord> =
-            candidates
-                .into_iter()
-                .filter(|id| alive_on(self.host(), id))
-                .collect();
+        let alive: Vec<crate::ledger::IdentityRecord> = candidates
+            .into_iter()
+            .filter(|id| alive_on(self.host(), id))
+            .collect();
         if !alive.is_empty() && !force {
             let pids: Vec<String> = alive.iter().map(|id| id.pid.to_string()).collect();
             return Err(CustodyError::Conflict(format!(

@@ -730,7 +730,10 @@ impl Engine {
             record("cgroup", &dir.display().to_string(), &result);
         }
         if step.in_group > 0 || step.cgroup.is_none() {
-            let result = match self.host.signal_group_known(&step.group, sig, &step.group_pids) {
+            let result = match self
+                .host
+                .signal_group_known(&step.group, sig, &step.group_pids)
+            {
                 Ok(GroupDelivery::Sent { members }) => format!("sent to {members} members"),
                 Ok(GroupDelivery::Empty) => "group empty".to_string(),
                 Ok(GroupDelivery::NotRecorded(why)) => {
@@ -912,11 +915,12 @@ impl Engine {
         let Some(dir) = watch.cgroup() else { return };
         let t0 = self.host.now();
         while matches!(self.host.cgroup_populated(dir), Ok(true)) && self.host.now() < deadline {
-            self.host.sleep(if self.host.now() - t0 < Duration::from_millis(100) {
-                Duration::from_micros(250)
-            } else {
-                Duration::from_millis(5)
-            });
+            self.host
+                .sleep(if self.host.now() - t0 < Duration::from_millis(100) {
+                    Duration::from_micros(250)
+                } else {
+                    Duration::from_millis(5)
+                });
         }
     }
 

@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::fake::{BOOT, Call, FakeHost, FakeProc, PID_BASE, Sent, Target, World, member, stranger};
+use super::fake::{
+    BOOT, Call, FakeHost, FakeProc, PID_BASE, Sent, Target, World, member, stranger,
+};
 use super::{CustodyError, Engine, Origin, TeardownOptions, TeardownReport};
 use crate::config::{BoundaryChoice, Config, ObserverMode};
 use crate::ledger::{
@@ -40,7 +42,11 @@ enum Boundary {
 /// Records a tree whose root (pid [`PID_BASE`]) leads its group and
 /// session; `setup` adds processes to the world (given the root's pid and
 /// the cgroup). The owner is dead, as in a sweep.
-fn rig(boundary: Boundary, reaper: bool, setup: impl FnOnce(&mut World, i32, Option<&Path>)) -> Rig {
+fn rig(
+    boundary: Boundary,
+    reaper: bool,
+    setup: impl FnOnce(&mut World, i32, Option<&Path>),
+) -> Rig {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = Config {
         data_dir: dir.path().to_path_buf(),
@@ -50,13 +56,8 @@ fn rig(boundary: Boundary, reaper: bool, setup: impl FnOnce(&mut World, i32, Opt
         observer: ObserverMode::Off,
         observer_rcvbuf: 0,
     };
-    let ledger = Ledger::open(
-        &config.ledger_path(),
-        LedgerOptions {
-            busy_timeout: BUSY,
-        },
-    )
-    .expect("ledger opens");
+    let ledger = Ledger::open(&config.ledger_path(), LedgerOptions { busy_timeout: BUSY })
+        .expect("ledger opens");
     let host = Arc::new(FakeHost::new(reaper));
     let cgroup = (boundary == Boundary::Cgroup).then(|| PathBuf::from("/fake/cgroup/tw-test-1"));
     let root = {
@@ -78,7 +79,12 @@ fn rig(boundary: Boundary, reaper: bool, setup: impl FnOnce(&mut World, i32, Opt
     let tree = ledger
         .create_tree(&NewTree {
             label: Some("fake".into()),
-            boundary: if cgroup.is_some() { "cgroup" } else { "session" }.into(),
+            boundary: if cgroup.is_some() {
+                "cgroup"
+            } else {
+                "session"
+            }
+            .into(),
             owner,
             argv: vec!["worker".into()],
             cwd: None,
@@ -168,7 +174,10 @@ fn stubborn(parent: i32, pgid: i32, cgroup: Option<&Path>) -> FakeProc {
 /// held a committed authorization naming that target and every identity it
 /// reached.
 fn assert_every_kill_authorized(sent: &[Sent]) {
-    for s in sent.iter().filter(|s| s.sig == Sig::Kill && !s.hit.is_empty()) {
+    for s in sent
+        .iter()
+        .filter(|s| s.sig == Sig::Kill && !s.hit.is_empty())
+    {
         let (kind, target) = match &s.target {
             Target::Group(pgid) => ("group", pgid.to_string()),
             Target::Pid(pid) => ("pid", pid.to_string()),
@@ -250,7 +259,11 @@ fn every_sigkill_follows_a_committed_authorization_naming_exactly_its_targets() 
     hit.sort();
     assert_eq!(named, hit);
     // The grace was waited on the fake clock before the first SIGKILL.
-    assert!(kills[0].at >= Duration::from_millis(300), "{:?}", kills[0].at);
+    assert!(
+        kills[0].at >= Duration::from_millis(300),
+        "{:?}",
+        kills[0].at
+    );
     assert!(rig.host.world().live().is_empty());
 }
 
@@ -270,7 +283,11 @@ fn a_cgroup_tree_is_frozen_authorized_killed_by_cgroup_kill_and_thawed() {
     assert_eq!(kills[0].hit.len(), 3);
     assert_every_kill_authorized(&kills);
     let w = rig.host.world();
-    assert_eq!(w.calls.get(&Call::CgroupFreeze), Some(&2), "freeze, then thaw");
+    assert_eq!(
+        w.calls.get(&Call::CgroupFreeze),
+        Some(&2),
+        "freeze, then thaw"
+    );
     assert!(w.removed.contains(&cg), "the empty cgroup is removed");
 }
 
@@ -291,7 +308,9 @@ fn a_refused_authorization_sends_no_sigkill_thaws_and_closes_dispatch() {
             *lock.lock().expect("lock slot") = Some(WriteLock::hold(&path));
         });
     }
-    let err = rig.teardown(Duration::from_millis(50)).expect_err("ambiguous");
+    let err = rig
+        .teardown(Duration::from_millis(50))
+        .expect_err("ambiguous");
     assert!(matches!(err, CustodyError::Ambiguous { .. }), "{err}");
     assert!(rig.kills().is_empty(), "no SIGKILL without authority");
     {
@@ -327,7 +346,10 @@ fn a_refused_authorization_on_the_session_boundary_is_thawed_by_a_recorded_sigco
     assert_eq!(sigs, [Sig::Term, Sig::Stop, Sig::Cont]);
     let w = rig.host.world();
     assert_eq!(w.live().len(), 2);
-    assert!(w.procs.values().all(|p| p.state == 'S'), "nobody left stopped");
+    assert!(
+        w.procs.values().all(|p| p.state == 'S'),
+        "nobody left stopped"
+    );
     drop(w);
     assert!(rig.engine.check_dispatch().is_err());
 }
@@ -362,12 +384,14 @@ fn grace_ends_early_when_the_tree_empties() {
 
 #[test]
 fn a_fork_storm_is_fought_for_a_bounded_number_of_rounds_then_ambiguous() {
-    let rig = rig(Boundary::Session, false, |w, root, _| {
+    let rig = rig(Boundary::Session, true, |w, root, _| {
         let r = w.procs.get_mut(&root).expect("root");
         r.ignores_term = true;
         r.respawns = true;
+        // `run` is the subreaper: the orphans of the storm come to it.
+        w.subreaper = Some(std::process::id() as i32);
     });
-    let mut opts = TeardownOptions::new(Duration::ZERO, "storm", Origin::Kill);
+    let mut opts = TeardownOptions::new(Duration::ZERO, "storm", Origin::Run);
     opts.rounds = 3;
     opts.verify_timeout = Duration::from_millis(200);
     let err = rig.teardown_with(opts).expect_err("ambiguous");
@@ -607,12 +631,20 @@ fn resumes_from_ambiguous_and_kills_the_survivors_the_marker_names() {
     assert!(rig.engine.check_dispatch().is_err());
     let report = rig.teardown(Duration::ZERO).expect("settled");
     assert_eq!(report.state, TreeState::Ended);
-    let kills = rig.kills();
-    assert_eq!(kills.len(), 1);
+    // (The recorded group is empty: its SIGKILL finds nobody.)
+    let kills: Vec<Sent> = rig
+        .kills()
+        .into_iter()
+        .filter(|k| !k.hit.is_empty())
+        .collect();
+    assert_eq!(kills.len(), 1, "{kills:#?}");
     assert_eq!(kills[0].target, Target::Pid(loner.0));
     assert_eq!(kills[0].hit, vec![loner]);
     assert_every_kill_authorized(&kills);
-    assert!(rig.engine.check_dispatch().is_ok(), "settled: dispatch reopens");
+    assert!(
+        rig.engine.check_dispatch().is_ok(),
+        "settled: dispatch reopens"
+    );
 }
 
 #[test]
@@ -627,14 +659,20 @@ fn the_deferred_journal_is_replayed_before_the_resumed_teardown() {
         rig.teardown(Duration::ZERO).expect_err("ambiguous");
     }
     let marker = super::markers::read(rig.dir.path(), rig.tree.0).expect("marker");
-    assert!(!marker.pending.is_empty(), "the refused trail is journalled");
+    assert!(
+        !marker.pending.is_empty(),
+        "the refused trail is journalled"
+    );
     assert!(!rig.kinds().iter().any(|k| k == "kill.skipped"));
     // Second teardown, with a writable ledger: the journal first, then the
     // authorized kill.
     let report = rig.teardown(Duration::ZERO).expect("settled");
     assert_eq!(report.state, TreeState::Ended);
     let kinds = rig.kinds();
-    let skipped = kinds.iter().position(|k| k == "kill.skipped").expect("replayed");
+    let skipped = kinds
+        .iter()
+        .position(|k| k == "kill.skipped")
+        .expect("replayed");
     let authorized = kinds
         .iter()
         .position(|k| k == "kill.authorized")
@@ -647,6 +685,7 @@ fn the_deferred_journal_is_replayed_before_the_resumed_teardown() {
 #[test]
 fn the_root_exit_status_is_recorded() {
     let rig = rig(Boundary::Session, true, |w, root, _| {
+        w.procs.get_mut(&root).expect("root").ignores_term = true;
         w.spawn(stubborn(root, root, None));
         // The root exits on its own with status 3 during the grace.
         w.on(Call::Sleep, 1, move |w| w.exit(root, ExitStatus::Exited(3)));
@@ -674,4 +713,47 @@ fn the_teardown_touches_no_real_process() {
         Target::Cgroup(_) => true,
     }));
     assert_eq!(rig.host.world().live().len(), 1, "the stranger lives");
+}
+
+#[test]
+fn a_member_that_execs_during_the_grace_is_recorded_with_its_new_command() {
+    let rig = rig(Boundary::Session, false, |w, root, _| {
+        w.procs.get_mut(&root).expect("root").ignores_term = true;
+        w.on(Call::Sleep, 1, move |w| w.exec(root, &["sleeper", "600"]));
+    });
+    rig.teardown(Duration::from_millis(100)).expect("settled");
+    assert!(rig.kinds().iter().any(|k| k == "member.exec"));
+    let survivors: Vec<String> = rig
+        .detail()
+        .observations
+        .iter()
+        .map(|o| format!("{o:?}"))
+        .collect();
+    assert!(
+        survivors.iter().any(|o| o.contains("sleeper")),
+        "the survivor snapshot names what it runs now: {survivors:?}"
+    );
+}
+
+#[test]
+fn a_child_forked_during_the_grace_is_killed_only_with_an_authorization_naming_it() {
+    let rig = rig(Boundary::Session, false, |w, root, _| {
+        w.procs.get_mut(&root).expect("root").ignores_term = true;
+        w.on(Call::Sleep, 2, move |w| {
+            w.fork(root);
+        });
+    });
+    rig.teardown(Duration::from_millis(200)).expect("settled");
+    {
+        let w = rig.host.world();
+        assert!(w.live().is_empty());
+    }
+    let kills = rig.kills();
+    assert_every_kill_authorized(&kills);
+    let hit: Vec<(i32, u64)> = kills.iter().flat_map(|k| k.hit.clone()).collect();
+    assert_eq!(hit.len(), 2, "the root and its new child: {hit:?}");
+    assert!(
+        hit.iter().any(|h| h.0 > rig.root.0),
+        "a pid after the root's"
+    );
 }

@@ -519,4 +519,3 @@ impl utoipa::Modify for BearerAuth {
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;
-
