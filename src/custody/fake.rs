@@ -145,21 +145,26 @@ impl World {
     }
 
     /// `parent` forks: the child shares its group, session and cgroup.
-    pub fn fork(&mut self, parent: i32) -> (i32, u64) {
-        let p = self
-            .procs
-            .get(&parent)
-            .cloned()
-            .expect("forking parent exists");
-        self.spawn(FakeProc {
+    /// `None` when the parent runs no code (stopped, frozen, dead): as in
+    /// the kernel, a process stopped by the group's SIGSTOP or in a frozen
+    /// cgroup cannot fork, escape or exec until it is thawed.
+    pub fn fork(&mut self, parent: i32) -> Option<(i32, u64)> {
+        let p = self.procs.get(&parent).cloned()?;
+        if !self.runs(&p) {
+            return None;
+        }
+        Some(self.spawn(FakeProc {
             pid: 0,
             ppid: parent,
             ..p
-        })
+        }))
     }
 
     /// `pid` calls `setsid()`: a new session and group of its own.
     pub fn setsid(&mut self, pid: i32) {
+        if !self.procs.get(&pid).is_some_and(|p| self.runs(p)) {
+            return;
+        }
         let p = self.procs.get_mut(&pid).expect("escaping process exists");
         p.pgid = pid;
         p.sid = pid;
@@ -167,9 +172,17 @@ impl World {
 
     /// `pid` execs `argv`.
     pub fn exec(&mut self, pid: i32, argv: &[&str]) {
+        if !self.procs.get(&pid).is_some_and(|p| self.runs(p)) {
+            return;
+        }
         let p = self.procs.get_mut(&pid).expect("exec'ing process exists");
         p.argv = argv.iter().map(|a| a.to_string()).collect();
         p.comm = argv.first().map(|a| a.to_string()).unwrap_or_default();
+    }
+
+    /// Whether the process can run code now (not stopped, frozen or dead).
+    fn runs(&self, p: &FakeProc) -> bool {
+        !matches!(p.state, 'T' | 'Z' | 'X') && !self.cgroup_frozen(p)
     }
 
     /// `pid` exits with `status` and is reaped (by us when this host reaps).
@@ -177,13 +190,14 @@ impl World {
         let Some(p) = self.procs.remove(&pid) else {
             return;
         };
-        if p.respawns && !self.cgroup_frozen(&p) {
-            // It forked just before it died; the child is an orphan now.
+        if p.respawns {
+            // It forked as it died (a trap on the signal), if it could run
+            // at all; the child is an orphan now.
             self.procs.insert(pid, p.clone());
-            let (child, _) = self.fork(pid);
+            let child = self.fork(pid);
             self.procs.remove(&pid);
             let orphan = self.subreaper.unwrap_or(1);
-            if let Some(c) = self.procs.get_mut(&child) {
+            if let Some(c) = child.and_then(|(c, _)| self.procs.get_mut(&c)) {
                 c.ppid = orphan;
             }
         }
@@ -201,7 +215,8 @@ impl World {
     /// The pid is recycled: whatever held it is gone, and a stranger that
     /// started later (in a session of its own) holds it now.
     pub fn recycle(&mut self, pid: i32) -> (i32, u64) {
-        self.procs.remove(&pid);
+        // Its children were re-parented before the pid could be reused.
+        self.exit(pid, ExitStatus::Exited(0));
         self.spawn(stranger(pid))
     }
 

@@ -385,34 +385,50 @@ fn grace_ends_early_when_the_tree_empties() {
 #[test]
 fn a_fork_storm_is_fought_for_a_bounded_number_of_rounds_then_ambiguous() {
     let rig = rig(Boundary::Session, true, |w, root, _| {
-        let r = w.procs.get_mut(&root).expect("root");
-        r.ignores_term = true;
-        r.respawns = true;
+        w.procs.get_mut(&root).expect("root").ignores_term = true;
         // `run` is the subreaper: the orphans of the storm come to it.
-        w.subreaper = Some(std::process::id() as i32);
+        let me = std::process::id() as i32;
+        w.subreaper = Some(me);
+        // Just before every SIGKILL, a member that was not stopped yet
+        // forked a child that went to a session of its own: outside the
+        // group the kill reaches, not in the survivors the authorization
+        // named. The verifying walk finds it; the next round must kill it.
+        for n in 1..=6 {
+            w.on(Call::KillAny, n, move |w| {
+                let child = w.spawn(FakeProc {
+                    ppid: me,
+                    ..stubborn(me, 0, None)
+                });
+                w.setsid(child.0);
+            });
+        }
     });
     let mut opts = TeardownOptions::new(Duration::ZERO, "storm", Origin::Run);
     opts.rounds = 3;
     opts.verify_timeout = Duration::from_millis(200);
     let err = rig.teardown_with(opts).expect_err("ambiguous");
     assert!(matches!(err, CustodyError::Ambiguous { .. }), "{err}");
-    let kills = rig.kills();
-    assert_eq!(kills.len(), 3, "one SIGKILL per round: {kills:?}");
+    let kills: Vec<Sent> = rig
+        .kills()
+        .into_iter()
+        .filter(|k| !k.hit.is_empty())
+        .collect();
+    // (Each SIGKILL request, also the recorded group's empty one, lets
+    // one more child out: a round may have to kill two.)
+    assert!(
+        kills.len() >= 3,
+        "at least one SIGKILL per round: {kills:#?}"
+    );
     assert_every_kill_authorized(&kills);
     let detail = rig.detail();
-    assert_eq!(detail.authorizations.len(), 3);
+    assert_eq!(detail.authorizations.len(), 3, "bounded: three rounds");
     assert_eq!(detail.tree.state, TreeState::Ambiguous);
     assert!(detail.tree.flags.iter().any(|f| f == "survivors"));
     assert!(rig.engine.check_dispatch().is_err());
-    // Each round's authorization names exactly the member it killed.
-    for (k, a) in kills.iter().zip(&detail.authorizations) {
-        let ids: Vec<(i32, u64)> = a
-            .targets
-            .iter()
-            .flat_map(|t| t.identities.iter().map(|i| (i.pid, i.start_ticks)))
-            .collect();
-        assert_eq!(ids, k.hit);
-    }
+    assert!(
+        !rig.host.world().live().is_empty(),
+        "the last children are left as evidence"
+    );
 }
 
 #[test]
@@ -740,7 +756,7 @@ fn a_child_forked_during_the_grace_is_killed_only_with_an_authorization_naming_i
     let rig = rig(Boundary::Session, false, |w, root, _| {
         w.procs.get_mut(&root).expect("root").ignores_term = true;
         w.on(Call::Sleep, 2, move |w| {
-            w.fork(root);
+            w.fork(root).expect("the root runs");
         });
     });
     rig.teardown(Duration::from_millis(200)).expect("settled");
@@ -756,4 +772,182 @@ fn a_child_forked_during_the_grace_is_killed_only_with_an_authorization_naming_i
         hit.iter().any(|h| h.0 > rig.root.0),
         "a pid after the root's"
     );
+}
+
+/// Random interleavings of host events and ledger refusals: whatever
+/// happens, no SIGKILL reaches anything without a committed authorization
+/// naming it, no process holding a recycled pid is ever signalled, and a
+/// teardown that did not settle leaves dispatch closed.
+mod interleavings {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Clone, Debug)]
+    enum Act {
+        Fork(usize),
+        Exit(usize),
+        Escape(usize),
+        Exec(usize),
+        Recycle(usize),
+        Lock,
+        Unlock,
+    }
+
+    #[derive(Clone, Debug)]
+    struct Proc {
+        ignores_term: bool,
+        unkillable: bool,
+        respawns: bool,
+        escaped: bool,
+    }
+
+    fn call() -> impl Strategy<Value = Call> {
+        prop_oneof![
+            Just(Call::Snapshot),
+            Just(Call::SnapshotPids),
+            Just(Call::CgroupPids),
+            Just(Call::SignalGroup),
+            Just(Call::SignalProcess),
+            Just(Call::CgroupFreeze),
+            Just(Call::Sleep),
+            Just(Call::KillAny),
+        ]
+    }
+
+    fn act() -> impl Strategy<Value = Act> {
+        prop_oneof![
+            3 => (0usize..8).prop_map(Act::Fork),
+            3 => (0usize..8).prop_map(Act::Exit),
+            2 => (0usize..8).prop_map(Act::Escape),
+            1 => (0usize..8).prop_map(Act::Exec),
+            2 => (0usize..8).prop_map(Act::Recycle),
+            1 => Just(Act::Lock),
+            1 => Just(Act::Unlock),
+        ]
+    }
+
+    fn proc_() -> impl Strategy<Value = Proc> {
+        (
+            any::<bool>(),
+            prop::bool::weighted(0.1),
+            prop::bool::weighted(0.15),
+            prop::bool::weighted(0.3),
+        )
+            .prop_map(|(ignores_term, unkillable, respawns, escaped)| Proc {
+                ignores_term,
+                unkillable,
+                respawns,
+                escaped,
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+        #[test]
+        fn no_sigkill_without_authority_and_no_stranger_signalled(
+            cgroup in any::<bool>(),
+            root_stubborn in any::<bool>(),
+            procs in prop::collection::vec(proc_(), 0..4),
+            script in prop::collection::vec((call(), 1usize..6, act()), 0..8),
+            grace_ms in prop_oneof![Just(0u64), Just(30), Just(200)],
+            rounds in 1u32..4,
+            locked_from_start in prop::bool::weighted(0.15),
+        ) {
+            let boundary = if cgroup { Boundary::Cgroup } else { Boundary::Session };
+            let lock: Arc<Mutex<Option<WriteLock>>> = Arc::new(Mutex::new(None));
+            let strangers: Arc<Mutex<Vec<(i32, u64)>>> = Arc::new(Mutex::new(Vec::new()));
+            let dir_slot: Arc<Mutex<Option<PathBuf>>> = Arc::new(Mutex::new(None));
+            let rig = rig(boundary, true, |w, root, cg| {
+                w.subreaper = Some(std::process::id() as i32);
+                w.procs.get_mut(&root).expect("root").ignores_term = root_stubborn;
+                for p in &procs {
+                    let (pid, _) = w.spawn(FakeProc {
+                        ignores_term: p.ignores_term,
+                        unkillable: p.unkillable,
+                        respawns: p.respawns,
+                        ..member(0, root, root, cg)
+                    });
+                    if p.escaped {
+                        w.setsid(pid);
+                    }
+                }
+                for (c, nth, a) in script.clone() {
+                    let lock = lock.clone();
+                    let strangers = strangers.clone();
+                    let dir_slot = dir_slot.clone();
+                    w.on(c, nth, move |w| {
+                        let live = w.live();
+                        let pick = |i: usize| (!live.is_empty()).then(|| live[i % live.len()]);
+                        match a {
+                            Act::Fork(i) => {
+                                if let Some(p) = pick(i) {
+                                    let _ = w.fork(p);
+                                }
+                            }
+                            Act::Exit(i) => {
+                                if let Some(p) = pick(i) {
+                                    w.exit(p, ExitStatus::Exited(1));
+                                }
+                            }
+                            Act::Escape(i) => {
+                                if let Some(p) = pick(i) {
+                                    w.setsid(p);
+                                }
+                            }
+                            Act::Exec(i) => {
+                                if let Some(p) = pick(i) {
+                                    w.exec(p, &["other", "--argv"]);
+                                }
+                            }
+                            Act::Recycle(i) => {
+                                if let Some(p) = pick(i) {
+                                    let s = w.recycle(p);
+                                    strangers.lock().expect("strangers").push(s);
+                                }
+                            }
+                            Act::Lock => {
+                                let path = dir_slot.lock().expect("dir").clone();
+                                let mut slot = lock.lock().expect("lock slot");
+                                if slot.is_none() && let Some(path) = path {
+                                    *slot = Some(WriteLock::hold(&path));
+                                }
+                            }
+                            Act::Unlock => {
+                                lock.lock().expect("lock slot").take();
+                            }
+                        }
+                    });
+                }
+            });
+            *dir_slot.lock().expect("dir") = Some(rig.dir.path().join("ledger.db"));
+            if locked_from_start {
+                *lock.lock().expect("lock slot") = Some(rig.hold_write_lock());
+            }
+            let mut opts = TeardownOptions::new(Duration::from_millis(grace_ms), "prop", Origin::Run);
+            opts.rounds = rounds;
+            opts.verify_timeout = Duration::from_millis(100);
+            let result = rig.teardown_with(opts);
+            lock.lock().expect("lock slot").take();
+
+            let sent = rig.host.sent();
+            assert_every_kill_authorized(&sent);
+            let strangers = strangers.lock().expect("strangers").clone();
+            for s in &sent {
+                for hit in &s.hit {
+                    prop_assert!(!strangers.contains(hit), "stranger {hit:?} hit by {s:?}");
+                }
+            }
+            match result {
+                Ok(report) => prop_assert!(report.state.is_terminal(), "{report:?}"),
+                Err(CustodyError::Ambiguous { .. }) => {
+                    prop_assert!(rig.engine.check_dispatch().is_err(), "ambiguous but dispatch open");
+                }
+                Err(e) => {
+                    // A refused ledger may fail the final write of a settled
+                    // tree; never anything else.
+                    prop_assert!(matches!(e, CustodyError::Ledger(_)), "{e}");
+                }
+            }
+        }
+    }
 }
