@@ -951,3 +951,47 @@ mod interleavings {
         }
     }
 }
+
+#[test]
+fn a_pid_recycled_between_cgroup_procs_and_its_stat_is_not_a_member() {
+    // Found by the property: the targeted tick reads `cgroup.procs`, then
+    // the stat of each pid. A member that dies in between and whose pid a
+    // stranger outside the cgroup takes must not be classified by the
+    // stale `cgroup.procs` (and then named by an authorization and killed).
+    let mut member_id = (0, 0);
+    let recycled: Arc<Mutex<Option<(i32, u64)>>> = Arc::new(Mutex::new(None));
+    let slot = recycled.clone();
+    let rig = rig(Boundary::Cgroup, false, |w, root, cg| {
+        member_id = w.spawn(stubborn(root, root, cg));
+        let pid = member_id.0;
+        w.on(Call::SnapshotPids, 1, move |w| {
+            *slot.lock().expect("slot") = Some(w.recycle(pid));
+        });
+    });
+    let report = rig.teardown(Duration::ZERO).expect("settled");
+    assert_eq!(report.state, TreeState::Ended);
+    let stranger = recycled.lock().expect("slot").expect("recycled");
+    assert_eq!(
+        rig.host
+            .world()
+            .procs
+            .get(&stranger.0)
+            .map(|p| (p.pid, p.start_ticks)),
+        Some(stranger),
+        "the stranger lives"
+    );
+    assert_ne!(stranger, member_id);
+    for s in rig.host.sent() {
+        assert!(!s.hit.contains(&stranger), "stranger hit: {s:?}");
+    }
+    for a in rig.detail().authorizations {
+        for t in a.targets {
+            assert!(
+                !t.identities
+                    .iter()
+                    .any(|i| (i.pid, i.start_ticks) == stranger),
+                "an authorization names the stranger: {t:?}"
+            );
+        }
+    }
+}

@@ -341,7 +341,23 @@ impl TreeWatch {
         pids.sort_unstable();
         pids.dedup();
         let snap = engine.host().snapshot_pids(pids);
+        self.confirm_cgroup_pids(engine.host());
         self.classify_and_record(engine, exits, &snap, started, false)
+    }
+
+    /// Keeps of the `cgroup.procs` read before the stat reads only the pids
+    /// still listed after them. A member that exited in between may have
+    /// left its pid to a process outside the cgroup, whose stat the
+    /// snapshot then holds: by the first read alone that stranger would be
+    /// a member (and a kill target). A pid listed both times is the
+    /// process the snapshot read, unless the pid was reused twice within
+    /// the reads. A member that joined between the reads is missed by this
+    /// tick only (and is found by its session, group or descent).
+    fn confirm_cgroup_pids(&mut self, host: &dyn Host) {
+        if let Some(dir) = &self.cgroup {
+            let after = host.cgroup_pids(dir);
+            self.known.cgroup_pids.retain(|pid| after.contains(pid));
+        }
     }
 
     /// The pids a targeted refresh must re-read for this tree: live members,
@@ -374,6 +390,9 @@ impl TreeWatch {
         snap: &scan::Snapshot,
         bump_last_seen: bool,
     ) -> TickReport {
+        // The caller read `cgroup.procs` (pids_to_reread) before it
+        // refreshed the snapshot: the same race as a targeted tick's.
+        self.confirm_cgroup_pids(engine.host());
         self.classify_and_record(engine, exits, snap, Instant::now(), bump_last_seen)
     }
 
