@@ -995,3 +995,61 @@ fn a_pid_recycled_between_cgroup_procs_and_its_stat_is_not_a_member() {
         }
     }
 }
+
+#[test]
+fn a_tree_whose_members_all_exited_ends_as_ended_not_vanished() {
+    let rig = rig(Boundary::Session, true, |w, root, _| {
+        w.exit(root, ExitStatus::Exited(0));
+    });
+    let report = rig.teardown(Duration::from_secs(1)).expect("settled");
+    assert_eq!(
+        report.state,
+        TreeState::Ended,
+        "its leader was not recycled"
+    );
+    assert!(rig.host.sent().is_empty());
+    assert_eq!(
+        rig.detail().tree.exit.and_then(|e| e.code),
+        Some(0),
+        "the reaped status of the root"
+    );
+}
+
+#[test]
+fn a_trail_the_ledger_refused_mid_teardown_is_written_before_the_end() {
+    let lock: Arc<Mutex<Option<WriteLock>>> = Arc::new(Mutex::new(None));
+    let rig = rig(Boundary::Session, false, |w, root, _| {
+        w.procs.get_mut(&root).expect("root").ignores_term = true;
+        // The ledger takes writes again just before the freeze: the
+        // authorization commits, and what was refused before must follow.
+        let lock = lock.clone();
+        w.on(Call::Sleep, 1, move |_| {
+            lock.lock().expect("lock slot").take();
+        });
+    });
+    *lock.lock().expect("lock slot") = Some(rig.hold_write_lock());
+    let report = rig.teardown(Duration::from_millis(50)).expect("settled");
+    assert_eq!(report.state, TreeState::Ended);
+    assert!(
+        report.evidence_skipped > 0,
+        "degraded: writes were skipped, not retried"
+    );
+    assert_every_kill_authorized(&rig.host.sent());
+    let detail = rig.detail();
+    let terms = detail
+        .signals
+        .iter()
+        .filter(|s| s.signal == "SIGTERM")
+        .count();
+    assert_eq!(terms, 1, "the refused SIGTERM row is written late");
+    let terminating = rig
+        .ledger
+        .events(&EventFilter {
+            tree: Some(rig.tree),
+            ..EventFilter::default()
+        })
+        .expect("events")
+        .into_iter()
+        .any(|e| e.kind == "tree.state" && e.data["to"] == "terminating");
+    assert!(terminating, "the refused state change is written late");
+}
