@@ -15,6 +15,9 @@
 //! The engine never makes a syscall itself and never writes SQL.
 
 mod dispatch;
+#[cfg(test)]
+mod fake;
+mod host;
 pub mod markers;
 mod observer;
 mod owner;
@@ -22,6 +25,8 @@ mod spawn;
 mod stats;
 mod sweep;
 mod teardown;
+#[cfg(test)]
+mod tests;
 mod watch;
 
 use std::collections::HashSet;
@@ -29,6 +34,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 pub use dispatch::Unsettled;
+pub use host::{Host, KernelHost};
 pub use observer::{Observer, ObserverHandle, ObserverStats};
 pub use owner::{RunEnd, RunOptions, RunOutcome};
 pub use spawn::{SpawnRequest, Spawned, log_path, read_log};
@@ -107,6 +113,10 @@ pub struct Engine {
     data_dir: PathBuf,
     /// Failures the ledger could not record, for metrics.
     stats: Arc<EngineStats>,
+    /// The kernel, as the teardown and the watches see it: [`KernelHost`]
+    /// (over `proc` and this engine's reaper) unless a test injected a
+    /// scripted one ([`Engine::with_host`]).
+    host: Arc<dyn Host>,
 }
 
 impl Engine {
@@ -145,7 +155,22 @@ impl Engine {
             spawned_here: Arc::new(Mutex::new(HashSet::new())),
             data_dir: config.data_dir.clone(),
             stats: Arc::new(EngineStats::default()),
+            host: Arc::new(KernelHost::new(reaper)),
         }
+    }
+
+    /// The same engine over another host (a test's scripted one). The
+    /// reaper the engine was built with still serves `run` and spawns; the
+    /// teardown and the watches ask only `host`.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn with_host(mut self, host: Arc<dyn Host>) -> Self {
+        self.host = host;
+        self
+    }
+
+    /// The host the teardown and the watches go through.
+    pub(crate) fn host(&self) -> &dyn Host {
+        self.host.as_ref()
     }
 
     pub fn ledger(&self) -> &Ledger {
@@ -170,7 +195,7 @@ impl Engine {
     /// this process was nobody's reaper, and the orphans of a dead owner
     /// went to init.
     pub(crate) fn unknown_reaper(&self, tree: TreeId) -> &'static str {
-        if self.reaper.is_some() && self.was_spawned_here(tree) {
+        if self.host.has_reaper() && self.was_spawned_here(tree) {
             "parent"
         } else {
             "init"
@@ -206,24 +231,8 @@ impl Engine {
         is_root: bool,
         orphans_until: Option<std::time::Instant>,
     ) -> Option<crate::proc::ExitStatus> {
-        let reaper = self.reaper?;
-        let wait = std::time::Duration::from_secs(1);
-        if is_root && reaper.knows(pid) {
-            return reaper.wait_exit(pid, Some(wait));
-        }
-        let me = std::process::id() as i32;
-        let wait = match crate::proc::read_stat(pid) {
-            Ok(Some(stat))
-                if stat.start_ticks == start_ticks && stat.ppid == me && stat.is_dead() =>
-            {
-                wait
-            }
-            Ok(None) => orphans_until
-                .map(|t| t.saturating_duration_since(std::time::Instant::now()))
-                .unwrap_or_default(),
-            _ => std::time::Duration::ZERO,
-        };
-        reaper.wait_unclaimed(pid, wait)
+        self.host
+            .reaped_exit(pid, start_ticks, is_root, orphans_until)
     }
 
     /// The deadline for orphans' statuses in one tick ([`Engine::reaped_exit`]):
@@ -281,8 +290,10 @@ impl Engine {
                 candidates.push(id);
             }
         }
-        let alive: Vec<crate::ledger::IdentityRecord> =
-            candidates.into_iter().filter(still_alive).collect();
+        let alive: Vec<crate::ledger::IdentityRecord> = candidates
+            .into_iter()
+            .filter(|id| alive_on(self.host(), id))
+            .collect();
         if !alive.is_empty() && !force {
             let pids: Vec<String> = alive.iter().map(|id| id.pid.to_string()).collect();
             return Err(CustodyError::Conflict(format!(
@@ -322,7 +333,7 @@ impl Engine {
         if alive.is_empty()
             && let Some(dir) = row.cgroup.as_deref()
         {
-            teardown::remove_cgroup(std::path::Path::new(dir));
+            teardown::remove_cgroup(self.host(), std::path::Path::new(dir));
         }
         Ok(())
     }
@@ -577,13 +588,18 @@ pub(crate) fn cgroup_prefix(instance_id: &str) -> String {
 /// start time cannot be read counts as alive: a missed reap is recoverable,
 /// a wrong kill is not.
 pub(crate) fn still_alive(id: &crate::ledger::IdentityRecord) -> bool {
+    alive_on(&KernelHost::default(), id)
+}
+
+/// [`still_alive`], asked of `host`.
+pub(crate) fn alive_on(host: &dyn Host, id: &crate::ledger::IdentityRecord) -> bool {
     let id = crate::proc::Identity {
         pid: id.pid,
         start_ticks: id.start_ticks,
         boot_id: id.boot_id.clone(),
     };
     !matches!(
-        id.check(),
+        host.liveness(&id),
         crate::proc::Liveness::Gone | crate::proc::Liveness::Recycled
     )
 }

@@ -324,7 +324,7 @@ impl Engine {
         }
         // A tree recorded in another boot has no process left: its ids now
         // name strangers. Nothing is signalled; it is closed as vanished.
-        if let (Some(recorded), Ok(now)) = (row.boot_id.as_deref(), crate::proc::boot_id())
+        if let (Some(recorded), Ok(now)) = (row.boot_id.as_deref(), self.host.boot_id())
             && recorded != now
         {
             let why = format!(
@@ -335,11 +335,11 @@ impl Engine {
         }
         let exclude = self.exclude.as_ref().clone();
         let adopted_by = (opts.origin == Origin::Run).then_some(std::process::id() as i32);
-        let Some(mut watch) = TreeWatch::new(&row, &known_members, &exclude) else {
+        let Some(mut watch) = TreeWatch::new_on(self.host(), &row, &known_members, &exclude) else {
             // Never released: the held child exits when its owner's pipe closes.
             self.ledger.end_tree(tree, TreeState::Vanished, None)?;
             if let Some(dir) = row.cgroup.as_deref() {
-                remove_cgroup(std::path::Path::new(dir));
+                remove_cgroup(self.host(), std::path::Path::new(dir));
             }
             report.state = TreeState::Vanished;
             return Ok(report);
@@ -391,7 +391,7 @@ impl Engine {
         let members = watch.tick_full(self, &exits, false).members;
         report.members_at_start = members.len();
         if members.is_empty() {
-            if let Some(why) = watch.recycled_leader() {
+            if let Some(why) = watch.recycled_leader(self) {
                 self.flush_journal(tree, &mut watch);
                 return self.refuse(tree, watch.cgroup(), opts, &why, report, started);
             }
@@ -405,7 +405,8 @@ impl Engine {
         // Grace, ending as soon as the tree is empty.
         let t0 = Instant::now();
         let phase_span = tracing::info_span!("teardown.phase", phase = "grace").entered();
-        let deadline = Instant::now() + opts.grace;
+        let g0 = self.host.now();
+        let deadline = g0 + opts.grace;
         let mut members = members;
         // At grace 0 there is nothing to wait for: the freeze step's scan is
         // the first chance anything had to exit (an extra scan here cost a
@@ -413,7 +414,7 @@ impl Engine {
         while !opts.grace.is_zero() {
             self.collect_exits(&mut exits);
             members = watch.tick_targeted(self, &exits).members;
-            let now = Instant::now();
+            let now = self.host.now();
             if members.is_empty() || now >= deadline {
                 break;
             }
@@ -423,7 +424,7 @@ impl Engine {
                 grace_left: Some(deadline - now),
                 elapsed: started.elapsed(),
             });
-            std::thread::sleep(poll_interval(t0.elapsed()));
+            self.host.sleep(poll_interval(now - g0));
         }
         report.phases.push((Phase::Grace, t0.elapsed()));
         drop(phase_span);
@@ -495,7 +496,7 @@ impl Engine {
                     state: m.entry.state.to_string(),
                     rss_bytes: m.entry.rss_bytes,
                     cmdline: {
-                        let argv = crate::scan::cmdline(m.entry.pid);
+                        let argv = self.host.cmdline(m.entry.pid);
                         if argv.is_empty() {
                             vec![m.entry.comm.clone()]
                         } else {
@@ -595,7 +596,8 @@ impl Engine {
 
             let t0 = Instant::now();
             let phase_span = tracing::info_span!("teardown.phase", phase = "verify").entered();
-            let deadline = Instant::now() + opts.verify_timeout;
+            let v0 = self.host.now();
+            let deadline = v0 + opts.verify_timeout;
             if step.cgroup.is_some() {
                 // The kernel says when the cgroup is empty; scanning /proc
                 // before that only finds the dying. Cheap polls of
@@ -611,7 +613,8 @@ impl Engine {
                 if members.is_empty() {
                     members = watch.tick_full(self, &exits, false).members;
                 }
-                if members.is_empty() || Instant::now() >= deadline {
+                let now = self.host.now();
+                if members.is_empty() || now >= deadline {
                     break;
                 }
                 progress(&Progress {
@@ -620,7 +623,7 @@ impl Engine {
                     grace_left: None,
                     elapsed: started.elapsed(),
                 });
-                std::thread::sleep(poll_interval(t0.elapsed()));
+                self.host.sleep(poll_interval(now - v0));
             }
             report.phases.push((Phase::Verify, t0.elapsed()));
             drop(phase_span);
@@ -730,14 +733,17 @@ impl Engine {
             })
         };
         if let Some(dir) = step.cgroup.as_deref() {
-            let result = match crate::proc::cgroup_kill(dir) {
+            let result = match self.host.cgroup_kill(dir) {
                 Ok(()) => "sent".to_string(),
                 Err(e) => format!("failed: {e}"),
             };
             record("cgroup", &dir.display().to_string(), &result);
         }
         if step.in_group > 0 || step.cgroup.is_none() {
-            let result = match crate::proc::signal_group_known(&step.group, sig, &step.group_pids) {
+            let result = match self
+                .host
+                .signal_group_known(&step.group, sig, &step.group_pids)
+            {
                 Ok(GroupDelivery::Sent { members }) => format!("sent to {members} members"),
                 Ok(GroupDelivery::Empty) => "group empty".to_string(),
                 Ok(GroupDelivery::NotRecorded(why)) => {
@@ -765,7 +771,7 @@ impl Engine {
             }
         }
         for id in &step.loose {
-            let result = match crate::proc::signal_process(id, sig) {
+            let result = match self.host.signal_process(id, sig) {
                 Ok(Delivery::Sent) => "sent".to_string(),
                 Ok(Delivery::Gone) => "gone".to_string(),
                 Ok(Delivery::Recycled) => "refused: pid recycled".to_string(),
@@ -911,7 +917,7 @@ impl Engine {
         opts: &TeardownOptions,
     ) {
         if let Some(dir) = watch.cgroup() {
-            if let Err(e) = crate::proc::cgroup_freeze(dir, frozen, Duration::from_secs(1)) {
+            if let Err(e) = self.host.cgroup_freeze(dir, frozen, Duration::from_secs(1)) {
                 tracing::warn!(tree = watch.tree().0, error = %e, frozen, "cgroup freeze failed");
             }
             return;
@@ -929,20 +935,19 @@ impl Engine {
     /// the caller verifies by scan whatever this says.
     fn wait_cgroup_empty(&self, watch: &TreeWatch, deadline: Instant) {
         let Some(dir) = watch.cgroup() else { return };
-        let t0 = Instant::now();
-        while matches!(crate::proc::cgroup_populated(dir), Ok(true)) && Instant::now() < deadline {
-            std::thread::sleep(if t0.elapsed() < Duration::from_millis(100) {
-                Duration::from_micros(250)
-            } else {
-                Duration::from_millis(5)
-            });
+        let t0 = self.host.now();
+        while matches!(self.host.cgroup_populated(dir), Ok(true)) && self.host.now() < deadline {
+            self.host
+                .sleep(if self.host.now() - t0 < Duration::from_millis(100) {
+                    Duration::from_micros(250)
+                } else {
+                    Duration::from_millis(5)
+                });
         }
     }
 
     fn collect_exits(&self, exits: &mut HashMap<i32, crate::proc::ExitStatus>) {
-        if let Some(reaper) = self.reaper {
-            exits.extend(reaper.take_unclaimed());
-        }
+        exits.extend(self.host.take_unclaimed_exits());
     }
 
     fn finish(
@@ -970,7 +975,7 @@ impl Engine {
         let state = self.close(tree, TreeState::Ended, exit, resources)?;
         self.forget_ambiguous(tree.0);
         if let Some(dir) = watch.cgroup() {
-            remove_cgroup(dir);
+            remove_cgroup(self.host(), dir);
         }
         report.phases.push((Phase::Record, t0.elapsed()));
         report.state = state;
@@ -1065,7 +1070,7 @@ impl Engine {
         let state = self.close(tree, TreeState::Vanished, None, None)?;
         // Every terminal path leaves no empty cgroup behind.
         if let Some(dir) = cgroup {
-            remove_cgroup(dir);
+            remove_cgroup(self.host(), dir);
         }
         report.state = state;
         report.elapsed = started.elapsed();
@@ -1197,8 +1202,8 @@ fn poll_interval(elapsed: Duration) -> Duration {
 
 /// Removes a tree's cgroup once the kernel has let go of it (rmdir fails
 /// with EBUSY while dying tasks are still accounted to it).
-pub(crate) fn remove_cgroup(dir: &std::path::Path) {
-    match crate::proc::remove_cgroup_when_empty(dir, Duration::from_secs(2)) {
+pub(crate) fn remove_cgroup(host: &dyn super::Host, dir: &std::path::Path) {
+    match host.remove_cgroup_when_empty(dir, Duration::from_secs(2)) {
         Ok(true) => {}
         Ok(false) => {
             tracing::warn!(cgroup = %dir.display(), "cgroup still populated; left in place");

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::Engine;
+use super::host::Host;
 use crate::ledger::{ExitRecord, IdentityRecord, MemberRecord, TreeId, TreeRow};
 use crate::proc::ExitStatus;
 use crate::scan::{self, KnownTree, Member};
@@ -90,11 +91,21 @@ impl TreeWatch {
         previously: &[crate::ledger::MemberRow],
         exclude: &HashSet<i32>,
     ) -> Option<Self> {
+        Self::new_on(&super::KernelHost::default(), row, previously, exclude)
+    }
+
+    /// [`TreeWatch::new`], asking `host` whether the owner still lives.
+    pub(crate) fn new_on(
+        host: &dyn Host,
+        row: &TreeRow,
+        previously: &[crate::ledger::MemberRow],
+        exclude: &HashSet<i32>,
+    ) -> Option<Self> {
         let (pgid, sid, root_start) = (row.pgid?, row.sid?, row.root_start_ticks?);
         let mut exclude = exclude.clone();
         // The owner is never a member — while it is the owner. A dead
         // owner's pid may be reused by a member of its own tree.
-        if super::still_alive(&row.owner_identity()) {
+        if super::alive_on(host, &row.owner_identity()) {
             exclude.insert(row.owner.pid);
         }
         let mut known = KnownTree {
@@ -145,9 +156,9 @@ impl TreeWatch {
     /// Why the recorded group or session may not be signalled: its leader
     /// pid now belongs to a process other than the recorded root (the id was
     /// recycled). `None` when the leader is gone or is the root.
-    pub fn recycled_leader(&self) -> Option<String> {
+    pub fn recycled_leader(&self, engine: &Engine) -> Option<String> {
         for (what, id) in [("pgid", self.known.pgid), ("sid", self.known.sid)] {
-            if let Ok(Some(now)) = crate::proc::identity_of(id)
+            if let Ok(Some(now)) = engine.host().identity_of(id)
                 && now.start_ticks != self.known.root_start_ticks
             {
                 return Some(format!(
@@ -314,9 +325,9 @@ impl TreeWatch {
         if let Some(obs) = &self.observer {
             self.known.observed = obs.members(self.tree);
         }
-        let snap = scan::snapshot();
+        let snap = engine.host().snapshot();
         if let Some(dir) = &self.cgroup {
-            self.known.cgroup_pids = scan::cgroup_pids(dir);
+            self.known.cgroup_pids = engine.host().cgroup_pids(dir);
         }
         self.classify_and_record(engine, exits, &snap, started, bump_last_seen)
     }
@@ -336,22 +347,43 @@ impl TreeWatch {
         if let Some(obs) = &self.observer {
             self.known.observed = obs.members(self.tree);
         }
-        let mut pids = self.pids_to_reread();
+        let mut pids = self.pids_to_reread_on(engine.host());
         pids.extend(self.known.observed.iter().map(|&(pid, _)| pid));
         // Live members and the cgroup's members are mostly the same pids:
         // each is read once.
         pids.sort_unstable();
         pids.dedup();
-        let snap = scan::snapshot_pids(pids);
+        let snap = engine.host().snapshot_pids(pids);
+        self.confirm_cgroup_pids(engine.host());
         self.classify_and_record(engine, exits, &snap, started, false)
+    }
+
+    /// Keeps of the `cgroup.procs` read before the stat reads only the pids
+    /// still listed after them. A member that exited in between may have
+    /// left its pid to a process outside the cgroup, whose stat the
+    /// snapshot then holds: by the first read alone that stranger would be
+    /// a member (and a kill target). A pid listed both times is the
+    /// process the snapshot read, unless the pid was reused twice within
+    /// the reads. A member that joined between the reads is missed by this
+    /// tick only (and is found by its session, group or descent).
+    fn confirm_cgroup_pids(&mut self, host: &dyn Host) {
+        if let Some(dir) = &self.cgroup {
+            let after = host.cgroup_pids(dir);
+            self.known.cgroup_pids.retain(|pid| after.contains(pid));
+        }
     }
 
     /// The pids a targeted refresh must re-read for this tree: live members,
     /// the group and session leaders, and the cgroup's members (read now and
     /// kept for the next [`TreeWatch::tick_with`]).
     pub fn pids_to_reread(&mut self) -> Vec<i32> {
+        self.pids_to_reread_on(&super::KernelHost::default())
+    }
+
+    /// [`TreeWatch::pids_to_reread`], reading `cgroup.procs` through `host`.
+    fn pids_to_reread_on(&mut self, host: &dyn Host) -> Vec<i32> {
         if let Some(dir) = &self.cgroup {
-            self.known.cgroup_pids = scan::cgroup_pids(dir);
+            self.known.cgroup_pids = host.cgroup_pids(dir);
         }
         let mut pids: Vec<i32> = self.alive.values().copied().collect();
         pids.extend([self.known.pgid, self.known.sid]);
@@ -371,6 +403,9 @@ impl TreeWatch {
         snap: &scan::Snapshot,
         bump_last_seen: bool,
     ) -> TickReport {
+        // The caller read `cgroup.procs` (pids_to_reread) before it
+        // refreshed the snapshot: the same race as a targeted tick's.
+        self.confirm_cgroup_pids(engine.host());
         self.classify_and_record(engine, exits, snap, Instant::now(), bump_last_seen)
     }
 
@@ -422,7 +457,7 @@ impl TreeWatch {
             let details = if self.known.seen.contains(&key) {
                 None
             } else {
-                Some(scan::details(m.entry.pid))
+                Some(engine.host().details(m.entry.pid))
             };
             let record = MemberRecord {
                 identity: self.identity(m),
@@ -448,7 +483,7 @@ impl TreeWatch {
                 Some(before) => {
                     before.clone_from(&m.entry.comm);
                     if details.is_none() {
-                        let d = scan::details(m.entry.pid);
+                        let d = engine.host().details(m.entry.pid);
                         execd.push(MemberRecord {
                             exe: d.exe,
                             cmdline: d.cmdline,

@@ -631,3 +631,22 @@ impl Ledger {
         }
     }
 }
+
+/// Test-only: a second connection holding the ledger's write lock, which is
+/// what a stuck writer in another process looks like to this one. While it
+/// is held every write of a [`Ledger`] fails with [`LedgerError::Busy`]
+/// after its busy timeout; reads go on (WAL). Dropping it lets go.
+#[cfg(test)]
+pub(crate) struct WriteLock {
+    _conn: rusqlite::Connection,
+}
+
+#[cfg(test)]
+impl WriteLock {
+    pub(crate) fn hold(path: &Path) -> WriteLock {
+        let conn = rusqlite::Connection::open(path).expect("second connection to the ledger");
+        conn.execute_batch("BEGIN IMMEDIATE")
+            .expect("the write lock is free when the test takes it");
+        WriteLock { _conn: conn }
+    }
+}

@@ -1,0 +1,678 @@
+//! A scripted [`Host`] for the teardown's unit tests (compiled only for
+//! tests).
+//!
+//! Why it exists: the teardown's rules are about races (a member forks,
+//! execs, escapes or exits between two steps; a pid or pgid is recycled
+//! between the check and the signal). Real processes make those races rare
+//! and slow to provoke; here they are a table of fake processes and a script
+//! of events that run just before the n-th call of a given kind.
+//!
+//! The fake keeps the kernel's rules that the teardown relies on, the way
+//! `proc` states them: a process is signalled only while the pid still holds
+//! the identity (else `Recycled`/`Gone`), a group only while it provably is
+//! the recorded one (live members, all in the recorded session, a live
+//! process at the pgid is the recorded leader), `cgroup.kill` reaches every
+//! process in the cgroup. It records every signal it was asked to send, in
+//! order, with the kill authorizations the ledger had committed for the
+//! tree at that moment.
+//!
+//! What it must never do: signal anything real. It touches no process and
+//! no file outside the test's own ledger.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::host::Host;
+use crate::ledger::{AuthorizationRow, Ledger, TreeId};
+use crate::proc::{
+    Delivery, ExitStatus, GroupDelivery, GroupRecord, Identity, Liveness, ProcError, Sig,
+};
+use crate::scan::{MemberDetails, ProcEntry, Snapshot};
+
+/// The boot id of the fake host.
+pub(crate) const BOOT: &str = "fake-boot-0000";
+
+/// Fake pids start above any real `pid_max` (4,194,304), so a fake pid can
+/// never be this test process or anything it could reach.
+pub(crate) const PID_BASE: i32 = 5_000_000;
+
+/// One fake process.
+#[derive(Clone, Debug)]
+pub(crate) struct FakeProc {
+    pub pid: i32,
+    pub ppid: i32,
+    pub pgid: i32,
+    pub sid: i32,
+    pub start_ticks: u64,
+    /// `S` running, `T` stopped, `Z` zombie, `D` uninterruptible.
+    pub state: char,
+    pub comm: String,
+    pub argv: Vec<String>,
+    pub cgroup: Option<PathBuf>,
+    /// SIGTERM (and the other first signals) do nothing.
+    pub ignores_term: bool,
+    /// SIGKILL does not end it (a task stuck in the kernel): a survivor.
+    pub unkillable: bool,
+    /// As it dies it forks a child into its group (which does the same):
+    /// every kill leaves a new member behind, a fork storm.
+    pub respawns: bool,
+}
+
+/// What a recorded signal was aimed at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Target {
+    Group(i32),
+    Pid(i32),
+    Cgroup(PathBuf),
+}
+
+/// One signal the teardown asked the host to send.
+#[derive(Clone, Debug)]
+pub(crate) struct Sent {
+    pub sig: Sig,
+    pub target: Target,
+    /// Delivered to these `(pid, start_ticks)` (empty when refused, gone
+    /// or empty).
+    pub hit: Vec<(i32, u64)>,
+    /// `sent`, `gone`, `recycled`, `empty`, `refused: ...`.
+    pub outcome: String,
+    /// For a SIGKILL: the kill authorizations of the tree the ledger had
+    /// committed when it was asked (read through the ledger, not assumed).
+    pub authorized: Vec<AuthorizationRow>,
+    /// The host clock when it was asked (time since the fake started).
+    pub at: Duration,
+}
+
+/// The kinds of host calls a script can hook.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Call {
+    Snapshot,
+    SnapshotPids,
+    CgroupPids,
+    IdentityOf,
+    SignalGroup,
+    SignalProcess,
+    CgroupKill,
+    CgroupFreeze,
+    Sleep,
+    /// Any SIGKILL request (group, pid or cgroup), counted before the
+    /// request's own kind.
+    KillAny,
+}
+
+type Action = Box<dyn FnOnce(&mut World) + Send>;
+
+/// The fake host's state: processes, cgroups, clock, script, record.
+pub(crate) struct World {
+    pub procs: BTreeMap<i32, FakeProc>,
+    /// Existing cgroups and whether each is frozen.
+    pub cgroups: HashMap<PathBuf, bool>,
+    /// Cgroups removed by the teardown.
+    pub removed: Vec<PathBuf>,
+    pub sent: Vec<Sent>,
+    /// Whether this host reaps (a subreaper: run, serve).
+    pub reaper: bool,
+    /// Where orphans are re-parented (the subreaper's pid; init when unset).
+    pub subreaper: Option<i32>,
+    next_pid: i32,
+    next_tick: u64,
+    clock: Duration,
+    counts: HashMap<Call, usize>,
+    script: Vec<(Call, usize, Action)>,
+    unclaimed: Vec<(i32, ExitStatus)>,
+    reaped: HashMap<(i32, u64), ExitStatus>,
+    /// Calls of each kind, for tests of bounded work.
+    pub calls: HashMap<Call, usize>,
+}
+
+impl World {
+    /// A new process, with a fresh pid and start time.
+    pub fn spawn(&mut self, mut p: FakeProc) -> (i32, u64) {
+        if p.pid == 0 {
+            p.pid = self.next_pid;
+        }
+        self.next_pid = self.next_pid.max(p.pid) + 1;
+        self.next_tick += 10;
+        p.start_ticks = self.next_tick;
+        if let Some(dir) = &p.cgroup {
+            self.cgroups.entry(dir.clone()).or_insert(false);
+        }
+        let id = (p.pid, p.start_ticks);
+        self.procs.insert(p.pid, p);
+        id
+    }
+
+    /// `parent` forks: the child shares its group, session and cgroup.
+    /// `None` when the parent runs no code (stopped, frozen, dead): as in
+    /// the kernel, a process stopped by the group's SIGSTOP or in a frozen
+    /// cgroup cannot fork, escape or exec until it is thawed.
+    pub fn fork(&mut self, parent: i32) -> Option<(i32, u64)> {
+        let p = self.procs.get(&parent).cloned()?;
+        if !self.runs(&p) {
+            return None;
+        }
+        Some(self.spawn(FakeProc {
+            pid: 0,
+            ppid: parent,
+            ..p
+        }))
+    }
+
+    /// `pid` calls `setsid()`: a new session and group of its own.
+    pub fn setsid(&mut self, pid: i32) {
+        if !self.procs.get(&pid).is_some_and(|p| self.runs(p)) {
+            return;
+        }
+        let p = self.procs.get_mut(&pid).expect("escaping process exists");
+        p.pgid = pid;
+        p.sid = pid;
+    }
+
+    /// `pid` execs `argv`.
+    pub fn exec(&mut self, pid: i32, argv: &[&str]) {
+        if !self.procs.get(&pid).is_some_and(|p| self.runs(p)) {
+            return;
+        }
+        let p = self.procs.get_mut(&pid).expect("exec'ing process exists");
+        p.argv = argv.iter().map(|a| a.to_string()).collect();
+        p.comm = argv.first().map(|a| a.to_string()).unwrap_or_default();
+    }
+
+    /// Whether the process can run code now (not stopped, frozen or dead).
+    fn runs(&self, p: &FakeProc) -> bool {
+        !matches!(p.state, 'T' | 'Z' | 'X') && !self.cgroup_frozen(p)
+    }
+
+    /// `pid` exits with `status` and is reaped (by us when this host reaps).
+    pub fn exit(&mut self, pid: i32, status: ExitStatus) {
+        let Some(p) = self.procs.remove(&pid) else {
+            return;
+        };
+        if p.respawns {
+            // It forked as it died (a trap on the signal), if it could run
+            // at all; the child is an orphan now.
+            self.procs.insert(pid, p.clone());
+            let child = self.fork(pid);
+            self.procs.remove(&pid);
+            let orphan = self.subreaper.unwrap_or(1);
+            if let Some(c) = child.and_then(|(c, _)| self.procs.get_mut(&c)) {
+                c.ppid = orphan;
+            }
+        }
+        // Its children are orphans too.
+        let orphan = self.subreaper.unwrap_or(1);
+        for c in self.procs.values_mut().filter(|c| c.ppid == pid) {
+            c.ppid = orphan;
+        }
+        if self.reaper {
+            self.unclaimed.push((pid, status));
+            self.reaped.insert((pid, p.start_ticks), status);
+        }
+    }
+
+    /// The pid is recycled: whatever held it is gone, and a stranger that
+    /// started later (in a session of its own) holds it now.
+    pub fn recycle(&mut self, pid: i32) -> (i32, u64) {
+        // Its children were re-parented before the pid could be reused.
+        self.exit(pid, ExitStatus::Exited(0));
+        self.spawn(stranger(pid))
+    }
+
+    /// Runs `action` just before the `nth` (1-based) call of `call`.
+    pub fn on(&mut self, call: Call, nth: usize, action: impl FnOnce(&mut World) + Send + 'static) {
+        self.script.push((call, nth, Box::new(action)));
+    }
+
+    pub fn live(&self) -> Vec<i32> {
+        self.procs
+            .values()
+            .filter(|p| !matches!(p.state, 'Z' | 'X'))
+            .map(|p| p.pid)
+            .collect()
+    }
+
+    /// Records a signal request at the current fake time.
+    fn push(&mut self, mut s: Sent) {
+        s.at = self.clock;
+        self.sent.push(s);
+    }
+
+    fn cgroup_frozen(&self, p: &FakeProc) -> bool {
+        p.cgroup
+            .as_ref()
+            .is_some_and(|d| self.cgroups.get(d).copied().unwrap_or(false))
+    }
+
+    fn step(&mut self, call: Call) {
+        *self.calls.entry(call).or_insert(0) += 1;
+        let n = {
+            let c = self.counts.entry(call).or_insert(0);
+            *c += 1;
+            *c
+        };
+        let mut i = 0;
+        while i < self.script.len() {
+            if self.script[i].0 == call && self.script[i].1 == n {
+                let (_, _, action) = self.script.remove(i);
+                action(self);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Delivers `sig` to one live process; returns whether it was hit.
+    fn deliver(&mut self, pid: i32, sig: Sig) -> bool {
+        let Some(p) = self.procs.get_mut(&pid) else {
+            return false;
+        };
+        match sig {
+            Sig::Kill => {
+                if !p.unkillable {
+                    self.exit(pid, ExitStatus::Signaled(Sig::Kill.number()));
+                }
+            }
+            Sig::Stop => p.state = 'T',
+            Sig::Cont => {
+                if p.state == 'T' {
+                    p.state = 'S';
+                }
+            }
+            other => {
+                if !p.ignores_term && !p.unkillable {
+                    self.exit(pid, ExitStatus::Signaled(other.number()));
+                }
+            }
+        }
+        true
+    }
+}
+
+/// A process of the tree: group and session `pgid`, optionally in `cgroup`.
+pub(crate) fn member(pid: i32, ppid: i32, pgid: i32, cgroup: Option<&Path>) -> FakeProc {
+    FakeProc {
+        pid,
+        ppid,
+        pgid,
+        sid: pgid,
+        start_ticks: 0,
+        state: 'S',
+        comm: "worker".into(),
+        argv: vec!["worker".into(), "--fake".into()],
+        cgroup: cgroup.map(Path::to_path_buf),
+        ignores_term: false,
+        unkillable: false,
+        respawns: false,
+    }
+}
+
+/// A process that is nothing of any tree (its own session).
+pub(crate) fn stranger(pid: i32) -> FakeProc {
+    FakeProc {
+        comm: "stranger".into(),
+        argv: vec!["stranger".into()],
+        ppid: 1,
+        ..member(pid, 1, pid, None)
+    }
+}
+
+/// The scripted host.
+pub(crate) struct FakeHost {
+    world: Mutex<World>,
+    base: Instant,
+    /// The ledger and tree whose authorizations each SIGKILL is checked
+    /// against when it is asked for.
+    ledger: Mutex<Option<(Ledger, TreeId)>>,
+}
+
+impl FakeHost {
+    pub fn new(reaper: bool) -> Self {
+        Self {
+            world: Mutex::new(World {
+                procs: BTreeMap::new(),
+                cgroups: HashMap::new(),
+                removed: Vec::new(),
+                sent: Vec::new(),
+                reaper,
+                subreaper: None,
+                next_pid: PID_BASE,
+                next_tick: 1_000,
+                clock: Duration::ZERO,
+                counts: HashMap::new(),
+                script: Vec::new(),
+                unclaimed: Vec::new(),
+                reaped: HashMap::new(),
+                calls: HashMap::new(),
+            }),
+            base: Instant::now(),
+            ledger: Mutex::new(None),
+        }
+    }
+
+    /// Every SIGKILL asked for from now on records the tree's committed
+    /// authorizations at that moment.
+    pub fn watch_authority(&self, ledger: &Ledger, tree: TreeId) {
+        *self.ledger.lock().expect("fake ledger slot") = Some((ledger.clone(), tree));
+    }
+
+    /// The world, to set up or to inspect.
+    pub fn world(&self) -> std::sync::MutexGuard<'_, World> {
+        self.world.lock().expect("fake world lock")
+    }
+
+    /// Time on the fake clock since the host was made.
+    pub fn now_since_start(&self) -> Duration {
+        self.world().clock
+    }
+
+    /// The signals asked for so far.
+    pub fn sent(&self) -> Vec<Sent> {
+        self.world().sent.clone()
+    }
+
+    fn step(&self, call: Call, sig: Sig) {
+        let mut w = self.world();
+        if sig == Sig::Kill {
+            w.step(Call::KillAny);
+        }
+        w.step(call);
+    }
+
+    fn authority(&self, sig: Sig) -> Vec<AuthorizationRow> {
+        if sig != Sig::Kill {
+            return Vec::new();
+        }
+        let slot = self.ledger.lock().expect("fake ledger slot").clone();
+        let Some((ledger, tree)) = slot else {
+            return Vec::new();
+        };
+        ledger
+            .tree_detail(tree)
+            .ok()
+            .flatten()
+            .map(|d| d.authorizations)
+            .unwrap_or_default()
+    }
+}
+
+fn entry(p: &FakeProc) -> ProcEntry {
+    ProcEntry {
+        pid: p.pid,
+        ppid: p.ppid,
+        pgid: p.pgid,
+        sid: p.sid,
+        start_ticks: p.start_ticks,
+        state: p.state,
+        comm: p.comm.clone(),
+        rss_bytes: 4096,
+    }
+}
+
+fn refused(pid: i32, reason: &str) -> ProcError {
+    ProcError::Refused {
+        pid,
+        reason: reason.into(),
+    }
+}
+
+impl Host for FakeHost {
+    fn snapshot(&self) -> Snapshot {
+        let mut w = self.world();
+        w.step(Call::Snapshot);
+        Snapshot {
+            entries: w.procs.values().map(|p| (p.pid, entry(p))).collect(),
+        }
+    }
+
+    fn snapshot_pids(&self, pids: Vec<i32>) -> Snapshot {
+        let mut w = self.world();
+        w.step(Call::SnapshotPids);
+        Snapshot {
+            entries: pids
+                .into_iter()
+                .filter_map(|pid| w.procs.get(&pid).map(|p| (pid, entry(p))))
+                .collect(),
+        }
+    }
+
+    fn cgroup_pids(&self, dir: &Path) -> HashSet<i32> {
+        let mut w = self.world();
+        w.step(Call::CgroupPids);
+        w.procs
+            .values()
+            .filter(|p| p.cgroup.as_deref() == Some(dir) && p.state != 'Z')
+            .map(|p| p.pid)
+            .collect()
+    }
+
+    fn details(&self, pid: i32) -> MemberDetails {
+        let w = self.world();
+        let Some(p) = w.procs.get(&pid) else {
+            return MemberDetails::default();
+        };
+        MemberDetails {
+            uid: Some(0),
+            exe: Some(format!("/fake/bin/{}", p.comm)),
+            cmdline: p.argv.clone(),
+            cwd: Some("/".into()),
+            cgroup: p.cgroup.as_ref().map(|d| d.display().to_string()),
+        }
+    }
+
+    fn cmdline(&self, pid: i32) -> Vec<String> {
+        self.world()
+            .procs
+            .get(&pid)
+            .map(|p| p.argv.clone())
+            .unwrap_or_default()
+    }
+
+    fn identity_of(&self, pid: i32) -> Result<Option<Identity>, ProcError> {
+        let mut w = self.world();
+        w.step(Call::IdentityOf);
+        Ok(w.procs.get(&pid).map(|p| Identity {
+            pid,
+            start_ticks: p.start_ticks,
+            boot_id: BOOT.into(),
+        }))
+    }
+
+    fn liveness(&self, id: &Identity) -> Liveness {
+        let w = self.world();
+        match w.procs.get(&id.pid) {
+            None => Liveness::Gone,
+            Some(p) if p.start_ticks != id.start_ticks || id.boot_id != BOOT => Liveness::Recycled,
+            Some(p) if p.state == 'Z' => Liveness::Gone,
+            Some(_) => Liveness::Same,
+        }
+    }
+
+    fn boot_id(&self) -> Result<String, ProcError> {
+        Ok(BOOT.into())
+    }
+
+    /// As [`crate::proc::signal_group_known`] judges it.
+    fn signal_group_known(
+        &self,
+        rec: &GroupRecord,
+        sig: Sig,
+        _candidates: &[i32],
+    ) -> Result<GroupDelivery, ProcError> {
+        self.step(Call::SignalGroup, sig);
+        let authorized = self.authority(sig);
+        let mut w = self.world();
+        let record = |w: &mut World, hit: Vec<(i32, u64)>, outcome: String| {
+            w.push(Sent {
+                sig,
+                target: Target::Group(rec.pgid),
+                hit,
+                outcome,
+                authorized: authorized.clone(),
+                at: Duration::ZERO,
+            })
+        };
+        if rec.pgid <= 1 || rec.sid <= 1 {
+            record(&mut w, vec![], "refused: sentinel".into());
+            return Err(refused(rec.pgid, "sentinel pgid"));
+        }
+        let verdict = if rec.leader.pid != rec.pgid {
+            Some("record is inconsistent".to_string())
+        } else {
+            None
+        };
+        let members: Vec<FakeProc> = w
+            .procs
+            .values()
+            .filter(|p| p.pgid == rec.pgid && p.state != 'Z')
+            .cloned()
+            .collect();
+        let verdict = verdict.or_else(|| {
+            if let Some(s) = members.iter().find(|p| p.sid != rec.sid) {
+                return Some(format!("member pid {} is in session {}", s.pid, s.sid));
+            }
+            match w.procs.get(&rec.pgid) {
+                Some(l) if l.state != 'Z' && rec.leader.boot_id != BOOT => {
+                    Some("the group record is from another boot".into())
+                }
+                Some(l) if l.state != 'Z' && l.start_ticks != rec.leader.start_ticks => {
+                    Some(format!("pid {} now belongs to another process", rec.pgid))
+                }
+                _ => None,
+            }
+        });
+        if let Some(why) = verdict {
+            record(&mut w, vec![], format!("refused: {why}"));
+            return Ok(GroupDelivery::NotRecorded(why));
+        }
+        if members.is_empty() {
+            record(&mut w, vec![], "empty".into());
+            return Ok(GroupDelivery::Empty);
+        }
+        let mut hit = Vec::new();
+        for p in &members {
+            if w.deliver(p.pid, sig) {
+                hit.push((p.pid, p.start_ticks));
+            }
+        }
+        let n = hit.len();
+        record(&mut w, hit, "sent".into());
+        Ok(GroupDelivery::Sent { members: n })
+    }
+
+    /// As [`crate::proc::signal_process`] judges it: the pid must still hold
+    /// the identity, checked at the moment of sending.
+    fn signal_process(&self, id: &Identity, sig: Sig) -> Result<Delivery, ProcError> {
+        self.step(Call::SignalProcess, sig);
+        let authorized = self.authority(sig);
+        let mut w = self.world();
+        let (delivery, hit) = if id.pid <= 1 {
+            w.push(Sent {
+                sig,
+                target: Target::Pid(id.pid),
+                hit: vec![],
+                outcome: "refused: sentinel".into(),
+                authorized,
+                at: Duration::ZERO,
+            });
+            return Err(refused(id.pid, "sentinel pid"));
+        } else {
+            match w.procs.get(&id.pid).cloned() {
+                None => (Delivery::Gone, vec![]),
+                Some(p) if p.start_ticks != id.start_ticks || id.boot_id != BOOT => {
+                    (Delivery::Recycled, vec![])
+                }
+                Some(p) if p.state == 'Z' => (Delivery::Gone, vec![]),
+                Some(p) => {
+                    w.deliver(p.pid, sig);
+                    (Delivery::Sent, vec![(p.pid, p.start_ticks)])
+                }
+            }
+        };
+        w.push(Sent {
+            sig,
+            target: Target::Pid(id.pid),
+            hit,
+            outcome: format!("{delivery:?}").to_lowercase(),
+            authorized,
+            at: Duration::ZERO,
+        });
+        Ok(delivery)
+    }
+
+    fn cgroup_kill(&self, dir: &Path) -> Result<(), ProcError> {
+        self.step(Call::CgroupKill, Sig::Kill);
+        let authorized = self.authority(Sig::Kill);
+        let mut w = self.world();
+        let inside: Vec<(i32, u64)> = w
+            .procs
+            .values()
+            .filter(|p| p.cgroup.as_deref() == Some(dir) && p.state != 'Z')
+            .map(|p| (p.pid, p.start_ticks))
+            .collect();
+        for (pid, _) in &inside {
+            w.deliver(*pid, Sig::Kill);
+        }
+        w.push(Sent {
+            sig: Sig::Kill,
+            target: Target::Cgroup(dir.to_path_buf()),
+            hit: inside,
+            outcome: "sent".into(),
+            authorized,
+            at: Duration::ZERO,
+        });
+        Ok(())
+    }
+
+    fn cgroup_freeze(&self, dir: &Path, frozen: bool, _wait: Duration) -> Result<bool, ProcError> {
+        let mut w = self.world();
+        w.step(Call::CgroupFreeze);
+        w.cgroups.insert(dir.to_path_buf(), frozen);
+        Ok(true)
+    }
+
+    fn cgroup_populated(&self, dir: &Path) -> Result<bool, ProcError> {
+        let w = self.world();
+        Ok(w.procs.values().any(|p| p.cgroup.as_deref() == Some(dir)))
+    }
+
+    fn remove_cgroup_when_empty(&self, dir: &Path, _wait: Duration) -> Result<bool, ProcError> {
+        let mut w = self.world();
+        if w.procs.values().any(|p| p.cgroup.as_deref() == Some(dir)) {
+            return Ok(false);
+        }
+        w.cgroups.remove(dir);
+        w.removed.push(dir.to_path_buf());
+        Ok(true)
+    }
+
+    fn has_reaper(&self) -> bool {
+        self.world().reaper
+    }
+
+    fn take_unclaimed_exits(&self) -> Vec<(i32, ExitStatus)> {
+        std::mem::take(&mut self.world().unclaimed)
+    }
+
+    fn reaped_exit(
+        &self,
+        pid: i32,
+        start_ticks: u64,
+        _is_root: bool,
+        _orphans_until: Option<Instant>,
+    ) -> Option<ExitStatus> {
+        self.world().reaped.get(&(pid, start_ticks)).copied()
+    }
+
+    fn now(&self) -> Instant {
+        self.base + self.world().clock
+    }
+
+    /// Time passes only here: a grace of ten seconds costs no real time.
+    fn sleep(&self, d: Duration) {
+        let mut w = self.world();
+        w.clock += d;
+        w.step(Call::Sleep);
+    }
+}

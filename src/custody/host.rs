@@ -1,0 +1,211 @@
+//! The kernel seam of custody: exactly what the teardown and the tree
+//! watches ask of the host, and nothing else.
+//!
+//! Why it exists: the teardown decides (term, wait, freeze, authorize, kill,
+//! verify) and the host acts. Behind this trait the decisions can be tested
+//! against a scripted host whose processes fork, exec, escape and exit
+//! between any two steps (`fake.rs`, tests only), with a real ledger, in
+//! milliseconds and without a single real process.
+//!
+//! [`KernelHost`] is the real implementation: a thin adapter that calls
+//! `proc` and `scan` exactly as the teardown did before the seam existed.
+//! The guards stay where they were: `proc` still refuses pid <= 1, its own
+//! group, a recycled pid, a group that is not provably the recorded one.
+//! `proc` knows nothing of this trait (no arrow from `src/proc` to
+//! `src/custody`).
+//!
+//! What it must never do: grow a method the teardown or the watches do not
+//! call, or hand out a raw pid signal (`kill(2)` on a bare pid): single
+//! processes are signalled by [`Identity`], groups by their [`GroupRecord`].
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::proc::{
+    Delivery, ExitStatus, GroupDelivery, GroupRecord, Identity, Liveness, ProcError, Reaper, Sig,
+};
+use crate::scan::{MemberDetails, Snapshot};
+
+/// What custody needs of the kernel: reads of `/proc` and cgroup files,
+/// guarded signals, cgroup control, the reaper's exit statuses and a clock.
+pub trait Host: Send + Sync {
+    /// Every process (a full `/proc` walk).
+    fn snapshot(&self) -> Snapshot;
+    /// Only these pids, re-read now (a targeted refresh).
+    fn snapshot_pids(&self, pids: Vec<i32>) -> Snapshot;
+    /// The pids in a cgroup's `cgroup.procs` (empty if it is gone).
+    fn cgroup_pids(&self, dir: &Path) -> HashSet<i32>;
+    /// The forensic details of a member seen for the first time (or exec'd).
+    fn details(&self, pid: i32) -> MemberDetails;
+    /// The argv of one process, for the survivor snapshot.
+    fn cmdline(&self, pid: i32) -> Vec<String>;
+    /// The identity of whatever holds `pid` now (`None`: no such process).
+    fn identity_of(&self, pid: i32) -> Result<Option<Identity>, ProcError>;
+    /// Whether the process an identity names still runs.
+    fn liveness(&self, id: &Identity) -> Liveness;
+    /// This boot's id.
+    fn boot_id(&self) -> Result<String, ProcError>;
+    /// `killpg` of the recorded group, only while it provably is the
+    /// recorded one ([`crate::proc::signal_group_known`]).
+    fn signal_group_known(
+        &self,
+        rec: &GroupRecord,
+        sig: Sig,
+        candidates: &[i32],
+    ) -> Result<GroupDelivery, ProcError>;
+    /// One process, through a pidfd checked against `id` after it was opened
+    /// ([`crate::proc::signal_process`]).
+    fn signal_process(&self, id: &Identity, sig: Sig) -> Result<Delivery, ProcError>;
+    /// `cgroup.kill`.
+    fn cgroup_kill(&self, dir: &Path) -> Result<(), ProcError>;
+    /// `cgroup.freeze` (or thaw); whether the state was reached within `wait`.
+    fn cgroup_freeze(&self, dir: &Path, frozen: bool, wait: Duration) -> Result<bool, ProcError>;
+    /// `populated` of `cgroup.events`.
+    fn cgroup_populated(&self, dir: &Path) -> Result<bool, ProcError>;
+    /// Removes an empty cgroup, waiting up to `wait` for the kernel to let
+    /// go of it; `false` when it stayed populated.
+    fn remove_cgroup_when_empty(&self, dir: &Path, wait: Duration) -> Result<bool, ProcError>;
+    /// Whether this process is a subreaper that collects its orphans'
+    /// statuses (run, serve).
+    fn has_reaper(&self) -> bool;
+    /// Exit statuses the reaper collected that nobody claimed yet.
+    fn take_unclaimed_exits(&self) -> Vec<(i32, ExitStatus)>;
+    /// The exit status of a process this process reaped, or is about to
+    /// (see [`crate::custody::Engine`]'s `reaped_exit`): the root's when
+    /// `is_root`; an orphan's, waited for until `orphans_until` when it is
+    /// already gone from `/proc`.
+    fn reaped_exit(
+        &self,
+        pid: i32,
+        start_ticks: u64,
+        is_root: bool,
+        orphans_until: Option<Instant>,
+    ) -> Option<ExitStatus>;
+    /// The clock the teardown's deadlines (grace, verify) are measured on.
+    fn now(&self) -> Instant;
+    /// Waits between two polls of the teardown.
+    fn sleep(&self, d: Duration);
+}
+
+/// The real host: `proc` and `scan`, called as they always were.
+#[derive(Clone, Copy, Default)]
+pub struct KernelHost {
+    /// The reaper, when this process owns children (run, serve).
+    reaper: Option<&'static Reaper>,
+}
+
+impl KernelHost {
+    pub fn new(reaper: Option<&'static Reaper>) -> Self {
+        Self { reaper }
+    }
+}
+
+impl Host for KernelHost {
+    fn snapshot(&self) -> Snapshot {
+        crate::scan::snapshot()
+    }
+
+    fn snapshot_pids(&self, pids: Vec<i32>) -> Snapshot {
+        crate::scan::snapshot_pids(pids)
+    }
+
+    fn cgroup_pids(&self, dir: &Path) -> HashSet<i32> {
+        crate::scan::cgroup_pids(dir)
+    }
+
+    fn details(&self, pid: i32) -> MemberDetails {
+        crate::scan::details(pid)
+    }
+
+    fn cmdline(&self, pid: i32) -> Vec<String> {
+        crate::scan::cmdline(pid)
+    }
+
+    fn identity_of(&self, pid: i32) -> Result<Option<Identity>, ProcError> {
+        crate::proc::identity_of(pid)
+    }
+
+    fn liveness(&self, id: &Identity) -> Liveness {
+        id.check()
+    }
+
+    fn boot_id(&self) -> Result<String, ProcError> {
+        crate::proc::boot_id().map(str::to_owned)
+    }
+
+    fn signal_group_known(
+        &self,
+        rec: &GroupRecord,
+        sig: Sig,
+        candidates: &[i32],
+    ) -> Result<GroupDelivery, ProcError> {
+        crate::proc::signal_group_known(rec, sig, candidates)
+    }
+
+    fn signal_process(&self, id: &Identity, sig: Sig) -> Result<Delivery, ProcError> {
+        crate::proc::signal_process(id, sig)
+    }
+
+    fn cgroup_kill(&self, dir: &Path) -> Result<(), ProcError> {
+        crate::proc::cgroup_kill(dir)
+    }
+
+    fn cgroup_freeze(&self, dir: &Path, frozen: bool, wait: Duration) -> Result<bool, ProcError> {
+        crate::proc::cgroup_freeze(dir, frozen, wait)
+    }
+
+    fn cgroup_populated(&self, dir: &Path) -> Result<bool, ProcError> {
+        crate::proc::cgroup_populated(dir)
+    }
+
+    fn remove_cgroup_when_empty(&self, dir: &Path, wait: Duration) -> Result<bool, ProcError> {
+        crate::proc::remove_cgroup_when_empty(dir, wait)
+    }
+
+    fn has_reaper(&self) -> bool {
+        self.reaper.is_some()
+    }
+
+    fn take_unclaimed_exits(&self) -> Vec<(i32, ExitStatus)> {
+        self.reaper.map(|r| r.take_unclaimed()).unwrap_or_default()
+    }
+
+    /// See [`crate::custody::Engine`]'s `reaped_exit`: the root's status
+    /// from the spawned-child record (by pid, only when `is_root`), any
+    /// other member's only from the orphans' unclaimed statuses.
+    fn reaped_exit(
+        &self,
+        pid: i32,
+        start_ticks: u64,
+        is_root: bool,
+        orphans_until: Option<Instant>,
+    ) -> Option<ExitStatus> {
+        let reaper = self.reaper?;
+        let wait = Duration::from_secs(1);
+        if is_root && reaper.knows(pid) {
+            return reaper.wait_exit(pid, Some(wait));
+        }
+        let me = std::process::id() as i32;
+        let wait = match crate::proc::read_stat(pid) {
+            Ok(Some(stat))
+                if stat.start_ticks == start_ticks && stat.ppid == me && stat.is_dead() =>
+            {
+                wait
+            }
+            Ok(None) => orphans_until
+                .map(|t| t.saturating_duration_since(Instant::now()))
+                .unwrap_or_default(),
+            _ => Duration::ZERO,
+        };
+        reaper.wait_unclaimed(pid, wait)
+    }
+
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
+    fn sleep(&self, d: Duration) {
+        std::thread::sleep(d);
+    }
+}
