@@ -518,14 +518,12 @@ fn a_teardown_under_a_held_write_lock_leaves_its_whole_trail_once_the_ledger_is_
     }
 }
 
-#[test]
-fn resolve_force_records_the_survivors_it_leaves() {
-    let Some(env) = Env::new("session") else {
-        return;
-    };
+/// `run` told to stop while another connection holds the ledger's write
+/// lock: it fails closed (125), its survivors alive; the lock is released.
+fn fail_closed_under_a_held_lock(env: &Env, script: &str) {
     let mut run = env.spawn_run(
         &["--busy-timeout", "300ms", "--grace", "100ms", "--quiet"],
-        "trap '' TERM; sleep 310 & wait",
+        script,
     );
     assert!(env.wait_marked(2));
     let lock = rusqlite::Connection::open(env.ledger_path()).expect("open");
@@ -536,7 +534,14 @@ fn resolve_force_records_the_survivors_it_leaves() {
         Some(125)
     );
     lock.execute_batch("ROLLBACK").expect("unlock");
-    drop(lock);
+}
+
+#[test]
+fn resolve_force_records_the_survivors_it_leaves() {
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    fail_closed_under_a_held_lock(&env, "trap '' TERM; sleep 310 & wait");
     let alive = env.marked();
     let out = env.output(&["resolve", "1", "--note", "left for the owner", "--force"]);
     assert!(
@@ -591,20 +596,7 @@ fn a_force_resolved_tree_is_swept_once_its_owner_is_gone() {
     let Some(env) = Env::new("session") else {
         return;
     };
-    let mut run = env.spawn_run(
-        &["--busy-timeout", "300ms", "--grace", "100ms", "--quiet"],
-        "trap '' TERM; sleep 311 & wait",
-    );
-    assert!(env.wait_marked(2));
-    let lock = rusqlite::Connection::open(env.ledger_path()).expect("open");
-    lock.execute_batch("BEGIN IMMEDIATE").expect("lock");
-    signal(run.id(), rustix::process::Signal::TERM);
-    assert_eq!(
-        wait_child(&mut run, Duration::from_secs(30)).and_then(|s| s.code()),
-        Some(125)
-    );
-    lock.execute_batch("ROLLBACK").expect("unlock");
-    drop(lock);
+    fail_closed_under_a_held_lock(&env, "trap '' TERM; sleep 311 & wait");
     let out = env.output(&["resolve", "1", "--note", "left", "--force"]);
     assert!(
         out.status.success(),
