@@ -516,11 +516,13 @@ impl Engine {
         if marker.pending.is_empty() {
             return;
         }
-        let batch = if marker.batch.is_empty() {
-            markers::new_batch()
-        } else {
-            marker.batch.clone()
-        };
+        if marker.batch.is_empty() {
+            // Named (and the name kept) before the replay, so a replay whose
+            // marker rewrite is lost is recognised the next time.
+            marker.batch = markers::new_batch();
+            markers::write(&self.data_dir, tree.0, &marker);
+        }
+        let batch = marker.batch.clone();
         match self.ledger.replay_deferred(tree, &marker.pending, &batch) {
             Ok(()) => {
                 tracing::info!(
