@@ -404,10 +404,19 @@ pub(crate) fn set_state(
             "invariant: tree {id} is {from}, a terminal state; it cannot become {to}"
         )));
     }
-    w.exec(
-        "UPDATE trees SET state = ?2 WHERE id = ?1",
-        params![id.0, to.as_str()],
-    )?;
+    // An ambiguous tree keeps its reason on the row: the dispatch gate and
+    // `ls` name it without reading the trail.
+    if to == TreeState::Ambiguous {
+        w.exec(
+            "UPDATE trees SET state = ?2, note = coalesce(?3, note) WHERE id = ?1",
+            params![id.0, to.as_str(), reason],
+        )?;
+    } else {
+        w.exec(
+            "UPDATE trees SET state = ?2 WHERE id = ?1",
+            params![id.0, to.as_str()],
+        )?;
+    }
     w.event(
         Some(id),
         EventKind::TreeState,

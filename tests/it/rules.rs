@@ -1091,11 +1091,10 @@ fn dispatch_refused_while_a_tree_is_ambiguous_in_the_ledger_and_reopened_by_reso
     assert_refused(&env, "forced kill skipped");
     assert_eq!(last_refusal(&env)["unsettled"], 1);
 
-    // The marker is lost: the ledger alone still refuses. (Its reason is
-    // the row's note, which `set_state` leaves empty: the why is in the
-    // `tree.state` event.)
+    // The marker is lost: the ledger alone still refuses, naming the
+    // reason the row keeps (`set_state` to ambiguous writes it as the note).
     std::fs::remove_file(&marker).expect("remove the marker");
-    assert_refused(&env, "(ambiguous teardown)");
+    assert_refused(&env, "forced kill skipped");
     assert_eq!(last_refusal(&env)["unsettled"], 1);
 
     // A sweep that cannot commit its authorization settles nothing: it
