@@ -297,6 +297,7 @@ fn authority(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()>
         grace_ms: None,
         timeout_ms: None,
         limits: Default::default(),
+        first_signal: None,
     })?;
     let targets = [
         KillTarget {
@@ -1015,6 +1016,7 @@ impl Bench {
             timeout: None,
             limits: Default::default(),
             umask: None,
+            first_signal: None,
         })?;
         let pgid = spawned.pgid;
         let cg = spawned.cgroup.clone();

@@ -62,6 +62,7 @@ fn main() -> anyhow::Result<()> {
         timeout: None,
         limits: Default::default(),
         umask: None,
+        first_signal: None,
     })?;
     println!(
         "spawned tree {} (root pid {}, pgid {}, boundary {})",

@@ -321,6 +321,7 @@ pub fn run(config: &Config, args: RunArgs) -> CliResult {
             cpu_max_pct: args.cpu_max,
         },
         umask: None,
+        first_signal: None,
         stdio: SpawnStdio::Inherit,
         owner,
         owner_kind: OwnerKind::Run,

@@ -156,6 +156,7 @@ impl Engine {
         let req = SpawnRequest {
             grace: req.grace.or(Some(opts.grace)),
             timeout: req.timeout.or(opts.timeout),
+            first_signal: Some(opts.first_signal),
             ..req.clone()
         };
         let spawned = self.spawn(&req)?;

@@ -44,6 +44,9 @@ pub struct SpawnRequest {
     pub limits: crate::ledger::Limits,
     /// The command's umask; `None` inherits this process's.
     pub umask: Option<u32>,
+    /// The teardown's first signal, recorded with the tree (a sweep that
+    /// resumes the teardown sends it); `None`: SIGTERM.
+    pub first_signal: Option<crate::proc::Sig>,
 }
 
 /// A released tree.
@@ -157,6 +160,10 @@ impl Engine {
             grace_ms: req.grace.map(millis),
             timeout_ms: req.timeout.map(millis),
             limits: req.limits,
+            first_signal: req
+                .first_signal
+                .filter(|s| *s != crate::proc::Sig::Term)
+                .map(|s| s.name().to_string()),
         })?;
         let cgroup = match (boundary, &self.cgroup_root) {
             (BoundaryKind::Cgroup, Some(root)) => {

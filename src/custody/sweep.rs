@@ -259,7 +259,15 @@ impl Engine {
             return outcome;
         }
         count(|p| &p.in_flight);
-        let topts = TeardownOptions::new(grace, "owner gone (orphan sweep)", Origin::Sweep);
+        let mut topts = TeardownOptions::new(grace, "owner gone (orphan sweep)", Origin::Sweep);
+        // The first signal the tree was given (`run -s`), SIGTERM otherwise.
+        if let Some(sig) = row
+            .first_signal
+            .as_deref()
+            .and_then(|s| crate::proc::Sig::parse_first(s).ok())
+        {
+            topts.first_signal = sig;
+        }
         let result = self.teardown(tree, &topts, &mut |_| {});
         if let Some(p) = &opts.progress {
             p.in_flight.fetch_sub(1, Ordering::SeqCst);

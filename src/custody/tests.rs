@@ -91,6 +91,7 @@ fn rig(
             grace_ms: Some(1_000),
             timeout_ms: None,
             limits: Default::default(),
+            first_signal: None,
         })
         .expect("tree");
     ledger
@@ -516,6 +517,7 @@ fn a_tree_of_another_boot_is_closed_vanished_without_a_signal() {
             grace_ms: None,
             timeout_ms: None,
             limits: Default::default(),
+            first_signal: None,
         })
         .expect("tree");
     rig.ledger

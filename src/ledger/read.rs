@@ -12,7 +12,7 @@ const TREE_COLUMNS: &str =
     "t.id, t.label, t.state, t.boundary, o.id, o.pid, o.start_ticks, o.boot_id, o.kind,
      t.argv, t.cwd, t.root_pid, t.root_start_ticks, t.boot_id, t.pgid, t.sid, t.cgroup,
      t.created_at, t.ended_at, t.exit_code, t.exit_signal, t.flags, t.note,
-     t.grace_ms, t.timeout_ms";
+     t.grace_ms, t.timeout_ms, t.first_signal";
 
 fn json_column<T: serde::de::DeserializeOwned>(row: &Row<'_>, idx: usize) -> rusqlite::Result<T> {
     let text: String = row.get(idx)?;
@@ -73,6 +73,7 @@ fn tree_from_row(row: &Row<'_>) -> rusqlite::Result<TreeRow> {
         note: row.get(22)?,
         grace_ms: opt_ticks(row, 23)?,
         timeout_ms: opt_ticks(row, 24)?,
+        first_signal: row.get(25)?,
     })
 }
 
@@ -537,6 +538,7 @@ mod tests {
                 grace_ms: None,
                 timeout_ms: None,
                 limits: Default::default(),
+                first_signal: None,
             })
             .expect("tree")
     }

@@ -260,6 +260,8 @@ pub struct NewTree {
     pub timeout_ms: Option<u64>,
     /// Limits set on its cgroup (recorded in `tree.created`).
     pub limits: Limits,
+    /// The teardown's first signal when not SIGTERM ("SIGINT", ...).
+    pub first_signal: Option<String>,
 }
 
 /// What the spawn formed: recorded once, never re-resolved from the leader pid.
@@ -562,6 +564,8 @@ pub struct TreeRow {
     pub grace_ms: Option<u64>,
     /// The timeout the tree was given, in milliseconds (`None`: none).
     pub timeout_ms: Option<u64>,
+    /// The teardown's first signal it was given ("SIGINT"; `None`: SIGTERM).
+    pub first_signal: Option<String>,
 }
 
 impl TreeRow {

@@ -64,8 +64,9 @@ pub(crate) fn create_tree(w: &mut Writer<'_>, tree: &NewTree) -> Result<TreeId, 
     }
     let argv = serde_json::to_string(&tree.argv)?;
     w.exec(
-        "INSERT INTO trees (label, state, boundary, owner_id, argv, cwd, created_at, grace_ms, timeout_ms)
-         VALUES (?1, 'spawning', ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        "INSERT INTO trees (label, state, boundary, owner_id, argv, cwd, created_at, grace_ms, timeout_ms,
+                            first_signal)
+         VALUES (?1, 'spawning', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
         params![
             tree.label,
             tree.boundary,
@@ -74,7 +75,8 @@ pub(crate) fn create_tree(w: &mut Writer<'_>, tree: &NewTree) -> Result<TreeId, 
             tree.cwd,
             w.now,
             tree.grace_ms.map(ticks),
-            tree.timeout_ms.map(ticks)
+            tree.timeout_ms.map(ticks),
+            tree.first_signal
         ],
     )?;
     let id = TreeId(w.tx.last_insert_rowid());
@@ -95,6 +97,7 @@ pub(crate) fn create_tree(w: &mut Writer<'_>, tree: &NewTree) -> Result<TreeId, 
             "grace_ms": tree.grace_ms,
             "timeout_ms": tree.timeout_ms,
             "limits": tree.limits,
+            "first_signal": tree.first_signal,
         }),
     )?;
     Ok(id)

@@ -513,6 +513,7 @@ impl Service {
             // The unit runs the service with UMask=0077 (its own files are
             // private); the work it spawns gets the usual 022.
             umask: Some(0o022),
+            first_signal: None,
         };
         let engine = self.engine.clone();
         let spawned = blocking(move || engine.spawn(&req)).await??;

@@ -604,3 +604,40 @@ fn small_truths_an_operator_reads_at_three_in_the_morning() {
     assert!(first.contains("ended"), "{first}");
     assert!(first.contains("<td>0s</td>"), "a 300 ms life: {first}");
 }
+
+#[test]
+fn a_sweep_resumes_with_the_first_signal_the_tree_was_given() {
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    // The job says which signal reached it first.
+    let mut run = env.spawn_run(
+        &["--signal", "INT", "--grace", "200ms", "--quiet"],
+        "trap 'echo INT >> got; exit 0' INT; trap 'echo TERM >> got; exit 0' TERM; sleep 300 & wait",
+    );
+    assert!(env.wait_marked(2));
+    // The owner dies without a teardown; the sweep finishes the tree.
+    crate::util::signal(run.id(), rustix::process::Signal::KILL);
+    let _ = wait_child(&mut run, Duration::from_secs(10));
+    let created = env
+        .export()
+        .into_iter()
+        .find(|e| e["kind"] == "tree.created")
+        .unwrap_or(Value::Null);
+    assert_eq!(created["data"]["first_signal"], "SIGINT", "{created}");
+    let out = env.output(&["sweep"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(env.wait_none_marked(), "{:?}", env.marked());
+    let got = std::fs::read_to_string(env.dir.path().join("got")).unwrap_or_default();
+    assert_eq!(got.lines().next(), Some("INT"), "{got}");
+    let first = env
+        .export()
+        .into_iter()
+        .find(|e| e["kind"] == "signal.sent")
+        .unwrap_or(Value::Null);
+    assert_eq!(first["data"]["signal"], "SIGINT", "{first}");
+}

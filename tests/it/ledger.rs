@@ -77,6 +77,7 @@ fn tree_life(ledger: &Ledger, base: i32) -> TreeId {
             grace_ms: None,
             timeout_ms: None,
             limits: Default::default(),
+            first_signal: None,
         })
         .expect("create");
     ledger
@@ -444,6 +445,7 @@ fn ledger_database_refuses_edits_and_unauthorized_sigkill() {
                 grace_ms: None,
                 timeout_ms: None,
                 limits: Default::default(),
+                first_signal: None,
             })
             .expect("tree")
     };
