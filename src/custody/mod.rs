@@ -498,13 +498,8 @@ impl Engine {
     /// skipped: that teardown writes it. Cheap when there is no marker.
     pub fn settle_record(&self) {
         for (tree, marker) in markers::all(&self.data_dir) {
-            if marker.pending.is_empty() {
-                continue;
-            }
-            if let Ok(Some(_lease)) =
-                self.teardown_lease_within(TreeId(tree), std::time::Duration::ZERO)
-            {
-                self.replay_deferred_leased(TreeId(tree));
+            if !marker.pending.is_empty() {
+                self.replay_deferred(TreeId(tree));
             }
         }
     }

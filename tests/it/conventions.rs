@@ -80,11 +80,7 @@ fn signal_env_cwd_and_the_tree_id_reach_the_job() {
         "the first signal was SIGINT: {seen}"
     );
     // The ledger says the same.
-    let first = env
-        .export()
-        .into_iter()
-        .find(|e| e["kind"] == "signal.sent")
-        .unwrap_or(Value::Null);
+    let first = env.first_event("signal.sent");
     assert_eq!(first["data"]["signal"], "SIGINT", "{first}");
     // Not a terminal, yet the summary line is there: the tree, why, what.
     let err = env.stderr_of(&run);
@@ -352,11 +348,7 @@ fn limits_are_enforced_or_refused_never_pretended() {
     });
     let _ = wait_child(&mut run, Duration::from_secs(30));
     assert!(most <= 20 && most > 1, "at most 20 processes, saw {most}");
-    let created = env
-        .export()
-        .into_iter()
-        .find(|e| e["kind"] == "tree.created")
-        .unwrap_or(Value::Null);
+    let created = env.first_event("tree.created");
     assert_eq!(created["data"]["limits"]["pids_max"], 20, "{created}");
     assert!(env.wait_none_marked());
 }
@@ -619,11 +611,7 @@ fn a_sweep_resumes_with_the_first_signal_the_tree_was_given() {
     // The owner dies without a teardown; the sweep finishes the tree.
     crate::util::signal(run.id(), rustix::process::Signal::KILL);
     let _ = wait_child(&mut run, Duration::from_secs(10));
-    let created = env
-        .export()
-        .into_iter()
-        .find(|e| e["kind"] == "tree.created")
-        .unwrap_or(Value::Null);
+    let created = env.first_event("tree.created");
     assert_eq!(created["data"]["first_signal"], "SIGINT", "{created}");
     let out = env.output(&["sweep"]);
     assert!(
@@ -634,10 +622,6 @@ fn a_sweep_resumes_with_the_first_signal_the_tree_was_given() {
     assert!(env.wait_none_marked(), "{:?}", env.marked());
     let got = std::fs::read_to_string(env.dir.path().join("got")).unwrap_or_default();
     assert_eq!(got.lines().next(), Some("INT"), "{got}");
-    let first = env
-        .export()
-        .into_iter()
-        .find(|e| e["kind"] == "signal.sent")
-        .unwrap_or(Value::Null);
+    let first = env.first_event("signal.sent");
     assert_eq!(first["data"]["signal"], "SIGINT", "{first}");
 }

@@ -205,6 +205,24 @@ impl Env {
         kills
     }
 
+    /// The first event of this kind in the trail (`Null` when none).
+    pub fn first_event(&self, kind: &str) -> Value {
+        self.export()
+            .into_iter()
+            .find(|e| e["kind"] == kind)
+            .unwrap_or(Value::Null)
+    }
+
+    /// `treewarden verify` passes on this env's ledger.
+    pub fn assert_verifies(&self, label: &str) {
+        let out = self.output(&["verify"]);
+        assert!(
+            out.status.success(),
+            "[{label}] verify: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+
     pub fn kinds(&self) -> Vec<String> {
         self.export()
             .iter()

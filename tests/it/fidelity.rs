@@ -164,12 +164,7 @@ fn the_record_matches_what_the_workload_knows_on_both_boundaries() {
                     assert!(e["data"]["reaped_by"].is_string(), "[{label}] {e}");
                 }
             }
-            let out = env.output(&["verify"]);
-            assert!(
-                out.status.success(),
-                "[{label}] verify: {}",
-                String::from_utf8_lossy(&out.stdout)
-            );
+            env.assert_verifies(&label);
         }
     }
 }
@@ -506,12 +501,7 @@ fn a_teardown_under_a_held_write_lock_leaves_its_whole_trail_once_the_ledger_is_
         );
         assert!(env.wait_none_marked(), "[{b}]");
         assert!(env.assert_kills_authorized() > 0);
-        let out = env.output(&["verify"]);
-        assert!(
-            out.status.success(),
-            "[{b}] verify: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
+        env.assert_verifies(b);
         // The trail was written once, not once per reader.
         let skipped_count = env.kinds().iter().filter(|k| *k == "kill.skipped").count();
         assert_eq!(skipped_count, 1, "[{b}]");
@@ -612,12 +602,7 @@ fn a_force_resolved_tree_is_swept_once_its_owner_is_gone() {
     );
     assert!(env.wait_none_marked(), "{:?}", env.marked());
     assert!(env.assert_kills_authorized() > 0);
-    let out = env.output(&["verify"]);
-    assert!(
-        out.status.success(),
-        "verify: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    env.assert_verifies("-");
 }
 
 #[test]
