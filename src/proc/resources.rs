@@ -51,13 +51,15 @@ pub fn cgroup_usage(dir: &Path) -> CgroupUsage {
 /// many bytes were dropped.
 pub fn cap_log(path: &Path, cap: u64) -> std::io::Result<u64> {
     use std::os::unix::fs::MetadataExt;
-    let file = std::fs::OpenOptions::new().write(true).open(path)?;
-    let meta = file.metadata()?;
+    // One stat per call (every scan tick): the file is opened only when
+    // there is something to drop.
+    let meta = std::fs::metadata(path)?;
     let block = meta.blksize().max(512);
     let used = meta.blocks() * 512;
     if meta.len() <= cap && used <= cap {
         return Ok(0);
     }
+    let file = std::fs::OpenOptions::new().write(true).open(path)?;
     let keep = cap / 4 * 3;
     let drop = (meta.len().saturating_sub(keep)) / block * block;
     if drop == 0 {
