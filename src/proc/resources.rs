@@ -56,7 +56,9 @@ pub fn cap_log(path: &Path, cap: u64) -> std::io::Result<u64> {
     let meta = std::fs::metadata(path)?;
     let block = meta.blksize().max(512);
     let used = meta.blocks() * 512;
-    if meta.len() <= cap && used <= cap {
+    // What the file occupies is what the cap bounds: a file whose front was
+    // punched out already (length kept, blocks freed) is left alone.
+    if used <= cap {
         return Ok(0);
     }
     let file = std::fs::OpenOptions::new().write(true).open(path)?;
