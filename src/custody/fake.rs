@@ -96,6 +96,7 @@ pub(crate) enum Call {
     SignalProcess,
     CgroupKill,
     CgroupFreeze,
+    CgroupThaw,
     Sleep,
     /// Any SIGKILL request (group, pid or cgroup), counted before the
     /// request's own kind.
@@ -625,16 +626,60 @@ impl Host for FakeHost {
         Ok(())
     }
 
-    fn cgroup_freeze(&self, dir: &Path, frozen: bool, _wait: Duration) -> Result<bool, ProcError> {
+    fn cgroup_freeze(&self, dir: &Path, _wait: Duration) -> Result<bool, ProcError> {
         let mut w = self.world();
         w.step(Call::CgroupFreeze);
-        w.cgroups.insert(dir.to_path_buf(), frozen);
+        w.cgroups.insert(dir.to_path_buf(), true);
         Ok(true)
     }
 
-    fn cgroup_populated(&self, dir: &Path) -> Result<bool, ProcError> {
-        let w = self.world();
-        Ok(w.procs.values().any(|p| p.cgroup.as_deref() == Some(dir)))
+    fn cgroup_thaw(&self, dir: &Path, _wait: Duration) -> Result<bool, ProcError> {
+        let mut w = self.world();
+        w.step(Call::CgroupThaw);
+        w.cgroups.insert(dir.to_path_buf(), false);
+        Ok(true)
+    }
+
+    /// Time passes in steps of 1 ms on the fake clock while the cgroup is
+    /// populated (a script may end its processes meanwhile).
+    fn cgroup_wait_empty(&self, dir: &Path, deadline: Instant) -> Result<bool, ProcError> {
+        loop {
+            let populated = {
+                let w = self.world();
+                w.procs
+                    .values()
+                    .any(|p| p.cgroup.as_deref() == Some(dir) && !matches!(p.state, 'Z' | 'X'))
+            };
+            if !populated {
+                return Ok(true);
+            }
+            if self.now() >= deadline {
+                return Ok(false);
+            }
+            self.sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Time passes in steps of 1 ms on the fake clock while any of `ids`
+    /// lives (a script may end its processes meanwhile).
+    fn wait_exits(&self, ids: &[Identity], deadline: Instant) -> Result<bool, ProcError> {
+        loop {
+            let running = {
+                let w = self.world();
+                ids.iter().any(|id| {
+                    w.procs.get(&id.pid).is_some_and(|p| {
+                        p.start_ticks == id.start_ticks && !matches!(p.state, 'Z' | 'X')
+                    })
+                })
+            };
+            if !running {
+                return Ok(true);
+            }
+            if self.now() >= deadline {
+                return Ok(false);
+            }
+            self.sleep(Duration::from_millis(1));
+        }
     }
 
     fn remove_cgroup_when_empty(&self, dir: &Path, _wait: Duration) -> Result<bool, ProcError> {

@@ -456,7 +456,7 @@ impl Engine {
         for round in 1..=opts.rounds.max(1) {
             let t0 = Instant::now();
             let phase_span = tracing::info_span!("teardown.phase", phase = "freeze").entered();
-            self.freeze(tree, &mut watch, &group, &members, true, opts);
+            self.freeze(tree, &mut watch, &group, &members, opts);
             self.collect_exits(&mut exits);
             // A frozen cgroup forks nothing: its `cgroup.procs` and the
             // known members are all there is to re-read. Without a cgroup,
@@ -471,7 +471,7 @@ impl Engine {
             report.phases.push((Phase::Freeze, t0.elapsed()));
             drop(phase_span);
             if survivors.is_empty() {
-                self.freeze(tree, &mut watch, &group, &members, false, opts);
+                self.thaw(tree, &mut watch, &group, &members, opts);
                 // Only a full walk may end a teardown: the targeted re-read
                 // of a frozen cgroup cannot see a member outside it.
                 let rest = watch.tick_full(self, &exits, false).members;
@@ -537,7 +537,7 @@ impl Engine {
                     // session boundary) and evidence writes after, each of
                     // which may wait out the busy timeout.
                     self.mark_ambiguous(tree.0, &why, &named, watch.journal());
-                    self.freeze(tree, &mut watch, &group, &survivors, false, opts);
+                    self.thaw(tree, &mut watch, &group, &survivors, opts);
                     if let Some(Err(e)) = watch.record(
                         &self.ledger,
                         "survivor snapshot",
@@ -589,8 +589,14 @@ impl Engine {
             let phase_span = tracing::info_span!("teardown.phase", phase = "kill").entered();
             self.send(tree, &mut watch, &step, Sig::Kill, Some(auth), opts)?;
             report.force_killed += survivors.len();
-            // Thaw: killed tasks in a frozen cgroup die once thawed at the latest.
-            self.freeze(tree, &mut watch, &group, &survivors, false, opts);
+            if watch.cgroup().is_some() {
+                // Thaw: one write. (SIGKILL ends a frozen task anyway; a
+                // member the kill did not reach must not stay frozen.)
+                self.thaw(tree, &mut watch, &group, &survivors, opts);
+            }
+            // On the session boundary SIGKILL ends stopped processes too:
+            // the SIGCONT (a group check and a signal) is sent below only
+            // if members outlive the kill.
             report.phases.push((Phase::Kill, t0.elapsed()));
             drop(phase_span);
 
@@ -598,12 +604,26 @@ impl Engine {
             let phase_span = tracing::info_span!("teardown.phase", phase = "verify").entered();
             let v0 = self.host.now();
             let deadline = v0 + opts.verify_timeout;
+            // The kernel says when the killed are gone; scanning /proc
+            // before that only finds the dying. Its notifications first
+            // (`populated 0` of the cgroup; the survivors' pidfds), then the
+            // verifying scans below, which decide.
             if step.cgroup.is_some() {
-                // The kernel says when the cgroup is empty; scanning /proc
-                // before that only finds the dying. Cheap polls of
-                // `cgroup.events` first, then the verifying scans below
-                // (which also cover members outside the cgroup).
                 self.wait_cgroup_empty(&watch, deadline);
+            }
+            let outside: Vec<Identity> = survivors
+                .iter()
+                .filter(|m| !step.cgroup_pids.contains(&m.entry.pid))
+                .map(|m| Identity {
+                    pid: m.entry.pid,
+                    start_ticks: m.entry.start_ticks,
+                    boot_id: group.leader.boot_id.clone(),
+                })
+                .collect();
+            if !outside.is_empty()
+                && let Err(e) = self.host.wait_exits(&outside, deadline)
+            {
+                tracing::debug!(tree = tree.0, error = %e, "exit watches not opened");
             }
             loop {
                 self.collect_exits(&mut exits);
@@ -629,6 +649,10 @@ impl Engine {
             drop(phase_span);
             if members.is_empty() {
                 return self.finish(tree, &mut watch, opts, report, started, &exits);
+            }
+            if watch.cgroup().is_none() {
+                // Members outlived the kill: none stays stopped.
+                self.thaw(tree, &mut watch, &group, &members, opts);
             }
         }
 
@@ -905,44 +929,68 @@ impl Engine {
         }
     }
 
-    /// Freezes (or thaws) what the next step will kill: the cgroup, or
-    /// SIGSTOP/SIGCONT to the group and the loose members.
+    /// Freezes what the next step will kill: the cgroup, or SIGSTOP to the
+    /// group and the loose members.
     fn freeze(
         &self,
         tree: TreeId,
         watch: &mut TreeWatch,
         group: &GroupRecord,
         members: &[Member],
-        frozen: bool,
         opts: &TeardownOptions,
     ) {
         if let Some(dir) = watch.cgroup() {
-            if let Err(e) = self.host.cgroup_freeze(dir, frozen, Duration::from_secs(1)) {
-                tracing::warn!(tree = watch.tree().0, error = %e, frozen, "cgroup freeze failed");
+            if let Err(e) = self.host.cgroup_freeze(dir, Duration::from_secs(1)) {
+                tracing::warn!(tree = tree.0, error = %e, "cgroup freeze failed");
             }
             return;
         }
-        // SIGSTOP/SIGCONT are signals like the others: sent and recorded
-        // by the same step as SIGTERM (DESIGN: the ledger holds every signal).
-        let sig = if frozen { Sig::Stop } else { Sig::Cont };
+        self.group_step(tree, watch, group, members, Sig::Stop, opts);
+    }
+
+    /// Undoes [`Engine::freeze`]: thaws the cgroup, or SIGCONT to the group
+    /// and the loose members.
+    fn thaw(
+        &self,
+        tree: TreeId,
+        watch: &mut TreeWatch,
+        group: &GroupRecord,
+        members: &[Member],
+        opts: &TeardownOptions,
+    ) {
+        if let Some(dir) = watch.cgroup() {
+            if let Err(e) = self.host.cgroup_thaw(dir, Duration::from_secs(1)) {
+                tracing::warn!(tree = tree.0, error = %e, "cgroup thaw failed");
+            }
+            return;
+        }
+        self.group_step(tree, watch, group, members, Sig::Cont, opts);
+    }
+
+    /// SIGSTOP/SIGCONT are signals like the others: sent and recorded by
+    /// the same step as SIGTERM (DESIGN: the ledger holds every signal).
+    fn group_step(
+        &self,
+        tree: TreeId,
+        watch: &mut TreeWatch,
+        group: &GroupRecord,
+        members: &[Member],
+        sig: Sig,
+        opts: &TeardownOptions,
+    ) {
         let step = self.step(watch, group, members, false);
         if let Err(e) = self.send(tree, watch, &step, sig, None, opts) {
             tracing::warn!(tree = tree.0, error = %e, signal = sig.name(), "freeze step failed");
         }
     }
 
-    /// Polls `cgroup.events` until `populated 0` or `deadline`. Only a hint:
-    /// the caller verifies by scan whatever this says.
+    /// Waits for the kernel's `populated 0` of the tree's cgroup, or
+    /// `deadline`. Only a hint: the caller verifies by scan whatever this
+    /// says.
     fn wait_cgroup_empty(&self, watch: &TreeWatch, deadline: Instant) {
         let Some(dir) = watch.cgroup() else { return };
-        let t0 = self.host.now();
-        while matches!(self.host.cgroup_populated(dir), Ok(true)) && self.host.now() < deadline {
-            self.host
-                .sleep(if self.host.now() - t0 < Duration::from_millis(100) {
-                    Duration::from_micros(250)
-                } else {
-                    Duration::from_millis(5)
-                });
+        if let Err(e) = self.host.cgroup_wait_empty(dir, deadline) {
+            tracing::debug!(tree = watch.tree().0, error = %e, "cgroup.events not readable");
         }
     }
 

@@ -285,11 +285,8 @@ fn a_cgroup_tree_is_frozen_authorized_killed_by_cgroup_kill_and_thawed() {
     assert_eq!(kills[0].hit.len(), 3);
     assert_every_kill_authorized(&kills);
     let w = rig.host.world();
-    assert_eq!(
-        w.calls.get(&Call::CgroupFreeze),
-        Some(&2),
-        "freeze, then thaw"
-    );
+    assert_eq!(w.calls.get(&Call::CgroupFreeze), Some(&1), "frozen once");
+    assert_eq!(w.calls.get(&Call::CgroupThaw), Some(&1), "then thawed");
     assert!(w.removed.contains(&cg), "the empty cgroup is removed");
 }
 
@@ -365,10 +362,32 @@ fn grace_zero_goes_from_sigterm_straight_to_the_authorized_kill() {
     assert_eq!(report.state, TreeState::Ended);
     let sent = rig.host.sent();
     let sigs: Vec<Sig> = sent.iter().map(|s| s.sig).collect();
-    assert_eq!(sigs, [Sig::Term, Sig::Stop, Sig::Kill, Sig::Cont]);
+    // No SIGCONT: the SIGKILL ended the stopped tree (a survivor would get one).
+    assert_eq!(sigs, [Sig::Term, Sig::Stop, Sig::Kill]);
     assert_eq!(sent[2].at, Duration::ZERO, "no time waited before the kill");
     assert_every_kill_authorized(&sent);
     assert_eq!(rig.host.world().calls.get(&Call::Sleep), None);
+}
+
+#[test]
+fn a_session_member_that_outlives_the_kill_is_not_left_stopped() {
+    let rig = rig(Boundary::Session, false, |w, root, _| {
+        w.procs.get_mut(&root).expect("root").ignores_term = true;
+        let p = w.spawn(stubborn(root, root, None));
+        w.procs.get_mut(&p.0).expect("child").unkillable = true;
+    });
+    let mut opts = TeardownOptions::new(Duration::ZERO, "test", Origin::Kill);
+    opts.rounds = 1;
+    let err = rig.teardown_with(opts).expect_err("a survivor: ambiguous");
+    assert!(matches!(err, CustodyError::Ambiguous { .. }), "{err}");
+    let sigs: Vec<Sig> = rig.host.sent().iter().map(|s| s.sig).collect();
+    assert_eq!(sigs, [Sig::Term, Sig::Stop, Sig::Kill, Sig::Cont]);
+    let w = rig.host.world();
+    assert!(
+        w.procs.values().all(|p| p.state != 'T'),
+        "nothing left stopped: {:?}",
+        w.procs
+    );
 }
 
 #[test]
@@ -814,6 +833,7 @@ mod interleavings {
             Just(Call::SignalGroup),
             Just(Call::SignalProcess),
             Just(Call::CgroupFreeze),
+            Just(Call::CgroupThaw),
             Just(Call::Sleep),
             Just(Call::KillAny),
         ]

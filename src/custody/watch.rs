@@ -556,7 +556,14 @@ impl TreeWatch {
             .iter()
             .map(|m| ((m.entry.pid, m.entry.start_ticks), m.entry.pid))
             .collect();
-        let orphans_until = engine.orphans_deadline(self.tree);
+        // Deferred exits (a teardown past its authorization) take only the
+        // statuses already collected: the rest are looked up once, after
+        // the tree is verified empty ([`TreeWatch::take_deferred_exits`]),
+        // not per member while the kernel is still killing.
+        let deferring = self.deferred_exits.is_some();
+        let orphans_until = (!deferring)
+            .then(|| engine.orphans_deadline(self.tree))
+            .flatten();
         let gone: Vec<(IdentityRecord, Option<ExitRecord>)> = self
             .alive
             .keys()
@@ -569,6 +576,9 @@ impl TreeWatch {
                     .get(&pid)
                     .copied()
                     .or_else(|| {
+                        if deferring {
+                            return None;
+                        }
                         let root =
                             self.is_root(pid, start_ticks) && engine.was_spawned_here(self.tree);
                         engine.reaped_exit(pid, start_ticks, root, orphans_until)
