@@ -688,6 +688,117 @@ fn resumes_from_ambiguous_and_kills_the_survivors_the_marker_names() {
 }
 
 #[test]
+fn resumes_from_a_terminal_state_without_touching_the_host() {
+    for state in [TreeState::Ended, TreeState::Vanished] {
+        let rig = rig(Boundary::Cgroup, false, |w, root, cg| {
+            // Still running by the host's word: the ledger's end is final.
+            w.spawn(member(0, root, root, cg));
+        });
+        rig.ledger.end_tree(rig.tree, state, None).expect("ended");
+        let report = rig.teardown(Duration::ZERO).expect("nothing to do");
+        assert_eq!(report.state, state);
+        assert_eq!(report.members_at_start, 0);
+        assert!(rig.host.sent().is_empty(), "{state:?}: no signal");
+        let w = rig.host.world();
+        assert_eq!(w.calls.get(&Call::Snapshot), None, "{state:?}: no walk");
+        assert_eq!(w.calls.get(&Call::CgroupFreeze), None);
+    }
+}
+
+#[test]
+fn resumes_from_resolved_with_survivors_and_kills_them_with_authority() {
+    let mut survivor = (0, 0);
+    let rig = rig(Boundary::Session, false, |w, root, _| {
+        survivor = w.spawn(stubborn(root, root, None));
+        w.procs.get_mut(&root).expect("root").ignores_term = true;
+    });
+    rig.ledger
+        .set_state(rig.tree, TreeState::Ambiguous, Some("ledger refused"))
+        .expect("state");
+    super::markers::write(
+        rig.dir.path(),
+        rig.tree.0,
+        &super::markers::Marker {
+            reason: "forced kill skipped".into(),
+            survivors: vec![IdentityRecord {
+                pid: survivor.0,
+                start_ticks: survivor.1,
+                boot_id: BOOT.into(),
+            }],
+            pending: vec![],
+            batch: String::new(),
+        },
+    );
+    rig.engine
+        .resolve(rig.tree, "operator looked", true)
+        .expect("forced resolution");
+    let row = rig.ledger.tree(rig.tree).expect("read").expect("row");
+    assert!(row.has_survivors_left(), "{:?}", row.flags);
+    let report = rig.teardown(Duration::ZERO).expect("settled");
+    assert_eq!(
+        report.state,
+        TreeState::Resolved,
+        "terminal states are final"
+    );
+    let kills = rig.kills();
+    assert!(
+        kills.iter().any(|k| k.hit.contains(&survivor)),
+        "the survivor is killed: {kills:#?}"
+    );
+    assert_every_kill_authorized(&kills);
+    let row = rig.ledger.tree(rig.tree).expect("read").expect("row");
+    assert!(
+        row.flags.iter().any(|f| f == "survivors_ended"),
+        "{:?}",
+        row.flags
+    );
+    assert!(!row.has_survivors_left());
+}
+
+#[test]
+fn with_the_group_leader_recycled_an_escapee_is_still_killed_by_pidfd_and_the_stranger_never() {
+    let mut escapee = (0, 0);
+    let mut stranger_id = (0, 0);
+    let rig = rig(Boundary::Session, false, |w, root, _| {
+        let e = w.spawn(stubborn(root, root, None));
+        w.setsid(e.0);
+        escapee = e;
+    });
+    // The tree's first walk sees the escapee; then the root dies and its
+    // pid (the recorded pgid and sid) goes to a stranger.
+    {
+        let mut w = rig.host.world();
+        let root = rig.root.0;
+        w.on(Call::SignalGroup, 1, move |w| {
+            w.recycle(root);
+        });
+    }
+    let result = rig.teardown(Duration::ZERO);
+    {
+        let w = rig.host.world();
+        if let Some(p) = w.procs.get(&rig.root.0) {
+            stranger_id = (p.pid, p.start_ticks);
+        }
+    }
+    assert_ne!(stranger_id, rig.root, "the pid was recycled");
+    let sent = rig.host.sent();
+    assert!(
+        sent.iter().all(|s| !s.hit.contains(&stranger_id)),
+        "the stranger holding the recycled pgid is never hit: {sent:#?}"
+    );
+    let kills: Vec<Sent> = rig
+        .kills()
+        .into_iter()
+        .filter(|k| !k.hit.is_empty())
+        .collect();
+    assert_eq!(kills.len(), 1, "{kills:#?} ({result:?})");
+    assert_eq!(kills[0].target, Target::Pid(escapee.0));
+    assert_eq!(kills[0].hit, vec![escapee]);
+    assert_every_kill_authorized(&kills);
+    assert!(!rig.host.world().live().contains(&escapee.0));
+}
+
+#[test]
 fn the_deferred_journal_is_replayed_before_the_resumed_teardown() {
     let rig = rig(Boundary::Session, false, |w, root, _| {
         w.procs.get_mut(&root).expect("root").ignores_term = true;
