@@ -21,6 +21,7 @@ mod host;
 pub mod markers;
 mod observer;
 mod owner;
+pub mod policy;
 mod spawn;
 mod stats;
 mod sweep;
