@@ -228,10 +228,11 @@ fn ascii_num<T: std::str::FromStr>(field: &[u8]) -> Option<T> {
     std::str::from_utf8(field).ok()?.parse().ok()
 }
 
-/// The pids listed in a cgroup's `cgroup.procs` (empty if it is gone).
+/// The pids listed in a cgroup's `cgroup.procs` (empty if it is gone):
+/// [`crate::proc::cgroup_pids`] as a set.
 pub fn cgroup_pids(cgroup_dir: &Path) -> HashSet<i32> {
-    std::fs::read_to_string(cgroup_dir.join("cgroup.procs"))
-        .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
+    crate::proc::cgroup_pids(cgroup_dir)
+        .map(|pids| pids.into_iter().collect())
         .unwrap_or_default()
 }
 

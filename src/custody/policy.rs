@@ -129,6 +129,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn origin_labels_are_their_serialized_form() {
+        for o in [Origin::Run, Origin::Kill, Origin::Sweep, Origin::Service] {
+            let json = serde_json::to_value(o).expect("serializes");
+            assert_eq!(json, serde_json::Value::from(o.as_str()));
+        }
+    }
+
+    #[test]
     fn grace_is_asked_then_recorded_then_default_and_capped() {
         let s = Duration::from_secs;
         assert_eq!(grace(Some(s(1)), Some(s(2)), s(3), None), s(1));

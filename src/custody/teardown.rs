@@ -44,6 +44,19 @@ pub enum Origin {
     Service,
 }
 
+impl Origin {
+    /// The origin's label, as its serialized form spells it (logs, the
+    /// report): written once here.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Origin::Run => "run",
+            Origin::Kill => "kill",
+            Origin::Sweep => "sweep",
+            Origin::Service => "service",
+        }
+    }
+}
+
 /// How a teardown runs.
 #[derive(Clone, Debug)]
 pub struct TeardownOptions {
@@ -290,7 +303,7 @@ impl Engine {
                     .collect();
                 tracing::info!(
                     tree = tree.0,
-                    origin = ?opts.origin,
+                    origin = opts.origin.as_str(),
                     state = r.state.as_str(),
                     members = r.members_at_start,
                     force_killed = r.force_killed,
@@ -301,7 +314,7 @@ impl Engine {
                 );
             }
             Err(e) => {
-                tracing::warn!(tree = tree.0, origin = ?opts.origin, error = %e, "teardown not settled")
+                tracing::warn!(tree = tree.0, origin = opts.origin.as_str(), error = %e, "teardown not settled")
             }
         }
         result
@@ -388,7 +401,7 @@ impl Engine {
         let _span = tracing::info_span!(
             "teardown",
             tree = tree.0,
-            origin = ?opts.origin,
+            origin = opts.origin.as_str(),
             grace_ms = opts.grace.as_millis() as u64
         )
         .entered();
