@@ -37,7 +37,9 @@ pub use boundary::{
     remove_cgroup_if_empty, remove_cgroup_when_empty, resolve_boundary, spawn_held,
 };
 pub use connector::{Connector, ProcEvent, monotonic_ns};
-pub use identity::{Identity, Liveness, ProcStat, boot_id, identity_of, read_stat, self_identity};
+pub use identity::{
+    Identity, Liveness, ProcKey, ProcStat, boot_id, identity_of, read_stat, self_identity,
+};
 pub use pidfd::{ExitWatch, open_exit_watch, wait_exits};
 pub use probe::{Capability, Probe, probe};
 pub use reaper::{
