@@ -103,6 +103,9 @@ pub enum Phase {
     Term,
     Grace,
     Freeze,
+    /// The survivors' command lines read as evidence.
+    Snapshot,
+    /// The snapshot and the authorization committed.
     Authorize,
     Kill,
     Verify,
@@ -117,6 +120,7 @@ impl Phase {
             Phase::Term => "term",
             Phase::Grace => "grace",
             Phase::Freeze => "freeze",
+            Phase::Snapshot => "snapshot",
             Phase::Authorize => "authorize",
             Phase::Kill => "kill",
             Phase::Verify => "verify",
@@ -229,8 +233,6 @@ struct Authorize {
     survivors: Vec<Member>,
     forensic: Vec<SurvivorRecord>,
     taken_at: SystemTime,
-    /// When the snapshot began (the phase's duration includes it).
-    since: Instant,
 }
 
 struct Kill {
@@ -673,6 +675,7 @@ impl Engine {
     /// SNAPSHOT: the frozen survivors as evidence (their command lines).
     fn snapshot(&self, run: &mut Run<'_>, s: Snapshot) -> State {
         let t0 = Instant::now();
+        let _span = tracing::info_span!("teardown.phase", phase = "snapshot").entered();
         let forensic: Vec<SurvivorRecord> = s
             .survivors
             .iter()
@@ -690,25 +693,25 @@ impl Engine {
                 },
             })
             .collect();
+        run.report.phases.push((Phase::Snapshot, t0.elapsed()));
         State::Authorize(Authorize {
             round: s.round,
             survivors: s.survivors,
             forensic,
             taken_at: s.taken_at,
-            since: t0,
         })
     }
 
     /// AUTHORIZE: the snapshot and `kill.authorized` naming every target,
     /// in one FULL transaction. Refused: [`State::FailClosed`].
     fn authorize(&self, run: &mut Run<'_>, a: Authorize) -> State {
+        let since = Instant::now();
         let _span = tracing::info_span!("teardown.phase", phase = "authorize").entered();
         let Authorize {
             round,
             survivors,
             forensic,
             taken_at,
-            since,
         } = a;
         let targets = self.targets(&run.watch, &run.group, &survivors, Reach::Kill);
         let named = kill_targets(&run.watch, &targets, &survivors);
