@@ -129,6 +129,40 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_observer_starts_as_the_mode_asks() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ledger = Ledger::open(
+            &dir.path().join("ledger.db"),
+            crate::ledger::LedgerOptions::default(),
+        )
+        .expect("ledger");
+        let off = start_observer(&ledger, ObserverMode::Off, 0, Box::new(|| {})).expect("off");
+        assert!(off.observer.is_none());
+        assert_eq!(off.off_because, "--observer off");
+        // `auto` and `on` agree on this host: both run it, or `auto` says
+        // why not and `on` refuses with the same cause.
+        let auto = start_observer(&ledger, ObserverMode::Auto, 0, Box::new(|| {})).expect("auto");
+        let on = start_observer(&ledger, ObserverMode::On, 0, Box::new(|| {}));
+        match (auto.observer, on) {
+            (Some(a), Ok(on)) => {
+                assert!(auto.off_because.is_empty());
+                let on = on.observer.expect("on runs it too");
+                a.stop();
+                on.stop();
+            }
+            (None, Err(e)) => {
+                assert!(auto.off_because.starts_with("proc connector unavailable"));
+                assert!(e.starts_with("--observer on, but"), "{e}");
+            }
+            (a, on) => panic!(
+                "auto and on disagree: auto {:?}, on {:?}",
+                a.is_some(),
+                on.map(|o| o.observer.is_some())
+            ),
+        }
+    }
+
+    #[test]
     fn origin_labels_are_their_serialized_form() {
         for o in [Origin::Run, Origin::Kill, Origin::Sweep, Origin::Service] {
             let json = serde_json::to_value(o).expect("serializes");
