@@ -453,6 +453,64 @@ fn a_fork_storm_is_fought_for_a_bounded_number_of_rounds_then_ambiguous() {
 }
 
 #[test]
+fn members_that_appear_only_between_the_frozen_read_and_the_walk_cost_bounded_rounds() {
+    // Each round's frozen re-read finds nothing (the member the walk before
+    // found has exited), and each verifying walk after the thaw finds a new
+    // one: no survivor is ever authorized or killed, and the rounds are
+    // still bounded.
+    let rig = rig(Boundary::Cgroup, false, |w, _root, cg| {
+        let cg = cg.expect("cgroup").to_path_buf();
+        // The root obeys SIGTERM. Walk 1 is the TERM's; the walk after each
+        // round's thaw (2, 3, 4) finds a new member, gone before the next
+        // round's frozen re-read (the n-th targeted read).
+        for (walk, frozen_read) in [(2, 2), (3, 3), (4, 4)] {
+            let cg = cg.clone();
+            w.on(Call::Snapshot, walk, move |w| {
+                let ghost = w.spawn(member(0, 1, 0, Some(&cg)));
+                w.on(Call::SnapshotPids, frozen_read, move |w| {
+                    w.exit(ghost.0, ExitStatus::Exited(0))
+                });
+            });
+        }
+    });
+    let mut opts = TeardownOptions::new(Duration::ZERO, "ghosts", Origin::Kill);
+    opts.rounds = 3;
+    let err = rig
+        .teardown_with(opts)
+        .expect_err("ambiguous after the rounds");
+    assert!(matches!(err, CustodyError::Ambiguous { .. }), "{err}");
+    assert!(rig.kills().is_empty(), "nothing was ever authorized to die");
+    assert!(rig.detail().authorizations.is_empty());
+    let w = rig.host.world();
+    assert_eq!(
+        w.calls.get(&Call::Snapshot),
+        Some(&4),
+        "the TERM's walk and one per round, three rounds"
+    );
+    assert_eq!(w.calls.get(&Call::CgroupFreeze), Some(&3));
+}
+
+#[test]
+fn a_group_that_is_not_provably_the_recorded_one_is_refused_not_frozen_or_killed() {
+    let rig = rig(Boundary::Session, false, |w, root, _| {
+        w.procs.get_mut(&root).expect("root").ignores_term = true;
+        // A process in the recorded group but not in its session: the
+        // group is not provably the recorded one.
+        w.spawn(FakeProc {
+            sid: root + 500,
+            ..stubborn(root, root, None)
+        });
+    });
+    let report = rig.teardown(Duration::ZERO).expect("refused, closed");
+    assert_eq!(report.state, TreeState::Vanished);
+    let sent = rig.host.sent();
+    assert_eq!(sent.len(), 1, "only the refused SIGTERM: {sent:#?}");
+    assert_eq!(sent[0].sig, Sig::Term);
+    assert!(sent[0].hit.is_empty());
+    assert!(rig.detail().authorizations.is_empty());
+}
+
+#[test]
 fn an_escapee_is_signalled_only_by_pid_after_its_identity_is_checked() {
     let mut esc = (0, 0);
     let rig = rig(Boundary::Session, false, |w, root, _| {
