@@ -267,6 +267,37 @@ fn every_sigkill_follows_a_committed_authorization_naming_exactly_its_targets() 
         kills[0].at
     );
     assert!(rig.host.world().live().is_empty());
+    let killing = rig
+        .ledger
+        .events(&EventFilter {
+            tree: Some(rig.tree),
+            ..EventFilter::default()
+        })
+        .expect("events")
+        .into_iter()
+        .filter(|e| e.kind == "tree.state" && e.data["to"] == "killing")
+        .count();
+    assert_eq!(killing, 1, "the state killing, recorded in the first round");
+}
+
+#[test]
+fn the_verify_waits_for_a_killed_member_that_dies_slowly() {
+    let rig = rig(Boundary::Session, false, |w, root, _| {
+        w.procs.get_mut(&root).expect("root").ignores_term = true;
+        // SIGKILL does not end it at once (say, a long uninterruptible
+        // sleep): it exits on its own 5 ms into the verify.
+        let slow = w.spawn(stubborn(root, root, None));
+        w.procs.get_mut(&slow.0).expect("slow").unkillable = true;
+        w.on(Call::Sleep, 5, move |w| {
+            w.exit(slow.0, ExitStatus::Signaled(9))
+        });
+    });
+    let report = rig.teardown(Duration::ZERO).expect("settled");
+    assert_eq!(report.state, TreeState::Ended);
+    assert_eq!(report.authorizations, 1, "one round: the verify waited");
+    let sigs: Vec<Sig> = rig.host.sent().iter().map(|s| s.sig).collect();
+    assert_eq!(sigs, [Sig::Term, Sig::Stop, Sig::Kill], "no SIGCONT");
+    assert!(rig.host.now_since_start() < Duration::from_secs(1));
 }
 
 #[test]
