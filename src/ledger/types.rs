@@ -531,12 +531,24 @@ pub struct MemberCounts {
 /// The owner as shown with a tree.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct OwnerRow {
+    /// The owner's id in this ledger.
     pub id: i64,
+    /// The owner's pid (with `start` and `boot_id`, its identity).
     pub pid: i32,
     /// Start time in clock ticks.
     pub start: u64,
+    /// The boot it ran in.
     pub boot_id: String,
+    /// "run", "client" or "service" ([`OwnerRow::owner_kind`] for the type).
     pub kind: String,
+}
+
+impl OwnerRow {
+    /// The owner's kind, typed (`None` only for a kind this build does not
+    /// know: the database's CHECK allows none).
+    pub fn owner_kind(&self) -> Option<OwnerKind> {
+        self.kind.parse().ok()
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]

@@ -691,7 +691,7 @@ impl Service {
             // lives: the sweep leaves it alone (the owner is alive), so it
             // is adopted and its teardown resumed here.
             let interrupted = matches!(row.state, TreeState::Terminating | TreeState::Killing);
-            if row.owner.kind == OwnerKind::Client.as_str()
+            if row.owner.owner_kind() == Some(OwnerKind::Client)
                 && (interrupted || matches!(row.state, TreeState::Running | TreeState::Spawning))
             {
                 let owner = Identity {
