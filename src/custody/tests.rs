@@ -595,6 +595,116 @@ fn a_recycled_pid_is_never_signalled() {
             .any(|s| s.target == Target::Pid(esc.0) && s.outcome == "recycled")
     );
     assert_every_kill_authorized(&sent);
+    // The ledger's signal rows: the escapee's SIGTERM and SIGSTOP (sent), no
+    // SIGKILL row for a kill that was refused.
+    let pid = esc.0.to_string();
+    let rows: Vec<(String, String)> = rig
+        .detail()
+        .signals
+        .into_iter()
+        .filter(|r| r.target_kind == "pid" && r.target == pid)
+        .map(|r| (r.signal, r.result))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("SIGTERM".to_string(), "sent".to_string()),
+            ("SIGSTOP".to_string(), "sent".to_string())
+        ]
+    );
+}
+
+#[test]
+fn a_group_member_outside_the_cgroup_is_killed_by_the_group_signal_with_authority() {
+    let mut outside = (0, 0);
+    let rig = rig(Boundary::Cgroup, false, |w, root, cg| {
+        w.procs.get_mut(&root).expect("root").ignores_term = true;
+        w.spawn(stubborn(root, root, cg));
+        // In the recorded group and session, but moved out of the cgroup:
+        // cgroup.kill does not reach it, the group signal must.
+        outside = w.spawn(stubborn(root, root, None));
+    });
+    let report = rig.teardown(Duration::ZERO).expect("settled");
+    assert_eq!(report.state, TreeState::Ended);
+    assert_eq!(report.authorizations, 1);
+    let kills = rig.kills();
+    let by_group: Vec<&Sent> = kills
+        .iter()
+        .filter(|k| k.target == Target::Group(rig.root.0))
+        .collect();
+    assert_eq!(by_group.len(), 1, "{kills:#?}");
+    assert_eq!(
+        by_group[0].hit,
+        vec![outside],
+        "the group signal reached it"
+    );
+    assert_every_kill_authorized(&kills);
+    assert!(rig.host.world().live().is_empty());
+}
+
+#[test]
+fn a_sigkill_that_found_the_group_empty_is_recorded_as_skipped_not_as_a_signal() {
+    let mut loner = (0, 0);
+    let rig = rig(Boundary::Session, false, |w, root, _| {
+        // The root is gone; a stubborn escapee of its tree lives on.
+        let e = w.spawn(stubborn(root, root, None));
+        w.setsid(e.0);
+        loner = e;
+        w.exit(root, ExitStatus::Exited(0));
+    });
+    // An earlier scan saw it in the tree (before it left the session).
+    rig.ledger
+        .observe_members(
+            rig.tree,
+            &[crate::ledger::MemberRecord {
+                identity: IdentityRecord {
+                    pid: loner.0,
+                    start_ticks: loner.1,
+                    boot_id: BOOT.into(),
+                },
+                ppid: rig.root.0,
+                pgid: rig.root.0,
+                sid: rig.root.0,
+                cgroup: None,
+                uid: None,
+                exe: None,
+                cmdline: vec!["worker".into()],
+                cwd: None,
+            }],
+        )
+        .expect("sighting");
+    let report = rig.teardown(Duration::ZERO).expect("settled");
+    assert_eq!(report.state, TreeState::Ended);
+    let detail = rig.detail();
+    let group = rig.root.0.to_string();
+    let group_rows: Vec<(String, String)> = detail
+        .signals
+        .iter()
+        .filter(|r| r.target_kind == "group" && r.target == group)
+        .map(|r| (r.signal.clone(), r.result.clone()))
+        .collect();
+    // TERM and STOP to the empty group are recorded as what they found;
+    // the SIGKILL that found nobody is not a signal.
+    assert_eq!(
+        group_rows,
+        [
+            ("SIGTERM".to_string(), "group empty".to_string()),
+            ("SIGSTOP".to_string(), "group empty".to_string())
+        ]
+    );
+    assert!(
+        detail.events.iter().any(|e| e.kind == "kill.skipped"
+            && e.data["reason"]
+                .as_str()
+                .is_some_and(|r| r.starts_with(&format!("group {group}")))),
+        "the group's SIGKILL is recorded as skipped"
+    );
+    assert!(
+        detail
+            .signals
+            .iter()
+            .any(|r| r.signal == "SIGKILL" && r.target == loner.0.to_string())
+    );
 }
 
 #[test]
