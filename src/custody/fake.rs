@@ -126,6 +126,9 @@ pub(crate) struct World {
     reaped: HashMap<(i32, u64), ExitStatus>,
     /// Calls of each kind, for tests of bounded work.
     pub calls: HashMap<Call, usize>,
+    /// The candidates each group signal was given to prove the group with
+    /// (in order).
+    pub group_candidates: Vec<Vec<i32>>,
 }
 
 impl World {
@@ -346,6 +349,7 @@ impl FakeHost {
                 unclaimed: Vec::new(),
                 reaped: HashMap::new(),
                 calls: HashMap::new(),
+                group_candidates: Vec::new(),
             }),
             base: Instant::now(),
             ledger: Mutex::new(None),
@@ -499,11 +503,12 @@ impl Host for FakeHost {
         &self,
         rec: &GroupRecord,
         sig: Sig,
-        _candidates: &[i32],
+        candidates: &[i32],
     ) -> Result<GroupDelivery, ProcError> {
         self.step(Call::SignalGroup, sig);
         let authorized = self.authority(sig);
         let mut w = self.world();
+        w.group_candidates.push(candidates.to_vec());
         let record = |w: &mut World, hit: Vec<(i32, u64)>, outcome: String| {
             w.push(Sent {
                 sig,

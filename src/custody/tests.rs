@@ -315,6 +315,12 @@ fn a_cgroup_tree_is_frozen_authorized_killed_by_cgroup_kill_and_thawed() {
     assert_eq!(kills[0].target, Target::Cgroup(cg.clone()));
     assert_eq!(kills[0].hit.len(), 3);
     assert_every_kill_authorized(&kills);
+    // Exactly the target it reached: no group target beside the cgroup
+    // when every member is in the cgroup.
+    let auths = rig.detail().authorizations;
+    assert_eq!(auths.len(), 1);
+    let kinds: Vec<&str> = auths[0].targets.iter().map(|t| t.kind.as_str()).collect();
+    assert_eq!(kinds, ["cgroup"]);
     let w = rig.host.world();
     assert_eq!(w.calls.get(&Call::CgroupFreeze), Some(&1), "frozen once");
     assert_eq!(w.calls.get(&Call::CgroupThaw), Some(&1), "then thawed");
@@ -611,6 +617,69 @@ fn a_recycled_pid_is_never_signalled() {
             ("SIGTERM".to_string(), "sent".to_string()),
             ("SIGSTOP".to_string(), "sent".to_string())
         ]
+    );
+}
+
+#[test]
+fn the_group_check_is_given_the_members_just_classified_into_the_group() {
+    let mut ids = Vec::new();
+    let rig = rig(Boundary::Session, false, |w, root, _| {
+        w.procs.get_mut(&root).expect("root").ignores_term = true;
+        ids.push(root);
+        ids.push(w.spawn(stubborn(root, root, None)).0);
+        // An escapee: not a group member, not a candidate.
+        let e = w.spawn(stubborn(root, root, None));
+        w.setsid(e.0);
+    });
+    rig.teardown(Duration::ZERO).expect("settled");
+    let w = rig.host.world();
+    ids.sort();
+    assert!(!w.group_candidates.is_empty());
+    for c in &w.group_candidates {
+        let mut c = c.clone();
+        c.sort();
+        assert_eq!(c, ids, "TERM, STOP and KILL: the group's live members");
+    }
+}
+
+#[test]
+fn the_verify_waits_for_the_cgroup_to_empty_instead_of_re_reading_it() {
+    let rig = rig(Boundary::Cgroup, false, |w, root, cg| {
+        w.procs.get_mut(&root).expect("root").ignores_term = true;
+        // Killed, but the kernel takes 5 ms to let it go.
+        let slow = w.spawn(stubborn(root, root, cg));
+        w.procs.get_mut(&slow.0).expect("slow").unkillable = true;
+        w.on(Call::Sleep, 5, move |w| {
+            w.exit(slow.0, ExitStatus::Signaled(9))
+        });
+    });
+    let report = rig.teardown(Duration::ZERO).expect("settled");
+    assert_eq!(report.state, TreeState::Ended);
+    assert_eq!(report.authorizations, 1);
+    let w = rig.host.world();
+    // One targeted re-read while frozen, one after `populated 0`: none
+    // while the kernel was still killing.
+    assert_eq!(w.calls.get(&Call::SnapshotPids), Some(&2), "{:?}", w.calls);
+}
+
+#[test]
+fn a_tree_another_teardown_ended_meanwhile_stays_as_it_ended() {
+    let rig = rig(Boundary::Session, false, |_, _, _| {});
+    // A concurrent `kill` ends the tree while this teardown walks.
+    let (ledger, tree) = (rig.ledger.clone(), rig.tree);
+    rig.host.world().on(Call::Snapshot, 1, move |_| {
+        ledger
+            .end_tree(tree, TreeState::Ended, None)
+            .expect("the other teardown's end");
+    });
+    let report = rig.teardown(Duration::ZERO).expect("no error");
+    assert_eq!(report.state, TreeState::Ended);
+    let row = rig.ledger.tree(rig.tree).expect("read").expect("row");
+    assert_eq!(row.state, TreeState::Ended);
+    assert!(
+        !row.flags.iter().any(|f| f == "survivors_ended"),
+        "{:?}",
+        row.flags
     );
 }
 
