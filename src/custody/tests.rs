@@ -298,6 +298,10 @@ fn the_verify_waits_for_a_killed_member_that_dies_slowly() {
     let sigs: Vec<Sig> = rig.host.sent().iter().map(|s| s.sig).collect();
     assert_eq!(sigs, [Sig::Term, Sig::Stop, Sig::Kill], "no SIGCONT");
     assert!(rig.host.now_since_start() < Duration::from_secs(1));
+    // It waited on the exit (a pidfd), then re-read once: no re-reads of
+    // the survivors while the kernel was still killing.
+    let w = rig.host.world();
+    assert_eq!(w.calls.get(&Call::SnapshotPids), Some(&1), "{:?}", w.calls);
 }
 
 #[test]
