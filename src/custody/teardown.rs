@@ -786,10 +786,13 @@ impl Engine {
             run.opts,
         )?;
         run.report.force_killed += survivors.len();
-        if run.watch.cgroup().is_some() {
-            // Thaw: one write. (SIGKILL ends a frozen task anyway; a member
-            // the kill did not reach must not stay frozen.)
-            self.thaw(run.tree, &mut run.watch, &run.group, &survivors, run.opts);
+        if let Some(dir) = run.watch.cgroup() {
+            // Thaw: one write, not waited for (`cgroup.kill` ends frozen
+            // tasks too, and the verify waits for `populated 0`); a member
+            // the kill did not reach must not stay frozen.
+            if let Err(e) = self.host.cgroup_thaw(dir, Duration::ZERO) {
+                tracing::warn!(tree = run.tree.0, error = %e, "cgroup thaw failed");
+            }
         }
         // On the session boundary SIGKILL ends stopped processes too: the
         // SIGCONT (a group check and a signal) is sent by the verify only

@@ -382,10 +382,14 @@ fn event_value(text: &str, key: CgroupEvent) -> bool {
 /// Waits until `key` of `cgroup.events` reads `want`, or `deadline`;
 /// whether it did. Event-driven: the kernel notifies every change of
 /// `cgroup.events` to a poller (`POLLPRI`), so this sleeps in `poll(2)`
-/// until the file changes instead of re-reading it on a timer. kernfs
-/// compares the file's event count with the one of this descriptor's last
-/// read, so a change between the read and the poll is not lost; each poll
-/// is still capped at 50 ms (a belt for file systems that do not notify).
+/// until the file changes. kernfs compares the file's event count with the
+/// one of this descriptor's last read, so a change between the read and the
+/// poll is not lost. But cgroup file notifications are rate-limited to one
+/// per 10 ms (`CGROUP_FILE_NOTIFY_MIN_INTV`): a freeze, its thaw and the
+/// `populated 0` after a kill come within 10 ms of each other, and waiting
+/// for the notification alone cost up to 10 ms per step. So each poll is
+/// also capped: 250 µs for the first 50 ms (a state a teardown waits for
+/// usually comes within a few ms), then 50 ms.
 pub fn cgroup_wait_event(
     path: &Path,
     key: CgroupEvent,
@@ -397,6 +401,7 @@ pub fn cgroup_wait_event(
     let err = |e: std::io::Error| ProcError::cgroup(&name, e);
     let mut file = std::fs::File::open(&name).map_err(err)?;
     let mut text = String::with_capacity(64);
+    let started = Instant::now();
     loop {
         text.clear();
         file.seek(SeekFrom::Start(0)).map_err(err)?;
@@ -408,7 +413,12 @@ pub fn cgroup_wait_event(
         if now >= deadline {
             return Ok(false);
         }
-        let left = (deadline - now).min(Duration::from_millis(50));
+        let cap = if now - started < Duration::from_millis(50) {
+            Duration::from_micros(250)
+        } else {
+            Duration::from_millis(50)
+        };
+        let left = (deadline - now).min(cap);
         let timeout = rustix::event::Timespec {
             tv_sec: 0,
             tv_nsec: left.as_nanos() as _,
