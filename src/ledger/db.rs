@@ -24,6 +24,7 @@ const MIGRATIONS: &[M<'static>] = &[
     M::up(include_str!("../../migrations/0002_tree_options.sql")),
     M::up(include_str!("../../migrations/0003_instance.sql")),
     M::up(include_str!("../../migrations/0004_first_signal.sql")),
+    M::up(include_str!("../../migrations/0005_retention.sql")),
 ];
 
 /// How hard a commit must be on disk before it returns.

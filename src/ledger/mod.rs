@@ -61,6 +61,7 @@ mod chain;
 mod db;
 mod error;
 mod export;
+mod prune;
 mod read;
 mod types;
 mod verify;
@@ -73,6 +74,7 @@ use std::time::Duration;
 
 pub use chain::{GENESIS, canonical_event, canonical_string, event_hash};
 pub use error::LedgerError;
+pub use prune::{PruneReport, PruneRequest};
 pub use types::{
     AuthorizationId, AuthorizationRow, Deferred, EventFilter, EventKind, EventRow, ExitRecord,
     ExportFormat, IdentityRecord, KillTarget, Limits, MemberCounts, MemberRecord, MemberRow,
@@ -572,6 +574,58 @@ impl Ledger {
     /// given, the expected head (which catches truncation). Reports the first break.
     pub fn verify(&self, expect_head: Option<(i64, String)>) -> Result<VerifyReport, LedgerError> {
         self.read(move |tx| verify::verify(tx, expect_head))
+    }
+
+    /// Prunes the events and rows of trees that ended before `req.before`
+    /// (never a live, ambiguous or otherwise unsettled tree's, never one in
+    /// `req.keep`), and tree-less events older than it: first the archive
+    /// (if asked) is written and fsynced from one snapshot, then one FULL
+    /// transaction re-plans, appends the `ledger.checkpoint` event and
+    /// deletes. Any failure deletes nothing and leaves no archive. Nothing
+    /// prunable: no checkpoint, no archive (`checkpoint: None`).
+    /// See `prune.rs` for the scheme `verify` proves.
+    pub fn prune(&self, req: &PruneRequest) -> Result<PruneReport, LedgerError> {
+        let req = req.clone();
+        let prepared = {
+            let req = req.clone();
+            self.read(move |tx| Ok(prune::prepare(tx, &req)))?
+        }?;
+        let Some(planned) = prepared else {
+            return Ok(PruneReport {
+                checkpoint: None,
+                events: 0,
+                trees: 0,
+                pruned_through: 0,
+                kept_below: 0,
+                archive: None,
+            });
+        };
+        let archive = req.archive.clone();
+        let result = self.write(Durability::Full, move |w| prune::commit(w, &req, &planned));
+        if result.is_err()
+            && let Some(path) = &archive
+        {
+            // The delete did not commit: the archive holds events the
+            // ledger still has, and must not pass for a prune's.
+            let _ = std::fs::remove_file(path);
+        }
+        result
+    }
+
+    /// Checks archives written by [`Ledger::prune`] against this ledger
+    /// (see `prune.rs`): one report per archive, with the checkpoint it
+    /// matched.
+    pub fn verify_archives(
+        &self,
+        paths: &[std::path::PathBuf],
+    ) -> Result<Vec<(std::path::PathBuf, VerifyReport)>, LedgerError> {
+        let paths = paths.to_vec();
+        self.read(move |tx| {
+            Ok(prune::verify_archives(tx, &paths)?
+                .into_iter()
+                .map(|(p, r, _)| (p, r))
+                .collect())
+        })
     }
 
     /// Writes the selected events to `out` in `format`; returns how many.

@@ -119,10 +119,14 @@ pub enum EventKind {
     SweepRefused,
     DispatchRefused,
     TreeResolved,
+    /// A prune removed ended trees' events up to `pruned_through`; the
+    /// remaining chain is proven from here (`ledger/prune.rs`). Written
+    /// only by [`crate::ledger::Ledger::prune`].
+    LedgerCheckpoint,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 18] = [
+    pub const ALL: [EventKind; 19] = [
         Self::TreeCreated,
         Self::TreeSpawned,
         Self::TreeSpawnFailed,
@@ -141,6 +145,7 @@ impl EventKind {
         Self::SweepRefused,
         Self::DispatchRefused,
         Self::TreeResolved,
+        Self::LedgerCheckpoint,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -163,6 +168,7 @@ impl EventKind {
             Self::SweepRefused => "sweep.refused",
             Self::DispatchRefused => "dispatch.refused",
             Self::TreeResolved => "tree.resolved",
+            Self::LedgerCheckpoint => "ledger.checkpoint",
         }
     }
 
@@ -729,6 +735,9 @@ pub struct VerifyReport {
     /// `PRAGMA integrity_check` said "ok".
     pub integrity_ok: bool,
     pub first_break: Option<VerifyBreak>,
+    /// The `ledger.checkpoint` the chain was proven from (its seq), when
+    /// the ledger was pruned; for an archive, the checkpoint it matched.
+    pub checkpoint: Option<i64>,
 }
 
 impl VerifyReport {
