@@ -182,6 +182,17 @@ pub struct ServeArgs {
     /// Repeatable; default: any.
     #[arg(long = "allow-command", value_name = "CMD")]
     allow_commands: Vec<String>,
+    /// Prune trees that ended longer ago than this (and tree-less events
+    /// as old), as `prune --before` does. Off by default: nothing is pruned.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    retain: Option<Duration>,
+    /// How often --retain looks for trees to prune.
+    #[arg(long, default_value = "10m", value_parser = parse_duration, requires = "retain")]
+    retain_every: Duration,
+    /// Archive what --retain prunes here first (one `archive-<ms>.ndjson`
+    /// per prune, fsynced); without it pruned events are gone.
+    #[arg(long, value_name = "DIR", requires = "retain")]
+    retain_archive: Option<std::path::PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -792,6 +803,38 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
         .enable_all()
         .build()
         .map_err(|e| CliError::internal(anyhow!("tokio runtime: {e}")))?;
+    let retention = match args.retain {
+        None => None,
+        Some(retain) => {
+            if let Some(dir) = &args.retain_archive {
+                use std::os::unix::fs::DirBuilderExt;
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(dir)
+                    .map_err(|e| {
+                        CliError::internal(anyhow!("--retain-archive {}: {e}", dir.display()))
+                    })?;
+            }
+            let ledger = treewarden::ledger::Ledger::open(
+                &config.ledger_path(),
+                treewarden::ledger::LedgerOptions::from_config(config),
+            )
+            .map_err(|e| CliError::internal(anyhow!("retention: {e}")))?;
+            Some(
+                treewarden::service::retain::Retention::start(
+                    ledger,
+                    treewarden::service::retain::RetainConfig {
+                        data_dir: config.data_dir.clone(),
+                        retain,
+                        every: args.retain_every,
+                        archive_dir: args.retain_archive.clone(),
+                    },
+                )
+                .map_err(|e| CliError::internal(anyhow!("retention: {e}")))?,
+            )
+        }
+    };
     let code = rt.block_on(async move {
         // Signals first: from here on SIGTERM drains, whatever start-up is
         // doing. Then the listener, which answers before the recovery sweep
@@ -828,5 +871,8 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
     // abandoned; its tree is resumed by the next start's sweep (the ledger
     // holds where it stopped; a frozen cgroup is thawed by that teardown).
     rt.shutdown_timeout(Duration::from_secs(1));
+    if let Some(retention) = retention {
+        retention.stop();
+    }
     code
 }

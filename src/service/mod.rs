@@ -42,6 +42,7 @@
 
 mod export;
 pub mod metrics;
+pub mod retain;
 
 pub use export::ExportChunks;
 

@@ -11,6 +11,7 @@ mod ledger_life;
 mod observer;
 mod proc;
 mod recovery;
+mod retention;
 mod rules;
 mod serve;
 mod util;
