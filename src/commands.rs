@@ -193,6 +193,11 @@ pub struct ServeArgs {
     /// per prune, fsynced); without it pruned events are gone.
     #[arg(long, value_name = "DIR", requires = "retain")]
     retain_archive: Option<std::path::PathBuf>,
+    /// Ship every ledger event as an OTLP log record to URL/v1/logs
+    /// (OTLP/HTTP protobuf), from a durable cursor in the ledger. Default:
+    /// OTEL_EXPORTER_OTLP_ENDPOINT when set; otherwise off.
+    #[arg(long, value_name = "URL")]
+    ship_otlp: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -835,6 +840,22 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
             )
         }
     };
+    let shipper =
+        match treewarden::service::ship::ShipConfig::from_flag_or_env(args.ship_otlp.as_deref()) {
+            None => None,
+            Some(ship) => {
+                let ledger = treewarden::ledger::Ledger::open(
+                    &config.ledger_path(),
+                    treewarden::ledger::LedgerOptions::from_config(config),
+                )
+                .map_err(|e| CliError::internal(anyhow!("OTLP shipping: {e}")))?;
+                tracing::info!(endpoint = %ship.logs_url(), "shipping ledger events as OTLP logs");
+                Some(
+                    treewarden::service::ship::Shipper::start(ledger, ship)
+                        .map_err(|e| CliError::internal(anyhow!(e)))?,
+                )
+            }
+        };
     let code = rt.block_on(async move {
         // Signals first: from here on SIGTERM drains, whatever start-up is
         // doing. Then the listener, which answers before the recovery sweep
@@ -873,6 +894,9 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
     rt.shutdown_timeout(Duration::from_secs(1));
     if let Some(retention) = retention {
         retention.stop();
+    }
+    if let Some(shipper) = shipper {
+        shipper.stop();
     }
     code
 }

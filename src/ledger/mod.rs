@@ -68,6 +68,8 @@ mod verify;
 mod write;
 
 use std::io::Write;
+
+use rusqlite::OptionalExtension;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -625,6 +627,46 @@ impl Ledger {
                 .into_iter()
                 .map(|(p, r, _)| (p, r))
                 .collect())
+        })
+    }
+
+    /// The last seq the shipping sink `sink` had acknowledged, if shipping
+    /// ever ran (`service::ship`).
+    pub fn ship_cursor(&self, sink: &str) -> Result<Option<i64>, LedgerError> {
+        let sink = sink.to_string();
+        self.read(move |tx| {
+            Ok(tx
+                .prepare_cached("SELECT seq FROM ship_cursor WHERE sink = ?1")?
+                .query_row([&sink], |r| r.get(0))
+                .optional()?)
+        })
+    }
+
+    /// Creates the shipping cursor of `sink` at 0 if it has none (the
+    /// whole ledger is then shipped). A bookkeeping row: no event.
+    pub fn init_ship_cursor(&self, sink: &str) -> Result<(), LedgerError> {
+        let sink = sink.to_string();
+        self.write(Durability::Normal, move |w| {
+            let now = w.now.clone();
+            w.exec(
+                "INSERT INTO ship_cursor (sink, seq, at) VALUES (?1, 0, ?2) ON CONFLICT (sink) DO NOTHING",
+                rusqlite::params![sink, now],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Moves the shipping cursor of `sink` forward to `seq` (never back).
+    pub fn set_ship_cursor(&self, sink: &str, seq: i64) -> Result<(), LedgerError> {
+        let sink = sink.to_string();
+        self.write(Durability::Normal, move |w| {
+            let now = w.now.clone();
+            w.exec(
+                "INSERT INTO ship_cursor (sink, seq, at) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (sink) DO UPDATE SET seq = max(seq, excluded.seq), at = excluded.at",
+                rusqlite::params![sink, seq, now],
+            )?;
+            Ok(())
         })
     }
 

@@ -14,4 +14,5 @@ mod recovery;
 mod retention;
 mod rules;
 mod serve;
+mod shipping;
 mod util;
