@@ -208,10 +208,13 @@ fn plan(
     let mut kept_at_last: Option<(Sha256, u64)> = None;
     let mut kept_at_prev: Option<(Sha256, u64)> = None;
     let (mut n, mut first, mut last, mut last_hash) = (0_u64, 0_i64, 0_i64, String::new());
+    // The scan reaches the previous checkpoint's bound even when `limit`
+    // (the shipping cursor) is below it: the survivors' digest covers
+    // every event held at or below the new `pruned_through`.
     let mut stmt = conn.prepare(
         "SELECT seq, at, tree, kind, data, prev_hash, hash FROM events WHERE seq <= ?1 ORDER BY seq",
     )?;
-    let mut rows = stmt.query([limit])?;
+    let mut rows = stmt.query([limit.max(prev_p)])?;
     while let Some(row) = rows.next()? {
         let seq: i64 = row.get(0)?;
         let at: String = row.get(1)?;
@@ -220,10 +223,11 @@ fn plan(
         if seq > prev_p && kept_at_prev.is_none() {
             kept_at_prev = Some((kept.clone(), kept_n));
         }
-        let goes = match tree {
-            Some(t) => set.contains(&t),
-            None => at.as_str() < before,
-        };
+        let goes = seq <= limit
+            && match tree {
+                Some(t) => set.contains(&t),
+                None => at.as_str() < before,
+            };
         if goes {
             if let Some(sink) = archive.as_mut() {
                 sink(&super::read::event_from_row(row)?)?;
