@@ -526,3 +526,55 @@ fn serve_retain_prunes_ended_trees_on_its_own() {
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+#[test]
+fn events_not_yet_shipped_are_never_pruned() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("data/ledger.db");
+    ledger_with_ended(&db, 6);
+    let ledger = Ledger::open(&db, LedgerOptions::default()).expect("open");
+    let events = ledger.events(&Default::default()).expect("events");
+    // The endpoint acknowledged the first three trees' events only.
+    let third_end = events
+        .iter()
+        .filter(|e| e.kind == "tree.ended")
+        .nth(2)
+        .map(|e| e.seq)
+        .expect("three trees ended");
+    ledger.init_ship_cursor("otlp").expect("cursor");
+    ledger.set_ship_cursor("otlp", third_end).expect("ack");
+    let report = ledger
+        .prune(&PruneRequest {
+            before: std::time::SystemTime::now(),
+            archive: None,
+            keep: vec![],
+        })
+        .expect("prune");
+    assert_eq!(report.trees, 3, "{report:?}");
+    let left = ledger.events(&Default::default()).expect("events");
+    let unshipped: Vec<i64> = events
+        .iter()
+        .filter(|e| e.seq > third_end)
+        .map(|e| e.seq)
+        .collect();
+    let kept: Vec<i64> = left
+        .iter()
+        .filter(|e| e.kind != "ledger.checkpoint")
+        .map(|e| e.seq)
+        .collect();
+    assert_eq!(kept, unshipped, "every event past the cursor is kept");
+    assert!(ledger.verify(None).expect("verify").is_ok());
+    // Once shipped, they go too.
+    let head = ledger.head().expect("head").map(|(s, _)| s).expect("head");
+    ledger.set_ship_cursor("otlp", head).expect("ack");
+    let report = ledger
+        .prune(&PruneRequest {
+            before: std::time::SystemTime::now(),
+            archive: None,
+            keep: vec![],
+        })
+        .expect("prune");
+    assert_eq!(report.trees, 3);
+    assert_eq!(ledger.events(&Default::default()).expect("events").len(), 1);
+    assert!(ledger.verify(None).expect("verify").is_ok());
+}
