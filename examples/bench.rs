@@ -1404,24 +1404,23 @@ fn growth(dir: &Path, trees: usize, members: usize) -> anyhow::Result<(f64, f64)
     let me = treewarden::proc::self_identity()?;
     let size_of = |m: usize| -> anyhow::Result<(u64, usize)> {
         let db = dir.join(format!("growth-{m}/ledger.db"));
-        {
-            let ledger = Ledger::open(&db, LedgerOptions::default())?;
-            let owner = ledger.register_owner(&OwnerRecord {
-                identity: IdentityRecord {
-                    pid: me.pid,
-                    start_ticks: me.start_ticks,
-                    boot_id: me.boot_id.clone(),
-                },
-                kind: OwnerKind::Run,
-            })?;
-            let mut next = 0;
-            // Events per tree: created, spawned, ended, and a sighting and
-            // an exit per member; the loop stops at the first tree past it.
-            let per_tree = 3 + 2 * m as i64;
-            let made = grow_ledger(&ledger, owner, m, per_tree * trees as i64, &mut next)?;
-            drop(ledger);
-            return Ok((ledger_bytes(&db), made));
-        }
+        let ledger = Ledger::open(&db, LedgerOptions::default())?;
+        let owner = ledger.register_owner(&OwnerRecord {
+            identity: IdentityRecord {
+                pid: me.pid,
+                start_ticks: me.start_ticks,
+                boot_id: me.boot_id.clone(),
+            },
+            kind: OwnerKind::Run,
+        })?;
+        let mut next = 0;
+        // Events per tree: created, spawned, ended, and a sighting and
+        // an exit per member; the loop stops at the first tree past it.
+        let per_tree = 3 + 2 * m as i64;
+        let made = grow_ledger(&ledger, owner, m, per_tree * trees as i64, &mut next)?;
+        // Closing the last connection checkpoints the WAL into the file.
+        drop(ledger);
+        Ok((ledger_bytes(&db), made))
     };
     let (bare, bare_trees) = size_of(0)?;
     let (full, full_trees) = size_of(members)?;

@@ -151,6 +151,9 @@ pub(crate) struct Plan {
     previous: Option<i64>,
 }
 
+/// Receives each event a prune removes, in seq order (the archive writer).
+type ArchiveSink<'a> = dyn FnMut(&EventRow) -> Result<(), LedgerError> + 'a;
+
 const TERMINAL: &str = "('ended', 'vanished', 'spawn_failed', 'resolved')";
 
 /// Plans a prune on `conn` (a snapshot); `archive` receives each removed
@@ -161,7 +164,7 @@ fn plan(
     before: &str,
     keep: &HashSet<i64>,
     limit: Option<i64>,
-    mut archive: Option<&mut dyn FnMut(&EventRow) -> Result<(), LedgerError>>,
+    mut archive: Option<&mut ArchiveSink<'_>>,
 ) -> Result<Option<Plan>, Fail> {
     let limit = match limit {
         Some(limit) => limit,
