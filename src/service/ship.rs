@@ -88,7 +88,7 @@ pub struct Shipper {
 
 impl Shipper {
     /// Builds the exporter (an unusable endpoint is an error here, at
-    /// start) and starts the thread.
+    /// start) and starts the thread. Nothing here waits on the ledger.
     pub fn start(ledger: Ledger, config: ShipConfig) -> Result<Shipper, String> {
         use opentelemetry_otlp::{Protocol, WithExportConfig};
         let mut exporter = opentelemetry_otlp::LogExporter::builder()
@@ -106,11 +106,6 @@ impl Shipper {
             ))
             .build();
         exporter.set_resource(&resource);
-        // The cursor row exists from the first start on: the lag metric and
-        // the prune's bound read it.
-        ledger
-            .init_ship_cursor(SINK)
-            .map_err(|e| format!("shipping cursor: {e}"))?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::Builder::new()
@@ -160,7 +155,20 @@ fn run(
     let mut failing_since: Option<Instant> = None;
     while !stop.load(Ordering::SeqCst) {
         let cursor = match ledger.ship_cursor(SINK) {
-            Ok(c) => c.unwrap_or(0),
+            Ok(Some(c)) => c,
+            Ok(None) => {
+                // The cursor row exists from the first start on (the lag
+                // metric and the prune's bound read it). A ledger busy at
+                // start delays this, never the service.
+                if let Err(e) = ledger.init_ship_cursor(SINK) {
+                    tracing::warn!("OTLP shipping: cannot create the cursor: {e}");
+                    if !nap(backoff, stop) {
+                        return;
+                    }
+                    continue;
+                }
+                0
+            }
             Err(e) => {
                 tracing::warn!("OTLP shipping: cannot read the cursor: {e}");
                 if !nap(backoff, stop) {

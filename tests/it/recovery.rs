@@ -831,7 +831,7 @@ fn a_ledger_from_before_0002_migrates_and_its_trees_fall_back_to_the_default_gra
     let version: i64 = conn
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .expect("version");
-    assert_eq!(version, 4, "migrations 0002 to 0004 applied");
+    assert_eq!(version, 5, "migrations 0002 to 0005 applied");
 }
 
 /// End to end: an orphan whose row has no grace (as if recorded before
