@@ -1017,6 +1017,7 @@ impl Bench {
             limits: Default::default(),
             umask: None,
             first_signal: None,
+            on_behalf: None,
         })?;
         let pgid = spawned.pgid;
         let cg = spawned.cgroup.clone();

@@ -30,6 +30,7 @@ pub mod probe;
 pub mod reaper;
 mod resources;
 pub mod signal;
+pub mod users;
 
 pub use boundary::{
     BoundaryKind, CgroupSetting, ExecFailure, ExecFailureKind, HeldChild, SpawnSpec, SpawnStdio,
@@ -39,6 +40,10 @@ pub use boundary::{
 pub use connector::{Connector, ProcEvent, monotonic_ns};
 pub use identity::{Identity, Liveness, ProcStat, boot_id, identity_of, read_stat, self_identity};
 pub use pidfd::{ExitWatch, open_exit_watch};
+pub use users::{
+    Credentials, UserInfo, credentials_for, current_uid, group_by_name, groups_of, user_by_name,
+    user_by_uid,
+};
 pub use probe::{Capability, Probe, probe};
 pub use reaper::{
     ExitStatus, Reaper, parent_pid, reap_child, set_parent_death_signal, set_subreaper,

@@ -485,7 +485,7 @@ fn ledger_database_refuses_edits_and_unauthorized_sigkill() {
         .expect_err("terminal");
     assert!(matches!(err, LedgerError::Invariant(_)), "{err:?}");
     let err = ledger
-        .resolve(live, "fine", &[])
+        .resolve(live, "fine", &[], None)
         .expect_err("not ambiguous");
     assert!(matches!(err, LedgerError::Invariant(_)), "{err:?}");
     ledger
@@ -493,7 +493,7 @@ fn ledger_database_refuses_edits_and_unauthorized_sigkill() {
         .expect("ambiguous");
     assert_eq!(ledger.ambiguous_trees().expect("gate").len(), 1);
     ledger
-        .resolve(live, "operator checked", &[])
+        .resolve(live, "operator checked", &[], None)
         .expect("resolve");
     assert!(ledger.ambiguous_trees().expect("gate").is_empty());
     // A typed kind cannot be forged through append_event.
