@@ -172,3 +172,5 @@ pub fn bind_unix(path: &std::path::Path) -> std::io::Result<tokio::net::UnixList
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
     Ok(listener)
 }
+#[cfg(test)]
+mod tests;

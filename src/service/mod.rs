@@ -196,7 +196,8 @@ struct Owned {
 /// The running service. Shared by the HTTP handlers and the loops.
 pub struct Service {
     engine: Engine,
-    reaper: &'static Reaper,
+    /// `None` only in in-process router tests ([`Service::without_reaper`]).
+    reaper: Option<&'static Reaper>,
     config: ServiceConfig,
     me: Identity,
     metrics: Metrics,
@@ -267,6 +268,22 @@ impl Service {
     pub fn new(
         engine: Engine,
         reaper: &'static Reaper,
+        config: ServiceConfig,
+    ) -> Result<Arc<Self>, ServiceError> {
+        Self::build(engine, Some(reaper), config)
+    }
+
+    /// A service without the process-wide reaper, for in-process router
+    /// tests (`tower::ServiceExt::oneshot`) in a test binary whose other
+    /// tests wait for their own children. Give it a signal-only engine: it
+    /// must spawn nothing, and [`Service::run`] is not for it.
+    pub fn without_reaper(engine: Engine, config: ServiceConfig) -> Result<Arc<Self>, ServiceError> {
+        Self::build(engine, None, config)
+    }
+
+    fn build(
+        engine: Engine,
+        reaper: Option<&'static Reaper>,
         config: ServiceConfig,
     ) -> Result<Arc<Self>, ServiceError> {
         let me = crate::proc::self_identity().map_err(CustodyError::from)?;
@@ -573,10 +590,12 @@ impl Service {
                 return;
             };
             let root_exit = match (&why, &root) {
-                (WatchEnd::RootExited, Some(r)) => {
+                (WatchEnd::RootExited, Some(r)) if this.reaper.is_some() => {
                     let reaper = this.reaper;
                     let pid = r.pid;
-                    blocking(move || reaper.wait_exit(pid, Some(Duration::from_secs(1))))
+                    blocking(move || {
+                        reaper.and_then(|r| r.wait_exit(pid, Some(Duration::from_secs(1))))
+                    })
                         .await
                         .ok()
                         .flatten()
@@ -912,7 +931,9 @@ impl Service {
                 st.watches.insert(*id, w);
             }
         }
-        st.exits.extend(self.reaper.take_unclaimed());
+        if let Some(reaper) = self.reaper {
+            st.exits.extend(reaper.take_unclaimed());
+        }
         if st.exits.len() > 4096 {
             st.exits.clear();
         }
