@@ -36,7 +36,10 @@ impl TestUser {
                 return None;
             }
         }
-        let name = format!("tw17u{}", std::process::id());
+        // One name per test: tests of this binary run side by side.
+        static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let name = format!("tw17u{}n{n}", std::process::id());
         let out = Command::new("useradd")
             .args(["--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group"])
             .arg(&name)
@@ -263,6 +266,19 @@ fn a_users_tree_runs_as_that_user_and_only_its_requester_or_root_acts_on_it() {
         before,
         "a refused spawn made no tree"
     );
+    // A working directory closed to the user is the request's fault, found
+    // by the child's chdir as the user (the service, root, could enter it).
+    let closed_dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(
+        closed_dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .expect("chmod");
+    let mut closed = spawn_body(&s, "true");
+    closed["cwd"] = json!(closed_dir.path());
+    let (status, v) = curl(&sock, Some(&user), "POST", "/api/trees", Some(&closed));
+    assert_eq!(status, 422, "{v}");
+    assert!(v["error"].as_str().is_some_and(|e| e.contains("chdir")), "{v}");
 
     // Root may run a tree as the user by name.
     let mut named = spawn_body(&s, "exec sleep 300");
@@ -467,4 +483,41 @@ fn the_dashboard_login_sets_an_httponly_strict_cookie_for_reads_only() {
         .expect("POST");
     assert_eq!(r.status(), 401);
     assert_eq!(tcp(&s, None, Method::GET, "/", None).0, 401, "no cookie, no token");
+}
+
+#[test]
+fn an_admin_group_member_reads_and_acts_on_every_tree() {
+    let Some(user) = TestUser::create() else {
+        return;
+    };
+    let public = public_dir();
+    let sock = public.path().join("api.sock");
+    // useradd --user-group made a group of the user's name.
+    let s = Server::start(&[
+        "--socket",
+        sock.to_str().expect("utf-8 path"),
+        "--admin-group",
+        &user.name,
+    ]);
+    let (status, v) = curl(&sock, None, "POST", "/api/trees", Some(&spawn_body(&s, "exec sleep 300")));
+    assert_eq!(status, 201, "{v}");
+    let roots = v["id"].as_i64().expect("id");
+    let (status, v) = curl(&sock, Some(&user), "GET", "/api/trees", None);
+    assert_eq!(status, 200);
+    assert!(
+        v.as_array().expect("list").iter().any(|t| t["id"] == roots),
+        "an admin sees root's tree: {v}"
+    );
+    assert_eq!(curl(&sock, Some(&user), "GET", "/api/export", None).0, 200);
+    // An admin acts on every tree, but still runs its own as itself.
+    let (status, v) = curl(&sock, Some(&user), "POST", &format!("/api/trees/{roots}/kill?grace=200ms"), None);
+    assert_eq!(status, 200, "{v}");
+    let (status, v) = curl(
+        &sock,
+        Some(&user),
+        "POST",
+        "/api/trees",
+        Some(&json!({"argv": ["true"], "user": "root"})),
+    );
+    assert_eq!(status, 403, "only root names another user: {v}");
 }
