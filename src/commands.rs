@@ -260,7 +260,10 @@ pub fn token(config: &Config, cmd: TokenCommand) -> CliResult {
                 print_json(&tokens)?;
                 return Ok(0);
             }
-            println!("{:>4}  {:<6}  {:<24}  {:<24}  REVOKED", "ID", "SCOPE", "NAME", "CREATED");
+            println!(
+                "{:>4}  {:<6}  {:<24}  {:<24}  REVOKED",
+                "ID", "SCOPE", "NAME", "CREATED"
+            );
             for t in tokens {
                 println!(
                     "{:>4}  {:<6}  {:<24}  {:<24}  {}",
@@ -827,7 +830,12 @@ pub fn sweep(config: &Config, args: SweepArgs) -> CliResult {
 pub fn resolve(config: &Config, args: ResolveArgs) -> CliResult {
     let engine = signal_engine(config)?;
     engine
-        .resolve_by(TreeId(args.tree), &args.note, args.force, Some(&cli_requester()))
+        .resolve_by(
+            TreeId(args.tree),
+            &args.note,
+            args.force,
+            Some(&cli_requester()),
+        )
         .map_err(custody_error)?;
     if args.json {
         let row = engine
@@ -946,13 +954,18 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
         let unix = treewarden::http::bind_unix(&socket_path).map_err(|e| {
             CliError::internal(anyhow!("cannot listen on {}: {e}", socket_path.display()))
         })?;
-        let auth = treewarden::http::auth::Auth::new(!bound.ip().is_loopback(), open_reads, admin_gid);
+        let auth =
+            treewarden::http::auth::Auth::new(!bound.ip().is_loopback(), open_reads, admin_gid);
         let app = treewarden::http::router(treewarden::http::AppState {
             service: service.clone(),
             auth: std::sync::Arc::new(auth),
         });
         let servers = vec![
-            tokio::spawn(treewarden::http::serve(listener, app.clone(), shutdown.clone())),
+            tokio::spawn(treewarden::http::serve(
+                listener,
+                app.clone(),
+                shutdown.clone(),
+            )),
             tokio::spawn(treewarden::http::serve(unix, app, shutdown.clone())),
         ];
         if let Some(path) = &service.config().ready_file {

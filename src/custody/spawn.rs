@@ -167,24 +167,27 @@ impl Engine {
                 run_uid: b.run_as.as_ref().map(|c| c.uid),
                 run_gid: b.run_as.as_ref().map(|c| c.gid),
             });
-        let tree = self.ledger.create_tree_for(&NewTree {
-            label: req.label.clone(),
-            boundary: boundary.to_string(),
-            owner,
-            argv: req
-                .argv
-                .iter()
-                .map(|a| a.to_string_lossy().into_owned())
-                .collect(),
-            cwd: req.cwd.as_ref().map(|p| p.display().to_string()),
-            grace_ms: req.grace.map(millis),
-            timeout_ms: req.timeout.map(millis),
-            limits: req.limits,
-            first_signal: req
-                .first_signal
-                .filter(|s| *s != crate::proc::Sig::Term)
-                .map(|s| s.name().to_string()),
-        }, on_behalf.as_ref())?;
+        let tree = self.ledger.create_tree_for(
+            &NewTree {
+                label: req.label.clone(),
+                boundary: boundary.to_string(),
+                owner,
+                argv: req
+                    .argv
+                    .iter()
+                    .map(|a| a.to_string_lossy().into_owned())
+                    .collect(),
+                cwd: req.cwd.as_ref().map(|p| p.display().to_string()),
+                grace_ms: req.grace.map(millis),
+                timeout_ms: req.timeout.map(millis),
+                limits: req.limits,
+                first_signal: req
+                    .first_signal
+                    .filter(|s| *s != crate::proc::Sig::Term)
+                    .map(|s| s.name().to_string()),
+            },
+            on_behalf.as_ref(),
+        )?;
         let cgroup = match (boundary, &self.cgroup_root) {
             (BoundaryKind::Cgroup, Some(root)) => {
                 Some(root.join(format!("{}-{}", self.cgroup_prefix, tree.0)))

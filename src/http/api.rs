@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use axum::extract::State;
-use axum::{Extension, Json};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
+use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use utoipa::{OpenApi, ToSchema};
 
@@ -72,7 +72,11 @@ pub struct SpawnBody {
     /// Run the tree as this user (a name from the user database). Only
     /// root on the socket and `admin` tokens may name another user (else
     /// 403); a non-root socket principal's trees always run as itself.
-    #[schema(min_length = 1, max_length = 64, pattern = "^[A-Za-z0-9_][A-Za-z0-9_.-]*[$]?$")]
+    #[schema(
+        min_length = 1,
+        max_length = 64,
+        pattern = "^[A-Za-z0-9_][A-Za-z0-9_.-]*[$]?$"
+    )]
     pub user: Option<String>,
 }
 

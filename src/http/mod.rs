@@ -111,9 +111,12 @@ where
     L::Addr: std::fmt::Debug,
     for<'a> Peer: axum::extract::connect_info::Connected<axum::serve::IncomingStream<'a, L>>,
 {
-    axum::serve(listener, router.into_make_service_with_connect_info::<Peer>())
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<Peer>(),
+    )
+    .with_graceful_shutdown(shutdown.cancelled_owned())
+    .await
 }
 
 /// Routes SIGTERM and SIGINT to `shutdown`. Called before any listener

@@ -145,7 +145,13 @@ enum Via<'a> {
     Socket(u32),
 }
 
-async fn call(r: &Rig, via: Via<'_>, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+async fn call(
+    r: &Rig,
+    via: Via<'_>,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
     let mut req = Request::builder()
         .method(method)
         .uri(path)
@@ -175,7 +181,10 @@ async fn call(r: &Rig, via: Via<'_>, method: &str, path: &str, body: Option<Valu
     let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
         .await
         .expect("body");
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
 }
 
 #[tokio::test]
@@ -184,15 +193,38 @@ async fn statuses_over_tcp_by_token_scope() {
     let admin = Some(r.admin.as_str());
     let read = Some(r.reader.1.as_str());
     // No token: only the open paths.
-    assert_eq!(call(&r, Via::Tcp(None), "GET", "/api/trees", None).await.0, 401);
-    assert_eq!(call(&r, Via::Tcp(None), "GET", "/healthz", None).await.0, 200);
-    assert_eq!(call(&r, Via::Tcp(Some("nope")), "GET", "/api/trees", None).await.0, 401);
+    assert_eq!(
+        call(&r, Via::Tcp(None), "GET", "/api/trees", None).await.0,
+        401
+    );
+    assert_eq!(
+        call(&r, Via::Tcp(None), "GET", "/healthz", None).await.0,
+        200
+    );
+    assert_eq!(
+        call(&r, Via::Tcp(Some("nope")), "GET", "/api/trees", None)
+            .await
+            .0,
+        401
+    );
     // A read token reads everything, and may not change anything.
     let (s, v) = call(&r, Via::Tcp(read), "GET", "/api/trees?all=1", None).await;
     assert_eq!((s, v.as_array().map(Vec::len)), (200, Some(2)), "{v}");
-    let (s, v) = call(&r, Via::Tcp(read), "POST", "/api/trees", Some(json!({"argv": ["true"]}))).await;
+    let (s, v) = call(
+        &r,
+        Via::Tcp(read),
+        "POST",
+        "/api/trees",
+        Some(json!({"argv": ["true"]})),
+    )
+    .await;
     assert_eq!(s, 403, "{v}");
-    assert!(v["error"].as_str().is_some_and(|e| e.contains("scope read")), "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("scope read")),
+        "{v}"
+    );
     let kill = format!("/api/trees/{}/kill", r.users_tree);
     assert_eq!(call(&r, Via::Tcp(read), "POST", &kill, None).await.0, 403);
     // The status mapping, with the admin token.
@@ -201,13 +233,43 @@ async fn statuses_over_tcp_by_token_scope() {
         ("GET", "/api/trees/x".to_string(), None, 400),
         ("GET", "/api/nothing".to_string(), None, 404),
         ("GET", "/api/trees?all=maybe".to_string(), None, 400),
-        ("POST", "/api/trees".to_string(), Some(json!({"argv": []})), 422),
-        ("POST", "/api/trees".to_string(), Some(json!({"argv": ["true"], "bogus": 1})), 422),
-        ("POST", "/api/trees".to_string(), Some(json!({"argv": ["true"], "user": "no-such-user-tw17"})), 422),
+        (
+            "POST",
+            "/api/trees".to_string(),
+            Some(json!({"argv": []})),
+            422,
+        ),
+        (
+            "POST",
+            "/api/trees".to_string(),
+            Some(json!({"argv": ["true"], "bogus": 1})),
+            422,
+        ),
+        (
+            "POST",
+            "/api/trees".to_string(),
+            Some(json!({"argv": ["true"], "user": "no-such-user-tw17"})),
+            422,
+        ),
         // This service's engine only signals: a spawn is a conflict.
-        ("POST", "/api/trees".to_string(), Some(json!({"argv": ["true"]})), 409),
-        ("POST", format!("/api/trees/{}/resolve", r.users_tree), Some(json!({"note": "x"})), 409),
-        ("POST", format!("/api/trees/{}/resolve", r.users_tree), Some(json!({"note": " "})), 422),
+        (
+            "POST",
+            "/api/trees".to_string(),
+            Some(json!({"argv": ["true"]})),
+            409,
+        ),
+        (
+            "POST",
+            format!("/api/trees/{}/resolve", r.users_tree),
+            Some(json!({"note": "x"})),
+            409,
+        ),
+        (
+            "POST",
+            format!("/api/trees/{}/resolve", r.users_tree),
+            Some(json!({"note": " "})),
+            422,
+        ),
     ] {
         let (s, v) = call(&r, Via::Tcp(admin), method, &path, body).await;
         assert_eq!(s, want, "{method} {path}: {v}");
@@ -216,15 +278,31 @@ async fn statuses_over_tcp_by_token_scope() {
     // A revoked token is refused on the very next request.
     let by = Requester::default();
     assert!(r.ledger.revoke_token(r.reader.0, &by).expect("revoke"));
-    assert_eq!(call(&r, Via::Tcp(read), "GET", "/api/trees", None).await.0, 401);
+    assert_eq!(
+        call(&r, Via::Tcp(read), "GET", "/api/trees", None).await.0,
+        401
+    );
 }
 
 #[tokio::test]
 async fn open_reads_is_loopback_reads_only() {
     let r = rig(true);
-    assert_eq!(call(&r, Via::Tcp(None), "GET", "/api/trees", None).await.0, 200);
-    assert_eq!(call(&r, Via::Tcp(None), "GET", "/api/export", None).await.0, 200);
-    let (s, _) = call(&r, Via::Tcp(None), "POST", "/api/trees", Some(json!({"argv": ["true"]}))).await;
+    assert_eq!(
+        call(&r, Via::Tcp(None), "GET", "/api/trees", None).await.0,
+        200
+    );
+    assert_eq!(
+        call(&r, Via::Tcp(None), "GET", "/api/export", None).await.0,
+        200
+    );
+    let (s, _) = call(
+        &r,
+        Via::Tcp(None),
+        "POST",
+        "/api/trees",
+        Some(json!({"argv": ["true"]})),
+    )
+    .await;
     assert_eq!(s, 401, "writes still need a token");
 }
 
@@ -238,7 +316,18 @@ async fn a_socket_principal_sees_and_acts_on_its_own_trees_only() {
         .map(|a| a.iter().filter_map(|t| t["id"].as_i64()).collect())
         .unwrap_or_default();
     assert_eq!((s, ids), (200, vec![mine]), "only its own tree is listed");
-    assert_eq!(call(&r, Via::Socket(1000), "GET", &format!("/api/trees/{mine}"), None).await.0, 200);
+    assert_eq!(
+        call(
+            &r,
+            Via::Socket(1000),
+            "GET",
+            &format!("/api/trees/{mine}"),
+            None
+        )
+        .await
+        .0,
+        200
+    );
     for (method, path, body) in [
         ("GET", format!("/api/trees/{roots}"), None),
         ("GET", format!("/api/trees/{roots}/log"), None),
@@ -247,24 +336,54 @@ async fn a_socket_principal_sees_and_acts_on_its_own_trees_only() {
         ("GET", "/api/export".to_string(), None),
         ("GET", "/".to_string(), None),
         ("POST", format!("/api/trees/{roots}/kill"), None),
-        ("POST", format!("/api/trees/{roots}/resolve"), Some(json!({"note": "mine now"}))),
-        ("POST", "/api/trees".to_string(), Some(json!({"argv": ["true"], "user": "root"}))),
-        ("POST", "/api/trees".to_string(), Some(json!({"argv": ["true"], "owner_pid": 4_000_003}))),
+        (
+            "POST",
+            format!("/api/trees/{roots}/resolve"),
+            Some(json!({"note": "mine now"})),
+        ),
+        (
+            "POST",
+            "/api/trees".to_string(),
+            Some(json!({"argv": ["true"], "user": "root"})),
+        ),
+        (
+            "POST",
+            "/api/trees".to_string(),
+            Some(json!({"argv": ["true"], "owner_pid": 4_000_003})),
+        ),
     ] {
         let (s, v) = call(&r, Via::Socket(1000), method, &path, body).await;
         assert_eq!(s, 403, "{method} {path}: {v}");
         assert!(v["error"].is_string(), "{v}");
     }
     assert_eq!(
-        call(&r, Via::Socket(1000), "GET", &format!("/api/events?tree={mine}"), None).await.0,
+        call(
+            &r,
+            Via::Socket(1000),
+            "GET",
+            &format!("/api/events?tree={mine}"),
+            None
+        )
+        .await
+        .0,
         200
     );
     // Root reads and acts on every tree (here the resolve reaches the
     // engine, which finds nothing ambiguous: 409, not 403).
     let (s, v) = call(&r, Via::Socket(0), "GET", "/api/trees?all=1", None).await;
     assert_eq!((s, v.as_array().map(Vec::len)), (200, Some(2)));
-    let (s, v) = call(&r, Via::Socket(0), "POST", &format!("/api/trees/{mine}/resolve"), Some(json!({"note": "x"}))).await;
+    let (s, v) = call(
+        &r,
+        Via::Socket(0),
+        "POST",
+        &format!("/api/trees/{mine}/resolve"),
+        Some(json!({"note": "x"})),
+    )
+    .await;
     assert_eq!(s, 409, "{v}");
     // No token is asked for on the socket, whatever the Host.
-    assert_eq!(call(&r, Via::Socket(0), "GET", "/api/export", None).await.0, 200);
+    assert_eq!(
+        call(&r, Via::Socket(0), "GET", "/api/export", None).await.0,
+        200
+    );
 }

@@ -203,7 +203,12 @@ impl Ledger {
     /// The token file's secret as an admin token named `name`, added once;
     /// a live token of that name with another hash (a replaced file) is
     /// revoked. Returns the token's id.
-    pub fn import_token(&self, name: &str, sha256: &str, by: &Requester) -> Result<i64, LedgerError> {
+    pub fn import_token(
+        &self,
+        name: &str,
+        sha256: &str,
+        by: &Requester,
+    ) -> Result<i64, LedgerError> {
         let (name, sha256, by) = (name.to_string(), sha256.to_string(), by.clone());
         self.write(Durability::Full, move |w| {
             write::import_token(w, &name, &sha256, &by)

@@ -319,7 +319,9 @@ pub struct OnBehalfRecord {
 
 /// What an API token may do over TCP. Ordered: each scope includes the
 /// ones before it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum TokenScope {
     /// Every read (trees, events, export, dashboard).

@@ -817,9 +817,8 @@ pub(crate) fn import_token(
     sha256: &str,
     by: &Requester,
 ) -> Result<i64, Fail> {
-    let existing: Option<(i64, Option<String>)> = w
-        .tx
-        .query_row(
+    let existing: Option<(i64, Option<String>)> =
+        w.tx.query_row(
             "SELECT id, revoked_at FROM api_tokens WHERE sha256 = ?1",
             [sha256],
             |r| Ok((r.get(0)?, r.get(1)?)),
@@ -844,9 +843,8 @@ pub(crate) fn import_token(
 
 /// Revokes a token (once); `Ok(false)` when it was already revoked.
 pub(crate) fn revoke_token(w: &mut Writer<'_>, id: i64, by: &Requester) -> Result<bool, Fail> {
-    let revoked: Option<Option<String>> = w
-        .tx
-        .query_row(
+    let revoked: Option<Option<String>> =
+        w.tx.query_row(
             "SELECT revoked_at FROM api_tokens WHERE id = ?1",
             [id],
             |r| r.get(0),

@@ -573,14 +573,13 @@ unsafe fn child_after_fork(p: &Prepared, release_r: libc::c_int, status_w: libc:
         // which broadcast to every thread of a process; this child has one),
         // groups first, while we still may set them; gid before uid; real,
         // effective and saved ids alike, so none of ours can be regained.
-        if let Some((uid, gid, groups)) = &p.creds {
-            if libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) != 0
+        if let Some((uid, gid, groups)) = &p.creds
+            && (libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) != 0
                 || libc::syscall(libc::SYS_setresgid, *gid, *gid, *gid) != 0
-                || libc::syscall(libc::SYS_setresuid, *uid, *uid, *uid) != 0
-            {
-                report(TAG_SETUP, 5, errno());
-                libc::_exit(125);
-            }
+                || libc::syscall(libc::SYS_setresuid, *uid, *uid, *uid) != 0)
+        {
+            report(TAG_SETUP, 5, errno());
+            libc::_exit(125);
         }
         if let Some(cwd) = &p.cwd
             && libc::chdir(cwd.as_ptr()) != 0

@@ -40,10 +40,6 @@ pub use boundary::{
 pub use connector::{Connector, ProcEvent, monotonic_ns};
 pub use identity::{Identity, Liveness, ProcStat, boot_id, identity_of, read_stat, self_identity};
 pub use pidfd::{ExitWatch, open_exit_watch};
-pub use users::{
-    Credentials, UserInfo, credentials_for, current_uid, group_by_name, groups_of, user_by_name,
-    user_by_uid,
-};
 pub use probe::{Capability, Probe, probe};
 pub use reaper::{
     ExitStatus, Reaper, parent_pid, reap_child, set_parent_death_signal, set_subreaper,
@@ -53,6 +49,10 @@ pub use signal::{
     Delivery, GroupDelivery, GroupRecord, Sig, cgroup_freeze, cgroup_kill, cgroup_pids,
     cgroup_populated, default_sigpipe, group_members, signal_group, signal_group_known,
     signal_process,
+};
+pub use users::{
+    Credentials, UserInfo, credentials_for, current_uid, group_by_name, groups_of, user_by_name,
+    user_by_uid,
 };
 
 use std::path::PathBuf;

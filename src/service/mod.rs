@@ -277,7 +277,10 @@ impl Service {
     /// tests (`tower::ServiceExt::oneshot`) in a test binary whose other
     /// tests wait for their own children. Give it a signal-only engine: it
     /// must spawn nothing, and [`Service::run`] is not for it.
-    pub fn without_reaper(engine: Engine, config: ServiceConfig) -> Result<Arc<Self>, ServiceError> {
+    pub fn without_reaper(
+        engine: Engine,
+        config: ServiceConfig,
+    ) -> Result<Arc<Self>, ServiceError> {
         Self::build(engine, None, config)
     }
 

@@ -41,7 +41,12 @@ impl TestUser {
         let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let name = format!("tw17u{}n{n}", std::process::id());
         let out = Command::new("useradd")
-            .args(["--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group"])
+            .args([
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                "--user-group",
+            ])
             .arg(&name)
             .output()
             .expect("useradd");
@@ -192,7 +197,13 @@ fn a_users_tree_runs_as_that_user_and_only_its_requester_or_root_acts_on_it() {
     );
 
     // Root's tree, over the socket: no token.
-    let (status, v) = curl(&sock, None, "POST", "/api/trees", Some(&spawn_body(&s, "exec sleep 300")));
+    let (status, v) = curl(
+        &sock,
+        None,
+        "POST",
+        "/api/trees",
+        Some(&spawn_body(&s, "exec sleep 300")),
+    );
     assert_eq!(status, 201, "{v}; {}", s.stderr());
     let roots = v["id"].as_i64().expect("id");
     let roots_pid = v["root_pid"].as_i64().expect("root pid") as i32;
@@ -207,7 +218,10 @@ fn a_users_tree_runs_as_that_user_and_only_its_requester_or_root_acts_on_it() {
         Some(&user),
         "POST",
         "/api/trees",
-        Some(&spawn_body(&s, "id -u; id -g; pwd; echo \"$HOME $USER\"; exec sleep 300")),
+        Some(&spawn_body(
+            &s,
+            "id -u; id -g; pwd; echo \"$HOME $USER\"; exec sleep 300",
+        )),
     );
     assert_eq!(status, 201, "{v}; {}", s.stderr());
     let users = v["id"].as_i64().expect("id");
@@ -244,19 +258,44 @@ fn a_users_tree_runs_as_that_user_and_only_its_requester_or_root_acts_on_it() {
     // The user sees only its own tree, and cannot act on root's.
     let (status, v) = curl(&sock, Some(&user), "GET", "/api/trees", None);
     assert_eq!(status, 200);
-    let ids: Vec<i64> = v.as_array().expect("list").iter().filter_map(|t| t["id"].as_i64()).collect();
+    let ids: Vec<i64> = v
+        .as_array()
+        .expect("list")
+        .iter()
+        .filter_map(|t| t["id"].as_i64())
+        .collect();
     assert_eq!(ids, vec![users], "{v}");
-    let (status, v) = curl(&sock, Some(&user), "POST", &format!("/api/trees/{roots}/kill"), None);
+    let (status, v) = curl(
+        &sock,
+        Some(&user),
+        "POST",
+        &format!("/api/trees/{roots}/kill"),
+        None,
+    );
     assert_eq!(status, 403, "{v}");
-    assert!(v["error"].as_str().is_some_and(|e| e.contains("not asked for by you")), "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("not asked for by you")),
+        "{v}"
+    );
     assert!(pid_alive(roots_pid), "a refused kill signalled nothing");
-    let (status, v) = curl(&sock, Some(&user), "GET", &format!("/api/trees/{roots}"), None);
+    let (status, v) = curl(
+        &sock,
+        Some(&user),
+        "GET",
+        &format!("/api/trees/{roots}"),
+        None,
+    );
     assert_eq!(status, 403, "{v}");
     // Nor spawn as someone else, nor bind a tree to another process's life.
     let before = curl(&sock, None, "GET", "/api/trees?all=1", None).1;
     for (body, why) in [
         (json!({"argv": ["true"], "user": "root"}), "as root"),
-        (json!({"argv": ["true"], "owner_pid": roots_pid}), "owned by another process"),
+        (
+            json!({"argv": ["true"], "owner_pid": roots_pid}),
+            "owned by another process",
+        ),
     ] {
         let (status, v) = curl(&sock, Some(&user), "POST", "/api/trees", Some(&body));
         assert_eq!(status, 403, "{why}: {v}");
@@ -278,7 +317,10 @@ fn a_users_tree_runs_as_that_user_and_only_its_requester_or_root_acts_on_it() {
     closed["cwd"] = json!(closed_dir.path());
     let (status, v) = curl(&sock, Some(&user), "POST", "/api/trees", Some(&closed));
     assert_eq!(status, 422, "{v}");
-    assert!(v["error"].as_str().is_some_and(|e| e.contains("chdir")), "{v}");
+    assert!(
+        v["error"].as_str().is_some_and(|e| e.contains("chdir")),
+        "{v}"
+    );
 
     // Root may run a tree as the user by name.
     let mut named = spawn_body(&s, "exec sleep 300");
@@ -291,21 +333,56 @@ fn a_users_tree_runs_as_that_user_and_only_its_requester_or_root_acts_on_it() {
     assert_eq!(v["requester_uid"], 0, "root asked: {v}");
 
     // Root kills the user's tree; the user kills... only its own.
-    let (status, v) = curl(&sock, None, "POST", &format!("/api/trees/{users}/kill?grace=200ms"), None);
+    let (status, v) = curl(
+        &sock,
+        None,
+        "POST",
+        &format!("/api/trees/{users}/kill?grace=200ms"),
+        None,
+    );
     assert_eq!(status, 200, "{v}");
-    assert!(wait_until(Duration::from_secs(10), || !pid_alive(users_pid)));
-    let (status, v) = curl(&sock, Some(&user), "POST", &format!("/api/trees/{named_tree}/kill"), None);
-    assert_eq!(status, 403, "root asked for it, though it runs as the user: {v}");
-    let (status, v) = curl(&sock, None, "POST", &format!("/api/trees/{roots}/kill?grace=200ms"), None);
+    assert!(wait_until(Duration::from_secs(10), || !pid_alive(
+        users_pid
+    )));
+    let (status, v) = curl(
+        &sock,
+        Some(&user),
+        "POST",
+        &format!("/api/trees/{named_tree}/kill"),
+        None,
+    );
+    assert_eq!(
+        status, 403,
+        "root asked for it, though it runs as the user: {v}"
+    );
+    let (status, v) = curl(
+        &sock,
+        None,
+        "POST",
+        &format!("/api/trees/{roots}/kill?grace=200ms"),
+        None,
+    );
     assert_eq!(status, 200, "{v}");
-    let (status, v) = curl(&sock, None, "POST", &format!("/api/trees/{named_tree}/kill?grace=200ms"), None);
+    let (status, v) = curl(
+        &sock,
+        None,
+        "POST",
+        &format!("/api/trees/{named_tree}/kill?grace=200ms"),
+        None,
+    );
     assert_eq!(status, 200, "{v}");
     let mut own = spawn_body(&s, "exec sleep 300");
     own["label"] = json!("own");
     let (status, v) = curl(&sock, Some(&user), "POST", "/api/trees", Some(&own));
     assert_eq!(status, 201, "{v}");
     let own_tree = v["id"].as_i64().expect("id");
-    let (status, v) = curl(&sock, Some(&user), "POST", &format!("/api/trees/{own_tree}/kill?grace=200ms"), None);
+    let (status, v) = curl(
+        &sock,
+        Some(&user),
+        "POST",
+        &format!("/api/trees/{own_tree}/kill?grace=200ms"),
+        None,
+    );
     assert_eq!(status, 200, "its own tree: {v}");
 
     // The principals are in the ledger: who asked (tree.created) and who
@@ -317,7 +394,11 @@ fn a_users_tree_runs_as_that_user_and_only_its_requester_or_root_acts_on_it() {
             .expect("tree.created")
     };
     let by = &created(users)["data"]["by"];
-    assert_eq!((by["via"].clone(), by["uid"].clone()), (json!("socket"), json!(user.uid)), "{by}");
+    assert_eq!(
+        (by["via"].clone(), by["uid"].clone()),
+        (json!("socket"), json!(user.uid)),
+        "{by}"
+    );
     assert_eq!(created(named_tree)["data"]["run_uid"], user.uid);
     let killed_by = |id: i64| {
         events_of(&sock, id)
@@ -327,7 +408,11 @@ fn a_users_tree_runs_as_that_user_and_only_its_requester_or_root_acts_on_it() {
             .find(|r| r.starts_with("killed through the API by"))
             .unwrap_or_default()
     };
-    assert!(killed_by(users).contains("by uid 0 "), "{}", killed_by(users));
+    assert!(
+        killed_by(users).contains("by uid 0 "),
+        "{}",
+        killed_by(users)
+    );
     assert!(
         killed_by(own_tree).contains(&format!("by uid {} ", user.uid)),
         "{}",
@@ -349,12 +434,25 @@ fn token_cmd(s: &Server, args: &[&str]) -> std::process::Output {
 
 fn made(s: &Server, scope: &str, name: &str) -> (i64, String) {
     let out = token_cmd(s, &["create", "--scope", scope, "--name", name, "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: Value = serde_json::from_slice(&out.stdout).expect("json");
-    (v["id"].as_i64().expect("id"), v["token"].as_str().expect("token").to_string())
+    (
+        v["id"].as_i64().expect("id"),
+        v["token"].as_str().expect("token").to_string(),
+    )
 }
 
-fn tcp(s: &Server, token: Option<&str>, method: reqwest::Method, path: &str, body: Option<&Value>) -> (u16, Value) {
+fn tcp(
+    s: &Server,
+    token: Option<&str>,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<&Value>,
+) -> (u16, Value) {
     let client = reqwest::blocking::Client::builder()
         .no_proxy()
         .redirect(reqwest::redirect::Policy::none())
@@ -385,7 +483,10 @@ fn scoped_tokens_are_kept_as_hashes_bound_their_holders_and_revoke_at_once() {
     let (_, spawn) = made(&s, "spawn", "ci");
     // Only hashes are kept: no secret in the list, nor in the ledger file.
     let listed = String::from_utf8_lossy(&token_cmd(&s, &["list"]).stdout).to_string();
-    assert!(listed.contains("dashboards") && listed.contains("ci"), "{listed}");
+    assert!(
+        listed.contains("dashboards") && listed.contains("ci"),
+        "{listed}"
+    );
     let ledger = std::fs::read(s.data_dir().join("ledger.db")).expect("ledger");
     for secret in [&read, &spawn, &s.token] {
         assert!(!listed.contains(secret.as_str()));
@@ -409,15 +510,37 @@ fn scoped_tokens_are_kept_as_hashes_bound_their_holders_and_revoke_at_once() {
     let (status, v) = tcp(&s, Some(&s.token), Method::POST, "/api/trees", Some(&body));
     assert_eq!(status, 201, "{v}");
     let admin_tree = v["id"].as_i64().expect("id");
-    let (status, v) = tcp(&s, Some(&spawn), Method::POST, &format!("/api/trees/{admin_tree}/kill"), None);
+    let (status, v) = tcp(
+        &s,
+        Some(&spawn),
+        Method::POST,
+        &format!("/api/trees/{admin_tree}/kill"),
+        None,
+    );
     assert_eq!(status, 403, "{v}");
-    let (status, v) = tcp(&s, Some(&spawn), Method::POST, &format!("/api/trees/{ci_tree}/kill?grace=200ms"), None);
+    let (status, v) = tcp(
+        &s,
+        Some(&spawn),
+        Method::POST,
+        &format!("/api/trees/{ci_tree}/kill?grace=200ms"),
+        None,
+    );
     assert_eq!(status, 200, "{v}");
-    let (status, v) = tcp(&s, Some(&s.token), Method::POST, &format!("/api/trees/{admin_tree}/kill?grace=200ms"), None);
+    let (status, v) = tcp(
+        &s,
+        Some(&s.token),
+        Method::POST,
+        &format!("/api/trees/{admin_tree}/kill?grace=200ms"),
+        None,
+    );
     assert_eq!(status, 200, "{v}");
     // Revoked: refused on the next request, no restart.
     let out = token_cmd(&s, &["revoke", &read_id.to_string()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let (status, v) = tcp(&s, Some(&read), Method::GET, "/api/trees", None);
     assert_eq!(status, 401, "{v}");
     assert_eq!(token_cmd(&s, &["revoke", "999"]).status.code(), Some(2));
@@ -433,10 +556,19 @@ fn scoped_tokens_are_kept_as_hashes_bound_their_holders_and_revoke_at_once() {
         .expect("token.revoked");
     assert_eq!(revoked["data"]["token"], read_id);
     assert_eq!(revoked["data"]["by"]["via"], "cli");
-    assert!(events.iter().filter(|e| e["kind"] == "token.created").count() >= 3);
+    assert!(
+        events
+            .iter()
+            .filter(|e| e["kind"] == "token.created")
+            .count()
+            >= 3
+    );
     let status = s.terminate().expect("serve exits");
     assert_eq!(status.code(), Some(0), "{}", s.stderr());
-    assert!(!s.data_dir().join("api.sock").exists(), "the socket is removed at exit");
+    assert!(
+        !s.data_dir().join("api.sock").exists(),
+        "the socket is removed at exit"
+    );
 }
 
 #[test]
@@ -469,9 +601,16 @@ fn the_dashboard_login_sets_an_httponly_strict_cookie_for_reads_only() {
         .and_then(|v| v.to_str().ok())
         .expect("a cookie")
         .to_string();
-    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"), "{cookie}");
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
     let pair = cookie.split(';').next().expect("name=value").to_string();
-    let page = client.get(s.url("/")).header("cookie", &pair).send().expect("GET");
+    let page = client
+        .get(s.url("/"))
+        .header("cookie", &pair)
+        .send()
+        .expect("GET");
     assert_eq!(page.status(), 200);
     assert!(page.text().expect("page").contains("dispatch open"));
     // The cookie reads; it never writes (a cross-site form cannot use it).
@@ -482,7 +621,11 @@ fn the_dashboard_login_sets_an_httponly_strict_cookie_for_reads_only() {
         .send()
         .expect("POST");
     assert_eq!(r.status(), 401);
-    assert_eq!(tcp(&s, None, Method::GET, "/", None).0, 401, "no cookie, no token");
+    assert_eq!(
+        tcp(&s, None, Method::GET, "/", None).0,
+        401,
+        "no cookie, no token"
+    );
 }
 
 #[test]
@@ -499,7 +642,13 @@ fn an_admin_group_member_reads_and_acts_on_every_tree() {
         "--admin-group",
         &user.name,
     ]);
-    let (status, v) = curl(&sock, None, "POST", "/api/trees", Some(&spawn_body(&s, "exec sleep 300")));
+    let (status, v) = curl(
+        &sock,
+        None,
+        "POST",
+        "/api/trees",
+        Some(&spawn_body(&s, "exec sleep 300")),
+    );
     assert_eq!(status, 201, "{v}");
     let roots = v["id"].as_i64().expect("id");
     let (status, v) = curl(&sock, Some(&user), "GET", "/api/trees", None);
@@ -510,7 +659,13 @@ fn an_admin_group_member_reads_and_acts_on_every_tree() {
     );
     assert_eq!(curl(&sock, Some(&user), "GET", "/api/export", None).0, 200);
     // An admin acts on every tree, but still runs its own as itself.
-    let (status, v) = curl(&sock, Some(&user), "POST", &format!("/api/trees/{roots}/kill?grace=200ms"), None);
+    let (status, v) = curl(
+        &sock,
+        Some(&user),
+        "POST",
+        &format!("/api/trees/{roots}/kill?grace=200ms"),
+        None,
+    );
     assert_eq!(status, 200, "{v}");
     let (status, v) = curl(
         &sock,

@@ -334,7 +334,13 @@ fn every_request_but_health_and_metrics_needs_a_token_over_tcp() {
     // Reads need a token too (issue 17: argv and cwd are every tenant's),
     // through the header or the dashboard's cookie; a browser is sent to
     // the login form.
-    for path in ["/api/trees", "/api/events", "/api/export", "/trees/1", "/events"] {
+    for path in [
+        "/api/trees",
+        "/api/events",
+        "/api/export",
+        "/trees/1",
+        "/events",
+    ] {
         assert_eq!(s.get_anon(path).status(), 401, "{path}");
     }
     let r = s
@@ -346,7 +352,11 @@ fn every_request_but_health_and_metrics_needs_a_token_over_tcp() {
     assert_eq!(r.status(), 200, "followed to the form");
     assert!(r.url().path().ends_with("/login"), "{}", r.url());
     for path in ["/healthz", "/readyz", "/metrics", "/login"] {
-        assert_eq!(s.get_anon(path).status(), 200, "{path} stays open on loopback");
+        assert_eq!(
+            s.get_anon(path).status(),
+            200,
+            "{path} stays open on loopback"
+        );
     }
     assert_eq!(s.get("/healthz").status(), 200);
     // The ledger, not only this instant's processes: no tree was ever made.
