@@ -287,8 +287,19 @@ fn run_as(
             user: Some(u),
         })
     };
+    let me = crate::proc::effective_uid();
     match principal {
         Principal::Local { cred, .. } if cred.uid == 0 => named.map(of_user).transpose(),
+        // The service's own user: its trees run as the service, as before.
+        Principal::Local { cred, .. }
+            if cred.uid == me && named.as_ref().is_none_or(|u| u.uid == me) =>
+        {
+            Ok(None)
+        }
+        Principal::Local { cred, .. } if me != 0 => Err(ApiError::Forbidden(format!(
+            "this service runs as uid {me}, not root: it cannot start trees as uid {}",
+            cred.uid
+        ))),
         Principal::Local { cred, .. } => {
             if let Some(u) = &named
                 && u.uid != cred.uid

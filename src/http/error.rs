@@ -57,7 +57,12 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, message, tree) = match self {
             ApiError::Unauthorized(m) => (StatusCode::UNAUTHORIZED, m.to_string(), None),
-            ApiError::Forbidden(m) => (StatusCode::FORBIDDEN, m, None),
+            ApiError::Forbidden(m) => {
+                // Refusals are logged, not written to the ledger (any local
+                // user reaches the socket; the ledger must not grow at will).
+                tracing::info!(reason = %m, "request refused (403)");
+                (StatusCode::FORBIDDEN, m, None)
+            }
             ApiError::BadRequest(m) => (StatusCode::BAD_REQUEST, m, None),
             ApiError::Unprocessable(m) => (StatusCode::UNPROCESSABLE_ENTITY, m, None),
             ApiError::NotFound(m) => (StatusCode::NOT_FOUND, m, None),

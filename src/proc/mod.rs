@@ -51,8 +51,8 @@ pub use signal::{
     signal_process,
 };
 pub use users::{
-    Credentials, UserInfo, credentials_for, current_uid, group_by_name, groups_of, user_by_name,
-    user_by_uid,
+    Credentials, UserInfo, credentials_for, current_uid, effective_uid, group_by_name, groups_of,
+    user_by_name, user_by_uid,
 };
 
 use std::path::PathBuf;

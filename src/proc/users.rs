@@ -85,6 +85,11 @@ pub fn current_uid() -> u32 {
     rustix::process::getuid().as_raw()
 }
 
+/// The effective uid of this process (whether it may set another's).
+pub fn effective_uid() -> u32 {
+    rustix::process::geteuid().as_raw()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
