@@ -545,7 +545,9 @@ pub fn kill(config: &Config, args: KillArgs) -> CliResult {
         println!("tree {} is already {}", row.id, row.state.as_str());
         return Ok(0);
     }
-    let mut opts = TeardownOptions::new(args.grace, "treewarden kill", Origin::Kill);
+    // Who asked is in the reason the teardown records, as for the API.
+    let reason = format!("treewarden kill by {}", cli_requester());
+    let mut opts = TeardownOptions::new(args.grace, reason, Origin::Kill);
     opts.first_signal = args.signal;
     let mut progress = progress_printer(args.quiet || args.json);
     let report = engine.teardown(tree, &opts, &mut progress);

@@ -422,7 +422,7 @@ impl SpawnBody {
 }
 
 /// List trees: live ones, or all with `?all=1`.
-#[utoipa::path(get, path = "/api/trees", params(ListQuery), responses(
+#[utoipa::path(get, path = "/api/trees", params(ListQuery), security(("bearer" = [])), responses(
     (status = 200, body = Vec<TreeRow>), (status = 400, body = ErrorBody),
     (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn list_trees(
@@ -442,7 +442,7 @@ pub async fn list_trees(
 }
 
 /// One tree with its members, observations, signals, authorizations and events.
-#[utoipa::path(get, path = "/api/trees/{id}", params(("id" = i64, Path, description = "tree id")),
+#[utoipa::path(get, path = "/api/trees/{id}", params(("id" = i64, Path, description = "tree id")), security(("bearer" = [])),
     responses((status = 200, body = TreeDetail), (status = 400, body = ErrorBody),
     (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn get_tree(
@@ -596,7 +596,7 @@ pub struct LogQuery {
 
 /// A tree's captured stdout and stderr (API trees only; `run` passes its
 /// output through), as text.
-#[utoipa::path(get, path = "/api/trees/{id}/log", params(("id" = i64, Path, description = "tree id"), LogQuery),
+#[utoipa::path(get, path = "/api/trees/{id}/log", params(("id" = i64, Path, description = "tree id"), LogQuery), security(("bearer" = [])),
     responses((status = 200, description = "the captured output", content_type = "text/plain", body = String),
     (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
     (status = 503, body = ErrorBody)))]
@@ -639,7 +639,7 @@ pub async fn tree_log(
 }
 
 /// The audit trail as JSON, oldest first.
-#[utoipa::path(get, path = "/api/events", params(EventsQuery),
+#[utoipa::path(get, path = "/api/events", params(EventsQuery), security(("bearer" = [])),
     responses((status = 200, body = Vec<EventRow>), (status = 400, body = ErrorBody),
     (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn events(

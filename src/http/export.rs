@@ -32,7 +32,7 @@ pub struct ExportQuery {
 }
 
 /// The audit trail (hash-chained events), NDJSON or CSV.
-#[utoipa::path(get, path = "/api/export", params(ExportQuery),
+#[utoipa::path(get, path = "/api/export", params(ExportQuery), security(("bearer" = [])),
     responses((status = 200, description = "NDJSON or CSV", content((String = "application/x-ndjson"), (String = "text/csv"))),
     (status = 400, body = super::api::ErrorBody), (status = 401, body = super::api::ErrorBody), (status = 403, body = super::api::ErrorBody),
     (status = 503, body = super::api::ErrorBody)))]

@@ -42,7 +42,7 @@ pub struct StreamQuery {
 }
 
 /// The live audit trail as Server-Sent Events.
-#[utoipa::path(get, path = "/api/events/stream", params(StreamQuery),
+#[utoipa::path(get, path = "/api/events/stream", params(StreamQuery), security(("bearer" = [])),
     responses((status = 200, description = "text/event-stream: `id` is the seq, `event` the kind, `data` the event as JSON",
         content_type = "text/event-stream", body = String),
     (status = 400, body = super::api::ErrorBody), (status = 401, body = super::api::ErrorBody), (status = 403, body = super::api::ErrorBody),

@@ -295,15 +295,20 @@ impl std::fmt::Display for Requester {
         match (self.token_id, self.uid) {
             (Some(id), _) => write!(
                 f,
-                "token {id} ({}) over {}",
-                self.token_name.as_deref().unwrap_or(""),
-                self.via
-            ),
+                "token {id} ({})",
+                self.token_name.as_deref().unwrap_or("")
+            )?,
             (None, Some(uid)) => match self.pid {
-                Some(pid) => write!(f, "uid {uid} (pid {pid}) over the {}", self.via),
-                None => write!(f, "uid {uid} over the {}", self.via),
+                Some(pid) => write!(f, "uid {uid} (pid {pid})")?,
+                None => write!(f, "uid {uid}")?,
             },
-            (None, None) => write!(f, "an anonymous principal over {}", self.via),
+            (None, None) => f.write_str("an anonymous principal")?,
+        }
+        match self.via.as_str() {
+            "socket" => f.write_str(" over the socket"),
+            "tcp" => f.write_str(" over tcp"),
+            "cli" => f.write_str(" on the command line"),
+            other => write!(f, " via {other}"),
         }
     }
 }
