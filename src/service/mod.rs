@@ -495,29 +495,49 @@ impl Service {
                 (id, OwnerKind::Client, Some(fd))
             }
         };
-        let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
-            .filter(|(k, _)| !p.env.iter().any(|(n, _)| OsString::from(n) == *k))
-            .collect();
-        // A tree that runs as another user gets that user's HOME, USER and
-        // LOGNAME (not the service's), and `/` as its working directory when
-        // the request names none (the service's own may be closed to it).
+        // A tree that runs as another user does not inherit the service's
+        // environment (it may hold the service's secrets: OTLP headers,
+        // tokens): only PATH and the locale and time zone, then that user's
+        // HOME, USER, LOGNAME and SHELL; and `/` as its working directory
+        // when the request names none (the service's own may be closed to
+        // it). The request's own variables come last and win.
         let mut cwd = p.cwd.clone();
-        if let Some(run_as) = &p.run_as {
-            let who = run_as.user.as_ref();
-            let home = who.map_or_else(|| "/".into(), |u| u.home.clone().into_os_string());
-            let name: OsString = who.map_or_else(
-                || run_as.credentials.uid.to_string().into(),
-                |u| u.name.clone().into(),
-            );
-            env.retain(|(k, _)| k != "HOME" && k != "USER" && k != "LOGNAME");
-            env.extend([
-                ("HOME".into(), home),
-                ("USER".into(), name.clone()),
-                ("LOGNAME".into(), name),
-            ]);
-            env.retain(|(k, _)| !p.env.iter().any(|(n, _)| OsString::from(n) == *k));
-            cwd.get_or_insert_with(|| PathBuf::from("/"));
-        }
+        let mut env: Vec<(OsString, OsString)> = match &p.run_as {
+            None => std::env::vars_os().collect(),
+            Some(run_as) => {
+                let who = run_as.user.as_ref();
+                let name: OsString = who.map_or_else(
+                    || run_as.credentials.uid.to_string().into(),
+                    |u| u.name.clone().into(),
+                );
+                let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
+                    .filter(|(k, _)| {
+                        k == "PATH"
+                            || k == "LANG"
+                            || k == "TZ"
+                            || k.to_string_lossy().starts_with("LC_")
+                    })
+                    .collect();
+                if !env.iter().any(|(k, _)| k == "PATH") {
+                    env.push(("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()));
+                }
+                env.extend([
+                    (
+                        "HOME".into(),
+                        who.map_or_else(|| "/".into(), |u| u.home.clone().into_os_string()),
+                    ),
+                    ("USER".into(), name.clone()),
+                    ("LOGNAME".into(), name),
+                    (
+                        "SHELL".into(),
+                        who.map_or_else(|| "/bin/sh".into(), |u| u.shell.clone().into_os_string()),
+                    ),
+                ]);
+                cwd.get_or_insert_with(|| PathBuf::from("/"));
+                env
+            }
+        };
+        env.retain(|(k, _)| !p.env.iter().any(|(n, _)| OsString::from(n) == *k));
         env.extend(p.env.iter().map(|(k, v)| (k.into(), v.into())));
         let on_behalf = match (&p.requester, &p.run_as) {
             (None, None) => None,

@@ -188,7 +188,11 @@ fn a_users_tree_runs_as_that_user_and_only_its_requester_or_root_acts_on_it() {
     };
     let public = public_dir();
     let sock = public.path().join("api.sock");
-    let s = Server::start(&["--socket", sock.to_str().expect("utf-8 path")]);
+    // A secret in the service's environment must not reach a user's tree.
+    let s = Server::start_with_env(
+        &["--socket", sock.to_str().expect("utf-8 path")],
+        &[("TW17_SERVICE_SECRET", "s3cret")],
+    );
     let mode = std::fs::metadata(&sock).expect("socket").permissions();
     assert_eq!(
         std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
@@ -220,7 +224,7 @@ fn a_users_tree_runs_as_that_user_and_only_its_requester_or_root_acts_on_it() {
         "/api/trees",
         Some(&spawn_body(
             &s,
-            "id -u; id -g; pwd; echo \"$HOME $USER\"; exec sleep 300",
+            "id -u; id -g; pwd; echo \"$HOME $USER\"; echo \"${TW17_SERVICE_SECRET:-unset} $TW_TEST_MARK\"; exec sleep 300",
         )),
     );
     assert_eq!(status, 201, "{v}; {}", s.stderr());
@@ -245,7 +249,7 @@ fn a_users_tree_runs_as_that_user_and_only_its_requester_or_root_acts_on_it() {
                 .as_str()
                 .unwrap_or_default()
                 .to_string();
-            log.lines().count() >= 4
+            log.lines().count() >= 5
         }),
         "the tree's output: {log:?}"
     );
@@ -254,6 +258,11 @@ fn a_users_tree_runs_as_that_user_and_only_its_requester_or_root_acts_on_it() {
     assert_eq!(lines[1], user.gid.to_string(), "{log}");
     assert_eq!(lines[2], "/", "a tree that names no cwd starts in /: {log}");
     assert!(lines[3].ends_with(&format!(" {}", user.name)), "{log}");
+    assert_eq!(
+        lines[4],
+        format!("unset {}", s.mark),
+        "the service's environment stays the service's; the request's reaches the tree: {log}"
+    );
 
     // The user sees only its own tree, and cannot act on root's.
     let (status, v) = curl(&sock, Some(&user), "GET", "/api/trees", None);
