@@ -295,7 +295,13 @@ fn auth(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()> {
     c.env("TREEWARDEN_DATA_DIR", &data)
         .env("TREEWARDEN_BOUNDARY", "session")
         .env_remove("TREEWARDEN_CGROUP_ROOT")
-        .args(["serve", "--listen", "127.0.0.1:0", "--open-reads", "--ready-file"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--open-reads",
+            "--ready-file",
+        ])
         .arg(&ready)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
