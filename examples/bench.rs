@@ -15,8 +15,8 @@
 //!    SIGKILLed `treewarden serve`; a new `serve` on the same ledger, from its
 //!    start to `/healthz` (floor: the same start on an empty ledger) and to
 //!    the last orphan gone (floor: the grace itself, which every orphan must
-//!    be given). Flat in N up to the sweep's concurrency bound (64);
-//! 4b. auth (issue 17): a TCP read with a bearer token (hashed, looked up in
+//!    be given). Flat in N up to the sweep's concurrency bound (64); then
+//!    auth (issue 17): a TCP read with a bearer token (hashed, looked up in
 //!    the ledger on every request) vs the same read under `--open-reads`;
 //! 5. teardown: `Engine::teardown` of a SIGTERM-ignoring tree at grace 0, from
 //!    the call to verified-empty, vs `cgroup.kill` + wait for `populated 0`
