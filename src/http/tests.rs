@@ -387,3 +387,51 @@ async fn a_socket_principal_sees_and_acts_on_its_own_trees_only() {
         200
     );
 }
+
+#[tokio::test]
+async fn a_replaced_token_file_revokes_the_old_files_token() {
+    let r = rig(false);
+    let by = Requester::default();
+    let old = r.admin.clone();
+    let new = "b".repeat(64);
+    let first = r
+        .ledger
+        .import_token("api-token file", &token_hash(&old), &by)
+        .expect("import");
+    assert_eq!(
+        r.ledger
+            .import_token("api-token file", &token_hash(&old), &by)
+            .expect("again"),
+        first,
+        "the same file is imported once"
+    );
+    assert_eq!(
+        call(&r, Via::Tcp(Some(&old)), "GET", "/api/trees", None)
+            .await
+            .0,
+        200
+    );
+    let second = r
+        .ledger
+        .import_token("api-token file", &token_hash(&new), &by)
+        .expect("new file");
+    assert_ne!(first, second);
+    assert_eq!(
+        call(&r, Via::Tcp(Some(&old)), "GET", "/api/trees", None)
+            .await
+            .0,
+        401
+    );
+    assert_eq!(
+        call(&r, Via::Tcp(Some(&new)), "GET", "/api/trees", None)
+            .await
+            .0,
+        200
+    );
+    let tokens = r.ledger.tokens().expect("list");
+    let old_row = tokens
+        .iter()
+        .find(|t| t.id == first)
+        .expect("kept, never deleted");
+    assert!(old_row.revoked_at.is_some(), "{tokens:?}");
+}

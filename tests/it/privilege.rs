@@ -133,6 +133,19 @@ fn curl(
     path: &str,
     body: Option<&Value>,
 ) -> (u16, Value) {
+    let (status, value, _) = curl_pid(sock, user, method, path, body);
+    (status, value)
+}
+
+/// [`curl`], and the pid curl ran as (setpriv execs it: the same pid), which
+/// the service sees as the peer's.
+fn curl_pid(
+    sock: &Path,
+    user: Option<&TestUser>,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> (u16, Value, u32) {
     let mut cmd = match user {
         Some(u) => {
             let mut c = Command::new("setpriv");
@@ -152,8 +165,12 @@ fn curl(
         cmd.args(["-H", "content-type: application/json", "-d"])
             .arg(b.to_string());
     }
-    cmd.arg(format!("http://localhost{path}"));
-    let out = cmd.output().expect("curl");
+    cmd.arg(format!("http://localhost{path}"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = cmd.spawn().expect("curl");
+    let pid = child.id();
+    let out = child.wait_with_output().expect("curl output");
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
     let status = code.trim().parse().unwrap_or_else(|_| {
@@ -163,7 +180,7 @@ fn curl(
         )
     });
     let value = serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.to_string()));
-    (status, value)
+    (status, value, pid)
 }
 
 fn spawn_body(s: &Server, script: &str) -> Value {
@@ -217,7 +234,7 @@ fn a_users_tree_runs_as_that_user_and_only_its_requester_or_root_acts_on_it() {
 
     // The user's tree runs as the user: the kernel says so, and so does the
     // command itself.
-    let (status, v) = curl(
+    let (status, v, curl_pid) = curl_pid(
         &sock,
         Some(&user),
         "POST",
@@ -233,10 +250,10 @@ fn a_users_tree_runs_as_that_user_and_only_its_requester_or_root_acts_on_it() {
     assert_eq!(v["requester_uid"], user.uid, "{v}");
     assert_eq!(v["run_uid"], user.uid, "{v}");
     assert_eq!(v["run_gid"], user.gid, "{v}");
-    assert_ne!(
+    assert_eq!(
         v["requested_by"]["pid"].as_i64(),
-        None,
-        "the peer pid is recorded: {v}"
+        Some(i64::from(curl_pid)),
+        "the peer's pid (SO_PEERCRED) is recorded: {v}"
     );
     assert_eq!(status_ids(users_pid, "Uid:"), Some(vec![user.uid; 4]));
     assert_eq!(status_ids(users_pid, "Gid:"), Some(vec![user.gid; 4]));
@@ -684,4 +701,60 @@ fn an_admin_group_member_reads_and_acts_on_every_tree() {
         Some(&json!({"argv": ["true"], "user": "root"})),
     );
     assert_eq!(status, 403, "only root names another user: {v}");
+}
+
+#[test]
+fn over_the_socket_a_tree_may_be_bound_to_its_requesters_life() {
+    if tool("curl").is_none() {
+        skip("curl not installed");
+        return;
+    }
+    let public = public_dir();
+    let sock = public.path().join("api.sock");
+    let s = Server::start(&["--socket", sock.to_str().expect("utf-8 path")]);
+    // `exec` keeps the shell's pid for curl: the body names curl's own pid,
+    // which the service checks against the peer credentials.
+    let body = spawn_body(&s, "exec sleep 300").to_string();
+    let body = body.replacen('{', "{\"owner_pid\": OWNER, ", 1);
+    let script = format!(
+        "exec curl -sS --max-time 60 --unix-socket '{}' -X POST -H 'content-type: application/json' -d \"$(echo '{}' | sed \"s/OWNER/$$/\")\" -w '\\n%{{http_code}}' http://localhost/api/trees",
+        sock.display(),
+        body
+    );
+    let child = Command::new("sh")
+        .args(["-c", &script])
+        .current_dir("/")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("sh");
+    let pid = child.id();
+    let out = child.wait_with_output().expect("output");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (json_body, code) = text.rsplit_once('\n').expect("status line");
+    assert_eq!(code.trim(), "201", "{text}; {}", s.stderr());
+    let v: Value = serde_json::from_str(json_body).expect("json");
+    assert_eq!(v["owner"]["kind"], "client", "{v}");
+    assert_eq!(
+        v["owner"]["pid"], pid,
+        "the owner is the requesting process: {v}"
+    );
+    assert_eq!(v["requested_by"]["pid"], pid, "{v}");
+    // curl has exited: the tree follows it within a second or so.
+    let id = v["id"].as_i64().expect("id");
+    let root = v["root_pid"].as_i64().expect("root") as i32;
+    assert!(
+        wait_until(Duration::from_secs(10), || !pid_alive(root)),
+        "the tree outlived its requester"
+    );
+    let (status, t) = curl(&sock, None, "GET", &format!("/api/trees/{id}"), None);
+    assert_eq!(status, 200);
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let state =
+                curl(&sock, None, "GET", &format!("/api/trees/{id}"), None).1["tree"]["state"]
+                    .clone();
+            state == "ended" || state == "vanished"
+        }),
+        "{t}"
+    );
 }
