@@ -76,9 +76,9 @@ pub use error::LedgerError;
 pub use types::{
     AuthorizationId, AuthorizationRow, Deferred, EventFilter, EventKind, EventRow, ExitRecord,
     ExportFormat, IdentityRecord, KillTarget, Limits, MemberCounts, MemberRecord, MemberRow,
-    NewTree, ObservationRow, OwnerId, OwnerKind, OwnerRecord, OwnerRow, Resources, SignalRecord,
-    SignalRow, SpawnRecord, SurvivorRecord, TreeDetail, TreeId, TreeRow, TreeState, VerifyBreak,
-    VerifyReport, parse_cpu_pct, parse_since, parse_size,
+    NewTree, ObservationRow, OwnerId, OwnerKind, OwnerRecord, OwnerRow, PageAt, Resources,
+    SignalRecord, SignalRow, SpawnRecord, SurvivorRecord, TreeDetail, TreeId, TreeRow, TreeState,
+    VerifyBreak, VerifyReport, parse_cpu_pct, parse_since, parse_size,
 };
 
 use db::Durability;
@@ -501,16 +501,16 @@ impl Ledger {
         self.read(move |tx| Ok(read::member_counts(tx, &ids)?.into_iter().collect()))
     }
 
-    /// One page of trees, newest first (keyset: ids below `before`),
-    /// filtered by state and exact label.
+    /// One page of trees, newest first (keyset: the `limit` ids right below
+    /// or right above a bound), filtered by state and exact label.
     pub fn tree_page(
         &self,
         states: Option<Vec<TreeState>>,
         label: Option<String>,
-        before: Option<i64>,
+        at: PageAt,
         limit: usize,
     ) -> Result<Vec<TreeRow>, LedgerError> {
-        self.read(move |tx| read::tree_page(tx, states.as_deref(), label.as_deref(), before, limit))
+        self.read(move |tx| read::tree_page(tx, states.as_deref(), label.as_deref(), at, limit))
     }
 
     /// Live (non-terminal) trees, or every tree with `all`.

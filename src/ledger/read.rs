@@ -5,7 +5,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params_from_iter, types::Valu
 use super::error::{Fail, LedgerError};
 use super::types::{
     AuthorizationRow, EventFilter, EventRow, ExitRecord, IdentityRecord, MemberCounts, MemberRow,
-    ObservationRow, OwnerRow, SignalRow, TreeDetail, TreeId, TreeRow, TreeState,
+    ObservationRow, OwnerRow, PageAt, SignalRow, TreeDetail, TreeId, TreeRow, TreeState,
 };
 
 const TREE_COLUMNS: &str =
@@ -139,19 +139,25 @@ pub(crate) fn tree_page(
     conn: &Connection,
     states: Option<&[TreeState]>,
     label: Option<&str>,
-    before: Option<i64>,
+    at: PageAt,
     limit: usize,
 ) -> Result<Vec<TreeRow>, Fail> {
-    let (sql, args) = tree_page_sql(states, label, before, limit);
+    let (sql, args) = tree_page_sql(states, label, at, limit);
     let mut stmt = conn.prepare_cached(&sql)?;
     let rows = stmt.query_map(params_from_iter(args), tree_from_row)?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    let mut rows: Vec<TreeRow> = rows.collect::<Result<_, _>>()?;
+    // A page of newer trees is read upwards from its bound (so it is the
+    // page right above it), and shown newest first like every page.
+    if matches!(at, PageAt::After(_)) {
+        rows.reverse();
+    }
+    Ok(rows)
 }
 
 fn tree_page_sql(
     states: Option<&[TreeState]>,
     label: Option<&str>,
-    before: Option<i64>,
+    at: PageAt,
     limit: usize,
 ) -> (String, Vec<Value>) {
     let mut clauses: Vec<String> = Vec::new();
@@ -170,10 +176,19 @@ fn tree_page_sql(
         clauses.push("t.label = ?".into());
         args.push(Value::Text(label.to_string()));
     }
-    if let Some(before) = before {
-        clauses.push("t.id < ?".into());
-        args.push(Value::Integer(before));
-    }
+    let order = match at {
+        PageAt::Newest => "DESC",
+        PageAt::Before(id) => {
+            clauses.push("t.id < ?".into());
+            args.push(Value::Integer(id));
+            "DESC"
+        }
+        PageAt::After(id) => {
+            clauses.push("t.id > ?".into());
+            args.push(Value::Integer(id));
+            "ASC"
+        }
+    };
     let filter = if clauses.is_empty() {
         String::new()
     } else {
@@ -181,7 +196,7 @@ fn tree_page_sql(
     };
     args.push(Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)));
     let sql = format!(
-        "SELECT {TREE_COLUMNS} FROM trees t JOIN owners o ON o.id = t.owner_id {filter} ORDER BY t.id DESC LIMIT ?"
+        "SELECT {TREE_COLUMNS} FROM trees t JOIN owners o ON o.id = t.owner_id {filter} ORDER BY t.id {order} LIMIT ?"
     );
     (sql, args)
 }
@@ -423,7 +438,7 @@ mod tests {
     #[test]
     fn paged_reads_walk_an_index_and_never_sort_the_table() {
         use super::{events_sql, tree_page_sql};
-        use crate::ledger::{EventFilter, TreeId, TreeState};
+        use crate::ledger::{EventFilter, PageAt, TreeId, TreeState};
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("ledger.db");
         drop(crate::ledger::Ledger::open(&path, Default::default()).expect("migrate"));
@@ -438,13 +453,15 @@ mod tests {
             rows.map(|r| r.expect("row")).collect::<Vec<_>>().join("; ")
         };
         let running = [TreeState::Running];
-        for (states, label, before) in [
-            (None, None, None),
-            (None, None, Some(5000)),
-            (Some(&running[..]), None, Some(5000)),
-            (None, Some("ci"), None),
+        for (states, label, at) in [
+            (None, None, PageAt::Newest),
+            (None, None, PageAt::Before(5000)),
+            (None, None, PageAt::After(5000)),
+            (Some(&running[..]), None, PageAt::Before(5000)),
+            (Some(&running[..]), None, PageAt::After(5000)),
+            (None, Some("ci"), PageAt::Newest),
         ] {
-            let (sql, args) = tree_page_sql(states, label, before, 100);
+            let (sql, args) = tree_page_sql(states, label, at, 100);
             let p = plan(&sql, args);
             assert!(!p.contains("TEMP B-TREE"), "tree page sorts: {p}");
         }

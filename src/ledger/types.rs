@@ -500,6 +500,17 @@ pub fn parse_since(s: &str) -> Result<std::time::SystemTime, String> {
         .max(std::time::UNIX_EPOCH))
 }
 
+/// Where a keyset page of trees starts: the newest, the page right below a
+/// tree id (older), or the page right above one (newer). Every page is
+/// returned newest first.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PageAt {
+    #[default]
+    Newest,
+    Before(i64),
+    After(i64),
+}
+
 /// Selects events for reads and export. All conditions combine with AND;
 /// rows come back in seq order (newest first with `newest_first`).
 #[derive(Clone, Debug, Default)]

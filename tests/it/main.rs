@@ -12,5 +12,6 @@ mod observer;
 mod proc;
 mod recovery;
 mod rules;
+mod scale;
 mod serve;
 mod util;

@@ -42,7 +42,25 @@ impl Server {
     }
 
     pub(crate) fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
+        Self::start_full(extra, env, None)
+    }
+
+    /// A server whose data dir starts with a copy of the ledger at `seed`.
+    pub(crate) fn start_seeded(seed: &Path, extra: &[&str]) -> Server {
+        Self::start_full(extra, &[], Some(seed))
+    }
+
+    fn start_full(extra: &[&str], env: &[(&str, &str)], seed: Option<&Path>) -> Server {
         let dir = tempfile::tempdir().expect("temp dir");
+        if let Some(seed) = seed {
+            use std::os::unix::fs::DirBuilderExt;
+            let data = dir.path().join("data");
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&data)
+                .expect("data dir");
+            std::fs::copy(seed, data.join("ledger.db")).expect("seed the ledger");
+        }
         let n = SEQ.fetch_add(1, Ordering::SeqCst);
         let mark = format!("tw-serve-{}-{n}", std::process::id());
         let ready = dir.path().join("addr");
