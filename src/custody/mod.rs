@@ -20,6 +20,8 @@ mod fake;
 mod host;
 pub mod markers;
 mod observer;
+#[cfg(test)]
+mod oom_tests;
 mod owner;
 mod spawn;
 mod stats;

@@ -969,7 +969,9 @@ impl Engine {
         // The root's status also when this teardown killed it: this process
         // spawned it (run, serve), so its reaper has it.
         let exit = self.root_status(watch, opts).map(exit_record);
-        // What it consumed, read from its cgroup before the cgroup goes.
+        // What it consumed, read from its cgroup before the cgroup goes,
+        // and an OOM kill no tick recorded yet (the one that ended it).
+        watch.note_oom_kills(self);
         let resources = watch.cgroup().map(resources_of);
         report.resources = resources;
         let state = self.close(tree, TreeState::Ended, exit, resources)?;
@@ -1119,6 +1121,7 @@ pub(crate) fn resources_of(dir: &std::path::Path) -> crate::ledger::Resources {
         pids_peak: u.pids_peak,
         io_read_bytes: u.io_read_bytes,
         io_write_bytes: u.io_write_bytes,
+        oom_kills: u.oom_kills,
     }
 }
 

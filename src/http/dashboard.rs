@@ -517,6 +517,11 @@ pub fn summarize(e: &EventRow) -> String {
             exit(&d["exit"])
         ),
         "tree.resolved" => format!("resolved: {}", s(&d["note"])),
+        "tree.oom_kill" => format!(
+            "the kernel's OOM killer ended {} process(es) ({} in all)",
+            s(&d["oom_kills"]),
+            s(&d["total"])
+        ),
         "member.observed" => format!("pid {}: {}", s(&d["identity"]["pid"]), argv(&d["cmdline"])),
         "member.exec" => format!(
             "pid {} ran {} (was {})",

@@ -119,10 +119,13 @@ pub enum EventKind {
     SweepRefused,
     DispatchRefused,
     TreeResolved,
+    /// The kernel's OOM killer ended processes in the tree's cgroup:
+    /// `{oom_kills: new since the last one recorded, total}`.
+    TreeOomKill,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 18] = [
+    pub const ALL: [EventKind; 19] = [
         Self::TreeCreated,
         Self::TreeSpawned,
         Self::TreeSpawnFailed,
@@ -141,6 +144,7 @@ impl EventKind {
         Self::SweepRefused,
         Self::DispatchRefused,
         Self::TreeResolved,
+        Self::TreeOomKill,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -163,6 +167,7 @@ impl EventKind {
             Self::SweepRefused => "sweep.refused",
             Self::DispatchRefused => "dispatch.refused",
             Self::TreeResolved => "tree.resolved",
+            Self::TreeOomKill => "tree.oom_kill",
         }
     }
 
@@ -176,6 +181,7 @@ impl EventKind {
                 | Self::SweepOrphanFound
                 | Self::SweepRefused
                 | Self::DispatchRefused
+                | Self::TreeOomKill
         )
     }
 }
@@ -420,6 +426,10 @@ pub struct Resources {
     pub io_read_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub io_write_bytes: Option<u64>,
+    /// Processes the kernel's OOM killer ended in the tree's cgroup
+    /// (`memory.events` `oom_kill`; absent without the memory controller).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom_kills: Option<u64>,
 }
 
 /// An evidence write a teardown could not make (the ledger refused writes:

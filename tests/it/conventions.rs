@@ -354,6 +354,40 @@ fn limits_are_enforced_or_refused_never_pretended() {
 }
 
 #[test]
+fn an_oom_kill_inside_a_tree_is_an_event_and_in_its_resources() {
+    let Some(env) = Env::new("cgroup") else {
+        return;
+    };
+    if !offers(&env, "memory") {
+        crate::util::skip(
+            "OOM kills: the cgroup v2 hierarchy offers no memory controller here (memory.events parsing and recording are unit-tested in custody::oom_tests)",
+        );
+        return;
+    }
+    // The shell keeps 200 MB of command substitution in memory under a
+    // 32 MiB limit: the kernel's OOM killer ends it.
+    let out = env.output(&[
+        "run",
+        "--memory-max",
+        "32M",
+        "--",
+        "sh",
+        "-c",
+        "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo survived",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stdout.contains("survived"), "the limit held: {stdout}");
+    let oom = env.first_event("tree.oom_kill");
+    assert!(oom["data"]["oom_kills"].as_u64() >= Some(1), "{oom}");
+    let shown = env.show(1);
+    assert!(
+        shown["resources"]["oom_kills"].as_u64() >= Some(1),
+        "{shown}"
+    );
+    assert!(env.wait_none_marked());
+}
+
+#[test]
 fn the_api_refuses_limits_it_cannot_enforce_with_422() {
     let server = crate::serve::Server::start(&[]);
     let (status, v) = server.post(
