@@ -355,23 +355,9 @@ pub fn run(config: &Config, args: RunArgs) -> CliResult {
 
 /// `, consumed cpu 12.3 ms, …`: the figures the host gave.
 fn consumed(r: treewarden::ledger::Resources) -> String {
-    let mut parts = Vec::new();
-    if let Some(us) = r.cpu_usec {
-        parts.push(format!("cpu {:.1} ms", us as f64 / 1000.0));
-    }
-    if let Some(b) = r.memory_peak_bytes {
-        parts.push(format!("memory peak {:.1} MiB", b as f64 / 1048576.0));
-    }
-    if let Some(p) = r.pids_peak {
-        parts.push(format!("pids peak {p}"));
-    }
-    if let (Some(rd), Some(wr)) = (r.io_read_bytes, r.io_write_bytes) {
-        parts.push(format!("io {rd} B read, {wr} B written"));
-    }
-    if parts.is_empty() {
-        String::new()
-    } else {
-        format!("; consumed {}", parts.join(", "))
+    match r.summary() {
+        s if s.is_empty() => s,
+        s => format!("; consumed {s}"),
     }
 }
 

@@ -20,7 +20,7 @@ use crate::custody::Unsettled;
 use crate::ledger::{
     EventFilter, EventRow, MemberCounts, MemberRow, SignalRow, TreeId, TreeRow, TreeState,
 };
-use crate::ledger::{PageAt, parse_since};
+use crate::ledger::{PageAt, TreeFilter, parse_since};
 
 /// Trees shown on the index page at most (newest first).
 const MAX_TREES: usize = 100;
@@ -63,13 +63,34 @@ pub struct TreeLine {
     pub escapes: usize,
     pub flags: String,
     pub command: String,
+    /// Who it runs for: `run 4242`, `client 777`, `service 12`.
+    pub owner: String,
+    /// Whether that owner still runs (`None` for an ended tree, whose owner
+    /// no longer matters).
+    pub owner_alive: Option<bool>,
+    /// What it consumed (ended: from `tree.ended`; live: from its cgroup).
+    pub consumed: String,
 }
 
 impl TreeLine {
     /// `counts`: the tree's members with no exit recorded, and those seen
-    /// escaped (exited or not).
-    fn new(t: &TreeRow, counts: MemberCounts) -> Self {
+    /// escaped (exited or not); `resources`: what it consumed, where known.
+    fn new(
+        t: &TreeRow,
+        counts: MemberCounts,
+        resources: Option<&crate::ledger::Resources>,
+    ) -> Self {
+        let live = !t.state.is_terminal();
+        let consumed = match resources {
+            Some(r) => r.summary(),
+            None => crate::custody::live_resources(t)
+                .map(|r| r.summary())
+                .unwrap_or_default(),
+        };
         TreeLine {
+            owner: format!("{} {}", t.owner.kind, t.owner.pid),
+            owner_alive: live.then(|| crate::custody::still_alive(&t.owner_identity())),
+            consumed,
             id: t.id,
             state: t.state.as_str().into(),
             label: t.label.clone().unwrap_or_default(),
@@ -102,6 +123,7 @@ pub struct IndexPage {
     /// The state and label filters as given (empty: none).
     pub state: String,
     pub label: String,
+    pub since: String,
     /// The query of the next (older) page, when there is one.
     pub older: Option<String>,
     /// The query of the previous (newer) page, when there is one.
@@ -174,6 +196,8 @@ pub struct IndexQuery {
     pub state: Option<String>,
     /// Only trees with exactly this label.
     pub label: Option<String>,
+    /// Only trees created at or after this (`2h`, or an RFC 3339 time).
+    pub since: Option<String>,
     /// Keyset paging: the page of trees right below this id (older).
     pub before: Option<i64>,
     /// Keyset paging: the page of trees right above this id (newer).
@@ -266,6 +290,16 @@ pub async fn index(
         st => Some(vec![st.parse::<TreeState>().map_err(ApiError::BadRequest)?]),
     };
     let label = Some(label_s.trim().to_string()).filter(|l| !l.is_empty());
+    let since_s = q.since.clone().unwrap_or_default();
+    let since = match since_s.trim() {
+        "" => None,
+        t => Some(parse_since(t).map_err(ApiError::BadRequest)?),
+    };
+    let filter = TreeFilter {
+        states,
+        label,
+        since,
+    };
     let at = page_at(q.before, q.after)?;
     let (lines, unsettled, counts, more) = s
         .service
@@ -273,7 +307,7 @@ pub async fn index(
             // One keyset page: MAX_TREES of the filter next to the bound,
             // however many trees the ledger holds; one more tells whether
             // the next page in this direction has anything.
-            let mut trees = e.ledger().tree_page(states, label, at, MAX_TREES + 1)?;
+            let mut trees = e.ledger().tree_page(filter, at, MAX_TREES + 1)?;
             let more = trees.len() > MAX_TREES;
             if more {
                 match at {
@@ -285,9 +319,22 @@ pub async fn index(
             // One query for every listed tree's counts, not a full detail read each.
             let ids: Vec<TreeId> = trees.iter().map(TreeRow::tree_id).collect();
             let counts = e.ledger().member_counts(&ids)?;
+            let ended: Vec<TreeId> = trees
+                .iter()
+                .filter(|t| t.state.is_terminal())
+                .map(TreeRow::tree_id)
+                .collect();
+            let used = e.ledger().ended_resources(&ended)?;
             let lines: Vec<TreeLine> = trees
                 .iter()
-                .map(|t| TreeLine::new(t, counts.get(&t.tree_id()).copied().unwrap_or_default()))
+                .map(|t| {
+                    let id = t.tree_id();
+                    TreeLine::new(
+                        t,
+                        counts.get(&id).copied().unwrap_or_default(),
+                        used.get(&id),
+                    )
+                })
                 .collect();
             let counts = e.ledger().tree_counts()?;
             Ok((lines, e.unsettled()?, counts, more))
@@ -303,6 +350,7 @@ pub async fn index(
             ("all", if all { "1".into() } else { String::new() }),
             ("state", state_s.clone()),
             ("label", label_s.clone()),
+            ("since", since_s.clone()),
             ("before", before),
             ("after", after),
             ("refresh", if refresh { String::new() } else { "0".into() }),
@@ -325,6 +373,7 @@ pub async fn index(
             .collect(),
         state: state_s.clone(),
         label: label_s.clone(),
+        since: since_s.clone(),
         trees: lines,
         all,
         unsettled,

@@ -77,8 +77,8 @@ pub use types::{
     AuthorizationId, AuthorizationRow, Deferred, EventFilter, EventKind, EventRow, ExitRecord,
     ExportFormat, IdentityRecord, KillTarget, Limits, MemberCounts, MemberRecord, MemberRow,
     NewTree, ObservationRow, OwnerId, OwnerKind, OwnerRecord, OwnerRow, PageAt, Resources,
-    SignalRecord, SignalRow, SpawnRecord, SurvivorRecord, TreeDetail, TreeId, TreeRow, TreeState,
-    VerifyBreak, VerifyReport, parse_cpu_pct, parse_since, parse_size,
+    SignalRecord, SignalRow, SpawnRecord, SurvivorRecord, TreeDetail, TreeFilter, TreeId, TreeRow,
+    TreeState, VerifyBreak, VerifyReport, parse_cpu_pct, parse_since, parse_size,
 };
 
 use db::Durability;
@@ -505,12 +505,20 @@ impl Ledger {
     /// or right above a bound), filtered by state and exact label.
     pub fn tree_page(
         &self,
-        states: Option<Vec<TreeState>>,
-        label: Option<String>,
+        filter: TreeFilter,
         at: PageAt,
         limit: usize,
     ) -> Result<Vec<TreeRow>, LedgerError> {
-        self.read(move |tx| read::tree_page(tx, states.as_deref(), label.as_deref(), at, limit))
+        self.read(move |tx| read::tree_page(tx, &filter, at, limit))
+    }
+
+    /// What each of `ids` that has ended consumed (from its `tree.ended`).
+    pub fn ended_resources(
+        &self,
+        ids: &[TreeId],
+    ) -> Result<std::collections::HashMap<TreeId, Resources>, LedgerError> {
+        let ids = ids.to_vec();
+        self.read(move |tx| Ok(read::ended_resources(tx, &ids)?.into_iter().collect()))
     }
 
     /// Live (non-terminal) trees, or every tree with `all`.

@@ -432,6 +432,30 @@ pub struct Resources {
     pub oom_kills: Option<u64>,
 }
 
+impl Resources {
+    /// What is known, for a person: `cpu 12.3 ms, memory peak 4.1 MiB, ...`
+    /// (empty when nothing is).
+    pub fn summary(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(us) = self.cpu_usec {
+            parts.push(format!("cpu {:.1} ms", us as f64 / 1000.0));
+        }
+        if let Some(b) = self.memory_peak_bytes {
+            parts.push(format!("memory peak {:.1} MiB", b as f64 / 1048576.0));
+        }
+        if let Some(p) = self.pids_peak {
+            parts.push(format!("pids peak {p}"));
+        }
+        if let (Some(rd), Some(wr)) = (self.io_read_bytes, self.io_write_bytes) {
+            parts.push(format!("io {rd} B read, {wr} B written"));
+        }
+        if let Some(n) = self.oom_kills.filter(|n| *n > 0) {
+            parts.push(format!("{n} OOM kill(s)"));
+        }
+        parts.join(", ")
+    }
+}
+
 /// An evidence write a teardown could not make (the ledger refused writes:
 /// a held lock, a full disk) and keeps for later: in memory, then in the
 /// tree's unsettled marker. [`super::Ledger::replay_deferred`] writes a list
@@ -519,6 +543,17 @@ pub enum PageAt {
     Newest,
     Before(i64),
     After(i64),
+}
+
+/// Selects trees for a page: all conditions combine with AND.
+#[derive(Clone, Debug, Default)]
+pub struct TreeFilter {
+    /// Only trees in one of these states (`None`: any).
+    pub states: Option<Vec<TreeState>>,
+    /// Only trees with exactly this label.
+    pub label: Option<String>,
+    /// Only trees created at or after this moment.
+    pub since: Option<std::time::SystemTime>,
 }
 
 /// Selects events for reads and export. All conditions combine with AND;

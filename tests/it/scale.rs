@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use treewarden::ledger::{
     ExitRecord, IdentityRecord, Ledger, LedgerOptions, MemberRecord, NewTree, OwnerKind,
-    OwnerRecord, SpawnRecord, TreeState,
+    OwnerRecord, Resources, SpawnRecord, TreeState,
 };
 
 use crate::serve::Server;
@@ -29,10 +29,7 @@ fn ident(pid: i32) -> IdentityRecord {
     }
 }
 
-/// Builds a ledger of `trees` ended trees with `members` members each
-/// (every member seen and exited): `3 + 2 * members` events per tree.
-/// Returns the number of events written.
-fn build(path: &Path, trees: usize, members: usize) -> u64 {
+fn open_with_owner(path: &Path) -> (Ledger, treewarden::ledger::OwnerId) {
     let ledger = Ledger::open(path, LedgerOptions::default()).expect("ledger");
     let owner = ledger
         .register_owner(&OwnerRecord {
@@ -40,64 +37,77 @@ fn build(path: &Path, trees: usize, members: usize) -> u64 {
             kind: OwnerKind::Service,
         })
         .expect("owner");
-    for t in 0..trees {
-        let base = 10_000 + (t as i32) * 10;
-        let id = ledger
-            .create_tree(&NewTree {
-                label: Some(if t % 2 == 0 { "even" } else { "odd" }.into()),
-                boundary: "session".into(),
-                owner,
-                argv: vec!["sh".into(), "-c".into(), format!("job {t}")],
-                cwd: Some("/tmp".into()),
-                grace_ms: Some(200),
-                timeout_ms: None,
-                limits: Default::default(),
-                first_signal: None,
-            })
-            .expect("create");
-        ledger
-            .tree_spawned(
-                id,
-                &SpawnRecord {
-                    root: ident(base),
-                    pgid: base,
-                    sid: base,
-                    cgroup: None,
-                },
-            )
-            .expect("spawned");
-        let seen: Vec<MemberRecord> = (0..members as i32)
-            .map(|m| MemberRecord {
-                identity: ident(base + m),
-                ppid: if m == 0 { 1 } else { base },
+    (ledger, owner)
+}
+
+/// One ended tree (number `t`) with `members` members, each seen and
+/// exited: `3 + 2 * members` events.
+fn add_tree(
+    ledger: &Ledger,
+    owner: treewarden::ledger::OwnerId,
+    t: usize,
+    members: usize,
+    resources: Option<Resources>,
+) {
+    let base = 10_000 + (t as i32) * 10;
+    let id = ledger
+        .create_tree(&NewTree {
+            label: Some(if t.is_multiple_of(2) { "even" } else { "odd" }.into()),
+            boundary: "session".into(),
+            owner,
+            argv: vec!["sh".into(), "-c".into(), format!("job {t}")],
+            cwd: Some("/tmp".into()),
+            grace_ms: Some(200),
+            timeout_ms: None,
+            limits: Default::default(),
+            first_signal: None,
+        })
+        .expect("create");
+    ledger
+        .tree_spawned(
+            id,
+            &SpawnRecord {
+                root: ident(base),
                 pgid: base,
                 sid: base,
                 cgroup: None,
-                uid: Some(0),
-                exe: Some("/bin/sh".into()),
-                cmdline: vec!["sh".into(), format!("member-{t}-{m}")],
-                cwd: Some("/tmp".into()),
-            })
-            .collect();
-        ledger.observe_members(id, &seen).expect("members");
-        let exits: Vec<(IdentityRecord, Option<ExitRecord>)> = seen
-            .iter()
-            .map(|m| {
-                let exit = ExitRecord {
-                    code: Some(0),
-                    signal: None,
-                };
-                (m.identity.clone(), Some(exit))
-            })
-            .collect();
-        ledger.record_exits(id, &exits, "parent").expect("exits");
-        let exit = ExitRecord {
-            code: Some(0),
-            signal: None,
-        };
-        ledger
-            .end_tree(id, TreeState::Ended, Some(exit))
-            .expect("end");
+            },
+        )
+        .expect("spawned");
+    let seen: Vec<MemberRecord> = (0..members as i32)
+        .map(|m| MemberRecord {
+            identity: ident(base + m),
+            ppid: if m == 0 { 1 } else { base },
+            pgid: base,
+            sid: base,
+            cgroup: None,
+            uid: Some(0),
+            exe: Some("/bin/sh".into()),
+            cmdline: vec!["sh".into(), format!("member-{t}-{m}")],
+            cwd: Some("/tmp".into()),
+        })
+        .collect();
+    ledger.observe_members(id, &seen).expect("members");
+    let exit = ExitRecord {
+        code: Some(0),
+        signal: None,
+    };
+    let exits: Vec<(IdentityRecord, Option<ExitRecord>)> = seen
+        .iter()
+        .map(|m| (m.identity.clone(), Some(exit)))
+        .collect();
+    ledger.record_exits(id, &exits, "parent").expect("exits");
+    ledger
+        .end_tree_with(id, TreeState::Ended, Some(exit), resources)
+        .expect("end");
+}
+
+/// Builds a ledger of `trees` ended trees with `members` members each.
+/// Returns the number of events written.
+fn build(path: &Path, trees: usize, members: usize) -> u64 {
+    let (ledger, owner) = open_with_owner(path);
+    for t in 0..trees {
+        add_tree(&ledger, owner, t, members, None);
     }
     ledger
         .head()
@@ -282,4 +292,73 @@ fn a_page_beyond_the_ends_links_back_and_both_bounds_are_refused() {
         .http_get_with("/events?before=5&after=2", "text/html")
         .expect("GET");
     assert_eq!(status, 400);
+}
+
+#[test]
+fn the_index_filters_by_creation_time_and_shows_each_trees_owner_and_consumption() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("built.db");
+    let (ledger, owner) = open_with_owner(&path);
+    for t in 0..5 {
+        add_tree(&ledger, owner, t, 1, None);
+    }
+    // A moment strictly between tree 5's events and tree 6's (the ledger
+    // writes milliseconds).
+    let t0 = std::time::SystemTime::now() + Duration::from_millis(2);
+    crate::util::wait_until(Duration::from_secs(1), || {
+        std::time::SystemTime::now() > t0 + Duration::from_millis(2)
+    });
+    let used = Resources {
+        cpu_usec: Some(1_500),
+        memory_peak_bytes: Some(3 * 1_048_576),
+        ..Resources::default()
+    };
+    for t in 5..10 {
+        add_tree(&ledger, owner, t, 1, (t == 9).then_some(used));
+    }
+    let seed = dir.path().join("seed.db");
+    ledger.backup_to(&seed).expect("backup");
+    drop(ledger);
+    let server = Server::start_seeded(&seed, &["--scan-interval", "1s"]);
+    let since = humantime::format_rfc3339_millis(t0).to_string();
+    let page = |q: &str| -> String {
+        let (status, html) = server.http_get_with(q, "text/html").expect("GET");
+        assert_eq!(status, 200, "{q}: {html}");
+        html
+    };
+    let html = page(&format!("/?all=1&since={since}"));
+    assert_eq!(
+        keys(&html, "<td><a href=\"/trees/"),
+        [10, 9, 8, 7, 6],
+        "{html}"
+    );
+    // The filter is kept in the form and in the page links.
+    assert!(html.contains(&format!("value=\"{since}\"")), "{html}");
+    let html = page("/?all=1&since=2000-01-01T00:00:00Z");
+    assert_eq!(keys(&html, "<td><a href=\"/trees/").len(), 10);
+    let future =
+        humantime::format_rfc3339_millis(std::time::SystemTime::now() + Duration::from_secs(3600));
+    let html = page(&format!("/?all=1&since={future}"));
+    assert!(keys(&html, "<td><a href=\"/trees/").is_empty(), "{html}");
+    let (status, _) = server
+        .http_get_with("/?all=1&since=yesterday-ish", "text/html")
+        .expect("GET");
+    assert_eq!(status, 400);
+    // Owner and consumption per tree: tree 10 is the one given resources.
+    let html = page("/?all=1");
+    let row = |id: i64| -> String {
+        let at = html
+            .find(&format!("<td><a href=\"/trees/{id}\">"))
+            .expect("row");
+        html[at..at + html[at..].find("</tr>").expect("row end")].to_string()
+    };
+    assert!(row(10).contains("service 1"), "{}", row(10));
+    assert!(
+        row(10).contains("cpu 1.5 ms, memory peak 3.0 MiB"),
+        "{}",
+        row(10)
+    );
+    assert!(!row(9).contains("cpu"), "{}", row(9));
+    // An ended tree's owner is shown without a liveness claim.
+    assert!(!row(10).contains("(alive)") && !row(10).contains("(gone)"));
 }

@@ -788,6 +788,17 @@ fn dashboard_renders_trees_and_the_teardown_timeline_in_headless_chromium() {
         "{index}"
     );
     assert!(index.contains("dispatch open"));
+    // The live tree's owner is this service, which runs; what its cgroup
+    // (where there is one) has used is shown beside it.
+    let row = &index[index.find(&format!("href=\"/trees/{live}\"")).expect("row")..];
+    let row = &row[..row.find("</tr>").expect("row end")];
+    let serve_pid = s.child.as_ref().expect("serve").id();
+    assert!(
+        row.contains(&format!(
+            "service {serve_pid} <span class=\"muted\">(alive)</span>"
+        )),
+        "{row}"
+    );
     let page = s
         .get(&format!("/trees/{killed}"))
         .text()
