@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::util::{KillOnDrop, bin, signal, skip, wait_child, wait_until};
+use crate::util::{KillOnDrop, bin, say, signal, skip, wait_child, wait_until};
 
 static SEQ: AtomicUsize = AtomicUsize::new(0);
 
@@ -267,6 +267,31 @@ pub(crate) fn spawn_and_kill(s: &Server) -> i64 {
     assert_eq!(r["state"], "ended", "{r}");
     assert!(r["authorizations"].as_u64() >= Some(1), "{r}");
     id
+}
+
+#[test]
+fn a_teardown_is_logged_once_though_the_root_exit_also_asks_for_one() {
+    let s = Server::start_with_env(
+        &[],
+        &[("TREEWARDEN_LOG", "info,treewarden::custody::teardown=debug")],
+    );
+    let id = spawn_and_kill(&s);
+    // The kill ends the root, whose exit the service also watches: that
+    // second teardown finds the tree settled and says so at DEBUG only.
+    let tree_field = format!("tree={id} ");
+    let lines = |what: &str| {
+        s.stderr()
+            .lines()
+            .filter(|l| l.contains(what) && l.contains(&tree_field))
+            .count()
+    };
+    let second = wait_until(Duration::from_secs(5), || {
+        lines("teardown: already settled") >= 1
+    });
+    if !second {
+        say("the root-exit watcher asked for no second teardown this time");
+    }
+    assert_eq!(lines("teardown done"), 1, "{}", s.stderr());
 }
 
 #[test]
