@@ -630,26 +630,18 @@ pub fn logs(config: &Config, args: LogsArgs) -> CliResult {
         return Ok(0);
     }
     // Follow: print what is appended, poll every 200 ms, until the tree has
-    // ended and its output stopped growing. A cap that dropped the oldest
-    // bytes (the file shrank) is followed from the new end.
+    // ended and its output stopped growing; the follower keeps its place
+    // across the cap's collapses (custody::LogFollower).
     let path = treewarden::custody::log_path(&data_dir, tree);
-    let mut offset = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    let mut follower = treewarden::custody::LogFollower::after(path, &bytes)
+        .map_err(|e| CliError::internal(anyhow!("reading the log: {e}")))?;
     let mut ended_quiet = 0;
     loop {
         std::thread::sleep(Duration::from_millis(200));
-        let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-        if len < offset {
-            offset = len;
-        }
-        if len > offset {
-            use std::io::{Read, Seek, SeekFrom};
-            let mut f = std::fs::File::open(&path)
-                .map_err(|e| CliError::internal(anyhow!("reading the log: {e}")))?;
-            f.seek(SeekFrom::Start(offset))
-                .map_err(|e| CliError::internal(anyhow!("reading the log: {e}")))?;
-            let mut chunk = Vec::new();
-            let _ = f.take(len - offset).read_to_end(&mut chunk);
-            offset += chunk.len() as u64;
+        let chunk = follower
+            .poll()
+            .map_err(|e| CliError::internal(anyhow!("reading the log: {e}")))?;
+        if !chunk.is_empty() {
             if out.write_all(&chunk).and_then(|()| out.flush()).is_err() {
                 return Ok(0);
             }

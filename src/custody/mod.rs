@@ -17,6 +17,7 @@
 mod dispatch;
 #[cfg(test)]
 mod fake;
+mod follow;
 mod host;
 pub mod markers;
 mod observer;
@@ -36,6 +37,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 pub use dispatch::Unsettled;
+pub use follow::LogFollower;
 pub use host::{Host, KernelHost};
 pub use observer::{Observer, ObserverHandle, ObserverStats};
 pub use owner::{RunEnd, RunOptions, RunOutcome};
