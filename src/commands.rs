@@ -471,23 +471,9 @@ pub fn run(config: &Config, args: RunArgs) -> CliResult {
 
 /// `, consumed cpu 12.3 ms, …`: the figures the host gave.
 fn consumed(r: treewarden::ledger::Resources) -> String {
-    let mut parts = Vec::new();
-    if let Some(us) = r.cpu_usec {
-        parts.push(format!("cpu {:.1} ms", us as f64 / 1000.0));
-    }
-    if let Some(b) = r.memory_peak_bytes {
-        parts.push(format!("memory peak {:.1} MiB", b as f64 / 1048576.0));
-    }
-    if let Some(p) = r.pids_peak {
-        parts.push(format!("pids peak {p}"));
-    }
-    if let (Some(rd), Some(wr)) = (r.io_read_bytes, r.io_write_bytes) {
-        parts.push(format!("io {rd} B read, {wr} B written"));
-    }
-    if parts.is_empty() {
-        String::new()
-    } else {
-        format!("; consumed {}", parts.join(", "))
+    match r.summary() {
+        s if s.is_empty() => s,
+        s => format!("; consumed {s}"),
     }
 }
 
@@ -762,26 +748,18 @@ pub fn logs(config: &Config, args: LogsArgs) -> CliResult {
         return Ok(0);
     }
     // Follow: print what is appended, poll every 200 ms, until the tree has
-    // ended and its output stopped growing. A cap that dropped the oldest
-    // bytes (the file shrank) is followed from the new end.
+    // ended and its output stopped growing; the follower keeps its place
+    // across the cap's collapses (custody::LogFollower).
     let path = treewarden::custody::log_path(&data_dir, tree);
-    let mut offset = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    let mut follower = treewarden::custody::LogFollower::after(path, &bytes)
+        .map_err(|e| CliError::internal(anyhow!("reading the log: {e}")))?;
     let mut ended_quiet = 0;
     loop {
         std::thread::sleep(Duration::from_millis(200));
-        let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-        if len < offset {
-            offset = len;
-        }
-        if len > offset {
-            use std::io::{Read, Seek, SeekFrom};
-            let mut f = std::fs::File::open(&path)
-                .map_err(|e| CliError::internal(anyhow!("reading the log: {e}")))?;
-            f.seek(SeekFrom::Start(offset))
-                .map_err(|e| CliError::internal(anyhow!("reading the log: {e}")))?;
-            let mut chunk = Vec::new();
-            let _ = f.take(len - offset).read_to_end(&mut chunk);
-            offset += chunk.len() as u64;
+        let chunk = follower
+            .poll()
+            .map_err(|e| CliError::internal(anyhow!("reading the log: {e}")))?;
+        if !chunk.is_empty() {
             if out.write_all(&chunk).and_then(|()| out.flush()).is_err() {
                 return Ok(0);
             }

@@ -17,9 +17,12 @@
 mod dispatch;
 #[cfg(test)]
 mod fake;
+mod follow;
 mod host;
 pub mod markers;
 mod observer;
+#[cfg(test)]
+mod oom_tests;
 mod owner;
 mod spawn;
 mod stats;
@@ -34,6 +37,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 pub use dispatch::Unsettled;
+pub use follow::LogFollower;
 pub use host::{Host, KernelHost};
 pub use observer::{Observer, ObserverHandle, ObserverStats};
 pub use owner::{RunEnd, RunOptions, RunOutcome};

@@ -76,10 +76,10 @@ pub use error::LedgerError;
 pub use types::{
     AuthorizationId, AuthorizationRow, Deferred, EventFilter, EventKind, EventRow, ExitRecord,
     ExportFormat, IdentityRecord, KillTarget, Limits, MemberCounts, MemberRecord, MemberRow,
-    NewTree, ObservationRow, OnBehalfRecord, OwnerId, OwnerKind, OwnerRecord, OwnerRow, Requester,
-    Resources, SignalRecord, SignalRow, SpawnRecord, SurvivorRecord, TokenRow, TokenScope,
-    TreeDetail, TreeId, TreeRow, TreeState, VerifyBreak, VerifyReport, parse_cpu_pct, parse_since,
-    parse_size,
+    NewTree, ObservationRow, OnBehalfRecord, OwnerId, OwnerKind, OwnerRecord, OwnerRow, PageAt,
+    Requester, Resources, SignalRecord, SignalRow, SpawnRecord, SurvivorRecord, TokenRow,
+    TokenScope, TreeDetail, TreeFilter, TreeId, TreeRow, TreeState, VerifyBreak, VerifyReport,
+    parse_cpu_pct, parse_since, parse_size,
 };
 
 use db::Durability;
@@ -566,16 +566,24 @@ impl Ledger {
         self.read(move |tx| Ok(read::member_counts(tx, &ids)?.into_iter().collect()))
     }
 
-    /// One page of trees, newest first (keyset: ids below `before`),
-    /// filtered by state and exact label.
+    /// One page of trees, newest first (keyset: the `limit` ids right below
+    /// or right above a bound), filtered by state and exact label.
     pub fn tree_page(
         &self,
-        states: Option<Vec<TreeState>>,
-        label: Option<String>,
-        before: Option<i64>,
+        filter: TreeFilter,
+        at: PageAt,
         limit: usize,
     ) -> Result<Vec<TreeRow>, LedgerError> {
-        self.read(move |tx| read::tree_page(tx, states.as_deref(), label.as_deref(), before, limit))
+        self.read(move |tx| read::tree_page(tx, &filter, at, limit))
+    }
+
+    /// What each of `ids` that has ended consumed (from its `tree.ended`).
+    pub fn ended_resources(
+        &self,
+        ids: &[TreeId],
+    ) -> Result<std::collections::HashMap<TreeId, Resources>, LedgerError> {
+        let ids = ids.to_vec();
+        self.read(move |tx| Ok(read::ended_resources(tx, &ids)?.into_iter().collect()))
     }
 
     /// Live (non-terminal) trees, or every tree with `all`.

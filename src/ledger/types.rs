@@ -119,6 +119,9 @@ pub enum EventKind {
     SweepRefused,
     DispatchRefused,
     TreeResolved,
+    /// The kernel's OOM killer ended processes in the tree's cgroup:
+    /// `{oom_kills: new since the last one recorded, total}`.
+    TreeOomKill,
     /// An API token was made (its id, name, scope, and who made it; never
     /// the secret). Addition to DESIGN.md (issue 17).
     TokenCreated,
@@ -127,7 +130,7 @@ pub enum EventKind {
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 20] = [
+    pub const ALL: [EventKind; 21] = [
         Self::TreeCreated,
         Self::TreeSpawned,
         Self::TreeSpawnFailed,
@@ -146,6 +149,7 @@ impl EventKind {
         Self::SweepRefused,
         Self::DispatchRefused,
         Self::TreeResolved,
+        Self::TreeOomKill,
         Self::TokenCreated,
         Self::TokenRevoked,
     ];
@@ -170,6 +174,7 @@ impl EventKind {
             Self::SweepRefused => "sweep.refused",
             Self::DispatchRefused => "dispatch.refused",
             Self::TreeResolved => "tree.resolved",
+            Self::TreeOomKill => "tree.oom_kill",
             Self::TokenCreated => "token.created",
             Self::TokenRevoked => "token.revoked",
         }
@@ -185,6 +190,7 @@ impl EventKind {
                 | Self::SweepOrphanFound
                 | Self::SweepRefused
                 | Self::DispatchRefused
+                | Self::TreeOomKill
         )
     }
 }
@@ -525,6 +531,34 @@ pub struct Resources {
     pub io_read_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub io_write_bytes: Option<u64>,
+    /// Processes the kernel's OOM killer ended in the tree's cgroup
+    /// (`memory.events` `oom_kill`; absent without the memory controller).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom_kills: Option<u64>,
+}
+
+impl Resources {
+    /// What is known, for a person: `cpu 12.3 ms, memory peak 4.1 MiB, ...`
+    /// (empty when nothing is).
+    pub fn summary(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(us) = self.cpu_usec {
+            parts.push(format!("cpu {:.1} ms", us as f64 / 1000.0));
+        }
+        if let Some(b) = self.memory_peak_bytes {
+            parts.push(format!("memory peak {:.1} MiB", b as f64 / 1048576.0));
+        }
+        if let Some(p) = self.pids_peak {
+            parts.push(format!("pids peak {p}"));
+        }
+        if let (Some(rd), Some(wr)) = (self.io_read_bytes, self.io_write_bytes) {
+            parts.push(format!("io {rd} B read, {wr} B written"));
+        }
+        if let Some(n) = self.oom_kills.filter(|n| *n > 0) {
+            parts.push(format!("{n} OOM kill(s)"));
+        }
+        parts.join(", ")
+    }
 }
 
 /// An evidence write a teardown could not make (the ledger refused writes:
@@ -603,6 +637,28 @@ pub fn parse_since(s: &str) -> Result<std::time::SystemTime, String> {
         .checked_sub(age)
         .unwrap_or(std::time::UNIX_EPOCH)
         .max(std::time::UNIX_EPOCH))
+}
+
+/// Where a keyset page of trees starts: the newest, the page right below a
+/// tree id (older), or the page right above one (newer). Every page is
+/// returned newest first.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PageAt {
+    #[default]
+    Newest,
+    Before(i64),
+    After(i64),
+}
+
+/// Selects trees for a page: all conditions combine with AND.
+#[derive(Clone, Debug, Default)]
+pub struct TreeFilter {
+    /// Only trees in one of these states (`None`: any).
+    pub states: Option<Vec<TreeState>>,
+    /// Only trees with exactly this label.
+    pub label: Option<String>,
+    /// Only trees created at or after this moment.
+    pub since: Option<std::time::SystemTime>,
 }
 
 /// Selects events for reads and export. All conditions combine with AND;

@@ -44,7 +44,7 @@ pub use probe::{Capability, Probe, probe};
 pub use reaper::{
     ExitStatus, Reaper, parent_pid, reap_child, set_parent_death_signal, set_subreaper,
 };
-pub use resources::{CgroupUsage, cap_log, cgroup_controllers, cgroup_usage};
+pub use resources::{CgroupUsage, cap_log, cgroup_controllers, cgroup_usage, oom_kills};
 pub use signal::{
     Delivery, GroupDelivery, GroupRecord, Sig, cgroup_freeze, cgroup_kill, cgroup_pids,
     cgroup_populated, default_sigpipe, group_members, signal_group, signal_group_known,

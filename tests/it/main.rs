@@ -13,5 +13,6 @@ mod privilege;
 mod proc;
 mod recovery;
 mod rules;
+mod scale;
 mod serve;
 mod util;

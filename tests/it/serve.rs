@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::util::{KillOnDrop, bin, signal, skip, wait_child, wait_until};
+use crate::util::{KillOnDrop, bin, say, signal, skip, wait_child, wait_until};
 
 static SEQ: AtomicUsize = AtomicUsize::new(0);
 
@@ -42,7 +42,25 @@ impl Server {
     }
 
     pub(crate) fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
+        Self::start_full(extra, env, None)
+    }
+
+    /// A server whose data dir starts with a copy of the ledger at `seed`.
+    pub(crate) fn start_seeded(seed: &Path, extra: &[&str]) -> Server {
+        Self::start_full(extra, &[], Some(seed))
+    }
+
+    fn start_full(extra: &[&str], env: &[(&str, &str)], seed: Option<&Path>) -> Server {
         let dir = tempfile::tempdir().expect("temp dir");
+        if let Some(seed) = seed {
+            use std::os::unix::fs::DirBuilderExt;
+            let data = dir.path().join("data");
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&data)
+                .expect("data dir");
+            std::fs::copy(seed, data.join("ledger.db")).expect("seed the ledger");
+        }
         let n = SEQ.fetch_add(1, Ordering::SeqCst);
         let mark = format!("tw-serve-{}-{n}", std::process::id());
         let ready = dir.path().join("addr");
@@ -260,6 +278,31 @@ pub(crate) fn spawn_and_kill(s: &Server) -> i64 {
     assert_eq!(r["state"], "ended", "{r}");
     assert!(r["authorizations"].as_u64() >= Some(1), "{r}");
     id
+}
+
+#[test]
+fn a_teardown_is_logged_once_though_the_root_exit_also_asks_for_one() {
+    let s = Server::start_with_env(
+        &[],
+        &[("TREEWARDEN_LOG", "info,treewarden::custody::teardown=debug")],
+    );
+    let id = spawn_and_kill(&s);
+    // The kill ends the root, whose exit the service also watches: that
+    // second teardown finds the tree settled and says so at DEBUG only.
+    let tree_field = format!("tree={id} ");
+    let lines = |what: &str| {
+        s.stderr()
+            .lines()
+            .filter(|l| l.contains(what) && l.contains(&tree_field))
+            .count()
+    };
+    let second = wait_until(Duration::from_secs(5), || {
+        lines("teardown: already settled") >= 1
+    });
+    if !second {
+        say("the root-exit watcher asked for no second teardown this time");
+    }
+    assert_eq!(lines("teardown done"), 1, "{}", s.stderr());
 }
 
 #[test]
@@ -812,6 +855,17 @@ fn dashboard_renders_trees_and_the_teardown_timeline_in_headless_chromium() {
         "{index}"
     );
     assert!(index.contains("dispatch open"));
+    // The live tree's owner is this service, which runs; what its cgroup
+    // (where there is one) has used is shown beside it.
+    let row = &index[index.find(&format!("href=\"/trees/{live}\"")).expect("row")..];
+    let row = &row[..row.find("</tr>").expect("row end")];
+    let serve_pid = s.child.as_ref().expect("serve").id();
+    assert!(
+        row.contains(&format!(
+            "service {serve_pid} <span class=\"muted\">(alive)</span>"
+        )),
+        "{row}"
+    );
     let page = s
         .get(&format!("/trees/{killed}"))
         .text()
