@@ -515,6 +515,22 @@ pub async fn kill_tree(
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
     principal.may_act_on(&row)?;
+    // Who asked, as a structured event, before anything is signalled. The
+    // kill does not wait on it: a ledger that refuses it still gets the
+    // principal in the teardown's reason.
+    let by = principal.requester();
+    let data = serde_json::json!({"by": by, "grace_ms": grace.map(|g| g.as_millis() as u64)});
+    if let Err(e) = s
+        .service
+        .record(
+            Some(TreeId(id)),
+            crate::ledger::EventKind::KillRequested,
+            data,
+        )
+        .await
+    {
+        tracing::warn!(tree = id, error = %e, "kill.requested not recorded; the teardown's reason names the principal");
+    }
     let r = s
         .service
         .teardown(

@@ -127,10 +127,13 @@ pub enum EventKind {
     TokenCreated,
     /// An API token was revoked (its id, and who revoked it).
     TokenRevoked,
+    /// A kill was asked for through the API, and by whom (`by`), written
+    /// before its teardown starts. Addition to DESIGN.md (issue 17).
+    KillRequested,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 21] = [
+    pub const ALL: [EventKind; 22] = [
         Self::TreeCreated,
         Self::TreeSpawned,
         Self::TreeSpawnFailed,
@@ -152,6 +155,7 @@ impl EventKind {
         Self::TreeOomKill,
         Self::TokenCreated,
         Self::TokenRevoked,
+        Self::KillRequested,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -177,6 +181,7 @@ impl EventKind {
             Self::TreeOomKill => "tree.oom_kill",
             Self::TokenCreated => "token.created",
             Self::TokenRevoked => "token.revoked",
+            Self::KillRequested => "kill.requested",
         }
     }
 
@@ -190,6 +195,7 @@ impl EventKind {
                 | Self::SweepOrphanFound
                 | Self::SweepRefused
                 | Self::DispatchRefused
+                | Self::KillRequested
                 | Self::TreeOomKill
         )
     }

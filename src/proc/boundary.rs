@@ -729,9 +729,27 @@ fn fork_held(spec: &SpawnSpec, p: &Prepared, program: String) -> Result<HeldChil
         finished: false,
     };
     // From here on, an early return drops `held`, which kills and reaps it.
+    let setup_failure = |msg: &[u8; MSG_LEN]| ProcError::ChildSetup {
+        step: STEP_NAMES
+            .get(usize::from(msg[1]))
+            .copied()
+            .unwrap_or("unknown"),
+        source: std::io::Error::from_raw_os_error(msg_errno(msg)),
+    };
     if let Some(cg) = &spec.cgroup {
-        std::fs::write(cg.join("cgroup.procs"), pid.to_string())
-            .map_err(|e| ProcError::cgroup(cg, e))?;
+        if let Err(e) = std::fs::write(cg.join("cgroup.procs"), pid.to_string()) {
+            // The child may have failed its own set-up (a cwd closed to the
+            // user it now runs as) and exited before it could be moved
+            // (ESRCH): its report is the cause. It always reports (ready or
+            // failed) or dies, so this read never waits long.
+            if let Some(status_r) = held.status_r.as_ref()
+                && let Ok(Some(msg)) = read_msg(status_r.as_fd())
+                && msg[0] == TAG_SETUP
+            {
+                return Err(setup_failure(&msg));
+            }
+            return Err(ProcError::cgroup(cg, e));
+        }
         held.cgroup = Some(cg.clone());
     }
     let status_fd = held.status_r.as_ref().map(AsFd::as_fd);
@@ -740,16 +758,7 @@ fn fork_held(spec: &SpawnSpec, p: &Prepared, program: String) -> Result<HeldChil
     };
     match read_msg(status_fd)? {
         Some(msg) if msg[0] == TAG_READY => {}
-        Some(msg) if msg[0] == TAG_SETUP => {
-            let step = STEP_NAMES
-                .get(usize::from(msg[1]))
-                .copied()
-                .unwrap_or("unknown");
-            return Err(ProcError::ChildSetup {
-                step,
-                source: std::io::Error::from_raw_os_error(msg_errno(&msg)),
-            });
-        }
+        Some(msg) if msg[0] == TAG_SETUP => return Err(setup_failure(&msg)),
         _ => {
             return Err(ProcError::Io(std::io::Error::other(
                 "the child died before it was held",

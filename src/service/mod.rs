@@ -378,6 +378,17 @@ impl Service {
         self.shutdown.clone()
     }
 
+    /// Appends a free-standing audit event (`kill.requested`: who asked).
+    pub async fn record(
+        &self,
+        tree: Option<TreeId>,
+        kind: crate::ledger::EventKind,
+        data: serde_json::Value,
+    ) -> Result<i64, ServiceError> {
+        let engine = self.engine.clone();
+        Ok(blocking(move || engine.ledger().append_event(tree, kind, data)).await??)
+    }
+
     /// Runs a blocking read against the engine (ledger reads, dispatch gate).
     pub async fn read<T: Send + 'static>(
         &self,

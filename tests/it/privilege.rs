@@ -234,7 +234,7 @@ fn a_users_tree_runs_as_that_user_and_only_its_requester_or_root_acts_on_it() {
 
     // The user's tree runs as the user: the kernel says so, and so does the
     // command itself.
-    let (status, v, curl_pid) = curl_pid(
+    let (status, v, spawner_pid) = curl_pid(
         &sock,
         Some(&user),
         "POST",
@@ -252,7 +252,7 @@ fn a_users_tree_runs_as_that_user_and_only_its_requester_or_root_acts_on_it() {
     assert_eq!(v["run_gid"], user.gid, "{v}");
     assert_eq!(
         v["requested_by"]["pid"].as_i64(),
-        Some(i64::from(curl_pid)),
+        Some(i64::from(spawner_pid)),
         "the peer's pid (SO_PEERCRED) is recorded: {v}"
     );
     assert_eq!(status_ids(users_pid, "Uid:"), Some(vec![user.uid; 4]));
@@ -342,7 +342,7 @@ fn a_users_tree_runs_as_that_user_and_only_its_requester_or_root_acts_on_it() {
     let mut closed = spawn_body(&s, "true");
     closed["cwd"] = json!(closed_dir.path());
     let (status, v) = curl(&sock, Some(&user), "POST", "/api/trees", Some(&closed));
-    assert_eq!(status, 422, "{v}");
+    assert_eq!(status, 422, "{v}; {}", s.stderr());
     assert!(
         v["error"].as_str().is_some_and(|e| e.contains("chdir")),
         "{v}"
@@ -402,7 +402,7 @@ fn a_users_tree_runs_as_that_user_and_only_its_requester_or_root_acts_on_it() {
     let (status, v) = curl(&sock, Some(&user), "POST", "/api/trees", Some(&own));
     assert_eq!(status, 201, "{v}");
     let own_tree = v["id"].as_i64().expect("id");
-    let (status, v) = curl(
+    let (status, v, own_kill_pid) = curl_pid(
         &sock,
         Some(&user),
         "POST",
@@ -438,6 +438,25 @@ fn a_users_tree_runs_as_that_user_and_only_its_requester_or_root_acts_on_it() {
         killed_by(users).contains("by uid 0 "),
         "{}",
         killed_by(users)
+    );
+    // And as a structured event, one per kill that was allowed: the user's
+    // refused kill of root's tree left none.
+    let requested = |id: i64| -> Vec<Value> {
+        events_of(&sock, id)
+            .into_iter()
+            .filter(|e| e["kind"] == "kill.requested")
+            .map(|e| e["data"]["by"].clone())
+            .collect()
+    };
+    let by_uid =
+        |id: i64| -> Vec<Value> { requested(id).iter().map(|b| b["uid"].clone()).collect() };
+    assert_eq!(by_uid(roots), vec![json!(0)], "{:?}", requested(roots));
+    assert_eq!(by_uid(users), vec![json!(0)]);
+    assert_eq!(by_uid(own_tree), vec![json!(user.uid)]);
+    assert_eq!(
+        requested(own_tree)[0]["pid"],
+        own_kill_pid,
+        "the peer's pid"
     );
     assert!(
         killed_by(own_tree).contains(&format!("by uid {} ", user.uid)),
@@ -552,6 +571,23 @@ fn scoped_tokens_are_kept_as_hashes_bound_their_holders_and_revoke_at_once() {
         None,
     );
     assert_eq!(status, 200, "{v}");
+    let (_, events) = tcp(
+        &s,
+        Some(&s.token),
+        Method::GET,
+        &format!("/api/events?tree={ci_tree}"),
+        None,
+    );
+    let by = events
+        .as_array()
+        .and_then(|a| a.iter().find(|e| e["kind"] == "kill.requested"))
+        .map(|e| e["data"]["by"].clone())
+        .expect("kill.requested");
+    assert_eq!(
+        (by["via"].clone(), by["token_name"].clone()),
+        (json!("tcp"), json!("ci")),
+        "{by}"
+    );
     let (status, v) = tcp(
         &s,
         Some(&s.token),
