@@ -307,11 +307,14 @@ async fn tcp_principal(
         .map(str::to_ascii_lowercase);
     let loopback = !state.auth.everywhere && host.as_deref().is_some_and(is_loopback_host);
     let read = is_read(&method);
+    // The open paths answer without a lookup, whatever is presented: a
+    // probe or a scraper that sends its token anyway never waits on the
+    // ledger (`/healthz` must answer while a recovery keeps it busy).
+    if path == "/login" || (loopback && read && open_path(path)) {
+        return Ok(Principal::Anonymous);
+    }
     let token = match presented(&method, &headers) {
         Some(t) => t,
-        None if path == "/login" || (loopback && read && open_path(path)) => {
-            return Ok(Principal::Anonymous);
-        }
         None if loopback && read && state.auth.open_reads => return Ok(Principal::Anonymous),
         None => {
             return Err(ApiError::Unauthorized(
