@@ -202,6 +202,13 @@ async fn statuses_over_tcp_by_token_scope() {
         200
     );
     assert_eq!(
+        call(&r, Via::Tcp(Some("nope")), "GET", "/healthz", None)
+            .await
+            .0,
+        200,
+        "the open paths look nothing up"
+    );
+    assert_eq!(
         call(&r, Via::Tcp(Some("nope")), "GET", "/api/trees", None)
             .await
             .0,
