@@ -15,7 +15,9 @@
 //!    SIGKILLed `treewarden serve`; a new `serve` on the same ledger, from its
 //!    start to `/healthz` (floor: the same start on an empty ledger) and to
 //!    the last orphan gone (floor: the grace itself, which every orphan must
-//!    be given). Flat in N up to the sweep's concurrency bound (64);
+//!    be given). Flat in N up to the sweep's concurrency bound (64); then
+//!    auth (issue 17): a TCP read with a bearer token (hashed, looked up in
+//!    the ledger on every request) vs the same read under `--open-reads`;
 //! 5. teardown: `Engine::teardown` of a SIGTERM-ignoring tree at grace 0, from
 //!    the call to verified-empty, vs `cgroup.kill` + wait for `populated 0`
 //!    (cgroup boundary) and `killpg(SIGKILL)` + wait until no live member is
@@ -59,7 +61,9 @@ struct Plan {
     recovery_sizes: Vec<usize>,
     recovery_grace: Duration,
     recovery_reps: usize,
-    /// Run only this section (`authority`, `spawn`, `scan`, `recovery`, `teardown`, `idle`).
+    /// Reads per kind in the auth section (issue 17).
+    auth_reads: usize,
+    /// Run only this section (`authority`, `spawn`, `scan`, `recovery`, `auth`, `teardown`, `idle`).
     only: Option<String>,
     /// Print each teardown's phase durations on stderr.
     phases: bool,
@@ -104,6 +108,7 @@ impl Plan {
                 recovery_sizes: vec![1, 4],
                 recovery_grace: Duration::from_millis(200),
                 recovery_reps: 1,
+                auth_reads: 20,
                 dir,
                 only,
                 phases,
@@ -122,6 +127,7 @@ impl Plan {
                 recovery_sizes: vec![1, 16, 64, 128],
                 recovery_grace: Duration::from_secs(1),
                 recovery_reps: 3,
+                auth_reads: 2000,
                 dir,
                 only,
                 phases,
@@ -257,6 +263,9 @@ fn main() -> anyhow::Result<()> {
     if plan.runs("recovery") {
         recovery(&plan, work.path(), &mut rows)?;
     }
+    if plan.runs("auth") {
+        auth(&plan, work.path(), &mut rows)?;
+    }
     if plan.runs("teardown") {
         teardowns(&plan, work.path(), &mut rows)?;
     }
@@ -268,6 +277,72 @@ fn main() -> anyhow::Result<()> {
 
     print_table(&rows, idle.as_deref());
     scaling(&rows);
+    Ok(())
+}
+
+// ---------------------------------------------------------------- auth
+
+/// Issue 17: what a token costs a read. Every TCP read with a token hashes it
+/// and looks it up in the ledger (no cache: a revocation is effective on the
+/// next request). Measured: `GET /api/trees/1` with the bearer token, on one
+/// keep-alive connection; floor: the same read without a token on a service
+/// started with `--open-reads` (no lookup). Alternated, so drift hits both.
+fn auth(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    let bin = treewarden_bin()?;
+    let data = dir.join("auth-data");
+    let ready = dir.join("auth-ready");
+    let mut c = Command::new(&bin);
+    c.env("TREEWARDEN_DATA_DIR", &data)
+        .env("TREEWARDEN_BOUNDARY", "session")
+        .env_remove("TREEWARDEN_CGROUP_ROOT")
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--open-reads",
+            "--ready-file",
+        ])
+        .arg(&ready)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let _serve = Serve(c.spawn()?);
+    let (_, addr) = until_healthy(&ready, Instant::now())?;
+    let token = std::fs::read_to_string(data.join("api-token"))?;
+    let http = reqwest::blocking::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .build()?;
+    let body = serde_json::json!({"argv": ["sleep", "300"], "grace": "100ms"});
+    let r = http
+        .post(format!("http://{addr}/api/trees"))
+        .bearer_auth(token.trim())
+        .json(&body)
+        .send()?;
+    anyhow::ensure!(r.status().as_u16() == 201, "spawn answered {}", r.status());
+    let url = format!("http://{addr}/api/trees/1");
+    let (mut ours, mut floor) = (Vec::new(), Vec::new());
+    for _ in 0..plan.auth_reads {
+        let t = Instant::now();
+        let r = http.get(&url).bearer_auth(token.trim()).send()?;
+        anyhow::ensure!(r.status().is_success(), "read with token: {}", r.status());
+        r.bytes()?;
+        ours.push(t.elapsed());
+        let t = Instant::now();
+        let r = http.get(&url).send()?;
+        anyhow::ensure!(r.status().is_success(), "open read: {}", r.status());
+        r.bytes()?;
+        floor.push(t.elapsed());
+    }
+    rows.push(Row {
+        item: "auth".into(),
+        what: "GET /api/trees/1 with a bearer token (hash + ledger lookup)".into(),
+        ours: stats(ours),
+        floor_name: "the same read, --open-reads".into(),
+        floor: stats(floor),
+        by_p99: false,
+        target: Target::None,
+    });
     Ok(())
 }
 
@@ -1017,6 +1092,7 @@ impl Bench {
             limits: Default::default(),
             umask: None,
             first_signal: None,
+            on_behalf: None,
         })?;
         let pgid = spawned.pgid;
         let cg = spawned.cgroup.clone();

@@ -273,8 +273,10 @@ fn query_string(parts: &[(&str, String)]) -> String {
 /// `GET /`: the trees, with a banner while dispatch is closed.
 pub async fn index(
     State(s): State<AppState>,
+    axum::Extension(principal): axum::Extension<super::auth::Principal>,
     ApiQuery(q): ApiQuery<IndexQuery>,
 ) -> Result<Html<String>, ApiError> {
+    principal.must_see_all("the dashboard")?;
     let all = parse_flag("all", q.all.as_deref())?;
     let refresh = !matches!(q.refresh.as_deref(), Some("0"));
     let state_s = q.state.clone().unwrap_or_default();
@@ -698,8 +700,10 @@ const OUTPUT_LINES: usize = 50;
 /// `GET /trees/{id}`.
 pub async fn tree(
     State(s): State<AppState>,
+    axum::Extension(principal): axum::Extension<super::auth::Principal>,
     TreePath(id): TreePath,
 ) -> Result<Html<String>, ApiError> {
+    principal.must_see_all("the dashboard")?;
     let (d, output) = s
         .service
         .read(move |e| {
@@ -762,8 +766,10 @@ pub struct EventsQuery {
 /// `GET /events`: the audit trail, newest first, filterable.
 pub async fn events(
     State(s): State<AppState>,
+    axum::Extension(principal): axum::Extension<super::auth::Principal>,
     ApiQuery(q): ApiQuery<EventsQuery>,
 ) -> Result<Html<String>, ApiError> {
+    principal.must_see_all("the dashboard")?;
     let tree_s = q.tree.clone().unwrap_or_default();
     let kind = q.kind.clone().unwrap_or_default();
     let since_s = q.since.clone().unwrap_or_default();

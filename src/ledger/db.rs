@@ -24,6 +24,8 @@ const MIGRATIONS: &[M<'static>] = &[
     M::up(include_str!("../../migrations/0002_tree_options.sql")),
     M::up(include_str!("../../migrations/0003_instance.sql")),
     M::up(include_str!("../../migrations/0004_first_signal.sql")),
+    // 0005 comes from the retention branch (issue 14); the lead orders them at merge.
+    M::up(include_str!("../../migrations/0006_principals.sql")),
 ];
 
 /// How hard a commit must be on disk before it returns.

@@ -5,15 +5,15 @@ use rusqlite::{Connection, OptionalExtension, Row, params_from_iter, types::Valu
 use super::error::{Fail, LedgerError};
 use super::types::{
     AuthorizationRow, EventFilter, EventRow, ExitRecord, IdentityRecord, MemberCounts, MemberRow,
-    ObservationRow, OwnerRow, PageAt, Resources, SignalRow, TreeDetail, TreeFilter, TreeId,
-    TreeRow, TreeState,
+    ObservationRow, OwnerRow, PageAt, Resources, SignalRow, TokenRow, TreeDetail, TreeFilter,
+    TreeId, TreeRow, TreeState,
 };
 
 const TREE_COLUMNS: &str =
     "t.id, t.label, t.state, t.boundary, o.id, o.pid, o.start_ticks, o.boot_id, o.kind,
      t.argv, t.cwd, t.root_pid, t.root_start_ticks, t.boot_id, t.pgid, t.sid, t.cgroup,
      t.created_at, t.ended_at, t.exit_code, t.exit_signal, t.flags, t.note,
-     t.grace_ms, t.timeout_ms, t.first_signal";
+     t.grace_ms, t.timeout_ms, t.first_signal, t.requester_uid, t.requested_by, t.run_uid, t.run_gid";
 
 fn json_column<T: serde::de::DeserializeOwned>(row: &Row<'_>, idx: usize) -> rusqlite::Result<T> {
     let text: String = row.get(idx)?;
@@ -75,7 +75,47 @@ fn tree_from_row(row: &Row<'_>) -> rusqlite::Result<TreeRow> {
         grace_ms: opt_ticks(row, 23)?,
         timeout_ms: opt_ticks(row, 24)?,
         first_signal: row.get(25)?,
+        requester_uid: row.get(26)?,
+        requested_by: match row.get::<_, Option<String>>(27)? {
+            None => None,
+            Some(_) => Some(json_column(row, 27)?),
+        },
+        run_uid: row.get(28)?,
+        run_gid: row.get(29)?,
     })
+}
+
+fn token_from_row(row: &Row<'_>) -> rusqlite::Result<TokenRow> {
+    let scope: String = row.get(2)?;
+    Ok(TokenRow {
+        id: row.get(0)?,
+        name: row.get(1)?,
+        scope: scope.parse().map_err(|e: String| {
+            rusqlite::Error::FromSqlConversionFailure(2, rusqlite::types::Type::Text, e.into())
+        })?,
+        created_at: row.get(3)?,
+        revoked_at: row.get(4)?,
+    })
+}
+
+/// Every token, oldest first.
+pub(crate) fn tokens(conn: &Connection) -> Result<Vec<TokenRow>, Fail> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT id, name, scope, created_at, revoked_at FROM api_tokens ORDER BY id",
+    )?;
+    let rows = stmt.query_map([], token_from_row)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// The live (unrevoked) token with this SHA-256, if any.
+pub(crate) fn token_by_hash(conn: &Connection, sha256: &str) -> Result<Option<TokenRow>, Fail> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT id, name, scope, created_at, revoked_at FROM api_tokens
+             WHERE sha256 = ?1 AND revoked_at IS NULL",
+        )?
+        .query_row([sha256], token_from_row)
+        .optional()?)
 }
 
 pub(crate) fn instance_id(conn: &Connection) -> Result<String, Fail> {

@@ -9,6 +9,7 @@ mod fidelity;
 mod ledger;
 mod ledger_life;
 mod observer;
+mod privilege;
 mod proc;
 mod recovery;
 mod rules;
