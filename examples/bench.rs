@@ -15,7 +15,9 @@
 //!    SIGKILLed `treewarden serve`; a new `serve` on the same ledger, from its
 //!    start to `/healthz` (floor: the same start on an empty ledger) and to
 //!    the last orphan gone (floor: the grace itself, which every orphan must
-//!    be given). Flat in N up to the sweep's concurrency bound (64);
+//!    be given). Flat in N up to the sweep's concurrency bound (64); then
+//!    auth (issue 17): a TCP read with a bearer token (hashed, looked up in
+//!    the ledger on every request) vs the same read under `--open-reads`;
 //! 5. teardown: `Engine::teardown` of a SIGTERM-ignoring tree at grace 0, from
 //!    the call to verified-empty, vs `cgroup.kill` + wait for `populated 0`
 //!    (cgroup boundary) and `killpg(SIGKILL)` + wait until no live member is
@@ -64,7 +66,9 @@ struct Plan {
     recovery_sizes: Vec<usize>,
     recovery_grace: Duration,
     recovery_reps: usize,
-    /// Run only this section (`authority`, `spawn`, `scan`, `recovery`, `teardown`, `idle`, `ledger`).
+    /// Reads per kind in the auth section (issue 17).
+    auth_reads: usize,
+    /// Run only this section (`authority`, `spawn`, `scan`, `recovery`, `auth`, `teardown`, `idle`, `ledger`).
     only: Option<String>,
     /// Print each teardown's phase durations on stderr.
     phases: bool,
@@ -115,6 +119,7 @@ impl Plan {
                 recovery_sizes: vec![1, 4],
                 recovery_grace: Duration::from_millis(200),
                 recovery_reps: 1,
+                auth_reads: 20,
                 dir,
                 only,
                 phases,
@@ -137,6 +142,7 @@ impl Plan {
                 recovery_sizes: vec![1, 16, 64, 128],
                 recovery_grace: Duration::from_secs(1),
                 recovery_reps: 3,
+                auth_reads: 2000,
                 dir,
                 only,
                 phases,
@@ -276,6 +282,9 @@ fn main() -> anyhow::Result<()> {
     if plan.runs("recovery") {
         recovery(&plan, work.path(), &mut rows)?;
     }
+    if plan.runs("auth") {
+        auth(&plan, work.path(), &mut rows)?;
+    }
     // Before the teardowns: it waits for its children with std::process,
     // which the teardown section's reaper would take from it.
     let scale = if plan.runs("ledger") {
@@ -297,6 +306,72 @@ fn main() -> anyhow::Result<()> {
     for line in scale {
         println!("{line}");
     }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- auth
+
+/// Issue 17: what a token costs a read. Every TCP read with a token hashes it
+/// and looks it up in the ledger (no cache: a revocation is effective on the
+/// next request). Measured: `GET /api/trees/1` with the bearer token, on one
+/// keep-alive connection; floor: the same read without a token on a service
+/// started with `--open-reads` (no lookup). Alternated, so drift hits both.
+fn auth(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    let bin = treewarden_bin()?;
+    let data = dir.join("auth-data");
+    let ready = dir.join("auth-ready");
+    let mut c = Command::new(&bin);
+    c.env("TREEWARDEN_DATA_DIR", &data)
+        .env("TREEWARDEN_BOUNDARY", "session")
+        .env_remove("TREEWARDEN_CGROUP_ROOT")
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--open-reads",
+            "--ready-file",
+        ])
+        .arg(&ready)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let _serve = Serve(c.spawn()?);
+    let (_, addr) = until_healthy(&ready, Instant::now())?;
+    let token = std::fs::read_to_string(data.join("api-token"))?;
+    let http = reqwest::blocking::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .build()?;
+    let body = serde_json::json!({"argv": ["sleep", "300"], "grace": "100ms"});
+    let r = http
+        .post(format!("http://{addr}/api/trees"))
+        .bearer_auth(token.trim())
+        .json(&body)
+        .send()?;
+    anyhow::ensure!(r.status().as_u16() == 201, "spawn answered {}", r.status());
+    let url = format!("http://{addr}/api/trees/1");
+    let (mut ours, mut floor) = (Vec::new(), Vec::new());
+    for _ in 0..plan.auth_reads {
+        let t = Instant::now();
+        let r = http.get(&url).bearer_auth(token.trim()).send()?;
+        anyhow::ensure!(r.status().is_success(), "read with token: {}", r.status());
+        r.bytes()?;
+        ours.push(t.elapsed());
+        let t = Instant::now();
+        let r = http.get(&url).send()?;
+        anyhow::ensure!(r.status().is_success(), "open read: {}", r.status());
+        r.bytes()?;
+        floor.push(t.elapsed());
+    }
+    rows.push(Row {
+        item: "auth".into(),
+        what: "GET /api/trees/1 with a bearer token (hash + ledger lookup)".into(),
+        ours: stats(ours),
+        floor_name: "the same read, --open-reads".into(),
+        floor: stats(floor),
+        by_p99: false,
+        target: Target::None,
+    });
     Ok(())
 }
 
@@ -1046,6 +1121,7 @@ impl Bench {
             limits: Default::default(),
             umask: None,
             first_signal: None,
+            on_behalf: None,
         })?;
         let pgid = spawned.pgid;
         let cg = spawned.cgroup.clone();
@@ -1530,8 +1606,12 @@ fn ledger_scale(plan: &Plan, dir: &Path) -> anyhow::Result<Vec<String>> {
         let ready = dir.join(format!("scale-ready-{i}"));
         let serve = start_serve(&bin, data, &ready, None)?;
         let (_, addr) = until_healthy(&ready, Instant::now())?;
+        // Reads over TCP carry a token (issue 17): the service's own.
+        let token = std::fs::read_to_string(data.join("api-token"))?
+            .trim()
+            .to_string();
         // A tree in the middle of the ledger (ids 1..=5 are the live ones).
-        serves.push((serve, addr, 5 + (trees / 2).max(1)));
+        serves.push((serve, addr, 5 + (trees / 2).max(1), token));
     }
     let n = built.len();
     let (mut ls, mut index, mut tree_page, mut api_events) = (
@@ -1540,16 +1620,16 @@ fn ledger_scale(plan: &Plan, dir: &Path) -> anyhow::Result<Vec<String>> {
         vec![Vec::new(); n],
         vec![Vec::new(); n],
     );
-    let timed = |url: String| -> anyhow::Result<Duration> {
+    let timed = |url: String, token: &str| -> anyhow::Result<Duration> {
         let t0 = Instant::now();
-        let r = http.get(&url).send()?;
+        let r = http.get(&url).bearer_auth(token).send()?;
         anyhow::ensure!(r.status().is_success(), "GET {url}: {}", r.status());
         let _ = r.bytes()?;
         Ok(t0.elapsed())
     };
     for rep in 0..=plan.scale_reps {
         for (i, (_, _, _, data)) in built.iter().enumerate() {
-            let (_, addr, mid) = &serves[i];
+            let (_, addr, mid, token) = &serves[i];
             let t0 = Instant::now();
             let out = Command::new(&bin)
                 .env("TREEWARDEN_DATA_DIR", data)
@@ -1558,9 +1638,9 @@ fn ledger_scale(plan: &Plan, dir: &Path) -> anyhow::Result<Vec<String>> {
                 .output()?;
             anyhow::ensure!(out.status.success(), "ls failed");
             let l = t0.elapsed();
-            let ix = timed(format!("http://{addr}/?all=1"))?;
-            let tp = timed(format!("http://{addr}/trees/{mid}"))?;
-            let ev = timed(format!("http://{addr}/api/events"))?;
+            let ix = timed(format!("http://{addr}/?all=1"), token)?;
+            let tp = timed(format!("http://{addr}/trees/{mid}"), token)?;
+            let ev = timed(format!("http://{addr}/api/events"), token)?;
             if rep > 0 {
                 // The first round warms each service up.
                 ls[i].push(l);

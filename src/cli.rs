@@ -133,6 +133,10 @@ enum Command {
     /// The service: HTTP API, dashboard, /metrics, scans, sweeps. It owns
     /// the trees spawned through the API and tears them down on SIGTERM.
     Serve(crate::commands::ServeArgs),
+    /// Scoped bearer tokens for the service's TCP listener (kept in the
+    /// ledger as hashes; effective at once, no restart).
+    #[command(subcommand)]
+    Token(crate::commands::TokenCommand),
     /// Report what this host supports (cgroup v2, pidfd, subreaper, proc
     /// connector) and which boundary `auto` picks.
     Doctor {
@@ -287,6 +291,7 @@ fn run_command(command: Command, config: &Config) -> CliResult {
         Command::Sweep(args) => crate::commands::sweep(config, args),
         Command::Resolve(args) => crate::commands::resolve(config, args),
         Command::Serve(args) => crate::commands::serve(config, args),
+        Command::Token(cmd) => crate::commands::token(config, cmd),
         Command::Doctor { json } => doctor(config, json),
         Command::Export {
             format,

@@ -25,6 +25,7 @@ const MIGRATIONS: &[M<'static>] = &[
     M::up(include_str!("../../migrations/0003_instance.sql")),
     M::up(include_str!("../../migrations/0004_first_signal.sql")),
     M::up(include_str!("../../migrations/0005_retention.sql")),
+    M::up(include_str!("../../migrations/0006_principals.sql")),
 ];
 
 /// How hard a commit must be on disk before it returns.
@@ -238,13 +239,25 @@ fn open_connection(path: &Path, busy_timeout: Duration) -> Result<Connection, Fa
         return Ok(conn);
     }
     conn.set_transaction_behavior(TransactionBehavior::Immediate);
-    if let Err(first) = migrations.to_latest(&mut conn) {
+    let started = std::time::Instant::now();
+    loop {
+        let Err(failed) = migrations.to_latest(&mut conn) else {
+            break;
+        };
         // Another process may have migrated between our version check and our
         // transaction; then the schema is current and our attempt rolled back.
-        let current = migrations.current_version(&conn);
-        if current.ok() != Some(latest) {
-            return Err(LedgerError::from_migration(first, busy_timeout).into());
+        if migrations.current_version(&conn).ok() == Some(latest) {
+            break;
         }
+        // Or it is migrating right now: SQLite answers a lock upgrade that
+        // could deadlock with BUSY at once, without waiting (seen with four
+        // processes opening a new ledger together). Try again within the
+        // busy timeout.
+        let error = LedgerError::from_migration(failed, busy_timeout);
+        if !matches!(error, LedgerError::Busy(_)) || started.elapsed() >= busy_timeout {
+            return Err(error.into());
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
     conn.set_transaction_behavior(TransactionBehavior::Deferred);
     Ok(conn)

@@ -80,9 +80,10 @@ pub use prune::{PruneReport, PruneRequest};
 pub use types::{
     AuthorizationId, AuthorizationRow, Deferred, EventFilter, EventKind, EventRow, ExitRecord,
     ExportFormat, IdentityRecord, KillTarget, Limits, MemberCounts, MemberRecord, MemberRow,
-    NewTree, ObservationRow, OwnerId, OwnerKind, OwnerRecord, OwnerRow, Resources, SignalRecord,
-    SignalRow, SpawnRecord, SurvivorRecord, TreeDetail, TreeId, TreeRow, TreeState, VerifyBreak,
-    VerifyReport, parse_cpu_pct, parse_since, parse_size,
+    NewTree, ObservationRow, OnBehalfRecord, OwnerId, OwnerKind, OwnerRecord, OwnerRow, PageAt,
+    Requester, Resources, SignalRecord, SignalRow, SpawnRecord, SurvivorRecord, TokenRow,
+    TokenScope, TreeDetail, TreeFilter, TreeId, TreeRow, TreeState, VerifyBreak, VerifyReport,
+    parse_cpu_pct, parse_since, parse_size,
 };
 
 use db::Durability;
@@ -170,8 +171,70 @@ impl Ledger {
 
     /// Commits a tree in state `spawning` (FULL) with a `tree.created` event.
     pub fn create_tree(&self, tree: &NewTree) -> Result<TreeId, LedgerError> {
+        self.create_tree_for(tree, None)
+    }
+
+    /// [`Ledger::create_tree`], recording who asked and as whom the tree
+    /// runs (`requester_uid`, `requested_by`, `run_uid`, `run_gid`, and
+    /// `by` in `tree.created`).
+    pub fn create_tree_for(
+        &self,
+        tree: &NewTree,
+        on_behalf: Option<&OnBehalfRecord>,
+    ) -> Result<TreeId, LedgerError> {
         let tree = tree.clone();
-        self.write(Durability::Full, move |w| write::create_tree(w, &tree))
+        let on_behalf = on_behalf.cloned();
+        self.write(Durability::Full, move |w| {
+            write::create_tree(w, &tree, on_behalf.as_ref())
+        })
+    }
+
+    /// A new API token: only its SHA-256 (64 hex digits) is kept. Event
+    /// `token.created`. Returns its id.
+    pub fn create_token(
+        &self,
+        name: &str,
+        scope: TokenScope,
+        sha256: &str,
+        by: &Requester,
+    ) -> Result<i64, LedgerError> {
+        let (name, sha256, by) = (name.to_string(), sha256.to_string(), by.clone());
+        self.write(Durability::Full, move |w| {
+            write::create_token(w, &name, scope, &sha256, &by)
+        })
+    }
+
+    /// The token file's secret as an admin token named `name`, added once;
+    /// a live token of that name with another hash (a replaced file) is
+    /// revoked. Returns the token's id.
+    pub fn import_token(
+        &self,
+        name: &str,
+        sha256: &str,
+        by: &Requester,
+    ) -> Result<i64, LedgerError> {
+        let (name, sha256, by) = (name.to_string(), sha256.to_string(), by.clone());
+        self.write(Durability::Full, move |w| {
+            write::import_token(w, &name, &sha256, &by)
+        })
+    }
+
+    /// Revokes a token, at once for every reader of this ledger (event
+    /// `token.revoked`); `false` when it was already revoked.
+    pub fn revoke_token(&self, id: i64, by: &Requester) -> Result<bool, LedgerError> {
+        let by = by.clone();
+        self.write(Durability::Full, move |w| write::revoke_token(w, id, &by))
+    }
+
+    /// Every token (never a secret), oldest first.
+    pub fn tokens(&self) -> Result<Vec<TokenRow>, LedgerError> {
+        self.read(|tx| read::tokens(tx))
+    }
+
+    /// The live token whose SHA-256 is `sha256`.
+    pub fn token_by_hash(&self, sha256: &str) -> Result<Option<TokenRow>, LedgerError> {
+        let sha256 = sha256.to_string();
+        self.read(move |tx| read::token_by_hash(tx, &sha256))
     }
 
     /// Records what the spawn formed; state `running`, event `tree.spawned`.
@@ -403,11 +466,13 @@ impl Ledger {
         id: TreeId,
         note: &str,
         left_alive: &[IdentityRecord],
+        by: Option<&Requester>,
     ) -> Result<(), LedgerError> {
         let note = note.to_string();
         let left_alive = left_alive.to_vec();
+        let by = by.cloned();
         self.write(Durability::Normal, move |w| {
-            write::resolve(w, id, &note, &left_alive)
+            write::resolve(w, id, &note, &left_alive, by.as_ref())
         })
     }
 
@@ -505,16 +570,24 @@ impl Ledger {
         self.read(move |tx| Ok(read::member_counts(tx, &ids)?.into_iter().collect()))
     }
 
-    /// One page of trees, newest first (keyset: ids below `before`),
-    /// filtered by state and exact label.
+    /// One page of trees, newest first (keyset: the `limit` ids right below
+    /// or right above a bound), filtered by state and exact label.
     pub fn tree_page(
         &self,
-        states: Option<Vec<TreeState>>,
-        label: Option<String>,
-        before: Option<i64>,
+        filter: TreeFilter,
+        at: PageAt,
         limit: usize,
     ) -> Result<Vec<TreeRow>, LedgerError> {
-        self.read(move |tx| read::tree_page(tx, states.as_deref(), label.as_deref(), before, limit))
+        self.read(move |tx| read::tree_page(tx, &filter, at, limit))
+    }
+
+    /// What each of `ids` that has ended consumed (from its `tree.ended`).
+    pub fn ended_resources(
+        &self,
+        ids: &[TreeId],
+    ) -> Result<std::collections::HashMap<TreeId, Resources>, LedgerError> {
+        let ids = ids.to_vec();
+        self.read(move |tx| Ok(read::ended_resources(tx, &ids)?.into_iter().collect()))
     }
 
     /// Live (non-terminal) trees, or every tree with `all`.

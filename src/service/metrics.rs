@@ -72,6 +72,8 @@ pub struct Metrics {
     pub ledger_write_errors: C,
     pub dispatch_closed: Gauge,
     pub dispatch_refused: C,
+    /// Processes the kernel's OOM killer ended inside trees (`tree.oom_kill`).
+    pub oom_kills: C,
     /// Orphans found by this service's sweeps whose teardown has not
     /// finished (queued or running); set at scrape time.
     pub orphans_pending: Gauge,
@@ -131,6 +133,7 @@ impl Metrics {
             ledger_write_errors: C::default(),
             dispatch_closed: Gauge::default(),
             dispatch_refused: C::default(),
+            oom_kills: C::default(),
             orphans_pending: Gauge::default(),
             recovering: Gauge::default(),
             ledger_head_seq: Gauge::default(),
@@ -227,6 +230,11 @@ impl Metrics {
             m.dispatch_refused.clone(),
         );
         registry.register(
+            "oom_kills",
+            "Processes the kernel's OOM killer ended inside trees (tree.oom_kill events)",
+            m.oom_kills.clone(),
+        );
+        registry.register(
             "ledger_head_seq",
             "Sequence number of the newest ledger event",
             m.ledger_head_seq.clone(),
@@ -321,6 +329,14 @@ impl Metrics {
             }
             "dispatch.refused" => {
                 self.dispatch_refused.inc();
+            }
+            "tree.oom_kill" => {
+                let n = e
+                    .data
+                    .get("oom_kills")
+                    .and_then(|v| v.as_u64())
+                    .unwrap_or(1);
+                self.oom_kills.inc_by(n);
             }
             _ => {}
         }

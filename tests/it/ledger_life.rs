@@ -293,6 +293,7 @@ fn the_event_stream_sends_each_new_event_with_its_seq_and_resumes() {
         .expect("client");
     let resp = client
         .get(server.url("/api/events/stream"))
+        .bearer_auth(&server.token)
         .send()
         .expect("stream");
     assert_eq!(resp.status(), 200);
@@ -326,6 +327,7 @@ fn the_event_stream_sends_each_new_event_with_its_seq_and_resumes() {
     // A reconnect with Last-Event-ID resumes exactly after it.
     let resp = client
         .get(server.url("/api/events/stream"))
+        .bearer_auth(&server.token)
         .header("Last-Event-ID", created.to_string())
         .send()
         .expect("resume");
@@ -334,6 +336,7 @@ fn the_event_stream_sends_each_new_event_with_its_seq_and_resumes() {
     assert_eq!(id, created + 1);
     let bad = client
         .get(server.url("/api/events/stream"))
+        .bearer_auth(&server.token)
         .header("Last-Event-ID", "x")
         .send()
         .expect("bad");

@@ -288,7 +288,9 @@ fn unsettled_trees_are_never_pruned() {
     ledger
         .set_state(left, TreeState::Ambiguous, Some("test"))
         .expect("ambiguous");
-    ledger.resolve(left, "left alive", &[]).expect("resolve");
+    ledger
+        .resolve(left, "left alive", &[], None)
+        .expect("resolve");
     ledger.add_flag(left, "survivors_left").expect("flag");
     let marked = new_tree(&ledger, "marker");
     ledger
