@@ -182,6 +182,22 @@ pub struct ServeArgs {
     /// Repeatable; default: any.
     #[arg(long = "allow-command", value_name = "CMD")]
     allow_commands: Vec<String>,
+    /// Prune trees that ended longer ago than this (and tree-less events
+    /// as old), as `prune --before` does. Off by default: nothing is pruned.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    retain: Option<Duration>,
+    /// How often --retain looks for trees to prune.
+    #[arg(long, default_value = "10m", value_parser = parse_duration, requires = "retain")]
+    retain_every: Duration,
+    /// Archive what --retain prunes here first (one `archive-<ms>.ndjson`
+    /// per prune, fsynced); without it pruned events are gone.
+    #[arg(long, value_name = "DIR", requires = "retain")]
+    retain_archive: Option<std::path::PathBuf>,
+    /// Ship every ledger event as an OTLP log record to URL/v1/logs
+    /// (OTLP/HTTP protobuf), from a durable cursor in the ledger. Default:
+    /// OTEL_EXPORTER_OTLP_ENDPOINT when set; otherwise off.
+    #[arg(long, value_name = "URL")]
+    ship_otlp: Option<String>,
     /// The Unix socket (the same API; the principal is the peer's uid, no
     /// token). Default: <data-dir>/api.sock. Made 0666: who connects is
     /// known from SO_PEERCRED, not from the file mode.
@@ -893,6 +909,54 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
         .enable_all()
         .build()
         .map_err(|e| CliError::internal(anyhow!("tokio runtime: {e}")))?;
+    let retention = match args.retain {
+        None => None,
+        Some(retain) => {
+            if let Some(dir) = &args.retain_archive {
+                use std::os::unix::fs::DirBuilderExt;
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(dir)
+                    .map_err(|e| {
+                        CliError::internal(anyhow!("--retain-archive {}: {e}", dir.display()))
+                    })?;
+            }
+            let ledger = treewarden::ledger::Ledger::open(
+                &config.ledger_path(),
+                treewarden::ledger::LedgerOptions::from_config(config),
+            )
+            .map_err(|e| CliError::internal(anyhow!("retention: {e}")))?;
+            Some(
+                treewarden::service::retain::Retention::start(
+                    ledger,
+                    treewarden::service::retain::RetainConfig {
+                        data_dir: config.data_dir.clone(),
+                        retain,
+                        every: args.retain_every,
+                        archive_dir: args.retain_archive.clone(),
+                    },
+                )
+                .map_err(|e| CliError::internal(anyhow!("retention: {e}")))?,
+            )
+        }
+    };
+    let shipper =
+        match treewarden::service::ship::ShipConfig::from_flag_or_env(args.ship_otlp.as_deref()) {
+            None => None,
+            Some(ship) => {
+                let ledger = treewarden::ledger::Ledger::open(
+                    &config.ledger_path(),
+                    treewarden::ledger::LedgerOptions::from_config(config),
+                )
+                .map_err(|e| CliError::internal(anyhow!("OTLP shipping: {e}")))?;
+                tracing::info!(endpoint = %ship.logs_url(), "shipping ledger events as OTLP logs");
+                Some(
+                    treewarden::service::ship::Shipper::start(ledger, ship)
+                        .map_err(|e| CliError::internal(anyhow!(e)))?,
+                )
+            }
+        };
     let admin_gid = match &args.admin_group {
         None => None,
         Some(g) => Some(
@@ -971,5 +1035,11 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
     // abandoned; its tree is resumed by the next start's sweep (the ledger
     // holds where it stopped; a frozen cgroup is thawed by that teardown).
     rt.shutdown_timeout(Duration::from_secs(1));
+    if let Some(retention) = retention {
+        retention.stop();
+    }
+    if let Some(shipper) = shipper {
+        shipper.stop();
+    }
     code
 }

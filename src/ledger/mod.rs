@@ -61,18 +61,22 @@ mod chain;
 mod db;
 mod error;
 mod export;
+mod prune;
 mod read;
 mod types;
 mod verify;
 mod write;
 
 use std::io::Write;
+
+use rusqlite::OptionalExtension;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 pub use chain::{GENESIS, canonical_event, canonical_string, event_hash};
 pub use error::LedgerError;
+pub use prune::{PruneReport, PruneRequest};
 pub use types::{
     AuthorizationId, AuthorizationRow, Deferred, EventFilter, EventKind, EventRow, ExitRecord,
     ExportFormat, IdentityRecord, KillTarget, Limits, MemberCounts, MemberRecord, MemberRow,
@@ -645,6 +649,98 @@ impl Ledger {
     /// given, the expected head (which catches truncation). Reports the first break.
     pub fn verify(&self, expect_head: Option<(i64, String)>) -> Result<VerifyReport, LedgerError> {
         self.read(move |tx| verify::verify(tx, expect_head))
+    }
+
+    /// Prunes the events and rows of trees that ended before `req.before`
+    /// (never a live, ambiguous or otherwise unsettled tree's, never one in
+    /// `req.keep`), and tree-less events older than it: first the archive
+    /// (if asked) is written and fsynced from one snapshot, then one FULL
+    /// transaction re-plans, appends the `ledger.checkpoint` event and
+    /// deletes. Any failure deletes nothing and leaves no archive. Nothing
+    /// prunable: no checkpoint, no archive (`checkpoint: None`).
+    /// See `prune.rs` for the scheme `verify` proves.
+    pub fn prune(&self, req: &PruneRequest) -> Result<PruneReport, LedgerError> {
+        let req = req.clone();
+        let prepared = {
+            let req = req.clone();
+            self.read(move |tx| Ok(prune::prepare(tx, &req)))?
+        }?;
+        let Some(planned) = prepared else {
+            return Ok(PruneReport {
+                checkpoint: None,
+                events: 0,
+                trees: 0,
+                pruned_through: 0,
+                kept_below: 0,
+                archive: None,
+            });
+        };
+        let archive = req.archive.clone();
+        let result = self.write(Durability::Full, move |w| prune::commit(w, &req, &planned));
+        if result.is_err()
+            && let Some(path) = &archive
+        {
+            // The delete did not commit: the archive holds events the
+            // ledger still has, and must not pass for a prune's.
+            let _ = std::fs::remove_file(path);
+        }
+        result
+    }
+
+    /// Checks archives written by [`Ledger::prune`] against this ledger
+    /// (see `prune.rs`): one report per archive, with the checkpoint it
+    /// matched.
+    pub fn verify_archives(
+        &self,
+        paths: &[std::path::PathBuf],
+    ) -> Result<Vec<(std::path::PathBuf, VerifyReport)>, LedgerError> {
+        let paths = paths.to_vec();
+        self.read(move |tx| {
+            Ok(prune::verify_archives(tx, &paths)?
+                .into_iter()
+                .map(|(p, r, _)| (p, r))
+                .collect())
+        })
+    }
+
+    /// The last seq the shipping sink `sink` had acknowledged, if shipping
+    /// ever ran (`service::ship`).
+    pub fn ship_cursor(&self, sink: &str) -> Result<Option<i64>, LedgerError> {
+        let sink = sink.to_string();
+        self.read(move |tx| {
+            Ok(tx
+                .prepare_cached("SELECT seq FROM ship_cursor WHERE sink = ?1")?
+                .query_row([&sink], |r| r.get(0))
+                .optional()?)
+        })
+    }
+
+    /// Creates the shipping cursor of `sink` at 0 if it has none (the
+    /// whole ledger is then shipped). A bookkeeping row: no event.
+    pub fn init_ship_cursor(&self, sink: &str) -> Result<(), LedgerError> {
+        let sink = sink.to_string();
+        self.write(Durability::Normal, move |w| {
+            let now = w.now.clone();
+            w.exec(
+                "INSERT INTO ship_cursor (sink, seq, at) VALUES (?1, 0, ?2) ON CONFLICT (sink) DO NOTHING",
+                rusqlite::params![sink, now],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Moves the shipping cursor of `sink` forward to `seq` (never back).
+    pub fn set_ship_cursor(&self, sink: &str, seq: i64) -> Result<(), LedgerError> {
+        let sink = sink.to_string();
+        self.write(Durability::Normal, move |w| {
+            let now = w.now.clone();
+            w.exec(
+                "INSERT INTO ship_cursor (sink, seq, at) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (sink) DO UPDATE SET seq = max(seq, excluded.seq), at = excluded.at",
+                rusqlite::params![sink, seq, now],
+            )?;
+            Ok(())
+        })
     }
 
     /// Writes the selected events to `out` in `format`; returns how many.

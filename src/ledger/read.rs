@@ -460,7 +460,9 @@ fn events_sql(filter: &EventFilter) -> Result<(String, Vec<Value>), Fail> {
 
 /// How many trees are in each state (states with none are left out).
 pub(crate) fn tree_counts(conn: &Connection) -> Result<Vec<(TreeState, u64)>, Fail> {
-    let mut stmt = conn.prepare_cached("SELECT state, COUNT(*) FROM trees GROUP BY state")?;
+    // Kept by triggers (migration 0005): one row per state, not a pass over every tree.
+    let mut stmt =
+        conn.prepare_cached("SELECT state, n FROM tree_counts WHERE n > 0 ORDER BY state")?;
     let rows = stmt.query_map([], |row| {
         Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
     })?;

@@ -130,10 +130,14 @@ pub enum EventKind {
     /// A kill was asked for through the API, and by whom (`by`), written
     /// before its teardown starts. Addition to DESIGN.md (issue 17).
     KillRequested,
+    /// A prune removed ended trees' events up to `pruned_through`; the
+    /// remaining chain is proven from here (`ledger/prune.rs`). Written
+    /// only by [`crate::ledger::Ledger::prune`].
+    LedgerCheckpoint,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 22] = [
+    pub const ALL: [EventKind; 23] = [
         Self::TreeCreated,
         Self::TreeSpawned,
         Self::TreeSpawnFailed,
@@ -156,6 +160,7 @@ impl EventKind {
         Self::TokenCreated,
         Self::TokenRevoked,
         Self::KillRequested,
+        Self::LedgerCheckpoint,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -182,6 +187,7 @@ impl EventKind {
             Self::TokenCreated => "token.created",
             Self::TokenRevoked => "token.revoked",
             Self::KillRequested => "kill.requested",
+            Self::LedgerCheckpoint => "ledger.checkpoint",
         }
     }
 
@@ -906,6 +912,9 @@ pub struct VerifyReport {
     /// `PRAGMA integrity_check` said "ok".
     pub integrity_ok: bool,
     pub first_break: Option<VerifyBreak>,
+    /// The `ledger.checkpoint` the chain was proven from (its seq), when
+    /// the ledger was pruned; for an archive, the checkpoint it matched.
+    pub checkpoint: Option<i64>,
 }
 
 impl VerifyReport {

@@ -81,6 +81,12 @@ pub struct Metrics {
     pub recovering: Gauge,
     /// Set only at scrape time, from the ledger's head.
     pub ledger_head_seq: Gauge,
+    /// Events committed but not yet acknowledged by the OTLP endpoint
+    /// (head minus the shipping cursor); 0 when shipping never ran. Set
+    /// only at scrape time, from the ledger.
+    pub ship_lag_events: Gauge,
+    /// The last seq the OTLP endpoint acknowledged (the durable cursor).
+    pub ship_acked_seq: Gauge,
     pub observer_up: Gauge,
     pub observer_events: C,
     pub observer_overflows: C,
@@ -131,6 +137,8 @@ impl Metrics {
             orphans_pending: Gauge::default(),
             recovering: Gauge::default(),
             ledger_head_seq: Gauge::default(),
+            ship_lag_events: Gauge::default(),
+            ship_acked_seq: Gauge::default(),
             observer_up: Gauge::default(),
             observer_events: C::default(),
             observer_overflows: C::default(),
@@ -230,6 +238,16 @@ impl Metrics {
             "ledger_head_seq",
             "Sequence number of the newest ledger event",
             m.ledger_head_seq.clone(),
+        );
+        registry.register(
+            "ship_lag_events",
+            "Ledger events not yet acknowledged by the OTLP log endpoint (0 when shipping never ran)",
+            m.ship_lag_events.clone(),
+        );
+        registry.register(
+            "ship_acked_seq",
+            "The last ledger seq the OTLP log endpoint acknowledged",
+            m.ship_acked_seq.clone(),
         );
         registry.register(
             "observer_up",

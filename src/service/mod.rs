@@ -42,6 +42,8 @@
 
 mod export;
 pub mod metrics;
+pub mod retain;
+pub mod ship;
 
 pub use export::ExportChunks;
 
