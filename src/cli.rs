@@ -596,11 +596,11 @@ fn prune(config: &Config, before: &str, archive: Option<PathBuf>, json: bool) ->
             keep,
         })
         .map_err(|e| CliError::internal(anyhow::anyhow!("prune: {e}")))?;
+    let logs = treewarden::custody::remove_logs(&config.data_dir, &report.pruned_trees);
     if json {
-        println!(
-            "{}",
-            serde_json::to_string(&report).map_err(CliError::internal)?
-        );
+        let mut v = serde_json::to_value(&report).map_err(CliError::internal)?;
+        v["logs_removed"] = logs.into();
+        println!("{v}");
         return Ok(0);
     }
     match report.checkpoint {
@@ -617,6 +617,9 @@ fn prune(config: &Config, before: &str, archive: Option<PathBuf>, json: bool) ->
                 .map(|p| format!("; archive {} (fsynced)", p.display()))
                 .unwrap_or_default()
         ),
+    }
+    if logs > 0 {
+        println!("removed the captured logs of {logs} pruned trees");
     }
     Ok(0)
 }

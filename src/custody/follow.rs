@@ -1,5 +1,6 @@
 //! Following a tree's captured log while it grows (`treewarden logs
-//! --follow`), also across the cap's collapses.
+//! --follow`), also across the cap's collapses; and removing the logs of
+//! trees the ledger's retention removed.
 //!
 //! The cap (`proc::cap_log`) drops the oldest whole blocks of a log with
 //! `FALLOC_FL_COLLAPSE_RANGE`: every byte moves towards the front by the
@@ -113,6 +114,24 @@ impl LogFollower {
             None => all.iter().position(|b| *b != 0).unwrap_or(all.len()) as u64,
         })
     }
+}
+
+/// Removes the captured logs of trees the ledger's retention removed
+/// (`prune`, `serve --retain`): a log lives as long as its tree's record.
+/// Returns how many were removed; one that cannot be is logged and left.
+pub fn remove_logs(data_dir: &std::path::Path, trees: &[i64]) -> usize {
+    let mut removed = 0;
+    for id in trees {
+        let path = super::log_path(data_dir, crate::ledger::TreeId(*id));
+        match std::fs::remove_file(&path) {
+            Ok(()) => removed += 1,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "a pruned tree's log was not removed")
+            }
+        }
+    }
+    removed
 }
 
 #[cfg(test)]

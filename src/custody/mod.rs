@@ -37,7 +37,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 pub use dispatch::Unsettled;
-pub use follow::LogFollower;
+pub use follow::{LogFollower, remove_logs};
 pub use host::{Host, KernelHost};
 pub use observer::{Observer, ObserverHandle, ObserverStats};
 pub use owner::{RunEnd, RunOptions, RunOutcome};

@@ -673,6 +673,7 @@ impl Ledger {
                 pruned_through: 0,
                 kept_below: 0,
                 archive: None,
+                pruned_trees: Vec::new(),
             });
         };
         let archive = req.archive.clone();

@@ -81,6 +81,9 @@ pub struct PruneReport {
     /// Events still held at or below `pruned_through`.
     pub kept_below: u64,
     pub archive: Option<PathBuf>,
+    /// The ids of the trees removed (their captured logs go with them).
+    #[serde(skip)]
+    pub pruned_trees: Vec<i64>,
 }
 
 /// The checkpoint as `verify` reads it back from the chain.
@@ -415,6 +418,7 @@ pub(crate) fn commit(
         pruned_through: planned.pruned_through,
         kept_below: planned.kept,
         archive: req.archive.clone(),
+        pruned_trees: planned.trees.clone(),
     })
 }
 

@@ -82,13 +82,17 @@ fn prune_once(ledger: &Ledger, config: &RetainConfig) {
         archive,
         keep,
     }) {
-        Ok(report) if report.checkpoint.is_some() => tracing::info!(
-            events = report.events,
-            trees = report.trees,
-            checkpoint = report.checkpoint,
-            archive = ?report.archive,
-            "retention: pruned"
-        ),
+        Ok(report) if report.checkpoint.is_some() => {
+            let logs = crate::custody::remove_logs(&config.data_dir, &report.pruned_trees);
+            tracing::info!(
+                events = report.events,
+                trees = report.trees,
+                logs,
+                checkpoint = report.checkpoint,
+                archive = ?report.archive,
+                "retention: pruned"
+            )
+        }
         Ok(_) => tracing::debug!("retention: nothing to prune"),
         Err(e) => tracing::warn!("retention: prune failed, nothing deleted: {e}"),
     }

@@ -505,14 +505,37 @@ fn serve_retain_prunes_ended_trees_on_its_own() {
     let server = crate::serve::Server::start(&["--retain", "1s", "--retain-every", "200ms"]);
     let (status, body) = server.post(
         "/api/trees",
-        Some(&serde_json::json!({"argv": ["true"], "label": "retained"})),
+        Some(&serde_json::json!({"argv": ["echo", "captured"], "label": "retained"})),
     );
     assert_eq!(status, 201, "{body}");
     let id = body["id"].as_i64().expect("id");
+    // A live tree's captured log stays while its record does.
+    let (status, live) = server.post(
+        "/api/trees",
+        Some(&server.body("echo live-output; sleep 300")),
+    );
+    assert_eq!(status, 201, "{live}");
+    let live = live["id"].as_i64().expect("id");
+    let log = |id: i64| {
+        server
+            .data_dir()
+            .join("logs")
+            .join(format!("tree-{id}.log"))
+    };
+    assert!(wait_until(Duration::from_secs(10), || log(id).exists()
+        && log(live).exists()));
     let gone = wait_until(Duration::from_secs(30), || {
         server.get(&format!("/api/trees/{id}")).status() == 404
     });
     assert!(gone, "the ended tree is pruned once older than --retain");
+    // Its captured log goes with its record (the prune's caller removes it
+    // right after the commit).
+    assert!(
+        wait_until(Duration::from_secs(5), || !log(id).exists()),
+        "the pruned tree's log is removed"
+    );
+    assert!(log(live).exists(), "the live tree's log is kept");
+    assert_eq!(server.get(&format!("/api/trees/{live}")).status(), 200);
     let events = parse_ndjson(&server.get("/api/export").text().expect("export"));
     assert!(events.iter().all(|e| tree_of(e) != Some(id)));
     assert!(events.iter().any(|e| e["kind"] == "ledger.checkpoint"));
