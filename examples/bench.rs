@@ -15,13 +15,20 @@
 //!    SIGKILLed `treewarden serve`; a new `serve` on the same ledger, from its
 //!    start to `/healthz` (floor: the same start on an empty ledger) and to
 //!    the last orphan gone (floor: the grace itself, which every orphan must
-//!    be given). Flat in N up to the sweep's concurrency bound (64);
+//!    be given). Flat in N up to the sweep's concurrency bound (64); then
+//!    auth (issue 17): a TCP read with a bearer token (hashed, looked up in
+//!    the ledger on every request) vs the same read under `--open-reads`;
 //! 5. teardown: `Engine::teardown` of a SIGTERM-ignoring tree at grace 0, from
 //!    the call to verified-empty, vs `cgroup.kill` + wait for `populated 0`
 //!    (cgroup boundary) and `killpg(SIGKILL)` + wait until no live member is
-//!    left (session boundary).
+//!    left (session boundary);
+//! 6. ledger scale (issue 15, `--only ledger`): one ledger grown through the
+//!    ledger API (trees of 20 members) to 10k, 100k and 1M events; at each,
+//!    `ls`, the dashboard index, a tree page, `/api/events` (medians of 30)
+//!    and a whole export (throughput, peak RSS); targets: pages at 1M ≤ 1.5×
+//!    those at 10k, export peak RSS ≤ 1.3×; then bytes per tree and per member.
 //!
-//! The order matters: sections 2 to 4 wait for their children with
+//! The order matters: sections 2 to 4 and 6 wait for their children with
 //! `std::process`, so they run before section 5 installs the reaper (this
 //! process becomes the trees' subreaper; from then on only the reaper waits,
 //! and every zombie a kill leaves behind is reaped by it, not counted).
@@ -59,7 +66,9 @@ struct Plan {
     recovery_sizes: Vec<usize>,
     recovery_grace: Duration,
     recovery_reps: usize,
-    /// Run only this section (`authority`, `spawn`, `scan`, `recovery`, `teardown`, `idle`).
+    /// Reads per kind in the auth section (issue 17).
+    auth_reads: usize,
+    /// Run only this section (`authority`, `spawn`, `scan`, `recovery`, `auth`, `teardown`, `idle`, `ledger`).
     only: Option<String>,
     /// Print each teardown's phase durations on stderr.
     phases: bool,
@@ -67,6 +76,12 @@ struct Plan {
     idle_extra: usize,
     idle_settle: Duration,
     idle_window: Duration,
+    /// Ledger scale (issue 15): sizes in events, members per tree,
+    /// requests per page, trees for the growth measurement.
+    scale_sizes: Vec<usize>,
+    scale_members: usize,
+    scale_reps: usize,
+    scale_growth_trees: usize,
 }
 
 impl Plan {
@@ -104,12 +119,17 @@ impl Plan {
                 recovery_sizes: vec![1, 4],
                 recovery_grace: Duration::from_millis(200),
                 recovery_reps: 1,
+                auth_reads: 20,
                 dir,
                 only,
                 phases,
                 idle_extra: 20,
                 idle_settle: Duration::from_millis(500),
                 idle_window: Duration::from_secs(2),
+                scale_sizes: vec![1_000, 5_000],
+                scale_members: 5,
+                scale_reps: 3,
+                scale_growth_trees: 20,
             }
         } else {
             Plan {
@@ -122,12 +142,17 @@ impl Plan {
                 recovery_sizes: vec![1, 16, 64, 128],
                 recovery_grace: Duration::from_secs(1),
                 recovery_reps: 3,
+                auth_reads: 2000,
                 dir,
                 only,
                 phases,
                 idle_extra: 2000,
                 idle_settle: Duration::from_secs(15),
                 idle_window: Duration::from_secs(30),
+                scale_sizes: vec![10_000, 100_000, 1_000_000],
+                scale_members: 20,
+                scale_reps: 30,
+                scale_growth_trees: 1_000,
             }
         };
         if let Some(sizes) = sizes {
@@ -257,6 +282,16 @@ fn main() -> anyhow::Result<()> {
     if plan.runs("recovery") {
         recovery(&plan, work.path(), &mut rows)?;
     }
+    if plan.runs("auth") {
+        auth(&plan, work.path(), &mut rows)?;
+    }
+    // Before the teardowns: it waits for its children with std::process,
+    // which the teardown section's reaper would take from it.
+    let scale = if plan.runs("ledger") {
+        ledger_scale(&plan, work.path())?
+    } else {
+        Vec::new()
+    };
     if plan.runs("teardown") {
         teardowns(&plan, work.path(), &mut rows)?;
     }
@@ -268,6 +303,75 @@ fn main() -> anyhow::Result<()> {
 
     print_table(&rows, idle.as_deref());
     scaling(&rows);
+    for line in scale {
+        println!("{line}");
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- auth
+
+/// Issue 17: what a token costs a read. Every TCP read with a token hashes it
+/// and looks it up in the ledger (no cache: a revocation is effective on the
+/// next request). Measured: `GET /api/trees/1` with the bearer token, on one
+/// keep-alive connection; floor: the same read without a token on a service
+/// started with `--open-reads` (no lookup). Alternated, so drift hits both.
+fn auth(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    let bin = treewarden_bin()?;
+    let data = dir.join("auth-data");
+    let ready = dir.join("auth-ready");
+    let mut c = Command::new(&bin);
+    c.env("TREEWARDEN_DATA_DIR", &data)
+        .env("TREEWARDEN_BOUNDARY", "session")
+        .env_remove("TREEWARDEN_CGROUP_ROOT")
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--open-reads",
+            "--ready-file",
+        ])
+        .arg(&ready)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let _serve = Serve(c.spawn()?);
+    let (_, addr) = until_healthy(&ready, Instant::now())?;
+    let token = std::fs::read_to_string(data.join("api-token"))?;
+    let http = reqwest::blocking::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .build()?;
+    let body = serde_json::json!({"argv": ["sleep", "300"], "grace": "100ms"});
+    let r = http
+        .post(format!("http://{addr}/api/trees"))
+        .bearer_auth(token.trim())
+        .json(&body)
+        .send()?;
+    anyhow::ensure!(r.status().as_u16() == 201, "spawn answered {}", r.status());
+    let url = format!("http://{addr}/api/trees/1");
+    let (mut ours, mut floor) = (Vec::new(), Vec::new());
+    for _ in 0..plan.auth_reads {
+        let t = Instant::now();
+        let r = http.get(&url).bearer_auth(token.trim()).send()?;
+        anyhow::ensure!(r.status().is_success(), "read with token: {}", r.status());
+        r.bytes()?;
+        ours.push(t.elapsed());
+        let t = Instant::now();
+        let r = http.get(&url).send()?;
+        anyhow::ensure!(r.status().is_success(), "open read: {}", r.status());
+        r.bytes()?;
+        floor.push(t.elapsed());
+    }
+    rows.push(Row {
+        item: "auth".into(),
+        what: "GET /api/trees/1 with a bearer token (hash + ledger lookup)".into(),
+        ours: stats(ours),
+        floor_name: "the same read, --open-reads".into(),
+        floor: stats(floor),
+        by_p99: false,
+        target: Target::None,
+    });
     Ok(())
 }
 
@@ -1017,6 +1121,7 @@ impl Bench {
             limits: Default::default(),
             umask: None,
             first_signal: None,
+            on_behalf: None,
         })?;
         let pgid = spawned.pgid;
         let cg = spawned.cgroup.clone();
@@ -1252,4 +1357,372 @@ fn scaling(rows: &[Row]) {
             );
         }
     }
+}
+
+// ------------------------------------------------------------ ledger scale
+
+/// One size of the ledger-scale section (issue 15).
+struct ScaleRow {
+    events: i64,
+    trees: usize,
+    build: Duration,
+    db_bytes: u64,
+    ls: Stats,
+    index: Stats,
+    tree_page: Stats,
+    api_events: Stats,
+    export_time: Duration,
+    export_bytes: u64,
+    export_peak_kib: u64,
+}
+
+/// Adds ended trees of `members` members (each: created, spawned, members
+/// seen, exits, ended — what a real teardown writes) through the ledger
+/// API until the head reaches `target` events. Returns the trees added.
+fn grow_ledger(
+    ledger: &Ledger,
+    owner: treewarden::ledger::OwnerId,
+    members: usize,
+    target: i64,
+    next_tree: &mut usize,
+) -> anyhow::Result<usize> {
+    use treewarden::ledger::{ExitRecord, MemberRecord, SpawnRecord, TreeState};
+    let mut added = 0;
+    while ledger.head()?.map_or(0, |(s, _)| s) < target {
+        let t = *next_tree;
+        *next_tree += 1;
+        let id = ledger.create_tree(&NewTree {
+            label: Some(format!("build-{}", t % 50)),
+            boundary: "session".into(),
+            owner,
+            argv: vec!["make".into(), "-j8".into(), format!("target-{t}")],
+            cwd: Some("/srv/build".into()),
+            grace_ms: Some(5_000),
+            timeout_ms: Some(3_600_000),
+            limits: Default::default(),
+            first_signal: None,
+        })?;
+        let root = 3_000_000 + (t % 1_000_000) as i32;
+        ledger.tree_spawned(
+            id,
+            &SpawnRecord {
+                root: IdentityRecord {
+                    pid: root,
+                    start_ticks: t as u64,
+                    boot_id: "bench".into(),
+                },
+                pgid: root,
+                sid: root,
+                cgroup: None,
+            },
+        )?;
+        let seen: Vec<MemberRecord> = (0..members)
+            .map(|m| MemberRecord {
+                identity: IdentityRecord {
+                    pid: root + m as i32,
+                    start_ticks: (t * 100 + m) as u64,
+                    boot_id: "bench".into(),
+                },
+                ppid: root,
+                pgid: root,
+                sid: root,
+                cgroup: None,
+                uid: Some(1000),
+                exe: Some("/usr/lib/gcc/x86_64-linux-gnu/12/cc1".into()),
+                cmdline: vec![
+                    "cc1".into(),
+                    "-quiet".into(),
+                    "-O2".into(),
+                    format!("src/module_{m}.c"),
+                    "-o".into(),
+                    format!("/tmp/cc{t}_{m}.s"),
+                ],
+                cwd: Some("/srv/build".into()),
+            })
+            .collect();
+        ledger.observe_members(id, &seen)?;
+        let exits: Vec<(IdentityRecord, Option<ExitRecord>)> = seen
+            .into_iter()
+            .map(|m| {
+                (
+                    m.identity,
+                    Some(ExitRecord {
+                        code: Some(0),
+                        signal: None,
+                    }),
+                )
+            })
+            .collect();
+        ledger.record_exits(id, &exits, "parent")?;
+        ledger.end_tree(
+            id,
+            TreeState::Ended,
+            Some(ExitRecord {
+                code: Some(0),
+                signal: None,
+            }),
+        )?;
+        added += 1;
+    }
+    Ok(added)
+}
+
+/// The ledger's bytes on disk (the main file and its WAL).
+fn ledger_bytes(db: &Path) -> u64 {
+    let size = |p: PathBuf| std::fs::metadata(p).map_or(0, |m| m.len());
+    size(db.to_path_buf()) + size(db.with_extension("db-wal"))
+}
+
+/// Bytes per tree and per member: ledgers of `trees` trees with no members
+/// and with `members` each, measured after the last connection closed (the
+/// WAL checkpointed into the file).
+fn growth(dir: &Path, trees: usize, members: usize) -> anyhow::Result<(f64, f64)> {
+    let me = treewarden::proc::self_identity()?;
+    let size_of = |m: usize| -> anyhow::Result<(u64, usize)> {
+        let db = dir.join(format!("growth-{m}/ledger.db"));
+        let ledger = Ledger::open(&db, LedgerOptions::default())?;
+        let owner = ledger.register_owner(&OwnerRecord {
+            identity: IdentityRecord {
+                pid: me.pid,
+                start_ticks: me.start_ticks,
+                boot_id: me.boot_id.clone(),
+            },
+            kind: OwnerKind::Run,
+        })?;
+        let mut next = 0;
+        // Events per tree: created, spawned, ended, and a sighting and
+        // an exit per member; the loop stops at the first tree past it.
+        let per_tree = 3 + 2 * m as i64;
+        let made = grow_ledger(&ledger, owner, m, per_tree * trees as i64, &mut next)?;
+        // Closing the last connection checkpoints the WAL into the file.
+        drop(ledger);
+        Ok((ledger_bytes(&db), made))
+    };
+    let (bare, bare_trees) = size_of(0)?;
+    let (full, full_trees) = size_of(members)?;
+    let per_tree = bare as f64 / bare_trees as f64;
+    let per_member = (full as f64 / full_trees as f64 - per_tree) / members as f64;
+    Ok((per_tree, per_member))
+}
+
+/// `treewarden export` to a pipe read at full speed: wall time, bytes, and
+/// its peak RSS (VmHWM sampled at every read).
+fn export_run(bin: &Path, data: &Path) -> anyhow::Result<(Duration, u64, u64)> {
+    let t0 = Instant::now();
+    let mut child = Command::new(bin)
+        .env("TREEWARDEN_DATA_DIR", data)
+        .arg("export")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let pid = child.id();
+    let mut out = child
+        .stdout
+        .take()
+        .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+    let mut buf = vec![0u8; 256 * 1024];
+    let (mut bytes, mut peak) = (0u64, 0u64);
+    loop {
+        if let Ok(kib) = status_kib(pid, "VmHWM") {
+            peak = peak.max(kib);
+        }
+        match out.read(&mut buf)? {
+            0 => break,
+            n => bytes += n as u64,
+        }
+    }
+    let status = child.wait()?;
+    anyhow::ensure!(status.success(), "export failed: {status}");
+    Ok((t0.elapsed(), bytes, peak))
+}
+
+/// Issue 15's scale row: one ledger grown through the ledger API to each
+/// size in turn; at each, `ls`, the dashboard's index, a tree page,
+/// `/api/events`, and a whole export (throughput, peak RSS).
+fn ledger_scale(plan: &Plan, dir: &Path) -> anyhow::Result<Vec<String>> {
+    let bin = treewarden_bin()?;
+    let data = dir.join("scale-data");
+    let db = data.join("ledger.db");
+    let ledger = Ledger::open(&db, LedgerOptions::default())?;
+    let me = treewarden::proc::self_identity()?;
+    let owner = ledger.register_owner(&OwnerRecord {
+        identity: IdentityRecord {
+            pid: me.pid,
+            start_ticks: me.start_ticks,
+            boot_id: me.boot_id.clone(),
+        },
+        kind: OwnerKind::Run,
+    })?;
+    // A few live trees (owned by this live process, never spawned, so
+    // nothing to signal and no sweep takes them): what `ls` lists.
+    for i in 0..5 {
+        ledger.create_tree(&NewTree {
+            label: Some(format!("live-{i}")),
+            boundary: "session".into(),
+            owner,
+            argv: vec!["sleep".into(), "infinity".into()],
+            cwd: None,
+            grace_ms: None,
+            timeout_ms: None,
+            limits: Default::default(),
+            first_signal: None,
+        })?;
+    }
+    let http = reqwest::blocking::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(60))
+        .build()?;
+    let mut next_tree = 0;
+    let mut trees = 0;
+    // Each size is kept as an online backup of the growing ledger, so the
+    // pages of every size can be timed interleaved, under the same
+    // background load (this machine is shared): a page at 1M events is
+    // compared with the same page at 10k measured a moment before.
+    let mut built: Vec<(i64, usize, Duration, PathBuf)> = Vec::new();
+    for (i, &size) in plan.scale_sizes.iter().enumerate() {
+        let t0 = Instant::now();
+        trees += grow_ledger(
+            &ledger,
+            owner,
+            plan.scale_members,
+            size as i64,
+            &mut next_tree,
+        )?;
+        let build = t0.elapsed();
+        let events = ledger.head()?.map_or(0, |(s, _)| s);
+        eprintln!(
+            "bench: ledger grown to {events} events ({trees} trees) in {:.1} s",
+            build.as_secs_f64()
+        );
+        let copy = dir.join(format!("scale-{i}"));
+        std::fs::create_dir_all(&copy)?;
+        ledger.backup_to(&copy.join("ledger.db"))?;
+        built.push((events, trees, build, copy));
+    }
+    drop(ledger);
+    let mut serves = Vec::new();
+    for (i, (_, trees, _, data)) in built.iter().enumerate() {
+        let ready = dir.join(format!("scale-ready-{i}"));
+        let serve = start_serve(&bin, data, &ready, None)?;
+        let (_, addr) = until_healthy(&ready, Instant::now())?;
+        // Reads over TCP carry a token (issue 17): the service's own.
+        let token = std::fs::read_to_string(data.join("api-token"))?
+            .trim()
+            .to_string();
+        // A tree in the middle of the ledger (ids 1..=5 are the live ones).
+        serves.push((serve, addr, 5 + (trees / 2).max(1), token));
+    }
+    let n = built.len();
+    let (mut ls, mut index, mut tree_page, mut api_events) = (
+        vec![Vec::new(); n],
+        vec![Vec::new(); n],
+        vec![Vec::new(); n],
+        vec![Vec::new(); n],
+    );
+    let timed = |url: String, token: &str| -> anyhow::Result<Duration> {
+        let t0 = Instant::now();
+        let r = http.get(&url).bearer_auth(token).send()?;
+        anyhow::ensure!(r.status().is_success(), "GET {url}: {}", r.status());
+        let _ = r.bytes()?;
+        Ok(t0.elapsed())
+    };
+    for rep in 0..=plan.scale_reps {
+        for (i, (_, _, _, data)) in built.iter().enumerate() {
+            let (_, addr, mid, token) = &serves[i];
+            let t0 = Instant::now();
+            let out = Command::new(&bin)
+                .env("TREEWARDEN_DATA_DIR", data)
+                .arg("ls")
+                .stdin(Stdio::null())
+                .output()?;
+            anyhow::ensure!(out.status.success(), "ls failed");
+            let l = t0.elapsed();
+            let ix = timed(format!("http://{addr}/?all=1"), token)?;
+            let tp = timed(format!("http://{addr}/trees/{mid}"), token)?;
+            let ev = timed(format!("http://{addr}/api/events"), token)?;
+            if rep > 0 {
+                // The first round warms each service up.
+                ls[i].push(l);
+                index[i].push(ix);
+                tree_page[i].push(tp);
+                api_events[i].push(ev);
+            }
+        }
+    }
+    drop(serves);
+    let mut rows: Vec<ScaleRow> = Vec::new();
+    for (i, (events, trees, build, data)) in built.iter().enumerate() {
+        let (export_time, export_bytes, export_peak_kib) = export_run(&bin, data)?;
+        rows.push(ScaleRow {
+            events: *events,
+            trees: *trees,
+            build: *build,
+            db_bytes: ledger_bytes(&data.join("ledger.db")),
+            ls: stats(std::mem::take(&mut ls[i])),
+            index: stats(std::mem::take(&mut index[i])),
+            tree_page: stats(std::mem::take(&mut tree_page[i])),
+            api_events: stats(std::mem::take(&mut api_events[i])),
+            export_time,
+            export_bytes,
+            export_peak_kib,
+        });
+    }
+    let (per_tree, per_member) = growth(dir, plan.scale_growth_trees, plan.scale_members)?;
+
+    let mut out = vec![
+        String::new(),
+        format!(
+            "| ledger scale (issue 15), {} members per tree | events | trees | build s (from the previous size) | ledger MB | ls ms | index ms | tree page ms | /api/events ms | export s | export events/s | export MB/s | export peak RSS MiB |",
+            plan.scale_members
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|".into(),
+    ];
+    for r in &rows {
+        out.push(format!(
+            "| | {} | {} | {:.1} | {:.1} | {} | {} | {} | {} | {:.2} | {:.0} | {:.1} | {:.1} |",
+            r.events,
+            r.trees,
+            r.build.as_secs_f64(),
+            r.db_bytes as f64 / 1e6,
+            ms(r.ls.p50),
+            ms(r.index.p50),
+            ms(r.tree_page.p50),
+            ms(r.api_events.p50),
+            r.export_time.as_secs_f64(),
+            r.events as f64 / r.export_time.as_secs_f64().max(1e-9),
+            r.export_bytes as f64 / 1e6 / r.export_time.as_secs_f64().max(1e-9),
+            r.export_peak_kib as f64 / 1024.0,
+        ));
+    }
+    if let (Some(a), Some(b)) = (rows.first(), rows.last()) {
+        let ratio = |x: Duration, y: Duration| y.as_secs_f64() / x.as_secs_f64().max(1e-9);
+        let check = |r: f64, t: f64| if r <= t { "yes" } else { "NO" };
+        let pages = [
+            ("ls", ratio(a.ls.p50, b.ls.p50)),
+            ("index", ratio(a.index.p50, b.index.p50)),
+            ("tree page", ratio(a.tree_page.p50, b.tree_page.p50)),
+            ("/api/events", ratio(a.api_events.p50, b.api_events.p50)),
+        ];
+        let rss = b.export_peak_kib as f64 / a.export_peak_kib.max(1) as f64;
+        let mut line = format!(
+            "{} → {} events (medians, timed interleaved):",
+            a.events, b.events
+        );
+        for (name, r) in pages {
+            line.push_str(&format!(" {name} {r:.2}× ({}, ≤ 1.5×);", check(r, 1.5)));
+        }
+        line.push_str(&format!(
+            " export peak RSS {rss:.2}× ({}, ≤ 1.3×)",
+            check(rss, 1.3)
+        ));
+        out.push(String::new());
+        out.push(line);
+    }
+    out.push(format!(
+        "growth: {per_tree:.0} bytes per tree (no members) and {per_member:.0} bytes per member ({} trees each way); 10,000 trees × 20 members a day ≈ {:.0} MB a day",
+        plan.scale_growth_trees,
+        (10_000.0 * per_tree + 200_000.0 * per_member) / 1e6
+    ));
+    Ok(out)
 }

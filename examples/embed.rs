@@ -63,6 +63,7 @@ fn main() -> anyhow::Result<()> {
         limits: Default::default(),
         umask: None,
         first_signal: None,
+        on_behalf: None,
     })?;
     println!(
         "spawned tree {} (root pid {}, pgid {}, boundary {})",

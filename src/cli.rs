@@ -133,6 +133,10 @@ enum Command {
     /// The service: HTTP API, dashboard, /metrics, scans, sweeps. It owns
     /// the trees spawned through the API and tears them down on SIGTERM.
     Serve(crate::commands::ServeArgs),
+    /// Scoped bearer tokens for the service's TCP listener (kept in the
+    /// ledger as hashes; effective at once, no restart).
+    #[command(subcommand)]
+    Token(crate::commands::TokenCommand),
     /// Report what this host supports (cgroup v2, pidfd, subreaper, proc
     /// connector) and which boundary `auto` picks.
     Doctor {
@@ -171,8 +175,30 @@ enum Command {
         #[arg(value_name = "DEST")]
         dest: PathBuf,
     },
-    /// Check the ledger: SQLite integrity, the whole hash chain, every SIGKILL
-    /// preceded by its authorization, and (with --expect-head) truncation.
+    /// Remove the events and rows of trees that ended before T (never a
+    /// live, ambiguous or otherwise unsettled tree's), after writing them to
+    /// an fsynced archive; leaves a `ledger.checkpoint` event from which
+    /// `verify` proves what remains.
+    ///
+    /// Exit 0 with a summary (also when nothing was prunable); 2 on a bad
+    /// argument, an existing archive, or no ledger at the data directory;
+    /// 125 when the prune failed (nothing was deleted, no archive is left).
+    Prune {
+        /// Trees that ended before T: `now`, RFC 3339 (`2024-05-01T12:00:00Z`)
+        /// or an age (`30d`: thirty days ago).
+        #[arg(long, value_name = "T")]
+        before: String,
+        /// Write the removed events here first (NDJSON, the export format;
+        /// a new file, created 0600). Without it they are gone.
+        #[arg(long, value_name = "FILE")]
+        archive: Option<PathBuf>,
+        /// Print the report as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check the ledger: SQLite integrity, the whole hash chain (from the
+    /// newest checkpoint, after a prune), every SIGKILL preceded by its
+    /// authorization, and (with --expect-head) truncation.
     ///
     /// Exit 0 with a one-line summary; 1 with the first break; 2 on a bad
     /// argument or when no ledger exists at the data directory.
@@ -181,6 +207,11 @@ enum Command {
         /// SEQ:HASH; the ledger must contain exactly this event.
         #[arg(long, value_name = "SEQ:HASH")]
         expect_head: Option<String>,
+        /// Also prove that this archive (written by `prune --archive`) is
+        /// exactly what a checkpoint pruned and chains into the ledger.
+        /// Repeatable: archives of later prunes vouch for earlier checkpoints.
+        #[arg(long, value_name = "FILE")]
+        archive: Vec<PathBuf>,
         /// Print the report as one JSON object (also when it fails).
         #[arg(long)]
         json: bool,
@@ -260,6 +291,7 @@ fn run_command(command: Command, config: &Config) -> CliResult {
         Command::Sweep(args) => crate::commands::sweep(config, args),
         Command::Resolve(args) => crate::commands::resolve(config, args),
         Command::Serve(args) => crate::commands::serve(config, args),
+        Command::Token(cmd) => crate::commands::token(config, cmd),
         Command::Doctor { json } => doctor(config, json),
         Command::Export {
             format,
@@ -268,7 +300,16 @@ fn run_command(command: Command, config: &Config) -> CliResult {
             after,
         } => export(config, format, since.as_deref(), tree.as_deref(), after),
         Command::Backup { dest } => backup(config, &dest),
-        Command::Verify { expect_head, json } => verify(config, expect_head.as_deref(), json),
+        Command::Prune {
+            before,
+            archive,
+            json,
+        } => prune(config, &before, archive, json),
+        Command::Verify {
+            expect_head,
+            archive,
+            json,
+        } => verify(config, expect_head.as_deref(), &archive, json),
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             clap_complete::generate(shell, &mut cmd, "treewarden", &mut std::io::stdout());
@@ -525,7 +566,78 @@ fn backup(config: &Config, dest: &std::path::Path) -> CliResult {
     Ok(0)
 }
 
-fn verify(config: &Config, expect_head: Option<&str>, json: bool) -> CliResult {
+/// `--before T` of `prune`: `now`, a time, or an age; never in the future.
+pub fn parse_before(s: &str) -> Result<std::time::SystemTime, String> {
+    let now = std::time::SystemTime::now();
+    if s == "now" {
+        return Ok(now);
+    }
+    let at = treewarden::ledger::parse_since(s).map_err(|e| format!("--before: {e}"))?;
+    if at > now {
+        return Err(format!("--before {s:?} is in the future"));
+    }
+    Ok(at)
+}
+
+/// `treewarden prune --before T [--archive FILE]`.
+fn prune(config: &Config, before: &str, archive: Option<PathBuf>, json: bool) -> CliResult {
+    let before = parse_before(before).map_err(|e| CliError::usage(anyhow::anyhow!(e)))?;
+    if let Some(path) = &archive
+        && (path.exists() || path.symlink_metadata().is_ok())
+    {
+        return Err(CliError::usage(anyhow::anyhow!(
+            "{} exists: an archive is written to a new file",
+            path.display()
+        )));
+    }
+    let ledger = open_existing_ledger(config)?;
+    // A tree with an unsettled marker on disk has evidence the ledger has
+    // not taken yet: never pruned, whatever its row says.
+    let keep = treewarden::custody::markers::all(&config.data_dir)
+        .into_iter()
+        .map(|(tree, _)| TreeId(tree))
+        .collect();
+    let report = ledger
+        .prune(&treewarden::ledger::PruneRequest {
+            before,
+            archive,
+            keep,
+        })
+        .map_err(|e| CliError::internal(anyhow::anyhow!("prune: {e}")))?;
+    let logs = treewarden::custody::remove_logs(&config.data_dir, &report.pruned_trees);
+    if json {
+        let mut v = serde_json::to_value(&report).map_err(CliError::internal)?;
+        v["logs_removed"] = logs.into();
+        println!("{v}");
+        return Ok(0);
+    }
+    match report.checkpoint {
+        None => println!("nothing to prune: no tree ended before that time"),
+        Some(seq) => println!(
+            "pruned {} events of {} trees (through seq {}); {} events kept below it; checkpoint seq {seq}{}",
+            report.events,
+            report.trees,
+            report.pruned_through,
+            report.kept_below,
+            report
+                .archive
+                .as_ref()
+                .map(|p| format!("; archive {} (fsynced)", p.display()))
+                .unwrap_or_default()
+        ),
+    }
+    if logs > 0 {
+        println!("removed the captured logs of {logs} pruned trees");
+    }
+    Ok(0)
+}
+
+fn verify(
+    config: &Config,
+    expect_head: Option<&str>,
+    archives: &[PathBuf],
+    json: bool,
+) -> CliResult {
     let expect_head = expect_head
         .map(parse_head)
         .transpose()
@@ -533,8 +645,26 @@ fn verify(config: &Config, expect_head: Option<&str>, json: bool) -> CliResult {
     let broken =
         |what: String| CliError::with_code(EXIT_BROKEN, anyhow::anyhow!("verify failed: {what}"));
     let path = existing_ledger_path(config)?;
-    let report = Ledger::open(&path, LedgerOptions::from_config(config))
-        .and_then(|ledger| ledger.verify(expect_head));
+    for archive in archives {
+        if !archive.is_file() {
+            return Err(CliError::usage(anyhow::anyhow!(
+                "no archive at {}",
+                archive.display()
+            )));
+        }
+    }
+    let report = Ledger::open(&path, LedgerOptions::from_config(config)).and_then(|ledger| {
+        let mut report = ledger.verify(expect_head)?;
+        if report.first_break.is_none() && !archives.is_empty() {
+            for (_, archived) in ledger.verify_archives(archives)? {
+                if archived.first_break.is_some() {
+                    report.first_break = archived.first_break;
+                    break;
+                }
+            }
+        }
+        Ok(report)
+    });
     let report = match report {
         Ok(report) => report,
         // A file SQLite cannot read as a database is a failed verification.
@@ -551,6 +681,8 @@ fn verify(config: &Config, expect_head: Option<&str>, json: bool) -> CliResult {
             "ok": report.first_break.is_none(),
             "events": report.events,
             "head": report.head.as_ref().map(|(seq, hash)| serde_json::json!({"seq": seq, "hash": hash})),
+            "checkpoint": report.checkpoint,
+            "archives": archives.len(),
             "first_break": report.first_break.as_ref().map(|b| b.to_string()),
         }))
         .map_err(CliError::internal)?;
@@ -568,7 +700,19 @@ fn verify(config: &Config, expect_head: Option<&str>, json: bool) -> CliResult {
                 Some((seq, hash)) => format!("head {seq}:{hash}"),
                 None => "no head".to_string(),
             };
-            println!("ok: {} events, {head}, integrity ok", report.events);
+            let from = report
+                .checkpoint
+                .map(|seq| format!(", from checkpoint seq {seq}"))
+                .unwrap_or_default();
+            let archived = if archives.is_empty() {
+                String::new()
+            } else {
+                format!(", {} archive(s) chain in", archives.len())
+            };
+            println!(
+                "ok: {} events, {head}{from}, integrity ok{archived}",
+                report.events
+            );
             Ok(0)
         }
     }

@@ -182,6 +182,128 @@ pub struct ServeArgs {
     /// Repeatable; default: any.
     #[arg(long = "allow-command", value_name = "CMD")]
     allow_commands: Vec<String>,
+    /// Prune trees that ended longer ago than this (and tree-less events
+    /// as old), as `prune --before` does. Off by default: nothing is pruned.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    retain: Option<Duration>,
+    /// How often --retain looks for trees to prune.
+    #[arg(long, default_value = "10m", value_parser = parse_duration, requires = "retain")]
+    retain_every: Duration,
+    /// Archive what --retain prunes here first (one `archive-<ms>.ndjson`
+    /// per prune, fsynced); without it pruned events are gone.
+    #[arg(long, value_name = "DIR", requires = "retain")]
+    retain_archive: Option<std::path::PathBuf>,
+    /// Ship every ledger event as an OTLP log record to URL/v1/logs
+    /// (OTLP/HTTP protobuf), from a durable cursor in the ledger. Default:
+    /// OTEL_EXPORTER_OTLP_ENDPOINT when set; otherwise off.
+    #[arg(long, value_name = "URL")]
+    ship_otlp: Option<String>,
+    /// The Unix socket (the same API; the principal is the peer's uid, no
+    /// token). Default: <data-dir>/api.sock. Made 0666: who connects is
+    /// known from SO_PEERCRED, not from the file mode.
+    #[arg(long, value_name = "PATH")]
+    socket: Option<std::path::PathBuf>,
+    /// Members of this group act on every tree over the socket, as root does.
+    #[arg(long, value_name = "GROUP")]
+    admin_group: Option<String>,
+    /// Reads on loopback need no token: every local user then reads every
+    /// tree's argv, cwd and the whole export. Only for a single-tenant host.
+    #[arg(long)]
+    open_reads: bool,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum TokenCommand {
+    /// Make a token; its secret is printed once (only its hash is kept).
+    Create {
+        /// read: every read; spawn: reads, spawns, and kills/resolutions of
+        /// its own trees; admin: everything.
+        #[arg(long)]
+        scope: treewarden::ledger::TokenScope,
+        /// A name for the token list and the audit trail.
+        #[arg(long, default_value = "")]
+        name: String,
+        /// Print {"id", "name", "scope", "token"} as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Every token (never a secret).
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a token: refused from the next request on.
+    Revoke { id: i64 },
+}
+
+/// The CLI's user as the ledger records it.
+fn cli_requester() -> treewarden::ledger::Requester {
+    treewarden::ledger::Requester {
+        via: "cli".into(),
+        uid: Some(treewarden::proc::current_uid()),
+        pid: Some(std::process::id() as i32),
+        ..Default::default()
+    }
+}
+
+pub fn token(config: &Config, cmd: TokenCommand) -> CliResult {
+    let ledger = open_ledger(config)?;
+    let internal = |e: treewarden::ledger::LedgerError| CliError::internal(anyhow!(e));
+    match cmd {
+        TokenCommand::Create { scope, name, json } => {
+            let secret = treewarden::http::auth::new_secret()
+                .map_err(|e| CliError::internal(anyhow!("random bytes: {e}")))?;
+            let hash = treewarden::http::auth::token_hash(&secret);
+            let id = ledger
+                .create_token(&name, scope, &hash, &cli_requester())
+                .map_err(internal)?;
+            if json {
+                print_json(&serde_json::json!({
+                    "id": id, "name": name, "scope": scope, "token": secret,
+                }))?;
+            } else {
+                println!("{secret}");
+                eprintln!(
+                    "token {id} ({}) made; the secret above is shown only now",
+                    scope.as_str()
+                );
+            }
+            Ok(0)
+        }
+        TokenCommand::List { json } => {
+            let tokens = ledger.tokens().map_err(internal)?;
+            if json {
+                print_json(&tokens)?;
+                return Ok(0);
+            }
+            println!(
+                "{:>4}  {:<6}  {:<24}  {:<24}  REVOKED",
+                "ID", "SCOPE", "NAME", "CREATED"
+            );
+            for t in tokens {
+                println!(
+                    "{:>4}  {:<6}  {:<24}  {:<24}  {}",
+                    t.id,
+                    t.scope.as_str(),
+                    t.name,
+                    t.created_at,
+                    t.revoked_at.as_deref().unwrap_or("-")
+                );
+            }
+            Ok(0)
+        }
+        TokenCommand::Revoke { id } => {
+            match ledger.revoke_token(id, &cli_requester()) {
+                Ok(true) => println!("token {id} revoked"),
+                Ok(false) => println!("token {id} was already revoked"),
+                Err(treewarden::ledger::LedgerError::NotFound(_)) => {
+                    return Err(CliError::usage(anyhow!("unknown token {id}")));
+                }
+                Err(e) => return Err(internal(e)),
+            }
+            Ok(0)
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -316,6 +438,16 @@ pub fn run(config: &Config, args: RunArgs) -> CliResult {
         },
         umask: None,
         first_signal: None,
+        // The invoking user is the requester: its uid is on the tree row.
+        on_behalf: Some(treewarden::custody::OnBehalf {
+            requester: treewarden::ledger::Requester {
+                via: "cli".into(),
+                uid: Some(treewarden::proc::current_uid()),
+                pid: Some(owner.pid),
+                ..Default::default()
+            },
+            run_as: None,
+        }),
         stdio: SpawnStdio::Inherit,
         owner,
         owner_kind: OwnerKind::Run,
@@ -349,23 +481,9 @@ pub fn run(config: &Config, args: RunArgs) -> CliResult {
 
 /// `, consumed cpu 12.3 ms, …`: the figures the host gave.
 fn consumed(r: treewarden::ledger::Resources) -> String {
-    let mut parts = Vec::new();
-    if let Some(us) = r.cpu_usec {
-        parts.push(format!("cpu {:.1} ms", us as f64 / 1000.0));
-    }
-    if let Some(b) = r.memory_peak_bytes {
-        parts.push(format!("memory peak {:.1} MiB", b as f64 / 1048576.0));
-    }
-    if let Some(p) = r.pids_peak {
-        parts.push(format!("pids peak {p}"));
-    }
-    if let (Some(rd), Some(wr)) = (r.io_read_bytes, r.io_write_bytes) {
-        parts.push(format!("io {rd} B read, {wr} B written"));
-    }
-    if parts.is_empty() {
-        String::new()
-    } else {
-        format!("; consumed {}", parts.join(", "))
+    match r.summary() {
+        s if s.is_empty() => s,
+        s => format!("; consumed {s}"),
     }
 }
 
@@ -423,7 +541,9 @@ pub fn kill(config: &Config, args: KillArgs) -> CliResult {
         println!("tree {} is already {}", row.id, row.state.as_str());
         return Ok(0);
     }
-    let mut opts = TeardownOptions::new(args.grace, "treewarden kill", Origin::Kill);
+    // Who asked is in the reason the teardown records, as for the API.
+    let reason = format!("treewarden kill by {}", cli_requester());
+    let mut opts = TeardownOptions::new(args.grace, reason, Origin::Kill);
     opts.first_signal = args.signal;
     let mut progress = progress_printer(args.quiet || args.json);
     let report = engine.teardown(tree, &opts, &mut progress);
@@ -638,26 +758,18 @@ pub fn logs(config: &Config, args: LogsArgs) -> CliResult {
         return Ok(0);
     }
     // Follow: print what is appended, poll every 200 ms, until the tree has
-    // ended and its output stopped growing. A cap that dropped the oldest
-    // bytes (the file shrank) is followed from the new end.
+    // ended and its output stopped growing; the follower keeps its place
+    // across the cap's collapses (custody::LogFollower).
     let path = treewarden::custody::log_path(&data_dir, tree);
-    let mut offset = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    let mut follower = treewarden::custody::LogFollower::after(path, &bytes)
+        .map_err(|e| CliError::internal(anyhow!("reading the log: {e}")))?;
     let mut ended_quiet = 0;
     loop {
         std::thread::sleep(Duration::from_millis(200));
-        let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-        if len < offset {
-            offset = len;
-        }
-        if len > offset {
-            use std::io::{Read, Seek, SeekFrom};
-            let mut f = std::fs::File::open(&path)
-                .map_err(|e| CliError::internal(anyhow!("reading the log: {e}")))?;
-            f.seek(SeekFrom::Start(offset))
-                .map_err(|e| CliError::internal(anyhow!("reading the log: {e}")))?;
-            let mut chunk = Vec::new();
-            let _ = f.take(len - offset).read_to_end(&mut chunk);
-            offset += chunk.len() as u64;
+        let chunk = follower
+            .poll()
+            .map_err(|e| CliError::internal(anyhow!("reading the log: {e}")))?;
+        if !chunk.is_empty() {
             if out.write_all(&chunk).and_then(|()| out.flush()).is_err() {
                 return Ok(0);
             }
@@ -708,7 +820,12 @@ pub fn sweep(config: &Config, args: SweepArgs) -> CliResult {
 pub fn resolve(config: &Config, args: ResolveArgs) -> CliResult {
     let engine = signal_engine(config)?;
     engine
-        .resolve(TreeId(args.tree), &args.note, args.force)
+        .resolve_by(
+            TreeId(args.tree),
+            &args.note,
+            args.force,
+            Some(&cli_requester()),
+        )
         .map_err(custody_error)?;
     if args.json {
         let row = engine
@@ -786,13 +903,85 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
         .enable_all()
         .build()
         .map_err(|e| CliError::internal(anyhow!("tokio runtime: {e}")))?;
+    let retention = match args.retain {
+        None => None,
+        Some(retain) => {
+            if let Some(dir) = &args.retain_archive {
+                use std::os::unix::fs::DirBuilderExt;
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(dir)
+                    .map_err(|e| {
+                        CliError::internal(anyhow!("--retain-archive {}: {e}", dir.display()))
+                    })?;
+            }
+            let ledger = treewarden::ledger::Ledger::open(
+                &config.ledger_path(),
+                treewarden::ledger::LedgerOptions::from_config(config),
+            )
+            .map_err(|e| CliError::internal(anyhow!("retention: {e}")))?;
+            Some(
+                treewarden::service::retain::Retention::start(
+                    ledger,
+                    treewarden::service::retain::RetainConfig {
+                        data_dir: config.data_dir.clone(),
+                        retain,
+                        every: args.retain_every,
+                        archive_dir: args.retain_archive.clone(),
+                    },
+                )
+                .map_err(|e| CliError::internal(anyhow!("retention: {e}")))?,
+            )
+        }
+    };
+    let shipper =
+        match treewarden::service::ship::ShipConfig::from_flag_or_env(args.ship_otlp.as_deref()) {
+            None => None,
+            Some(ship) => {
+                let ledger = treewarden::ledger::Ledger::open(
+                    &config.ledger_path(),
+                    treewarden::ledger::LedgerOptions::from_config(config),
+                )
+                .map_err(|e| CliError::internal(anyhow!("OTLP shipping: {e}")))?;
+                tracing::info!(endpoint = %ship.logs_url(), "shipping ledger events as OTLP logs");
+                Some(
+                    treewarden::service::ship::Shipper::start(ledger, ship)
+                        .map_err(|e| CliError::internal(anyhow!(e)))?,
+                )
+            }
+        };
+    let admin_gid = match &args.admin_group {
+        None => None,
+        Some(g) => Some(
+            treewarden::proc::group_by_name(g)
+                .map_err(|e| CliError::internal(anyhow!("group database: {e}")))?
+                .ok_or_else(|| CliError::usage(anyhow!("--admin-group {g}: no such group")))?,
+        ),
+    };
+    // The api-token file is the first admin token: current setups keep
+    // working. A replaced file's old token is revoked.
+    service
+        .engine()
+        .ledger()
+        .import_token(
+            "api-token file",
+            &treewarden::http::auth::token_hash(&token),
+            &cli_requester(),
+        )
+        .map_err(|e| CliError::internal(anyhow!("api token: {e}")))?;
+    let socket_path = args
+        .socket
+        .clone()
+        .unwrap_or_else(|| config.data_dir.join("api.sock"));
+    let open_reads = args.open_reads;
     let code = rt.block_on(async move {
         // Signals first: from here on SIGTERM drains, whatever start-up is
-        // doing. Then the listener, which answers before the recovery sweep
+        // doing. Then the listeners, which answer before the recovery sweep
         // (started by `run`, in the background) has torn anything down.
-        service
-            .install_signal_handlers()
-            .map_err(|e| CliError::internal(anyhow!("start-up: {e}")))?;
+        let shutdown = service.shutdown_token();
+        treewarden::http::shutdown_on_signals(shutdown.clone())
+            .map_err(|e| CliError::internal(anyhow!("start-up: cannot listen for signals: {e}")))?;
         let listen = service.config().listen;
         let listener = tokio::net::TcpListener::bind(listen)
             .await
@@ -800,20 +989,38 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
         let bound = listener
             .local_addr()
             .map_err(|e| CliError::internal(anyhow!(e)))?;
-        let auth = treewarden::http::auth::Auth::new(&token, !bound.ip().is_loopback());
+        let unix = treewarden::http::bind_unix(&socket_path).map_err(|e| {
+            CliError::internal(anyhow!("cannot listen on {}: {e}", socket_path.display()))
+        })?;
+        let auth =
+            treewarden::http::auth::Auth::new(!bound.ip().is_loopback(), open_reads, admin_gid);
         let app = treewarden::http::router(treewarden::http::AppState {
             service: service.clone(),
             auth: std::sync::Arc::new(auth),
         });
+        let servers = vec![
+            tokio::spawn(treewarden::http::serve(
+                listener,
+                app.clone(),
+                shutdown.clone(),
+            )),
+            tokio::spawn(treewarden::http::serve(unix, app, shutdown.clone())),
+        ];
         if let Some(path) = &service.config().ready_file {
             let tmp = path.with_extension("tmp");
             std::fs::write(&tmp, bound.to_string())
                 .and_then(|_| std::fs::rename(&tmp, path))
                 .map_err(|e| CliError::internal(anyhow!("{}: {e}", path.display())))?;
         }
-        eprintln!("treewarden: listening on http://{bound}/");
-        tracing::info!(%bound, "listening");
-        let settled = service.run(listener, app).await;
+        eprintln!(
+            "treewarden: listening on http://{bound}/ and {}",
+            socket_path.display()
+        );
+        tracing::info!(%bound, socket = %socket_path.display(), "listening");
+        let settled = service.run(servers).await;
+        if let Err(e) = std::fs::remove_file(&socket_path) {
+            tracing::warn!(error = %e, "the socket file was not removed");
+        }
         Ok(if settled { 0 } else { EXIT_INTERNAL })
     });
     // The drain is bounded by --drain-timeout; a teardown still running on
@@ -822,5 +1029,11 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
     // abandoned; its tree is resumed by the next start's sweep (the ledger
     // holds where it stopped; a frozen cgroup is thawed by that teardown).
     rt.shutdown_timeout(Duration::from_secs(1));
+    if let Some(retention) = retention {
+        retention.stop();
+    }
+    if let Some(shipper) = shipper {
+        shipper.stop();
+    }
     code
 }

@@ -30,11 +30,10 @@ with open(TOKEN_FILE) as f:
 
 
 def call(method, path, body=None):
-    """One request; returns (status, parsed JSON or text). Mutations carry the token."""
+    """One request; returns (status, parsed JSON or text). Every request
+    carries the token: reads over TCP need one too (unless serve --open-reads)."""
     data = None
-    headers = {}
-    if method != "GET":
-        headers["Authorization"] = "Bearer " + TOKEN
+    headers = {"Authorization": "Bearer " + TOKEN}
     if body is not None:
         data = json.dumps(body).encode()
         headers["Content-Type"] = "application/json"

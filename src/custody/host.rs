@@ -70,6 +70,12 @@ pub trait Host: Send + Sync {
     /// (identity-checked pidfds: the kernel's exit notification, not a
     /// timed poll); whether all did.
     fn wait_exits(&self, ids: &[Identity], deadline: Instant) -> Result<bool, ProcError>;
+    /// `oom_kill` of the cgroup's `memory.events`: how many processes the
+    /// kernel's OOM killer ended in it (`None`: no memory controller). A
+    /// plain file read, so a fake host can be given a directory holding one.
+    fn oom_kills(&self, dir: &Path) -> Option<u64> {
+        crate::proc::oom_kills(dir)
+    }
     /// Removes an empty cgroup, waiting up to `wait` for the kernel to let
     /// go of it; `false` when it stayed populated.
     fn remove_cgroup_when_empty(&self, dir: &Path, wait: Duration) -> Result<bool, ProcError>;

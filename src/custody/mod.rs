@@ -17,9 +17,12 @@
 mod dispatch;
 #[cfg(test)]
 mod fake;
+mod follow;
 mod host;
 pub mod markers;
 mod observer;
+#[cfg(test)]
+mod oom_tests;
 mod owner;
 pub mod policy;
 mod spawn;
@@ -35,10 +38,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 pub use dispatch::Unsettled;
+pub use follow::{LogFollower, remove_logs};
 pub use host::{Host, KernelHost};
 pub use observer::{Observer, ObserverHandle, ObserverStats};
 pub use owner::{RunEnd, RunOptions, RunOutcome};
-pub use spawn::{SpawnRequest, Spawned, log_path, read_log};
+pub use spawn::{OnBehalf, SpawnRequest, Spawned, log_path, read_log};
 pub use stats::EngineStats;
 pub use sweep::{
     DEFAULT_SWEEP_CONCURRENCY, SweepCounts, SweepOptions, SweepOutcome, SweepProgress, SweepReport,
@@ -261,6 +265,17 @@ impl Engine {
     /// it leaves are recorded in `tree.resolved` (and flagged
     /// `survivors_left`).
     pub fn resolve(&self, tree: TreeId, note: &str, force: bool) -> Result<(), CustodyError> {
+        self.resolve_by(tree, note, force, None)
+    }
+
+    /// [`Engine::resolve`], recording who resolved (`by` in `tree.resolved`).
+    pub fn resolve_by(
+        &self,
+        tree: TreeId,
+        note: &str,
+        force: bool,
+        by: Option<&crate::ledger::Requester>,
+    ) -> Result<(), CustodyError> {
         if note.trim().is_empty() {
             return Err(CustodyError::Conflict(
                 "a resolution needs a non-empty --note".into(),
@@ -326,7 +341,7 @@ impl Engine {
                 Some("recorded late"),
             )?;
         }
-        self.ledger.resolve(tree, note, &alive)?;
+        self.ledger.resolve(tree, note, &alive, by)?;
         if !alive.is_empty() {
             self.ledger.add_flag(tree, "survivors_left")?;
         }

@@ -47,6 +47,18 @@ pub struct SpawnRequest {
     /// The teardown's first signal, recorded with the tree (a sweep that
     /// resumes the teardown sends it); `None`: SIGTERM.
     pub first_signal: Option<crate::proc::Sig>,
+    /// Who asked, recorded with the tree, and the credentials its root is
+    /// given before exec (issue 17); `None`: the service's own, nobody named.
+    pub on_behalf: Option<OnBehalf>,
+}
+
+/// Who asked for a tree, and as whom it runs.
+#[derive(Clone, Debug)]
+pub struct OnBehalf {
+    pub requester: crate::ledger::Requester,
+    /// Set in the child before exec (after the cgroup is joined, which the
+    /// service still does as itself); `None`: the service's credentials.
+    pub run_as: Option<crate::proc::Credentials>,
 }
 
 /// A released tree.
@@ -147,24 +159,35 @@ impl Engine {
             identity: identity_record(&req.owner),
             kind: req.owner_kind,
         })?;
-        let tree = self.ledger.create_tree(&NewTree {
-            label: req.label.clone(),
-            boundary: boundary.to_string(),
-            owner,
-            argv: req
-                .argv
-                .iter()
-                .map(|a| a.to_string_lossy().into_owned())
-                .collect(),
-            cwd: req.cwd.as_ref().map(|p| p.display().to_string()),
-            grace_ms: req.grace.map(millis),
-            timeout_ms: req.timeout.map(millis),
-            limits: req.limits,
-            first_signal: req
-                .first_signal
-                .filter(|s| *s != crate::proc::Sig::Term)
-                .map(|s| s.name().to_string()),
-        })?;
+        let on_behalf = req
+            .on_behalf
+            .as_ref()
+            .map(|b| crate::ledger::OnBehalfRecord {
+                requester: b.requester.clone(),
+                run_uid: b.run_as.as_ref().map(|c| c.uid),
+                run_gid: b.run_as.as_ref().map(|c| c.gid),
+            });
+        let tree = self.ledger.create_tree_for(
+            &NewTree {
+                label: req.label.clone(),
+                boundary: boundary.to_string(),
+                owner,
+                argv: req
+                    .argv
+                    .iter()
+                    .map(|a| a.to_string_lossy().into_owned())
+                    .collect(),
+                cwd: req.cwd.as_ref().map(|p| p.display().to_string()),
+                grace_ms: req.grace.map(millis),
+                timeout_ms: req.timeout.map(millis),
+                limits: req.limits,
+                first_signal: req
+                    .first_signal
+                    .filter(|s| *s != crate::proc::Sig::Term)
+                    .map(|s| s.name().to_string()),
+            },
+            on_behalf.as_ref(),
+        )?;
         let cgroup = match (boundary, &self.cgroup_root) {
             (BoundaryKind::Cgroup, Some(root)) => {
                 Some(root.join(format!("{}-{}", self.cgroup_prefix, tree.0)))
@@ -199,6 +222,7 @@ impl Engine {
             _ => None,
         };
         let spec = SpawnSpec {
+            credentials: req.on_behalf.as_ref().and_then(|b| b.run_as.clone()),
             log_file,
             umask: req.umask,
             argv: req.argv.clone(),

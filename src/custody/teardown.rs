@@ -158,6 +158,9 @@ pub struct TeardownReport {
     pub evidence_skipped: usize,
     /// What the tree consumed (its cgroup's figures; `None` without one).
     pub resources: Option<crate::ledger::Resources>,
+    /// The tree was settled already (another teardown ended it first):
+    /// nothing was done.
+    pub already_settled: bool,
 }
 
 /// Whom a signal step reaches.
@@ -297,6 +300,11 @@ impl Engine {
         // One line per teardown for the operator's log (journalctl): how it
         // ended and what each phase cost. The ledger holds the evidence.
         match &result {
+            // Another teardown ended it first (a kill, then the root's exit
+            // it caused): that one logged; one teardown, one line.
+            Ok(r) if r.already_settled => {
+                tracing::debug!(tree = tree.0, origin = ?opts.origin, state = r.state.as_str(), "teardown: already settled");
+            }
             Ok(r) => {
                 let phases: Vec<String> = r
                     .phases
@@ -428,12 +436,14 @@ impl Engine {
             verified: None,
             evidence_skipped: 0,
             resources: None,
+            already_settled: false,
         };
         // A terminal tree is done, unless an operator resolved it leaving
         // survivors (`resolve --force`): those are still killed with the
         // same authority rules; its state stays `resolved` (terminal states
         // are final), and the teardown ends by flagging `survivors_ended`.
         if row.state.is_terminal() && !row.has_survivors_left() {
+            report.already_settled = true;
             return Ok(report);
         }
         // A tree recorded in another boot has no process left: its ids now
@@ -1289,7 +1299,9 @@ impl Engine {
         // The root's status also when this teardown killed it: this process
         // spawned it (run, serve), so its reaper has it.
         let exit = self.root_status(watch, opts).map(exit_record);
-        // What it consumed, read from its cgroup before the cgroup goes.
+        // What it consumed, read from its cgroup before the cgroup goes,
+        // and an OOM kill no tick recorded yet (the one that ended it).
+        watch.note_oom_kills(self);
         let resources = watch.cgroup().map(resources_of);
         report.resources = resources;
         let state = self.close(tree, TreeState::Ended, exit, resources)?;
@@ -1439,6 +1451,7 @@ pub(crate) fn resources_of(dir: &std::path::Path) -> crate::ledger::Resources {
         pids_peak: u.pids_peak,
         io_read_bytes: u.io_read_bytes,
         io_write_bytes: u.io_write_bytes,
+        oom_kills: u.oom_kills,
     }
 }
 

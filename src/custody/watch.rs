@@ -67,7 +67,17 @@ pub struct TreeWatch {
     /// them in one go after verifying the tree empty
     /// ([`TreeWatch::take_deferred_exits`]).
     deferred_exits: Option<Vec<(IdentityRecord, Option<ExitRecord>)>>,
+    /// The cgroup's `oom_kill` total already in the ledger (the last
+    /// `tree.oom_kill`'s `total`); `None` until first looked up.
+    oom_recorded: Option<u64>,
+    /// When `memory.events` was last read (see [`OOM_CHECK_EVERY`]).
+    oom_checked: Option<Instant>,
 }
+
+/// How often a tick reads the cgroup's `memory.events` for OOM kills: a
+/// teardown ticks every few milliseconds, and an OOM kill needs recording,
+/// not a race to be first.
+const OOM_CHECK_EVERY: Duration = Duration::from_millis(250);
 
 /// How often a steady tick bumps `last_seen` of known members: one write of
 /// every member costs about as much as the scan itself at 1,000 members, and
@@ -140,7 +150,66 @@ impl TreeWatch {
             last_bump: None,
             comms: HashMap::new(),
             deferred_exits: None,
+            oom_recorded: None,
+            oom_checked: None,
         })
+    }
+
+    /// Records OOM kills in the tree's cgroup that the ledger does not have
+    /// yet: one `tree.oom_kill` event with how many are new and the
+    /// cgroup's total. The total already recorded is looked up in the
+    /// ledger the first time (a restarted service or a sweep does not
+    /// record an old kill twice); a refused write is tried again next time.
+    pub fn note_oom_kills(&mut self, engine: &Engine) {
+        self.oom_checked = Some(Instant::now());
+        let Some(dir) = &self.cgroup else { return };
+        let total = match engine.host().oom_kills(dir) {
+            Some(n) if n > self.oom_recorded.unwrap_or(0) => n,
+            _ => return,
+        };
+        let tree = self.tree;
+        let ledger = engine.ledger();
+        let recorded = match self.oom_recorded {
+            Some(n) => n,
+            None => {
+                let last = ledger.events(&crate::ledger::EventFilter {
+                    tree: Some(tree),
+                    kind_prefix: Some(crate::ledger::EventKind::TreeOomKill.as_str().into()),
+                    newest_first: true,
+                    limit: Some(1),
+                    ..Default::default()
+                });
+                let Ok(last) = last else { return };
+                let n = last
+                    .first()
+                    .and_then(|e| e.data.get("total")?.as_u64())
+                    .unwrap_or(0);
+                self.oom_recorded = Some(n);
+                n
+            }
+        };
+        if total <= recorded {
+            return;
+        }
+        let data = serde_json::json!({ "oom_kills": total - recorded, "total": total });
+        let written = self.evidence("oom kill", || {
+            ledger.append_event(Some(tree), crate::ledger::EventKind::TreeOomKill, data)
+        });
+        match written {
+            Some(Ok(_)) => {
+                tracing::warn!(
+                    tree = tree.0,
+                    new = total - recorded,
+                    total,
+                    "the kernel's OOM killer ended processes in the tree"
+                );
+                self.oom_recorded = Some(total);
+            }
+            Some(Err(e)) => {
+                tracing::warn!(tree = tree.0, error = %e, "tree.oom_kill not recorded (tried again next tick)")
+            }
+            None => {}
+        }
     }
 
     /// Marks this process as the tree's dedicated subreaper: its children
@@ -443,6 +512,12 @@ impl TreeWatch {
         let members = findings.pop().map(|f| f.members).unwrap_or_default();
         if let Some(obs) = &self.observer {
             obs.scanned(self.tree, members.iter().map(|m| m.entry.key()));
+        }
+        if self
+            .oom_checked
+            .is_none_or(|t| t.elapsed() >= OOM_CHECK_EVERY)
+        {
+            self.note_oom_kills(engine);
         }
         let mut report = TickReport::default();
         let ledger = engine.ledger();

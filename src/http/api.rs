@@ -5,14 +5,15 @@
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
-use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
+use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use utoipa::{OpenApi, ToSchema};
 
 use super::AppState;
+use super::auth::Principal;
 use super::error::{ApiError, ApiJson, ApiQuery, TreePath};
 use crate::ledger::{
     AuthorizationRow, EventFilter, EventRow, ExitRecord, IdentityRecord, KillTarget, MemberRow,
@@ -68,6 +69,15 @@ pub struct SpawnBody {
     /// the host cannot enforce one (no cgroup boundary, or its controller
     /// not offered), never started unlimited.
     pub limits: Option<LimitsBody>,
+    /// Run the tree as this user (a name from the user database). Only
+    /// root on the socket and `admin` tokens may name another user (else
+    /// 403); a non-root socket principal's trees always run as itself.
+    #[schema(
+        min_length = 1,
+        max_length = 64,
+        pattern = "^[A-Za-z0-9_][A-Za-z0-9_.-]*[$]?$"
+    )]
+    pub user: Option<String>,
 }
 
 /// `"limits": {"memory_max": "64M", "pids_max": 50, "cpu_max": "50%"}`.
@@ -249,6 +259,76 @@ pub(super) fn parse_flag(what: &str, v: Option<&str>) -> Result<bool, ApiError> 
     }
 }
 
+/// The user a spawn runs as, and who asked, from the principal and the
+/// body's `user`. Non-root socket principals run as themselves; root (and
+/// admin tokens) as the named user, or as the service; anyone else naming
+/// another user is refused (403).
+fn run_as(
+    principal: &Principal,
+    user: Option<&str>,
+) -> Result<Option<crate::service::RunAs>, ApiError> {
+    let named = match user {
+        None => None,
+        Some(name) => Some(
+            crate::proc::user_by_name(name)
+                .map_err(|e| ApiError::Internal(format!("user database: {e}")))?
+                .ok_or_else(|| ApiError::Unprocessable(format!("no such user {name:?}")))?,
+        ),
+    };
+    let of_user = |u: crate::proc::UserInfo| -> Result<crate::service::RunAs, ApiError> {
+        let groups = crate::proc::groups_of(&u, u.gid)
+            .map_err(|e| ApiError::Internal(format!("groups of {}: {e}", u.name)))?;
+        Ok(crate::service::RunAs {
+            credentials: crate::proc::Credentials {
+                uid: u.uid,
+                gid: u.gid,
+                groups,
+            },
+            user: Some(u),
+        })
+    };
+    let me = crate::proc::effective_uid();
+    match principal {
+        Principal::Local { cred, .. } if cred.uid == 0 => named.map(of_user).transpose(),
+        // The service's own user: its trees run as the service, as before.
+        Principal::Local { cred, .. }
+            if cred.uid == me && named.as_ref().is_none_or(|u| u.uid == me) =>
+        {
+            Ok(None)
+        }
+        Principal::Local { cred, .. } if me != 0 => Err(ApiError::Forbidden(format!(
+            "this service runs as uid {me}, not root: it cannot start trees as uid {}",
+            cred.uid
+        ))),
+        Principal::Local { cred, .. } => {
+            if let Some(u) = &named
+                && u.uid != cred.uid
+            {
+                return Err(ApiError::Forbidden(format!(
+                    "uid {} may not run a tree as {} (only root may)",
+                    cred.uid, u.name
+                )));
+            }
+            let credentials = crate::proc::credentials_for(cred.uid, cred.gid)
+                .map_err(|e| ApiError::Internal(format!("user database: {e}")))?;
+            let user = crate::proc::user_by_uid(cred.uid).ok().flatten();
+            Ok(Some(crate::service::RunAs { credentials, user }))
+        }
+        Principal::Token { scope, name, .. } => match named {
+            None => Ok(None),
+            Some(u) if *scope == crate::ledger::TokenScope::Admin => of_user(u).map(Some),
+            Some(u) => Err(ApiError::Forbidden(format!(
+                "token {name:?} has scope {}: only admin tokens may run a tree as {}",
+                scope.as_str(),
+                u.name
+            ))),
+        },
+        Principal::Anonymous => Err(ApiError::Unauthorized(
+            "missing bearer token (Authorization: Bearer <token>)",
+        )),
+    }
+}
+
 impl SpawnBody {
     fn validate(self) -> Result<SpawnParams, ApiError> {
         let bad = ApiError::Unprocessable;
@@ -335,32 +415,39 @@ impl SpawnBody {
             timeout,
             owner_pid: self.owner_pid,
             owner_start_ticks: self.owner_start_ticks,
+            requester: None,
+            run_as: None,
         })
     }
 }
 
 /// List trees: live ones, or all with `?all=1`.
-#[utoipa::path(get, path = "/api/trees", params(ListQuery), responses(
+#[utoipa::path(get, path = "/api/trees", params(ListQuery), security(("bearer" = [])), responses(
     (status = 200, body = Vec<TreeRow>), (status = 400, body = ErrorBody),
-    (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
+    (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn list_trees(
     State(s): State<AppState>,
+    Extension(principal): Extension<Principal>,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Json<Vec<TreeRow>>, ApiError> {
     let all = parse_flag("all", q.all.as_deref())?;
-    let trees = s
+    let mut trees = s
         .service
         .read(move |e| Ok(e.ledger().list_trees(all)?))
         .await?;
+    if !principal.sees_all() {
+        trees.retain(|t| principal.owns(t));
+    }
     Ok(Json(trees))
 }
 
 /// One tree with its members, observations, signals, authorizations and events.
-#[utoipa::path(get, path = "/api/trees/{id}", params(("id" = i64, Path, description = "tree id")),
+#[utoipa::path(get, path = "/api/trees/{id}", params(("id" = i64, Path, description = "tree id")), security(("bearer" = [])),
     responses((status = 200, body = TreeDetail), (status = 400, body = ErrorBody),
-    (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)))]
+    (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn get_tree(
     State(s): State<AppState>,
+    Extension(principal): Extension<Principal>,
     TreePath(id): TreePath,
 ) -> Result<Json<TreeDetail>, ApiError> {
     let mut detail = s
@@ -368,6 +455,7 @@ pub async fn get_tree(
         .read(move |e| Ok(e.ledger().tree_detail(TreeId(id))?))
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
+    principal.may_see(&detail.tree)?;
     if detail.resources.is_none() {
         detail.resources = crate::custody::live_resources(&detail.tree);
     }
@@ -377,13 +465,28 @@ pub async fn get_tree(
 /// Spawn a tree. Needs the bearer token.
 #[utoipa::path(post, path = "/api/trees", request_body = SpawnBody, security(("bearer" = [])),
     responses((status = 201, body = TreeRow), (status = 400, body = ErrorBody),
-    (status = 401, body = ErrorBody), (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
+    (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
     (status = 415, body = ErrorBody), (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn spawn_tree(
     State(s): State<AppState>,
+    Extension(principal): Extension<Principal>,
     ApiJson(body): ApiJson<SpawnBody>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let params = body.validate()?;
+    let user = body.user.clone();
+    let mut params = body.validate()?;
+    params.run_as = run_as(&principal, user.as_deref())?;
+    params.requester = Some(principal.requester());
+    // On the socket the requester is known by its peer credentials: a
+    // client may bind the tree to its own life (`owner_pid` = itself), not
+    // to another process's.
+    if let Principal::Local { cred, .. } = &principal
+        && let Some(pid) = params.owner_pid
+        && Some(pid) != cred.pid
+    {
+        return Err(ApiError::Forbidden(format!(
+            "owner_pid {pid} is not the requesting process: on the socket a tree may be bound only to its requester's life (owner_pid = your own pid, or none)"
+        )));
+    }
     let row = s.service.spawn(params).await?;
     let location = format!("/api/trees/{}", row.id);
     Ok((
@@ -397,27 +500,45 @@ pub async fn spawn_tree(
 #[utoipa::path(post, path = "/api/trees/{id}/kill", params(("id" = i64, Path, description = "tree id"), KillQuery),
     security(("bearer" = [])),
     responses((status = 200, body = KillResponse), (status = 400, body = ErrorBody),
-    (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+    (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
     (status = 413, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn kill_tree(
     State(s): State<AppState>,
+    Extension(principal): Extension<Principal>,
     TreePath(id): TreePath,
     ApiQuery(q): ApiQuery<KillQuery>,
 ) -> Result<Json<KillResponse>, ApiError> {
     let grace = parse_grace(q.grace.as_deref()).map_err(ApiError::BadRequest)?;
-    let exists = s
+    let row = s
         .service
         .read(move |e| Ok(e.ledger().tree(TreeId(id))?))
-        .await?;
-    if exists.is_none() {
-        return Err(ApiError::NotFound(format!("unknown tree {id}")));
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
+    principal.may_act_on(&row)?;
+    // Who asked, as a structured event, before anything is signalled. The
+    // kill does not wait on it: a ledger that refuses it still gets the
+    // principal in the teardown's reason.
+    let by = principal.requester();
+    let data = serde_json::json!({"by": by, "grace_ms": grace.map(|g| g.as_millis() as u64)});
+    if let Err(e) = s
+        .service
+        .record(
+            Some(TreeId(id)),
+            crate::ledger::EventKind::KillRequested,
+            data,
+        )
+        .await
+    {
+        tracing::warn!(tree = id, error = %e, "kill.requested not recorded; the teardown's reason names the principal");
     }
     let r = s
         .service
         .teardown(
             id,
             grace,
-            "killed through the API".into(),
+            // Who asked is in the reason the teardown records (tree.state,
+            // kill.authorized).
+            format!("killed through the API by {}", principal.requester()),
             crate::service::Why::Kill,
             None,
         )
@@ -444,14 +565,21 @@ pub async fn kill_tree(
 #[utoipa::path(post, path = "/api/trees/{id}/resolve", params(("id" = i64, Path, description = "tree id")),
     request_body = ResolveBody, security(("bearer" = [])),
     responses((status = 200, body = TreeRow), (status = 400, body = ErrorBody),
-    (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+    (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
     (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody),
     (status = 503, body = ErrorBody)))]
 pub async fn resolve_tree(
     State(s): State<AppState>,
+    Extension(principal): Extension<Principal>,
     TreePath(id): TreePath,
     ApiJson(body): ApiJson<ResolveBody>,
 ) -> Result<Json<TreeRow>, ApiError> {
+    let row = s
+        .service
+        .read(move |e| Ok(e.ledger().tree(TreeId(id))?))
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
+    principal.may_act_on(&row)?;
     if body
         .note
         .chars()
@@ -461,7 +589,9 @@ pub async fn resolve_tree(
             "a resolution needs a non-empty note".into(),
         ));
     }
-    s.service.resolve(id, body.note, body.force).await?;
+    s.service
+        .resolve(id, body.note, body.force, Some(principal.requester()))
+        .await?;
     let row = s
         .service
         .read(move |e| Ok(e.ledger().tree(TreeId(id))?))
@@ -482,18 +612,25 @@ pub struct LogQuery {
 
 /// A tree's captured stdout and stderr (API trees only; `run` passes its
 /// output through), as text.
-#[utoipa::path(get, path = "/api/trees/{id}/log", params(("id" = i64, Path, description = "tree id"), LogQuery),
+#[utoipa::path(get, path = "/api/trees/{id}/log", params(("id" = i64, Path, description = "tree id"), LogQuery), security(("bearer" = [])),
     responses((status = 200, description = "the captured output", content_type = "text/plain", body = String),
-    (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+    (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
     (status = 503, body = ErrorBody)))]
 pub async fn tree_log(
     State(s): State<AppState>,
+    Extension(principal): Extension<Principal>,
     TreePath(id): TreePath,
     ApiQuery(q): ApiQuery<LogQuery>,
 ) -> Result<impl IntoResponse, ApiError> {
     if q.tail.is_some_and(|t| t > 1_000_000) {
         return Err(ApiError::BadRequest("tail: at most 1000000 lines".into()));
     }
+    let row = s
+        .service
+        .read(move |e| Ok(e.ledger().tree(TreeId(id))?))
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
+    principal.may_see(&row)?;
     let bytes = s
         .service
         .read(move |e| {
@@ -518,13 +655,29 @@ pub async fn tree_log(
 }
 
 /// The audit trail as JSON, oldest first.
-#[utoipa::path(get, path = "/api/events", params(EventsQuery),
+#[utoipa::path(get, path = "/api/events", params(EventsQuery), security(("bearer" = [])),
     responses((status = 200, body = Vec<EventRow>), (status = 400, body = ErrorBody),
-    (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
+    (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn events(
     State(s): State<AppState>,
+    Extension(principal): Extension<Principal>,
     ApiQuery(q): ApiQuery<EventsQuery>,
 ) -> Result<Json<Vec<EventRow>>, ApiError> {
+    // A principal that sees only its own trees reads the events of one of
+    // them (`?tree=`), never the whole trail.
+    if !principal.sees_all() {
+        let Some(id) = q.tree else {
+            return Err(ApiError::Forbidden(
+                "the whole trail spans every tree: name one of yours with ?tree=".into(),
+            ));
+        };
+        let row = s
+            .service
+            .read(move |e| Ok(e.ledger().tree(TreeId(id))?))
+            .await?
+            .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
+        principal.may_see(&row)?;
+    }
     let since = parse_since_query(q.since.as_deref())?;
     if q.after.is_some_and(|a| a < 0) {
         return Err(ApiError::BadRequest("after: a seq is 0 or more".into()));
@@ -549,7 +702,7 @@ pub async fn events(
 
 /// Liveness, and whether dispatch is open.
 #[utoipa::path(get, path = "/healthz", responses((status = 200, body = Health),
-    (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
+    (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn healthz(State(s): State<AppState>) -> Result<Json<Health>, ApiError> {
     let unsettled = s.service.read(|e| Ok(e.unsettled()?)).await?;
     Ok(Json(Health {
@@ -570,7 +723,7 @@ pub async fn healthz(State(s): State<AppState>) -> Result<Json<Health>, ApiError
 /// it runs (the service answers meanwhile; `/healthz` is its liveness). No
 /// ledger read: it answers even while the ledger is busy with the recovery.
 #[utoipa::path(get, path = "/readyz", responses((status = 200, body = Readiness),
-    (status = 401, body = ErrorBody), (status = 503, body = Readiness)))]
+    (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 503, body = Readiness)))]
 pub async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
     let recovery = Recovery::of(&s.service.recovery());
     let ready = !recovery.running;
@@ -603,7 +756,7 @@ impl utoipa::Modify for BearerAuth {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "treewarden", description = "Custody of process trees: spawn, inspect, kill, audit."),
-    components(schemas(ErrorBody, SpawnBody, LimitsBody, ResolveBody, KillResponse, PhaseJson, Health, Recovery, Readiness,
+    components(schemas(ErrorBody, SpawnBody, crate::ledger::Requester, LimitsBody, ResolveBody, KillResponse, PhaseJson, Health, Recovery, Readiness,
         TreeRow, TreeDetail, TreeState, OwnerRow, ExitRecord, MemberRow, ObservationRow,
         SignalRow, AuthorizationRow, KillTarget, IdentityRecord, EventRow)),
     modifiers(&BearerAuth)

@@ -1,55 +1,200 @@
-//! Bearer-token auth. The token lives in `<data-dir>/api-token`, created
-//! with mode 0600 at first start; a token file readable by others is
-//! refused. Every mutating request needs `Authorization: Bearer <token>`,
-//! and, when the service listens beyond loopback, every request does.
+//! Who is asking, and what they may do (issue 17).
 //!
-//! Tokens are compared in constant time: both sides are hashed (so their
-//! lengths do not show) and the digests compared with a branch-free fold.
+//! Every request gets a [`Principal`] before any handler runs:
+//! - on the **Unix socket**, the peer's credentials (`SO_PEERCRED`, read
+//!   by the kernel when it connected; [`super::peer`]): no token. Root and
+//!   members of `--admin-group` are admins;
+//! - over **TCP**, a bearer token (`Authorization: Bearer`, or for reads
+//!   the dashboard's `treewarden_token` cookie set by `/login`), looked up
+//!   by its SHA-256 in the ledger on every request, so a revoked token is
+//!   refused at once and a new one works at once. A token's scope bounds
+//!   the request: `read` reads, `spawn` also spawns (and kills and resolves
+//!   what it spawned), `admin` everything. Without a token: `/healthz`,
+//!   `/readyz`, `/metrics` and `/login` on loopback, and every read on
+//!   loopback under `--open-reads` (the single-tenant choice).
+//!
+//! What a principal may do to one tree is [`Principal::may_see`] and
+//! [`Principal::may_act_on`], called by the handlers once the tree is read.
+//!
+//! Tokens are matched by the SHA-256 of what is presented (an index
+//! lookup): a secret of 256 random bits cannot be found by timing a
+//! comparison of its hash. The secret itself is never stored.
 
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
-use axum::extract::{Request, State};
-use axum::http::{Method, header};
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{HeaderMap, Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 
 use super::AppState;
 use super::error::ApiError;
+use super::peer::{Peer, PeerCred};
+use crate::ledger::{Requester, TokenScope, TreeRow};
 
-/// Who may do what.
+/// The name of the dashboard's cookie (HttpOnly, SameSite=Strict).
+pub const COOKIE: &str = "treewarden_token";
+
+/// How the service authenticates: set once from `serve`'s flags.
+#[derive(Clone, Debug, Default)]
 pub struct Auth {
-    digest: [u8; 32],
-    /// True when listening beyond loopback: reads need the token too.
+    /// Listening beyond loopback: every TCP request needs a token.
     everywhere: bool,
+    /// `--open-reads`: reads on loopback need no token (one tenant only).
+    open_reads: bool,
+    /// `--admin-group`: its members act on every tree over the socket.
+    admin_gid: Option<u32>,
 }
 
 impl Auth {
-    pub fn new(token: &str, everywhere: bool) -> Self {
+    pub fn new(everywhere: bool, open_reads: bool, admin_gid: Option<u32>) -> Self {
         Self {
-            digest: Sha256::digest(token.as_bytes()).into(),
             everywhere,
+            open_reads,
+            admin_gid,
         }
     }
 
-    /// Constant-time comparison of a presented token with ours.
-    pub fn accepts(&self, presented: &str) -> bool {
-        let theirs: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
-        let diff = self
-            .digest
-            .iter()
-            .zip(theirs.iter())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b));
-        std::hint::black_box(diff) == 0
+    /// Whether a socket peer is an admin: root, or in the admin group (its
+    /// gid, or the user database's groups of its uid).
+    fn is_admin(&self, cred: &PeerCred) -> bool {
+        // Root, and the service's own user (it owns the ledger file anyway:
+        // a developer's `serve` under their own uid).
+        if cred.uid == 0 || cred.uid == crate::proc::effective_uid() {
+            return true;
+        }
+        let Some(admin) = self.admin_gid else {
+            return false;
+        };
+        cred.gid == admin
+            || crate::proc::user_by_uid(cred.uid)
+                .ok()
+                .flatten()
+                .and_then(|u| crate::proc::groups_of(&u, cred.gid).ok())
+                .is_some_and(|g| g.contains(&admin))
+    }
+}
+
+/// Who is asking.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Principal {
+    /// A local process on the Unix socket.
+    Local { cred: PeerCred, admin: bool },
+    /// A bearer token over TCP.
+    Token {
+        id: i64,
+        name: String,
+        scope: TokenScope,
+    },
+    /// No credentials: the open endpoints, and reads under `--open-reads`.
+    Anonymous,
+}
+
+impl Principal {
+    /// The principal as the ledger records it.
+    pub fn requester(&self) -> Requester {
+        match self {
+            Principal::Local { cred, .. } => Requester {
+                via: "socket".into(),
+                uid: Some(cred.uid),
+                pid: cred.pid,
+                ..Requester::default()
+            },
+            Principal::Token { id, name, .. } => Requester {
+                via: "tcp".into(),
+                token_id: Some(*id),
+                token_name: Some(name.clone()),
+                ..Requester::default()
+            },
+            Principal::Anonymous => Requester {
+                via: "tcp".into(),
+                ..Requester::default()
+            },
+        }
     }
 
-    fn needed(&self, method: &Method, host: Option<&str>) -> bool {
-        self.everywhere
-            || !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
-            || !host.is_some_and(is_loopback_host)
+    /// Whether it reads every tree (else only its own).
+    pub fn sees_all(&self) -> bool {
+        match self {
+            Principal::Local { admin, .. } => *admin,
+            // Any token, and loopback under --open-reads (else the request
+            // never got this far).
+            Principal::Token { .. } | Principal::Anonymous => true,
+        }
     }
+
+    /// Whether it kills and resolves every tree (else only its own).
+    pub fn acts_on_all(&self) -> bool {
+        match self {
+            Principal::Local { admin, .. } => *admin,
+            Principal::Token { scope, .. } => *scope == TokenScope::Admin,
+            Principal::Anonymous => false,
+        }
+    }
+
+    /// Whether it asked for `tree`: the same uid on the socket, the same
+    /// token over TCP.
+    pub fn owns(&self, tree: &TreeRow) -> bool {
+        match self {
+            Principal::Local { cred, .. } => tree.requester_uid == Some(cred.uid),
+            Principal::Token { id, .. } => tree
+                .requested_by
+                .as_ref()
+                .is_some_and(|r| r.token_id == Some(*id)),
+            Principal::Anonymous => false,
+        }
+    }
+
+    /// 403 unless it may read `tree`.
+    pub fn may_see(&self, tree: &TreeRow) -> Result<(), ApiError> {
+        if self.sees_all() || self.owns(tree) {
+            return Ok(());
+        }
+        Err(ApiError::Forbidden(format!(
+            "tree {} was not asked for by you ({})",
+            tree.id,
+            self.requester()
+        )))
+    }
+
+    /// 403 unless it may kill or resolve `tree`.
+    pub fn may_act_on(&self, tree: &TreeRow) -> Result<(), ApiError> {
+        if self.acts_on_all() || self.owns(tree) {
+            return Ok(());
+        }
+        Err(ApiError::Forbidden(format!(
+            "tree {} was not asked for by you ({}); only its requester and admins may act on it",
+            tree.id,
+            self.requester()
+        )))
+    }
+
+    /// 403 unless it reads every tree (events, export, streams and the
+    /// dashboard span every tree).
+    pub fn must_see_all(&self, what: &str) -> Result<(), ApiError> {
+        if self.sees_all() {
+            return Ok(());
+        }
+        Err(ApiError::Forbidden(format!(
+            "{what} spans every tree: admins only on the socket (use /api/trees for your own)"
+        )))
+    }
+}
+
+/// The SHA-256 of a token, as the ledger keys it (64 lowercase hex digits).
+pub fn token_hash(token: &str) -> String {
+    hex::encode(Sha256::digest(token.trim().as_bytes()))
+}
+
+/// A new token's secret: 32 random bytes as hex.
+pub fn new_secret() -> std::io::Result<String> {
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut r| std::io::Read::read_exact(&mut r, &mut bytes))?;
+    Ok(hex::encode(bytes))
 }
 
 /// Whether a `Host` header names this machine's loopback. Reads on loopback
@@ -83,10 +228,7 @@ pub fn ensure_token(data_dir: &Path) -> std::io::Result<String> {
         .open(&path)
     {
         Ok(mut file) => {
-            let mut bytes = [0u8; 32];
-            std::fs::File::open("/dev/urandom")
-                .and_then(|mut r| std::io::Read::read_exact(&mut r, &mut bytes))?;
-            let token = hex::encode(bytes);
+            let token = new_secret()?;
             file.write_all(token.as_bytes())?;
             file.sync_all()?;
             Ok(token)
@@ -116,29 +258,163 @@ pub fn ensure_token(data_dir: &Path) -> std::io::Result<String> {
     }
 }
 
-/// The middleware: 401 with `WWW-Authenticate: Bearer` when a needed token
-/// is missing or wrong.
-pub async fn require_token(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let host = req
-        .headers()
+/// Paths that answer without a token on loopback: no per-tree data.
+fn open_path(path: &str) -> bool {
+    matches!(path, "/healthz" | "/readyz" | "/metrics" | "/login")
+}
+
+fn is_read(method: &Method) -> bool {
+    matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+}
+
+/// The token a request presents: the bearer header, or (reads only, so a
+/// cross-site form can never use it to change anything) the cookie.
+fn presented(method: &Method, headers: &HeaderMap) -> Option<String> {
+    if let Some(v) = headers.get(header::AUTHORIZATION) {
+        return Some(
+            v.to_str()
+                .ok()
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(str::trim)
+                .unwrap_or("")
+                .to_string(),
+        );
+    }
+    if !is_read(method) {
+        return None;
+    }
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|c| c.trim().split_once('='))
+        .find(|(k, _)| *k == COOKIE)
+        .map(|(_, v)| v.trim().to_string())
+}
+
+/// The principal of a TCP request, or why it is refused.
+async fn tcp_principal(
+    state: &AppState,
+    method: Method,
+    path: String,
+    headers: HeaderMap,
+) -> Result<Principal, ApiError> {
+    let path = path.as_str();
+    let host = headers
         .get(header::HOST)
         .and_then(|v| v.to_str().ok())
         .map(str::to_ascii_lowercase);
-    if !state.auth.needed(req.method(), host.as_deref()) {
-        return next.run(req).await;
+    let loopback = !state.auth.everywhere && host.as_deref().is_some_and(is_loopback_host);
+    let read = is_read(&method);
+    // The open paths answer without a lookup, whatever is presented: a
+    // probe or a scraper that sends its token anyway never waits on the
+    // ledger (`/healthz` must answer while a recovery keeps it busy).
+    if path == "/login" || (loopback && read && open_path(path)) {
+        return Ok(Principal::Anonymous);
     }
-    let presented = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    match presented {
-        Some(token) if state.auth.accepts(token) => next.run(req).await,
-        Some(_) => ApiError::Unauthorized("wrong bearer token").into_response(),
-        None => ApiError::Unauthorized("missing bearer token (Authorization: Bearer <token>)")
-            .into_response(),
+    let token = match presented(&method, &headers) {
+        Some(t) => t,
+        None if loopback && read && state.auth.open_reads => return Ok(Principal::Anonymous),
+        None => {
+            return Err(ApiError::Unauthorized(
+                "missing bearer token (Authorization: Bearer <token>)",
+            ));
+        }
+    };
+    let principal = lookup_token(state, &token)
+        .await?
+        .ok_or(ApiError::Unauthorized("unknown or revoked bearer token"))?;
+    if let Principal::Token { scope, name, .. } = &principal
+        && !read
+        && path != "/login"
+        && *scope < TokenScope::Spawn
+    {
+        return Err(ApiError::Forbidden(format!(
+            "token {name:?} has scope {}: it reads, and may not {} {}",
+            scope.as_str(),
+            method,
+            path
+        )));
     }
+    Ok(principal)
+}
+
+/// The live token `token` names, read from the ledger now (no cache: a
+/// revocation is effective on the next request).
+pub async fn lookup_token(state: &AppState, token: &str) -> Result<Option<Principal>, ApiError> {
+    if token.is_empty() {
+        return Ok(None);
+    }
+    let hash = token_hash(token);
+    let row = state
+        .service
+        .read(move |e| Ok(e.ledger().token_by_hash(&hash)?))
+        .await?;
+    Ok(row.map(|r| Principal::Token {
+        id: r.id,
+        name: r.name,
+        scope: r.scope,
+    }))
+}
+
+/// A browser's GET of a dashboard page (not the API, not the open paths).
+fn wants_page(req: &Request) -> bool {
+    let path = req.uri().path();
+    req.method() == Method::GET
+        && !path.starts_with("/api/")
+        && !open_path(path)
+        && req
+            .headers()
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|a| a.contains("text/html"))
+}
+
+/// The middleware: puts the request's [`Principal`] in its extensions, or
+/// answers 401 (no or an unknown token; `WWW-Authenticate: Bearer`) or 403
+/// (a token whose scope is too small; a socket peer whose credentials
+/// could not be read).
+pub async fn authenticate(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let peer = req.extensions().get::<ConnectInfo<Peer>>().map(|c| c.0);
+    let principal = match peer {
+        Some(Peer::Unix(Some(cred))) => {
+            // The user database is read (on the blocking pool) only when an
+            // admin group is configured and the peer is not root.
+            let admin = if state.auth.admin_gid.is_none() || cred.uid == 0 {
+                state.auth.is_admin(&cred)
+            } else {
+                let auth = state.auth.clone();
+                tokio::task::spawn_blocking(move || auth.is_admin(&cred))
+                    .await
+                    .unwrap_or(false)
+            };
+            Principal::Local { cred, admin }
+        }
+        Some(Peer::Unix(None)) => {
+            return ApiError::Forbidden("the peer's credentials could not be read".into())
+                .into_response();
+        }
+        // A request without connect info (an in-process router test) is
+        // treated as TCP: the stricter face.
+        Some(Peer::Tcp(_)) | None => match tcp_principal(
+            &state,
+            req.method().clone(),
+            req.uri().path().to_string(),
+            req.headers().clone(),
+        )
+        .await
+        {
+            Ok(p) => p,
+            // A browser asking for a dashboard page is sent to the form.
+            Err(ApiError::Unauthorized(_)) if wants_page(&req) => {
+                return axum::response::Redirect::to("/login").into_response();
+            }
+            Err(e) => return e.into_response(),
+        },
+    };
+    req.extensions_mut().insert(principal);
+    next.run(req).await
 }
 
 #[cfg(test)]
@@ -146,8 +422,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reads_without_a_token_only_for_loopback_host_names() {
-        let auth = Auth::new("t", false);
+    fn loopback_host_names_only() {
         for host in [
             "127.0.0.1:7878",
             "localhost:7878",
@@ -155,7 +430,7 @@ mod tests {
             "[::1]:7878",
             "127.0.0.1",
         ] {
-            assert!(!auth.needed(&Method::GET, Some(host)), "{host}");
+            assert!(is_loopback_host(host), "{host}");
         }
         for host in [
             "attacker.example:7878",
@@ -163,19 +438,96 @@ mod tests {
             "10.0.0.1:7878",
             "[::2]:1",
         ] {
-            assert!(auth.needed(&Method::GET, Some(host)), "{host}");
+            assert!(!is_loopback_host(host), "{host}");
         }
-        assert!(auth.needed(&Method::GET, None), "no Host header");
-        assert!(auth.needed(&Method::POST, Some("127.0.0.1:7878")));
     }
 
     #[test]
-    fn only_the_exact_token_is_accepted() {
-        let auth = Auth::new("s3cret", false);
-        assert!(auth.accepts("s3cret"));
-        assert!(!auth.accepts("s3cre"));
-        assert!(!auth.accepts("s3cretx"));
-        assert!(!auth.accepts(""));
+    fn a_token_is_keyed_by_its_sha256() {
+        assert_eq!(token_hash("s3cret"), token_hash(" s3cret\n"));
+        assert_ne!(token_hash("s3cret"), token_hash("s3cre"));
+        assert_eq!(token_hash("x").len(), 64);
+        let a = new_secret().expect("secret");
+        assert_eq!(a.len(), 64);
+        assert_ne!(a, new_secret().expect("secret"));
+    }
+
+    fn tree(uid: Option<u32>, token: Option<i64>) -> TreeRow {
+        TreeRow {
+            id: 1,
+            label: None,
+            state: crate::ledger::TreeState::Running,
+            boundary: "session".into(),
+            owner: crate::ledger::OwnerRow {
+                id: 1,
+                pid: 2,
+                start: 3,
+                boot_id: "b".into(),
+                kind: "service".into(),
+            },
+            argv: vec!["true".into()],
+            cwd: None,
+            root_pid: None,
+            root_start_ticks: None,
+            boot_id: None,
+            pgid: None,
+            sid: None,
+            cgroup: None,
+            created_at: String::new(),
+            ended_at: None,
+            exit: None,
+            flags: Vec::new(),
+            note: None,
+            grace_ms: None,
+            timeout_ms: None,
+            first_signal: None,
+            requester_uid: uid,
+            requested_by: Some(Requester {
+                via: "test".into(),
+                uid,
+                token_id: token,
+                ..Requester::default()
+            }),
+            run_uid: None,
+            run_gid: None,
+        }
+    }
+
+    #[test]
+    fn who_may_act_on_which_tree() {
+        let user = Principal::Local {
+            cred: PeerCred {
+                pid: Some(10),
+                uid: 1000,
+                gid: 1000,
+            },
+            admin: false,
+        };
+        let root = Principal::Local {
+            cred: PeerCred {
+                pid: Some(11),
+                uid: 0,
+                gid: 0,
+            },
+            admin: true,
+        };
+        let spawn = Principal::Token {
+            id: 3,
+            name: "ci".into(),
+            scope: TokenScope::Spawn,
+        };
+        let mine = tree(Some(1000), None);
+        let roots = tree(Some(0), None);
+        let tokens = tree(None, Some(3));
+        assert!(user.may_act_on(&mine).is_ok());
+        assert!(user.may_act_on(&roots).is_err());
+        assert!(user.may_see(&roots).is_err());
+        assert!(user.may_act_on(&tokens).is_err());
+        assert!(root.may_act_on(&mine).is_ok() && root.may_act_on(&tokens).is_ok());
+        assert!(spawn.may_act_on(&tokens).is_ok());
+        assert!(spawn.may_act_on(&mine).is_err());
+        assert!(spawn.may_see(&mine).is_ok(), "every token reads");
+        assert!(Principal::Anonymous.may_act_on(&mine).is_err());
     }
 
     #[test]

@@ -17,10 +17,10 @@ use super::AppState;
 use super::api::parse_flag;
 use super::error::{ApiError, ApiQuery, TreePath};
 use crate::custody::Unsettled;
-use crate::ledger::parse_since;
 use crate::ledger::{
     EventFilter, EventRow, MemberCounts, MemberRow, SignalRow, TreeId, TreeRow, TreeState,
 };
+use crate::ledger::{PageAt, TreeFilter, parse_since};
 
 /// Trees shown on the index page at most (newest first).
 const MAX_TREES: usize = 100;
@@ -63,13 +63,34 @@ pub struct TreeLine {
     pub escapes: usize,
     pub flags: String,
     pub command: String,
+    /// Who it runs for: `run 4242`, `client 777`, `service 12`.
+    pub owner: String,
+    /// Whether that owner still runs (`None` for an ended tree, whose owner
+    /// no longer matters).
+    pub owner_alive: Option<bool>,
+    /// What it consumed (ended: from `tree.ended`; live: from its cgroup).
+    pub consumed: String,
 }
 
 impl TreeLine {
     /// `counts`: the tree's members with no exit recorded, and those seen
-    /// escaped (exited or not).
-    fn new(t: &TreeRow, counts: MemberCounts) -> Self {
+    /// escaped (exited or not); `resources`: what it consumed, where known.
+    fn new(
+        t: &TreeRow,
+        counts: MemberCounts,
+        resources: Option<&crate::ledger::Resources>,
+    ) -> Self {
+        let live = !t.state.is_terminal();
+        let consumed = match resources {
+            Some(r) => r.summary(),
+            None => crate::custody::live_resources(t)
+                .map(|r| r.summary())
+                .unwrap_or_default(),
+        };
         TreeLine {
+            owner: format!("{} {}", t.owner.kind, t.owner.pid),
+            owner_alive: live.then(|| crate::custody::still_alive(&t.owner_identity())),
+            consumed,
             id: t.id,
             state: t.state.as_str().into(),
             label: t.label.clone().unwrap_or_default(),
@@ -102,8 +123,11 @@ pub struct IndexPage {
     /// The state and label filters as given (empty: none).
     pub state: String,
     pub label: String,
+    pub since: String,
     /// The query of the next (older) page, when there is one.
     pub older: Option<String>,
+    /// The query of the previous (newer) page, when there is one.
+    pub newer: Option<String>,
     /// Whether the page refreshes itself (`?refresh=0` pauses it).
     pub refresh: bool,
     /// This page's query with the refresh toggled.
@@ -172,10 +196,54 @@ pub struct IndexQuery {
     pub state: Option<String>,
     /// Only trees with exactly this label.
     pub label: Option<String>,
-    /// Keyset paging: trees with an id below this.
+    /// Only trees created at or after this (`2h`, or an RFC 3339 time).
+    pub since: Option<String>,
+    /// Keyset paging: the page of trees right below this id (older).
     pub before: Option<i64>,
+    /// Keyset paging: the page of trees right above this id (newer).
+    pub after: Option<i64>,
     /// `0` pauses the page's refresh.
     pub refresh: Option<String>,
+}
+
+/// The keyset bound of a page from `?before=` / `?after=` (not both).
+fn page_at(before: Option<i64>, after: Option<i64>) -> Result<PageAt, ApiError> {
+    match (before, after) {
+        (None, None) => Ok(PageAt::Newest),
+        (Some(b), None) => Ok(PageAt::Before(b)),
+        (None, Some(a)) => Ok(PageAt::After(a)),
+        (Some(_), Some(_)) => Err(ApiError::BadRequest(
+            "give before or after, not both".into(),
+        )),
+    }
+}
+
+/// Which neighbour pages a keyset page links to, as the bound of each:
+/// `(older, newer)`. `more` says whether a row lay beyond the page in the
+/// direction it was read; the other direction has rows whenever the page
+/// was reached from there (it has a bound). `first`/`last` are the page's
+/// newest and oldest keys.
+fn pager(
+    at: PageAt,
+    more: bool,
+    first: Option<i64>,
+    last: Option<i64>,
+) -> (Option<i64>, Option<i64>) {
+    let (older, newer) = match at {
+        PageAt::Newest => (more, false),
+        PageAt::Before(_) => (more, true),
+        PageAt::After(_) => (true, more),
+    };
+    match (first, last) {
+        (Some(first), Some(last)) => (older.then_some(last), newer.then_some(first)),
+        // An empty page (its rows went, or a filter matched none beyond
+        // the bound): link back to where it was reached from.
+        _ => match at {
+            PageAt::Newest => (None, None),
+            PageAt::Before(b) => (None, Some(b - 1)),
+            PageAt::After(a) => (Some(a + 1), None),
+        },
+    }
 }
 
 /// A query string from its non-empty parts (`?a=1&b=x`), URL-encoded.
@@ -205,8 +273,10 @@ fn query_string(parts: &[(&str, String)]) -> String {
 /// `GET /`: the trees, with a banner while dispatch is closed.
 pub async fn index(
     State(s): State<AppState>,
+    axum::Extension(principal): axum::Extension<super::auth::Principal>,
     ApiQuery(q): ApiQuery<IndexQuery>,
 ) -> Result<Html<String>, ApiError> {
+    principal.must_see_all("the dashboard")?;
     let all = parse_flag("all", q.all.as_deref())?;
     let refresh = !matches!(q.refresh.as_deref(), Some("0"));
     let state_s = q.state.clone().unwrap_or_default();
@@ -222,39 +292,82 @@ pub async fn index(
         st => Some(vec![st.parse::<TreeState>().map_err(ApiError::BadRequest)?]),
     };
     let label = Some(label_s.trim().to_string()).filter(|l| !l.is_empty());
-    let before = q.before;
-    let (lines, unsettled, counts) = s
+    let since_s = q.since.clone().unwrap_or_default();
+    let since = match since_s.trim() {
+        "" => None,
+        t => Some(parse_since(t).map_err(ApiError::BadRequest)?),
+    };
+    let filter = TreeFilter {
+        states,
+        label,
+        since,
+    };
+    let at = page_at(q.before, q.after)?;
+    let (lines, unsettled, counts, more) = s
         .service
         .read(move |e| {
-            // One keyset page: the newest MAX_TREES of the filter, however
-            // many trees the ledger holds.
-            let trees = e.ledger().tree_page(states, label, before, MAX_TREES)?;
+            // One keyset page: MAX_TREES of the filter next to the bound,
+            // however many trees the ledger holds; one more tells whether
+            // the next page in this direction has anything.
+            let mut trees = e.ledger().tree_page(filter, at, MAX_TREES + 1)?;
+            let more = trees.len() > MAX_TREES;
+            if more {
+                match at {
+                    // Read upwards and shown newest first: the extra one is the first.
+                    PageAt::After(_) => drop(trees.remove(0)),
+                    _ => trees.truncate(MAX_TREES),
+                }
+            }
             // One query for every listed tree's counts, not a full detail read each.
             let ids: Vec<TreeId> = trees.iter().map(TreeRow::tree_id).collect();
             let counts = e.ledger().member_counts(&ids)?;
+            let ended: Vec<TreeId> = trees
+                .iter()
+                .filter(|t| t.state.is_terminal())
+                .map(TreeRow::tree_id)
+                .collect();
+            let used = e.ledger().ended_resources(&ended)?;
             let lines: Vec<TreeLine> = trees
                 .iter()
-                .map(|t| TreeLine::new(t, counts.get(&t.tree_id()).copied().unwrap_or_default()))
+                .map(|t| {
+                    let id = t.tree_id();
+                    TreeLine::new(
+                        t,
+                        counts.get(&id).copied().unwrap_or_default(),
+                        used.get(&id),
+                    )
+                })
                 .collect();
             let counts = e.ledger().tree_counts()?;
-            Ok((lines, e.unsettled()?, counts))
+            Ok((lines, e.unsettled()?, counts, more))
         })
         .await?;
-    let base = |before: Option<i64>, refresh: bool| {
+    let base = |at: PageAt, refresh: bool| {
+        let (before, after) = match at {
+            PageAt::Newest => (String::new(), String::new()),
+            PageAt::Before(id) => (id.to_string(), String::new()),
+            PageAt::After(id) => (String::new(), id.to_string()),
+        };
         query_string(&[
             ("all", if all { "1".into() } else { String::new() }),
             ("state", state_s.clone()),
             ("label", label_s.clone()),
-            ("before", before.map(|b| b.to_string()).unwrap_or_default()),
+            ("since", since_s.clone()),
+            ("before", before),
+            ("after", after),
             ("refresh", if refresh { String::new() } else { "0".into() }),
         ])
     };
-    let older = (lines.len() == MAX_TREES)
-        .then(|| lines.last().map(|t| base(Some(t.id), refresh)))
-        .flatten();
+    let (older, newer) = pager(
+        at,
+        more,
+        lines.first().map(|t| t.id),
+        lines.last().map(|t| t.id),
+    );
     render(&IndexPage {
-        older,
-        toggle_refresh: base(before, !refresh),
+        older: older.map(|id| base(PageAt::Before(id), refresh)),
+        newer: newer.map(|id| base(PageAt::After(id), refresh)),
+        toggle_refresh: base(at, !refresh),
         refresh,
         counts: counts
             .into_iter()
@@ -262,6 +375,7 @@ pub async fn index(
             .collect(),
         state: state_s.clone(),
         label: label_s.clone(),
+        since: since_s.clone(),
         trees: lines,
         all,
         unsettled,
@@ -454,6 +568,11 @@ pub fn summarize(e: &EventRow) -> String {
             exit(&d["exit"])
         ),
         "tree.resolved" => format!("resolved: {}", s(&d["note"])),
+        "tree.oom_kill" => format!(
+            "the kernel's OOM killer ended {} process(es) ({} in all)",
+            s(&d["oom_kills"]),
+            s(&d["total"])
+        ),
         "member.observed" => format!("pid {}: {}", s(&d["identity"]["pid"]), argv(&d["cmdline"])),
         "member.exec" => format!(
             "pid {} ran {} (was {})",
@@ -581,8 +700,10 @@ const OUTPUT_LINES: usize = 50;
 /// `GET /trees/{id}`.
 pub async fn tree(
     State(s): State<AppState>,
+    axum::Extension(principal): axum::Extension<super::auth::Principal>,
     TreePath(id): TreePath,
 ) -> Result<Html<String>, ApiError> {
+    principal.must_see_all("the dashboard")?;
     let (d, output) = s
         .service
         .read(move |e| {
@@ -626,6 +747,8 @@ pub struct EventsPage {
     pub error: Option<String>,
     /// The query of the next (older) page, when there is one.
     pub older: Option<String>,
+    /// The query of the previous (newer) page, when there is one.
+    pub newer: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -634,15 +757,19 @@ pub struct EventsQuery {
     pub tree: Option<String>,
     pub kind: Option<String>,
     pub since: Option<String>,
-    /// Keyset paging: events with a seq below this.
+    /// Keyset paging: the page of events right below this seq (older).
     pub before: Option<i64>,
+    /// Keyset paging: the page of events right above this seq (newer).
+    pub after: Option<i64>,
 }
 
 /// `GET /events`: the audit trail, newest first, filterable.
 pub async fn events(
     State(s): State<AppState>,
+    axum::Extension(principal): axum::Extension<super::auth::Principal>,
     ApiQuery(q): ApiQuery<EventsQuery>,
 ) -> Result<Html<String>, ApiError> {
+    principal.must_see_all("the dashboard")?;
     let tree_s = q.tree.clone().unwrap_or_default();
     let kind = q.kind.clone().unwrap_or_default();
     let since_s = q.since.clone().unwrap_or_default();
@@ -667,34 +794,45 @@ pub async fn events(
             }
         },
     };
-    // SQL filters and keeps the newest page; nothing older is read.
+    // SQL filters and keeps one page next to the bound (and one more row,
+    // to know whether the next page has any); nothing else is read.
+    let at = page_at(q.before, q.after)?;
     let filter = EventFilter {
         since,
         tree,
         kind_prefix: Some(kind.trim().to_string()).filter(|k| !k.is_empty()),
-        newest_first: true,
+        // A newer page is read upwards from its bound, then shown newest first.
+        newest_first: !matches!(at, PageAt::After(_)),
         before_seq: q.before,
-        limit: Some(MAX_EVENTS),
-        ..EventFilter::default()
+        after_seq: q.after,
+        limit: Some(MAX_EVENTS + 1),
     };
-    let rows = s
+    let mut rows = s
         .service
         .read(move |e| Ok(e.ledger().events(&filter)?))
         .await?;
-    let older = (rows.len() == MAX_EVENTS)
-        .then(|| {
-            rows.last().map(|e| {
-                query_string(&[
-                    ("tree", tree_s.clone()),
-                    ("kind", kind.clone()),
-                    ("since", since_s.clone()),
-                    ("before", e.seq.to_string()),
-                ])
-            })
-        })
-        .flatten();
+    let more = rows.len() > MAX_EVENTS;
+    rows.truncate(MAX_EVENTS);
+    if matches!(at, PageAt::After(_)) {
+        rows.reverse();
+    }
+    let link = |bound: (&'static str, i64)| {
+        query_string(&[
+            ("tree", tree_s.clone()),
+            ("kind", kind.clone()),
+            ("since", since_s.clone()),
+            (bound.0, bound.1.to_string()),
+        ])
+    };
+    let (older, newer) = pager(
+        at,
+        more,
+        rows.first().map(|e| e.seq),
+        rows.last().map(|e| e.seq),
+    );
     render(&EventsPage {
-        older,
+        older: older.map(|seq| link(("before", seq))),
+        newer: newer.map(|seq| link(("after", seq))),
         events: rows
             .iter()
             .map(|e| EventLine {

@@ -23,6 +23,9 @@ use crate::service::ServiceError;
 pub enum ApiError {
     /// 401: token missing or wrong.
     Unauthorized(&'static str),
+    /// 403: the principal is known, but may not do this (another user's
+    /// tree, a token whose scope is too small, a user it may not run as).
+    Forbidden(String),
     /// 400: the request cannot be parsed (JSON syntax, query, path).
     BadRequest(String),
     /// 422: parsed, but the values are not acceptable.
@@ -54,6 +57,12 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, message, tree) = match self {
             ApiError::Unauthorized(m) => (StatusCode::UNAUTHORIZED, m.to_string(), None),
+            ApiError::Forbidden(m) => {
+                // Refusals are logged, not written to the ledger (any local
+                // user reaches the socket; the ledger must not grow at will).
+                tracing::info!(reason = %m, "request refused (403)");
+                (StatusCode::FORBIDDEN, m, None)
+            }
             ApiError::BadRequest(m) => (StatusCode::BAD_REQUEST, m, None),
             ApiError::Unprocessable(m) => (StatusCode::UNPROCESSABLE_ENTITY, m, None),
             ApiError::NotFound(m) => (StatusCode::NOT_FOUND, m, None),
@@ -119,6 +128,13 @@ impl From<CustodyError> for ApiError {
                 ApiError::DispatchClosed { tree, reason }
             }
             CustodyError::Ledger(e) => e.into(),
+            // The requested cwd closed to the user the tree runs as, or
+            // credentials the kernel refused: the request's, not ours.
+            CustodyError::Proc(crate::proc::ProcError::ChildSetup { step, source })
+                if step == "chdir" || step == "credentials" =>
+            {
+                ApiError::Unprocessable(format!("cannot start the tree: {step}: {source}"))
+            }
             CustodyError::Proc(e) => ApiError::Internal(e.to_string()),
             CustodyError::Exec(failure) => ApiError::Unprocessable(failure.to_string()),
             CustodyError::UnknownTree(id) => ApiError::NotFound(format!("unknown tree {id}")),

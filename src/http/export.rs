@@ -32,14 +32,16 @@ pub struct ExportQuery {
 }
 
 /// The audit trail (hash-chained events), NDJSON or CSV.
-#[utoipa::path(get, path = "/api/export", params(ExportQuery),
+#[utoipa::path(get, path = "/api/export", params(ExportQuery), security(("bearer" = [])),
     responses((status = 200, description = "NDJSON or CSV", content((String = "application/x-ndjson"), (String = "text/csv"))),
-    (status = 400, body = super::api::ErrorBody), (status = 401, body = super::api::ErrorBody),
+    (status = 400, body = super::api::ErrorBody), (status = 401, body = super::api::ErrorBody), (status = 403, body = super::api::ErrorBody),
     (status = 503, body = super::api::ErrorBody)))]
 pub async fn export(
     State(s): State<AppState>,
+    axum::Extension(principal): axum::Extension<super::auth::Principal>,
     ApiQuery(q): ApiQuery<ExportQuery>,
 ) -> Result<impl IntoResponse, ApiError> {
+    principal.must_see_all("the export")?;
     let format: ExportFormat = q
         .format
         .as_deref()

@@ -1,5 +1,5 @@
 //! `GET /metrics`: refreshes the gauges read at scrape time (trees by
-//! state, dispatch closed, ledger head, observer health, orphans pending) and encodes the registry, as
+//! state, dispatch closed, ledger head, shipping lag, observer health, orphans pending) and encodes the registry, as
 //! OpenMetrics when the scraper asks for it, else the Prometheus text format.
 
 use axum::extract::State;
@@ -13,20 +13,26 @@ pub async fn metrics(
     State(s): State<AppState>,
     headers: HeaderMap,
 ) -> Result<impl IntoResponse, ApiError> {
-    let (counts, unsettled, head) = s
+    let (counts, unsettled, head, shipped) = s
         .service
         .read(|e| {
             let counts = e.ledger().tree_counts()?;
             let unsettled = e.unsettled()?;
             let head = e.ledger().head()?;
-            Ok((counts, unsettled, head))
+            let shipped = e.ledger().ship_cursor(crate::service::ship::SINK)?;
+            Ok((counts, unsettled, head, shipped))
         })
         .await?;
     let m = s.service.metrics();
     m.set_tree_counts(&counts);
     m.dispatch_closed.set(i64::from(!unsettled.is_empty()));
     // The one place the head gauge is set: the ledger's own head, host-wide.
-    m.ledger_head_seq.set(head.map_or(0, |(seq, _)| seq));
+    let head_seq = head.map_or(0, |(seq, _)| seq);
+    m.ledger_head_seq.set(head_seq);
+    if let Some(acked) = shipped {
+        m.ship_acked_seq.set(acked);
+        m.ship_lag_events.set((head_seq - acked).max(0));
+    }
     m.sync_stats(s.service.engine().stats());
     m.sync_observer(s.service.observer_status().ok().as_ref());
     let recovery = s.service.recovery();

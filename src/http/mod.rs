@@ -5,7 +5,9 @@
 //! Layers, outermost first: request tracing (tower-http), the JSON shape of
 //! every error under `/api` (so the layers' own 408/413 are JSON too), a
 //! request timeout, a body limit (1 MiB; bigger bodies are 413), then
-//! bearer-token auth.
+//! authentication: every request gets its principal (peer credentials on
+//! the Unix socket, a scoped token over TCP; [`auth`]), which the handlers
+//! check against the tree they act on.
 //!
 //! This module never signals or waits for a process and never writes the
 //! ledger: it parses, calls [`crate::service::Service`] (reads go through
@@ -17,7 +19,9 @@ pub mod auth;
 pub mod dashboard;
 pub mod error;
 pub mod export;
+pub mod login;
 pub mod metrics;
+pub mod peer;
 pub mod stream;
 
 use std::sync::Arc;
@@ -27,6 +31,7 @@ use axum::Router;
 use axum::routing::get;
 
 use crate::service::Service;
+pub use peer::{Peer, PeerCred};
 
 /// Largest request body accepted; anything bigger is answered 413.
 pub const BODY_LIMIT: usize = 1024 * 1024;
@@ -76,9 +81,10 @@ pub fn router(state: AppState) -> Router {
         .route("/trees/{id}", get(dashboard::tree))
         .route("/events", get(dashboard::events))
         .route("/metrics", get(metrics::metrics))
+        .route("/login", get(login::form).post(login::submit))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
-            auth::require_token,
+            auth::authenticate,
         ))
         .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
         .layer(tower_http::limit::RequestBodyLimitLayer::new(BODY_LIMIT))
@@ -90,3 +96,84 @@ pub fn router(state: AppState) -> Router {
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
 }
+
+/// Serves `router` on `listener` (TCP or Unix) until `shutdown` is
+/// cancelled, then lets the requests in flight finish. Every request sees
+/// its connection's [`Peer`] (axum's `ConnectInfo`), which the auth layer
+/// turns into the request's principal.
+pub async fn serve<L>(
+    listener: L,
+    router: Router,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> std::io::Result<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+    for<'a> Peer: axum::extract::connect_info::Connected<axum::serve::IncomingStream<'a, L>>,
+{
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<Peer>(),
+    )
+    .with_graceful_shutdown(shutdown.cancelled_owned())
+    .await
+}
+
+/// Routes SIGTERM and SIGINT to `shutdown`. Called before any listener
+/// opens and before any teardown can start, so a signal at any moment of
+/// start-up (recovery included) starts the bounded drain instead of ending
+/// the process where it stands.
+pub fn shutdown_on_signals(shutdown: tokio_util::sync::CancellationToken) -> std::io::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+            _ = shutdown.cancelled() => return,
+        }
+        shutdown.cancel();
+    });
+    Ok(())
+}
+
+/// Binds the Unix socket at `path`: its directory made (0755) if missing, a
+/// stale socket left by a killed instance removed (one that still answers
+/// is in use: refused), and the socket made 0666 — any local user may
+/// connect; who they are comes from `SO_PEERCRED`, not from the file mode
+/// (docs/THREAT-MODEL.md).
+pub fn bind_unix(path: &std::path::Path) -> std::io::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    if let Some(dir) = path.parent()
+        && !dir.as_os_str().is_empty()
+        && !dir.exists()
+    {
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o755)
+            .create(dir)?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::AddrInUse,
+                    format!("{} is in use by a running service", path.display()),
+                ));
+            }
+            std::fs::remove_file(path)?;
+        }
+        Ok(_) => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a socket", path.display()),
+            ));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let listener = tokio::net::UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+    Ok(listener)
+}
+#[cfg(test)]
+mod tests;

@@ -42,17 +42,19 @@ pub struct StreamQuery {
 }
 
 /// The live audit trail as Server-Sent Events.
-#[utoipa::path(get, path = "/api/events/stream", params(StreamQuery),
+#[utoipa::path(get, path = "/api/events/stream", params(StreamQuery), security(("bearer" = [])),
     responses((status = 200, description = "text/event-stream: `id` is the seq, `event` the kind, `data` the event as JSON",
         content_type = "text/event-stream", body = String),
-    (status = 400, body = super::api::ErrorBody), (status = 401, body = super::api::ErrorBody),
+    (status = 400, body = super::api::ErrorBody), (status = 401, body = super::api::ErrorBody), (status = 403, body = super::api::ErrorBody),
     (status = 503, body = super::api::ErrorBody)))]
 pub async fn events_stream(
     State(s): State<AppState>,
+    axum::Extension(principal): axum::Extension<super::auth::Principal>,
     headers: HeaderMap,
     ApiQuery(q): ApiQuery<StreamQuery>,
 ) -> Result<Sse<impl futures_util::Stream<Item = Result<Event, std::convert::Infallible>>>, ApiError>
 {
+    principal.must_see_all("the event stream")?;
     // Each stream polls the one ledger thread that also commits the
     // authorizations: a bounded number at once (503 beyond).
     let permit = STREAMS.clone().try_acquire_owned().map_err(|_| {

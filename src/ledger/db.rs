@@ -24,6 +24,8 @@ const MIGRATIONS: &[M<'static>] = &[
     M::up(include_str!("../../migrations/0002_tree_options.sql")),
     M::up(include_str!("../../migrations/0003_instance.sql")),
     M::up(include_str!("../../migrations/0004_first_signal.sql")),
+    M::up(include_str!("../../migrations/0005_retention.sql")),
+    M::up(include_str!("../../migrations/0006_principals.sql")),
 ];
 
 /// How hard a commit must be on disk before it returns.
@@ -228,6 +230,7 @@ fn open_connection(path: &Path, busy_timeout: Duration) -> Result<Connection, Fa
     // Migrations take the write lock up front, like every other write — but
     // only when the schema is behind: opening a current ledger (every `show`,
     // `ls`, `export`) must not queue behind busy writers.
+    mend_0006_before_0005(&mut conn)?;
     let migrations = Migrations::from_slice(MIGRATIONS);
     let latest = rusqlite_migration::SchemaVersion::Inside(
         std::num::NonZeroUsize::new(MIGRATIONS.len())
@@ -237,16 +240,55 @@ fn open_connection(path: &Path, busy_timeout: Duration) -> Result<Connection, Fa
         return Ok(conn);
     }
     conn.set_transaction_behavior(TransactionBehavior::Immediate);
-    if let Err(first) = migrations.to_latest(&mut conn) {
+    let started = std::time::Instant::now();
+    loop {
+        let Err(failed) = migrations.to_latest(&mut conn) else {
+            break;
+        };
         // Another process may have migrated between our version check and our
         // transaction; then the schema is current and our attempt rolled back.
-        let current = migrations.current_version(&conn);
-        if current.ok() != Some(latest) {
-            return Err(LedgerError::from_migration(first, busy_timeout).into());
+        if migrations.current_version(&conn).ok() == Some(latest) {
+            break;
         }
+        // Or it is migrating right now: SQLite answers a lock upgrade that
+        // could deadlock with BUSY at once, without waiting (seen with four
+        // processes opening a new ledger together). Try again within the
+        // busy timeout.
+        let error = LedgerError::from_migration(failed, busy_timeout);
+        if !matches!(error, LedgerError::Busy(_)) || started.elapsed() >= busy_timeout {
+            return Err(error.into());
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
     conn.set_transaction_behavior(TransactionBehavior::Deferred);
     Ok(conn)
+}
+
+/// A ledger made by a build that listed 0006 right after 0004 (main between
+/// the merges of issue 17 and issue 15) has `user_version` 5 with 0006's
+/// schema and without 0005's: applied in list order, 0005 would be taken as
+/// done and 0006 applied twice. Such a ledger gets 0005 now, and version 6.
+fn mend_0006_before_0005(conn: &mut Connection) -> Result<(), Fail> {
+    let has = |conn: &Connection, table: &str| -> rusqlite::Result<bool> {
+        conn.query_row(
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)",
+            [table],
+            |r| r.get(0),
+        )
+    };
+    let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    if version != 5 || !has(conn, "api_tokens")? || has(conn, "ship_cursor")? {
+        return Ok(());
+    }
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    if has(&tx, "ship_cursor")? {
+        // Another process mended it first.
+        return Ok(());
+    }
+    tx.execute_batch(include_str!("../../migrations/0005_retention.sql"))?;
+    tx.pragma_update(None, "user_version", 6)?;
+    tx.commit()?;
+    Ok(())
 }
 
 /// Now, as the ledger spells times: RFC 3339, UTC, milliseconds.
@@ -432,6 +474,41 @@ pub(crate) fn read_head(conn: &Connection) -> Result<Option<(i64, String)>, Fail
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ledger_with_0006_but_not_0005_gets_0005_and_version_6() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("ledger.db");
+        {
+            let conn = Connection::open(&path).expect("open");
+            for sql in [
+                include_str!("../../migrations/0001_init.sql"),
+                include_str!("../../migrations/0002_tree_options.sql"),
+                include_str!("../../migrations/0003_instance.sql"),
+                include_str!("../../migrations/0004_first_signal.sql"),
+                include_str!("../../migrations/0006_principals.sql"),
+            ] {
+                conn.execute_batch(sql).expect("migration");
+            }
+            conn.pragma_update(None, "user_version", 5)
+                .expect("version");
+        }
+        let handle = start(&path, Duration::from_secs(1)).expect("opens");
+        drop(handle);
+        let conn = Connection::open(&path).expect("open");
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .expect("version");
+        assert_eq!(version, 6);
+        let tables: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE name IN ('ship_cursor', 'tree_counts', 'api_tokens')",
+                [],
+                |r| r.get(0),
+            )
+            .expect("tables");
+        assert_eq!(tables, 3);
+    }
 
     #[test]
     fn a_panicking_job_does_not_stop_the_ledger_thread() {

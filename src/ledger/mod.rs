@@ -61,24 +61,29 @@ mod chain;
 mod db;
 mod error;
 mod export;
+mod prune;
 mod read;
 mod types;
 mod verify;
 mod write;
 
 use std::io::Write;
+
+use rusqlite::OptionalExtension;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 pub use chain::{GENESIS, canonical_event, canonical_string, event_hash};
 pub use error::LedgerError;
+pub use prune::{PruneReport, PruneRequest};
 pub use types::{
     AuthorizationId, AuthorizationRow, Deferred, EventFilter, EventKind, EventRow, ExitRecord,
     ExportFormat, IdentityRecord, KillTarget, Limits, MemberCounts, MemberRecord, MemberRow,
-    NewTree, ObservationRow, OwnerId, OwnerKind, OwnerRecord, OwnerRow, Resources, SignalRecord,
-    SignalRow, SpawnRecord, SurvivorRecord, TreeDetail, TreeId, TreeRow, TreeState, VerifyBreak,
-    VerifyReport, parse_cpu_pct, parse_since, parse_size,
+    NewTree, ObservationRow, OnBehalfRecord, OwnerId, OwnerKind, OwnerRecord, OwnerRow, PageAt,
+    Requester, Resources, SignalRecord, SignalRow, SpawnRecord, SurvivorRecord, TokenRow,
+    TokenScope, TreeDetail, TreeFilter, TreeId, TreeRow, TreeState, VerifyBreak, VerifyReport,
+    parse_cpu_pct, parse_since, parse_size,
 };
 
 use db::Durability;
@@ -166,8 +171,70 @@ impl Ledger {
 
     /// Commits a tree in state `spawning` (FULL) with a `tree.created` event.
     pub fn create_tree(&self, tree: &NewTree) -> Result<TreeId, LedgerError> {
+        self.create_tree_for(tree, None)
+    }
+
+    /// [`Ledger::create_tree`], recording who asked and as whom the tree
+    /// runs (`requester_uid`, `requested_by`, `run_uid`, `run_gid`, and
+    /// `by` in `tree.created`).
+    pub fn create_tree_for(
+        &self,
+        tree: &NewTree,
+        on_behalf: Option<&OnBehalfRecord>,
+    ) -> Result<TreeId, LedgerError> {
         let tree = tree.clone();
-        self.write(Durability::Full, move |w| write::create_tree(w, &tree))
+        let on_behalf = on_behalf.cloned();
+        self.write(Durability::Full, move |w| {
+            write::create_tree(w, &tree, on_behalf.as_ref())
+        })
+    }
+
+    /// A new API token: only its SHA-256 (64 hex digits) is kept. Event
+    /// `token.created`. Returns its id.
+    pub fn create_token(
+        &self,
+        name: &str,
+        scope: TokenScope,
+        sha256: &str,
+        by: &Requester,
+    ) -> Result<i64, LedgerError> {
+        let (name, sha256, by) = (name.to_string(), sha256.to_string(), by.clone());
+        self.write(Durability::Full, move |w| {
+            write::create_token(w, &name, scope, &sha256, &by)
+        })
+    }
+
+    /// The token file's secret as an admin token named `name`, added once;
+    /// a live token of that name with another hash (a replaced file) is
+    /// revoked. Returns the token's id.
+    pub fn import_token(
+        &self,
+        name: &str,
+        sha256: &str,
+        by: &Requester,
+    ) -> Result<i64, LedgerError> {
+        let (name, sha256, by) = (name.to_string(), sha256.to_string(), by.clone());
+        self.write(Durability::Full, move |w| {
+            write::import_token(w, &name, &sha256, &by)
+        })
+    }
+
+    /// Revokes a token, at once for every reader of this ledger (event
+    /// `token.revoked`); `false` when it was already revoked.
+    pub fn revoke_token(&self, id: i64, by: &Requester) -> Result<bool, LedgerError> {
+        let by = by.clone();
+        self.write(Durability::Full, move |w| write::revoke_token(w, id, &by))
+    }
+
+    /// Every token (never a secret), oldest first.
+    pub fn tokens(&self) -> Result<Vec<TokenRow>, LedgerError> {
+        self.read(|tx| read::tokens(tx))
+    }
+
+    /// The live token whose SHA-256 is `sha256`.
+    pub fn token_by_hash(&self, sha256: &str) -> Result<Option<TokenRow>, LedgerError> {
+        let sha256 = sha256.to_string();
+        self.read(move |tx| read::token_by_hash(tx, &sha256))
     }
 
     /// Records what the spawn formed; state `running`, event `tree.spawned`.
@@ -399,11 +466,13 @@ impl Ledger {
         id: TreeId,
         note: &str,
         left_alive: &[IdentityRecord],
+        by: Option<&Requester>,
     ) -> Result<(), LedgerError> {
         let note = note.to_string();
         let left_alive = left_alive.to_vec();
+        let by = by.cloned();
         self.write(Durability::Normal, move |w| {
-            write::resolve(w, id, &note, &left_alive)
+            write::resolve(w, id, &note, &left_alive, by.as_ref())
         })
     }
 
@@ -501,16 +570,24 @@ impl Ledger {
         self.read(move |tx| Ok(read::member_counts(tx, &ids)?.into_iter().collect()))
     }
 
-    /// One page of trees, newest first (keyset: ids below `before`),
-    /// filtered by state and exact label.
+    /// One page of trees, newest first (keyset: the `limit` ids right below
+    /// or right above a bound), filtered by state and exact label.
     pub fn tree_page(
         &self,
-        states: Option<Vec<TreeState>>,
-        label: Option<String>,
-        before: Option<i64>,
+        filter: TreeFilter,
+        at: PageAt,
         limit: usize,
     ) -> Result<Vec<TreeRow>, LedgerError> {
-        self.read(move |tx| read::tree_page(tx, states.as_deref(), label.as_deref(), before, limit))
+        self.read(move |tx| read::tree_page(tx, &filter, at, limit))
+    }
+
+    /// What each of `ids` that has ended consumed (from its `tree.ended`).
+    pub fn ended_resources(
+        &self,
+        ids: &[TreeId],
+    ) -> Result<std::collections::HashMap<TreeId, Resources>, LedgerError> {
+        let ids = ids.to_vec();
+        self.read(move |tx| Ok(read::ended_resources(tx, &ids)?.into_iter().collect()))
     }
 
     /// Live (non-terminal) trees, or every tree with `all`.
@@ -572,6 +649,99 @@ impl Ledger {
     /// given, the expected head (which catches truncation). Reports the first break.
     pub fn verify(&self, expect_head: Option<(i64, String)>) -> Result<VerifyReport, LedgerError> {
         self.read(move |tx| verify::verify(tx, expect_head))
+    }
+
+    /// Prunes the events and rows of trees that ended before `req.before`
+    /// (never a live, ambiguous or otherwise unsettled tree's, never one in
+    /// `req.keep`), and tree-less events older than it: first the archive
+    /// (if asked) is written and fsynced from one snapshot, then one FULL
+    /// transaction re-plans, appends the `ledger.checkpoint` event and
+    /// deletes. Any failure deletes nothing and leaves no archive. Nothing
+    /// prunable: no checkpoint, no archive (`checkpoint: None`).
+    /// See `prune.rs` for the scheme `verify` proves.
+    pub fn prune(&self, req: &PruneRequest) -> Result<PruneReport, LedgerError> {
+        let req = req.clone();
+        let prepared = {
+            let req = req.clone();
+            self.read(move |tx| Ok(prune::prepare(tx, &req)))?
+        }?;
+        let Some(planned) = prepared else {
+            return Ok(PruneReport {
+                checkpoint: None,
+                events: 0,
+                trees: 0,
+                pruned_through: 0,
+                kept_below: 0,
+                archive: None,
+                pruned_trees: Vec::new(),
+            });
+        };
+        let archive = req.archive.clone();
+        let result = self.write(Durability::Full, move |w| prune::commit(w, &req, &planned));
+        if result.is_err()
+            && let Some(path) = &archive
+        {
+            // The delete did not commit: the archive holds events the
+            // ledger still has, and must not pass for a prune's.
+            let _ = std::fs::remove_file(path);
+        }
+        result
+    }
+
+    /// Checks archives written by [`Ledger::prune`] against this ledger
+    /// (see `prune.rs`): one report per archive, with the checkpoint it
+    /// matched.
+    pub fn verify_archives(
+        &self,
+        paths: &[std::path::PathBuf],
+    ) -> Result<Vec<(std::path::PathBuf, VerifyReport)>, LedgerError> {
+        let paths = paths.to_vec();
+        self.read(move |tx| {
+            Ok(prune::verify_archives(tx, &paths)?
+                .into_iter()
+                .map(|(p, r, _)| (p, r))
+                .collect())
+        })
+    }
+
+    /// The last seq the shipping sink `sink` had acknowledged, if shipping
+    /// ever ran (`service::ship`).
+    pub fn ship_cursor(&self, sink: &str) -> Result<Option<i64>, LedgerError> {
+        let sink = sink.to_string();
+        self.read(move |tx| {
+            Ok(tx
+                .prepare_cached("SELECT seq FROM ship_cursor WHERE sink = ?1")?
+                .query_row([&sink], |r| r.get(0))
+                .optional()?)
+        })
+    }
+
+    /// Creates the shipping cursor of `sink` at 0 if it has none (the
+    /// whole ledger is then shipped). A bookkeeping row: no event.
+    pub fn init_ship_cursor(&self, sink: &str) -> Result<(), LedgerError> {
+        let sink = sink.to_string();
+        self.write(Durability::Normal, move |w| {
+            let now = w.now.clone();
+            w.exec(
+                "INSERT INTO ship_cursor (sink, seq, at) VALUES (?1, 0, ?2) ON CONFLICT (sink) DO NOTHING",
+                rusqlite::params![sink, now],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Moves the shipping cursor of `sink` forward to `seq` (never back).
+    pub fn set_ship_cursor(&self, sink: &str, seq: i64) -> Result<(), LedgerError> {
+        let sink = sink.to_string();
+        self.write(Durability::Normal, move |w| {
+            let now = w.now.clone();
+            w.exec(
+                "INSERT INTO ship_cursor (sink, seq, at) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (sink) DO UPDATE SET seq = max(seq, excluded.seq), at = excluded.at",
+                rusqlite::params![sink, seq, now],
+            )?;
+            Ok(())
+        })
     }
 
     /// Writes the selected events to `out` in `format`; returns how many.

@@ -5,14 +5,15 @@ use rusqlite::{Connection, OptionalExtension, Row, params_from_iter, types::Valu
 use super::error::{Fail, LedgerError};
 use super::types::{
     AuthorizationRow, EventFilter, EventRow, ExitRecord, IdentityRecord, MemberCounts, MemberRow,
-    ObservationRow, OwnerRow, SignalRow, TreeDetail, TreeId, TreeRow, TreeState,
+    ObservationRow, OwnerRow, PageAt, Resources, SignalRow, TokenRow, TreeDetail, TreeFilter,
+    TreeId, TreeRow, TreeState,
 };
 
 const TREE_COLUMNS: &str =
     "t.id, t.label, t.state, t.boundary, o.id, o.pid, o.start_ticks, o.boot_id, o.kind,
      t.argv, t.cwd, t.root_pid, t.root_start_ticks, t.boot_id, t.pgid, t.sid, t.cgroup,
      t.created_at, t.ended_at, t.exit_code, t.exit_signal, t.flags, t.note,
-     t.grace_ms, t.timeout_ms, t.first_signal";
+     t.grace_ms, t.timeout_ms, t.first_signal, t.requester_uid, t.requested_by, t.run_uid, t.run_gid";
 
 fn json_column<T: serde::de::DeserializeOwned>(row: &Row<'_>, idx: usize) -> rusqlite::Result<T> {
     let text: String = row.get(idx)?;
@@ -74,7 +75,47 @@ fn tree_from_row(row: &Row<'_>) -> rusqlite::Result<TreeRow> {
         grace_ms: opt_ticks(row, 23)?,
         timeout_ms: opt_ticks(row, 24)?,
         first_signal: row.get(25)?,
+        requester_uid: row.get(26)?,
+        requested_by: match row.get::<_, Option<String>>(27)? {
+            None => None,
+            Some(_) => Some(json_column(row, 27)?),
+        },
+        run_uid: row.get(28)?,
+        run_gid: row.get(29)?,
     })
+}
+
+fn token_from_row(row: &Row<'_>) -> rusqlite::Result<TokenRow> {
+    let scope: String = row.get(2)?;
+    Ok(TokenRow {
+        id: row.get(0)?,
+        name: row.get(1)?,
+        scope: scope.parse().map_err(|e: String| {
+            rusqlite::Error::FromSqlConversionFailure(2, rusqlite::types::Type::Text, e.into())
+        })?,
+        created_at: row.get(3)?,
+        revoked_at: row.get(4)?,
+    })
+}
+
+/// Every token, oldest first.
+pub(crate) fn tokens(conn: &Connection) -> Result<Vec<TokenRow>, Fail> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT id, name, scope, created_at, revoked_at FROM api_tokens ORDER BY id",
+    )?;
+    let rows = stmt.query_map([], token_from_row)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// The live (unrevoked) token with this SHA-256, if any.
+pub(crate) fn token_by_hash(conn: &Connection, sha256: &str) -> Result<Option<TokenRow>, Fail> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT id, name, scope, created_at, revoked_at FROM api_tokens
+             WHERE sha256 = ?1 AND revoked_at IS NULL",
+        )?
+        .query_row([sha256], token_from_row)
+        .optional()?)
 }
 
 pub(crate) fn instance_id(conn: &Connection) -> Result<String, Fail> {
@@ -137,21 +178,58 @@ pub(crate) fn trees(conn: &Connection, states: Option<&[TreeState]>) -> Result<V
 /// the primary key: a page costs the same at tree 10 and at tree 10 million.
 pub(crate) fn tree_page(
     conn: &Connection,
-    states: Option<&[TreeState]>,
-    label: Option<&str>,
-    before: Option<i64>,
+    filter: &TreeFilter,
+    at: PageAt,
     limit: usize,
 ) -> Result<Vec<TreeRow>, Fail> {
-    let (sql, args) = tree_page_sql(states, label, before, limit);
+    let first = match filter.since {
+        Some(since) => match first_tree_since(conn, since)? {
+            Some(id) => Some(id),
+            // No tree was created since then.
+            None => return Ok(Vec::new()),
+        },
+        None => None,
+    };
+    let (sql, args) = tree_page_sql(
+        filter.states.as_deref(),
+        filter.label.as_deref(),
+        first,
+        at,
+        limit,
+    );
     let mut stmt = conn.prepare_cached(&sql)?;
     let rows = stmt.query_map(params_from_iter(args), tree_from_row)?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    let mut rows: Vec<TreeRow> = rows.collect::<Result<_, _>>()?;
+    // A page of newer trees is read upwards from its bound (so it is the
+    // page right above it), and shown newest first like every page.
+    if matches!(at, PageAt::After(_)) {
+        rows.reverse();
+    }
+    Ok(rows)
+}
+
+/// The first tree created at or after `since`, found without a scan of
+/// `trees`: the first event at or after `since` (the `events_at` index),
+/// then the first `tree.created` from there on (the primary key). Tree ids
+/// and their `tree.created` events are written in one transaction, so they
+/// come in the same order. (A wall-clock step back between two events can
+/// misplace the bound by that step: `at` is the writer's clock.)
+const FIRST_TREE_SINCE: &str = "SELECT tree FROM events
+     WHERE seq >= (SELECT seq FROM events WHERE at >= ?1 ORDER BY at LIMIT 1)
+       AND kind = 'tree.created'
+     ORDER BY seq LIMIT 1";
+
+fn first_tree_since(conn: &Connection, since: std::time::SystemTime) -> Result<Option<i64>, Fail> {
+    let at = humantime::format_rfc3339_millis(since).to_string();
+    let mut stmt = conn.prepare_cached(FIRST_TREE_SINCE)?;
+    Ok(stmt.query_row([at], |r| r.get(0)).optional()?)
 }
 
 fn tree_page_sql(
     states: Option<&[TreeState]>,
     label: Option<&str>,
-    before: Option<i64>,
+    first: Option<i64>,
+    at: PageAt,
     limit: usize,
 ) -> (String, Vec<Value>) {
     let mut clauses: Vec<String> = Vec::new();
@@ -170,10 +248,23 @@ fn tree_page_sql(
         clauses.push("t.label = ?".into());
         args.push(Value::Text(label.to_string()));
     }
-    if let Some(before) = before {
-        clauses.push("t.id < ?".into());
-        args.push(Value::Integer(before));
+    if let Some(first) = first {
+        clauses.push("t.id >= ?".into());
+        args.push(Value::Integer(first));
     }
+    let order = match at {
+        PageAt::Newest => "DESC",
+        PageAt::Before(id) => {
+            clauses.push("t.id < ?".into());
+            args.push(Value::Integer(id));
+            "DESC"
+        }
+        PageAt::After(id) => {
+            clauses.push("t.id > ?".into());
+            args.push(Value::Integer(id));
+            "ASC"
+        }
+    };
     let filter = if clauses.is_empty() {
         String::new()
     } else {
@@ -181,7 +272,7 @@ fn tree_page_sql(
     };
     args.push(Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)));
     let sql = format!(
-        "SELECT {TREE_COLUMNS} FROM trees t JOIN owners o ON o.id = t.owner_id {filter} ORDER BY t.id DESC LIMIT ?"
+        "SELECT {TREE_COLUMNS} FROM trees t JOIN owners o ON o.id = t.owner_id {filter} ORDER BY t.id {order} LIMIT ?"
     );
     (sql, args)
 }
@@ -369,7 +460,9 @@ fn events_sql(filter: &EventFilter) -> Result<(String, Vec<Value>), Fail> {
 
 /// How many trees are in each state (states with none are left out).
 pub(crate) fn tree_counts(conn: &Connection) -> Result<Vec<(TreeState, u64)>, Fail> {
-    let mut stmt = conn.prepare_cached("SELECT state, COUNT(*) FROM trees GROUP BY state")?;
+    // Kept by triggers (migration 0005): one row per state, not a pass over every tree.
+    let mut stmt =
+        conn.prepare_cached("SELECT state, n FROM tree_counts WHERE n > 0 ORDER BY state")?;
     let rows = stmt.query_map([], |row| {
         Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
     })?;
@@ -412,6 +505,30 @@ pub(crate) fn member_counts(
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
+/// What each of `ids` that has ended consumed (its `tree.ended`'s
+/// `resources`); trees without are left out. One lookup per tree, each a
+/// walk back from the tree's newest event, where `tree.ended` is.
+pub(crate) fn ended_resources(
+    conn: &Connection,
+    ids: &[TreeId],
+) -> Result<Vec<(TreeId, Resources)>, Fail> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT json_extract(data, '$.resources') FROM events
+         WHERE tree = ?1 AND kind = 'tree.ended' ORDER BY seq DESC LIMIT 1",
+    )?;
+    let mut out = Vec::new();
+    for id in ids {
+        let found: Option<Option<String>> = stmt.query_row([id.0], |r| r.get(0)).optional()?;
+        if let Some(r) = found
+            .flatten()
+            .and_then(|text| serde_json::from_str(&text).ok())
+        {
+            out.push((*id, r));
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -422,8 +539,8 @@ mod tests {
     /// (which would make a page cost grow with the ledger).
     #[test]
     fn paged_reads_walk_an_index_and_never_sort_the_table() {
-        use super::{events_sql, tree_page_sql};
-        use crate::ledger::{EventFilter, TreeId, TreeState};
+        use super::{FIRST_TREE_SINCE, events_sql, tree_page_sql};
+        use crate::ledger::{EventFilter, PageAt, TreeId, TreeState};
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("ledger.db");
         drop(crate::ledger::Ledger::open(&path, Default::default()).expect("migrate"));
@@ -438,16 +555,35 @@ mod tests {
             rows.map(|r| r.expect("row")).collect::<Vec<_>>().join("; ")
         };
         let running = [TreeState::Running];
-        for (states, label, before) in [
-            (None, None, None),
-            (None, None, Some(5000)),
-            (Some(&running[..]), None, Some(5000)),
-            (None, Some("ci"), None),
+        for (states, label, at) in [
+            (None, None, PageAt::Newest),
+            (None, None, PageAt::Before(5000)),
+            (None, None, PageAt::After(5000)),
+            (Some(&running[..]), None, PageAt::Before(5000)),
+            (Some(&running[..]), None, PageAt::After(5000)),
+            (None, Some("ci"), PageAt::Newest),
         ] {
-            let (sql, args) = tree_page_sql(states, label, before, 100);
+            let (sql, args) = tree_page_sql(states, label, None, at, 100);
             let p = plan(&sql, args);
             assert!(!p.contains("TEMP B-TREE"), "tree page sorts: {p}");
         }
+        // `since` on trees: the first event at the time (an index search),
+        // then the primary key from there; never a scan of either table.
+        let p = plan(
+            FIRST_TREE_SINCE,
+            vec![rusqlite::types::Value::Text(
+                "2026-01-01T00:00:00.000Z".into(),
+            )],
+        );
+        assert!(
+            p.contains("events_at"),
+            "since finds its event by index: {p}"
+        );
+        assert!(!p.contains("TEMP B-TREE"), "since sorts: {p}");
+        assert!(
+            !p.contains("SCAN events") || p.contains("PRIMARY KEY"),
+            "since scans: {p}"
+        );
         for filter in [
             EventFilter {
                 newest_first: true,

@@ -119,10 +119,25 @@ pub enum EventKind {
     SweepRefused,
     DispatchRefused,
     TreeResolved,
+    /// The kernel's OOM killer ended processes in the tree's cgroup:
+    /// `{oom_kills: new since the last one recorded, total}`.
+    TreeOomKill,
+    /// An API token was made (its id, name, scope, and who made it; never
+    /// the secret). Addition to DESIGN.md (issue 17).
+    TokenCreated,
+    /// An API token was revoked (its id, and who revoked it).
+    TokenRevoked,
+    /// A kill was asked for through the API, and by whom (`by`), written
+    /// before its teardown starts. Addition to DESIGN.md (issue 17).
+    KillRequested,
+    /// A prune removed ended trees' events up to `pruned_through`; the
+    /// remaining chain is proven from here (`ledger/prune.rs`). Written
+    /// only by [`crate::ledger::Ledger::prune`].
+    LedgerCheckpoint,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 18] = [
+    pub const ALL: [EventKind; 23] = [
         Self::TreeCreated,
         Self::TreeSpawned,
         Self::TreeSpawnFailed,
@@ -141,6 +156,11 @@ impl EventKind {
         Self::SweepRefused,
         Self::DispatchRefused,
         Self::TreeResolved,
+        Self::TreeOomKill,
+        Self::TokenCreated,
+        Self::TokenRevoked,
+        Self::KillRequested,
+        Self::LedgerCheckpoint,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -163,6 +183,11 @@ impl EventKind {
             Self::SweepRefused => "sweep.refused",
             Self::DispatchRefused => "dispatch.refused",
             Self::TreeResolved => "tree.resolved",
+            Self::TreeOomKill => "tree.oom_kill",
+            Self::TokenCreated => "token.created",
+            Self::TokenRevoked => "token.revoked",
+            Self::KillRequested => "kill.requested",
+            Self::LedgerCheckpoint => "ledger.checkpoint",
         }
     }
 
@@ -176,6 +201,8 @@ impl EventKind {
                 | Self::SweepOrphanFound
                 | Self::SweepRefused
                 | Self::DispatchRefused
+                | Self::KillRequested
+                | Self::TreeOomKill
         )
     }
 }
@@ -262,6 +289,102 @@ pub struct NewTree {
     pub limits: Limits,
     /// The teardown's first signal when not SIGTERM ("SIGINT", ...).
     pub first_signal: Option<String>,
+}
+
+/// Who asked for a mutation (a spawn, a kill, a resolution, a token), as
+/// the ledger records it: by peer credentials on the Unix socket, by token
+/// over TCP, or the invoking user of the CLI.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Requester {
+    /// `socket`, `tcp` or `cli`.
+    pub via: String,
+    /// The principal's uid (socket, CLI).
+    pub uid: Option<u32>,
+    /// The requesting process (socket: from `SO_PEERCRED`; CLI: itself).
+    pub pid: Option<i32>,
+    /// The token's id (TCP).
+    pub token_id: Option<i64>,
+    /// The token's name (TCP).
+    pub token_name: Option<String>,
+}
+
+impl std::fmt::Display for Requester {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.token_id, self.uid) {
+            (Some(id), _) => write!(
+                f,
+                "token {id} ({})",
+                self.token_name.as_deref().unwrap_or("")
+            )?,
+            (None, Some(uid)) => match self.pid {
+                Some(pid) => write!(f, "uid {uid} (pid {pid})")?,
+                None => write!(f, "uid {uid}")?,
+            },
+            (None, None) => f.write_str("an anonymous principal")?,
+        }
+        match self.via.as_str() {
+            "socket" => f.write_str(" over the socket"),
+            "tcp" => f.write_str(" over tcp"),
+            "cli" => f.write_str(" on the command line"),
+            other => write!(f, " via {other}"),
+        }
+    }
+}
+
+/// Who asked for a tree and as whom it runs, recorded with it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OnBehalfRecord {
+    pub requester: Requester,
+    /// The uid and gid its root runs as (`None`: the service's own).
+    pub run_uid: Option<u32>,
+    pub run_gid: Option<u32>,
+}
+
+/// What an API token may do over TCP. Ordered: each scope includes the
+/// ones before it.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum TokenScope {
+    /// Every read (trees, events, export, dashboard).
+    Read,
+    /// Reads, spawns, and kills and resolutions of the trees it spawned.
+    Spawn,
+    /// Everything, on every tree.
+    Admin,
+}
+
+impl TokenScope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenScope::Read => "read",
+            TokenScope::Spawn => "spawn",
+            TokenScope::Admin => "admin",
+        }
+    }
+}
+
+impl std::str::FromStr for TokenScope {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "read" => Ok(TokenScope::Read),
+            "spawn" => Ok(TokenScope::Spawn),
+            "admin" => Ok(TokenScope::Admin),
+            other => Err(format!("unknown scope {other:?}: read, spawn or admin")),
+        }
+    }
+}
+
+/// One API token as the ledger keeps it (never the secret).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct TokenRow {
+    pub id: i64,
+    pub name: String,
+    pub scope: TokenScope,
+    pub created_at: String,
+    pub revoked_at: Option<String>,
 }
 
 /// What the spawn formed: recorded once, never re-resolved from the leader pid.
@@ -420,6 +543,34 @@ pub struct Resources {
     pub io_read_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub io_write_bytes: Option<u64>,
+    /// Processes the kernel's OOM killer ended in the tree's cgroup
+    /// (`memory.events` `oom_kill`; absent without the memory controller).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom_kills: Option<u64>,
+}
+
+impl Resources {
+    /// What is known, for a person: `cpu 12.3 ms, memory peak 4.1 MiB, ...`
+    /// (empty when nothing is).
+    pub fn summary(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(us) = self.cpu_usec {
+            parts.push(format!("cpu {:.1} ms", us as f64 / 1000.0));
+        }
+        if let Some(b) = self.memory_peak_bytes {
+            parts.push(format!("memory peak {:.1} MiB", b as f64 / 1048576.0));
+        }
+        if let Some(p) = self.pids_peak {
+            parts.push(format!("pids peak {p}"));
+        }
+        if let (Some(rd), Some(wr)) = (self.io_read_bytes, self.io_write_bytes) {
+            parts.push(format!("io {rd} B read, {wr} B written"));
+        }
+        if let Some(n) = self.oom_kills.filter(|n| *n > 0) {
+            parts.push(format!("{n} OOM kill(s)"));
+        }
+        parts.join(", ")
+    }
 }
 
 /// An evidence write a teardown could not make (the ledger refused writes:
@@ -498,6 +649,28 @@ pub fn parse_since(s: &str) -> Result<std::time::SystemTime, String> {
         .checked_sub(age)
         .unwrap_or(std::time::UNIX_EPOCH)
         .max(std::time::UNIX_EPOCH))
+}
+
+/// Where a keyset page of trees starts: the newest, the page right below a
+/// tree id (older), or the page right above one (newer). Every page is
+/// returned newest first.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PageAt {
+    #[default]
+    Newest,
+    Before(i64),
+    After(i64),
+}
+
+/// Selects trees for a page: all conditions combine with AND.
+#[derive(Clone, Debug, Default)]
+pub struct TreeFilter {
+    /// Only trees in one of these states (`None`: any).
+    pub states: Option<Vec<TreeState>>,
+    /// Only trees with exactly this label.
+    pub label: Option<String>,
+    /// Only trees created at or after this moment.
+    pub since: Option<std::time::SystemTime>,
 }
 
 /// Selects events for reads and export. All conditions combine with AND;
@@ -599,6 +772,16 @@ pub struct TreeRow {
     pub timeout_ms: Option<u64>,
     /// The teardown's first signal it was given ("SIGINT"; `None`: SIGTERM).
     pub first_signal: Option<String>,
+    /// The uid of the principal that asked for the tree (`None`: asked
+    /// with a token, or recorded before migration 0006). A non-admin
+    /// principal acts only on its own uid's trees.
+    pub requester_uid: Option<u32>,
+    /// The whole principal that asked.
+    pub requested_by: Option<Requester>,
+    /// The uid and gid the root was given before exec (`None`: the
+    /// service's own).
+    pub run_uid: Option<u32>,
+    pub run_gid: Option<u32>,
 }
 
 impl TreeRow {
@@ -778,6 +961,9 @@ pub struct VerifyReport {
     /// `PRAGMA integrity_check` said "ok".
     pub integrity_ok: bool,
     pub first_break: Option<VerifyBreak>,
+    /// The `ledger.checkpoint` the chain was proven from (its seq), when
+    /// the ledger was pruned; for an archive, the checkpoint it matched.
+    pub checkpoint: Option<i64>,
 }
 
 impl VerifyReport {

@@ -6,8 +6,11 @@ use std::collections::HashMap;
 
 use rusqlite::Connection;
 
+use sha2::{Digest, Sha256};
+
 use super::chain;
 use super::error::Fail;
+use super::prune;
 use super::types::{VerifyBreak, VerifyReport};
 
 fn broke(seq: Option<i64>, what: impl Into<String>) -> Option<VerifyBreak> {
@@ -26,6 +29,7 @@ pub(crate) fn verify(
         head: None,
         integrity_ok: false,
         first_break: None,
+        checkpoint: None,
     };
 
     let problems: Vec<String> = {
@@ -102,12 +106,31 @@ pub(crate) fn verify(
 }
 
 /// Walks every event in seq order. Returns the first break.
+///
+/// Without a checkpoint the chain is whole from seq 1 (prev_hash the
+/// genesis). With one (the newest `ledger.checkpoint`, see `prune.rs`),
+/// events at or below its `pruned_through` P are the survivors of pruning:
+/// each must still prove its content, adjacent ones must link, and their
+/// count and digest must be what the checkpoint recorded; above P the
+/// chain is whole again, starting at P + 1 from the checkpoint's `hash`.
 fn walk_chain(conn: &Connection, report: &mut VerifyReport) -> Result<Option<VerifyBreak>, Fail> {
+    let checkpoint = match prune::latest_checkpoint(conn)? {
+        Ok(cp) => cp,
+        Err(found) => return Ok(Some(found)),
+    };
+    report.checkpoint = checkpoint.as_ref().map(|c| c.seq);
+    let (boundary, boundary_hash) = checkpoint
+        .as_ref()
+        .map_or((0, chain::GENESIS.to_string()), |c| {
+            (c.pruned_through, c.hash.clone())
+        });
+    let mut kept = Sha256::new();
+    let mut kept_n = 0_u64;
     let mut stmt =
         conn.prepare("SELECT seq, at, tree, kind, data, prev_hash, hash FROM events ORDER BY seq")?;
     let mut rows = stmt.query([])?;
-    let mut expected_seq = 1_i64;
-    let mut prev_hash = chain::GENESIS.to_string();
+    // The previous event walked (seq, hash).
+    let mut prev: Option<(i64, String)> = None;
     // kill.authorized events seen so far: authorization id -> tree.
     let mut authorized: HashMap<i64, Option<i64>> = HashMap::new();
     while let Some(row) = rows.next()? {
@@ -119,17 +142,40 @@ fn walk_chain(conn: &Connection, report: &mut VerifyReport) -> Result<Option<Ver
         let stored_prev: String = row.get(5)?;
         let stored_hash: String = row.get(6)?;
 
-        if seq != expected_seq {
-            return Ok(broke(
-                Some(expected_seq),
-                format!("event {expected_seq} is missing (the next stored event is {seq})"),
-            ));
-        }
-        if stored_prev != prev_hash {
-            return Ok(broke(
-                Some(seq),
-                "prev_hash does not match the previous event's hash (reordered or replaced)",
-            ));
+        if seq <= boundary {
+            // A survivor of pruning: linked where its predecessor survived too.
+            let linked_to = match &prev {
+                Some((p, h)) if *p == seq - 1 => Some(h.as_str()),
+                _ if seq == 1 => Some(chain::GENESIS),
+                _ => None,
+            };
+            if linked_to.is_some_and(|h| h != stored_prev) {
+                return Ok(broke(
+                    Some(seq),
+                    "prev_hash does not match the previous event's hash (reordered or replaced)",
+                ));
+            }
+            kept.update(stored_hash.as_bytes());
+            kept_n += 1;
+        } else {
+            let (expected_seq, expected_prev) = match &prev {
+                Some((p, h)) if *p > boundary => (p + 1, h.as_str()),
+                _ => (boundary + 1, boundary_hash.as_str()),
+            };
+            if seq != expected_seq {
+                return Ok(broke(
+                    Some(expected_seq),
+                    format!("event {expected_seq} is missing (the next stored event is {seq})"),
+                ));
+            }
+            if stored_prev != expected_prev {
+                let what = if expected_seq == boundary + 1 && boundary > 0 {
+                    "prev_hash does not match the checkpoint's hash of the last pruned event"
+                } else {
+                    "prev_hash does not match the previous event's hash (reordered or replaced)"
+                };
+                return Ok(broke(Some(seq), what));
+            }
         }
         let data: serde_json::Value = match serde_json::from_str(&data_text) {
             Ok(data) => data,
@@ -138,7 +184,7 @@ fn walk_chain(conn: &Connection, report: &mut VerifyReport) -> Result<Option<Ver
         if chain::canonical_string(&data) != data_text {
             return Ok(broke(Some(seq), "data is not in canonical form (edited)"));
         }
-        let hash = chain::event_hash(&prev_hash, seq, &at, tree, &kind, &data);
+        let hash = chain::event_hash(&stored_prev, seq, &at, tree, &kind, &data);
         if hash != stored_hash {
             return Ok(broke(
                 Some(seq),
@@ -175,8 +221,19 @@ fn walk_chain(conn: &Connection, report: &mut VerifyReport) -> Result<Option<Ver
 
         report.events += 1;
         report.head = Some((seq, stored_hash.clone()));
-        prev_hash = stored_hash;
-        expected_seq += 1;
+        prev = Some((seq, stored_hash));
+    }
+    if let Some(cp) = &checkpoint {
+        let digest = hex::encode(kept.finalize());
+        if kept_n != cp.kept_events || digest != cp.kept_digest {
+            return Ok(broke(
+                Some(cp.seq),
+                format!(
+                    "the {kept_n} events held at or below the checkpoint's pruned_through {} are not the {} it recorded (removed, added or edited)",
+                    cp.pruned_through, cp.kept_events
+                ),
+            ));
+        }
     }
     Ok(None)
 }

@@ -11,7 +11,8 @@ use super::error::{Fail, LedgerError};
 use super::read;
 use super::types::{
     AuthorizationId, Deferred, EventKind, ExitRecord, IdentityRecord, KillTarget, MemberRecord,
-    NewTree, OwnerId, OwnerRecord, SignalRecord, SpawnRecord, SurvivorRecord, TreeId, TreeState,
+    NewTree, OnBehalfRecord, OwnerId, OwnerRecord, Requester, SignalRecord, SpawnRecord,
+    SurvivorRecord, TokenScope, TreeId, TreeState,
 };
 
 /// Clock ticks as SQLite stores them (an i64; ticks never come near its limit).
@@ -55,7 +56,11 @@ pub(crate) fn register_owner(w: &mut Writer<'_>, owner: &OwnerRecord) -> Result<
     Ok(OwnerId(w.tx.last_insert_rowid()))
 }
 
-pub(crate) fn create_tree(w: &mut Writer<'_>, tree: &NewTree) -> Result<TreeId, Fail> {
+pub(crate) fn create_tree(
+    w: &mut Writer<'_>,
+    tree: &NewTree,
+    on_behalf: Option<&OnBehalfRecord>,
+) -> Result<TreeId, Fail> {
     if tree.boundary != "cgroup" && tree.boundary != "session" {
         return Err(invariant(format!(
             "boundary must be cgroup or session, not {:?}",
@@ -80,6 +85,19 @@ pub(crate) fn create_tree(w: &mut Writer<'_>, tree: &NewTree) -> Result<TreeId, 
         ],
     )?;
     let id = TreeId(w.tx.last_insert_rowid());
+    if let Some(b) = on_behalf {
+        w.exec(
+            "UPDATE trees SET requester_uid = ?2, requested_by = ?3, run_uid = ?4, run_gid = ?5
+             WHERE id = ?1",
+            params![
+                id.0,
+                b.requester.uid,
+                serde_json::to_string(&b.requester)?,
+                b.run_uid,
+                b.run_gid
+            ],
+        )?;
+    }
     let owner: (i32, i64, String) = w.row(
         "SELECT pid, start_ticks, kind FROM owners WHERE id = ?1",
         [tree.owner.0],
@@ -98,6 +116,9 @@ pub(crate) fn create_tree(w: &mut Writer<'_>, tree: &NewTree) -> Result<TreeId, 
             "timeout_ms": tree.timeout_ms,
             "limits": tree.limits,
             "first_signal": tree.first_signal,
+            "by": on_behalf.map(|b| &b.requester),
+            "run_uid": on_behalf.and_then(|b| b.run_uid),
+            "run_gid": on_behalf.and_then(|b| b.run_gid),
         }),
     )?;
     Ok(id)
@@ -570,6 +591,7 @@ pub(crate) fn resolve(
     id: TreeId,
     note: &str,
     left_alive: &[IdentityRecord],
+    by: Option<&Requester>,
 ) -> Result<(), Fail> {
     let from = current_state(w, id)?;
     if from != TreeState::Ambiguous {
@@ -581,11 +603,14 @@ pub(crate) fn resolve(
         "UPDATE trees SET state = 'resolved', note = ?2, ended_at = coalesce(ended_at, ?3) WHERE id = ?1",
         params![id.0, note, w.now],
     )?;
-    let data = if left_alive.is_empty() {
+    let mut data = if left_alive.is_empty() {
         json!({"note": note})
     } else {
         json!({"note": note, "forced": true, "survivors_left": left_alive})
     };
+    if let (Some(by), Some(obj)) = (by, data.as_object_mut()) {
+        obj.insert("by".into(), serde_json::to_value(by)?);
+    }
     w.event(Some(id), EventKind::TreeResolved, data)?;
     Ok(())
 }
@@ -760,4 +785,85 @@ pub(crate) fn replay_deferred(
     }
     w.late = None;
     Ok(())
+}
+
+/// A token row (its hash only) and its `token.created` event.
+pub(crate) fn create_token(
+    w: &mut Writer<'_>,
+    name: &str,
+    scope: TokenScope,
+    sha256: &str,
+    by: &Requester,
+) -> Result<i64, Fail> {
+    w.exec(
+        "INSERT INTO api_tokens (name, scope, sha256, created_at) VALUES (?1, ?2, ?3, ?4)",
+        params![name, scope.as_str(), sha256, w.now],
+    )?;
+    let id = w.tx.last_insert_rowid();
+    w.event(
+        None,
+        EventKind::TokenCreated,
+        json!({"token": id, "name": name, "scope": scope.as_str(), "by": by}),
+    )?;
+    Ok(id)
+}
+
+/// The token file's secret as a token named `name` (admin): added once
+/// (by its hash); any other live token of that name, a file since replaced,
+/// is revoked in the same transaction. Returns the token's id.
+pub(crate) fn import_token(
+    w: &mut Writer<'_>,
+    name: &str,
+    sha256: &str,
+    by: &Requester,
+) -> Result<i64, Fail> {
+    let existing: Option<(i64, Option<String>)> =
+        w.tx.query_row(
+            "SELECT id, revoked_at FROM api_tokens WHERE sha256 = ?1",
+            [sha256],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    let id = match existing {
+        Some((id, _)) => id,
+        None => create_token(w, name, TokenScope::Admin, sha256, by)?,
+    };
+    let stale: Vec<i64> = {
+        let mut stmt = w.tx.prepare(
+            "SELECT id FROM api_tokens WHERE name = ?1 AND id != ?2 AND revoked_at IS NULL",
+        )?;
+        let rows = stmt.query_map(params![name, id], |r| r.get(0))?;
+        rows.collect::<Result<_, _>>()?
+    };
+    for old in stale {
+        revoke_token(w, old, by)?;
+    }
+    Ok(id)
+}
+
+/// Revokes a token (once); `Ok(false)` when it was already revoked.
+pub(crate) fn revoke_token(w: &mut Writer<'_>, id: i64, by: &Requester) -> Result<bool, Fail> {
+    let revoked: Option<Option<String>> =
+        w.tx.query_row(
+            "SELECT revoked_at FROM api_tokens WHERE id = ?1",
+            [id],
+            |r| r.get(0),
+        )
+        .optional()?;
+    match revoked {
+        None => Err(LedgerError::NotFound(format!("token {id}")).into()),
+        Some(Some(_)) => Ok(false),
+        Some(None) => {
+            w.exec(
+                "UPDATE api_tokens SET revoked_at = ?2 WHERE id = ?1",
+                params![id, w.now],
+            )?;
+            w.event(
+                None,
+                EventKind::TokenRevoked,
+                json!({"token": id, "by": by}),
+            )?;
+            Ok(true)
+        }
+    }
 }

@@ -215,6 +215,11 @@ pub struct SpawnSpec {
     /// The child's file mode creation mask, when it must not inherit ours
     /// (the service runs with `UMask=0077`; its trees get the usual 022).
     pub umask: Option<u32>,
+    /// The credentials the child takes before exec (supplementary groups,
+    /// gid, uid), after its cgroup was joined and its stdio set up (the log
+    /// file is opened by us, as ourselves), before `chdir` (so the working
+    /// directory is checked as the new user). `None`: ours.
+    pub credentials: Option<super::Credentials>,
 }
 
 /// One control file to set in a tree's cgroup (`pids.max` = `20`).
@@ -336,7 +341,14 @@ const TAG_READY: u8 = b'R';
 const TAG_SETUP: u8 = b'S';
 const TAG_EXEC: u8 = b'E';
 const RELEASE_BYTE: u8 = b'G';
-const STEP_NAMES: [&str; 5] = ["unknown", "setsid", "stdio", "chdir", "signal mask"];
+const STEP_NAMES: [&str; 6] = [
+    "unknown",
+    "setsid",
+    "stdio",
+    "chdir",
+    "signal mask",
+    "credentials",
+];
 
 /// How long cleanup waits for a killed child and its cgroup to empty.
 const CLEANUP_WAIT: Duration = Duration::from_secs(5);
@@ -354,6 +366,8 @@ struct Prepared {
     /// With [`SpawnStdio::Log`]: the log file, for descriptors 1 and 2.
     log_fd: Option<OwnedFd>,
     umask: Option<libc::mode_t>,
+    /// uid, gid and supplementary groups to take before exec.
+    creds: Option<(libc::uid_t, libc::gid_t, Vec<libc::gid_t>)>,
     empty_mask: libc::sigset_t,
     default_action: libc::sigaction,
     sigmax: libc::c_int,
@@ -488,6 +502,10 @@ fn prepare(spec: &SpawnSpec) -> Result<Prepared, ProcError> {
         null_fd,
         log_fd,
         umask: spec.umask.map(|m| m as libc::mode_t),
+        creds: spec
+            .credentials
+            .as_ref()
+            .map(|c| (c.uid, c.gid, c.groups.clone())),
         empty_mask,
         default_action,
         sigmax: libc::SIGRTMAX(),
@@ -503,7 +521,8 @@ fn prepare(spec: &SpawnSpec) -> Result<Prepared, ProcError> {
 unsafe fn child_after_fork(p: &Prepared, release_r: libc::c_int, status_w: libc::c_int) -> ! {
     // SAFETY (whole body): every call below is async-signal-safe (signal(7)
     // lists sigaction, sigprocmask, setsid, dup2, chdir, read, write, execve,
-    // _exit; close_range is a plain syscall), and every pointer refers to
+    // _exit; close_range, setgroups, setresgid and setresuid are made as
+    // plain syscalls), and every pointer refers to
     // memory owned by `p`, which the parent prepared before fork and which is
     // not freed in the child.
     unsafe {
@@ -549,6 +568,18 @@ unsafe fn child_after_fork(p: &Prepared, release_r: libc::c_int, status_w: libc:
         }
         if let Some(mask) = p.umask {
             libc::umask(mask);
+        }
+        // The requester's credentials: raw syscalls (not glibc's wrappers,
+        // which broadcast to every thread of a process; this child has one),
+        // groups first, while we still may set them; gid before uid; real,
+        // effective and saved ids alike, so none of ours can be regained.
+        if let Some((uid, gid, groups)) = &p.creds
+            && (libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) != 0
+                || libc::syscall(libc::SYS_setresgid, *gid, *gid, *gid) != 0
+                || libc::syscall(libc::SYS_setresuid, *uid, *uid, *uid) != 0)
+        {
+            report(TAG_SETUP, 5, errno());
+            libc::_exit(125);
         }
         if let Some(cwd) = &p.cwd
             && libc::chdir(cwd.as_ptr()) != 0
@@ -698,9 +729,27 @@ fn fork_held(spec: &SpawnSpec, p: &Prepared, program: String) -> Result<HeldChil
         finished: false,
     };
     // From here on, an early return drops `held`, which kills and reaps it.
+    let setup_failure = |msg: &[u8; MSG_LEN]| ProcError::ChildSetup {
+        step: STEP_NAMES
+            .get(usize::from(msg[1]))
+            .copied()
+            .unwrap_or("unknown"),
+        source: std::io::Error::from_raw_os_error(msg_errno(msg)),
+    };
     if let Some(cg) = &spec.cgroup {
-        std::fs::write(cg.join("cgroup.procs"), pid.to_string())
-            .map_err(|e| ProcError::cgroup(cg, e))?;
+        if let Err(e) = std::fs::write(cg.join("cgroup.procs"), pid.to_string()) {
+            // The child may have failed its own set-up (a cwd closed to the
+            // user it now runs as) and exited before it could be moved
+            // (ESRCH): its report is the cause. It always reports (ready or
+            // failed) or dies, so this read never waits long.
+            if let Some(status_r) = held.status_r.as_ref()
+                && let Ok(Some(msg)) = read_msg(status_r.as_fd())
+                && msg[0] == TAG_SETUP
+            {
+                return Err(setup_failure(&msg));
+            }
+            return Err(ProcError::cgroup(cg, e));
+        }
         held.cgroup = Some(cg.clone());
     }
     let status_fd = held.status_r.as_ref().map(AsFd::as_fd);
@@ -709,16 +758,7 @@ fn fork_held(spec: &SpawnSpec, p: &Prepared, program: String) -> Result<HeldChil
     };
     match read_msg(status_fd)? {
         Some(msg) if msg[0] == TAG_READY => {}
-        Some(msg) if msg[0] == TAG_SETUP => {
-            let step = STEP_NAMES
-                .get(usize::from(msg[1]))
-                .copied()
-                .unwrap_or("unknown");
-            return Err(ProcError::ChildSetup {
-                step,
-                source: std::io::Error::from_raw_os_error(msg_errno(&msg)),
-            });
-        }
+        Some(msg) if msg[0] == TAG_SETUP => return Err(setup_failure(&msg)),
         _ => {
             return Err(ProcError::Io(std::io::Error::other(
                 "the child died before it was held",

@@ -30,6 +30,7 @@ pub mod probe;
 pub mod reaper;
 mod resources;
 pub mod signal;
+pub mod users;
 
 pub use boundary::{
     BoundaryKind, CgroupSetting, ExecFailure, ExecFailureKind, HeldChild, SpawnSpec, SpawnStdio,
@@ -45,11 +46,15 @@ pub use probe::{Capability, Probe, probe};
 pub use reaper::{
     ExitStatus, Reaper, parent_pid, reap_child, set_parent_death_signal, set_subreaper,
 };
-pub use resources::{CgroupUsage, cap_log, cgroup_controllers, cgroup_usage};
+pub use resources::{CgroupUsage, cap_log, cgroup_controllers, cgroup_usage, oom_kills};
 pub use signal::{
     CgroupEvent, Delivery, GroupDelivery, GroupRecord, Sig, cgroup_freeze, cgroup_kill,
     cgroup_pids, cgroup_populated, cgroup_thaw, cgroup_wait_event, default_sigpipe, group_members,
     signal_group, signal_group_known, signal_process,
+};
+pub use users::{
+    Credentials, UserInfo, credentials_for, current_uid, effective_uid, group_by_name, groups_of,
+    user_by_name, user_by_uid,
 };
 
 use std::path::PathBuf;

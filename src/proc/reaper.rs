@@ -84,7 +84,16 @@ struct State {
     unclaimed: Vec<(i32, ExitStatus)>,
     /// Bumped by every `notify_spawned`, so the thread never parks past a fork.
     spawn_generation: u64,
+    /// The CPU time (user + system, microseconds) of the last reaped
+    /// process of each pid, from `wait4`'s rusage: its own and that of the
+    /// children it waited for. Bounded: the oldest [`CPU_KEPT`] are kept.
+    cpu: HashMap<i32, u64>,
+    cpu_order: std::collections::VecDeque<i32>,
 }
+
+/// How many reaped processes' CPU times the reaper keeps for their
+/// recorders (who ask within a scan interval or a teardown of the exit).
+const CPU_KEPT: usize = 8192;
 
 /// The process-wide reaper: one thread blocked in `wait`, a map of exits.
 pub struct Reaper {
@@ -131,13 +140,9 @@ impl Reaper {
     fn run(&self) {
         loop {
             let generation = self.lock().spawn_generation;
-            // __WALL: also children whose exit signal is not SIGCHLD.
-            match rustix::process::wait(WaitOptions::from_bits_retain(libc::__WALL as u32)) {
-                Ok(Some((pid, status))) => {
-                    if let Some(exit) = ExitStatus::from_wait(status) {
-                        self.record(pid.as_raw_nonzero().get(), exit);
-                    }
-                }
+            match wait_any() {
+                Ok(Some((pid, Some(exit), cpu_usec))) => self.record(pid, exit, cpu_usec),
+                Ok(Some((_, None, _))) => {}
                 Ok(None) | Err(Errno::INTR) => {}
                 Err(e) => {
                     if e != Errno::CHILD {
@@ -157,8 +162,16 @@ impl Reaper {
         }
     }
 
-    fn record(&self, pid: i32, exit: ExitStatus) {
+    fn record(&self, pid: i32, exit: ExitStatus, cpu_usec: u64) {
         let mut state = self.lock();
+        if state.cpu.insert(pid, cpu_usec).is_none() {
+            state.cpu_order.push_back(pid);
+            if state.cpu_order.len() > CPU_KEPT
+                && let Some(old) = state.cpu_order.pop_front()
+            {
+                state.cpu.remove(&old);
+            }
+        }
         if state.expected.remove(&pid) {
             state.exits.insert(pid, (exit, false));
         } else {
@@ -271,11 +284,51 @@ impl Reaper {
         Some(exit)
     }
 
+    /// The CPU time (user + system, microseconds) of the last process of
+    /// `pid` this reaper reaped: its own and that of every child it waited
+    /// for (`wait4`'s rusage). `None` when it reaped none (recently).
+    pub fn cpu_usec_of(&self, pid: i32) -> Option<u64> {
+        self.lock().cpu.get(&pid).copied()
+    }
+
     /// Drains the exits nobody announced or asked for: adopted orphans and
     /// other strays, in reaping order, for the caller to record.
     pub fn take_unclaimed(&self) -> Vec<(i32, ExitStatus)> {
         std::mem::take(&mut self.lock().unclaimed)
     }
+}
+
+/// `wait4(-1, __WALL)`: the next child to end (also children whose exit
+/// signal is not SIGCHLD), how it ended and its CPU time in microseconds
+/// (rusage: user + system, its own and its waited-for children's). rustix
+/// has no wait with rusage, hence libc.
+fn wait_any() -> Result<Option<(i32, Option<ExitStatus>, u64)>, Errno> {
+    let mut status: libc::c_int = 0;
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: wait4 writes only an int and a `struct rusage` through two
+    // pointers to live locals of exactly those types.
+    let pid = unsafe { libc::wait4(-1, &mut status, libc::__WALL, usage.as_mut_ptr()) };
+    if pid < 0 {
+        return Err(Errno::from_io_error(&std::io::Error::last_os_error()).unwrap_or(Errno::IO));
+    }
+    if pid == 0 {
+        return Ok(None);
+    }
+    // SAFETY: all-zero bytes are a valid `rusage` (integers only), and
+    // wait4 succeeded, so the kernel filled it in.
+    let usage = unsafe { usage.assume_init() };
+    let usec = |t: libc::timeval| {
+        u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000 + u64::try_from(t.tv_usec).unwrap_or(0)
+    };
+    let cpu = usec(usage.ru_utime) + usec(usage.ru_stime);
+    let exit = if libc::WIFEXITED(status) {
+        Some(ExitStatus::Exited(libc::WEXITSTATUS(status)))
+    } else if libc::WIFSIGNALED(status) {
+        Some(ExitStatus::Signaled(libc::WTERMSIG(status)))
+    } else {
+        None
+    };
+    Ok(Some((pid, exit, cpu)))
 }
 
 /// The reaper's lock, held by a spawner across `fork`.

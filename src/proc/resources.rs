@@ -13,6 +13,18 @@ pub struct CgroupUsage {
     pub pids_peak: Option<u64>,
     pub io_read_bytes: Option<u64>,
     pub io_write_bytes: Option<u64>,
+    /// `oom_kill` of `memory.events`: processes the kernel's OOM killer
+    /// ended in this cgroup and its descendants.
+    pub oom_kills: Option<u64>,
+}
+
+/// How many processes the kernel's OOM killer ended in the cgroup (and its
+/// descendants) so far: `oom_kill` of `memory.events`. `None` where the
+/// memory controller is not enabled for it (no such file).
+pub fn oom_kills(dir: &Path) -> Option<u64> {
+    std::fs::read_to_string(dir.join("memory.events"))
+        .ok()
+        .and_then(|text| keyed(&text, "oom_kill"))
 }
 
 /// Reads the cgroup's usage files. Nothing here writes or signals.
@@ -39,6 +51,7 @@ pub fn cgroup_usage(dir: &Path) -> CgroupUsage {
         pids_peak: single("pids.peak"),
         io_read_bytes,
         io_write_bytes,
+        oom_kills: oom_kills(dir),
     }
 }
 

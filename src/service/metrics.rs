@@ -95,6 +95,8 @@ pub struct Metrics {
     pub dispatch_closed: Gauge,
     /// `treewarden_dispatch_refused_total`: spawns refused by the gate.
     pub dispatch_refused: C,
+    /// Processes the kernel's OOM killer ended inside trees (`tree.oom_kill`).
+    pub oom_kills: C,
     /// Orphans found by this service's sweeps whose teardown has not
     /// finished (queued or running); set at scrape time.
     pub orphans_pending: Gauge,
@@ -102,6 +104,12 @@ pub struct Metrics {
     pub recovering: Gauge,
     /// Set only at scrape time, from the ledger's head.
     pub ledger_head_seq: Gauge,
+    /// Events committed but not yet acknowledged by the OTLP endpoint
+    /// (head minus the shipping cursor); 0 when shipping never ran. Set
+    /// only at scrape time, from the ledger.
+    pub ship_lag_events: Gauge,
+    /// The last seq the OTLP endpoint acknowledged (the durable cursor).
+    pub ship_acked_seq: Gauge,
     /// `treewarden_observer_up`: 1 while the proc-connector observer runs.
     pub observer_up: Gauge,
     /// `treewarden_observer_events_total`: proc-connector events read.
@@ -154,9 +162,12 @@ impl Metrics {
             ledger_write_errors: C::default(),
             dispatch_closed: Gauge::default(),
             dispatch_refused: C::default(),
+            oom_kills: C::default(),
             orphans_pending: Gauge::default(),
             recovering: Gauge::default(),
             ledger_head_seq: Gauge::default(),
+            ship_lag_events: Gauge::default(),
+            ship_acked_seq: Gauge::default(),
             observer_up: Gauge::default(),
             observer_events: C::default(),
             observer_overflows: C::default(),
@@ -248,9 +259,24 @@ impl Metrics {
             m.dispatch_refused.clone(),
         );
         registry.register(
+            "oom_kills",
+            "Processes the kernel's OOM killer ended inside trees (tree.oom_kill events)",
+            m.oom_kills.clone(),
+        );
+        registry.register(
             "ledger_head_seq",
             "Sequence number of the newest ledger event",
             m.ledger_head_seq.clone(),
+        );
+        registry.register(
+            "ship_lag_events",
+            "Ledger events not yet acknowledged by the OTLP log endpoint (0 when shipping never ran)",
+            m.ship_lag_events.clone(),
+        );
+        registry.register(
+            "ship_acked_seq",
+            "The last ledger seq the OTLP log endpoint acknowledged",
+            m.ship_acked_seq.clone(),
         );
         registry.register(
             "observer_up",
@@ -332,6 +358,14 @@ impl Metrics {
             }
             "dispatch.refused" => {
                 self.dispatch_refused.inc();
+            }
+            "tree.oom_kill" => {
+                let n = e
+                    .data
+                    .get("oom_kills")
+                    .and_then(|v| v.as_u64())
+                    .unwrap_or(1);
+                self.oom_kills.inc_by(n);
             }
             _ => {}
         }

@@ -42,6 +42,8 @@
 
 mod export;
 pub mod metrics;
+pub mod retain;
+pub mod ship;
 
 pub use export::ExportChunks;
 
@@ -170,6 +172,19 @@ pub struct SpawnParams {
     pub owner_start_ticks: Option<u64>,
     /// Limits for the tree's cgroup (refused where not enforceable).
     pub limits: crate::ledger::Limits,
+    /// Who asked (recorded with the tree); `None`: nobody named.
+    pub requester: Option<crate::ledger::Requester>,
+    /// The user the tree runs as (set in the child before exec); `None`:
+    /// the service's own credentials.
+    pub run_as: Option<RunAs>,
+}
+
+/// A user a tree runs as: its credentials, and its name and home for the
+/// environment (`None` for a uid the user database does not know).
+#[derive(Clone, Debug)]
+pub struct RunAs {
+    pub credentials: crate::proc::Credentials,
+    pub user: Option<crate::proc::UserInfo>,
 }
 
 /// A tree this service is responsible for.
@@ -184,7 +199,8 @@ struct Owned {
 /// The running service. Shared by the HTTP handlers and the loops.
 pub struct Service {
     engine: Engine,
-    reaper: &'static Reaper,
+    /// `None` only in in-process router tests ([`Service::without_reaper`]).
+    reaper: Option<&'static Reaper>,
     config: ServiceConfig,
     me: Identity,
     metrics: Metrics,
@@ -214,8 +230,6 @@ pub struct Service {
     sweep_stop: Arc<AtomicBool>,
     /// The start-up recovery sweep: running from construction until it ends.
     recovery: Mutex<RecoveryState>,
-    /// Whether SIGTERM/SIGINT are already routed to the shutdown token.
-    signals_installed: AtomicBool,
     /// Whether [`Service::start`] ran (it runs once: `run` calls it).
     started_once: AtomicBool,
 }
@@ -259,6 +273,25 @@ impl Service {
         reaper: &'static Reaper,
         config: ServiceConfig,
     ) -> Result<Arc<Self>, ServiceError> {
+        Self::build(engine, Some(reaper), config)
+    }
+
+    /// A service without the process-wide reaper, for in-process router
+    /// tests (`tower::ServiceExt::oneshot`) in a test binary whose other
+    /// tests wait for their own children. Give it a signal-only engine: it
+    /// must spawn nothing, and [`Service::run`] is not for it.
+    pub fn without_reaper(
+        engine: Engine,
+        config: ServiceConfig,
+    ) -> Result<Arc<Self>, ServiceError> {
+        Self::build(engine, None, config)
+    }
+
+    fn build(
+        engine: Engine,
+        reaper: Option<&'static Reaper>,
+        config: ServiceConfig,
+    ) -> Result<Arc<Self>, ServiceError> {
         let me = crate::proc::self_identity().map_err(CustodyError::from)?;
         let force_full = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (observer, observer_off) = start_observer(&engine, &config, force_full.clone())?;
@@ -287,7 +320,6 @@ impl Service {
                 took: None,
                 error: None,
             }),
-            signals_installed: AtomicBool::new(false),
             started_once: AtomicBool::new(false),
         }))
     }
@@ -320,36 +352,6 @@ impl Service {
         }
     }
 
-    /// Routes SIGTERM and SIGINT to the shutdown token. Called before the
-    /// listener opens and before any teardown can start, so a signal at any
-    /// moment of start-up (recovery included) starts the bounded drain
-    /// instead of ending the process where it stands. Idempotent.
-    pub fn install_signal_handlers(&self) -> Result<(), ServiceError> {
-        if self.signals_installed.swap(true, Ordering::SeqCst) {
-            return Ok(());
-        }
-        use tokio::signal::unix::{SignalKind, signal};
-        let listen = |kind: SignalKind, name: &str| {
-            signal(kind).map_err(|e| ServiceError::Task(format!("cannot listen for {name}: {e}")))
-        };
-        let mut term = listen(SignalKind::terminate(), "SIGTERM")?;
-        let mut int = listen(SignalKind::interrupt(), "SIGINT")?;
-        let token = self.shutdown.clone();
-        let stop = self.sweep_stop.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-                _ = int.recv() => tracing::info!("SIGINT: shutting down"),
-                _ = token.cancelled() => return,
-            }
-            // No orphan teardown starts from here on (the drain sets it
-            // too; this is earlier by the drain's first awaits).
-            stop.store(true, Ordering::SeqCst);
-            token.cancel();
-        });
-        Ok(())
-    }
-
     /// The observer's health, or why it is off.
     pub fn observer_status(&self) -> Result<crate::custody::ObserverStats, String> {
         match &self.observer_handle {
@@ -377,6 +379,17 @@ impl Service {
     /// The token whose cancellation starts the shutdown.
     pub fn shutdown_token(&self) -> CancellationToken {
         self.shutdown.clone()
+    }
+
+    /// Appends a free-standing audit event (`kill.requested`: who asked).
+    pub async fn record(
+        &self,
+        tree: Option<TreeId>,
+        kind: crate::ledger::EventKind,
+        data: serde_json::Value,
+    ) -> Result<i64, ServiceError> {
+        let engine = self.engine.clone();
+        Ok(blocking(move || engine.ledger().append_event(tree, kind, data)).await??)
     }
 
     /// Runs a blocking read against the engine (ledger reads, dispatch gate).
@@ -496,14 +509,62 @@ impl Service {
                 (id, OwnerKind::Client, Some(fd))
             }
         };
-        let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
-            .filter(|(k, _)| !p.env.iter().any(|(n, _)| OsString::from(n) == *k))
-            .collect();
+        // A tree that runs as another user does not inherit the service's
+        // environment (it may hold the service's secrets: OTLP headers,
+        // tokens): only PATH and the locale and time zone, then that user's
+        // HOME, USER, LOGNAME and SHELL; and `/` as its working directory
+        // when the request names none (the service's own may be closed to
+        // it). The request's own variables come last and win.
+        let mut cwd = p.cwd.clone();
+        let mut env: Vec<(OsString, OsString)> = match &p.run_as {
+            None => std::env::vars_os().collect(),
+            Some(run_as) => {
+                let who = run_as.user.as_ref();
+                let name: OsString = who.map_or_else(
+                    || run_as.credentials.uid.to_string().into(),
+                    |u| u.name.clone().into(),
+                );
+                let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
+                    .filter(|(k, _)| {
+                        k == "PATH"
+                            || k == "LANG"
+                            || k == "TZ"
+                            || k.to_string_lossy().starts_with("LC_")
+                    })
+                    .collect();
+                if !env.iter().any(|(k, _)| k == "PATH") {
+                    env.push(("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()));
+                }
+                env.extend([
+                    (
+                        "HOME".into(),
+                        who.map_or_else(|| "/".into(), |u| u.home.clone().into_os_string()),
+                    ),
+                    ("USER".into(), name.clone()),
+                    ("LOGNAME".into(), name),
+                    (
+                        "SHELL".into(),
+                        who.map_or_else(|| "/bin/sh".into(), |u| u.shell.clone().into_os_string()),
+                    ),
+                ]);
+                cwd.get_or_insert_with(|| PathBuf::from("/"));
+                env
+            }
+        };
+        env.retain(|(k, _)| !p.env.iter().any(|(n, _)| OsString::from(n) == *k));
         env.extend(p.env.iter().map(|(k, v)| (k.into(), v.into())));
+        let on_behalf = match (&p.requester, &p.run_as) {
+            (None, None) => None,
+            (requester, run_as) => Some(crate::custody::OnBehalf {
+                requester: requester.clone().unwrap_or_default(),
+                run_as: run_as.as_ref().map(|r| r.credentials.clone()),
+            }),
+        };
         let req = SpawnRequest {
+            on_behalf,
             argv: p.argv.iter().map(OsString::from).collect(),
             label: p.label.clone(),
-            cwd: p.cwd.clone(),
+            cwd,
             env: Some(env),
             stdio: SpawnStdio::Log,
             owner: owner.clone(),
@@ -566,10 +627,12 @@ impl Service {
                 return;
             };
             let root_exit = match (&why, &root) {
-                (WatchEnd::RootExited, Some(r)) => {
+                (WatchEnd::RootExited, Some(r)) if this.reaper.is_some() => {
                     let reaper = this.reaper;
                     let pid = r.pid;
-                    blocking(move || reaper.wait_exit(pid, Some(Duration::from_secs(1))))
+                    blocking(move || {
+                        reaper.and_then(|r| r.wait_exit(pid, Some(Duration::from_secs(1))))
+                    })
                         .await
                         .ok()
                         .flatten()
@@ -660,10 +723,16 @@ impl Service {
             .remove(&tree);
     }
 
-    /// Records an operator's resolution (reopens dispatch).
-    pub async fn resolve(&self, tree: i64, note: String, force: bool) -> Result<(), ServiceError> {
+    /// Records an operator's resolution (reopens dispatch), and who made it.
+    pub async fn resolve(
+        &self,
+        tree: i64,
+        note: String,
+        force: bool,
+        by: Option<crate::ledger::Requester>,
+    ) -> Result<(), ServiceError> {
         let engine = self.engine.clone();
-        blocking(move || engine.resolve(TreeId(tree), &note, force)).await??;
+        blocking(move || engine.resolve_by(TreeId(tree), &note, force, by.as_ref())).await??;
         self.forget(tree);
         Ok(())
     }
@@ -899,7 +968,9 @@ impl Service {
                 st.watches.insert(*id, w);
             }
         }
-        st.exits.extend(self.reaper.take_unclaimed());
+        if let Some(reaper) = self.reaper {
+            st.exits.extend(reaper.take_unclaimed());
+        }
         if st.exits.len() > 4096 {
             st.exits.clear();
         }
@@ -1069,29 +1140,28 @@ impl Service {
 }
 
 impl Service {
-    /// Serves `app` on `listener`, starts the service ([`Self::start`]:
-    /// recovery in the background) and runs until SIGTERM/SIGINT (or the
-    /// shutdown token), then drains. The listener and the app are injected so tests
-    /// and the CLI drive the same code. Returns whether the drain settled
-    /// every owned tree in time.
+    /// Starts the service ([`Self::start`]: recovery in the background) and
+    /// runs until the shutdown token is cancelled (SIGTERM/SIGINT through
+    /// [`crate::http::shutdown_on_signals`]), then drains, and waits (within
+    /// what is left of the drain bound) for `servers`, the listeners
+    /// [`crate::http::serve`] runs on the same token. Listeners and signals
+    /// are injected, so tests and the CLI drive the same code. Returns
+    /// whether the drain settled every owned tree in time.
     pub async fn run(
         self: &Arc<Self>,
-        listener: tokio::net::TcpListener,
-        app: axum::Router,
+        servers: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
     ) -> bool {
         let token = self.shutdown.clone();
-        if let Err(e) = self.install_signal_handlers() {
-            tracing::error!(error = %e, "SIGTERM/SIGINT will not drain the service");
-        }
-        let server = {
-            let token = token.clone();
+        {
+            // No orphan teardown starts once the shutdown begins (the drain
+            // sets it too; this is earlier by the drain's first awaits).
+            let (token, stop) = (token.clone(), self.sweep_stop.clone());
             tokio::spawn(async move {
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(token.cancelled_owned())
-                    .await
-            })
-        };
-        // Start-up runs while the listener already answers; its recovery
+                token.cancelled().await;
+                stop.store(true, Ordering::SeqCst);
+            });
+        }
+        // Start-up runs while the listeners already answer; its recovery
         // sweep runs in the background.
         let mut start_failed = false;
         if let Err(e) = self.start().await {
@@ -1114,10 +1184,17 @@ impl Service {
         let started = Instant::now();
         let settled = self.drain().await && !start_failed;
         let left = self.config.drain_timeout.saturating_sub(started.elapsed());
-        match tokio::time::timeout(left.max(Duration::from_millis(100)), server).await {
-            Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(e))) => tracing::error!(error = %e, "HTTP server failed"),
-            Ok(Err(e)) => tracing::error!(error = %e, "HTTP server task failed"),
+        let all = futures_util::future::join_all(servers);
+        match tokio::time::timeout(left.max(Duration::from_millis(100)), all).await {
+            Ok(results) => {
+                for r in results {
+                    match r {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => tracing::error!(error = %e, "HTTP server failed"),
+                        Err(e) => tracing::error!(error = %e, "HTTP server task failed"),
+                    }
+                }
+            }
             Err(_) => tracing::warn!("HTTP connections still open at the end of the drain"),
         }
         tracing::info!(settled, "shutdown complete");

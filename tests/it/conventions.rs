@@ -354,6 +354,40 @@ fn limits_are_enforced_or_refused_never_pretended() {
 }
 
 #[test]
+fn an_oom_kill_inside_a_tree_is_an_event_and_in_its_resources() {
+    let Some(env) = Env::new("cgroup") else {
+        return;
+    };
+    if !offers(&env, "memory") {
+        crate::util::skip(
+            "OOM kills: the cgroup v2 hierarchy offers no memory controller here (memory.events parsing and recording are unit-tested in custody::oom_tests)",
+        );
+        return;
+    }
+    // The shell keeps 200 MB of command substitution in memory under a
+    // 32 MiB limit: the kernel's OOM killer ends it.
+    let out = env.output(&[
+        "run",
+        "--memory-max",
+        "32M",
+        "--",
+        "sh",
+        "-c",
+        "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo survived",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stdout.contains("survived"), "the limit held: {stdout}");
+    let oom = env.first_event("tree.oom_kill");
+    assert!(oom["data"]["oom_kills"].as_u64() >= Some(1), "{oom}");
+    let shown = env.show(1);
+    assert!(
+        shown["resources"]["oom_kills"].as_u64() >= Some(1),
+        "{shown}"
+    );
+    assert!(env.wait_none_marked());
+}
+
+#[test]
 fn the_api_refuses_limits_it_cannot_enforce_with_422() {
     let server = crate::serve::Server::start(&[]);
     let (status, v) = server.post(
@@ -465,6 +499,69 @@ fn an_api_trees_output_is_captured_capped_and_served() {
         .output()
         .expect("logs");
     assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn logs_follow_hands_out_every_line_once_across_the_caps_collapses() {
+    let server = crate::serve::Server::start(&["--log-max", "64K"]);
+    // 20 bursts of 300 numbered lines (~18 KB each), a pause between: the
+    // 64K cap drops the oldest blocks many times while `logs --follow` reads.
+    let (status, tree) = server.post(
+        "/api/trees",
+        Some(&server.body(
+            "i=0; b=0; while [ $b -lt 20 ]; do j=0; while [ $j -lt 300 ]; do echo \"line $i ..................................................\"; i=$((i+1)); j=$((j+1)); done; b=$((b+1)); sleep 0.25; done",
+        )),
+    );
+    assert_eq!(status, 201, "{tree}");
+    let id = tree["id"].as_i64().expect("id");
+    let path = server
+        .data_dir()
+        .join("logs")
+        .join(format!("tree-{id}.log"));
+    assert!(crate::util::wait_until(Duration::from_secs(10), || {
+        std::fs::read_to_string(&path).is_ok_and(|t| t.contains("line 0 "))
+    }));
+    let out_file = tempfile::NamedTempFile::new().expect("out file");
+    let mut follow = std::process::Command::new(crate::util::bin())
+        .env("TREEWARDEN_DATA_DIR", server.data_dir())
+        .args(["logs", &id.to_string(), "--tail", "1", "--follow"])
+        .stdout(out_file.reopen().expect("reopen"))
+        .spawn()
+        .expect("logs --follow");
+    let ended = wait_child(&mut follow, Duration::from_secs(60));
+    if ended.is_none() {
+        crate::util::signal(follow.id(), rustix::process::Signal::KILL);
+        let _ = follow.wait();
+    }
+    assert!(
+        ended.is_some_and(|s| s.success()),
+        "logs --follow did not end with its tree"
+    );
+    let text = std::fs::read_to_string(out_file.path()).expect("output");
+    let numbers: Vec<u64> = text
+        .lines()
+        .map(|l| {
+            l.strip_prefix("line ")
+                .and_then(|r| r.split(' ').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("not a line of the tree: {l:?}"))
+        })
+        .collect();
+    assert_eq!(numbers.last(), Some(&5999), "followed to the end");
+    let first = numbers[0];
+    let want: Vec<u64> = (first..=5999).collect();
+    assert!(
+        numbers == want,
+        "gaps or repeats after line {first}: {} lines for {}",
+        numbers.len(),
+        want.len()
+    );
+    let written = 6000 * 60;
+    let kept = std::fs::metadata(&path).expect("log").len();
+    crate::util::say(&format!(
+        "followed {} lines; the log holds {kept} of ~{written} bytes written",
+        numbers.len()
+    ));
 }
 
 #[test]

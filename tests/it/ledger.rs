@@ -485,7 +485,7 @@ fn ledger_database_refuses_edits_and_unauthorized_sigkill() {
         .expect_err("terminal");
     assert!(matches!(err, LedgerError::Invariant(_)), "{err:?}");
     let err = ledger
-        .resolve(live, "fine", &[])
+        .resolve(live, "fine", &[], None)
         .expect_err("not ambiguous");
     assert!(matches!(err, LedgerError::Invariant(_)), "{err:?}");
     ledger
@@ -493,7 +493,7 @@ fn ledger_database_refuses_edits_and_unauthorized_sigkill() {
         .expect("ambiguous");
     assert_eq!(ledger.ambiguous_trees().expect("gate").len(), 1);
     ledger
-        .resolve(live, "operator checked", &[])
+        .resolve(live, "operator checked", &[], None)
         .expect("resolve");
     assert!(ledger.ambiguous_trees().expect("gate").is_empty());
     // A typed kind cannot be forged through append_event.
@@ -955,4 +955,53 @@ fn ledger_cli_export_and_verify_exit_codes() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("seq 3"), "{stderr}");
     assert_eq!(stderr.lines().count(), 1);
+}
+
+#[test]
+fn ledger_tokens_are_revoked_once_and_never_deleted_or_rewritten() {
+    let (_dir, path, ledger) = fresh();
+    let by = treewarden::ledger::Requester::default();
+    let hash = "ab".repeat(32);
+    let id = ledger
+        .create_token("ci", treewarden::ledger::TokenScope::Spawn, &hash, &by)
+        .expect("token");
+    let conn = raw(&path);
+    for sql in [
+        "DELETE FROM api_tokens",
+        "UPDATE api_tokens SET scope = 'admin'",
+        "UPDATE api_tokens SET sha256 = 'cd' || substr(sha256, 3)",
+        "UPDATE api_tokens SET name = 'other'",
+    ] {
+        let err = conn.execute(sql, []).expect_err(sql);
+        assert!(err.to_string().contains("invariant"), "{sql}: {err}");
+    }
+    // Only the hash is kept, and a scope outside the three is refused.
+    let err = conn
+        .execute(
+            "INSERT INTO api_tokens (name, scope, sha256, created_at) VALUES ('x', 'root', ?1, 'now')",
+            ["ef".repeat(32)],
+        )
+        .expect_err("scope");
+    assert!(err.to_string().contains("CHECK"), "{err}");
+    assert!(ledger.revoke_token(id, &by).expect("revoke"));
+    assert!(
+        !ledger.revoke_token(id, &by).expect("again"),
+        "revoked once"
+    );
+    let err = conn
+        .execute("UPDATE api_tokens SET revoked_at = NULL", [])
+        .expect_err("un-revoke");
+    assert!(err.to_string().contains("invariant"), "{err}");
+    assert_eq!(ledger.token_by_hash(&hash).expect("lookup"), None);
+    let kinds: Vec<String> = ledger
+        .events(&treewarden::ledger::EventFilter::default())
+        .expect("events")
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(kinds, ["token.created", "token.revoked"]);
+    assert!(
+        ledger.verify(None).expect("verify").is_ok(),
+        "the chain holds"
+    );
 }

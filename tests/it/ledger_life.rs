@@ -293,6 +293,7 @@ fn the_event_stream_sends_each_new_event_with_its_seq_and_resumes() {
         .expect("client");
     let resp = client
         .get(server.url("/api/events/stream"))
+        .bearer_auth(&server.token)
         .send()
         .expect("stream");
     assert_eq!(resp.status(), 200);
@@ -326,6 +327,7 @@ fn the_event_stream_sends_each_new_event_with_its_seq_and_resumes() {
     // A reconnect with Last-Event-ID resumes exactly after it.
     let resp = client
         .get(server.url("/api/events/stream"))
+        .bearer_auth(&server.token)
         .header("Last-Event-ID", created.to_string())
         .send()
         .expect("resume");
@@ -334,6 +336,7 @@ fn the_event_stream_sends_each_new_event_with_its_seq_and_resumes() {
     assert_eq!(id, created + 1);
     let bad = client
         .get(server.url("/api/events/stream"))
+        .bearer_auth(&server.token)
         .header("Last-Event-ID", "x")
         .send()
         .expect("bad");
@@ -383,4 +386,160 @@ fn the_head_is_published_rarely_and_always_last() {
         events.len() > heads.len() * 2,
         "fewer head lines than commits"
     );
+}
+
+/// A ledger of `trees` ended trees, each with `members` members seen and
+/// exited, written through the ledger API as a teardown writes them.
+fn ledger_with_trees(dir: &Path, trees: usize, members: usize) {
+    use treewarden::ledger::{
+        ExitRecord, IdentityRecord, MemberRecord, NewTree, OwnerKind, OwnerRecord, TreeState,
+    };
+    let ledger = Ledger::open(&dir.join("ledger.db"), LedgerOptions::default()).expect("open");
+    let owner = ledger
+        .register_owner(&OwnerRecord {
+            identity: IdentityRecord {
+                pid: 1,
+                start_ticks: 1,
+                boot_id: "ledger-life".into(),
+            },
+            kind: OwnerKind::Run,
+        })
+        .expect("owner");
+    for t in 0..trees {
+        let id = ledger
+            .create_tree(&NewTree {
+                label: Some(format!("tree-{t}")),
+                boundary: "session".into(),
+                owner,
+                argv: vec!["sh".into(), "-c".into(), "make -j8 all".into()],
+                cwd: Some("/srv/build".into()),
+                grace_ms: Some(5000),
+                timeout_ms: None,
+                limits: Default::default(),
+                first_signal: None,
+            })
+            .expect("tree");
+        let ids: Vec<IdentityRecord> = (0..members)
+            .map(|m| IdentityRecord {
+                pid: 10_000 + m as i32,
+                start_ticks: (t * 1000 + m) as u64,
+                boot_id: "ledger-life".into(),
+            })
+            .collect();
+        let seen: Vec<MemberRecord> = ids
+            .iter()
+            .map(|i| MemberRecord {
+                identity: i.clone(),
+                ppid: 10_000,
+                pgid: 10_000,
+                sid: 10_000,
+                cgroup: None,
+                uid: Some(1000),
+                exe: Some("/usr/bin/cc1".into()),
+                cmdline: vec!["cc1".into(), "-O2".into(), format!("src/file{t}.c")],
+                cwd: Some("/srv/build".into()),
+            })
+            .collect();
+        ledger.observe_members(id, &seen).expect("members");
+        let exits: Vec<(IdentityRecord, Option<ExitRecord>)> = ids
+            .into_iter()
+            .map(|i| {
+                (
+                    i,
+                    Some(ExitRecord {
+                        code: Some(0),
+                        signal: None,
+                    }),
+                )
+            })
+            .collect();
+        ledger.record_exits(id, &exits, "parent").expect("exits");
+        ledger.end_tree(id, TreeState::Ended, None).expect("end");
+    }
+}
+
+#[test]
+fn export_memory_at_1000_trees_is_within_1_3x_of_100() {
+    let small = tempfile::tempdir().expect("tempdir");
+    let large = tempfile::tempdir().expect("tempdir");
+    ledger_with_trees(small.path(), 100, 5);
+    ledger_with_trees(large.path(), 1_000, 5);
+    let (s, l) = (export_peak_kib(small.path()), export_peak_kib(large.path()));
+    util::say(&format!(
+        "export peak RSS: {s} KiB for 100 trees, {l} KiB for 1,000 trees ({:.2}x)",
+        l as f64 / s.max(1) as f64
+    ));
+    assert!(s > 0 && l > 0, "VmHWM read");
+    assert!(
+        (l as f64) <= 1.3 * s as f64,
+        "10x the trees, {l} KiB vs {s} KiB: the export must stream"
+    );
+}
+
+#[test]
+fn a_backup_taken_while_the_service_spawns_verifies_on_its_own() {
+    let server = crate::serve::Server::start(&[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Spawns through the API, ending on their own, while the backups are taken.
+    let spawned = std::thread::scope(|scope| {
+        let spawner = scope.spawn(|| {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) && n < 200 {
+                let (status, _) = server.post(
+                    "/api/trees",
+                    Some(&serde_json::json!({"argv": ["sh", "-c", "exit 0"], "label": "backup"})),
+                );
+                assert_eq!(status, 201);
+                n += 1;
+            }
+            n
+        });
+        let mut heads = Vec::new();
+        for i in 0..4 {
+            let dest = dir.path().join(format!("copy-{i}.db"));
+            let out = cli(&server.data_dir())
+                .arg("backup")
+                .arg(&dest)
+                .output()
+                .expect("backup");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            heads.push(dest);
+        }
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let n = spawner.join().expect("spawner");
+        (n, heads)
+    });
+    let (n, copies) = spawned;
+    assert!(n > 0, "the service spawned while the backups ran");
+    for dest in &copies {
+        let own = dir.path().join(format!(
+            "restore-{}",
+            dest.file_stem().and_then(|s| s.to_str()).unwrap_or("x")
+        ));
+        std::fs::create_dir_all(&own).expect("dir");
+        std::fs::copy(dest, own.join("ledger.db")).expect("copy");
+        let out = cli(&own).arg("verify").output().expect("verify");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    // The copies differ: each is a snapshot of its own moment of a ledger
+    // that kept growing.
+    let events = |p: &Path| {
+        Ledger::open(p, LedgerOptions::default())
+            .expect("open")
+            .head()
+            .expect("head")
+            .map_or(0, |(seq, _)| seq)
+    };
+    let first = events(&copies[0]);
+    let last = events(&copies[copies.len() - 1]);
+    assert!(last >= first && first > 0, "{first} .. {last}");
 }

@@ -45,6 +45,7 @@ fn sh(script: &str, dir: &Path) -> SpawnSpec {
         cgroup_settings: Vec::new(),
         log_file: None,
         umask: None,
+        credentials: None,
     }
 }
 
@@ -648,6 +649,7 @@ fn exec_failures_map_to_shell_codes() {
         cgroup_settings: Vec::new(),
         log_file: None,
         umask: None,
+        credentials: None,
     };
     let check = |argv0: OsString, kind: ExecFailureKind, code: u8| {
         let held = proc::spawn_held(&spec(argv0.clone())).expect("spawn");

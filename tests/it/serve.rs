@@ -19,20 +19,20 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::util::{KillOnDrop, bin, signal, skip, wait_child, wait_until};
+use crate::util::{KillOnDrop, bin, say, signal, skip, wait_child, wait_until};
 
 static SEQ: AtomicUsize = AtomicUsize::new(0);
 
 /// One running `treewarden serve` with its own data dir.
 pub(crate) struct Server {
-    dir: tempfile::TempDir,
+    pub(crate) dir: tempfile::TempDir,
     /// This server's own cgroup root (cgroup boundary, as root), so tree
     /// cgroups of servers running side by side never collide.
     cgroup_root: Option<PathBuf>,
     child: Option<Child>,
     pub(crate) addr: String,
     pub(crate) token: String,
-    mark: String,
+    pub(crate) mark: String,
     http: reqwest::blocking::Client,
 }
 
@@ -42,7 +42,25 @@ impl Server {
     }
 
     pub(crate) fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
+        Self::start_full(extra, env, None)
+    }
+
+    /// A server whose data dir starts with a copy of the ledger at `seed`.
+    pub(crate) fn start_seeded(seed: &Path, extra: &[&str]) -> Server {
+        Self::start_full(extra, &[], Some(seed))
+    }
+
+    fn start_full(extra: &[&str], env: &[(&str, &str)], seed: Option<&Path>) -> Server {
         let dir = tempfile::tempdir().expect("temp dir");
+        if let Some(seed) = seed {
+            use std::os::unix::fs::DirBuilderExt;
+            let data = dir.path().join("data");
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&data)
+                .expect("data dir");
+            std::fs::copy(seed, data.join("ledger.db")).expect("seed the ledger");
+        }
         let n = SEQ.fetch_add(1, Ordering::SeqCst);
         let mark = format!("tw-serve-{}-{n}", std::process::id());
         let ready = dir.path().join("addr");
@@ -115,11 +133,12 @@ impl Server {
         format!("http://{}{path}", self.addr)
     }
 
-    /// A GET with an `Accept` header: (status, body).
+    /// A GET with an `Accept` header (and the token): (status, body).
     pub(crate) fn http_get_with(&self, path: &str, accept: &str) -> Option<(u16, String)> {
         let r = self
             .http
             .get(self.url(path))
+            .bearer_auth(&self.token)
             .header("accept", accept)
             .send()
             .ok()?;
@@ -127,7 +146,17 @@ impl Server {
         Some((status, r.text().ok()?))
     }
 
+    /// A GET with the token (reads over TCP need one).
     pub(crate) fn get(&self, path: &str) -> reqwest::blocking::Response {
+        self.http
+            .get(self.url(path))
+            .bearer_auth(&self.token)
+            .send()
+            .expect("GET")
+    }
+
+    /// A GET without any token.
+    pub(crate) fn get_anon(&self, path: &str) -> reqwest::blocking::Response {
         self.http.get(self.url(path)).send().expect("GET")
     }
 
@@ -167,7 +196,7 @@ impl Server {
         self.get_json(&format!("/api/trees/{id}"))
     }
 
-    fn marked(&self) -> Vec<i32> {
+    pub(crate) fn marked(&self) -> Vec<i32> {
         crate::util::marked_processes(&self.mark)
     }
 
@@ -252,6 +281,31 @@ pub(crate) fn spawn_and_kill(s: &Server) -> i64 {
 }
 
 #[test]
+fn a_teardown_is_logged_once_though_the_root_exit_also_asks_for_one() {
+    let s = Server::start_with_env(
+        &[],
+        &[("TREEWARDEN_LOG", "info,treewarden::custody::teardown=debug")],
+    );
+    let id = spawn_and_kill(&s);
+    // The kill ends the root, whose exit the service also watches: that
+    // second teardown finds the tree settled and says so at DEBUG only.
+    let tree_field = format!("tree={id} ");
+    let lines = |what: &str| {
+        s.stderr()
+            .lines()
+            .filter(|l| l.contains(what) && l.contains(&tree_field))
+            .count()
+    };
+    let second = wait_until(Duration::from_secs(5), || {
+        lines("teardown: already settled") >= 1
+    });
+    if !second {
+        say("the root-exit watcher asked for no second teardown this time");
+    }
+    assert_eq!(lines("teardown done"), 1, "{}", s.stderr());
+}
+
+#[test]
 fn serve_spawns_sees_members_kills_and_exports_authority_before_the_sigkill() {
     let s = Server::start(&[]);
     let id = spawn_and_kill(&s);
@@ -294,7 +348,7 @@ fn serve_spawns_sees_members_kills_and_exports_authority_before_the_sigkill() {
 }
 
 #[test]
-fn mutating_requests_need_the_token_and_reads_on_loopback_do_not() {
+fn every_request_but_health_and_metrics_needs_a_token_over_tcp() {
     let s = Server::start(&[]);
     let body = s.body("sleep 1");
     for (auth, why) in [(None, "missing"), (Some("wrong-token"), "wrong")] {
@@ -320,6 +374,33 @@ fn mutating_requests_need_the_token_and_reads_on_loopback_do_not() {
         .expect("POST");
     assert_eq!(r.status(), 401);
     assert_eq!(s.get("/api/trees").status(), 200);
+    // Reads need a token too (issue 17: argv and cwd are every tenant's),
+    // through the header or the dashboard's cookie; a browser is sent to
+    // the login form.
+    for path in [
+        "/api/trees",
+        "/api/events",
+        "/api/export",
+        "/trees/1",
+        "/events",
+    ] {
+        assert_eq!(s.get_anon(path).status(), 401, "{path}");
+    }
+    let r = s
+        .http
+        .get(s.url("/"))
+        .header("accept", "text/html")
+        .send()
+        .expect("GET");
+    assert_eq!(r.status(), 200, "followed to the form");
+    assert!(r.url().path().ends_with("/login"), "{}", r.url());
+    for path in ["/healthz", "/readyz", "/metrics", "/login"] {
+        assert_eq!(
+            s.get_anon(path).status(),
+            200,
+            "{path} stays open on loopback"
+        );
+    }
     assert_eq!(s.get("/healthz").status(), 200);
     // The ledger, not only this instant's processes: no tree was ever made.
     let all = s.get_json("/api/trees?all=1");
@@ -757,7 +838,11 @@ fn chromium(user_dir: &Path, extra: &[&str], url: &str) -> std::process::Output 
 
 #[test]
 fn dashboard_renders_trees_and_the_teardown_timeline_in_headless_chromium() {
-    let s = Server::start(&[]);
+    // `chromium --dump-dom` sends no header and submits no form: this
+    // server runs single-tenant (--open-reads), the one mode in which a
+    // tokenless browser reads. The login form is tested over HTTP
+    // (`the_dashboard_login_sets_an_httponly_strict_cookie_for_reads_only`).
+    let s = Server::start(&["--open-reads"]);
     let killed = spawn_and_kill(&s);
     let live = s.spawn(&s.body("sleep 300"));
     assert!(wait_until(Duration::from_secs(10), || {
@@ -770,6 +855,17 @@ fn dashboard_renders_trees_and_the_teardown_timeline_in_headless_chromium() {
         "{index}"
     );
     assert!(index.contains("dispatch open"));
+    // The live tree's owner is this service, which runs; what its cgroup
+    // (where there is one) has used is shown beside it.
+    let row = &index[index.find(&format!("href=\"/trees/{live}\"")).expect("row")..];
+    let row = &row[..row.find("</tr>").expect("row end")];
+    let serve_pid = s.child.as_ref().expect("serve").id();
+    assert!(
+        row.contains(&format!(
+            "service {serve_pid} <span class=\"muted\">(alive)</span>"
+        )),
+        "{row}"
+    );
     let page = s
         .get(&format!("/trees/{killed}"))
         .text()
@@ -933,6 +1029,9 @@ def before_call(context, case, kwargs):
             case.body.pop("owner_start_ticks", None)
         if isinstance(case.body.get("cwd"), str):
             case.body["cwd"] = "/"
+        # A schema-valid user name need not exist here: the one that does.
+        if isinstance(case.body.get("user"), str):
+            case.body["user"] = "root"
         # Whether a limit can be enforced depends on the host (its cgroup
         # v2 controllers): schema-valid limits are dropped, invalid ones kept.
         lim = case.body.get("limits")
@@ -1089,9 +1188,9 @@ fn foreign_host_names_need_the_token_and_the_allowlist_cannot_be_bypassed() {
         .expect("GET");
     assert_eq!(r.status(), 200);
     assert_eq!(
-        s.get("/api/trees").status(),
-        200,
-        "loopback names still read freely"
+        s.get_anon("/api/trees").status(),
+        401,
+        "loopback names read only with a token (no --open-reads)"
     );
     // With an allowlist, the request may not choose how argv[0] is found.
     for env in [json!({"PATH": "/tmp"}), json!({"LD_PRELOAD": "/tmp/x.so"})] {

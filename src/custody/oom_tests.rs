@@ -1,0 +1,174 @@
+//! OOM kills recorded from a cgroup's `memory.events`: once each, counted
+//! from what the ledger already holds, and by the teardown.
+//! The cgroup is a real directory whose `memory.events` the test writes
+//! (the kernel's format); the processes are the fake host's.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::fake::{BOOT, FakeHost, PID_BASE, member};
+use super::watch::TreeWatch;
+use super::{Engine, Origin, TeardownOptions};
+use crate::config::{BoundaryChoice, Config, ObserverMode};
+use crate::ledger::{
+    EventFilter, IdentityRecord, Ledger, LedgerOptions, NewTree, OwnerKind, OwnerRecord,
+    SpawnRecord, TreeId, TreeState,
+};
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    cgroup: std::path::PathBuf,
+    ledger: Ledger,
+    engine: Engine,
+    tree: TreeId,
+}
+
+fn setup() -> Setup {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cgroup = dir.path().join("tw-oom-1");
+    std::fs::create_dir(&cgroup).expect("cgroup dir");
+    let config = Config {
+        data_dir: dir.path().to_path_buf(),
+        boundary: BoundaryChoice::Session,
+        cgroup_root: None,
+        busy_timeout: Duration::from_millis(40),
+        observer: ObserverMode::Off,
+        observer_rcvbuf: 0,
+    };
+    let ledger = Ledger::open(&config.ledger_path(), LedgerOptions::default()).expect("ledger");
+    let host = Arc::new(FakeHost::new(false));
+    let root = host
+        .world()
+        .spawn(member(PID_BASE, 1, PID_BASE, Some(&cgroup)));
+    let owner = ledger
+        .register_owner(&OwnerRecord {
+            identity: IdentityRecord {
+                pid: PID_BASE - 1,
+                start_ticks: 1,
+                boot_id: BOOT.into(),
+            },
+            kind: OwnerKind::Run,
+        })
+        .expect("owner");
+    let tree = ledger
+        .create_tree(&NewTree {
+            label: None,
+            boundary: "cgroup".into(),
+            owner,
+            argv: vec!["eats-memory".into()],
+            cwd: None,
+            grace_ms: Some(0),
+            timeout_ms: None,
+            limits: Default::default(),
+            first_signal: None,
+        })
+        .expect("tree");
+    ledger
+        .tree_spawned(
+            tree,
+            &SpawnRecord {
+                root: IdentityRecord {
+                    pid: root.0,
+                    start_ticks: root.1,
+                    boot_id: BOOT.into(),
+                },
+                pgid: root.0,
+                sid: root.0,
+                cgroup: Some(cgroup.display().to_string()),
+            },
+        )
+        .expect("spawned");
+    let engine = Engine::signal_only(&config, ledger.clone(), None).with_host(host);
+    Setup {
+        _dir: dir,
+        cgroup,
+        ledger,
+        engine,
+        tree,
+    }
+}
+
+/// `memory.events` as the kernel writes it.
+fn write_events(cgroup: &Path, oom_kills: u64) {
+    let text =
+        format!("low 0\nhigh 0\nmax 12\noom {oom_kills}\noom_kill {oom_kills}\noom_group_kill 0\n");
+    std::fs::write(cgroup.join("memory.events"), text).expect("memory.events");
+}
+
+fn oom_events(s: &Setup) -> Vec<(u64, u64)> {
+    s.ledger
+        .events(&EventFilter {
+            tree: Some(s.tree),
+            kind_prefix: Some("tree.oom_kill".into()),
+            ..EventFilter::default()
+        })
+        .expect("events")
+        .iter()
+        .map(|e| {
+            let n = |k: &str| e.data[k].as_u64().expect("a count");
+            (n("oom_kills"), n("total"))
+        })
+        .collect()
+}
+
+fn watch(s: &Setup) -> TreeWatch {
+    let row = s.ledger.tree(s.tree).expect("read").expect("row");
+    TreeWatch::new_on(s.engine.host(), &row, &[], &HashSet::new()).expect("a watch")
+}
+
+#[test]
+fn an_oom_kill_is_recorded_once_and_a_new_watch_does_not_record_it_again() {
+    let s = setup();
+    let mut w = watch(&s);
+    // No memory controller (no file), then none yet: nothing recorded.
+    w.note_oom_kills(&s.engine);
+    write_events(&s.cgroup, 0);
+    w.note_oom_kills(&s.engine);
+    assert!(oom_events(&s).is_empty());
+    write_events(&s.cgroup, 1);
+    w.note_oom_kills(&s.engine);
+    w.note_oom_kills(&s.engine);
+    assert_eq!(oom_events(&s), [(1, 1)]);
+    // A restarted service (a new watch) finds the total in the ledger.
+    let mut again = watch(&s);
+    again.note_oom_kills(&s.engine);
+    assert_eq!(oom_events(&s), [(1, 1)]);
+    write_events(&s.cgroup, 3);
+    again.note_oom_kills(&s.engine);
+    assert_eq!(oom_events(&s), [(1, 1), (2, 3)]);
+}
+
+#[test]
+fn a_teardown_records_the_oom_kills_and_ends_the_tree_with_the_total_in_resources() {
+    // (The teardown's ticks read `memory.events` at most every 250 ms and
+    // its finish reads it once more, for a kill inside that window; this
+    // fake host cannot write the file between two steps, so the test
+    // holds the recording, not which of the two reads made it.)
+    let s = setup();
+    write_events(&s.cgroup, 2);
+    let report = s
+        .engine
+        .teardown(
+            s.tree,
+            &TeardownOptions::new(Duration::ZERO, "test", Origin::Kill),
+            &mut |_| {},
+        )
+        .expect("settled");
+    assert_eq!(report.state, TreeState::Ended);
+    assert_eq!(oom_events(&s), [(2, 2)]);
+    let ended = s
+        .ledger
+        .events(&EventFilter {
+            tree: Some(s.tree),
+            kind_prefix: Some("tree.ended".into()),
+            ..EventFilter::default()
+        })
+        .expect("events");
+    assert_eq!(
+        ended[0].data["resources"]["oom_kills"], 2,
+        "{}",
+        ended[0].data
+    );
+}

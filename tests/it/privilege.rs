@@ -1,0 +1,796 @@
+//! Least privilege (issue 17), end to end: the real `treewarden serve`, its
+//! Unix socket driven by curl as root and as a real second user (made here
+//! with `useradd` and removed on every path), and its TCP listener driven
+//! with scoped tokens made by the real `treewarden token` command.
+//!
+//! Ground truth is the kernel's and the workload's: the uid a tree runs
+//! with is read from /proc/<pid>/status of its root, and printed by the
+//! command itself (`id -u`) into its captured output.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::serve::{Server, tool};
+use crate::util::{bin, is_root, pid_alive, skip, wait_until};
+
+/// A user made for one test, removed (with its group) when dropped.
+struct TestUser {
+    name: String,
+    uid: u32,
+    gid: u32,
+}
+
+impl TestUser {
+    /// `None` (after a "skipped:" line) when this host cannot make one.
+    fn create() -> Option<TestUser> {
+        if !is_root() {
+            skip("a second user needs root (useradd)");
+            return None;
+        }
+        for t in ["useradd", "userdel", "setpriv", "curl"] {
+            if tool(t).is_none() && !Path::new("/usr/sbin").join(t).is_file() {
+                skip(&format!("{t} not installed"));
+                return None;
+            }
+        }
+        // One name per test: tests of this binary run side by side.
+        static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let name = format!("tw17u{}n{n}", std::process::id());
+        let out = Command::new("useradd")
+            .args([
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                "--user-group",
+            ])
+            .arg(&name)
+            .output()
+            .expect("useradd");
+        if !out.status.success() {
+            skip(&format!(
+                "useradd failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+            return None;
+        }
+        // From here on, Drop removes it.
+        let mut user = TestUser {
+            name,
+            uid: 0,
+            gid: 0,
+        };
+        let info = treewarden::proc::user_by_name(&user.name)
+            .expect("user database")
+            .expect("the user just made");
+        user.uid = info.uid;
+        user.gid = info.gid;
+        assert_ne!(user.uid, 0);
+        Some(user)
+    }
+}
+
+impl Drop for TestUser {
+    fn drop(&mut self) {
+        // Its processes first (the tests end them by tree; this is the last
+        // line of defence), by pid, never by name.
+        if self.uid != 0 {
+            for pid in processes_of(self.uid) {
+                let _ = rustix::process::kill_process(
+                    rustix::process::Pid::from_raw(pid).expect("pid"),
+                    rustix::process::Signal::KILL,
+                );
+            }
+        }
+        let _ = Command::new("userdel").arg(&self.name).output();
+        let _ = Command::new("groupdel").arg(&self.name).output();
+    }
+}
+
+/// Pids whose real uid is `uid` (from /proc/<pid>/status).
+fn processes_of(uid: u32) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| status_ids(*pid, "Uid:").is_some_and(|ids| ids[0] == uid))
+        .collect()
+}
+
+/// The four ids (real, effective, saved, filesystem) of a `Uid:`/`Gid:` line.
+fn status_ids(pid: i32, key: &str) -> Option<Vec<u32>> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with(key))?;
+    Some(
+        line[key.len()..]
+            .split_whitespace()
+            .filter_map(|v| v.parse().ok())
+            .collect(),
+    )
+}
+
+/// A socket directory any user can traverse (a temp dir made 0755).
+fn public_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    dir
+}
+
+/// One request on the Unix socket with curl, as root or as `user`:
+/// (status, JSON body or the text as a string).
+fn curl(
+    sock: &Path,
+    user: Option<&TestUser>,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> (u16, Value) {
+    let (status, value, _) = curl_pid(sock, user, method, path, body);
+    (status, value)
+}
+
+/// [`curl`], and the pid curl ran as (setpriv execs it: the same pid), which
+/// the service sees as the peer's.
+fn curl_pid(
+    sock: &Path,
+    user: Option<&TestUser>,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> (u16, Value, u32) {
+    let mut cmd = match user {
+        Some(u) => {
+            let mut c = Command::new("setpriv");
+            c.arg(format!("--reuid={}", u.uid))
+                .arg(format!("--regid={}", u.gid))
+                .arg("--clear-groups")
+                .arg("curl");
+            c
+        }
+        None => Command::new("curl"),
+    };
+    cmd.current_dir("/")
+        .args(["-sS", "--max-time", "60", "--unix-socket"])
+        .arg(sock)
+        .args(["-X", method, "-w", "\n%{http_code}"]);
+    if let Some(b) = body {
+        cmd.args(["-H", "content-type: application/json", "-d"])
+            .arg(b.to_string());
+    }
+    cmd.arg(format!("http://localhost{path}"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = cmd.spawn().expect("curl");
+    let pid = child.id();
+    let out = child.wait_with_output().expect("curl output");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    let status = code.trim().parse().unwrap_or_else(|_| {
+        panic!(
+            "curl {method} {path}: no status: {text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    let value = serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.to_string()));
+    (status, value, pid)
+}
+
+fn spawn_body(s: &Server, script: &str) -> Value {
+    json!({
+        "argv": ["sh", "-c", script],
+        "env": {"TW_TEST_MARK": s.mark},
+        "grace": "200ms",
+    })
+}
+
+/// The events of tree `id`, read as root over the socket.
+fn events_of(sock: &Path, id: i64) -> Vec<Value> {
+    let (status, v) = curl(sock, None, "GET", &format!("/api/events?tree={id}"), None);
+    assert_eq!(status, 200, "{v}");
+    v.as_array().cloned().unwrap_or_default()
+}
+
+#[test]
+fn a_users_tree_runs_as_that_user_and_only_its_requester_or_root_acts_on_it() {
+    let Some(user) = TestUser::create() else {
+        return;
+    };
+    let public = public_dir();
+    let sock = public.path().join("api.sock");
+    // A secret in the service's environment must not reach a user's tree.
+    let s = Server::start_with_env(
+        &["--socket", sock.to_str().expect("utf-8 path")],
+        &[("TW17_SERVICE_SECRET", "s3cret")],
+    );
+    let mode = std::fs::metadata(&sock).expect("socket").permissions();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+        0o666,
+        "any local user may connect"
+    );
+
+    // Root's tree, over the socket: no token.
+    let (status, v) = curl(
+        &sock,
+        None,
+        "POST",
+        "/api/trees",
+        Some(&spawn_body(&s, "exec sleep 300")),
+    );
+    assert_eq!(status, 201, "{v}; {}", s.stderr());
+    let roots = v["id"].as_i64().expect("id");
+    let roots_pid = v["root_pid"].as_i64().expect("root pid") as i32;
+    assert_eq!(v["requester_uid"], 0, "{v}");
+    assert_eq!(v["requested_by"]["via"], "socket", "{v}");
+    assert_eq!(status_ids(roots_pid, "Uid:"), Some(vec![0; 4]));
+
+    // The user's tree runs as the user: the kernel says so, and so does the
+    // command itself.
+    let (status, v, spawner_pid) = curl_pid(
+        &sock,
+        Some(&user),
+        "POST",
+        "/api/trees",
+        Some(&spawn_body(
+            &s,
+            "id -u; id -g; pwd; echo \"$HOME $USER\"; echo \"${TW17_SERVICE_SECRET:-unset} $TW_TEST_MARK\"; exec sleep 300",
+        )),
+    );
+    assert_eq!(status, 201, "{v}; {}", s.stderr());
+    let users = v["id"].as_i64().expect("id");
+    let users_pid = v["root_pid"].as_i64().expect("root pid") as i32;
+    assert_eq!(v["requester_uid"], user.uid, "{v}");
+    assert_eq!(v["run_uid"], user.uid, "{v}");
+    assert_eq!(v["run_gid"], user.gid, "{v}");
+    assert_eq!(
+        v["requested_by"]["pid"].as_i64(),
+        Some(i64::from(spawner_pid)),
+        "the peer's pid (SO_PEERCRED) is recorded: {v}"
+    );
+    assert_eq!(status_ids(users_pid, "Uid:"), Some(vec![user.uid; 4]));
+    assert_eq!(status_ids(users_pid, "Gid:"), Some(vec![user.gid; 4]));
+    let log_path = format!("/api/trees/{users}/log");
+    let mut log = String::new();
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            log = curl(&sock, Some(&user), "GET", &log_path, None)
+                .1
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            log.lines().count() >= 5
+        }),
+        "the tree's output: {log:?}"
+    );
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines[0], user.uid.to_string(), "{log}");
+    assert_eq!(lines[1], user.gid.to_string(), "{log}");
+    assert_eq!(lines[2], "/", "a tree that names no cwd starts in /: {log}");
+    assert!(lines[3].ends_with(&format!(" {}", user.name)), "{log}");
+    assert_eq!(
+        lines[4],
+        format!("unset {}", s.mark),
+        "the service's environment stays the service's; the request's reaches the tree: {log}"
+    );
+
+    // The user sees only its own tree, and cannot act on root's.
+    let (status, v) = curl(&sock, Some(&user), "GET", "/api/trees", None);
+    assert_eq!(status, 200);
+    let ids: Vec<i64> = v
+        .as_array()
+        .expect("list")
+        .iter()
+        .filter_map(|t| t["id"].as_i64())
+        .collect();
+    assert_eq!(ids, vec![users], "{v}");
+    let (status, v) = curl(
+        &sock,
+        Some(&user),
+        "POST",
+        &format!("/api/trees/{roots}/kill"),
+        None,
+    );
+    assert_eq!(status, 403, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("not asked for by you")),
+        "{v}"
+    );
+    assert!(pid_alive(roots_pid), "a refused kill signalled nothing");
+    let (status, v) = curl(
+        &sock,
+        Some(&user),
+        "GET",
+        &format!("/api/trees/{roots}"),
+        None,
+    );
+    assert_eq!(status, 403, "{v}");
+    // Nor spawn as someone else, nor bind a tree to another process's life.
+    let before = curl(&sock, None, "GET", "/api/trees?all=1", None).1;
+    for (body, why) in [
+        (json!({"argv": ["true"], "user": "root"}), "as root"),
+        (
+            json!({"argv": ["true"], "owner_pid": roots_pid}),
+            "owned by another process",
+        ),
+    ] {
+        let (status, v) = curl(&sock, Some(&user), "POST", "/api/trees", Some(&body));
+        assert_eq!(status, 403, "{why}: {v}");
+    }
+    assert_eq!(
+        curl(&sock, None, "GET", "/api/trees?all=1", None).1,
+        before,
+        "a refused spawn made no tree"
+    );
+    // A working directory closed to the user is the request's fault, found
+    // by the child's chdir as the user (the service, root, could enter it).
+    let closed_dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(
+        closed_dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .expect("chmod");
+    let mut closed = spawn_body(&s, "true");
+    closed["cwd"] = json!(closed_dir.path());
+    let (status, v) = curl(&sock, Some(&user), "POST", "/api/trees", Some(&closed));
+    assert_eq!(status, 422, "{v}; {}", s.stderr());
+    assert!(
+        v["error"].as_str().is_some_and(|e| e.contains("chdir")),
+        "{v}"
+    );
+
+    // Root may run a tree as the user by name.
+    let mut named = spawn_body(&s, "exec sleep 300");
+    named["user"] = json!(user.name);
+    let (status, v) = curl(&sock, None, "POST", "/api/trees", Some(&named));
+    assert_eq!(status, 201, "{v}");
+    let named_tree = v["id"].as_i64().expect("id");
+    let named_pid = v["root_pid"].as_i64().expect("pid") as i32;
+    assert_eq!(status_ids(named_pid, "Uid:"), Some(vec![user.uid; 4]));
+    assert_eq!(v["requester_uid"], 0, "root asked: {v}");
+
+    // Root kills the user's tree; the user kills... only its own.
+    let (status, v) = curl(
+        &sock,
+        None,
+        "POST",
+        &format!("/api/trees/{users}/kill?grace=200ms"),
+        None,
+    );
+    assert_eq!(status, 200, "{v}");
+    assert!(wait_until(Duration::from_secs(10), || !pid_alive(
+        users_pid
+    )));
+    let (status, v) = curl(
+        &sock,
+        Some(&user),
+        "POST",
+        &format!("/api/trees/{named_tree}/kill"),
+        None,
+    );
+    assert_eq!(
+        status, 403,
+        "root asked for it, though it runs as the user: {v}"
+    );
+    let (status, v) = curl(
+        &sock,
+        None,
+        "POST",
+        &format!("/api/trees/{roots}/kill?grace=200ms"),
+        None,
+    );
+    assert_eq!(status, 200, "{v}");
+    let (status, v) = curl(
+        &sock,
+        None,
+        "POST",
+        &format!("/api/trees/{named_tree}/kill?grace=200ms"),
+        None,
+    );
+    assert_eq!(status, 200, "{v}");
+    let mut own = spawn_body(&s, "exec sleep 300");
+    own["label"] = json!("own");
+    let (status, v) = curl(&sock, Some(&user), "POST", "/api/trees", Some(&own));
+    assert_eq!(status, 201, "{v}");
+    let own_tree = v["id"].as_i64().expect("id");
+    let (status, v, own_kill_pid) = curl_pid(
+        &sock,
+        Some(&user),
+        "POST",
+        &format!("/api/trees/{own_tree}/kill?grace=200ms"),
+        None,
+    );
+    assert_eq!(status, 200, "its own tree: {v}");
+
+    // The principals are in the ledger: who asked (tree.created) and who
+    // killed (the teardown's reason).
+    let created = |id: i64| {
+        events_of(&sock, id)
+            .into_iter()
+            .find(|e| e["kind"] == "tree.created")
+            .expect("tree.created")
+    };
+    let by = &created(users)["data"]["by"];
+    assert_eq!(
+        (by["via"].clone(), by["uid"].clone()),
+        (json!("socket"), json!(user.uid)),
+        "{by}"
+    );
+    assert_eq!(created(named_tree)["data"]["run_uid"], user.uid);
+    let killed_by = |id: i64| {
+        events_of(&sock, id)
+            .into_iter()
+            .filter(|e| e["kind"] == "tree.state")
+            .filter_map(|e| e["data"]["reason"].as_str().map(str::to_string))
+            .find(|r| r.starts_with("killed through the API by"))
+            .unwrap_or_default()
+    };
+    assert!(
+        killed_by(users).contains("by uid 0 "),
+        "{}",
+        killed_by(users)
+    );
+    // And as a structured event, one per kill that was allowed: the user's
+    // refused kill of root's tree left none.
+    let requested = |id: i64| -> Vec<Value> {
+        events_of(&sock, id)
+            .into_iter()
+            .filter(|e| e["kind"] == "kill.requested")
+            .map(|e| e["data"]["by"].clone())
+            .collect()
+    };
+    let by_uid =
+        |id: i64| -> Vec<Value> { requested(id).iter().map(|b| b["uid"].clone()).collect() };
+    assert_eq!(by_uid(roots), vec![json!(0)], "{:?}", requested(roots));
+    assert_eq!(by_uid(users), vec![json!(0)]);
+    assert_eq!(by_uid(own_tree), vec![json!(user.uid)]);
+    assert_eq!(
+        requested(own_tree)[0]["pid"],
+        own_kill_pid,
+        "the peer's pid"
+    );
+    assert!(
+        killed_by(own_tree).contains(&format!("by uid {} ", user.uid)),
+        "{}",
+        killed_by(own_tree)
+    );
+    assert!(s.marked().is_empty() || wait_until(Duration::from_secs(10), || s.marked().is_empty()));
+    drop(s);
+}
+
+/// `treewarden token ...` against the server's ledger.
+fn token_cmd(s: &Server, args: &[&str]) -> std::process::Output {
+    Command::new(bin())
+        .env("TREEWARDEN_DATA_DIR", s.data_dir())
+        .arg("token")
+        .args(args)
+        .output()
+        .expect("treewarden token")
+}
+
+fn made(s: &Server, scope: &str, name: &str) -> (i64, String) {
+    let out = token_cmd(s, &["create", "--scope", scope, "--name", name, "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    (
+        v["id"].as_i64().expect("id"),
+        v["token"].as_str().expect("token").to_string(),
+    )
+}
+
+fn tcp(
+    s: &Server,
+    token: Option<&str>,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<&Value>,
+) -> (u16, Value) {
+    let client = reqwest::blocking::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("client");
+    let mut req = client.request(method, s.url(path));
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    if let Some(b) = body {
+        req = req.json(b);
+    }
+    let r = req.send().expect("request");
+    let status = r.status().as_u16();
+    (status, r.json().unwrap_or(Value::Null))
+}
+
+#[test]
+fn scoped_tokens_are_kept_as_hashes_bound_their_holders_and_revoke_at_once() {
+    use reqwest::Method;
+    let mut s = Server::start(&[]);
+    // The api-token file is the first admin token.
+    let out = token_cmd(&s, &["list", "--json"]);
+    let list: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(list[0]["scope"], "admin", "{list}");
+    let (read_id, read) = made(&s, "read", "dashboards");
+    let (_, spawn) = made(&s, "spawn", "ci");
+    // Only hashes are kept: no secret in the list, nor in the ledger file.
+    let listed = String::from_utf8_lossy(&token_cmd(&s, &["list"]).stdout).to_string();
+    assert!(
+        listed.contains("dashboards") && listed.contains("ci"),
+        "{listed}"
+    );
+    let ledger = std::fs::read(s.data_dir().join("ledger.db")).expect("ledger");
+    for secret in [&read, &spawn, &s.token] {
+        assert!(!listed.contains(secret.as_str()));
+        assert!(
+            !ledger.windows(secret.len()).any(|w| w == secret.as_bytes()),
+            "a secret is in the ledger file"
+        );
+    }
+    let body = s.body("exec sleep 300");
+    // A read token reads, and may not spawn.
+    assert_eq!(tcp(&s, Some(&read), Method::GET, "/api/trees", None).0, 200);
+    let (status, v) = tcp(&s, Some(&read), Method::POST, "/api/trees", Some(&body));
+    assert_eq!(status, 403, "{v}");
+    // A spawn token spawns (recorded as itself), kills its own tree, and
+    // not the admin's.
+    let (status, v) = tcp(&s, Some(&spawn), Method::POST, "/api/trees", Some(&body));
+    assert_eq!(status, 201, "{v}");
+    let ci_tree = v["id"].as_i64().expect("id");
+    assert_eq!(v["requested_by"]["token_name"], "ci", "{v}");
+    assert_eq!(v["requester_uid"], Value::Null, "{v}");
+    let (status, v) = tcp(&s, Some(&s.token), Method::POST, "/api/trees", Some(&body));
+    assert_eq!(status, 201, "{v}");
+    let admin_tree = v["id"].as_i64().expect("id");
+    let (status, v) = tcp(
+        &s,
+        Some(&spawn),
+        Method::POST,
+        &format!("/api/trees/{admin_tree}/kill"),
+        None,
+    );
+    assert_eq!(status, 403, "{v}");
+    let (status, v) = tcp(
+        &s,
+        Some(&spawn),
+        Method::POST,
+        &format!("/api/trees/{ci_tree}/kill?grace=200ms"),
+        None,
+    );
+    assert_eq!(status, 200, "{v}");
+    let (_, events) = tcp(
+        &s,
+        Some(&s.token),
+        Method::GET,
+        &format!("/api/events?tree={ci_tree}"),
+        None,
+    );
+    let by = events
+        .as_array()
+        .and_then(|a| a.iter().find(|e| e["kind"] == "kill.requested"))
+        .map(|e| e["data"]["by"].clone())
+        .expect("kill.requested");
+    assert_eq!(
+        (by["via"].clone(), by["token_name"].clone()),
+        (json!("tcp"), json!("ci")),
+        "{by}"
+    );
+    let (status, v) = tcp(
+        &s,
+        Some(&s.token),
+        Method::POST,
+        &format!("/api/trees/{admin_tree}/kill?grace=200ms"),
+        None,
+    );
+    assert_eq!(status, 200, "{v}");
+    // Revoked: refused on the next request, no restart.
+    let out = token_cmd(&s, &["revoke", &read_id.to_string()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (status, v) = tcp(&s, Some(&read), Method::GET, "/api/trees", None);
+    assert_eq!(status, 401, "{v}");
+    assert_eq!(token_cmd(&s, &["revoke", "999"]).status.code(), Some(2));
+    // Every token change is in the trail, with who made it.
+    let events: Vec<Value> = tcp(&s, Some(&s.token), Method::GET, "/api/events", None)
+        .1
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let revoked = events
+        .iter()
+        .find(|e| e["kind"] == "token.revoked")
+        .expect("token.revoked");
+    assert_eq!(revoked["data"]["token"], read_id);
+    assert_eq!(revoked["data"]["by"]["via"], "cli");
+    assert!(
+        events
+            .iter()
+            .filter(|e| e["kind"] == "token.created")
+            .count()
+            >= 3
+    );
+    let status = s.terminate().expect("serve exits");
+    assert_eq!(status.code(), Some(0), "{}", s.stderr());
+    assert!(
+        !s.data_dir().join("api.sock").exists(),
+        "the socket is removed at exit"
+    );
+}
+
+#[test]
+fn the_dashboard_login_sets_an_httponly_strict_cookie_for_reads_only() {
+    use reqwest::Method;
+    let s = Server::start(&[]);
+    let client = reqwest::blocking::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let r = client
+        .post(s.url("/login"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("token=wrong")
+        .send()
+        .expect("POST");
+    assert_eq!(r.status(), 401);
+    assert!(r.headers().get("set-cookie").is_none());
+    let r = client
+        .post(s.url("/login"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("token={}", s.token))
+        .send()
+        .expect("POST");
+    assert_eq!(r.status(), 303);
+    let cookie = r
+        .headers()
+        .get("set-cookie")
+        .and_then(|v| v.to_str().ok())
+        .expect("a cookie")
+        .to_string();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    let pair = cookie.split(';').next().expect("name=value").to_string();
+    let page = client
+        .get(s.url("/"))
+        .header("cookie", &pair)
+        .send()
+        .expect("GET");
+    assert_eq!(page.status(), 200);
+    assert!(page.text().expect("page").contains("dispatch open"));
+    // The cookie reads; it never writes (a cross-site form cannot use it).
+    let r = client
+        .post(s.url("/api/trees"))
+        .header("cookie", &pair)
+        .json(&s.body("true"))
+        .send()
+        .expect("POST");
+    assert_eq!(r.status(), 401);
+    assert_eq!(
+        tcp(&s, None, Method::GET, "/", None).0,
+        401,
+        "no cookie, no token"
+    );
+}
+
+#[test]
+fn an_admin_group_member_reads_and_acts_on_every_tree() {
+    let Some(user) = TestUser::create() else {
+        return;
+    };
+    let public = public_dir();
+    let sock = public.path().join("api.sock");
+    // useradd --user-group made a group of the user's name.
+    let s = Server::start(&[
+        "--socket",
+        sock.to_str().expect("utf-8 path"),
+        "--admin-group",
+        &user.name,
+    ]);
+    let (status, v) = curl(
+        &sock,
+        None,
+        "POST",
+        "/api/trees",
+        Some(&spawn_body(&s, "exec sleep 300")),
+    );
+    assert_eq!(status, 201, "{v}");
+    let roots = v["id"].as_i64().expect("id");
+    let (status, v) = curl(&sock, Some(&user), "GET", "/api/trees", None);
+    assert_eq!(status, 200);
+    assert!(
+        v.as_array().expect("list").iter().any(|t| t["id"] == roots),
+        "an admin sees root's tree: {v}"
+    );
+    assert_eq!(curl(&sock, Some(&user), "GET", "/api/export", None).0, 200);
+    // An admin acts on every tree, but still runs its own as itself.
+    let (status, v) = curl(
+        &sock,
+        Some(&user),
+        "POST",
+        &format!("/api/trees/{roots}/kill?grace=200ms"),
+        None,
+    );
+    assert_eq!(status, 200, "{v}");
+    let (status, v) = curl(
+        &sock,
+        Some(&user),
+        "POST",
+        "/api/trees",
+        Some(&json!({"argv": ["true"], "user": "root"})),
+    );
+    assert_eq!(status, 403, "only root names another user: {v}");
+}
+
+#[test]
+fn over_the_socket_a_tree_may_be_bound_to_its_requesters_life() {
+    if tool("curl").is_none() {
+        skip("curl not installed");
+        return;
+    }
+    let public = public_dir();
+    let sock = public.path().join("api.sock");
+    let s = Server::start(&["--socket", sock.to_str().expect("utf-8 path")]);
+    // `exec` keeps the shell's pid for curl: the body names curl's own pid,
+    // which the service checks against the peer credentials.
+    let body = spawn_body(&s, "exec sleep 300").to_string();
+    let body = body.replacen('{', "{\"owner_pid\": OWNER, ", 1);
+    let script = format!(
+        "exec curl -sS --max-time 60 --unix-socket '{}' -X POST -H 'content-type: application/json' -d \"$(echo '{}' | sed \"s/OWNER/$$/\")\" -w '\\n%{{http_code}}' http://localhost/api/trees",
+        sock.display(),
+        body
+    );
+    let child = Command::new("sh")
+        .args(["-c", &script])
+        .current_dir("/")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("sh");
+    let pid = child.id();
+    let out = child.wait_with_output().expect("output");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (json_body, code) = text.rsplit_once('\n').expect("status line");
+    assert_eq!(code.trim(), "201", "{text}; {}", s.stderr());
+    let v: Value = serde_json::from_str(json_body).expect("json");
+    assert_eq!(v["owner"]["kind"], "client", "{v}");
+    assert_eq!(
+        v["owner"]["pid"], pid,
+        "the owner is the requesting process: {v}"
+    );
+    assert_eq!(v["requested_by"]["pid"], pid, "{v}");
+    // curl has exited: the tree follows it within a second or so.
+    let id = v["id"].as_i64().expect("id");
+    let root = v["root_pid"].as_i64().expect("root") as i32;
+    assert!(
+        wait_until(Duration::from_secs(10), || !pid_alive(root)),
+        "the tree outlived its requester"
+    );
+    let (status, t) = curl(&sock, None, "GET", &format!("/api/trees/{id}"), None);
+    assert_eq!(status, 200);
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let state =
+                curl(&sock, None, "GET", &format!("/api/trees/{id}"), None).1["tree"]["state"]
+                    .clone();
+            state == "ended" || state == "vanished"
+        }),
+        "{t}"
+    );
+}
