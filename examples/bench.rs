@@ -1263,7 +1263,7 @@ fn teardowns(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()>
             let (floor_name, target) = if name == "cgroup" {
                 ("cgroup.kill + wait populated 0", 1.5)
             } else {
-                ("killpg(SIGKILL) + wait no live member", 2.0)
+                ("killpg(SIGKILL) + wait no live member", 1.5)
             };
             let floor = stats(floor);
             rows.push(Row {

@@ -450,10 +450,10 @@ fn doctor(config: &Config, json: bool) -> CliResult {
     Ok(0)
 }
 
-/// Opens an existing ledger for every command but `run` and `serve`. A
-/// missing file is a usage error (usually a wrong --data-dir), and these
-/// commands never create one.
-pub fn open_existing_ledger(config: &Config) -> Result<Ledger, CliError> {
+/// The ledger's path, when a ledger is there: a missing file is a usage
+/// error (usually a wrong --data-dir); no command but `run` and `serve`
+/// creates one.
+fn existing_ledger_path(config: &Config) -> Result<std::path::PathBuf, CliError> {
     let path = config.ledger_path();
     if !path.is_file() {
         return Err(CliError::usage(anyhow::anyhow!(
@@ -461,6 +461,14 @@ pub fn open_existing_ledger(config: &Config) -> Result<Ledger, CliError> {
             path.display()
         )));
     }
+    Ok(path)
+}
+
+/// Opens an existing ledger for every command but `run` and `serve`. A
+/// missing file is a usage error (usually a wrong --data-dir), and these
+/// commands never create one.
+pub fn open_existing_ledger(config: &Config) -> Result<Ledger, CliError> {
+    let path = existing_ledger_path(config)?;
     Ledger::open(&path, LedgerOptions::from_config(config))
         .map_err(|e| CliError::internal(anyhow::anyhow!("{}: {e}", path.display())))
 }
@@ -636,13 +644,7 @@ fn verify(
         .map_err(|e| CliError::usage(anyhow::anyhow!(e)))?;
     let broken =
         |what: String| CliError::with_code(EXIT_BROKEN, anyhow::anyhow!("verify failed: {what}"));
-    let path = config.ledger_path();
-    if !path.is_file() {
-        return Err(CliError::usage(anyhow::anyhow!(
-            "no ledger at {} (check --data-dir)",
-            path.display()
-        )));
-    }
+    let path = existing_ledger_path(config)?;
     for archive in archives {
         if !archive.is_file() {
             return Err(CliError::usage(anyhow::anyhow!(

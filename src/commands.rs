@@ -330,13 +330,7 @@ fn parse_concurrency(s: &str) -> Result<usize, String> {
 }
 
 fn open_ledger(config: &Config) -> Result<Ledger, CliError> {
-    Ledger::open(
-        &config.ledger_path(),
-        LedgerOptions {
-            busy_timeout: config.busy_timeout,
-        },
-    )
-    .map_err(|e| {
+    Ledger::open(&config.ledger_path(), LedgerOptions::from_config(config)).map_err(|e| {
         CliError::internal(anyhow!(
             "cannot open the ledger {}: {e}",
             config.ledger_path().display()

@@ -41,6 +41,11 @@ pub struct ProcEntry {
 }
 
 impl ProcEntry {
+    /// The process's [`ProcKey`](crate::proc::ProcKey).
+    pub fn key(&self) -> crate::proc::ProcKey {
+        crate::proc::ProcKey::new(self.pid, self.start_ticks)
+    }
+
     /// Zombies and dead tasks are not live members: they run nothing and
     /// cannot be signalled usefully.
     pub fn is_live(&self) -> bool {
@@ -228,10 +233,11 @@ fn ascii_num<T: std::str::FromStr>(field: &[u8]) -> Option<T> {
     std::str::from_utf8(field).ok()?.parse().ok()
 }
 
-/// The pids listed in a cgroup's `cgroup.procs` (empty if it is gone).
+/// The pids listed in a cgroup's `cgroup.procs` (empty if it is gone):
+/// [`crate::proc::cgroup_pids`] as a set.
 pub fn cgroup_pids(cgroup_dir: &Path) -> HashSet<i32> {
-    std::fs::read_to_string(cgroup_dir.join("cgroup.procs"))
-        .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
+    crate::proc::cgroup_pids(cgroup_dir)
+        .map(|pids| pids.into_iter().collect())
         .unwrap_or_default()
 }
 
@@ -291,11 +297,11 @@ pub struct KnownTree {
     /// Pids read from the tree's `cgroup.procs` for this scan (cgroup boundary).
     pub cgroup_pids: HashSet<i32>,
     /// `(pid, start_ticks)` of every member seen before.
-    pub seen: HashSet<(i32, u64)>,
+    pub seen: HashSet<crate::proc::ProcKey>,
     /// `(pid, start_ticks)` of members the proc-connector observer
     /// attributed to the tree (a fork from a member), whether or not a scan
     /// ever saw them.
-    pub observed: HashSet<(i32, u64)>,
+    pub observed: HashSet<crate::proc::ProcKey>,
     /// Start ticks of the recorded root (0 = unknown). A session or group
     /// whose leader pid now belongs to another process, or a process that
     /// started before the root, is not ours: pids of sessions and groups are
@@ -332,7 +338,7 @@ impl KnownTree {
             || snap.entries.values().any(|e| {
                 e.is_live()
                     && (e.sid == self.sid || e.pgid == self.pgid)
-                    && self.seen.contains(&(e.pid, e.start_ticks))
+                    && self.seen.contains(&e.key())
             })
     }
 }
@@ -402,9 +408,9 @@ pub fn classify(snap: &Snapshot, trees: &[KnownTree], exclude: &HashSet<i32>) ->
                 Some(Because::Session)
             } else if ids_match && entry.pgid == tree.pgid {
                 Some(Because::Group)
-            } else if tree.seen.contains(&(entry.pid, entry.start_ticks)) {
+            } else if tree.seen.contains(&entry.key()) {
                 Some(Because::Seen)
-            } else if tree.observed.contains(&(entry.pid, entry.start_ticks)) {
+            } else if tree.observed.contains(&entry.key()) {
                 Some(Because::Observed)
             } else if tree.adopted_by == Some(entry.ppid) {
                 Some(Because::Adopted)
@@ -557,7 +563,7 @@ mod tests {
             1,
             "without memory, ancestry is lost"
         );
-        t.seen.insert((103, 1103));
+        t.seen.insert(crate::proc::ProcKey::new(103, 1103));
         let again = classify(&s, std::slice::from_ref(&t), &exclude);
         let m: Vec<(i32, bool)> = again[0]
             .members
@@ -593,7 +599,7 @@ mod tests {
         e.start_ticks = 99_999;
         let s = snap(vec![e]);
         let mut t = tree(7, 100);
-        t.seen.insert((103, 1103));
+        t.seen.insert(crate::proc::ProcKey::new(103, 1103));
         assert!(classify(&s, &[t], &HashSet::new())[0].members.is_empty());
     }
 
@@ -649,7 +655,7 @@ mod tests {
             blind[0].members.is_empty(),
             "no known member lives: a reused session is not ours"
         );
-        t.seen.insert((101, 1101));
+        t.seen.insert(crate::proc::ProcKey::new(101, 1101));
         let f = classify(&s, &[t], &HashSet::new());
         let pids: Vec<i32> = f[0].members.iter().map(|m| m.entry.pid).collect();
         assert_eq!(pids, vec![101, 102]);

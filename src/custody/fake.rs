@@ -96,6 +96,7 @@ pub(crate) enum Call {
     SignalProcess,
     CgroupKill,
     CgroupFreeze,
+    CgroupThaw,
     Sleep,
     /// Any SIGKILL request (group, pid or cgroup), counted before the
     /// request's own kind.
@@ -125,6 +126,9 @@ pub(crate) struct World {
     reaped: HashMap<(i32, u64), ExitStatus>,
     /// Calls of each kind, for tests of bounded work.
     pub calls: HashMap<Call, usize>,
+    /// The candidates each group signal was given to prove the group with
+    /// (in order).
+    pub group_candidates: Vec<Vec<i32>>,
 }
 
 impl World {
@@ -345,6 +349,7 @@ impl FakeHost {
                 unclaimed: Vec::new(),
                 reaped: HashMap::new(),
                 calls: HashMap::new(),
+                group_candidates: Vec::new(),
             }),
             base: Instant::now(),
             ledger: Mutex::new(None),
@@ -498,11 +503,12 @@ impl Host for FakeHost {
         &self,
         rec: &GroupRecord,
         sig: Sig,
-        _candidates: &[i32],
+        candidates: &[i32],
     ) -> Result<GroupDelivery, ProcError> {
         self.step(Call::SignalGroup, sig);
         let authorized = self.authority(sig);
         let mut w = self.world();
+        w.group_candidates.push(candidates.to_vec());
         let record = |w: &mut World, hit: Vec<(i32, u64)>, outcome: String| {
             w.push(Sent {
                 sig,
@@ -625,16 +631,60 @@ impl Host for FakeHost {
         Ok(())
     }
 
-    fn cgroup_freeze(&self, dir: &Path, frozen: bool, _wait: Duration) -> Result<bool, ProcError> {
+    fn cgroup_freeze(&self, dir: &Path, _wait: Duration) -> Result<bool, ProcError> {
         let mut w = self.world();
         w.step(Call::CgroupFreeze);
-        w.cgroups.insert(dir.to_path_buf(), frozen);
+        w.cgroups.insert(dir.to_path_buf(), true);
         Ok(true)
     }
 
-    fn cgroup_populated(&self, dir: &Path) -> Result<bool, ProcError> {
-        let w = self.world();
-        Ok(w.procs.values().any(|p| p.cgroup.as_deref() == Some(dir)))
+    fn cgroup_thaw(&self, dir: &Path, _wait: Duration) -> Result<bool, ProcError> {
+        let mut w = self.world();
+        w.step(Call::CgroupThaw);
+        w.cgroups.insert(dir.to_path_buf(), false);
+        Ok(true)
+    }
+
+    /// Time passes in steps of 1 ms on the fake clock while the cgroup is
+    /// populated (a script may end its processes meanwhile).
+    fn cgroup_wait_empty(&self, dir: &Path, deadline: Instant) -> Result<bool, ProcError> {
+        loop {
+            let populated = {
+                let w = self.world();
+                w.procs
+                    .values()
+                    .any(|p| p.cgroup.as_deref() == Some(dir) && !matches!(p.state, 'Z' | 'X'))
+            };
+            if !populated {
+                return Ok(true);
+            }
+            if self.now() >= deadline {
+                return Ok(false);
+            }
+            self.sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Time passes in steps of 1 ms on the fake clock while any of `ids`
+    /// lives (a script may end its processes meanwhile).
+    fn wait_exits(&self, ids: &[Identity], deadline: Instant) -> Result<bool, ProcError> {
+        loop {
+            let running = {
+                let w = self.world();
+                ids.iter().any(|id| {
+                    w.procs.get(&id.pid).is_some_and(|p| {
+                        p.start_ticks == id.start_ticks && !matches!(p.state, 'Z' | 'X')
+                    })
+                })
+            };
+            if !running {
+                return Ok(true);
+            }
+            if self.now() >= deadline {
+                return Ok(false);
+            }
+            self.sleep(Duration::from_millis(1));
+        }
     }
 
     fn remove_cgroup_when_empty(&self, dir: &Path, _wait: Duration) -> Result<bool, ProcError> {

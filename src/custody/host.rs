@@ -59,10 +59,17 @@ pub trait Host: Send + Sync {
     fn signal_process(&self, id: &Identity, sig: Sig) -> Result<Delivery, ProcError>;
     /// `cgroup.kill`.
     fn cgroup_kill(&self, dir: &Path) -> Result<(), ProcError>;
-    /// `cgroup.freeze` (or thaw); whether the state was reached within `wait`.
-    fn cgroup_freeze(&self, dir: &Path, frozen: bool, wait: Duration) -> Result<bool, ProcError>;
-    /// `populated` of `cgroup.events`.
-    fn cgroup_populated(&self, dir: &Path) -> Result<bool, ProcError>;
+    /// `cgroup.freeze` 1; whether `frozen 1` was reported within `wait`.
+    fn cgroup_freeze(&self, dir: &Path, wait: Duration) -> Result<bool, ProcError>;
+    /// `cgroup.freeze` 0; whether `frozen 0` was reported within `wait`.
+    fn cgroup_thaw(&self, dir: &Path, wait: Duration) -> Result<bool, ProcError>;
+    /// Waits for `populated 0` of `cgroup.events` until `deadline` (the
+    /// kernel's change notification, not a timed poll); whether it came.
+    fn cgroup_wait_empty(&self, dir: &Path, deadline: Instant) -> Result<bool, ProcError>;
+    /// Waits until every process `ids` names has exited, or `deadline`
+    /// (identity-checked pidfds: the kernel's exit notification, not a
+    /// timed poll); whether all did.
+    fn wait_exits(&self, ids: &[Identity], deadline: Instant) -> Result<bool, ProcError>;
     /// `oom_kill` of the cgroup's `memory.events`: how many processes the
     /// kernel's OOM killer ended in it (`None`: no memory controller). A
     /// plain file read, so a fake host can be given a directory holding one.
@@ -157,12 +164,20 @@ impl Host for KernelHost {
         crate::proc::cgroup_kill(dir)
     }
 
-    fn cgroup_freeze(&self, dir: &Path, frozen: bool, wait: Duration) -> Result<bool, ProcError> {
-        crate::proc::cgroup_freeze(dir, frozen, wait)
+    fn cgroup_freeze(&self, dir: &Path, wait: Duration) -> Result<bool, ProcError> {
+        crate::proc::cgroup_freeze(dir, wait)
     }
 
-    fn cgroup_populated(&self, dir: &Path) -> Result<bool, ProcError> {
-        crate::proc::cgroup_populated(dir)
+    fn cgroup_thaw(&self, dir: &Path, wait: Duration) -> Result<bool, ProcError> {
+        crate::proc::cgroup_thaw(dir, wait)
+    }
+
+    fn cgroup_wait_empty(&self, dir: &Path, deadline: Instant) -> Result<bool, ProcError> {
+        crate::proc::cgroup_wait_event(dir, crate::proc::CgroupEvent::Populated, false, deadline)
+    }
+
+    fn wait_exits(&self, ids: &[Identity], deadline: Instant) -> Result<bool, ProcError> {
+        crate::proc::wait_exits(ids, deadline)
     }
 
     fn remove_cgroup_when_empty(&self, dir: &Path, wait: Duration) -> Result<bool, ProcError> {

@@ -24,6 +24,7 @@ mod observer;
 #[cfg(test)]
 mod oom_tests;
 mod owner;
+pub mod policy;
 mod spawn;
 mod stats;
 mod sweep;

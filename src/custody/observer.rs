@@ -30,7 +30,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::ledger::{IdentityRecord, Ledger, MemberRecord, TreeId};
-use crate::proc::{Connector, ProcError, ProcEvent, monotonic_ns};
+use crate::proc::{Connector, ProcError, ProcEvent, ProcKey, monotonic_ns};
 
 /// How many recent forks are remembered for a tree registered late (its
 /// root may fork before the owner has told the observer its pid).
@@ -89,7 +89,7 @@ struct Tracked {
     /// pid -> start ticks of every live member the observer knows.
     members: HashMap<i32, u64>,
     /// Escapes already recorded (or attempted) by identity.
-    escaped: HashSet<(i32, u64)>,
+    escaped: HashSet<ProcKey>,
     /// Kernel time of each member's fork, for the latency.
     forked_at: HashMap<i32, u64>,
 }
@@ -209,8 +209,8 @@ impl ObserverHandle {
         }
     }
 
-    /// Live members the observer knows, as `(pid, start_ticks)`.
-    pub fn members(&self, tree: TreeId) -> HashSet<(i32, u64)> {
+    /// Live members the observer knows.
+    pub fn members(&self, tree: TreeId) -> HashSet<ProcKey> {
         self.shared
             .trees
             .lock()
@@ -220,7 +220,7 @@ impl ObserverHandle {
                     t.members
                         .iter()
                         .filter(|(_, s)| **s != UNKNOWN_START)
-                        .map(|(p, s)| (*p, *s))
+                        .map(|(p, s)| ProcKey::new(*p, *s))
                         .collect()
                 })
             })
@@ -230,14 +230,14 @@ impl ObserverHandle {
     /// Cross-check: members a scan found. Ones the observer did not know
     /// (lost events, or forks before the history) are counted and adopted,
     /// so their later forks and setsid are attributed too.
-    pub fn scanned(&self, tree: TreeId, members: impl IntoIterator<Item = (i32, u64)>) {
+    pub fn scanned(&self, tree: TreeId, members: impl IntoIterator<Item = ProcKey>) {
         let mut unknown = 0;
         if let Ok(mut trees) = self.shared.trees.lock()
             && let Some(t) = trees.get_mut(&tree.0)
         {
-            for (pid, start) in members {
-                if t.members.get(&pid) != Some(&start) {
-                    t.members.insert(pid, start);
+            for ProcKey { pid, start_ticks } in members {
+                if t.members.get(&pid) != Some(&start_ticks) {
+                    t.members.insert(pid, start_ticks);
                     unknown += 1;
                 }
             }
@@ -513,7 +513,7 @@ impl Worker {
         let escaped = stat.pgid != t.pgid && stat.sid != t.sid;
         tracing::debug!(tree, parent, child, escaped, "observer: fork attributed");
         if escaped {
-            t.escaped.insert((child, stat.start_ticks));
+            t.escaped.insert(ProcKey::new(child, stat.start_ticks));
         }
         findings.push(Finding {
             tree,
@@ -543,10 +543,13 @@ impl Worker {
             if start == UNKNOWN_START || stat.start_ticks != start || stat.is_dead() {
                 continue;
             }
-            if stat.pgid == t.pgid || stat.sid == t.sid || t.escaped.contains(&(pid, start)) {
+            if stat.pgid == t.pgid
+                || stat.sid == t.sid
+                || t.escaped.contains(&ProcKey::new(pid, start))
+            {
                 continue;
             }
-            t.escaped.insert((pid, start));
+            t.escaped.insert(ProcKey::new(pid, start));
             findings.push(Finding {
                 tree: *id,
                 record: record_of(&stat, &t.boot_id),

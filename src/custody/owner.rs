@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::observer::{Observer, ObserverStats};
+use super::policy::{self, EndCause};
 use super::spawn::SpawnRequest;
-use super::teardown::{Origin, Progress, TeardownOptions, TeardownReport};
+use super::teardown::{Origin, Progress, TeardownReport};
 use super::watch::TreeWatch;
 use super::{CustodyError, Engine};
 use crate::config::ObserverMode;
@@ -80,34 +81,27 @@ enum Event {
     ForceScan,
 }
 
-/// Starts the observer as `mode` asks. `Ok(None)`: scans only (off, or
-/// auto without the capability, logged). `Err`: `on` without the capability.
+/// Starts the observer as `opts.observer` asks ([`policy::start_observer`]);
+/// an overflow asks the run loop for a full scan.
 fn start_observer(
     engine: &Engine,
     opts: &RunOptions,
     tx: &mpsc::Sender<Event>,
 ) -> Result<Option<Observer>, CustodyError> {
-    if opts.observer == ObserverMode::Off {
-        return Ok(None);
-    }
     let tx = std::sync::Mutex::new(tx.clone());
     let on_overflow = Box::new(move || {
         if let Ok(tx) = tx.lock() {
             let _ = tx.send(Event::ForceScan);
         }
     });
-    match Observer::start(engine.ledger().clone(), opts.observer_rcvbuf, on_overflow) {
-        Ok(o) => Ok(Some(o)),
-        Err(e) if opts.observer == ObserverMode::On => Err(CustodyError::Proc(
-            crate::proc::ProcError::Io(std::io::Error::other(format!(
-                "--observer on, but the proc connector is unavailable: {e}"
-            ))),
-        )),
-        Err(e) => {
-            tracing::info!(error = %e, "observer off: proc connector unavailable; scans only");
-            Ok(None)
-        }
-    }
+    policy::start_observer(
+        engine.ledger(),
+        opts.observer,
+        opts.observer_rcvbuf,
+        on_overflow,
+    )
+    .map(|started| started.observer)
+    .map_err(|e| CustodyError::Proc(crate::proc::ProcError::Io(std::io::Error::other(e))))
 }
 
 impl Engine {
@@ -253,21 +247,14 @@ impl Engine {
             }
         };
 
-        let reason = match end {
-            RunEnd::RootExited(s) => format!("root exited ({s})"),
-            RunEnd::Timeout => format!(
-                "timeout after {}",
-                humantime::format_duration(opts.timeout.unwrap_or_default())
-            ),
-            RunEnd::Signal(n) => format!("run received signal {n}"),
-            RunEnd::ParentDied => "run's parent died".to_string(),
+        let cause = match end {
+            RunEnd::RootExited(s) => EndCause::RootExited(Some(s)),
+            RunEnd::Timeout => EndCause::Timeout(opts.timeout.unwrap_or_default()),
+            RunEnd::Signal(n) => EndCause::Signal(n),
+            RunEnd::ParentDied => EndCause::ParentDied,
         };
-        let mut topts = TeardownOptions::new(opts.grace, reason, Origin::Run);
+        let mut topts = cause.teardown_options(opts.grace, Origin::Run);
         topts.first_signal = opts.first_signal;
-        topts.root_exit = match end {
-            RunEnd::RootExited(s) => Some(s),
-            _ => None,
-        };
         topts.observer = obs;
         let teardown = self.teardown(tree, &topts, progress);
         signals_handle.close();

@@ -225,7 +225,8 @@ impl Engine {
 
     /// Tears one orphan down with its recorded grace.
     fn sweep_one(&self, row: &TreeRow, opts: &SweepOptions) -> SweepOutcome {
-        let grace = row.grace_or(opts.default_grace);
+        let recorded = row.grace_ms.map(Duration::from_millis);
+        let grace = super::policy::grace(None, recorded, opts.default_grace, None);
         let mut outcome = SweepOutcome {
             tree: row.id,
             from: row.state,

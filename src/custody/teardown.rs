@@ -44,6 +44,19 @@ pub enum Origin {
     Service,
 }
 
+impl Origin {
+    /// The origin's label, as its serialized form spells it (logs, the
+    /// report): written once here.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Origin::Run => "run",
+            Origin::Kill => "kill",
+            Origin::Sweep => "sweep",
+            Origin::Service => "service",
+        }
+    }
+}
+
 /// How a teardown runs.
 #[derive(Clone, Debug)]
 pub struct TeardownOptions {
@@ -90,6 +103,9 @@ pub enum Phase {
     Term,
     Grace,
     Freeze,
+    /// The survivors' command lines read as evidence.
+    Snapshot,
+    /// The snapshot and the authorization committed.
     Authorize,
     Kill,
     Verify,
@@ -104,6 +120,7 @@ impl Phase {
             Phase::Term => "term",
             Phase::Grace => "grace",
             Phase::Freeze => "freeze",
+            Phase::Snapshot => "snapshot",
             Phase::Authorize => "authorize",
             Phase::Kill => "kill",
             Phase::Verify => "verify",
@@ -146,9 +163,106 @@ pub struct TeardownReport {
     pub already_settled: bool,
 }
 
+/// Whom a signal step reaches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reach {
+    /// The recorded group and, one by one through pidfds, the members
+    /// outside it (SIGTERM, SIGSTOP, SIGCONT).
+    Signal,
+    /// As [`Reach::Signal`], but `cgroup.kill` for everything in the
+    /// cgroup: the group and pidfds only for what is outside it.
+    Kill,
+}
+
+/// What every phase of one teardown shares.
+struct Run<'a> {
+    tree: TreeId,
+    opts: &'a TeardownOptions,
+    progress: &'a mut dyn FnMut(&Progress),
+    watch: TreeWatch,
+    group: GroupRecord,
+    /// Exit statuses collected from the reaper so far, by pid.
+    exits: HashMap<i32, crate::proc::ExitStatus>,
+    report: TeardownReport,
+    started: Instant,
+}
+
+/// The teardown's states. Each phase is a function from one state (and the
+/// host's answers) to the next; the ledger writes a phase needs are made by
+/// that phase (the authorization only by [`State::Authorize`], and a
+/// SIGKILL only by [`State::Kill`], which only [`State::Authorize`] reaches,
+/// with the committed [`AuthorizationId`]).
+enum State {
+    /// The first signal to every live member.
+    Term,
+    Grace(Grace),
+    /// One round of the forced kill begins.
+    Freeze(Freeze),
+    Snapshot(Snapshot),
+    Authorize(Authorize),
+    Kill(Kill),
+    Verify(Verify),
+    /// Verified empty: the exits and the end are recorded.
+    Finish,
+    /// Nothing provably ours to signal: refused, closed as vanished.
+    Refuse(String),
+    /// The authorization was not committed.
+    FailClosed(FailClosed),
+    /// Members outlived every round.
+    Survived(Vec<Member>),
+}
+
+struct Grace {
+    members: Vec<Member>,
+    /// Whether the first signal found the group provably the recorded one.
+    group_ok: bool,
+}
+
+struct Freeze {
+    /// 1-based; past [`TeardownOptions::rounds`] the teardown gives up.
+    round: u32,
+    members: Vec<Member>,
+}
+
+struct Snapshot {
+    round: u32,
+    /// The frozen survivors.
+    survivors: Vec<Member>,
+    taken_at: SystemTime,
+}
+
+struct Authorize {
+    round: u32,
+    survivors: Vec<Member>,
+    forensic: Vec<SurvivorRecord>,
+    taken_at: SystemTime,
+}
+
+struct Kill {
+    round: u32,
+    survivors: Vec<Member>,
+    targets: Targets,
+    /// The committed authorization naming `targets`.
+    auth: AuthorizationId,
+}
+
+struct Verify {
+    round: u32,
+    survivors: Vec<Member>,
+    targets: Targets,
+}
+
+struct FailClosed {
+    survivors: Vec<Member>,
+    forensic: Vec<SurvivorRecord>,
+    taken_at: SystemTime,
+    /// Why the ledger refused the authorization.
+    error: String,
+}
+
 /// Signal targets for one step: the recorded group, the cgroup, and members
 /// that neither reaches.
-struct Step {
+struct Targets {
     group: GroupRecord,
     cgroup: Option<std::path::PathBuf>,
     /// Pids of live members in the recorded group, as just classified: the
@@ -199,7 +313,7 @@ impl Engine {
                     .collect();
                 tracing::info!(
                     tree = tree.0,
-                    origin = ?opts.origin,
+                    origin = opts.origin.as_str(),
                     state = r.state.as_str(),
                     members = r.members_at_start,
                     force_killed = r.force_killed,
@@ -210,7 +324,7 @@ impl Engine {
                 );
             }
             Err(e) => {
-                tracing::warn!(tree = tree.0, origin = ?opts.origin, error = %e, "teardown not settled")
+                tracing::warn!(tree = tree.0, origin = opts.origin.as_str(), error = %e, "teardown not settled")
             }
         }
         result
@@ -297,7 +411,7 @@ impl Engine {
         let _span = tracing::info_span!(
             "teardown",
             tree = tree.0,
-            origin = ?opts.origin,
+            origin = opts.origin.as_str(),
             grace_ms = opts.grace.as_millis() as u64
         )
         .entered();
@@ -392,263 +506,438 @@ impl Engine {
             }
         }
 
-        // TERM.
-        let t0 = Instant::now();
-        let phase_span = tracing::info_span!("teardown.phase", phase = "term").entered();
-        // The one full walk before the kill: it finds members by descent
-        // (escapees in sessions of their own). Later scans re-read what it
-        // and `cgroup.procs` name, until one verifying full walk at the end.
-        let members = watch.tick_full(self, &exits, false).members;
-        report.members_at_start = members.len();
-        if members.is_empty() {
-            if let Some(why) = watch.recycled_leader(self) {
-                self.flush_journal(tree, &mut watch);
-                return self.refuse(tree, watch.cgroup(), opts, &why, report, started);
-            }
-            return self.finish(tree, &mut watch, opts, report, started, &exits);
+        let mut run = Run {
+            tree,
+            opts,
+            progress,
+            watch,
+            group,
+            exits,
+            report,
+            started,
+        };
+        // The machine: each phase is a function from the run and the host's
+        // answers to the next state; the terminal states end it.
+        let mut state = State::Term;
+        loop {
+            state = match state {
+                State::Term => self.term(&mut run)?,
+                State::Grace(g) => self.grace(&mut run, g),
+                State::Freeze(f) => self.freeze_round(&mut run, f),
+                State::Snapshot(s) => self.snapshot(&mut run, s),
+                State::Authorize(a) => self.authorize(&mut run, a),
+                State::Kill(k) => self.kill(&mut run, k)?,
+                State::Verify(v) => self.verify(&mut run, v),
+                State::Finish => {
+                    let Run {
+                        tree,
+                        opts,
+                        mut watch,
+                        exits,
+                        report,
+                        started,
+                        ..
+                    } = run;
+                    return self.finish(tree, &mut watch, opts, report, started, &exits);
+                }
+                State::Refuse(why) => {
+                    self.flush_journal(tree, &mut run.watch);
+                    return self.refuse(
+                        tree,
+                        run.watch.cgroup(),
+                        opts,
+                        &why,
+                        run.report,
+                        run.started,
+                    );
+                }
+                State::FailClosed(f) => return Err(self.fail_closed(&mut run, f)),
+                State::Survived(members) => return Err(self.survived(&mut run, members)),
+            };
         }
-        let step = self.step(&watch, &group, &members, false);
-        let group_ok = self.send(tree, &mut watch, &step, opts.first_signal, None, opts)?;
-        report.phases.push((Phase::Term, t0.elapsed()));
-        drop(phase_span);
+    }
 
-        // Grace, ending as soon as the tree is empty.
+    /// TERM: one full walk (it finds members by descent: escapees in
+    /// sessions of their own; later scans re-read what it and
+    /// `cgroup.procs` name, until one verifying full walk at the end), then
+    /// the first signal to every live member.
+    fn term(&self, run: &mut Run<'_>) -> Result<State, CustodyError> {
         let t0 = Instant::now();
-        let phase_span = tracing::info_span!("teardown.phase", phase = "grace").entered();
+        let _span = tracing::info_span!("teardown.phase", phase = "term").entered();
+        let members = run.watch.tick_full(self, &run.exits, false).members;
+        run.report.members_at_start = members.len();
+        if members.is_empty() {
+            return Ok(match run.watch.recycled_leader(self) {
+                Some(why) => State::Refuse(why),
+                None => State::Finish,
+            });
+        }
+        let targets = self.targets(&run.watch, &run.group, &members, Reach::Signal);
+        let group_ok = self.send(
+            run.tree,
+            &mut run.watch,
+            &targets,
+            run.opts.first_signal,
+            None,
+            run.opts,
+        )?;
+        run.report.phases.push((Phase::Term, t0.elapsed()));
+        Ok(State::Grace(Grace { members, group_ok }))
+    }
+
+    /// GRACE: targeted re-reads until the members are gone or the grace is
+    /// over (none at grace 0: the freeze's scan is the first chance
+    /// anything had to exit; an extra scan cost a full walk, issue 6).
+    fn grace(&self, run: &mut Run<'_>, g: Grace) -> State {
+        let t0 = Instant::now();
+        let span = tracing::info_span!("teardown.phase", phase = "grace").entered();
+        let Grace {
+            mut members,
+            group_ok,
+        } = g;
         let g0 = self.host.now();
-        let deadline = g0 + opts.grace;
-        let mut members = members;
-        // At grace 0 there is nothing to wait for: the freeze step's scan is
-        // the first chance anything had to exit (an extra scan here cost a
-        // full /proc walk and a member write; issue 6).
-        while !opts.grace.is_zero() {
-            self.collect_exits(&mut exits);
-            members = watch.tick_targeted(self, &exits).members;
+        let deadline = g0 + run.opts.grace;
+        while !run.opts.grace.is_zero() {
+            self.collect_exits(&mut run.exits);
+            members = run.watch.tick_targeted(self, &run.exits).members;
             let now = self.host.now();
             if members.is_empty() || now >= deadline {
                 break;
             }
-            progress(&Progress {
+            (run.progress)(&Progress {
                 phase: Phase::Grace,
                 alive: members.len(),
                 grace_left: Some(deadline - now),
-                elapsed: started.elapsed(),
+                elapsed: run.started.elapsed(),
             });
             self.host.sleep(poll_interval(now - g0));
         }
-        report.phases.push((Phase::Grace, t0.elapsed()));
-        drop(phase_span);
+        run.report.phases.push((Phase::Grace, t0.elapsed()));
+        drop(span);
         if members.is_empty() {
             // Targeted polls found the known members gone: one full walk
             // says whether anything else of the tree is left.
-            members = watch.tick_full(self, &exits, false).members;
+            members = run.watch.tick_full(self, &run.exits, false).members;
         }
         if members.is_empty() {
-            return self.finish(tree, &mut watch, opts, report, started, &exits);
+            return State::Finish;
         }
         if !group_ok
-            && watch.cgroup().is_none()
-            && members.iter().all(|m| m.entry.pgid == group.pgid)
+            && run.watch.cgroup().is_none()
+            && members.iter().all(|m| m.entry.pgid == run.group.pgid)
         {
             // Nothing provably ours to signal: refuse, close as vanished.
-            self.flush_journal(tree, &mut watch);
-            return self.refuse(
-                tree,
-                watch.cgroup(),
-                opts,
-                "process group is not provably the recorded one",
-                report,
-                started,
-            );
+            return State::Refuse("process group is not provably the recorded one".into());
         }
+        State::Freeze(Freeze { round: 1, members })
+    }
 
-        // Forced kill, in bounded rounds.
-        for round in 1..=opts.rounds.max(1) {
-            let t0 = Instant::now();
-            let phase_span = tracing::info_span!("teardown.phase", phase = "freeze").entered();
-            self.freeze(tree, &mut watch, &group, &members, true, opts);
-            self.collect_exits(&mut exits);
-            // A frozen cgroup forks nothing: its `cgroup.procs` and the
-            // known members are all there is to re-read. Without a cgroup,
-            // a process forked since the first walk and gone to a session of
-            // its own is found only by descent: walk.
-            let survivors = if watch.cgroup().is_some() {
-                watch.tick_targeted(self, &exits).members
-            } else {
-                watch.tick_full(self, &exits, false).members
-            };
-            let taken_at = SystemTime::now();
-            report.phases.push((Phase::Freeze, t0.elapsed()));
-            drop(phase_span);
-            if survivors.is_empty() {
-                self.freeze(tree, &mut watch, &group, &members, false, opts);
-                // Only a full walk may end a teardown: the targeted re-read
-                // of a frozen cgroup cannot see a member outside it.
-                let rest = watch.tick_full(self, &exits, false).members;
-                if rest.is_empty() {
-                    return self.finish(tree, &mut watch, opts, report, started, &exits);
-                }
-                members = rest;
-                continue;
+    /// FREEZE (one round of the forced kill): freeze what the kill will
+    /// reach and re-read the survivors. A round past the bound ends in
+    /// [`State::Survived`].
+    fn freeze_round(&self, run: &mut Run<'_>, f: Freeze) -> State {
+        let Freeze { round, members } = f;
+        if round > run.opts.rounds.max(1) {
+            return State::Survived(members);
+        }
+        let t0 = Instant::now();
+        let span = tracing::info_span!("teardown.phase", phase = "freeze").entered();
+        self.freeze(run.tree, &mut run.watch, &run.group, &members, run.opts);
+        self.collect_exits(&mut run.exits);
+        // A frozen cgroup forks nothing: its `cgroup.procs` and the known
+        // members are all there is to re-read. Without a cgroup, a process
+        // forked since the first walk and gone to a session of its own is
+        // found only by descent: walk.
+        let survivors = if run.watch.cgroup().is_some() {
+            run.watch.tick_targeted(self, &run.exits).members
+        } else {
+            run.watch.tick_full(self, &run.exits, false).members
+        };
+        let taken_at = SystemTime::now();
+        run.report.phases.push((Phase::Freeze, t0.elapsed()));
+        drop(span);
+        if survivors.is_empty() {
+            self.thaw(run.tree, &mut run.watch, &run.group, &members, run.opts);
+            // Only a full walk may end a teardown: the targeted re-read of
+            // a frozen cgroup cannot see a member outside it.
+            let rest = run.watch.tick_full(self, &run.exits, false).members;
+            if rest.is_empty() {
+                return State::Finish;
             }
-            progress(&Progress {
-                phase: Phase::Authorize,
-                alive: survivors.len(),
-                grace_left: None,
-                elapsed: started.elapsed(),
+            return State::Freeze(Freeze {
+                round: round + 1,
+                members: rest,
             });
-            let t0 = Instant::now();
-            let phase_span = tracing::info_span!("teardown.phase", phase = "authorize").entered();
-            let forensic: Vec<SurvivorRecord> = survivors
-                .iter()
-                .map(|m| SurvivorRecord {
-                    identity: watch.identity(m),
-                    state: m.entry.state.to_string(),
-                    rss_bytes: m.entry.rss_bytes,
-                    cmdline: {
-                        let argv = self.host.cmdline(m.entry.pid);
-                        if argv.is_empty() {
-                            vec![m.entry.comm.clone()]
-                        } else {
-                            argv
-                        }
-                    },
-                })
-                .collect();
-            // The snapshot is committed with the authorization, in its FULL
-            // transaction and ahead of it in the chain.
-            let step = self.step(&watch, &group, &survivors, true);
-            let targets = kill_targets(&watch, &step, &survivors);
-            let reason = format!(
-                "{} (round {round}: {} survivors after grace)",
-                opts.reason,
-                survivors.len()
-            );
-            let auth = match self.ledger.authorize_kill_after_snapshot(
-                tree,
-                watch.journal(),
-                &forensic,
-                taken_at,
-                &targets,
-                &reason,
-            ) {
-                Ok(auth) => auth,
-                Err(e) => {
-                    // Fail closed: a kill we cannot prove we were authorized
-                    // to send is worse than survivors we can still inspect.
-                    self.stats.authorization_failed();
-                    let why = format!(
-                        "forced kill skipped: its authority could not be written ({e}); {} survivors left alive as evidence",
-                        survivors.len()
-                    );
-                    let named: Vec<IdentityRecord> =
-                        survivors.iter().map(|m| watch.identity(m)).collect();
-                    // In memory at once; the thaw (a recorded SIGCONT on the
-                    // session boundary) and evidence writes after, each of
-                    // which may wait out the busy timeout.
-                    self.mark_ambiguous(tree.0, &why, &named, watch.journal());
-                    self.freeze(tree, &mut watch, &group, &survivors, false, opts);
-                    if let Some(Err(e)) = watch.record(
-                        &self.ledger,
-                        "survivor snapshot",
-                        Deferred::Survivors {
-                            survivors: forensic,
-                            taken_at: crate::ledger::timestamp(taken_at),
-                        },
-                    ) {
-                        tracing::warn!(tree = tree.0, error = %e, "survivor snapshot not recorded");
+        }
+        (run.progress)(&Progress {
+            phase: Phase::Authorize,
+            alive: survivors.len(),
+            grace_left: None,
+            elapsed: run.started.elapsed(),
+        });
+        State::Snapshot(Snapshot {
+            round,
+            survivors,
+            taken_at,
+        })
+    }
+
+    /// SNAPSHOT: the frozen survivors as evidence (their command lines).
+    fn snapshot(&self, run: &mut Run<'_>, s: Snapshot) -> State {
+        let t0 = Instant::now();
+        let _span = tracing::info_span!("teardown.phase", phase = "snapshot").entered();
+        let forensic: Vec<SurvivorRecord> = s
+            .survivors
+            .iter()
+            .map(|m| SurvivorRecord {
+                identity: run.watch.identity(m),
+                state: m.entry.state.to_string(),
+                rss_bytes: m.entry.rss_bytes,
+                cmdline: {
+                    let argv = self.host.cmdline(m.entry.pid);
+                    if argv.is_empty() {
+                        vec![m.entry.comm.clone()]
+                    } else {
+                        argv
                     }
-                    let _ = self.flush_deferred_exits(tree, &mut watch, &exits);
-                    // The marker holds the ambiguity for good; these are
-                    // attempted unless the ledger already refused evidence,
-                    // and kept in the marker's journal if not written (the
-                    // next process that finds the ledger writable replays it).
-                    self.fail_closed_trail(&mut watch, &why, "authority_write_failed");
-                    self.mark_ambiguous(tree.0, &why, &named, watch.journal());
-                    log_skipped(&watch);
-                    return Err(CustodyError::Ambiguous {
-                        tree: tree.0,
-                        reason: why,
-                    });
-                }
-            };
-            report.authorizations += 1;
-            // The ledger took the authorization, and with it the journal:
-            // evidence is written directly again, in order.
-            watch.ledger_writable_again();
-            // Exits found from here on are written once the tree is verified
-            // empty, in one transaction, not per scan while it dies.
-            watch.defer_exits();
-            report.phases.push((Phase::Authorize, t0.elapsed()));
-            drop(phase_span);
-            if round == 1
-                && let Some(Err(e)) = watch.record(
-                    &self.ledger,
-                    "state killing",
-                    Deferred::State {
-                        to: TreeState::Killing,
-                        reason: Some(reason.clone()),
-                        at: now(),
-                    },
-                )
-            {
-                tracing::warn!(tree = tree.0, error = %e, "state killing not recorded");
-            }
+                },
+            })
+            .collect();
+        run.report.phases.push((Phase::Snapshot, t0.elapsed()));
+        State::Authorize(Authorize {
+            round: s.round,
+            survivors: s.survivors,
+            forensic,
+            taken_at: s.taken_at,
+        })
+    }
 
-            let t0 = Instant::now();
-            let phase_span = tracing::info_span!("teardown.phase", phase = "kill").entered();
-            self.send(tree, &mut watch, &step, Sig::Kill, Some(auth), opts)?;
-            report.force_killed += survivors.len();
-            // Thaw: killed tasks in a frozen cgroup die once thawed at the latest.
-            self.freeze(tree, &mut watch, &group, &survivors, false, opts);
-            report.phases.push((Phase::Kill, t0.elapsed()));
-            drop(phase_span);
-
-            let t0 = Instant::now();
-            let phase_span = tracing::info_span!("teardown.phase", phase = "verify").entered();
-            let v0 = self.host.now();
-            let deadline = v0 + opts.verify_timeout;
-            if step.cgroup.is_some() {
-                // The kernel says when the cgroup is empty; scanning /proc
-                // before that only finds the dying. Cheap polls of
-                // `cgroup.events` first, then the verifying scans below
-                // (which also cover members outside the cgroup).
-                self.wait_cgroup_empty(&watch, deadline);
-            }
-            loop {
-                self.collect_exits(&mut exits);
-                // Re-read the known members until they are gone, then one
-                // full walk verifies that nothing else of the tree lives.
-                members = watch.tick_targeted(self, &exits).members;
-                if members.is_empty() {
-                    members = watch.tick_full(self, &exits, false).members;
-                }
-                let now = self.host.now();
-                if members.is_empty() || now >= deadline {
-                    break;
-                }
-                progress(&Progress {
-                    phase: Phase::Verify,
-                    alive: members.len(),
-                    grace_left: None,
-                    elapsed: started.elapsed(),
+    /// AUTHORIZE: the snapshot and `kill.authorized` naming every target,
+    /// in one FULL transaction. Refused: [`State::FailClosed`].
+    fn authorize(&self, run: &mut Run<'_>, a: Authorize) -> State {
+        let since = Instant::now();
+        let _span = tracing::info_span!("teardown.phase", phase = "authorize").entered();
+        let Authorize {
+            round,
+            survivors,
+            forensic,
+            taken_at,
+        } = a;
+        let targets = self.targets(&run.watch, &run.group, &survivors, Reach::Kill);
+        let named = kill_targets(&run.watch, &targets, &survivors);
+        let reason = format!(
+            "{} (round {round}: {} survivors after grace)",
+            run.opts.reason,
+            survivors.len()
+        );
+        let auth = match self.ledger.authorize_kill_after_snapshot(
+            run.tree,
+            run.watch.journal(),
+            &forensic,
+            taken_at,
+            &named,
+            &reason,
+        ) {
+            Ok(auth) => auth,
+            Err(e) => {
+                return State::FailClosed(FailClosed {
+                    survivors,
+                    forensic,
+                    taken_at,
+                    error: e.to_string(),
                 });
-                self.host.sleep(poll_interval(now - v0));
             }
-            report.phases.push((Phase::Verify, t0.elapsed()));
-            drop(phase_span);
-            if members.is_empty() {
-                return self.finish(tree, &mut watch, opts, report, started, &exits);
+        };
+        run.report.authorizations += 1;
+        // The ledger took the authorization, and with it the journal:
+        // evidence is written directly again, in order.
+        run.watch.ledger_writable_again();
+        // Exits found from here on are written once the tree is verified
+        // empty, in one transaction, not per scan while it dies.
+        run.watch.defer_exits();
+        run.report.phases.push((Phase::Authorize, since.elapsed()));
+        if round == 1
+            && let Some(Err(e)) = run.watch.record(
+                &self.ledger,
+                "state killing",
+                Deferred::State {
+                    to: TreeState::Killing,
+                    reason: Some(reason.clone()),
+                    at: now(),
+                },
+            )
+        {
+            tracing::warn!(tree = run.tree.0, error = %e, "state killing not recorded");
+        }
+        State::Kill(Kill {
+            round,
+            survivors,
+            targets,
+            auth,
+        })
+    }
+
+    /// KILL: SIGKILL to exactly the authorized targets.
+    fn kill(&self, run: &mut Run<'_>, k: Kill) -> Result<State, CustodyError> {
+        let t0 = Instant::now();
+        let _span = tracing::info_span!("teardown.phase", phase = "kill").entered();
+        let Kill {
+            round,
+            survivors,
+            targets,
+            auth,
+        } = k;
+        self.send(
+            run.tree,
+            &mut run.watch,
+            &targets,
+            Sig::Kill,
+            Some(auth),
+            run.opts,
+        )?;
+        run.report.force_killed += survivors.len();
+        if let Some(dir) = run.watch.cgroup() {
+            // Thaw: one write, not waited for (`cgroup.kill` ends frozen
+            // tasks too, and the verify waits for `populated 0`); a member
+            // the kill did not reach must not stay frozen.
+            if let Err(e) = self.host.cgroup_thaw(dir, Duration::ZERO) {
+                tracing::warn!(tree = run.tree.0, error = %e, "cgroup thaw failed");
             }
         }
+        // On the session boundary SIGKILL ends stopped processes too: the
+        // SIGCONT (a group check and a signal) is sent by the verify only
+        // if members outlive the kill.
+        run.report.phases.push((Phase::Kill, t0.elapsed()));
+        Ok(State::Verify(Verify {
+            round,
+            survivors,
+            targets,
+        }))
+    }
 
-        // Members outlived every round: the tree is not provably gone.
+    /// VERIFY: the kernel's notifications first (`populated 0` of the
+    /// cgroup; the survivors' pidfds: scanning `/proc` before that only
+    /// finds the dying), then targeted re-reads and one full walk, which
+    /// decide. Members left: the next round.
+    fn verify(&self, run: &mut Run<'_>, v: Verify) -> State {
+        let t0 = Instant::now();
+        let span = tracing::info_span!("teardown.phase", phase = "verify").entered();
+        let Verify {
+            round,
+            survivors,
+            targets,
+        } = v;
+        let v0 = self.host.now();
+        let deadline = v0 + run.opts.verify_timeout;
+        if targets.cgroup.is_some() {
+            self.wait_cgroup_empty(&run.watch, deadline);
+        }
+        let outside: Vec<Identity> = survivors
+            .iter()
+            .filter(|m| !targets.cgroup_pids.contains(&m.entry.pid))
+            .map(|m| Identity {
+                pid: m.entry.pid,
+                start_ticks: m.entry.start_ticks,
+                boot_id: run.group.leader.boot_id.clone(),
+            })
+            .collect();
+        if !outside.is_empty()
+            && let Err(e) = self.host.wait_exits(&outside, deadline)
+        {
+            tracing::debug!(tree = run.tree.0, error = %e, "exit watches not opened");
+        }
+        let mut members;
+        loop {
+            self.collect_exits(&mut run.exits);
+            // Re-read the known members until they are gone, then one full
+            // walk verifies that nothing else of the tree lives.
+            members = run.watch.tick_targeted(self, &run.exits).members;
+            if members.is_empty() {
+                members = run.watch.tick_full(self, &run.exits, false).members;
+            }
+            let now = self.host.now();
+            if members.is_empty() || now >= deadline {
+                break;
+            }
+            (run.progress)(&Progress {
+                phase: Phase::Verify,
+                alive: members.len(),
+                grace_left: None,
+                elapsed: run.started.elapsed(),
+            });
+            self.host.sleep(poll_interval(now - v0));
+        }
+        run.report.phases.push((Phase::Verify, t0.elapsed()));
+        drop(span);
+        if members.is_empty() {
+            return State::Finish;
+        }
+        if run.watch.cgroup().is_none() {
+            // Members outlived the kill: none stays stopped.
+            self.thaw(run.tree, &mut run.watch, &run.group, &members, run.opts);
+        }
+        State::Freeze(Freeze {
+            round: round + 1,
+            members,
+        })
+    }
+
+    /// FAIL-CLOSED: the authorization was not committed. No SIGKILL; the
+    /// survivors are thawed and left as evidence, the tree is ambiguous and
+    /// dispatch closes. A kill we cannot prove we were authorized to send is
+    /// worse than survivors we can still inspect.
+    fn fail_closed(&self, run: &mut Run<'_>, f: FailClosed) -> CustodyError {
+        let tree = run.tree;
+        let FailClosed {
+            survivors,
+            forensic,
+            taken_at,
+            error,
+        } = f;
+        self.stats.authorization_failed();
+        let why = format!(
+            "forced kill skipped: its authority could not be written ({error}); {} survivors left alive as evidence",
+            survivors.len()
+        );
+        let named: Vec<IdentityRecord> = survivors.iter().map(|m| run.watch.identity(m)).collect();
+        // In memory at once; the thaw (a recorded SIGCONT on the session
+        // boundary) and evidence writes after, each of which may wait out
+        // the busy timeout.
+        self.mark_ambiguous(tree.0, &why, &named, run.watch.journal());
+        self.thaw(tree, &mut run.watch, &run.group, &survivors, run.opts);
+        if let Some(Err(e)) = run.watch.record(
+            &self.ledger,
+            "survivor snapshot",
+            Deferred::Survivors {
+                survivors: forensic,
+                taken_at: crate::ledger::timestamp(taken_at),
+            },
+        ) {
+            tracing::warn!(tree = tree.0, error = %e, "survivor snapshot not recorded");
+        }
+        let _ = self.flush_deferred_exits(tree, &mut run.watch, &run.exits);
+        // The marker holds the ambiguity for good; these are attempted
+        // unless the ledger already refused evidence, and kept in the
+        // marker's journal if not written (the next process that finds the
+        // ledger writable replays it).
+        self.fail_closed_trail(&mut run.watch, &why, "authority_write_failed");
+        self.mark_ambiguous(tree.0, &why, &named, run.watch.journal());
+        log_skipped(&run.watch);
+        CustodyError::Ambiguous {
+            tree: tree.0,
+            reason: why,
+        }
+    }
+
+    /// Members outlived every round: the tree is not provably gone.
+    fn survived(&self, run: &mut Run<'_>, members: Vec<Member>) -> CustodyError {
+        let tree = run.tree;
         let why = format!("{} members survived the forced kill", members.len());
         self.stats.survivors(members.len());
-        let named: Vec<IdentityRecord> = members.iter().map(|m| watch.identity(m)).collect();
-        self.mark_ambiguous(tree.0, &why, &named, watch.journal());
-        let _ = self.flush_deferred_exits(tree, &mut watch, &exits);
-        let _ = watch.record(
+        let named: Vec<IdentityRecord> = members.iter().map(|m| run.watch.identity(m)).collect();
+        self.mark_ambiguous(tree.0, &why, &named, run.watch.journal());
+        let _ = self.flush_deferred_exits(tree, &mut run.watch, &run.exits);
+        let _ = run.watch.record(
             &self.ledger,
             "flag",
             Deferred::Flag {
@@ -656,7 +945,7 @@ impl Engine {
                 at: now(),
             },
         );
-        if let Some(Err(e)) = watch.record(
+        if let Some(Err(e)) = run.watch.record(
             &self.ledger,
             "state ambiguous",
             Deferred::State {
@@ -667,16 +956,23 @@ impl Engine {
         ) {
             tracing::error!(tree = tree.0, error = %e, "ambiguous state not recorded");
         }
-        self.mark_ambiguous(tree.0, &why, &named, watch.journal());
-        log_skipped(&watch);
-        Err(CustodyError::Ambiguous {
+        self.mark_ambiguous(tree.0, &why, &named, run.watch.journal());
+        log_skipped(&run.watch);
+        CustodyError::Ambiguous {
             tree: tree.0,
             reason: why,
-        })
+        }
     }
 
     /// Builds the targets of one signal step from the live members.
-    fn step(&self, watch: &TreeWatch, group: &GroupRecord, members: &[Member], kill: bool) -> Step {
+    fn targets(
+        &self,
+        watch: &TreeWatch,
+        group: &GroupRecord,
+        members: &[Member],
+        reach: Reach,
+    ) -> Targets {
+        let kill = reach == Reach::Kill;
         let cgroup = watch.cgroup();
         // The tick that classified `members` read `cgroup.procs` (frozen,
         // for a kill): the same set decides who the cgroup kill reaches.
@@ -705,7 +1001,7 @@ impl Engine {
                 boot_id: group.leader.boot_id.clone(),
             });
         }
-        Step {
+        Targets {
             group: group.clone(),
             cgroup: if kill {
                 cgroup.map(std::path::Path::to_path_buf)
@@ -725,7 +1021,7 @@ impl Engine {
         &self,
         tree: TreeId,
         watch: &mut TreeWatch,
-        step: &Step,
+        step: &Targets,
         sig: Sig,
         authorization: Option<AuthorizationId>,
         opts: &TeardownOptions,
@@ -915,44 +1211,68 @@ impl Engine {
         }
     }
 
-    /// Freezes (or thaws) what the next step will kill: the cgroup, or
-    /// SIGSTOP/SIGCONT to the group and the loose members.
+    /// Freezes what the next step will kill: the cgroup, or SIGSTOP to the
+    /// group and the loose members.
     fn freeze(
         &self,
         tree: TreeId,
         watch: &mut TreeWatch,
         group: &GroupRecord,
         members: &[Member],
-        frozen: bool,
         opts: &TeardownOptions,
     ) {
         if let Some(dir) = watch.cgroup() {
-            if let Err(e) = self.host.cgroup_freeze(dir, frozen, Duration::from_secs(1)) {
-                tracing::warn!(tree = watch.tree().0, error = %e, frozen, "cgroup freeze failed");
+            if let Err(e) = self.host.cgroup_freeze(dir, Duration::from_secs(1)) {
+                tracing::warn!(tree = tree.0, error = %e, "cgroup freeze failed");
             }
             return;
         }
-        // SIGSTOP/SIGCONT are signals like the others: sent and recorded
-        // by the same step as SIGTERM (DESIGN: the ledger holds every signal).
-        let sig = if frozen { Sig::Stop } else { Sig::Cont };
-        let step = self.step(watch, group, members, false);
-        if let Err(e) = self.send(tree, watch, &step, sig, None, opts) {
+        self.group_step(tree, watch, group, members, Sig::Stop, opts);
+    }
+
+    /// Undoes [`Engine::freeze`]: thaws the cgroup, or SIGCONT to the group
+    /// and the loose members.
+    fn thaw(
+        &self,
+        tree: TreeId,
+        watch: &mut TreeWatch,
+        group: &GroupRecord,
+        members: &[Member],
+        opts: &TeardownOptions,
+    ) {
+        if let Some(dir) = watch.cgroup() {
+            if let Err(e) = self.host.cgroup_thaw(dir, Duration::from_secs(1)) {
+                tracing::warn!(tree = tree.0, error = %e, "cgroup thaw failed");
+            }
+            return;
+        }
+        self.group_step(tree, watch, group, members, Sig::Cont, opts);
+    }
+
+    /// SIGSTOP/SIGCONT are signals like the others: sent and recorded by
+    /// the same step as SIGTERM (DESIGN: the ledger holds every signal).
+    fn group_step(
+        &self,
+        tree: TreeId,
+        watch: &mut TreeWatch,
+        group: &GroupRecord,
+        members: &[Member],
+        sig: Sig,
+        opts: &TeardownOptions,
+    ) {
+        let targets = self.targets(watch, group, members, Reach::Signal);
+        if let Err(e) = self.send(tree, watch, &targets, sig, None, opts) {
             tracing::warn!(tree = tree.0, error = %e, signal = sig.name(), "freeze step failed");
         }
     }
 
-    /// Polls `cgroup.events` until `populated 0` or `deadline`. Only a hint:
-    /// the caller verifies by scan whatever this says.
+    /// Waits for the kernel's `populated 0` of the tree's cgroup, or
+    /// `deadline`. Only a hint: the caller verifies by scan whatever this
+    /// says.
     fn wait_cgroup_empty(&self, watch: &TreeWatch, deadline: Instant) {
         let Some(dir) = watch.cgroup() else { return };
-        let t0 = self.host.now();
-        while matches!(self.host.cgroup_populated(dir), Ok(true)) && self.host.now() < deadline {
-            self.host
-                .sleep(if self.host.now() - t0 < Duration::from_millis(100) {
-                    Duration::from_micros(250)
-                } else {
-                    Duration::from_millis(5)
-                });
+        if let Err(e) = self.host.cgroup_wait_empty(dir, deadline) {
+            tracing::debug!(tree = watch.tree().0, error = %e, "cgroup.events not readable");
         }
     }
 
@@ -1164,7 +1484,7 @@ fn log_skipped(watch: &TreeWatch) {
 }
 
 /// The authorization names every target with the identities it will reach.
-fn kill_targets(watch: &TreeWatch, step: &Step, survivors: &[Member]) -> Vec<KillTarget> {
+fn kill_targets(watch: &TreeWatch, step: &Targets, survivors: &[Member]) -> Vec<KillTarget> {
     let ids = |filter: &dyn Fn(&Member) -> bool| -> Vec<IdentityRecord> {
         survivors
             .iter()

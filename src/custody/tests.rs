@@ -267,6 +267,41 @@ fn every_sigkill_follows_a_committed_authorization_naming_exactly_its_targets() 
         kills[0].at
     );
     assert!(rig.host.world().live().is_empty());
+    let killing = rig
+        .ledger
+        .events(&EventFilter {
+            tree: Some(rig.tree),
+            ..EventFilter::default()
+        })
+        .expect("events")
+        .into_iter()
+        .filter(|e| e.kind == "tree.state" && e.data["to"] == "killing")
+        .count();
+    assert_eq!(killing, 1, "the state killing, recorded in the first round");
+}
+
+#[test]
+fn the_verify_waits_for_a_killed_member_that_dies_slowly() {
+    let rig = rig(Boundary::Session, false, |w, root, _| {
+        w.procs.get_mut(&root).expect("root").ignores_term = true;
+        // SIGKILL does not end it at once (say, a long uninterruptible
+        // sleep): it exits on its own 5 ms into the verify.
+        let slow = w.spawn(stubborn(root, root, None));
+        w.procs.get_mut(&slow.0).expect("slow").unkillable = true;
+        w.on(Call::Sleep, 5, move |w| {
+            w.exit(slow.0, ExitStatus::Signaled(9))
+        });
+    });
+    let report = rig.teardown(Duration::ZERO).expect("settled");
+    assert_eq!(report.state, TreeState::Ended);
+    assert_eq!(report.authorizations, 1, "one round: the verify waited");
+    let sigs: Vec<Sig> = rig.host.sent().iter().map(|s| s.sig).collect();
+    assert_eq!(sigs, [Sig::Term, Sig::Stop, Sig::Kill], "no SIGCONT");
+    assert!(rig.host.now_since_start() < Duration::from_secs(1));
+    // It waited on the exit (a pidfd), then re-read once: no re-reads of
+    // the survivors while the kernel was still killing.
+    let w = rig.host.world();
+    assert_eq!(w.calls.get(&Call::SnapshotPids), Some(&1), "{:?}", w.calls);
 }
 
 #[test]
@@ -284,12 +319,15 @@ fn a_cgroup_tree_is_frozen_authorized_killed_by_cgroup_kill_and_thawed() {
     assert_eq!(kills[0].target, Target::Cgroup(cg.clone()));
     assert_eq!(kills[0].hit.len(), 3);
     assert_every_kill_authorized(&kills);
+    // Exactly the target it reached: no group target beside the cgroup
+    // when every member is in the cgroup.
+    let auths = rig.detail().authorizations;
+    assert_eq!(auths.len(), 1);
+    let kinds: Vec<&str> = auths[0].targets.iter().map(|t| t.kind.as_str()).collect();
+    assert_eq!(kinds, ["cgroup"]);
     let w = rig.host.world();
-    assert_eq!(
-        w.calls.get(&Call::CgroupFreeze),
-        Some(&2),
-        "freeze, then thaw"
-    );
+    assert_eq!(w.calls.get(&Call::CgroupFreeze), Some(&1), "frozen once");
+    assert_eq!(w.calls.get(&Call::CgroupThaw), Some(&1), "then thawed");
     assert!(w.removed.contains(&cg), "the empty cgroup is removed");
 }
 
@@ -365,10 +403,32 @@ fn grace_zero_goes_from_sigterm_straight_to_the_authorized_kill() {
     assert_eq!(report.state, TreeState::Ended);
     let sent = rig.host.sent();
     let sigs: Vec<Sig> = sent.iter().map(|s| s.sig).collect();
-    assert_eq!(sigs, [Sig::Term, Sig::Stop, Sig::Kill, Sig::Cont]);
+    // No SIGCONT: the SIGKILL ended the stopped tree (a survivor would get one).
+    assert_eq!(sigs, [Sig::Term, Sig::Stop, Sig::Kill]);
     assert_eq!(sent[2].at, Duration::ZERO, "no time waited before the kill");
     assert_every_kill_authorized(&sent);
     assert_eq!(rig.host.world().calls.get(&Call::Sleep), None);
+}
+
+#[test]
+fn a_session_member_that_outlives_the_kill_is_not_left_stopped() {
+    let rig = rig(Boundary::Session, false, |w, root, _| {
+        w.procs.get_mut(&root).expect("root").ignores_term = true;
+        let p = w.spawn(stubborn(root, root, None));
+        w.procs.get_mut(&p.0).expect("child").unkillable = true;
+    });
+    let mut opts = TeardownOptions::new(Duration::ZERO, "test", Origin::Kill);
+    opts.rounds = 1;
+    let err = rig.teardown_with(opts).expect_err("a survivor: ambiguous");
+    assert!(matches!(err, CustodyError::Ambiguous { .. }), "{err}");
+    let sigs: Vec<Sig> = rig.host.sent().iter().map(|s| s.sig).collect();
+    assert_eq!(sigs, [Sig::Term, Sig::Stop, Sig::Kill, Sig::Cont]);
+    let w = rig.host.world();
+    assert!(
+        w.procs.values().all(|p| p.state != 'T'),
+        "nothing left stopped: {:?}",
+        w.procs
+    );
 }
 
 #[test]
@@ -434,6 +494,64 @@ fn a_fork_storm_is_fought_for_a_bounded_number_of_rounds_then_ambiguous() {
 }
 
 #[test]
+fn members_that_appear_only_between_the_frozen_read_and_the_walk_cost_bounded_rounds() {
+    // Each round's frozen re-read finds nothing (the member the walk before
+    // found has exited), and each verifying walk after the thaw finds a new
+    // one: no survivor is ever authorized or killed, and the rounds are
+    // still bounded.
+    let rig = rig(Boundary::Cgroup, false, |w, _root, cg| {
+        let cg = cg.expect("cgroup").to_path_buf();
+        // The root obeys SIGTERM. Walk 1 is the TERM's; the walk after each
+        // round's thaw (2, 3, 4) finds a new member, gone before the next
+        // round's frozen re-read (the n-th targeted read).
+        for (walk, frozen_read) in [(2, 2), (3, 3), (4, 4)] {
+            let cg = cg.clone();
+            w.on(Call::Snapshot, walk, move |w| {
+                let ghost = w.spawn(member(0, 1, 0, Some(&cg)));
+                w.on(Call::SnapshotPids, frozen_read, move |w| {
+                    w.exit(ghost.0, ExitStatus::Exited(0))
+                });
+            });
+        }
+    });
+    let mut opts = TeardownOptions::new(Duration::ZERO, "ghosts", Origin::Kill);
+    opts.rounds = 3;
+    let err = rig
+        .teardown_with(opts)
+        .expect_err("ambiguous after the rounds");
+    assert!(matches!(err, CustodyError::Ambiguous { .. }), "{err}");
+    assert!(rig.kills().is_empty(), "nothing was ever authorized to die");
+    assert!(rig.detail().authorizations.is_empty());
+    let w = rig.host.world();
+    assert_eq!(
+        w.calls.get(&Call::Snapshot),
+        Some(&4),
+        "the TERM's walk and one per round, three rounds"
+    );
+    assert_eq!(w.calls.get(&Call::CgroupFreeze), Some(&3));
+}
+
+#[test]
+fn a_group_that_is_not_provably_the_recorded_one_is_refused_not_frozen_or_killed() {
+    let rig = rig(Boundary::Session, false, |w, root, _| {
+        w.procs.get_mut(&root).expect("root").ignores_term = true;
+        // A process in the recorded group but not in its session: the
+        // group is not provably the recorded one.
+        w.spawn(FakeProc {
+            sid: root + 500,
+            ..stubborn(root, root, None)
+        });
+    });
+    let report = rig.teardown(Duration::ZERO).expect("refused, closed");
+    assert_eq!(report.state, TreeState::Vanished);
+    let sent = rig.host.sent();
+    assert_eq!(sent.len(), 1, "only the refused SIGTERM: {sent:#?}");
+    assert_eq!(sent[0].sig, Sig::Term);
+    assert!(sent[0].hit.is_empty());
+    assert!(rig.detail().authorizations.is_empty());
+}
+
+#[test]
 fn an_escapee_is_signalled_only_by_pid_after_its_identity_is_checked() {
     let mut esc = (0, 0);
     let rig = rig(Boundary::Session, false, |w, root, _| {
@@ -487,6 +605,179 @@ fn a_recycled_pid_is_never_signalled() {
             .any(|s| s.target == Target::Pid(esc.0) && s.outcome == "recycled")
     );
     assert_every_kill_authorized(&sent);
+    // The ledger's signal rows: the escapee's SIGTERM and SIGSTOP (sent), no
+    // SIGKILL row for a kill that was refused.
+    let pid = esc.0.to_string();
+    let rows: Vec<(String, String)> = rig
+        .detail()
+        .signals
+        .into_iter()
+        .filter(|r| r.target_kind == "pid" && r.target == pid)
+        .map(|r| (r.signal, r.result))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("SIGTERM".to_string(), "sent".to_string()),
+            ("SIGSTOP".to_string(), "sent".to_string())
+        ]
+    );
+}
+
+#[test]
+fn the_group_check_is_given_the_members_just_classified_into_the_group() {
+    let mut ids = Vec::new();
+    let rig = rig(Boundary::Session, false, |w, root, _| {
+        w.procs.get_mut(&root).expect("root").ignores_term = true;
+        ids.push(root);
+        ids.push(w.spawn(stubborn(root, root, None)).0);
+        // An escapee: not a group member, not a candidate.
+        let e = w.spawn(stubborn(root, root, None));
+        w.setsid(e.0);
+    });
+    rig.teardown(Duration::ZERO).expect("settled");
+    let w = rig.host.world();
+    ids.sort();
+    assert!(!w.group_candidates.is_empty());
+    for c in &w.group_candidates {
+        let mut c = c.clone();
+        c.sort();
+        assert_eq!(c, ids, "TERM, STOP and KILL: the group's live members");
+    }
+}
+
+#[test]
+fn the_verify_waits_for_the_cgroup_to_empty_instead_of_re_reading_it() {
+    let rig = rig(Boundary::Cgroup, false, |w, root, cg| {
+        w.procs.get_mut(&root).expect("root").ignores_term = true;
+        // Killed, but the kernel takes 5 ms to let it go.
+        let slow = w.spawn(stubborn(root, root, cg));
+        w.procs.get_mut(&slow.0).expect("slow").unkillable = true;
+        w.on(Call::Sleep, 5, move |w| {
+            w.exit(slow.0, ExitStatus::Signaled(9))
+        });
+    });
+    let report = rig.teardown(Duration::ZERO).expect("settled");
+    assert_eq!(report.state, TreeState::Ended);
+    assert_eq!(report.authorizations, 1);
+    let w = rig.host.world();
+    // One targeted re-read while frozen, one after `populated 0`: none
+    // while the kernel was still killing.
+    assert_eq!(w.calls.get(&Call::SnapshotPids), Some(&2), "{:?}", w.calls);
+}
+
+#[test]
+fn a_tree_another_teardown_ended_meanwhile_stays_as_it_ended() {
+    let rig = rig(Boundary::Session, false, |_, _, _| {});
+    // A concurrent `kill` ends the tree while this teardown walks.
+    let (ledger, tree) = (rig.ledger.clone(), rig.tree);
+    rig.host.world().on(Call::Snapshot, 1, move |_| {
+        ledger
+            .end_tree(tree, TreeState::Ended, None)
+            .expect("the other teardown's end");
+    });
+    let report = rig.teardown(Duration::ZERO).expect("no error");
+    assert_eq!(report.state, TreeState::Ended);
+    let row = rig.ledger.tree(rig.tree).expect("read").expect("row");
+    assert_eq!(row.state, TreeState::Ended);
+    assert!(
+        !row.flags.iter().any(|f| f == "survivors_ended"),
+        "{:?}",
+        row.flags
+    );
+}
+
+#[test]
+fn a_group_member_outside_the_cgroup_is_killed_by_the_group_signal_with_authority() {
+    let mut outside = (0, 0);
+    let rig = rig(Boundary::Cgroup, false, |w, root, cg| {
+        w.procs.get_mut(&root).expect("root").ignores_term = true;
+        w.spawn(stubborn(root, root, cg));
+        // In the recorded group and session, but moved out of the cgroup:
+        // cgroup.kill does not reach it, the group signal must.
+        outside = w.spawn(stubborn(root, root, None));
+    });
+    let report = rig.teardown(Duration::ZERO).expect("settled");
+    assert_eq!(report.state, TreeState::Ended);
+    assert_eq!(report.authorizations, 1);
+    let kills = rig.kills();
+    let by_group: Vec<&Sent> = kills
+        .iter()
+        .filter(|k| k.target == Target::Group(rig.root.0))
+        .collect();
+    assert_eq!(by_group.len(), 1, "{kills:#?}");
+    assert_eq!(
+        by_group[0].hit,
+        vec![outside],
+        "the group signal reached it"
+    );
+    assert_every_kill_authorized(&kills);
+    assert!(rig.host.world().live().is_empty());
+}
+
+#[test]
+fn a_sigkill_that_found_the_group_empty_is_recorded_as_skipped_not_as_a_signal() {
+    let mut loner = (0, 0);
+    let rig = rig(Boundary::Session, false, |w, root, _| {
+        // The root is gone; a stubborn escapee of its tree lives on.
+        let e = w.spawn(stubborn(root, root, None));
+        w.setsid(e.0);
+        loner = e;
+        w.exit(root, ExitStatus::Exited(0));
+    });
+    // An earlier scan saw it in the tree (before it left the session).
+    rig.ledger
+        .observe_members(
+            rig.tree,
+            &[crate::ledger::MemberRecord {
+                identity: IdentityRecord {
+                    pid: loner.0,
+                    start_ticks: loner.1,
+                    boot_id: BOOT.into(),
+                },
+                ppid: rig.root.0,
+                pgid: rig.root.0,
+                sid: rig.root.0,
+                cgroup: None,
+                uid: None,
+                exe: None,
+                cmdline: vec!["worker".into()],
+                cwd: None,
+            }],
+        )
+        .expect("sighting");
+    let report = rig.teardown(Duration::ZERO).expect("settled");
+    assert_eq!(report.state, TreeState::Ended);
+    let detail = rig.detail();
+    let group = rig.root.0.to_string();
+    let group_rows: Vec<(String, String)> = detail
+        .signals
+        .iter()
+        .filter(|r| r.target_kind == "group" && r.target == group)
+        .map(|r| (r.signal.clone(), r.result.clone()))
+        .collect();
+    // TERM and STOP to the empty group are recorded as what they found;
+    // the SIGKILL that found nobody is not a signal.
+    assert_eq!(
+        group_rows,
+        [
+            ("SIGTERM".to_string(), "group empty".to_string()),
+            ("SIGSTOP".to_string(), "group empty".to_string())
+        ]
+    );
+    assert!(
+        detail.events.iter().any(|e| e.kind == "kill.skipped"
+            && e.data["reason"]
+                .as_str()
+                .is_some_and(|r| r.starts_with(&format!("group {group}")))),
+        "the group's SIGKILL is recorded as skipped"
+    );
+    assert!(
+        detail
+            .signals
+            .iter()
+            .any(|r| r.signal == "SIGKILL" && r.target == loner.0.to_string())
+    );
 }
 
 #[test]
@@ -669,6 +960,117 @@ fn resumes_from_ambiguous_and_kills_the_survivors_the_marker_names() {
 }
 
 #[test]
+fn resumes_from_a_terminal_state_without_touching_the_host() {
+    for state in [TreeState::Ended, TreeState::Vanished] {
+        let rig = rig(Boundary::Cgroup, false, |w, root, cg| {
+            // Still running by the host's word: the ledger's end is final.
+            w.spawn(member(0, root, root, cg));
+        });
+        rig.ledger.end_tree(rig.tree, state, None).expect("ended");
+        let report = rig.teardown(Duration::ZERO).expect("nothing to do");
+        assert_eq!(report.state, state);
+        assert_eq!(report.members_at_start, 0);
+        assert!(rig.host.sent().is_empty(), "{state:?}: no signal");
+        let w = rig.host.world();
+        assert_eq!(w.calls.get(&Call::Snapshot), None, "{state:?}: no walk");
+        assert_eq!(w.calls.get(&Call::CgroupFreeze), None);
+    }
+}
+
+#[test]
+fn resumes_from_resolved_with_survivors_and_kills_them_with_authority() {
+    let mut survivor = (0, 0);
+    let rig = rig(Boundary::Session, false, |w, root, _| {
+        survivor = w.spawn(stubborn(root, root, None));
+        w.procs.get_mut(&root).expect("root").ignores_term = true;
+    });
+    rig.ledger
+        .set_state(rig.tree, TreeState::Ambiguous, Some("ledger refused"))
+        .expect("state");
+    super::markers::write(
+        rig.dir.path(),
+        rig.tree.0,
+        &super::markers::Marker {
+            reason: "forced kill skipped".into(),
+            survivors: vec![IdentityRecord {
+                pid: survivor.0,
+                start_ticks: survivor.1,
+                boot_id: BOOT.into(),
+            }],
+            pending: vec![],
+            batch: String::new(),
+        },
+    );
+    rig.engine
+        .resolve(rig.tree, "operator looked", true)
+        .expect("forced resolution");
+    let row = rig.ledger.tree(rig.tree).expect("read").expect("row");
+    assert!(row.has_survivors_left(), "{:?}", row.flags);
+    let report = rig.teardown(Duration::ZERO).expect("settled");
+    assert_eq!(
+        report.state,
+        TreeState::Resolved,
+        "terminal states are final"
+    );
+    let kills = rig.kills();
+    assert!(
+        kills.iter().any(|k| k.hit.contains(&survivor)),
+        "the survivor is killed: {kills:#?}"
+    );
+    assert_every_kill_authorized(&kills);
+    let row = rig.ledger.tree(rig.tree).expect("read").expect("row");
+    assert!(
+        row.flags.iter().any(|f| f == "survivors_ended"),
+        "{:?}",
+        row.flags
+    );
+    assert!(!row.has_survivors_left());
+}
+
+#[test]
+fn with_the_group_leader_recycled_an_escapee_is_still_killed_by_pidfd_and_the_stranger_never() {
+    let mut escapee = (0, 0);
+    let mut stranger_id = (0, 0);
+    let rig = rig(Boundary::Session, false, |w, root, _| {
+        let e = w.spawn(stubborn(root, root, None));
+        w.setsid(e.0);
+        escapee = e;
+    });
+    // The tree's first walk sees the escapee; then the root dies and its
+    // pid (the recorded pgid and sid) goes to a stranger.
+    {
+        let mut w = rig.host.world();
+        let root = rig.root.0;
+        w.on(Call::SignalGroup, 1, move |w| {
+            w.recycle(root);
+        });
+    }
+    let result = rig.teardown(Duration::ZERO);
+    {
+        let w = rig.host.world();
+        if let Some(p) = w.procs.get(&rig.root.0) {
+            stranger_id = (p.pid, p.start_ticks);
+        }
+    }
+    assert_ne!(stranger_id, rig.root, "the pid was recycled");
+    let sent = rig.host.sent();
+    assert!(
+        sent.iter().all(|s| !s.hit.contains(&stranger_id)),
+        "the stranger holding the recycled pgid is never hit: {sent:#?}"
+    );
+    let kills: Vec<Sent> = rig
+        .kills()
+        .into_iter()
+        .filter(|k| !k.hit.is_empty())
+        .collect();
+    assert_eq!(kills.len(), 1, "{kills:#?} ({result:?})");
+    assert_eq!(kills[0].target, Target::Pid(escapee.0));
+    assert_eq!(kills[0].hit, vec![escapee]);
+    assert_every_kill_authorized(&kills);
+    assert!(!rig.host.world().live().contains(&escapee.0));
+}
+
+#[test]
 fn the_deferred_journal_is_replayed_before_the_resumed_teardown() {
     let rig = rig(Boundary::Session, false, |w, root, _| {
         w.procs.get_mut(&root).expect("root").ignores_term = true;
@@ -814,6 +1216,7 @@ mod interleavings {
             Just(Call::SignalGroup),
             Just(Call::SignalProcess),
             Just(Call::CgroupFreeze),
+            Just(Call::CgroupThaw),
             Just(Call::Sleep),
             Just(Call::KillAny),
         ]

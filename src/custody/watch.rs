@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use super::Engine;
 use super::host::Host;
 use crate::ledger::{ExitRecord, IdentityRecord, MemberRecord, TreeId, TreeRow};
-use crate::proc::ExitStatus;
+use crate::proc::{ExitStatus, ProcKey};
 use crate::scan::{self, KnownTree, Member};
 
 /// What one tick saw.
@@ -36,8 +36,9 @@ pub struct TreeWatch {
     known: KnownTree,
     cgroup: Option<PathBuf>,
     exclude: HashSet<i32>,
-    escapes: HashSet<(i32, u64)>,
-    alive: HashMap<(i32, u64), i32>,
+    escapes: HashSet<ProcKey>,
+    /// Live members at the last tick.
+    alive: HashSet<ProcKey>,
     boot_id: String,
     /// The proc-connector observer of this process, when one runs: its
     /// members join each classification and the scan's members go back to
@@ -60,7 +61,7 @@ pub struct TreeWatch {
     last_bump: Option<Instant>,
     /// The `comm` each member had when last seen: a change means it exec'd,
     /// and its recorded command line is refreshed.
-    comms: HashMap<(i32, u64), String>,
+    comms: HashMap<ProcKey, String>,
     /// While set (a teardown past its kill authorization), exits found by a
     /// tick are kept here instead of written at once; the teardown writes
     /// them in one go after verifying the tree empty
@@ -127,9 +128,9 @@ impl TreeWatch {
         };
         let mut escapes = HashSet::new();
         for m in previously {
-            known.seen.insert((m.pid, m.start_ticks));
+            known.seen.insert(ProcKey::new(m.pid, m.start_ticks));
             if m.escaped_at.is_some() {
-                escapes.insert((m.pid, m.start_ticks));
+                escapes.insert(ProcKey::new(m.pid, m.start_ticks));
             }
         }
         Some(Self {
@@ -138,7 +139,7 @@ impl TreeWatch {
             cgroup: row.cgroup.as_ref().map(PathBuf::from),
             exclude,
             escapes,
-            alive: HashMap::new(),
+            alive: HashSet::new(),
             boot_id: row.boot_id.clone().unwrap_or_default(),
             observer: None,
             root_pid: row.root_pid,
@@ -244,7 +245,7 @@ impl TreeWatch {
     pub fn remember(&mut self, ids: &[IdentityRecord]) {
         self.known
             .seen
-            .extend(ids.iter().map(|id| (id.pid, id.start_ticks)));
+            .extend(ids.iter().map(|id| ProcKey::new(id.pid, id.start_ticks)));
     }
 
     /// Teardown mode: after the first write the ledger refuses with
@@ -417,7 +418,7 @@ impl TreeWatch {
             self.known.observed = obs.members(self.tree);
         }
         let mut pids = self.pids_to_reread_on(engine.host());
-        pids.extend(self.known.observed.iter().map(|&(pid, _)| pid));
+        pids.extend(self.known.observed.iter().map(|k| k.pid));
         // Live members and the cgroup's members are mostly the same pids:
         // each is read once.
         pids.sort_unstable();
@@ -454,7 +455,7 @@ impl TreeWatch {
         if let Some(dir) = &self.cgroup {
             self.known.cgroup_pids = host.cgroup_pids(dir);
         }
-        let mut pids: Vec<i32> = self.alive.values().copied().collect();
+        let mut pids: Vec<i32> = self.alive.iter().map(|k| k.pid).collect();
         pids.extend([self.known.pgid, self.known.sid]);
         pids.extend(self.known.cgroup_pids.iter().copied());
         pids
@@ -510,10 +511,7 @@ impl TreeWatch {
         let mut findings = scan::classify(snap, std::slice::from_ref(&self.known), &self.exclude);
         let members = findings.pop().map(|f| f.members).unwrap_or_default();
         if let Some(obs) = &self.observer {
-            obs.scanned(
-                self.tree,
-                members.iter().map(|m| (m.entry.pid, m.entry.start_ticks)),
-            );
+            obs.scanned(self.tree, members.iter().map(|m| m.entry.key()));
         }
         if self
             .oom_checked
@@ -528,7 +526,7 @@ impl TreeWatch {
         let mut execd = Vec::new();
         let mut sightings = Vec::with_capacity(members.len());
         for m in &members {
-            let key = (m.entry.pid, m.entry.start_ticks);
+            let key = m.entry.key();
             let details = if self.known.seen.contains(&key) {
                 None
             } else {
@@ -580,7 +578,9 @@ impl TreeWatch {
             } else {
                 sightings
                     .iter()
-                    .filter(|r| fresh.contains(&(r.identity.pid, r.identity.start_ticks)))
+                    .filter(|r| {
+                        fresh.contains(&ProcKey::new(r.identity.pid, r.identity.start_ticks))
+                    })
                     .cloned()
                     .collect()
             };
@@ -605,7 +605,7 @@ impl TreeWatch {
             }
         }
         for (m, record) in members.iter().zip(&sightings) {
-            let key = (m.entry.pid, m.entry.start_ticks);
+            let key = m.entry.key();
             if !m.escaped || self.escapes.contains(&key) {
                 continue;
             }
@@ -627,16 +627,20 @@ impl TreeWatch {
             }
         }
 
-        let now: HashMap<(i32, u64), i32> = members
-            .iter()
-            .map(|m| ((m.entry.pid, m.entry.start_ticks), m.entry.pid))
-            .collect();
-        let orphans_until = engine.orphans_deadline(self.tree);
+        let now: HashSet<ProcKey> = members.iter().map(|m| m.entry.key()).collect();
+        // Deferred exits (a teardown past its authorization) take only the
+        // statuses already collected: the rest are looked up once, after
+        // the tree is verified empty ([`TreeWatch::take_deferred_exits`]),
+        // not per member while the kernel is still killing.
+        let deferring = self.deferred_exits.is_some();
+        let orphans_until = (!deferring)
+            .then(|| engine.orphans_deadline(self.tree))
+            .flatten();
         let gone: Vec<(IdentityRecord, Option<ExitRecord>)> = self
             .alive
-            .keys()
-            .filter(|k| !now.contains_key(k))
-            .map(|&(pid, start_ticks)| {
+            .iter()
+            .filter(|k| !now.contains(k))
+            .map(|&ProcKey { pid, start_ticks }| {
                 // Not among the orphans' statuses yet: the root (a child
                 // this process spawned), or an orphan whose status is still
                 // on its way to the reaper.
@@ -644,6 +648,9 @@ impl TreeWatch {
                     .get(&pid)
                     .copied()
                     .or_else(|| {
+                        if deferring {
+                            return None;
+                        }
                         let root =
                             self.is_root(pid, start_ticks) && engine.was_spawned_here(self.tree);
                         engine.reaped_exit(pid, start_ticks, root, orphans_until)
@@ -682,7 +689,7 @@ impl TreeWatch {
                 tracing::warn!(tree = self.tree.0, error = %e, "member execs not recorded");
             }
         }
-        self.comms.retain(|k, _| now.contains_key(k));
+        self.comms.retain(|k, _| now.contains(k));
         self.alive = now;
         engine.stats().write_errors(report.write_errors);
         report.members = members;

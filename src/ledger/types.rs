@@ -704,33 +704,66 @@ pub struct MemberCounts {
 /// The owner as shown with a tree.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct OwnerRow {
+    /// The owner's id in this ledger.
     pub id: i64,
+    /// The owner's pid (with `start` and `boot_id`, its identity).
     pub pid: i32,
     /// Start time in clock ticks.
     pub start: u64,
+    /// The boot it ran in.
     pub boot_id: String,
+    /// "run", "client" or "service" ([`OwnerRow::owner_kind`] for the type).
     pub kind: String,
+}
+
+impl OwnerRow {
+    /// The owner's kind, typed (`None` only for a kind this build does not
+    /// know: the database's CHECK allows none).
+    pub fn owner_kind(&self) -> Option<OwnerKind> {
+        self.kind.parse().ok()
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct TreeRow {
+    /// The tree's id in this ledger.
     pub id: i64,
+    /// The operator's label (`--label`), if one was given.
     pub label: Option<String>,
+    /// Where the tree is in its life (spawning .. ended, ambiguous, resolved).
     pub state: TreeState,
+    /// "cgroup" or "session": how membership is bounded.
     pub boundary: String,
+    /// The process that owns the tree (run, a service client, the service).
     pub owner: OwnerRow,
+    /// The root's command line as asked for.
     pub argv: Vec<String>,
+    /// The root's working directory, when one was given.
     pub cwd: Option<String>,
+    /// The root's pid, once the spawn was recorded (`None` while spawning).
     pub root_pid: Option<i32>,
+    /// The root's start time in clock ticks (with `root_pid` and `boot_id`,
+    /// its identity).
     pub root_start_ticks: Option<u64>,
+    /// The boot the tree was spawned in: its pids mean nothing in another.
     pub boot_id: Option<String>,
+    /// The recorded process group (the root's pid): the only group a
+    /// teardown signals.
     pub pgid: Option<i32>,
+    /// The recorded session (the root's pid).
     pub sid: Option<i32>,
+    /// The tree's cgroup directory, on the cgroup boundary.
     pub cgroup: Option<String>,
+    /// When the tree was recorded (RFC 3339).
     pub created_at: String,
+    /// When it reached a terminal state (RFC 3339).
     pub ended_at: Option<String>,
+    /// The root's exit, when known.
     pub exit: Option<ExitRecord>,
+    /// Facts about the tree that outlive its state ("survivors",
+    /// "authority_write_failed", "survivors_left", "survivors_ended", ...).
     pub flags: Vec<String>,
+    /// Why it is ambiguous, or the operator's resolution note.
     pub note: Option<String>,
     /// The grace the tree was given, in milliseconds (`None`: recorded
     /// before migration 0002; use the configured default).
@@ -798,21 +831,37 @@ impl TreeRow {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct MemberRow {
+    /// The member's pid (with `start_ticks` and `boot_id`, its identity).
     pub pid: i32,
+    /// Its start time in clock ticks.
     pub start_ticks: u64,
+    /// The boot it ran in.
     pub boot_id: String,
+    /// Its parent when first seen.
     pub ppid: Option<i32>,
+    /// Its process group when first seen.
     pub pgid: Option<i32>,
+    /// Its session when first seen.
     pub sid: Option<i32>,
+    /// Its cgroup path when first seen (`/proc/<pid>/cgroup`).
     pub cgroup: Option<String>,
+    /// Its real uid.
     pub uid: Option<u32>,
+    /// Its executable (`/proc/<pid>/exe`), refreshed when it execs.
     pub exe: Option<String>,
+    /// Its command line, refreshed when it execs.
     pub cmdline: Vec<String>,
+    /// Its working directory when first seen.
     pub cwd: Option<String>,
+    /// When a scan or the observer first saw it (RFC 3339).
     pub first_seen: String,
+    /// When it was last seen alive (a liveness hint, bumped coarsely).
     pub last_seen: String,
+    /// When it was found gone (RFC 3339).
     pub exited_at: Option<String>,
+    /// Its exit status, when this process reaped it.
     pub exit: Option<ExitRecord>,
+    /// When it was found outside the tree's group and session.
     pub escaped_at: Option<String>,
 }
 

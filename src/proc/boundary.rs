@@ -949,19 +949,27 @@ fn make_tree_cgroup(cg: &Path) -> Result<(), ProcError> {
     }
 }
 
+/// Removes an empty cgroup once the kernel lets go of it, waiting up to
+/// `wait` for `populated 0` (the kernel's notification, not a timed poll;
+/// [`super::cgroup_wait_event`]); `false` when it stayed populated.
 pub fn remove_cgroup_when_empty(path: &Path, wait: Duration) -> Result<bool, ProcError> {
     let deadline = Instant::now() + wait;
     loop {
         if !path.exists() {
             return Ok(true);
         }
-        if !cgroup_populated(path)? && remove_cgroup_if_empty(path)? {
+        if !super::cgroup_wait_event(path, super::CgroupEvent::Populated, false, deadline)? {
+            return Ok(false);
+        }
+        if remove_cgroup_if_empty(path)? {
             return Ok(true);
         }
         if Instant::now() >= deadline {
             return Ok(false);
         }
-        std::thread::sleep(Duration::from_millis(2));
+        // Empty by `cgroup.events` but rmdir still busy: the kernel is
+        // finishing the last exit.
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 

@@ -22,6 +22,29 @@ pub struct Identity {
     pub boot_id: String,
 }
 
+/// A process within this boot: its pid and start time. Two processes that
+/// held the same pid have different keys (the key of [`Identity`] without
+/// the boot, for sets and maps of one boot's processes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProcKey {
+    pub pid: i32,
+    /// Field 22 of `/proc/<pid>/stat`.
+    pub start_ticks: u64,
+}
+
+impl ProcKey {
+    pub fn new(pid: i32, start_ticks: u64) -> Self {
+        Self { pid, start_ticks }
+    }
+}
+
+impl Identity {
+    /// The identity within its boot.
+    pub fn key(&self) -> ProcKey {
+        ProcKey::new(self.pid, self.start_ticks)
+    }
+}
+
 /// What became of the process an [`Identity`] names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]

@@ -38,17 +38,19 @@ pub use boundary::{
     remove_cgroup_if_empty, remove_cgroup_when_empty, resolve_boundary, spawn_held,
 };
 pub use connector::{Connector, ProcEvent, monotonic_ns};
-pub use identity::{Identity, Liveness, ProcStat, boot_id, identity_of, read_stat, self_identity};
-pub use pidfd::{ExitWatch, open_exit_watch};
+pub use identity::{
+    Identity, Liveness, ProcKey, ProcStat, boot_id, identity_of, read_stat, self_identity,
+};
+pub use pidfd::{ExitWatch, open_exit_watch, wait_exits};
 pub use probe::{Capability, Probe, probe};
 pub use reaper::{
     ExitStatus, Reaper, parent_pid, reap_child, set_parent_death_signal, set_subreaper,
 };
 pub use resources::{CgroupUsage, cap_log, cgroup_controllers, cgroup_usage, oom_kills};
 pub use signal::{
-    Delivery, GroupDelivery, GroupRecord, Sig, cgroup_freeze, cgroup_kill, cgroup_pids,
-    cgroup_populated, default_sigpipe, group_members, signal_group, signal_group_known,
-    signal_process,
+    CgroupEvent, Delivery, GroupDelivery, GroupRecord, Sig, cgroup_freeze, cgroup_kill,
+    cgroup_pids, cgroup_populated, cgroup_thaw, cgroup_wait_event, default_sigpipe, group_members,
+    signal_group, signal_group_known, signal_process,
 };
 pub use users::{
     Credentials, UserInfo, credentials_for, current_uid, effective_uid, group_by_name, groups_of,

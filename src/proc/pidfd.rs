@@ -41,6 +41,41 @@ pub fn open_exit_watch(id: &Identity) -> Result<Option<OwnedFd>, ProcError> {
     Ok(Some(fd))
 }
 
+/// Waits until every process `ids` names has exited (a zombie counts as
+/// exited), or `deadline`; whether all did. Event-driven: one identity-
+/// checked pidfd per process ([`open_exit_watch`]), each waited for in
+/// `poll(2)` in turn, so the wait wakes once per process that is still
+/// running, never on a timer. Only a hint for a teardown, whose verifying
+/// scan decides.
+pub fn wait_exits(ids: &[Identity], deadline: std::time::Instant) -> Result<bool, ProcError> {
+    for id in ids {
+        let Some(fd) = open_exit_watch(id)? else {
+            continue;
+        };
+        loop {
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            let left = deadline - now;
+            let timeout = rustix::event::Timespec {
+                tv_sec: left.as_secs() as _,
+                tv_nsec: left.subsec_nanos() as _,
+            };
+            let mut fds = [rustix::event::PollFd::new(
+                &fd,
+                rustix::event::PollFlags::IN,
+            )];
+            match rustix::event::poll(&mut fds, Some(&timeout)) {
+                Ok(0) | Err(Errno::INTR) => {}
+                Ok(_) => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(true)
+}
+
 /// An open exit watch, registered with the tokio reactor.
 pub struct ExitWatch {
     fd: tokio::io::unix::AsyncFd<OwnedFd>,

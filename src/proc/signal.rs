@@ -348,14 +348,90 @@ fn write_control(path: &Path, file: &str, value: &str) -> Result<(), ProcError> 
     std::fs::write(path.join(file), value).map_err(|e| ProcError::cgroup(path.join(file), e))
 }
 
-/// Reads one key of `cgroup.events` (`populated`, `frozen`).
-fn cgroup_event(path: &Path, key: &str) -> Result<bool, ProcError> {
+/// A key of `cgroup.events`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CgroupEvent {
+    /// A live process is in the cgroup or below.
+    Populated,
+    /// The cgroup and its descendants are frozen.
+    Frozen,
+}
+
+impl CgroupEvent {
+    fn key(self) -> &'static str {
+        match self {
+            CgroupEvent::Populated => "populated",
+            CgroupEvent::Frozen => "frozen",
+        }
+    }
+}
+
+/// Reads one key of `cgroup.events`.
+fn cgroup_event(path: &Path, key: CgroupEvent) -> Result<bool, ProcError> {
     let file: PathBuf = path.join("cgroup.events");
     let text = std::fs::read_to_string(&file).map_err(|e| ProcError::cgroup(&file, e))?;
-    Ok(text
-        .lines()
+    Ok(event_value(&text, key))
+}
+
+fn event_value(text: &str, key: CgroupEvent) -> bool {
+    text.lines()
         .filter_map(|l| l.split_once(' '))
-        .any(|(k, v)| k == key && v.trim() == "1"))
+        .any(|(k, v)| k == key.key() && v.trim() == "1")
+}
+
+/// Waits until `key` of `cgroup.events` reads `want`, or `deadline`;
+/// whether it did. Event-driven: the kernel notifies every change of
+/// `cgroup.events` to a poller (`POLLPRI`), so this sleeps in `poll(2)`
+/// until the file changes. kernfs compares the file's event count with the
+/// one of this descriptor's last read, so a change between the read and the
+/// poll is not lost. But cgroup file notifications are rate-limited to one
+/// per 10 ms (`CGROUP_FILE_NOTIFY_MIN_INTV`): a freeze, its thaw and the
+/// `populated 0` after a kill come within 10 ms of each other, and waiting
+/// for the notification alone cost up to 10 ms per step. So each poll is
+/// also capped: 250 µs for the first 50 ms (a state a teardown waits for
+/// usually comes within a few ms), then 50 ms.
+pub fn cgroup_wait_event(
+    path: &Path,
+    key: CgroupEvent,
+    want: bool,
+    deadline: Instant,
+) -> Result<bool, ProcError> {
+    use std::io::{Read, Seek, SeekFrom};
+    let name: PathBuf = path.join("cgroup.events");
+    let err = |e: std::io::Error| ProcError::cgroup(&name, e);
+    let mut file = std::fs::File::open(&name).map_err(err)?;
+    let mut text = String::with_capacity(64);
+    let started = Instant::now();
+    loop {
+        text.clear();
+        file.seek(SeekFrom::Start(0)).map_err(err)?;
+        file.read_to_string(&mut text).map_err(err)?;
+        if event_value(&text, key) == want {
+            return Ok(true);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(false);
+        }
+        let cap = if now - started < Duration::from_millis(50) {
+            Duration::from_micros(250)
+        } else {
+            Duration::from_millis(50)
+        };
+        let left = (deadline - now).min(cap);
+        let timeout = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: left.as_nanos() as _,
+        };
+        let mut fds = [rustix::event::PollFd::new(
+            &file,
+            rustix::event::PollFlags::PRI,
+        )];
+        match rustix::event::poll(&mut fds, Some(&timeout)) {
+            Ok(_) | Err(Errno::INTR) => {}
+            Err(e) => return Err(err(e.into())),
+        }
+    }
 }
 
 /// SIGKILLs every process in the cgroup and its descendants (`cgroup.kill`).
@@ -364,28 +440,20 @@ pub fn cgroup_kill(path: &Path) -> Result<(), ProcError> {
     write_control(path, "cgroup.kill", "1")
 }
 
-/// Freezes (or thaws) the cgroup and waits up to `wait` for `cgroup.events`
-/// to report it. Returns whether the requested state was reached.
-pub fn cgroup_freeze(path: &Path, frozen: bool, wait: Duration) -> Result<bool, ProcError> {
+/// Freezes the cgroup (`cgroup.freeze`) and waits up to `wait` for
+/// `cgroup.events` to report it frozen; whether it did.
+pub fn cgroup_freeze(path: &Path, wait: Duration) -> Result<bool, ProcError> {
     guard_cgroup(path)?;
-    write_control(path, "cgroup.freeze", if frozen { "1" } else { "0" })?;
-    let started = Instant::now();
-    let deadline = started + wait;
-    loop {
-        if cgroup_event(path, "frozen")? == frozen {
-            return Ok(true);
-        }
-        if Instant::now() >= deadline {
-            return Ok(false);
-        }
-        // A freeze of 1,000 tasks settles in a few ms: poll finely at first
-        // (a read of cgroup.events costs microseconds), then back off.
-        std::thread::sleep(if started.elapsed() < Duration::from_millis(50) {
-            Duration::from_micros(250)
-        } else {
-            Duration::from_millis(2)
-        });
-    }
+    write_control(path, "cgroup.freeze", "1")?;
+    cgroup_wait_event(path, CgroupEvent::Frozen, true, Instant::now() + wait)
+}
+
+/// Thaws the cgroup and waits up to `wait` for `cgroup.events` to report
+/// it no longer frozen; whether it did.
+pub fn cgroup_thaw(path: &Path, wait: Duration) -> Result<bool, ProcError> {
+    guard_cgroup(path)?;
+    write_control(path, "cgroup.freeze", "0")?;
+    cgroup_wait_event(path, CgroupEvent::Frozen, false, Instant::now() + wait)
 }
 
 /// Pids directly in the cgroup (`cgroup.procs`; not its sub-cgroups).
@@ -397,7 +465,7 @@ pub fn cgroup_pids(path: &Path) -> Result<Vec<i32>, ProcError> {
 
 /// Whether any live process is in the cgroup or below (`cgroup.events`).
 pub fn cgroup_populated(path: &Path) -> Result<bool, ProcError> {
-    cgroup_event(path, "populated")
+    cgroup_event(path, CgroupEvent::Populated)
 }
 
 /// Restores SIGPIPE's default action (the Rust runtime ignores it), so a

@@ -56,21 +56,44 @@ type C = Counter<u64, AtomicU64>;
 /// Every metric family the service exports.
 pub struct Metrics {
     registry: Registry,
+    /// `treewarden_trees{state}`: trees in the ledger by state (set at scrape time).
     pub trees: Family<StateLabel, Gauge>,
+    /// `treewarden_members`: live members of the trees this service scans.
     pub members: Gauge,
+    /// `treewarden_trees_spawned_total`: trees released to exec since start.
     pub trees_spawned: C,
+    /// `treewarden_escapes_observed_total`: members found outside their
+    /// tree's group and session.
     pub escapes: C,
+    /// `treewarden_signals_sent_total{signal,target_kind}`: signals recorded.
     pub signals: Family<SignalLabels, C>,
+    /// `treewarden_kill_authorizations_written_total`: committed
+    /// `kill.authorized` rows.
     pub authorizations_written: C,
+    /// `treewarden_kill_authorizations_failed_total`: authorizations the
+    /// ledger refused (each a skipped kill and an ambiguous tree).
     pub authorizations_failed: C,
+    /// `treewarden_kills_skipped_total`: forced kills not sent.
     pub kills_skipped: C,
+    /// `treewarden_survivors_after_kill_total`: members that outlived every
+    /// round of a forced kill.
     pub survivors_after_kill: C,
+    /// `treewarden_sweeps_total`: orphan sweeps started.
     pub sweeps: C,
+    /// `treewarden_sweep_orphans_total`: orphans the sweeps found.
     pub orphans: C,
+    /// `treewarden_scan_duration_seconds{mode}`: the scan loop's ticks.
     pub scan_duration: Family<ModeLabel, Histogram>,
+    /// `treewarden_teardown_duration_seconds{origin}`: teardowns this
+    /// service ran, from the call to their return.
     pub teardown_duration: Family<OriginLabel, Histogram>,
+    /// `treewarden_ledger_write_errors_total`: evidence writes the ledger
+    /// refused (logged; authority is counted apart).
     pub ledger_write_errors: C,
+    /// `treewarden_dispatch_closed`: 1 while an unsettled tree closes the
+    /// spawn gate.
     pub dispatch_closed: Gauge,
+    /// `treewarden_dispatch_refused_total`: spawns refused by the gate.
     pub dispatch_refused: C,
     /// Processes the kernel's OOM killer ended inside trees (`tree.oom_kill`).
     pub oom_kills: C,
@@ -87,10 +110,16 @@ pub struct Metrics {
     pub ship_lag_events: Gauge,
     /// The last seq the OTLP endpoint acknowledged (the durable cursor).
     pub ship_acked_seq: Gauge,
+    /// `treewarden_observer_up`: 1 while the proc-connector observer runs.
     pub observer_up: Gauge,
+    /// `treewarden_observer_events_total`: proc-connector events read.
     pub observer_events: C,
+    /// `treewarden_observer_overflows_total`: times the observer lost
+    /// events (each followed by a forced full scan).
     pub observer_overflows: C,
+    /// `treewarden_observer_forced_scans_total`: full scans forced by overflows.
     pub observer_forced_scans: C,
+    /// `treewarden_observer_escapes_total`: escapes the observer recorded.
     pub observer_escapes: C,
 }
 

@@ -59,6 +59,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::custody::policy::{self, EndCause};
 use crate::custody::{
     CustodyError, Engine, Origin, SpawnRequest, SweepCounts, SweepOptions, SweepProgress,
     TeardownOptions, TeardownReport, TreeWatch,
@@ -639,16 +640,11 @@ impl Service {
                 _ => None,
             };
             let reason = match &why {
-                WatchEnd::RootExited => match root_exit {
-                    Some(s) => format!("root exited ({s})"),
-                    None => "root exited".to_string(),
-                },
-                WatchEnd::OwnerExited => "owner exited".to_string(),
-                WatchEnd::Timeout => format!(
-                    "timeout after {}",
-                    humantime::format_duration(timeout.unwrap_or_default())
-                ),
-            };
+                WatchEnd::RootExited => EndCause::RootExited(root_exit),
+                WatchEnd::OwnerExited => EndCause::OwnerExited,
+                WatchEnd::Timeout => EndCause::Timeout(timeout.unwrap_or_default()),
+            }
+            .reason();
             // The sweep leaves owned trees alone, so this task is the one
             // that must see the teardown through: a ledger that refused a
             // write, a lease held elsewhere, survivors — try again, backing
@@ -685,7 +681,7 @@ impl Service {
     ) -> Result<TeardownReport, ServiceError> {
         let origin = why.origin();
         let owned_grace = self.lock_owned().get(&tree).map(|o| o.grace);
-        let grace = grace.or(owned_grace).unwrap_or(self.config.default_grace);
+        let grace = policy::grace(grace, owned_grace, self.config.default_grace, None);
         let lock = self.tree_lock(tree);
         let engine = self.engine.clone();
         let origin_label = why.label();
@@ -764,7 +760,7 @@ impl Service {
             // lives: the sweep leaves it alone (the owner is alive), so it
             // is adopted and its teardown resumed here.
             let interrupted = matches!(row.state, TreeState::Terminating | TreeState::Killing);
-            if row.owner.kind == OwnerKind::Client.as_str()
+            if row.owner.owner_kind() == Some(OwnerKind::Client)
                 && (interrupted || matches!(row.state, TreeState::Running | TreeState::Spawning))
             {
                 let owner = Identity {
@@ -787,7 +783,12 @@ impl Service {
                     start_ticks: r.start_ticks,
                     boot_id: r.boot_id,
                 });
-                let grace = row.grace_or(self.config.default_grace);
+                let grace = policy::grace(
+                    None,
+                    row.grace_ms.map(Duration::from_millis),
+                    self.config.default_grace,
+                    None,
+                );
                 let timeout = row.timeout().map(|t| {
                     let age = humantime::parse_rfc3339(&row.created_at)
                         .ok()
@@ -800,9 +801,9 @@ impl Service {
                     let this = self.clone();
                     let tree = row.id;
                     self.tasks.spawn(async move {
-                        let reason = "resuming a teardown interrupted by a service restart";
+                        let reason = EndCause::Resume.reason();
                         if let Err(e) = this
-                            .teardown(tree, Some(grace), reason.into(), Why::Resume, None)
+                            .teardown(tree, Some(grace), reason, Why::Resume, None)
                             .await
                         {
                             // The watch task still tears it down when its owner exits.
@@ -1048,7 +1049,10 @@ impl Service {
             let owned: Vec<(i64, Duration)> = self
                 .lock_owned()
                 .iter()
-                .map(|(id, o)| (*id, o.grace.min(self.config.shutdown_grace)))
+                .map(|(id, o)| {
+                    let cap = Some(self.config.shutdown_grace);
+                    (*id, policy::grace(None, Some(o.grace), o.grace, cap))
+                })
                 .collect();
             tracing::info!(trees = owned.len(), "shutdown: tearing down owned trees");
             let mut set = tokio::task::JoinSet::new();
@@ -1059,7 +1063,7 @@ impl Service {
                         .teardown(
                             tree,
                             Some(grace),
-                            "service shutting down".into(),
+                            EndCause::Shutdown.reason(),
                             Why::Shutdown,
                             None,
                         )
@@ -1266,33 +1270,23 @@ async fn watch_tree(
     }
 }
 
-/// Starts the observer per the configuration: `off` never, `auto` when the
-/// proc connector can be subscribed to (else the reason is returned), `on`
-/// or fail. Overflows set `force_full` for the scan loop.
+/// Starts the observer per the configuration
+/// ([`crate::custody::policy::start_observer`]); overflows set `force_full`
+/// for the scan loop. Returns it and why there is none.
 fn start_observer(
     engine: &Engine,
     config: &ServiceConfig,
     force_full: Arc<std::sync::atomic::AtomicBool>,
 ) -> Result<(Option<crate::custody::Observer>, String), ServiceError> {
-    use crate::config::ObserverMode;
-    if config.observer == ObserverMode::Off {
-        return Ok((None, "--observer off".into()));
-    }
     let on_overflow = Box::new(move || {
         force_full.store(true, std::sync::atomic::Ordering::SeqCst);
     });
-    match crate::custody::Observer::start(
-        engine.ledger().clone(),
+    let started = crate::custody::policy::start_observer(
+        engine.ledger(),
+        config.observer,
         config.observer_rcvbuf,
         on_overflow,
-    ) {
-        Ok(o) => Ok((Some(o), String::new())),
-        Err(e) if config.observer == ObserverMode::On => Err(ServiceError::Invalid(format!(
-            "--observer on, but the proc connector is unavailable: {e}"
-        ))),
-        Err(e) => {
-            tracing::info!(error = %e, "observer off: proc connector unavailable; scans only");
-            Ok((None, format!("proc connector unavailable: {e}")))
-        }
-    }
+    )
+    .map_err(ServiceError::Invalid)?;
+    Ok((started.observer, started.off_because))
 }

@@ -881,18 +881,12 @@ fn held_child_joins_its_cgroup_before_exec() {
         !proc::remove_cgroup_if_empty(&cg).expect("rmdir"),
         "populated: kept"
     );
-    assert!(
-        proc::cgroup_freeze(&cg, true, LIMIT).expect("freeze"),
-        "frozen"
-    );
+    assert!(proc::cgroup_freeze(&cg, LIMIT).expect("freeze"), "frozen");
     assert_eq!(
         proc::read_stat(tree.pid).expect("read").map(|s| s.pid),
         Some(tree.pid)
     );
-    assert!(
-        proc::cgroup_freeze(&cg, false, LIMIT).expect("thaw"),
-        "thawed"
-    );
+    assert!(proc::cgroup_thaw(&cg, LIMIT).expect("thaw"), "thawed");
     proc::cgroup_kill(&cg).expect("cgroup.kill");
     assert_eq!(
         proc::reap_child(tree.pid, Some(LIMIT)).expect("reap"),

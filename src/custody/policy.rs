@@ -1,0 +1,216 @@
+//! The owner policy `run` (threads, custody/owner.rs) and `serve` (tokio,
+//! service/mod.rs) share: why an owner ends its tree and the reason it
+//! records, which grace the teardown gets, and how the observer starts.
+//!
+//! Why it exists: the two owner loops differ in how they wait (a channel
+//! and threads; a reactor), not in what they decide. Written once here, the
+//! two cannot drift apart (the reason strings, the grace's fallbacks and
+//! cap, the observer's `auto`/`on`/`off` rule were each written twice).
+
+use std::time::Duration;
+
+use super::observer::Observer;
+use super::teardown::{Origin, TeardownOptions};
+use crate::config::ObserverMode;
+use crate::ledger::Ledger;
+use crate::proc::ExitStatus;
+
+/// Why an owner ends the tree it owns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EndCause {
+    /// The root exited, with its status when this process reaped it.
+    RootExited(Option<ExitStatus>),
+    /// The client that asked the service for the tree exited.
+    OwnerExited,
+    /// The tree's timeout passed.
+    Timeout(Duration),
+    /// `run` received this signal.
+    Signal(i32),
+    /// `run`'s parent died (`--die-with-parent`).
+    ParentDied,
+    /// The service is shutting down (its drain).
+    Shutdown,
+    /// A teardown an earlier service instance had begun, resumed at start.
+    Resume,
+}
+
+impl EndCause {
+    /// The reason recorded with the teardown's state change and its
+    /// authorization.
+    pub fn reason(&self) -> String {
+        match self {
+            EndCause::RootExited(Some(s)) => format!("root exited ({s})"),
+            EndCause::RootExited(None) => "root exited".to_string(),
+            EndCause::OwnerExited => "owner exited".to_string(),
+            EndCause::Timeout(t) => format!("timeout after {}", humantime::format_duration(*t)),
+            EndCause::Signal(n) => format!("run received signal {n}"),
+            EndCause::ParentDied => "run's parent died".to_string(),
+            EndCause::Shutdown => "service shutting down".to_string(),
+            EndCause::Resume => "resuming a teardown interrupted by a service restart".to_string(),
+        }
+    }
+
+    /// The root's exit status, when the owner reaped it.
+    pub fn root_exit(&self) -> Option<ExitStatus> {
+        match self {
+            EndCause::RootExited(s) => *s,
+            _ => None,
+        }
+    }
+
+    /// The options of the owner's teardown for this cause.
+    pub fn teardown_options(&self, grace: Duration, origin: Origin) -> TeardownOptions {
+        let mut opts = TeardownOptions::new(grace, self.reason(), origin);
+        opts.root_exit = self.root_exit();
+        opts
+    }
+}
+
+/// The grace of a teardown: the one asked for, else the one recorded with
+/// the tree (or its owner), else the default; never more than `cap` when
+/// one is given (the service's shutdown).
+pub fn grace(
+    asked: Option<Duration>,
+    recorded: Option<Duration>,
+    default: Duration,
+    cap: Option<Duration>,
+) -> Duration {
+    let grace = asked.or(recorded).unwrap_or(default);
+    match cap {
+        Some(cap) => grace.min(cap),
+        None => grace,
+    }
+}
+
+/// How the observer started.
+pub struct ObserverStart {
+    /// `None`: scans only.
+    pub observer: Option<Observer>,
+    /// Why there is none (empty when it runs).
+    pub off_because: String,
+}
+
+/// Starts the proc-connector observer as `mode` asks: `off` never, `auto`
+/// when the proc connector can be subscribed to (else scans only, logged),
+/// `on` or fail (`Err`: one line for the operator). `on_overflow` runs when
+/// the observer lost events (the owner scans everything then).
+pub fn start_observer(
+    ledger: &Ledger,
+    mode: ObserverMode,
+    rcvbuf: usize,
+    on_overflow: Box<dyn Fn() + Send>,
+) -> Result<ObserverStart, String> {
+    if mode == ObserverMode::Off {
+        return Ok(ObserverStart {
+            observer: None,
+            off_because: "--observer off".into(),
+        });
+    }
+    match Observer::start(ledger.clone(), rcvbuf, on_overflow) {
+        Ok(o) => Ok(ObserverStart {
+            observer: Some(o),
+            off_because: String::new(),
+        }),
+        Err(e) if mode == ObserverMode::On => Err(format!(
+            "--observer on, but the proc connector is unavailable: {e}"
+        )),
+        Err(e) => {
+            tracing::info!(error = %e, "observer off: proc connector unavailable; scans only");
+            Ok(ObserverStart {
+                observer: None,
+                off_because: format!("proc connector unavailable: {e}"),
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_observer_starts_as_the_mode_asks() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ledger = Ledger::open(
+            &dir.path().join("ledger.db"),
+            crate::ledger::LedgerOptions::default(),
+        )
+        .expect("ledger");
+        let off = start_observer(&ledger, ObserverMode::Off, 0, Box::new(|| {})).expect("off");
+        assert!(off.observer.is_none());
+        assert_eq!(off.off_because, "--observer off");
+        // `auto` and `on` agree on this host: both run it, or `auto` says
+        // why not and `on` refuses with the same cause.
+        let auto = start_observer(&ledger, ObserverMode::Auto, 0, Box::new(|| {})).expect("auto");
+        let on = start_observer(&ledger, ObserverMode::On, 0, Box::new(|| {}));
+        match (auto.observer, on) {
+            (Some(a), Ok(on)) => {
+                assert!(auto.off_because.is_empty());
+                let on = on.observer.expect("on runs it too");
+                a.stop();
+                on.stop();
+            }
+            (None, Err(e)) => {
+                assert!(auto.off_because.starts_with("proc connector unavailable"));
+                assert!(e.starts_with("--observer on, but"), "{e}");
+            }
+            (a, on) => panic!(
+                "auto and on disagree: auto {:?}, on {:?}",
+                a.is_some(),
+                on.map(|o| o.observer.is_some())
+            ),
+        }
+    }
+
+    #[test]
+    fn origin_labels_are_their_serialized_form() {
+        for o in [Origin::Run, Origin::Kill, Origin::Sweep, Origin::Service] {
+            let json = serde_json::to_value(o).expect("serializes");
+            assert_eq!(json, serde_json::Value::from(o.as_str()));
+        }
+    }
+
+    #[test]
+    fn grace_is_asked_then_recorded_then_default_and_capped() {
+        let s = Duration::from_secs;
+        assert_eq!(grace(Some(s(1)), Some(s(2)), s(3), None), s(1));
+        assert_eq!(grace(None, Some(s(2)), s(3), None), s(2));
+        assert_eq!(grace(None, None, s(3), None), s(3));
+        assert_eq!(grace(Some(s(9)), None, s(3), Some(s(4))), s(4));
+        assert_eq!(grace(None, Some(s(2)), s(3), Some(s(4))), s(2));
+    }
+
+    #[test]
+    fn each_cause_has_its_reason_and_only_a_root_exit_a_status() {
+        let st = ExitStatus::Exited(3);
+        let causes = [
+            (
+                EndCause::RootExited(Some(st)),
+                format!("root exited ({st})"),
+            ),
+            (EndCause::RootExited(None), "root exited".into()),
+            (EndCause::OwnerExited, "owner exited".into()),
+            (
+                EndCause::Timeout(Duration::from_secs(90)),
+                "timeout after 1m 30s".into(),
+            ),
+            (EndCause::Signal(15), "run received signal 15".into()),
+            (EndCause::ParentDied, "run's parent died".into()),
+            (EndCause::Shutdown, "service shutting down".into()),
+            (
+                EndCause::Resume,
+                "resuming a teardown interrupted by a service restart".into(),
+            ),
+        ];
+        for (cause, reason) in causes {
+            assert_eq!(cause.reason(), reason);
+            let opts = cause.teardown_options(Duration::from_secs(2), Origin::Service);
+            assert_eq!(opts.reason, reason);
+            assert_eq!(opts.grace, Duration::from_secs(2));
+            assert_eq!(
+                opts.root_exit,
+                (cause == EndCause::RootExited(Some(st))).then_some(st)
+            );
+        }
+    }
+}
