@@ -511,7 +511,8 @@ fn spawn(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()> {
         floor_name: "`sh -c true`".into(),
         floor: stats(floor),
         by_p99: false,
-        target: Target::OverheadMs(30.0),
+        // Issue 13's target (was +30 ms).
+        target: Target::OverheadMs(5.0),
     });
     Ok(())
 }
@@ -628,9 +629,10 @@ fn idle_service(plan: &Plan, dir: &Path) -> anyhow::Result<String> {
     );
     drop(serve); // SIGTERM: serve tears its 5 trees down
     drop(idle);
-    let ok = cpu_pct <= 1.0 && rss <= 25.0;
+    // Issue 13's targets (were 1 % and 25 MiB).
+    let ok = cpu_pct <= 0.5 && rss <= 20.0;
     Ok(format!(
-        "| 5 | idle service: serve, 5 trees, +{} processes, {:.0} s | — | {cpu_pct:.2} % core, RSS {rss:.1} MiB (peak {hwm:.1}) | | | | | | ≤ 1 % core, ≤ 25 MiB | {} |",
+        "| 5 | idle service: serve, 5 trees, +{} processes, {:.0} s | — | {cpu_pct:.2} % core, RSS {rss:.1} MiB (peak {hwm:.1}) | | | | | | ≤ 0.5 % core, ≤ 20 MiB | {} |",
         plan.idle_extra,
         wall.as_secs_f64(),
         if ok { "yes" } else { "NO" }
