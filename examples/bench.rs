@@ -1451,6 +1451,7 @@ fn grow_ledger(
                     Some(ExitRecord {
                         code: Some(0),
                         signal: None,
+                        cpu_usec: None,
                     }),
                 )
             })
@@ -1462,6 +1463,7 @@ fn grow_ledger(
             Some(ExitRecord {
                 code: Some(0),
                 signal: None,
+                cpu_usec: None,
             }),
         )?;
         added += 1;

@@ -701,8 +701,8 @@ impl Host for FakeHost {
         self.world().reaper
     }
 
-    fn take_unclaimed_exits(&self) -> Vec<(i32, ExitStatus)> {
-        std::mem::take(&mut self.world().unclaimed)
+    fn unclaimed_exits(&self) -> Vec<(i32, ExitStatus)> {
+        self.world().unclaimed.clone()
     }
 
     fn reaped_exit(

@@ -83,7 +83,7 @@ pub trait Host: Send + Sync {
     /// statuses (run, serve).
     fn has_reaper(&self) -> bool;
     /// Exit statuses the reaper collected that nobody claimed yet.
-    fn take_unclaimed_exits(&self) -> Vec<(i32, ExitStatus)>;
+    fn unclaimed_exits(&self) -> Vec<(i32, ExitStatus)>;
     /// The exit status of a process this process reaped, or is about to
     /// (see [`crate::custody::Engine`]'s `reaped_exit`): the root's when
     /// `is_root`; an orphan's, waited for until `orphans_until` when it is
@@ -95,6 +95,13 @@ pub trait Host: Send + Sync {
         is_root: bool,
         orphans_until: Option<Instant>,
     ) -> Option<ExitStatus>;
+    /// The CPU time (user + system, microseconds, with its waited-for
+    /// children's) of the process of `pid` this process reaped last, from
+    /// the reaper's rusage; `None` without a reaper or such an exit.
+    fn reaped_cpu_usec(&self, pid: i32) -> Option<u64> {
+        let _ = pid;
+        None
+    }
     /// The clock the teardown's deadlines (grace, verify) are measured on.
     fn now(&self) -> Instant;
     /// Waits between two polls of the teardown.
@@ -188,8 +195,12 @@ impl Host for KernelHost {
         self.reaper.is_some()
     }
 
-    fn take_unclaimed_exits(&self) -> Vec<(i32, ExitStatus)> {
-        self.reaper.map(|r| r.take_unclaimed()).unwrap_or_default()
+    fn unclaimed_exits(&self) -> Vec<(i32, ExitStatus)> {
+        self.reaper.map(|r| r.unclaimed()).unwrap_or_default()
+    }
+
+    fn reaped_cpu_usec(&self, pid: i32) -> Option<u64> {
+        self.reaper?.cpu_usec_of(pid)
     }
 
     /// See [`crate::custody::Engine`]'s `reaped_exit`: the root's status

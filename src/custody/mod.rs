@@ -215,6 +215,38 @@ impl Engine {
             .unwrap_or(false)
     }
 
+    /// An exit as the ledger records it, with the CPU time of the process
+    /// (and its waited-for children) where this process reaped it.
+    pub(crate) fn exit_of(
+        &self,
+        pid: i32,
+        status: crate::proc::ExitStatus,
+    ) -> crate::ledger::ExitRecord {
+        crate::ledger::ExitRecord {
+            cpu_usec: self.host.reaped_cpu_usec(pid),
+            ..watch::exit_record(status)
+        }
+    }
+
+    /// What the members this process reaped used in all (the sum of their
+    /// recorded `cpu_usec`, and the root's from `root_exit` when its exit
+    /// was never recorded as a member's — a root that ended before any scan
+    /// saw it): a tree's CPU time where it has no cgroup to say it. `None`
+    /// when nothing carries one.
+    pub(crate) fn reaped_cpu(
+        &self,
+        tree: TreeId,
+        root: Option<i32>,
+        root_exit: Option<&crate::ledger::ExitRecord>,
+    ) -> Option<u64> {
+        let (members, root_in) = self.ledger.reaped_cpu_usec(tree, root).ok()?;
+        let root_cpu = root_exit.and_then(|e| e.cpu_usec).filter(|_| !root_in);
+        match (members, root_cpu) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+        }
+    }
+
     /// The exit status of a member this process reaped, or is about to.
     /// The tree's root (`is_root`), a child this process spawned: the
     /// reaper's status for it, waited for up to a second (`/proc` shows it

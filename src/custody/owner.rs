@@ -203,7 +203,7 @@ impl Engine {
                 break RunEnd::Timeout;
             }
             if now >= next_scan {
-                exits.extend(reaper.take_unclaimed());
+                exits.extend(reaper.unclaimed());
                 // The root may have exited before its waiter asked for it.
                 if let Some(status) = exits.get(&spawned.root.pid) {
                     break RunEnd::RootExited(*status);
@@ -229,7 +229,7 @@ impl Engine {
                 Ok(Event::ForceScan) => {
                     // A lost event must not become a silent gap: scan now.
                     if let Some(w) = watch.as_mut() {
-                        exits.extend(reaper.take_unclaimed());
+                        exits.extend(reaper.unclaimed());
                         let r = w.tick(self, &exits);
                         tracing::warn!(
                             tree = tree.0,

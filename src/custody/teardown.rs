@@ -1138,7 +1138,7 @@ impl Engine {
                             orphans_until,
                         )
                     })
-                    .map(exit_record);
+                    .map(|s| self.exit_of(id.pid, s));
             }
         }
         if let Some(Err(e)) = watch.evidence("member exits", || {
@@ -1277,7 +1277,7 @@ impl Engine {
     }
 
     fn collect_exits(&self, exits: &mut HashMap<i32, crate::proc::ExitStatus>) {
-        exits.extend(self.host.take_unclaimed_exits());
+        exits.extend(self.host.unclaimed_exits());
     }
 
     fn finish(
@@ -1298,11 +1298,25 @@ impl Engine {
         report.evidence_skipped = watch.skipped_writes();
         // The root's status also when this teardown killed it: this process
         // spawned it (run, serve), so its reaper has it.
-        let exit = self.root_status(watch, opts).map(exit_record);
+        let exit = match (watch.root_pid(), self.root_status(watch, opts)) {
+            (Some(root), Some(s)) => Some(self.exit_of(root, s)),
+            (None, Some(s)) => Some(exit_record(s)),
+            (_, None) => None,
+        };
         // What it consumed, read from its cgroup before the cgroup goes,
         // and an OOM kill no tick recorded yet (the one that ended it).
+        // Without a cgroup: the CPU of the members this process reaped
+        // (their rusage, each with its waited-for children's), where any.
         watch.note_oom_kills(self);
-        let resources = watch.cgroup().map(resources_of);
+        let resources = match watch.cgroup() {
+            Some(dir) => Some(resources_of(dir)),
+            None => self
+                .reaped_cpu(tree, watch.root_pid(), exit.as_ref())
+                .map(|cpu| crate::ledger::Resources {
+                    cpu_usec: Some(cpu),
+                    ..Default::default()
+                }),
+        };
         report.resources = resources;
         let state = self.close(tree, TreeState::Ended, exit, resources)?;
         self.forget_ambiguous(tree.0);
@@ -1376,10 +1390,10 @@ impl Engine {
         let mut statuses: Vec<(i32, crate::ledger::ExitRecord)> = exits
             .iter()
             .filter(|(pid, _)| Some(**pid) != root)
-            .map(|(pid, s)| (*pid, exit_record(*s)))
+            .map(|(pid, s)| (*pid, self.exit_of(*pid, *s)))
             .collect();
         if let (Some(root), Some(status)) = (root, self.root_status(watch, opts)) {
-            statuses.push((root, exit_record(status)));
+            statuses.push((root, self.exit_of(root, status)));
         }
         if let Some(Err(e)) = watch.evidence("final member exits", || {
             self.ledger

@@ -655,7 +655,7 @@ impl TreeWatch {
                             self.is_root(pid, start_ticks) && engine.was_spawned_here(self.tree);
                         engine.reaped_exit(pid, start_ticks, root, orphans_until)
                     })
-                    .map(exit_record);
+                    .map(|s| engine.exit_of(pid, s));
                 (
                     IdentityRecord {
                         pid,
@@ -703,10 +703,12 @@ pub(crate) fn exit_record(status: ExitStatus) -> ExitRecord {
         ExitStatus::Exited(code) => ExitRecord {
             code: Some(code),
             signal: None,
+            cpu_usec: None,
         },
         ExitStatus::Signaled(sig) => ExitRecord {
             code: None,
             signal: Some(sig),
+            cpu_usec: None,
         },
     }
 }

@@ -581,6 +581,17 @@ impl Ledger {
         self.read(move |tx| read::tree_page(tx, &filter, at, limit))
     }
 
+    /// The sum of the `cpu_usec` the tree's `member.exited` events carry
+    /// (the exits this process reaped, with their rusage; `None` when none
+    /// carries one), and whether the exit of the pid `root` is among them.
+    pub fn reaped_cpu_usec(
+        &self,
+        id: TreeId,
+        root: Option<i32>,
+    ) -> Result<(Option<u64>, bool), LedgerError> {
+        self.read(move |tx| read::reaped_cpu_usec(tx, id, root))
+    }
+
     /// What each of `ids` that has ended consumed (from its `tree.ended`).
     pub fn ended_resources(
         &self,

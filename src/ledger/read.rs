@@ -1,6 +1,6 @@
 //! Reads: rows back into typed shapes. Each public read runs in one snapshot.
 
-use rusqlite::{Connection, OptionalExtension, Row, params_from_iter, types::Value};
+use rusqlite::{Connection, OptionalExtension, Row, params, params_from_iter, types::Value};
 
 use super::error::{Fail, LedgerError};
 use super::types::{
@@ -39,7 +39,11 @@ fn opt_ticks(row: &Row<'_>, idx: usize) -> rusqlite::Result<Option<u64>> {
 }
 
 fn exit_of(code: Option<i32>, signal: Option<i32>) -> Option<ExitRecord> {
-    (code.is_some() || signal.is_some()).then_some(ExitRecord { code, signal })
+    (code.is_some() || signal.is_some()).then_some(ExitRecord {
+        code,
+        signal,
+        cpu_usec: None,
+    })
 }
 
 fn tree_from_row(row: &Row<'_>) -> rusqlite::Result<TreeRow> {
@@ -503,6 +507,25 @@ pub(crate) fn member_counts(
         ))
     })?;
     Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// The sum of the `exit.cpu_usec` of a tree's `member.exited` events
+/// (`None` when none has one), and whether the exit of `root` (a pid) is
+/// among them. Read once, when the tree ends.
+pub(crate) fn reaped_cpu_usec(
+    conn: &Connection,
+    id: TreeId,
+    root: Option<i32>,
+) -> Result<(Option<u64>, bool), Fail> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT sum(json_extract(data, '$.exit.cpu_usec')),
+                coalesce(max(json_extract(data, '$.identity.pid') = ?2
+                             AND json_extract(data, '$.exit.cpu_usec') IS NOT NULL), 0)
+         FROM events WHERE tree = ?1 AND kind = 'member.exited'",
+    )?;
+    let (sum, root_in): (Option<i64>, i64) =
+        stmt.query_row(params![id.0, root], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok((sum.and_then(|s| u64::try_from(s).ok()), root_in != 0))
 }
 
 /// What each of `ids` that has ended consumed (its `tree.ended`'s

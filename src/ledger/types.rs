@@ -416,6 +416,11 @@ pub struct MemberRecord {
 pub struct ExitRecord {
     pub code: Option<i32>,
     pub signal: Option<i32>,
+    /// The CPU time (user + system, microseconds) the process and the
+    /// children it waited for used, from the rusage of the wait that reaped
+    /// it: known only where this process reaped it (`reaped_by: treewarden`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_usec: Option<u64>,
 }
 
 /// A survivor snapshot taken (frozen or stopped) before a forced kill.

@@ -81,7 +81,7 @@ struct State {
     /// Exits of announced children: (status, claimed by an ask).
     exits: HashMap<i32, (ExitStatus, bool)>,
     /// Exits nobody announced (adopted orphans, stray children), in order.
-    unclaimed: Vec<(i32, ExitStatus)>,
+    unclaimed: std::collections::VecDeque<(i32, ExitStatus)>,
     /// Bumped by every `notify_spawned`, so the thread never parks past a fork.
     spawn_generation: u64,
     /// The CPU time (user + system, microseconds) of the last reaped
@@ -90,6 +90,9 @@ struct State {
     cpu: HashMap<i32, u64>,
     cpu_order: std::collections::VecDeque<i32>,
 }
+
+/// How many unclaimed exits the reaper keeps for its readers.
+const UNCLAIMED_KEPT: usize = 4096;
 
 /// How many reaped processes' CPU times the reaper keeps for their
 /// recorders (who ask within a scan interval or a teardown of the exit).
@@ -175,7 +178,7 @@ impl Reaper {
         if state.expected.remove(&pid) {
             state.exits.insert(pid, (exit, false));
         } else {
-            state.unclaimed.push((pid, exit));
+            Self::keep_unclaimed(&mut state, pid, exit);
         }
         drop(state);
         self.exited.notify_all();
@@ -183,7 +186,7 @@ impl Reaper {
 
     /// Announces a new child `pid`. Spawners call this (spawn_held does, under
     /// the lock held across fork: see [`Reaper::fork_lock`]) so the exit is
-    /// kept for its owner and not reported by [`Reaper::take_unclaimed`]. An
+    /// kept for its owner and not reported by [`Reaper::unclaimed`]. An
     /// older, never-claimed exit recorded under the same (now recycled) pid is
     /// moved to the unclaimed list rather than confused with the new child.
     pub fn notify_spawned(&self, pid: i32) {
@@ -197,7 +200,7 @@ impl Reaper {
         if let Some((old, claimed)) = state.exits.remove(&pid)
             && !claimed
         {
-            state.unclaimed.push((pid, old));
+            Self::keep_unclaimed(state, pid, old);
         }
         state.expected.insert(pid);
         state.spawn_generation += 1;
@@ -253,8 +256,10 @@ impl Reaper {
         let deadline = Instant::now() + timeout;
         let mut state = self.lock();
         loop {
-            if let Some(i) = state.unclaimed.iter().position(|(p, _)| *p == pid) {
-                return Some(state.unclaimed.remove(i).1);
+            if let Some(i) = state.unclaimed.iter().position(|(p, _)| *p == pid)
+                && let Some((_, exit)) = state.unclaimed.remove(i)
+            {
+                return Some(exit);
             }
             let now = Instant::now();
             if now >= deadline {
@@ -279,7 +284,7 @@ impl Reaper {
             return Some(*exit);
         }
         let idx = state.unclaimed.iter().position(|(p, _)| *p == pid)?;
-        let (_, exit) = state.unclaimed.remove(idx);
+        let (_, exit) = state.unclaimed.remove(idx)?;
         state.exits.insert(pid, (exit, true));
         Some(exit)
     }
@@ -291,10 +296,20 @@ impl Reaper {
         self.lock().cpu.get(&pid).copied()
     }
 
-    /// Drains the exits nobody announced or asked for: adopted orphans and
-    /// other strays, in reaping order, for the caller to record.
-    pub fn take_unclaimed(&self) -> Vec<(i32, ExitStatus)> {
-        std::mem::take(&mut self.lock().unclaimed)
+    /// The exits nobody announced or asked for yet (adopted orphans and
+    /// other strays), in reaping order: the last [`UNCLAIMED_KEPT`], kept
+    /// until claimed, so every reader sees them — the owner loop's tick and
+    /// the teardown it then starts alike (a drained status the tick had no
+    /// use for was lost to the teardown's record).
+    pub fn unclaimed(&self) -> Vec<(i32, ExitStatus)> {
+        self.lock().unclaimed.iter().copied().collect()
+    }
+
+    fn keep_unclaimed(state: &mut State, pid: i32, exit: ExitStatus) {
+        state.unclaimed.push_back((pid, exit));
+        if state.unclaimed.len() > UNCLAIMED_KEPT {
+            state.unclaimed.pop_front();
+        }
     }
 }
 

@@ -969,7 +969,7 @@ impl Service {
             }
         }
         if let Some(reaper) = self.reaper {
-            st.exits.extend(reaper.take_unclaimed());
+            st.exits.extend(reaper.unclaimed());
         }
         if st.exits.len() > 4096 {
             st.exits.clear();

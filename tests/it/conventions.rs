@@ -284,11 +284,75 @@ fn an_ended_trees_resources_come_from_its_cgroup_and_absent_is_not_zero() {
             );
         }
     }
-    // Session boundary: no cgroup, no figures — absent, not zeros.
+    // Session boundary: no cgroup; the CPU of what treewarden reaped (the
+    // rusage of its waits) is known, nothing else is — absent, not zeros.
     if let Some(env) = Env::new("session") {
         assert_eq!(env.output(&["run", "--", "true"]).status.code(), Some(0));
-        assert!(env.show(1).get("resources").is_none());
+        let r = &env.show(1)["resources"];
+        assert!(r.get("cpu_usec").is_some(), "{r}");
+        for absent in ["memory_peak_bytes", "pids_peak", "io_read_bytes"] {
+            assert!(r.get(absent).is_none(), "{absent} absent, not zero: {r}");
+        }
     }
+}
+
+/// Parses dash's `times` output: the shell's own user and system time on
+/// its first line (`0m0.280000s 0m0.000000s`), in microseconds.
+fn own_cpu_usec(times: &str) -> u64 {
+    let secs = |t: &str| -> f64 {
+        let (m, s) = t.trim_end_matches('s').split_once('m').expect("NmS.SSSs");
+        m.parse::<f64>().expect("minutes") * 60.0 + s.parse::<f64>().expect("seconds")
+    };
+    let first = times.lines().next().expect("a line");
+    let mut parts = first.split_whitespace();
+    let user = secs(parts.next().expect("user"));
+    let sys = secs(parts.next().expect("sys"));
+    ((user + sys) * 1e6) as u64
+}
+
+#[test]
+fn a_session_trees_cpu_is_what_its_reaped_members_say_they_used() {
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    // The root burns CPU, and so does an orphan (its parent subshell exits
+    // at once, so it is reparented to run, the subreaper, which reaps it):
+    // each writes its own CPU time (`times`) when done — the ground truth.
+    let burn = |n: u32| format!("i=0; while [ $i -lt {n} ]; do i=$((i+1)); done");
+    let script = format!(
+        "( ( {}; times > orphan.times; touch orphan.done ) & ); \
+         while [ ! -e orphan.done ]; do sleep 0.02; done; {}; times > root.times",
+        burn(150_000),
+        burn(100_000)
+    );
+    let out = env.output(&["run", "--", "sh", "-c", &script]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let read = |f: &str| std::fs::read_to_string(env.dir().join(f)).expect(f);
+    let truth = own_cpu_usec(&read("orphan.times")) + own_cpu_usec(&read("root.times"));
+    let show = env.show(1);
+    let cpu = show["resources"]["cpu_usec"].as_u64().expect("cpu_usec");
+    // `times` counts in clock ticks (10 ms each, two readings); rusage in
+    // microseconds and also counts the shells' start-up and the sleeps.
+    assert!(
+        cpu + 20_000 >= truth && cpu <= truth + truth / 2 + 50_000,
+        "treewarden says {cpu} µs, the workload {truth} µs: {}",
+        show["resources"]
+    );
+    // Each reaped member's exit carries its own share.
+    let shares: Vec<u64> = show["events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["kind"] == "member.exited")
+        .filter_map(|e| e["data"]["exit"]["cpu_usec"].as_u64())
+        .collect();
+    assert!(shares.len() >= 2, "the root and the orphan: {shares:?}");
+    assert_eq!(shares.iter().sum::<u64>(), cpu);
 }
 
 /// Whether the cgroup v2 hierarchy above a test cgroup root offers a

@@ -83,6 +83,11 @@ impl Env {
         self.dir.path().join("data")
     }
 
+    /// The working directory of every command this env runs.
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
     pub fn ledger_path(&self) -> PathBuf {
         self.data_dir().join("ledger.db")
     }

@@ -116,6 +116,7 @@ fn tree_life(ledger: &Ledger, base: i32) -> TreeId {
                 Some(ExitRecord {
                     code: Some(0),
                     signal: None,
+                    cpu_usec: None,
                 }),
             )],
             "init",
@@ -181,6 +182,7 @@ fn tree_life(ledger: &Ledger, base: i32) -> TreeId {
             Some(ExitRecord {
                 code: None,
                 signal: Some(9),
+                cpu_usec: None,
             }),
         )
         .expect("end");

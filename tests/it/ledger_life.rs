@@ -449,6 +449,7 @@ fn ledger_with_trees(dir: &Path, trees: usize, members: usize) {
                     Some(ExitRecord {
                         code: Some(0),
                         signal: None,
+                        cpu_usec: None,
                     }),
                 )
             })

@@ -247,7 +247,7 @@ fn collect_unclaimed(reaper: &Reaper, pids: &[i32]) -> Vec<(i32, ExitStatus)> {
     let mut got: Vec<(i32, ExitStatus)> = Vec::new();
     assert!(
         wait_until(LIMIT, || {
-            got.extend(reaper.take_unclaimed());
+            got = reaper.unclaimed();
             pids.iter().all(|p| got.iter().any(|(q, _)| q == p))
         }),
         "reaper did not report {pids:?} as unclaimed exits; got {got:?}"
@@ -411,7 +411,7 @@ fn reaper_keeps_exits(reaper: &Reaper) -> Result<(), String> {
         .ok()
         .flatten()
         .is_none()));
-    let unclaimed = reaper.take_unclaimed();
+    let unclaimed = reaper.unclaimed();
     assert!(
         !unclaimed.iter().any(|(p, _)| *p == root.pid),
         "an announced child's exit is never handed out as unclaimed"

@@ -91,6 +91,7 @@ fn add_tree(
     let exit = ExitRecord {
         code: Some(0),
         signal: None,
+        cpu_usec: None,
     };
     let exits: Vec<(IdentityRecord, Option<ExitRecord>)> = seen
         .iter()
