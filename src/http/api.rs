@@ -117,7 +117,17 @@ pub struct ListQuery {
     /// `1`/`true` to include ended trees (`0`/`false`/empty: live only).
     #[param(pattern = "^(|0|1|true|false)$")]
     pub all: Option<String>,
+    /// Keyset paging: only trees with an id below this (the `next` link's).
+    #[param(minimum = 1)]
+    pub before: Option<i64>,
+    /// At most this many trees, newest first (default and most: 1000).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<u32>,
 }
+
+/// The most trees one `GET /api/trees` answers with: a page, however big
+/// the ledger; the `Link: <…>; rel="next"` header names the next one.
+const LIST_MAX: u32 = 1000;
 
 #[derive(Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -421,24 +431,59 @@ impl SpawnBody {
     }
 }
 
-/// List trees: live ones, or all with `?all=1`.
+/// List trees: live ones, or all with `?all=1`; newest first, a page of
+/// at most `limit` (1000), with `Link: <…>; rel="next"` when there are more.
 #[utoipa::path(get, path = "/api/trees", params(ListQuery), security(("bearer" = [])), responses(
-    (status = 200, body = Vec<TreeRow>), (status = 400, body = ErrorBody),
+    (status = 200, body = Vec<TreeRow>, headers(("link" = String, description = "the next page, when there is one: `</api/trees?...&before=ID>; rel=\"next\"`"))),
+    (status = 400, body = ErrorBody),
     (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn list_trees(
     State(s): State<AppState>,
     Extension(principal): Extension<Principal>,
     ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Json<Vec<TreeRow>>, ApiError> {
+) -> Result<axum::response::Response, ApiError> {
     let all = parse_flag("all", q.all.as_deref())?;
+    let limit = q.limit.unwrap_or(LIST_MAX);
+    if !(1..=LIST_MAX).contains(&limit) {
+        return Err(ApiError::BadRequest(format!(
+            "limit must be 1 to {LIST_MAX}"
+        )));
+    }
+    let at = match q.before {
+        Some(b) if b < 1 => return Err(ApiError::BadRequest("before must be 1 or more".into())),
+        Some(b) => crate::ledger::PageAt::Before(b),
+        None => crate::ledger::PageAt::Newest,
+    };
+    let filter = crate::ledger::TreeFilter {
+        states: (!all).then(|| {
+            crate::ledger::TreeState::ALL
+                .into_iter()
+                .filter(|s| !s.is_terminal())
+                .collect()
+        }),
+        ..Default::default()
+    };
     let mut trees = s
         .service
-        .read(move |e| Ok(e.ledger().list_trees(all)?))
+        .read(move |e| Ok(e.ledger().tree_page(filter, at, limit as usize + 1)?))
         .await?;
+    let more = trees.len() > limit as usize;
+    trees.truncate(limit as usize);
+    let next = more.then(|| trees.last().map(|t| t.id)).flatten();
     if !principal.sees_all() {
         trees.retain(|t| principal.owns(t));
     }
-    Ok(Json(trees))
+    let mut response = Json(trees).into_response();
+    if let Some(last) = next {
+        let link = format!(
+            "</api/trees?{}before={last}&limit={limit}>; rel=\"next\"",
+            if all { "all=1&" } else { "" }
+        );
+        if let Ok(v) = axum::http::HeaderValue::from_str(&link) {
+            response.headers_mut().insert(axum::http::header::LINK, v);
+        }
+    }
+    Ok(response)
 }
 
 /// One tree with its members, observations, signals, authorizations and events.

@@ -293,6 +293,43 @@ fn a_page_beyond_the_ends_links_back_and_both_bounds_are_refused() {
         .http_get_with("/events?before=5&after=2", "text/html")
         .expect("GET");
     assert_eq!(status, 400);
+    // The API's list pages the same way: at most `limit`, a `next` link.
+    let mut path = "/api/trees?all=1&limit=12".to_string();
+    let mut ids: Vec<i64> = Vec::new();
+    let mut pages = 0;
+    loop {
+        let r = server.get(&path);
+        assert_eq!(r.status(), 200, "{path}");
+        let next = r
+            .headers()
+            .get("link")
+            .and_then(|v| v.to_str().ok())
+            .map(|l| {
+                l.trim_start_matches('<')
+                    .split('>')
+                    .next()
+                    .unwrap_or("")
+                    .to_string()
+            });
+        let page: Vec<serde_json::Value> = r.json().expect("json");
+        assert!(page.len() <= 12);
+        ids.extend(page.iter().filter_map(|t| t["id"].as_i64()));
+        pages += 1;
+        match next {
+            Some(n) => path = n,
+            None => break,
+        }
+        assert!(pages < 10, "the next links never end");
+    }
+    assert_eq!(ids, (1..=30).rev().collect::<Vec<_>>());
+    assert_eq!(pages, 3);
+    for bad in ["limit=0", "limit=1001", "before=0"] {
+        assert_eq!(
+            server.get(&format!("/api/trees?all=1&{bad}")).status(),
+            400,
+            "{bad}"
+        );
+    }
 }
 
 #[test]
