@@ -181,7 +181,7 @@ fn forger(data_dir: &Path, triggers: &[&str]) -> Connection {
     conn
 }
 
-/// The documented recipe (src/ledger/mod.rs, docs/ARCHITECTURE.md), written
+/// The documented recipe (src/ledger/mod.rs, docs/DECISIONS.md), written
 /// again here so that a forgery does not lean on the code under test:
 /// `hex(sha256(prev_hash || [seq,at,tree,kind,data]))`, the array as
 /// canonical JSON (keys sorted, no whitespace: serde_json's `Value` without
