@@ -188,7 +188,6 @@ impl Engine {
             w.adopt_children_of(std::process::id() as i32);
             w.set_observer(obs.clone());
         }
-        let mut exits: HashMap<i32, ExitStatus> = HashMap::new();
         let deadline = opts.timeout.map(|t| Instant::now() + t);
         let mut next_scan = Instant::now();
         let end = loop {
@@ -203,7 +202,7 @@ impl Engine {
                 break RunEnd::Timeout;
             }
             if now >= next_scan {
-                exits.extend(reaper.unclaimed());
+                let exits: HashMap<i32, ExitStatus> = reaper.unclaimed().into_iter().collect();
                 // The root may have exited before its waiter asked for it.
                 if let Some(status) = exits.get(&spawned.root.pid) {
                     break RunEnd::RootExited(*status);
@@ -229,7 +228,8 @@ impl Engine {
                 Ok(Event::ForceScan) => {
                     // A lost event must not become a silent gap: scan now.
                     if let Some(w) = watch.as_mut() {
-                        exits.extend(reaper.unclaimed());
+                        let exits: HashMap<i32, ExitStatus> =
+                            reaper.unclaimed().into_iter().collect();
                         let r = w.tick(self, &exits);
                         tracing::warn!(
                             tree = tree.0,

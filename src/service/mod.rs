@@ -968,11 +968,10 @@ impl Service {
                 st.watches.insert(*id, w);
             }
         }
+        // The reaper keeps the unclaimed exits (the last 4,096) until they
+        // are claimed: each tick reads them as they are now.
         if let Some(reaper) = self.reaper {
-            st.exits.extend(reaper.unclaimed());
-        }
-        if st.exits.len() > 4096 {
-            st.exits.clear();
+            st.exits = reaper.unclaimed().into_iter().collect();
         }
         let started = Instant::now();
         let forced = self
