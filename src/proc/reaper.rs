@@ -86,7 +86,7 @@ struct State {
     spawn_generation: u64,
     /// The CPU time (user + system, microseconds) of the last reaped
     /// process of each pid, from `wait4`'s rusage: its own and that of the
-    /// children it waited for. Bounded: the oldest [`CPU_KEPT`] are kept.
+    /// children it waited for. Bounded: the newest [`CPU_KEPT`] are kept.
     cpu: HashMap<i32, u64>,
     cpu_order: std::collections::VecDeque<i32>,
 }
