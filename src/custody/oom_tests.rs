@@ -172,3 +172,52 @@ fn a_teardown_records_the_oom_kills_and_ends_the_tree_with_the_total_in_resource
         ended[0].data
     );
 }
+
+#[test]
+fn each_tree_counts_from_its_own_recorded_total() {
+    let s = setup();
+    // A second tree of the same ledger, with a cgroup of its own.
+    let other_cg = s.cgroup.with_file_name("tw-oom-2");
+    std::fs::create_dir(&other_cg).expect("cgroup dir");
+    let row = s.ledger.tree(s.tree).expect("read").expect("row");
+    let other = s
+        .ledger
+        .create_tree(&NewTree {
+            label: None,
+            boundary: "cgroup".into(),
+            owner: crate::ledger::OwnerId(row.owner.id),
+            argv: vec!["eats-less".into()],
+            cwd: None,
+            grace_ms: Some(0),
+            timeout_ms: None,
+            limits: Default::default(),
+            first_signal: None,
+        })
+        .expect("tree");
+    s.ledger
+        .tree_spawned(
+            other,
+            &SpawnRecord {
+                root: IdentityRecord {
+                    pid: PID_BASE + 50,
+                    start_ticks: 1,
+                    boot_id: BOOT.into(),
+                },
+                pgid: PID_BASE + 50,
+                sid: PID_BASE + 50,
+                cgroup: Some(other_cg.display().to_string()),
+            },
+        )
+        .expect("spawned");
+    write_events(&s.cgroup, 3);
+    watch(&s).note_oom_kills(&s.engine);
+    assert_eq!(oom_events(&s), [(3, 3)]);
+    // The other tree's 2 kills are its own, not below the first tree's 3.
+    write_events(&other_cg, 2);
+    let other_row = s.ledger.tree(other).expect("read").expect("row");
+    TreeWatch::new_on(s.engine.host(), &other_row, &[], &HashSet::new())
+        .expect("a watch")
+        .note_oom_kills(&s.engine);
+    let theirs = Setup { tree: other, ..s };
+    assert_eq!(oom_events(&theirs), [(2, 2)]);
+}
