@@ -138,6 +138,18 @@ fn an_oom_kill_is_recorded_once_and_a_new_watch_does_not_record_it_again() {
     write_events(&s.cgroup, 3);
     again.note_oom_kills(&s.engine);
     assert_eq!(oom_events(&s), [(1, 1), (2, 3)]);
+    // A third watch, after other events of the tree: the total it starts
+    // from is the newest `tree.oom_kill`'s, not the newest event's, nor the
+    // oldest kill's.
+    s.ledger
+        .append_event(
+            Some(s.tree),
+            crate::ledger::EventKind::SweepStarted,
+            serde_json::json!({"why": "an unrelated later event"}),
+        )
+        .expect("event");
+    watch(&s).note_oom_kills(&s.engine);
+    assert_eq!(oom_events(&s), [(1, 1), (2, 3)]);
 }
 
 #[test]
