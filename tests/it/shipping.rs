@@ -187,7 +187,11 @@ fn every_event_reaches_the_receiver_in_order_and_none_is_lost_while_it_is_down()
     let got: Got = Arc::default();
     let receiver = Receiver::start(0, got.clone());
     let port = receiver.port;
-    let server = Server::start(&["--ship-otlp", &format!("http://127.0.0.1:{port}")]);
+    // The shipper's retries are logged at DEBUG: the test waits on them.
+    let server = Server::start_with_env(
+        &["--ship-otlp", &format!("http://127.0.0.1:{port}")],
+        &[("TREEWARDEN_LOG", "info,treewarden::service::ship=debug")],
+    );
     let seqs_of = |got: &Got, tree: Option<i64>| -> Vec<i64> {
         got.lock()
             .expect("lock")
@@ -243,13 +247,18 @@ fn every_event_reaches_the_receiver_in_order_and_none_is_lost_while_it_is_down()
         .is_some_and(|lag| lag > 0)),
         "the lag metric shows the events not yet shipped"
     );
-    std::thread::sleep(Duration::from_millis(1500)); // down for a while: at least one retry fails
-    assert!(seqs_of(&got, Some(while_down[0])).is_empty());
+    // Down for a while: until the shipper has failed and a retry (after
+    // its backoff) has failed too.
     assert!(
-        server.stderr().contains("OTLP shipping: export failed"),
+        wait_until(Duration::from_secs(20), || {
+            server
+                .stderr()
+                .contains("OTLP shipping: export failed again")
+        }),
         "the shipper tried and failed while the receiver was down: {}",
         server.stderr()
     );
+    assert!(seqs_of(&got, Some(while_down[0])).is_empty());
 
     // Back: everything arrives, none lost, in seq order per batch.
     let receiver = Receiver::start(port, got.clone());
