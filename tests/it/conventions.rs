@@ -440,6 +440,17 @@ fn an_oom_kill_inside_a_tree_is_an_event_and_in_its_resources() {
         "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo survived",
     ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
+    let swap = std::fs::read_to_string("/proc/swaps")
+        .map(|t| t.lines().count() > 1)
+        .unwrap_or(false);
+    if stdout.contains("survived") && swap {
+        // memory.max does not bound swap (memory.swap.max does, and
+        // --memory-max leaves it as systemd's MemoryMax= does).
+        crate::util::skip(
+            "OOM kills: this host swaps, so the workload outgrew memory.max without an OOM kill",
+        );
+        return;
+    }
     assert!(!stdout.contains("survived"), "the limit held: {stdout}");
     let oom = env.first_event("tree.oom_kill");
     assert!(oom["data"]["oom_kills"].as_u64() >= Some(1), "{oom}");
