@@ -9,7 +9,7 @@
 //! ended by pid at the end (and by `Drop`, the last line of defence).
 //! Only 127.0.0.1 is ever contacted.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -933,31 +933,9 @@ fn otlp_stub() -> (String, Received) {
                 let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
                 let mut reader = BufReader::new(stream.try_clone().expect("clone"));
                 loop {
-                    let mut line = String::new();
-                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    let Some((path, body)) = crate::util::read_http_request(&mut reader) else {
                         return;
-                    }
-                    let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
-                    let mut len = 0usize;
-                    loop {
-                        let mut h = String::new();
-                        if reader.read_line(&mut h).unwrap_or(0) == 0 {
-                            return;
-                        }
-                        let h = h.trim_end();
-                        if h.is_empty() {
-                            break;
-                        }
-                        if let Some((k, v)) = h.split_once(':')
-                            && k.eq_ignore_ascii_case("content-length")
-                        {
-                            len = v.trim().parse().unwrap_or(0);
-                        }
-                    }
-                    let mut body = vec![0u8; len];
-                    if reader.read_exact(&mut body).is_err() {
-                        return;
-                    }
+                    };
                     store.lock().expect("lock").push((path, body));
                     let mut w = &stream;
                     let _ = w.write_all(

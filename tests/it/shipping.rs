@@ -5,7 +5,7 @@
 //! the protobuf with the OpenTelemetry project's own message types.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -72,31 +72,9 @@ fn serve_conn(stream: TcpStream, got: Got) {
     };
     let mut reader = BufReader::new(clone);
     loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+        let Some((path, body)) = crate::util::read_http_request(&mut reader) else {
             return;
-        }
-        let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
-        let mut len = 0usize;
-        loop {
-            let mut h = String::new();
-            if reader.read_line(&mut h).unwrap_or(0) == 0 {
-                return;
-            }
-            let h = h.trim_end();
-            if h.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = h.split_once(':')
-                && k.eq_ignore_ascii_case("content-length")
-            {
-                len = v.trim().parse().unwrap_or(0);
-            }
-        }
-        let mut body = vec![0u8; len];
-        if reader.read_exact(&mut body).is_err() {
-            return;
-        }
+        };
         if path == "/v1/logs" {
             got.lock().expect("lock").extend(decode(&body));
         }

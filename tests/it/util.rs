@@ -147,3 +147,36 @@ pub fn parse_ndjson(text: &str) -> Vec<serde_json::Value> {
         .map(|l| serde_json::from_str(l).expect("ndjson line"))
         .collect()
 }
+
+/// Reads one HTTP/1.1 request from a test stub's connection: its path and
+/// its body (by `content-length`). `None` when the peer closed or sent
+/// something short. For the OTLP/HTTP stubs, which only ever see POSTs.
+pub fn read_http_request(
+    reader: &mut std::io::BufReader<std::net::TcpStream>,
+) -> Option<(String, Vec<u8>)> {
+    use std::io::{BufRead, Read};
+    let mut line = String::new();
+    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+        return None;
+    }
+    let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
+    let mut len = 0usize;
+    loop {
+        let mut h = String::new();
+        if reader.read_line(&mut h).unwrap_or(0) == 0 {
+            return None;
+        }
+        let h = h.trim_end();
+        if h.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':')
+            && k.eq_ignore_ascii_case("content-length")
+        {
+            len = v.trim().parse().unwrap_or(0);
+        }
+    }
+    let mut body = vec![0u8; len];
+    reader.read_exact(&mut body).ok()?;
+    Some((path, body))
+}
