@@ -52,6 +52,25 @@ fn setup() -> Setup {
             kind: OwnerKind::Run,
         })
         .expect("owner");
+    let tree = record_tree(&ledger, owner, root, &cgroup);
+    let engine = Engine::signal_only(&config, ledger.clone(), None).with_host(host);
+    Setup {
+        _dir: dir,
+        cgroup,
+        ledger,
+        engine,
+        tree,
+    }
+}
+
+/// A cgroup-boundary tree recorded in the ledger, spawned with `root`
+/// (pid, start ticks) leading its group and session in `cgroup`.
+fn record_tree(
+    ledger: &Ledger,
+    owner: crate::ledger::OwnerId,
+    root: (i32, u64),
+    cgroup: &Path,
+) -> TreeId {
     let tree = ledger
         .create_tree(&NewTree {
             label: None,
@@ -80,14 +99,7 @@ fn setup() -> Setup {
             },
         )
         .expect("spawned");
-    let engine = Engine::signal_only(&config, ledger.clone(), None).with_host(host);
-    Setup {
-        _dir: dir,
-        cgroup,
-        ledger,
-        engine,
-        tree,
-    }
+    tree
 }
 
 /// `memory.events` as the kernel writes it.
@@ -192,35 +204,12 @@ fn each_tree_counts_from_its_own_recorded_total() {
     let other_cg = s.cgroup.with_file_name("tw-oom-2");
     std::fs::create_dir(&other_cg).expect("cgroup dir");
     let row = s.ledger.tree(s.tree).expect("read").expect("row");
-    let other = s
-        .ledger
-        .create_tree(&NewTree {
-            label: None,
-            boundary: "cgroup".into(),
-            owner: crate::ledger::OwnerId(row.owner.id),
-            argv: vec!["eats-less".into()],
-            cwd: None,
-            grace_ms: Some(0),
-            timeout_ms: None,
-            limits: Default::default(),
-            first_signal: None,
-        })
-        .expect("tree");
-    s.ledger
-        .tree_spawned(
-            other,
-            &SpawnRecord {
-                root: IdentityRecord {
-                    pid: PID_BASE + 50,
-                    start_ticks: 1,
-                    boot_id: BOOT.into(),
-                },
-                pgid: PID_BASE + 50,
-                sid: PID_BASE + 50,
-                cgroup: Some(other_cg.display().to_string()),
-            },
-        )
-        .expect("spawned");
+    let other = record_tree(
+        &s.ledger,
+        crate::ledger::OwnerId(row.owner.id),
+        (PID_BASE + 50, 1),
+        &other_cg,
+    );
     write_events(&s.cgroup, 3);
     watch(&s).note_oom_kills(&s.engine);
     assert_eq!(oom_events(&s), [(3, 3)]);
