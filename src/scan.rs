@@ -343,6 +343,30 @@ impl KnownTree {
     }
 }
 
+impl KnownTree {
+    /// Why a live, not excluded process is a member without descent (its
+    /// cgroup, session, group, an earlier sighting, the observer, or its
+    /// adoption), if it is one; `trusted` is [`KnownTree::ids_are_ours`].
+    fn direct(&self, entry: &ProcEntry, trusted: bool) -> Option<Because> {
+        let ids_match = trusted && entry.start_ticks >= self.root_start_ticks;
+        if self.cgroup_pids.contains(&entry.pid) {
+            Some(Because::Cgroup)
+        } else if ids_match && entry.sid == self.sid {
+            Some(Because::Session)
+        } else if ids_match && entry.pgid == self.pgid {
+            Some(Because::Group)
+        } else if self.seen.contains(&entry.key()) {
+            Some(Because::Seen)
+        } else if self.observed.contains(&entry.key()) {
+            Some(Because::Observed)
+        } else if self.adopted_by == Some(entry.ppid) {
+            Some(Because::Adopted)
+        } else {
+            None
+        }
+    }
+}
+
 /// Why a process counts as a member.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Because {
@@ -401,23 +425,7 @@ pub fn classify(snap: &Snapshot, trees: &[KnownTree], exclude: &HashSet<i32>) ->
             continue;
         }
         for (i, tree) in trees.iter().enumerate() {
-            let ids_match = trusted[i] && entry.start_ticks >= tree.root_start_ticks;
-            let because = if tree.cgroup_pids.contains(&entry.pid) {
-                Some(Because::Cgroup)
-            } else if ids_match && entry.sid == tree.sid {
-                Some(Because::Session)
-            } else if ids_match && entry.pgid == tree.pgid {
-                Some(Because::Group)
-            } else if tree.seen.contains(&entry.key()) {
-                Some(Because::Seen)
-            } else if tree.observed.contains(&entry.key()) {
-                Some(Because::Observed)
-            } else if tree.adopted_by == Some(entry.ppid) {
-                Some(Because::Adopted)
-            } else {
-                None
-            };
-            if let Some(because) = because {
+            if let Some(because) = tree.direct(entry, trusted[i]) {
                 owner_of.insert(entry.pid, (i, because));
                 break;
             }
@@ -490,6 +498,144 @@ pub fn classify(snap: &Snapshot, trees: &[KnownTree], exclude: &HashSet<i32>) ->
         findings.members.sort_by_key(|m| m.entry.pid);
     }
     out
+}
+
+/// A snapshot's processes indexed by parent, session and group, built once
+/// and shared by the classification of every tree ([`classify_tree`]): the
+/// service ticks all its watched trees against one index instead of walking
+/// the whole host once per tree.
+#[derive(Debug, Default)]
+pub struct SnapshotIndex {
+    children: HashMap<i32, Vec<i32>>,
+    by_sid: HashMap<i32, Vec<i32>>,
+    by_pgid: HashMap<i32, Vec<i32>>,
+    len: usize,
+}
+
+impl SnapshotIndex {
+    pub fn new(snap: &Snapshot) -> Self {
+        let n = snap.entries.len();
+        let mut index = Self {
+            children: HashMap::with_capacity(n),
+            by_sid: HashMap::new(),
+            by_pgid: HashMap::new(),
+            len: n,
+        };
+        for e in snap.entries.values() {
+            // Every parent, even none (0) or itself (a torn read): a
+            // subreaper's children are looked up here too.
+            index.children.entry(e.ppid).or_default().push(e.pid);
+            index.by_sid.entry(e.sid).or_default().push(e.pid);
+            index.by_pgid.entry(e.pgid).or_default().push(e.pid);
+        }
+        index
+    }
+
+    fn listed<'a>(map: &'a HashMap<i32, Vec<i32>>, key: i32) -> &'a [i32] {
+        map.get(&key).map(Vec::as_slice).unwrap_or_default()
+    }
+}
+
+impl KnownTree {
+    /// [`KnownTree::ids_are_ours`] through the index: only the processes
+    /// of the tree's session and group are looked at.
+    fn ids_are_ours_indexed(&self, snap: &Snapshot, index: &SnapshotIndex) -> bool {
+        if self.root_start_ticks == 0 {
+            return true;
+        }
+        let mut leaderless = false;
+        for leader in [self.sid, self.pgid] {
+            match snap.entries.get(&leader) {
+                Some(e) if e.start_ticks != self.root_start_ticks => return false,
+                Some(_) => {}
+                None => leaderless = true,
+            }
+        }
+        !leaderless
+            || SnapshotIndex::listed(&index.by_sid, self.sid)
+                .iter()
+                .chain(SnapshotIndex::listed(&index.by_pgid, self.pgid))
+                .filter_map(|pid| snap.entries.get(pid))
+                .any(|e| e.is_live() && self.seen.contains(&e.key()))
+    }
+}
+
+/// Classifies a snapshot for one tree, with its own `exclude` set, through
+/// an index of the snapshot: exactly `classify(snap, &[tree], exclude)`
+/// (a property test holds them equal), at the cost of the tree's members
+/// rather than of the whole host.
+///
+/// The direct matches are looked up (the cgroup's pids, the session's and
+/// the group's processes, the members seen or observed before, the
+/// subreaper's children) instead of found by testing every process; descent
+/// walks down from them through the parent index, never through an excluded
+/// process, instead of up from every process. Each tree keeps its own
+/// exclusions: the owner of one tree may be a member of another.
+pub fn classify_tree(
+    snap: &Snapshot,
+    index: &SnapshotIndex,
+    tree: &KnownTree,
+    exclude: &HashSet<i32>,
+) -> TreeFindings {
+    let trusted = tree.ids_are_ours_indexed(snap, index);
+    // Direct matches. A tree that remembers more processes than the host
+    // has is cheaper to test process by process.
+    let remembered = tree.seen.len() + tree.observed.len() + tree.cgroup_pids.len();
+    let candidates: Vec<i32> = if remembered > index.len {
+        snap.entries.keys().copied().collect()
+    } else {
+        let mut c: Vec<i32> = tree.cgroup_pids.iter().copied().collect();
+        c.extend_from_slice(SnapshotIndex::listed(&index.by_sid, tree.sid));
+        c.extend_from_slice(SnapshotIndex::listed(&index.by_pgid, tree.pgid));
+        c.extend(tree.seen.iter().map(|k| k.pid));
+        c.extend(tree.observed.iter().map(|k| k.pid));
+        if let Some(reaper) = tree.adopted_by {
+            c.extend_from_slice(SnapshotIndex::listed(&index.children, reaper));
+        }
+        c
+    };
+    let mut hits: HashMap<i32, Because> = HashMap::new();
+    for pid in candidates {
+        let Some(entry) = snap.entries.get(&pid) else {
+            continue;
+        };
+        if hits.contains_key(&pid) || !entry.is_live() || exclude.contains(&pid) {
+            continue;
+        }
+        if let Some(because) = tree.direct(entry, trusted) {
+            hits.insert(pid, because);
+        }
+    }
+    // Descent: down from every direct member, through any process (a
+    // zombie too, as a link) that is not excluded.
+    let mut stack: Vec<i32> = hits.keys().copied().collect();
+    let mut visited: HashSet<i32> = stack.iter().copied().collect();
+    while let Some(pid) = stack.pop() {
+        for &child in SnapshotIndex::listed(&index.children, pid) {
+            // Its own parent only in a torn read: no link.
+            if child == pid || exclude.contains(&child) || !visited.insert(child) {
+                continue;
+            }
+            hits.entry(child).or_insert(Because::Descent);
+            stack.push(child);
+        }
+    }
+    let mut members: Vec<Member> = hits
+        .into_iter()
+        .filter_map(|(pid, because)| {
+            let entry = snap.entries.get(&pid)?;
+            entry.is_live().then(|| Member {
+                escaped: entry.pgid != tree.pgid && entry.sid != tree.sid,
+                entry: entry.clone(),
+                because,
+            })
+        })
+        .collect();
+    members.sort_by_key(|m| m.entry.pid);
+    TreeFindings {
+        tree: tree.id,
+        members,
+    }
 }
 
 #[cfg(test)]
@@ -838,5 +984,118 @@ mod tests {
         let entry = s.entries.get(&me).expect("own process is in /proc");
         assert!(entry.start_ticks > 0);
         assert!(entry.is_live());
+    }
+
+    /// The service's case: two trees, the owner of the second a member of
+    /// the first, each tree with its own exclusions. One index, one walk
+    /// per tree, the same findings as a full classification per tree.
+    #[test]
+    fn one_index_for_all_trees_finds_what_one_pass_per_tree_finds() {
+        let s = snap(vec![
+            p(1, 0, 1, 1),
+            p(50, 1, 50, 50),     // the service
+            p(100, 50, 100, 100), // tree 7's root
+            p(101, 100, 100, 100),
+            p(102, 101, 102, 102), // escaped from 7; owner of tree 8
+            p(200, 102, 200, 200), // tree 8's root (spawned by 102)
+            p(201, 200, 200, 200),
+            p(202, 201, 202, 202), // escaped from 8 (and from 7)
+            p(300, 1, 300, 300),   // a stranger
+        ]);
+        let t7 = tree(7, 100);
+        let t8 = tree(8, 200);
+        let x7 = HashSet::from([50]);
+        let x8 = HashSet::from([50, 102]);
+        let index = SnapshotIndex::new(&s);
+        let f7 = classify_tree(&s, &index, &t7, &x7);
+        let f8 = classify_tree(&s, &index, &t8, &x8);
+        assert_eq!(f7, classify(&s, std::slice::from_ref(&t7), &x7).remove(0));
+        assert_eq!(f8, classify(&s, std::slice::from_ref(&t8), &x8).remove(0));
+        let pids = |f: &TreeFindings| f.members.iter().map(|m| m.entry.pid).collect::<Vec<_>>();
+        assert_eq!(pids(&f7), vec![100, 101, 102, 200, 201, 202]);
+        assert_eq!(pids(&f8), vec![200, 201, 202]);
+        let escaped = |f: &TreeFindings| f.escapes().map(|m| m.entry.pid).collect::<Vec<_>>();
+        assert_eq!(escaped(&f7), vec![102, 200, 201, 202]);
+        assert_eq!(escaped(&f8), vec![202]);
+    }
+
+    mod indexed {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn entry() -> impl Strategy<Value = ProcEntry> {
+            (
+                1i32..40,
+                0i32..42,
+                1i32..8,
+                1i32..8,
+                0u64..4,
+                prop::bool::weighted(0.15),
+            )
+                .prop_map(|(pid, ppid, pgid, sid, start, zombie)| ProcEntry {
+                    pid,
+                    ppid,
+                    pgid,
+                    sid,
+                    start_ticks: start,
+                    state: if zombie { 'Z' } else { 'S' },
+                    comm: String::new(),
+                    rss_bytes: 0,
+                })
+        }
+
+        fn keys() -> impl Strategy<Value = HashSet<crate::proc::ProcKey>> {
+            prop::collection::hash_set(
+                (1i32..40, 0u64..4).prop_map(|(p, s)| crate::proc::ProcKey::new(p, s)),
+                0..6,
+            )
+        }
+
+        fn known() -> impl Strategy<Value = KnownTree> {
+            (
+                1i32..8,
+                1i32..8,
+                prop_oneof![Just(0u64), 1u64..4],
+                prop::collection::hash_set(1i32..40, 0..4),
+                keys(),
+                keys(),
+                prop::option::weighted(0.2, 1i32..40),
+            )
+                .prop_map(
+                    |(pgid, sid, root_start_ticks, cgroup_pids, seen, observed, adopted_by)| {
+                        KnownTree {
+                            id: 1,
+                            pgid,
+                            sid,
+                            cgroup_pids,
+                            seen,
+                            observed,
+                            root_start_ticks,
+                            adopted_by,
+                        }
+                    },
+                )
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+            /// Random hosts (missing parents, self-parents, cycles from
+            /// torn reads, zombies, recycled ids) and random trees: the
+            /// indexed walk and the full pass agree exactly, members,
+            /// reasons and escapes.
+            #[test]
+            fn the_indexed_walk_is_the_full_pass(
+                entries in prop::collection::vec(entry(), 0..40),
+                trees in prop::collection::vec(known(), 1..4),
+                excludes in prop::collection::vec(prop::collection::hash_set(1i32..40, 0..4), 4),
+            ) {
+                let s = snap(entries);
+                let index = SnapshotIndex::new(&s);
+                for (tree, exclude) in trees.iter().zip(&excludes) {
+                    let full = classify(&s, std::slice::from_ref(tree), exclude).remove(0);
+                    prop_assert_eq!(classify_tree(&s, &index, tree, exclude), full);
+                }
+            }
+        }
     }
 }
