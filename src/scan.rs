@@ -62,31 +62,68 @@ pub struct Snapshot {
 /// Reads every process in `/proc`. Processes that vanish while being read are
 /// skipped: they are not there any more, which is what a snapshot says.
 pub fn snapshot() -> Snapshot {
-    let mut reader = StatReader::new();
-    let mut entries = HashMap::new();
-    if let Ok(dir) = std::fs::read_dir("/proc") {
-        for dirent in dir.flatten() {
-            let name = dirent.file_name();
-            let Some(pid) = name.to_str().and_then(|n| n.parse::<i32>().ok()) else {
-                continue; // not a process directory
-            };
-            if let Some(entry) = reader.read(pid) {
-                entries.insert(entry.pid, entry);
-            }
-        }
-    }
-    Snapshot { entries }
+    let pids: Vec<i32> = match std::fs::read_dir("/proc") {
+        Ok(dir) => dir
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    snapshot_pids(pids)
 }
 
 /// Re-reads only the given pids (targeted refresh of known members).
 pub fn snapshot_pids(pids: impl IntoIterator<Item = i32>) -> Snapshot {
-    let mut reader = StatReader::new();
-    let entries = pids
-        .into_iter()
-        .filter_map(|pid| reader.read(pid))
-        .map(|e| (e.pid, e))
-        .collect();
-    Snapshot { entries }
+    let pids: Vec<i32> = pids.into_iter().collect();
+    let entries = read_in_parallel(&pids, |chunk| {
+        let mut reader = StatReader::new();
+        chunk.iter().filter_map(|&pid| reader.read(pid)).collect()
+    });
+    Snapshot {
+        entries: entries.into_iter().map(|e| (e.pid, e)).collect(),
+    }
+}
+
+/// Below this many pids a read stays on the calling thread: a thread costs
+/// more to start than it saves.
+const PARALLEL_MIN: usize = 256;
+
+/// How many threads a large read uses: the cores this process may run on,
+/// at most 4 (read once; the kernel's per-file work is what is split).
+fn read_threads() -> usize {
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THREADS.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map_or(1, std::num::NonZeroUsize::get)
+            .clamp(1, 4)
+    })
+}
+
+/// `read(chunk)` over `pids` split across [`read_threads`] threads (one
+/// chunk on the calling thread), results in the order of `pids`. A
+/// teardown's reads of a large tree (the walk, the frozen re-read, the
+/// survivors' command lines) come before its SIGKILL, on an otherwise idle
+/// machine: each `/proc` read is kernel work that splits across cores.
+pub fn read_in_parallel<T: Send>(pids: &[i32], read: impl Fn(&[i32]) -> Vec<T> + Sync) -> Vec<T> {
+    let threads = read_threads();
+    if threads < 2 || pids.len() < PARALLEL_MIN {
+        return read(pids);
+    }
+    let read = &read;
+    std::thread::scope(|s| {
+        let mut chunks = pids.chunks(pids.len().div_ceil(threads));
+        let first = chunks.next().unwrap_or_default();
+        let others: Vec<_> = chunks.map(|c| s.spawn(move || read(c))).collect();
+        let mut out = read(first);
+        for handle in others {
+            match handle.join() {
+                Ok(part) => out.extend(part),
+                // A read that panicked is not an empty read.
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+        out
+    })
 }
 
 /// The first of `pids` that is alive (not a zombie) and in process group
@@ -264,6 +301,13 @@ pub fn cmdline(pid: i32) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// [`cmdline`] of each pid, in their order (read in parallel when many).
+pub fn cmdlines(pids: &[i32]) -> Vec<Vec<String>> {
+    read_in_parallel(pids, |chunk| {
+        chunk.iter().map(|&pid| cmdline(pid)).collect()
+    })
 }
 
 /// Reads the forensic details of one process; fields that cannot be read
@@ -668,6 +712,55 @@ mod tests {
             sid: pgid,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_parallel_read_keeps_every_pid_and_their_order() {
+        for n in [0, 1, PARALLEL_MIN - 1, PARALLEL_MIN, 1001] {
+            let pids: Vec<i32> = (0..n as i32).map(|i| 7 * i + 3).collect();
+            let threads = std::sync::Mutex::new(HashSet::new());
+            let out = read_in_parallel(&pids, |chunk| {
+                threads
+                    .lock()
+                    .expect("no test thread panics")
+                    .insert(std::thread::current().id());
+                chunk.iter().map(|p| p * 2).collect()
+            });
+            let want: Vec<i32> = pids.iter().map(|p| p * 2).collect();
+            assert_eq!(out, want, "{n} pids");
+            let used = threads.lock().expect("no test thread panics").len();
+            if n >= PARALLEL_MIN && read_threads() > 1 {
+                assert_eq!(used, read_threads(), "{n} pids are split across threads");
+            } else {
+                assert!(used <= 1, "{n} pids stay on the calling thread");
+            }
+        }
+    }
+
+    #[test]
+    fn a_snapshot_read_in_parallel_holds_what_one_thread_reads() {
+        // This process's threads and pid 1 cannot exit meanwhile; with
+        // more than PARALLEL_MIN pids the read is split.
+        let mut pids: Vec<i32> = (1..=PARALLEL_MIN as i32 * 2).collect();
+        pids.push(std::process::id() as i32);
+        let parallel = snapshot_pids(pids.clone());
+        let me = std::process::id() as i32;
+        let mut reader = StatReader::new();
+        let key = |e: &ProcEntry| (e.pid, e.start_ticks, e.pgid, e.sid, e.comm.clone());
+        assert_eq!(
+            parallel.entries.get(&me).map(key),
+            reader.read(me).as_ref().map(key)
+        );
+        assert_eq!(
+            parallel.entries.get(&1).map(|e| e.start_ticks),
+            reader.read(1).map(|e| e.start_ticks)
+        );
+        assert!(
+            pids.iter()
+                .all(|p| parallel.entries.get(p).is_none_or(|e| e.pid == *p))
+        );
+        let whole = snapshot();
+        assert!(whole.entries.contains_key(&me) && whole.entries.contains_key(&1));
     }
 
     #[test]

@@ -40,6 +40,10 @@ pub trait Host: Send + Sync {
     fn details(&self, pid: i32) -> MemberDetails;
     /// The argv of one process, for the survivor snapshot.
     fn cmdline(&self, pid: i32) -> Vec<String>;
+    /// [`Host::cmdline`] of each pid, in their order.
+    fn cmdlines(&self, pids: &[i32]) -> Vec<Vec<String>> {
+        pids.iter().map(|&pid| self.cmdline(pid)).collect()
+    }
     /// The identity of whatever holds `pid` now (`None`: no such process).
     fn identity_of(&self, pid: i32) -> Result<Option<Identity>, ProcError>;
     /// Whether the process an identity names still runs.
@@ -140,6 +144,10 @@ impl Host for KernelHost {
 
     fn cmdline(&self, pid: i32) -> Vec<String> {
         crate::scan::cmdline(pid)
+    }
+
+    fn cmdlines(&self, pids: &[i32]) -> Vec<Vec<String>> {
+        crate::scan::cmdlines(pids)
     }
 
     fn identity_of(&self, pid: i32) -> Result<Option<Identity>, ProcError> {

@@ -686,20 +686,20 @@ impl Engine {
     fn snapshot(&self, run: &mut Run<'_>, s: Snapshot) -> State {
         let t0 = Instant::now();
         let _span = tracing::info_span!("teardown.phase", phase = "snapshot").entered();
+        let pids: Vec<i32> = s.survivors.iter().map(|m| m.entry.pid).collect();
+        let argvs = self.host.cmdlines(&pids);
         let forensic: Vec<SurvivorRecord> = s
             .survivors
             .iter()
-            .map(|m| SurvivorRecord {
+            .zip(argvs)
+            .map(|(m, argv)| SurvivorRecord {
                 identity: run.watch.identity(m),
                 state: m.entry.state.to_string(),
                 rss_bytes: m.entry.rss_bytes,
-                cmdline: {
-                    let argv = self.host.cmdline(m.entry.pid);
-                    if argv.is_empty() {
-                        vec![m.entry.comm.clone()]
-                    } else {
-                        argv
-                    }
+                cmdline: if argv.is_empty() {
+                    vec![m.entry.comm.clone()]
+                } else {
+                    argv
                 },
             })
             .collect();

@@ -10,36 +10,62 @@ pub const GENESIS: &str = "00000000000000000000000000000000000000000000000000000
 /// no whitespace, strings escaped as serde_json escapes them. Independent of
 /// serde_json's `preserve_order` feature.
 pub fn canonical_json(value: &serde_json::Value, out: &mut String) {
+    let mut bytes = std::mem::take(out).into_bytes();
+    write_canonical(value, &mut bytes);
+    // Only whole UTF-8 strings and ASCII were written.
+    *out = String::from_utf8(bytes)
+        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+}
+
+/// The canonical form straight into bytes: no intermediate `String` per
+/// scalar or key (an event naming 1,000 survivors has ~10,000 of them, and
+/// it is written inside the kill authorization's transaction).
+fn write_canonical(value: &serde_json::Value, out: &mut Vec<u8>) {
     use serde_json::Value;
     match value {
-        Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => {
-            out.push_str(&value.to_string());
+        Value::Null => out.extend_from_slice(b"null"),
+        Value::Bool(true) => out.extend_from_slice(b"true"),
+        Value::Bool(false) => out.extend_from_slice(b"false"),
+        // `Number`'s Display is serde_json's own number text (itoa / ryu).
+        Value::Number(n) => {
+            use std::io::Write as _;
+            let _ = write!(out, "{n}");
         }
+        Value::String(s) => write_str(s, out),
         Value::Array(items) => {
-            out.push('[');
+            out.push(b'[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
-                canonical_json(item, out);
+                write_canonical(item, out);
             }
-            out.push(']');
+            out.push(b']');
         }
         Value::Object(map) => {
-            let mut entries: Vec<_> = map.iter().collect();
-            entries.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-            out.push('{');
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            // Already sorted unless serde_json keeps insertion order.
+            if !entries.is_sorted_by(|a, b| a.0.as_bytes() <= b.0.as_bytes()) {
+                entries.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+            }
+            out.push(b'{');
             for (i, (key, item)) in entries.into_iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
-                out.push_str(&serde_json::Value::String(key.clone()).to_string());
-                out.push(':');
-                canonical_json(item, out);
+                write_str(key, out);
+                out.push(b':');
+                write_canonical(item, out);
             }
-            out.push('}');
+            out.push(b'}');
         }
     }
+}
+
+/// A JSON string literal, escaped exactly as serde_json escapes it.
+fn write_str(s: &str, out: &mut Vec<u8>) {
+    // Writing a `&str` into a `Vec` cannot fail.
+    let _ = serde_json::to_writer(out, s);
 }
 
 /// The canonical JSON text of a value.
@@ -57,14 +83,30 @@ pub fn canonical_event(
     kind: &str,
     data: &serde_json::Value,
 ) -> String {
-    let array = serde_json::Value::Array(vec![
-        seq.into(),
-        at.into(),
-        tree.map_or(serde_json::Value::Null, Into::into),
-        kind.into(),
-        data.clone(),
-    ]);
-    canonical_string(&array)
+    let mut data_text = Vec::new();
+    write_canonical(data, &mut data_text);
+    let bytes = event_bytes(seq, at, tree, kind, &data_text);
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// `[seq,at,tree,kind,` + the data's canonical text + `]`: what
+/// [`canonical_event`] gives, around a data text already canonical.
+fn event_bytes(seq: i64, at: &str, tree: Option<i64>, kind: &str, data_text: &[u8]) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut out = Vec::with_capacity(data_text.len() + at.len() + kind.len() + 48);
+    let _ = write!(out, "[{seq},");
+    write_str(at, &mut out);
+    match tree {
+        Some(t) => {
+            let _ = write!(out, ",{t},");
+        }
+        None => out.extend_from_slice(b",null,"),
+    }
+    write_str(kind, &mut out);
+    out.push(b',');
+    out.extend_from_slice(data_text);
+    out.push(b']');
+    out
 }
 
 /// `hex(sha256(prev_hash || canonical_event))`, lower-case hex; `prev_hash`
@@ -77,9 +119,23 @@ pub fn event_hash(
     kind: &str,
     data: &serde_json::Value,
 ) -> String {
+    event_hash_of_text(prev_hash, seq, at, tree, kind, &canonical_string(data))
+}
+
+/// [`event_hash`] for data already in canonical text ([`canonical_string`]):
+/// the writer canonicalizes each event's data once, for the hash and the
+/// stored text both.
+pub fn event_hash_of_text(
+    prev_hash: &str,
+    seq: i64,
+    at: &str,
+    tree: Option<i64>,
+    kind: &str,
+    data_text: &str,
+) -> String {
     let mut hasher = Sha256::new();
     hasher.update(prev_hash.as_bytes());
-    hasher.update(canonical_event(seq, at, tree, kind, data).as_bytes());
+    hasher.update(event_bytes(seq, at, tree, kind, data_text.as_bytes()));
     hex::encode(hasher.finalize())
 }
 
@@ -118,5 +174,108 @@ mod tests {
         let mut hasher = Sha256::new();
         hasher.update(format!("{GENESIS}{c}").as_bytes());
         assert_eq!(h, hex::encode(hasher.finalize()));
+    }
+
+    /// The canonical form as it was first written (a `Value` per event, a
+    /// `String` per scalar): the oracle the faster writer must equal byte
+    /// for byte, or every chain written before stops verifying.
+    fn oracle(value: &serde_json::Value, out: &mut String) {
+        use serde_json::Value;
+        match value {
+            Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => {
+                out.push_str(&value.to_string());
+            }
+            Value::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    oracle(item, out);
+                }
+                out.push(']');
+            }
+            Value::Object(map) => {
+                let mut entries: Vec<_> = map.iter().collect();
+                entries.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+                out.push('{');
+                for (i, (key, item)) in entries.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&serde_json::Value::String(key.clone()).to_string());
+                    out.push(':');
+                    oracle(item, out);
+                }
+                out.push('}');
+            }
+        }
+    }
+
+    fn oracle_event(
+        seq: i64,
+        at: &str,
+        tree: Option<i64>,
+        kind: &str,
+        data: &serde_json::Value,
+    ) -> String {
+        let array = serde_json::Value::Array(vec![
+            seq.into(),
+            at.into(),
+            tree.map_or(serde_json::Value::Null, Into::into),
+            kind.into(),
+            data.clone(),
+        ]);
+        let mut out = String::new();
+        oracle(&array, &mut out);
+        out
+    }
+
+    fn json_value() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            any::<u64>().prop_map(serde_json::Value::from),
+            any::<f64>()
+                .prop_filter("JSON numbers are finite", |f| f.is_finite())
+                .prop_map(serde_json::Value::from),
+            ".*".prop_map(serde_json::Value::from),
+            "[\\u{0}-\\u{1f}\"\\\\é\\u{2028}\\u{1F600}]{0,6}".prop_map(serde_json::Value::from),
+        ];
+        leaf.prop_recursive(4, 64, 8, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(serde_json::Value::Array),
+                proptest::collection::vec((".{0,4}", inner), 0..6)
+                    .prop_map(|kv| { serde_json::Value::Object(kv.into_iter().collect()) }),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_fast_canonical_form_is_the_original_byte_for_byte(
+            data in json_value(),
+            seq in proptest::prelude::any::<i64>(),
+            tree in proptest::option::of(proptest::prelude::any::<i64>()),
+            at in ".{0,30}",
+            kind in "[a-z.\"\\\\]{0,20}",
+        ) {
+            let mut want = String::new();
+            oracle(&data, &mut want);
+            proptest::prop_assert_eq!(&canonical_string(&data), &want);
+            let event = oracle_event(seq, &at, tree, &kind, &data);
+            proptest::prop_assert_eq!(&canonical_event(seq, &at, tree, &kind, &data), &event);
+            let mut hasher = Sha256::new();
+            hasher.update(GENESIS.as_bytes());
+            hasher.update(event.as_bytes());
+            let hash = hex::encode(hasher.finalize());
+            proptest::prop_assert_eq!(&event_hash(GENESIS, seq, &at, tree, &kind, &data), &hash);
+            proptest::prop_assert_eq!(
+                &event_hash_of_text(GENESIS, seq, &at, tree, &kind, &canonical_string(&data)),
+                &hash
+            );
+        }
     }
 }

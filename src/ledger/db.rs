@@ -443,7 +443,10 @@ impl Writer<'_> {
         };
         let seq = prev_seq + 1;
         let tree = tree.map(|t| t.0);
-        let hash = chain::event_hash(&prev_hash, seq, &self.now, tree, kind.as_str(), &data);
+        // Canonicalized once: the stored text is what the hash covers.
+        let data_text = chain::canonical_string(&data);
+        let hash =
+            chain::event_hash_of_text(&prev_hash, seq, &self.now, tree, kind.as_str(), &data_text);
         self.exec(
             "INSERT INTO events (seq, at, tree, kind, data, prev_hash, hash)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
@@ -452,7 +455,7 @@ impl Writer<'_> {
                 self.now,
                 tree,
                 kind.as_str(),
-                chain::canonical_string(&data),
+                data_text,
                 prev_hash,
                 hash
             ],

@@ -74,7 +74,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use chain::{GENESIS, canonical_event, canonical_string, event_hash};
+pub use chain::{GENESIS, canonical_event, canonical_string, event_hash, event_hash_of_text};
 pub use error::LedgerError;
 pub use prune::{PruneReport, PruneRequest};
 pub use types::{

@@ -184,7 +184,8 @@ fn walk_chain(conn: &Connection, report: &mut VerifyReport) -> Result<Option<Ver
         if chain::canonical_string(&data) != data_text {
             return Ok(broke(Some(seq), "data is not in canonical form (edited)"));
         }
-        let hash = chain::event_hash(&stored_prev, seq, &at, tree, &kind, &data);
+        // The text is canonical (checked above): hash it as it is stored.
+        let hash = chain::event_hash_of_text(&stored_prev, seq, &at, tree, &kind, &data_text);
         if hash != stored_hash {
             return Ok(broke(
                 Some(seq),
