@@ -27,7 +27,8 @@
 //! are multicast to every listener) and fails on silence or an errno, so
 //! the probe and `doctor` report what really works.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rustix::io::Errno;
@@ -39,26 +40,26 @@ use super::ProcError;
 use super::reaper::ExitStatus;
 
 /// `CN_IDX_PROC` / `CN_VAL_PROC` (`<linux/connector.h>`).
-const CN_IDX_PROC: u32 = 1;
-const CN_VAL_PROC: u32 = 1;
+const CN_IDX_PROC: u32 = libc::CN_IDX_PROC;
+const CN_VAL_PROC: u32 = libc::CN_VAL_PROC;
 /// `PROC_CN_MCAST_LISTEN` (`<linux/cn_proc.h>`).
-const PROC_CN_MCAST_LISTEN: u32 = 1;
+const PROC_CN_MCAST_LISTEN: u32 = libc::PROC_CN_MCAST_LISTEN;
 /// `NLMSG_DONE`: the connector's subscription message type.
-const NLMSG_DONE: u16 = 3;
+const NLMSG_DONE: u16 = libc::NLMSG_DONE as u16;
 /// `NLMSG_ERROR` / `NLMSG_NOOP` / `NLMSG_OVERRUN`.
-const NLMSG_NOOP: u16 = 1;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_OVERRUN: u16 = 4;
+const NLMSG_NOOP: u16 = libc::NLMSG_NOOP as u16;
+const NLMSG_ERROR: u16 = libc::NLMSG_ERROR as u16;
+const NLMSG_OVERRUN: u16 = libc::NLMSG_OVERRUN as u16;
 
-const NLMSG_HDRLEN: usize = 16;
+const NLMSG_HDRLEN: usize = std::mem::size_of::<libc::nlmsghdr>();
 /// `struct cn_msg`: id (idx, val), seq, ack, len (u16), flags (u16).
 const CN_MSG_LEN: usize = 20;
 
-const PROC_EVENT_NONE: u32 = 0;
-const PROC_EVENT_FORK: u32 = 0x0000_0001;
-const PROC_EVENT_EXEC: u32 = 0x0000_0002;
-const PROC_EVENT_SID: u32 = 0x0000_0080;
-const PROC_EVENT_EXIT: u32 = 0x8000_0000;
+const PROC_EVENT_NONE: u32 = libc::PROC_EVENT_NONE;
+const PROC_EVENT_FORK: u32 = libc::PROC_EVENT_FORK;
+const PROC_EVENT_EXEC: u32 = libc::PROC_EVENT_EXEC;
+const PROC_EVENT_SID: u32 = libc::PROC_EVENT_SID;
+const PROC_EVENT_EXIT: u32 = libc::PROC_EVENT_EXIT;
 
 /// How long [`Connector::open`] waits for the kernel's acknowledgement.
 const ACK_TIMEOUT: Duration = Duration::from_secs(1);
@@ -96,6 +97,8 @@ pub enum ProcEvent {
 /// A subscribed process-events socket.
 pub struct Connector {
     fd: OwnedFd,
+    /// An eventfd [`Connector::recv`] also waits on ([`Waker`]).
+    wake: Arc<OwnedFd>,
     buf: Vec<u8>,
     /// Events read while waiting for the subscription's acknowledgement.
     pending: Vec<ProcEvent>,
@@ -137,8 +140,13 @@ impl Connector {
             ^ COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let msg = subscribe_message(PROC_CN_MCAST_LISTEN, nonce);
         rustix::net::sendto(&fd, &msg, SendFlags::empty(), &SocketAddrNetlink::new(0, 0))?;
+        let wake = rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )?;
         let mut conn = Connector {
             fd,
+            wake: Arc::new(wake),
             buf: vec![0; 64 * 1024],
             pending: Vec::new(),
             nonce,
@@ -208,18 +216,80 @@ impl Connector {
         Ok(out)
     }
 
+    /// Waits until the socket is readable (true), or the timeout passed or
+    /// the [`Waker`] was woken (false; the wake is consumed).
     fn wait_readable(&self, timeout: Duration) -> Result<bool, ProcError> {
         use rustix::event::{PollFd, PollFlags, Timespec};
         let ts = Timespec {
             tv_sec: timeout.as_secs() as _,
             tv_nsec: timeout.subsec_nanos() as _,
         };
-        let mut fds = [PollFd::new(&self.fd, PollFlags::IN)];
+        let mut fds = [
+            PollFd::new(&self.fd, PollFlags::IN),
+            PollFd::new(&*self.wake, PollFlags::IN),
+        ];
         match rustix::event::poll(&mut fds, Some(&ts)) {
-            Ok(n) => Ok(n > 0),
+            Ok(_) => {
+                let readable = fds[0].revents().contains(PollFlags::IN);
+                if fds[1].revents().contains(PollFlags::IN) {
+                    // Reading resets the counter; EAGAIN: someone else did.
+                    let mut count = [0u8; 8];
+                    let _ = rustix::io::read(&*self.wake, &mut count);
+                }
+                Ok(readable)
+            }
             Err(Errno::INTR) => Ok(false),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// A handle that makes a [`Connector::recv`] in progress (or the next
+    /// one) return at once, so a reader can wait without a short timeout
+    /// and still be told to stop or to look at new work.
+    pub fn waker(&self) -> Waker {
+        Waker(self.wake.clone())
+    }
+
+    /// Makes the kernel queue on this socket only the events a reader of
+    /// `interest` needs (a classic BPF socket filter, replaced on each
+    /// call): the fork and the exit of every *process* (a thread's are
+    /// dropped), and the exec and setsid of the processes in `interest`
+    /// (pids) only; other kinds (uid, gid, ptrace, comm, coredump) are
+    /// dropped, and acks and anything the filter does not recognise pass.
+    /// With more than [`FILTER_MAX_PIDS`] pids, exec and setsid pass for
+    /// every process.
+    ///
+    /// The filter runs in the context of the process that caused the event,
+    /// so host activity that is dropped never wakes the reader or costs it
+    /// anything. What it can drop that a reader might want: the exec or
+    /// setsid of a process that became interesting after the reader last
+    /// called this (a child just forked). The reader must re-read such a
+    /// process after the call (see the observer). Forks and exits are not
+    /// filtered by pid: a fork's parent may be a child the reader has not
+    /// named yet, and an exit must follow every fork of that process in
+    /// the stream.
+    pub fn filter_to(&self, interest: &[i32]) -> Result<(), ProcError> {
+        let mut prog = interest_filter(interest);
+        let fprog = libc::sock_fprog {
+            len: prog.len() as libc::c_ushort,
+            filter: prog.as_mut_ptr(),
+        };
+        // SAFETY: `fprog` points at `prog` (`len` instructions), both alive
+        // for the call; the kernel copies and checks the program before it
+        // attaches it, and `self.fd` is an open socket.
+        let rc = unsafe {
+            libc::setsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_ATTACH_FILTER,
+                std::ptr::from_ref(&fprog).cast(),
+                std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(ProcError::Io(std::io::Error::last_os_error()));
+        }
+        Ok(())
     }
 
     /// The receive buffer size the kernel actually granted (bytes).
@@ -228,6 +298,113 @@ impl Connector {
             self.fd.as_fd(),
         )?)
     }
+}
+
+/// Wakes a [`Connector::recv`] (from any thread); clones share the connector.
+#[derive(Clone, Debug)]
+pub struct Waker(Arc<OwnedFd>);
+
+impl Waker {
+    pub fn wake(&self) {
+        // EAGAIN only when the counter is about to overflow: awake anyway.
+        let _ = rustix::io::write(&*self.0, &1u64.to_ne_bytes());
+    }
+}
+
+/// The most pids [`Connector::filter_to`] compares one by one (two
+/// instructions each, run for every exec and setsid on the host);
+/// above it the filter passes those events for every process.
+pub const FILTER_MAX_PIDS: usize = 512;
+
+/// A classic BPF instruction.
+fn insn(code: u32, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
+    libc::sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    }
+}
+
+/// A word of the message as a classic BPF absolute load sees it: loads
+/// are big-endian (network order) and the connector writes native order.
+fn as_loaded32(v: u32) -> u32 {
+    u32::from_be_bytes(v.to_ne_bytes())
+}
+
+fn as_loaded16(v: u16) -> u32 {
+    u32::from(u16::from_be_bytes(v.to_ne_bytes()))
+}
+
+/// The socket filter of [`Connector::filter_to`]. Offsets are those of
+/// [`parse_datagram`]: nlmsghdr (16 bytes), cn_msg (20), then the
+/// `proc_event` at 36: what (36), cpu, timestamp, and its union at 52.
+fn interest_filter(interest: &[i32]) -> Vec<libc::sock_filter> {
+    use libc::{
+        BPF_ABS, BPF_H, BPF_JEQ, BPF_JGE, BPF_JMP, BPF_K, BPF_LD, BPF_LEN, BPF_MISC,
+        BPF_RET, BPF_TAX, BPF_W, BPF_X,
+    };
+    const PASS: u32 = u32::MAX;
+    const DROP: u32 = 0;
+    const EV: u32 = (NLMSG_HDRLEN + CN_MSG_LEN) as u32; // 36
+    const DATA: u32 = EV + 16; // 52: the union
+    let ld = |off: u32| insn(BPF_LD | BPF_W | BPF_ABS, 0, 0, off);
+    let ret = |v: u32| insn(BPF_RET | BPF_K, 0, 0, v);
+    // if A == k, skip `t` instructions, else skip `f` (the next
+    // instruction is skip 0).
+    let jeq = |k: u32, t: u8, f: u8| insn(BPF_JMP | BPF_JEQ | BPF_K, t, f, k);
+    let mut p = vec![
+        // 0: shorter than a fork event: not ours to judge.
+        insn(BPF_LD | BPF_W | BPF_LEN, 0, 0, 0),
+        insn(BPF_JMP | BPF_JGE | BPF_K, 1, 0, DATA + 16),
+        ret(PASS),
+        // 3: a connector message of the proc events, else pass.
+        insn(BPF_LD | BPF_H | BPF_ABS, 0, 0, 4),
+        jeq(as_loaded16(NLMSG_DONE), 1, 0),
+        ret(PASS),
+        ld(NLMSG_HDRLEN as u32),
+        jeq(as_loaded32(CN_IDX_PROC), 1, 0),
+        ret(PASS),
+        ld(NLMSG_HDRLEN as u32 + 4),
+        jeq(as_loaded32(CN_VAL_PROC), 1, 0),
+        ret(PASS),
+        // 12: what
+        ld(EV),
+        jeq(as_loaded32(PROC_EVENT_FORK), 6, 0), // -> 20
+        jeq(as_loaded32(PROC_EVENT_EXIT), 11, 0), // -> 26
+        jeq(as_loaded32(PROC_EVENT_EXEC), 16, 0), // -> 32
+        jeq(as_loaded32(PROC_EVENT_SID), 15, 0),  // -> 32
+        jeq(as_loaded32(PROC_EVENT_NONE), 0, 1),  // an ack
+        ret(PASS),
+        ret(DROP), // 19: uid, gid, ptrace, comm, coredump, ...
+        // 20: fork: a process (child pid == child tgid), not a thread.
+        ld(DATA + 12),
+        insn(BPF_MISC | BPF_TAX, 0, 0, 0),
+        ld(DATA + 8),
+        insn(BPF_JMP | BPF_JEQ | BPF_X, 0, 1, 0),
+        ret(PASS),
+        ret(DROP),
+        // 26: exit: of a process (pid == tgid), not of a thread.
+        ld(DATA + 4),
+        insn(BPF_MISC | BPF_TAX, 0, 0, 0),
+        ld(DATA),
+        insn(BPF_JMP | BPF_JEQ | BPF_X, 0, 1, 0),
+        ret(PASS),
+        ret(DROP),
+        // 32: exec, setsid: only of the interest.
+        ld(DATA + 4),
+    ];
+    debug_assert_eq!(p.len(), 33);
+    if interest.len() > FILTER_MAX_PIDS {
+        p.push(ret(PASS));
+        return p;
+    }
+    for &pid in interest {
+        p.push(jeq(as_loaded32(pid as u32), 0, 1));
+        p.push(ret(PASS));
+    }
+    p.push(ret(DROP));
+    p
 }
 
 /// `CLOCK_MONOTONIC` now, in ns: the clock of the events' `at_ns`
@@ -531,6 +708,96 @@ mod tests {
             }
         }
         assert!(forked && exited, "fork {forked} exit {exited}");
+    }
+
+    /// The filter's jumps land where its blocks begin.
+    #[test]
+    fn the_filter_jumps_to_its_blocks() {
+        let p = interest_filter(&[7, 8]);
+        let target = |pc: usize| pc + 1 + usize::from(p[pc].jt);
+        let loads = |pc: usize| p[pc].k;
+        let data = (NLMSG_HDRLEN + CN_MSG_LEN + 16) as u32;
+        // fork -> child tgid; exit -> process tgid; exec and sid -> the pid list.
+        assert_eq!(loads(target(13)), data + 12);
+        assert_eq!(loads(target(14)), data + 4);
+        assert_eq!(target(15), 32);
+        assert_eq!(target(16), 32);
+        assert_eq!(loads(32), data + 4);
+        assert_eq!(p.len(), 33 + 2 * 2 + 1);
+        assert_eq!(p[33].k, as_loaded32(7));
+        // Over the cap: everything after the kind checks passes.
+        let many: Vec<i32> = (1..=FILTER_MAX_PIDS as i32 + 1).collect();
+        let p = interest_filter(&many);
+        assert_eq!(p.len(), 34);
+        assert_eq!((p[33].code as u32, p[33].k), (libc::BPF_RET | libc::BPF_K, u32::MAX));
+    }
+
+    /// Real kernel, real processes: with a filter naming `a`, a new
+    /// process's fork and exit still arrive but its exec does not; the
+    /// setsid and exec of `a` do. A second socket without a filter, open
+    /// at the same time, gets the exec the first dropped (so the test can
+    /// fail).
+    #[test]
+    fn the_filter_passes_forks_and_the_interest_and_drops_other_execs() {
+        let (mut filtered, mut all) = match (Connector::open(0), Connector::open(0)) {
+            (Ok(f), Ok(a)) => (f, a),
+            (Err(e), _) | (_, Err(e)) => {
+                eprintln!("skipped: proc connector unavailable: {e}");
+                return;
+            }
+        };
+        // `a` waits for a line, then setsid(1) calls setsid() (it is not a
+        // group leader) and execs sleep.
+        let mut a = std::process::Command::new("sh")
+            .args(["-c", "read x; exec setsid sleep 30"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn sh");
+        let a_pid = a.id() as i32;
+        filtered.filter_to(&[a_pid]).expect("attach the filter");
+        let mut b = std::process::Command::new("true").spawn().expect("spawn true");
+        let b_pid = b.id() as i32;
+        let _ = b.wait();
+        {
+            use std::io::Write as _;
+            let mut stdin = a.stdin.take().expect("piped stdin");
+            stdin.write_all(b"go\n").expect("tell a");
+        }
+        let sid_a = |e: &ProcEvent| matches!(e, ProcEvent::Sid { pid, .. } if *pid == a_pid);
+        // An exec of `a` after its setsid: sleep's.
+        let done = |evs: &[ProcEvent]| {
+            evs.iter().position(sid_a).is_some_and(|i| {
+                evs[i..]
+                    .iter()
+                    .any(|e| matches!(e, ProcEvent::Exec { pid, .. } if *pid == a_pid))
+            })
+        };
+        let (mut got, mut got_all) = (Vec::new(), Vec::new());
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !(done(&got) && done(&got_all)) && std::time::Instant::now() < deadline {
+            got.extend(filtered.recv(Duration::from_millis(50)).expect("recv"));
+            got_all.extend(all.recv(Duration::from_millis(50)).expect("recv"));
+        }
+        let _ = a.kill();
+        let _ = a.wait();
+        assert!(done(&got_all), "a's setsid and exec never arrived: {got_all:?}");
+        assert!(done(&got), "the interest's setsid and exec pass");
+        // `b`'s events came before `a`'s setsid: all of them are read by now.
+        let has = |evs: &[ProcEvent], f: &dyn Fn(&ProcEvent) -> bool| evs.iter().any(f);
+        let fork_b = |e: &ProcEvent| matches!(e, ProcEvent::Fork { child, .. } if *child == b_pid);
+        let exec_b = |e: &ProcEvent| matches!(e, ProcEvent::Exec { pid, .. } if *pid == b_pid);
+        let exit_b = |e: &ProcEvent| matches!(e, ProcEvent::Exit { pid, .. } if *pid == b_pid);
+        assert!(has(&got_all, &exec_b), "the unfiltered socket saw b's exec");
+        assert!(has(&got, &fork_b), "a new process's fork passes");
+        assert!(has(&got, &exit_b), "a process's exit passes");
+        assert!(!has(&got, &exec_b), "b's exec was dropped: {got:?}");
+        assert!(
+            got.iter().all(|e| match e {
+                ProcEvent::Exec { pid, .. } | ProcEvent::Sid { pid, .. } => *pid == a_pid,
+                _ => true,
+            }),
+            "only the interest's exec and setsid pass: {got:?}"
+        );
     }
 
     /// A tiny receive buffer and a burst of forks that nobody reads: the
