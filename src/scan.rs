@@ -166,6 +166,28 @@ impl HostView {
         self.snap = snapshot();
     }
 
+    /// Re-reads only `pids` (new ones are added, gone ones forgotten),
+    /// without listing `/proc`: for a caller that learns of new processes
+    /// otherwise (the service, while the proc-connector observer follows
+    /// every watched tree). Returns how many `stat` files were read.
+    pub fn reread(&mut self, pids: impl IntoIterator<Item = i32>) -> usize {
+        let mut reader = StatReader::new();
+        let mut wanted: Vec<i32> = pids.into_iter().collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        for &pid in &wanted {
+            match reader.read(pid) {
+                Some(entry) => {
+                    self.snap.entries.insert(pid, entry);
+                }
+                None => {
+                    self.snap.entries.remove(&pid);
+                }
+            }
+        }
+        wanted.len()
+    }
+
     /// Reads new pids, forgets gone ones, and re-reads `reread`. Returns how
     /// many `stat` files were read.
     pub fn refresh(&mut self, reread: impl IntoIterator<Item = i32>) -> usize {

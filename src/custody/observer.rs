@@ -17,6 +17,16 @@
 //! which a watch merges before each classification (`Because::Observed`),
 //! so a ledger that refused the write still does not blind the teardown.
 //!
+//! What it costs an idle host: almost nothing. The kernel delivers every
+//! fork, exec and exit of the host; a socket filter
+//! ([`Connector::filter_to`], re-attached whenever the set of member pids
+//! changes) lets through only process forks and exits and the members'
+//! exec and setsid, so threads and the execs of other processes never wake
+//! this thread. The thread waits on the socket and on a waker (no
+//! periodic wake-up). A member named to the filter late (a child just
+//! forked) may have had its exec or setsid dropped: it is re-read right
+//! after the filter names it, and its details are read after that.
+//!
 //! What it must never do: become a silent gap. An overflow of the socket
 //! (events lost) is logged, counted, and answered by a full scan at once
 //! (the `on_overflow` callback); scans go on as the fallback and cross-check
@@ -30,6 +40,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::ledger::{IdentityRecord, Ledger, MemberRecord, TreeId};
+use crate::proc::connector::Waker;
 use crate::proc::{Connector, ProcError, ProcEvent, ProcKey, monotonic_ns};
 
 /// How many recent forks are remembered for a tree registered late (its
@@ -39,11 +50,15 @@ const FORK_HISTORY: usize = 16 * 1024;
 const UNKNOWN_START: u64 = 0;
 /// How many detection latencies are kept for percentiles.
 const LATENCY_SAMPLES: usize = 4096;
+/// The longest the thread sleeps without an event or a wake: a safety net,
+/// not a poll (stop, registrations and scans wake it).
+const IDLE_WAIT: Duration = Duration::from_secs(1);
 
 /// Observer health, for `run`'s log and the service's metrics.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct ObserverStats {
-    /// Events received from the kernel (all processes on the host).
+    /// Events received from the kernel (those the socket filter let
+    /// through: process forks and exits, the members' exec and setsid).
     pub events: u64,
     /// Forks attributed to a watched tree.
     pub forks_attributed: u64,
@@ -101,6 +116,10 @@ struct Shared {
     pending: Mutex<Vec<i64>>,
     stats: Mutex<ObserverStats>,
     stop: AtomicBool,
+    /// The connector failed: the thread ended, scans carry on alone.
+    failed: AtomicBool,
+    /// Wakes the thread (stop, a new tree, members a scan added).
+    waker: Option<Waker>,
 }
 
 /// A cheap handle to a running observer: register trees, read members and
@@ -134,7 +153,10 @@ impl Observer {
         on_overflow: Box<dyn Fn() + Send>,
     ) -> Result<Observer, ProcError> {
         let conn = Connector::open(rcvbuf)?;
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared {
+            waker: Some(conn.waker()),
+            ..Shared::default()
+        });
         let worker = Worker {
             conn,
             ledger,
@@ -142,6 +164,8 @@ impl Observer {
             history: VecDeque::new(),
             on_overflow,
             strict: false,
+            filtered: None,
+            filter_off: false,
         };
         let thread = std::thread::Builder::new()
             .name("tw-observer".into())
@@ -165,6 +189,7 @@ impl Observer {
 
     fn join(&mut self) {
         self.handle.shared.stop.store(true, Ordering::SeqCst);
+        self.handle.wake();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -200,6 +225,29 @@ impl ObserverHandle {
         if let Ok(mut p) = self.shared.pending.lock() {
             p.push(tree.0);
         }
+        self.wake();
+    }
+
+    /// Whether this observer follows `tree` (registered by
+    /// [`ObserverHandle::watch`], not yet unwatched).
+    pub fn is_watching(&self, tree: TreeId) -> bool {
+        self.shared
+            .trees
+            .lock()
+            .is_ok_and(|t| t.contains_key(&tree.0))
+    }
+
+    /// Whether the observer still reads the kernel's events (false once
+    /// the connector failed; an overflow is not a failure: it forces a
+    /// full scan and the observer goes on).
+    pub fn healthy(&self) -> bool {
+        !self.shared.failed.load(Ordering::SeqCst) && !self.shared.stop.load(Ordering::SeqCst)
+    }
+
+    fn wake(&self) {
+        if let Some(w) = &self.shared.waker {
+            w.wake();
+        }
     }
 
     /// Stops watching a tree (it ended).
@@ -229,8 +277,9 @@ impl ObserverHandle {
 
     /// Cross-check: members a scan found. Ones the observer did not know
     /// (lost events, or forks before the history) are counted and adopted,
-    /// so their later forks and setsid are attributed too.
-    pub fn scanned(&self, tree: TreeId, members: impl IntoIterator<Item = ProcKey>) {
+    /// so their later forks and setsid are attributed too; returns how
+    /// many there were.
+    pub fn scanned(&self, tree: TreeId, members: impl IntoIterator<Item = ProcKey>) -> u64 {
         let mut unknown = 0;
         if let Ok(mut trees) = self.shared.trees.lock()
             && let Some(t) = trees.get_mut(&tree.0)
@@ -244,7 +293,10 @@ impl ObserverHandle {
         }
         if unknown > 0 {
             self.bump(|s| s.scan_found_unobserved += unknown);
+            // The socket filter must name them.
+            self.wake();
         }
+        unknown
     }
 
     /// The owner ran the full scan an overflow asked for.
@@ -286,6 +338,11 @@ struct Worker {
     /// This batch lost events: forks are attributed only to parents that
     /// can be verified now.
     strict: bool,
+    /// The member pids the socket filter names now (sorted); `None` before
+    /// the first filter.
+    filtered: Option<Vec<i32>>,
+    /// The filter could not be attached: every event arrives, as without.
+    filter_off: bool,
 }
 
 impl Worker {
@@ -293,12 +350,15 @@ impl Worker {
         let handle = ObserverHandle {
             shared: self.shared.clone(),
         };
+        // From the start: no member yet, so no exec or setsid is wanted.
+        self.refilter(&mut Vec::new());
         while !self.shared.stop.load(Ordering::SeqCst) {
-            let events = match self.conn.recv(Duration::from_millis(20)) {
+            let events = match self.conn.recv(IDLE_WAIT) {
                 Ok(ev) => ev,
                 Err(e) => {
                     // Not silent: the scans carry on alone, and say so.
                     tracing::error!(error = %e, "observer: proc connector failed; scans only from now on");
+                    self.shared.failed.store(true, Ordering::SeqCst);
                     handle.bump(|s| s.overflows += 1);
                     (self.on_overflow)();
                     return;
@@ -346,8 +406,45 @@ impl Worker {
                 );
                 (self.on_overflow)();
             }
+            // Before the writes: a new member's details are read after the
+            // filter names it, so an exec the filter dropped is in them.
+            self.refilter(&mut findings);
             self.flush(findings, &handle);
             self.flush_execs(execs);
+        }
+    }
+
+    /// Re-attaches the socket filter when the member pids changed, then
+    /// re-reads each pid it names for the first time: an exec or setsid
+    /// of it before now was dropped in the kernel (it was nobody's yet),
+    /// so a setsid is caught here (an escape, as [`Worker::check`] finds
+    /// it) and an exec by the details [`Worker::flush`] reads afterwards.
+    fn refilter(&mut self, findings: &mut Vec<Finding>) {
+        if self.filter_off {
+            return;
+        }
+        let mut pids: Vec<i32> = self
+            .shared
+            .trees
+            .lock()
+            .map(|t| t.values().flat_map(|t| t.members.keys().copied()).collect())
+            .unwrap_or_default();
+        pids.sort_unstable();
+        pids.dedup();
+        if self.filtered.as_ref() == Some(&pids) {
+            return;
+        }
+        if let Err(e) = self.conn.filter_to(&pids) {
+            // Slower, not blind: every event arrives, as without a filter.
+            tracing::warn!(error = %e, "observer: socket filter not attached; filtering in user space");
+            self.filter_off = true;
+            return;
+        }
+        let before = self.filtered.replace(pids.clone()).unwrap_or_default();
+        for pid in pids {
+            if before.binary_search(&pid).is_err() {
+                self.check(pid, findings);
+            }
         }
     }
 

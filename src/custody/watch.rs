@@ -28,6 +28,9 @@ pub struct TickReport {
     /// Ledger writes that failed this tick (logged; evidence is best effort
     /// here, authority is not).
     pub write_errors: usize,
+    /// Members this tick found that the observer did not know (0 without
+    /// an observer): it missed something, so the next scan lists `/proc`.
+    pub unobserved: u64,
 }
 
 /// The scanning state of one tree.
@@ -473,10 +476,28 @@ impl TreeWatch {
         snap: &scan::Snapshot,
         bump_last_seen: bool,
     ) -> TickReport {
+        let index = scan::SnapshotIndex::new(snap);
+        self.tick_indexed(engine, exits, snap, &index, bump_last_seen)
+    }
+
+    /// [`TreeWatch::tick_with`] through an index of `snap` the caller
+    /// built once for all its trees (the service's scan loop), with the
+    /// observer's members joined as a full tick joins them.
+    pub fn tick_indexed(
+        &mut self,
+        engine: &Engine,
+        exits: &HashMap<i32, ExitStatus>,
+        snap: &scan::Snapshot,
+        index: &scan::SnapshotIndex,
+        bump_last_seen: bool,
+    ) -> TickReport {
+        if let Some(obs) = &self.observer {
+            self.known.observed = obs.members(self.tree);
+        }
         // The caller read `cgroup.procs` (pids_to_reread) before it
         // refreshed the snapshot: the same race as a targeted tick's.
         self.confirm_cgroup_pids(engine.host());
-        self.classify_and_record(engine, exits, snap, Instant::now(), bump_last_seen)
+        self.classify_indexed(engine, exits, snap, index, Instant::now(), bump_last_seen)
     }
 
     /// The tree cgroup's members as the last tick read them (empty without
@@ -508,10 +529,23 @@ impl TreeWatch {
         started: Instant,
         bump_last_seen: bool,
     ) -> TickReport {
-        let mut findings = scan::classify(snap, std::slice::from_ref(&self.known), &self.exclude);
-        let members = findings.pop().map(|f| f.members).unwrap_or_default();
+        let index = scan::SnapshotIndex::new(snap);
+        self.classify_indexed(engine, exits, snap, &index, started, bump_last_seen)
+    }
+
+    fn classify_indexed(
+        &mut self,
+        engine: &Engine,
+        exits: &HashMap<i32, ExitStatus>,
+        snap: &scan::Snapshot,
+        index: &scan::SnapshotIndex,
+        started: Instant,
+        bump_last_seen: bool,
+    ) -> TickReport {
+        let members = scan::classify_tree(snap, index, &self.known, &self.exclude).members;
+        let mut unobserved = 0;
         if let Some(obs) = &self.observer {
-            obs.scanned(self.tree, members.iter().map(|m| m.entry.key()));
+            unobserved = obs.scanned(self.tree, members.iter().map(|m| m.entry.key()));
         }
         if self
             .oom_checked
@@ -519,7 +553,10 @@ impl TreeWatch {
         {
             self.note_oom_kills(engine);
         }
-        let mut report = TickReport::default();
+        let mut report = TickReport {
+            unobserved,
+            ..TickReport::default()
+        };
         let ledger = engine.ledger();
 
         let mut fresh = HashSet::new();

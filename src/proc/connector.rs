@@ -341,8 +341,8 @@ fn as_loaded16(v: u16) -> u32 {
 /// `proc_event` at 36: what (36), cpu, timestamp, and its union at 52.
 fn interest_filter(interest: &[i32]) -> Vec<libc::sock_filter> {
     use libc::{
-        BPF_ABS, BPF_H, BPF_JEQ, BPF_JGE, BPF_JMP, BPF_K, BPF_LD, BPF_LEN, BPF_MISC,
-        BPF_RET, BPF_TAX, BPF_W, BPF_X,
+        BPF_ABS, BPF_H, BPF_JEQ, BPF_JGE, BPF_JMP, BPF_K, BPF_LD, BPF_LEN, BPF_MISC, BPF_RET,
+        BPF_TAX, BPF_W, BPF_X,
     };
     const PASS: u32 = u32::MAX;
     const DROP: u32 = 0;
@@ -370,7 +370,7 @@ fn interest_filter(interest: &[i32]) -> Vec<libc::sock_filter> {
         ret(PASS),
         // 12: what
         ld(EV),
-        jeq(as_loaded32(PROC_EVENT_FORK), 6, 0), // -> 20
+        jeq(as_loaded32(PROC_EVENT_FORK), 6, 0),  // -> 20
         jeq(as_loaded32(PROC_EVENT_EXIT), 11, 0), // -> 26
         jeq(as_loaded32(PROC_EVENT_EXEC), 16, 0), // -> 32
         jeq(as_loaded32(PROC_EVENT_SID), 15, 0),  // -> 32
@@ -729,7 +729,10 @@ mod tests {
         let many: Vec<i32> = (1..=FILTER_MAX_PIDS as i32 + 1).collect();
         let p = interest_filter(&many);
         assert_eq!(p.len(), 34);
-        assert_eq!((p[33].code as u32, p[33].k), (libc::BPF_RET | libc::BPF_K, u32::MAX));
+        assert_eq!(
+            (p[33].code as u32, p[33].k),
+            (libc::BPF_RET | libc::BPF_K, u32::MAX)
+        );
     }
 
     /// Real kernel, real processes: with a filter naming `a`, a new
@@ -755,7 +758,9 @@ mod tests {
             .expect("spawn sh");
         let a_pid = a.id() as i32;
         filtered.filter_to(&[a_pid]).expect("attach the filter");
-        let mut b = std::process::Command::new("true").spawn().expect("spawn true");
+        let mut b = std::process::Command::new("true")
+            .spawn()
+            .expect("spawn true");
         let b_pid = b.id() as i32;
         let _ = b.wait();
         {
@@ -780,7 +785,10 @@ mod tests {
         }
         let _ = a.kill();
         let _ = a.wait();
-        assert!(done(&got_all), "a's setsid and exec never arrived: {got_all:?}");
+        assert!(
+            done(&got_all),
+            "a's setsid and exec never arrived: {got_all:?}"
+        );
         assert!(done(&got), "the interest's setsid and exec pass");
         // `b`'s events came before `a`'s setsid: all of them are read by now.
         let has = |evs: &[ProcEvent], f: &dyn Fn(&ProcEvent) -> bool| evs.iter().any(f);

@@ -891,6 +891,7 @@ impl Service {
         let first_seq = self.start_seq.load(std::sync::atomic::Ordering::Relaxed);
         let fresh = |after_seq: i64| ScanState {
             host: None,
+            relist: false,
             watches: HashMap::new(),
             exits: HashMap::new(),
             last_full: None,
@@ -985,18 +986,41 @@ impl Service {
         for w in st.watches.values_mut() {
             reread.extend(w.pids_to_reread());
         }
+        // While the observer follows every watched tree and missed nothing
+        // (no overflow: that forces a full scan; no member a scan found
+        // first), a new member is a fork it attributed: re-reading the
+        // members, leaders, cgroup members and the observer's members finds
+        // every member a listing would, without listing `/proc`.
+        let observed = self.observer_handle.as_ref().filter(|h| {
+            !st.relist && h.healthy() && st.watches.keys().all(|id| h.is_watching(TreeId(*id)))
+        });
+        if let Some(h) = observed {
+            for id in st.watches.keys() {
+                reread.extend(h.members(TreeId(*id)).into_iter().map(|k| k.pid));
+            }
+        }
         let host = st.host.get_or_insert_with(HostView::default);
         if full {
             host.full_refresh();
             st.last_full = Some(Instant::now());
+        } else if observed.is_some() {
+            host.reread(reread);
         } else if !st.watches.is_empty() {
             host.refresh(reread);
         }
+        // One index of the host for every tree; each keeps its own
+        // exclusions (the owner of one may be a member of another).
         let mut members = 0usize;
-        for w in st.watches.values_mut() {
-            let report = w.tick_with(&self.engine, &st.exits, host.snapshot(), full);
-            members += report.members.len();
+        let mut unobserved = 0u64;
+        if !st.watches.is_empty() {
+            let index = crate::scan::SnapshotIndex::new(host.snapshot());
+            for w in st.watches.values_mut() {
+                let report = w.tick_indexed(&self.engine, &st.exits, host.snapshot(), &index, full);
+                members += report.members.len();
+                unobserved += report.unobserved;
+            }
         }
+        st.relist = unobserved > 0;
         if !st.watches.is_empty() || full {
             self.metrics
                 .scan_duration
@@ -1212,6 +1236,9 @@ fn sd_notify_state(state: &[sd_notify::NotifyState<'_>]) {
 /// The scan loop's state, moved into the blocking pool for each tick.
 struct ScanState {
     host: Option<HostView>,
+    /// The last tick found members the observer did not know: this one
+    /// lists `/proc` (their children are found by descent).
+    relist: bool,
     watches: HashMap<i64, TreeWatch>,
     exits: HashMap<i32, ExitStatus>,
     last_full: Option<Instant>,
