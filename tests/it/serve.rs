@@ -1145,6 +1145,86 @@ fn serve_runs_the_observer_and_records_an_escape_before_any_scan() {
     assert!(page.contains("observer on"), "{page}");
 }
 
+/// While the observer follows every tree the scan loop does not list
+/// `/proc`. A member it never saw forked (here a process moved into the
+/// tree's cgroup, with a child it forked before) makes the next tick list
+/// `/proc`, which finds that child by descent, long before the full
+/// re-read (an hour away here).
+#[test]
+fn a_member_the_observer_missed_makes_the_next_scan_list_proc() {
+    let s = Server::start(&["--full-scan-interval", "1h"]);
+    let metrics = s.get("/metrics").text().expect("metrics");
+    if !metrics.contains("treewarden_observer_up 1") {
+        skip("the proc connector is unavailable here: every scan lists /proc");
+        return;
+    }
+    if s.cgroup_root.is_none() {
+        skip("needs the cgroup boundary (root and cgroup v2) to move a process into a tree");
+        return;
+    }
+    let id = s.spawn(&s.body("exec sleep 600"));
+    let cgroup = wait_until(Duration::from_secs(20), || {
+        s.tree(id)["tree"]["cgroup"].is_string()
+            && s.tree(id)["members"]
+                .as_array()
+                .is_some_and(|m| !m.is_empty())
+    });
+    assert!(
+        cgroup,
+        "the tree has no cgroup or no member: {}",
+        s.tree(id)
+    );
+    let dir = PathBuf::from(s.tree(id)["tree"]["cgroup"].as_str().unwrap_or_default());
+    // The outsider forks its child first, then is moved into the tree.
+    let mut outsider = KillOnDrop(
+        Command::new("sh")
+            .args(["-c", "sleep 600 & echo $!; wait"])
+            .env("TW_TEST_MARK", &s.mark)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn the outsider"),
+    );
+    let mut line = String::new();
+    {
+        use std::io::BufRead as _;
+        let out = outsider.0.stdout.take().expect("piped stdout");
+        BufReader::new(out)
+            .read_line(&mut line)
+            .expect("the child's pid");
+    }
+    let child: i32 = line.trim().parse().expect("a pid");
+    let members = |s: &Server| -> Vec<i64> {
+        s.tree(id)["members"]
+            .as_array()
+            .map(|m| m.iter().filter_map(|m| m["pid"].as_i64()).collect())
+            .unwrap_or_default()
+    };
+    // Ticks (100 ms) that do not list /proc have run by now and have not
+    // seen the child: nothing links it to the tree yet.
+    assert!(!members(&s).contains(&i64::from(child)));
+    std::fs::write(dir.join("cgroup.procs"), outsider.id().to_string())
+        .expect("move into the tree");
+    let found = wait_until(Duration::from_secs(10), || {
+        let m = members(&s);
+        m.contains(&i64::from(outsider.id())) && m.contains(&i64::from(child))
+    });
+    signal(child as u32, rustix::process::Signal::KILL);
+    assert!(
+        found,
+        "the moved process and its child were not both found: {:?} (child {child}); log: {}",
+        members(&s),
+        s.stderr()
+    );
+    let (status, r) = s.post(&format!("/api/trees/{id}/kill?grace=100ms"), None);
+    assert_eq!(status, 200, "kill answered {r}");
+    drop(outsider);
+    assert!(
+        wait_until(Duration::from_secs(10), || s.marked().is_empty()),
+        "left running: {:?}",
+        s.marked()
+    );
+}
+
 #[test]
 fn foreign_host_names_need_the_token_and_the_allowlist_cannot_be_bypassed() {
     let s = Server::start(&["--allow-command", "sh"]);
