@@ -597,7 +597,7 @@ impl SnapshotIndex {
         index
     }
 
-    fn listed<'a>(map: &'a HashMap<i32, Vec<i32>>, key: i32) -> &'a [i32] {
+    fn listed(map: &HashMap<i32, Vec<i32>>, key: i32) -> &[i32] {
         map.get(&key).map(Vec::as_slice).unwrap_or_default()
     }
 }

@@ -112,7 +112,7 @@ pub struct Metrics {
     pub ship_acked_seq: Gauge,
     /// `treewarden_observer_up`: 1 while the proc-connector observer runs.
     pub observer_up: Gauge,
-    /// `treewarden_observer_events_total`: proc-connector events read.
+    /// `treewarden_observer_events_total`: proc-connector events read (after the socket filter).
     pub observer_events: C,
     /// `treewarden_observer_overflows_total`: times the observer lost
     /// events (each followed by a forced full scan).
@@ -285,7 +285,7 @@ impl Metrics {
         );
         registry.register(
             "observer_events",
-            "Process events received from the kernel's proc connector",
+            "Process events received from the kernel's proc connector (those its socket filter passed)",
             m.observer_events.clone(),
         );
         registry.register(
