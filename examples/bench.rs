@@ -615,6 +615,15 @@ fn idle_service(plan: &Plan, dir: &Path) -> anyhow::Result<String> {
     );
     std::thread::sleep(plan.idle_settle);
     let hz = rustix::param::clock_ticks_per_second() as f64;
+    // The host's load beside the figure: other processes' forks and execs
+    // reach serve's observer (those its socket filter passes).
+    let load = || {
+        std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+            .unwrap_or_default()
+    };
+    let load0 = load();
     let (t0, c0) = (Instant::now(), cpu_ticks(pid)?);
     std::thread::sleep(plan.idle_window);
     let (wall, c1) = (t0.elapsed(), cpu_ticks(pid)?);
@@ -622,10 +631,11 @@ fn idle_service(plan: &Plan, dir: &Path) -> anyhow::Result<String> {
     let rss = status_kib(pid, "VmRSS")? as f64 / 1024.0;
     let hwm = status_kib(pid, "VmHWM")? as f64 / 1024.0;
     eprintln!(
-        "bench:   serve: {:.2} % of a core over {:.1} s ({} ticks), RSS {rss:.1} MiB (peak {hwm:.1} MiB)",
+        "bench:   serve: {:.2} % of a core over {:.1} s ({} ticks), RSS {rss:.1} MiB (peak {hwm:.1} MiB); 1-min load {load0} -> {}",
         cpu_pct,
         wall.as_secs_f64(),
-        c1 - c0
+        c1 - c0,
+        load()
     );
     drop(serve); // SIGTERM: serve tears its 5 trees down
     drop(idle);
