@@ -183,13 +183,6 @@ struct Run<'a> {
     group: GroupRecord,
     /// Exit statuses collected from the reaper so far, by pid.
     exits: HashMap<i32, crate::proc::ExitStatus>,
-    /// Escapees the ledger holds and has no exit for (signalled by pidfd
-    /// after an identity check).
-    escapees: Vec<Identity>,
-    /// Whether a full walk has classified the tree in this teardown (the
-    /// first signal at grace 0 goes out without one; the first frozen
-    /// re-read is then a walk).
-    walked: bool,
     report: TeardownReport,
     started: Instant,
 }
@@ -281,10 +274,6 @@ struct Targets {
     /// Live members the group signal must reach (for a cgroup kill: those
     /// outside the cgroup). Zero means the group is not signalled.
     in_group: usize,
-    /// Whether `in_group` is a count of classified members (the signal
-    /// record then says how many it reached), or only says that the group
-    /// is to be signalled (a first signal sent without a walk).
-    counted: bool,
     /// For a cgroup kill: the cgroup's members as the step's tick read them
     /// (frozen), which the authorization names as the cgroup target's.
     cgroup_pids: HashSet<i32>,
@@ -497,15 +486,6 @@ impl Engine {
         };
         let mut exits: HashMap<i32, crate::proc::ExitStatus> = HashMap::new();
         self.collect_exits(&mut exits);
-        let escapees: Vec<Identity> = known_members
-            .iter()
-            .filter(|m| m.escaped_at.is_some() && m.exited_at.is_none())
-            .map(|m| Identity {
-                pid: m.pid,
-                start_ticks: m.start_ticks,
-                boot_id: m.boot_id.clone(),
-            })
-            .collect();
 
         if matches!(
             row.state,
@@ -533,8 +513,6 @@ impl Engine {
             watch,
             group,
             exits,
-            escapees,
-            walked: false,
             report,
             started,
         };
@@ -584,15 +562,9 @@ impl Engine {
     /// `cgroup.procs` name, until one verifying full walk at the end), then
     /// the first signal to every live member.
     fn term(&self, run: &mut Run<'_>) -> Result<State, CustodyError> {
-        if run.opts.grace.is_zero()
-            && let Some(state) = self.term_at_once(run)?
-        {
-            return Ok(state);
-        }
         let t0 = Instant::now();
         let _span = tracing::info_span!("teardown.phase", phase = "term").entered();
         let members = run.watch.tick_full(self, &run.exits, false).members;
-        run.walked = true;
         run.report.members_at_start = members.len();
         if members.is_empty() {
             return Ok(match run.watch.recycled_leader(self) {
@@ -611,53 +583,6 @@ impl Engine {
         )?;
         run.report.phases.push((Phase::Term, t0.elapsed()));
         Ok(State::Grace(Grace { members, group_ok }))
-    }
-
-    /// TERM with no grace, on the cgroup boundary: the first signal goes to
-    /// the recorded group (proved by the cgroup's members) and to the
-    /// recorded escapees (pidfds, identity-checked), without the walk.
-    /// Nothing waits between this signal and the freeze, so a walk here
-    /// would only find more processes to send a signal that none of them
-    /// has time to act on. The walk comes right after the freeze instead
-    /// (one walk before the kill, not two): it sees every member while the
-    /// cgroup is frozen and the group's leader still lives, so a member
-    /// outside the cgroup is in the first authorization as before.
-    /// `None` (nothing sent) when the cgroup lists no process: the walk
-    /// decides then whether anything of the tree is left.
-    fn term_at_once(&self, run: &mut Run<'_>) -> Result<Option<State>, CustodyError> {
-        let Some(dir) = run.watch.cgroup() else {
-            return Ok(None);
-        };
-        let t0 = Instant::now();
-        let _span = tracing::info_span!("teardown.phase", phase = "term").entered();
-        let mut in_cgroup: Vec<i32> = self.host.cgroup_pids(dir).into_iter().collect();
-        if in_cgroup.is_empty() {
-            return Ok(None);
-        }
-        in_cgroup.sort_unstable();
-        let targets = Targets {
-            group: run.group.clone(),
-            cgroup: None,
-            in_group: in_cgroup.len(),
-            counted: false,
-            group_pids: in_cgroup,
-            loose: run.escapees.clone(),
-            cgroup_pids: HashSet::new(),
-        };
-        self.send(
-            run.tree,
-            &mut run.watch,
-            &targets,
-            run.opts.first_signal,
-            None,
-            run.opts,
-        )?;
-        run.report.phases.push((Phase::Term, t0.elapsed()));
-        run.report.phases.push((Phase::Grace, Duration::ZERO));
-        Ok(Some(State::Freeze(Freeze {
-            round: 1,
-            members: Vec::new(),
-        })))
     }
 
     /// GRACE: targeted re-reads until the members are gone or the grace is
@@ -720,21 +645,15 @@ impl Engine {
         self.freeze(run.tree, &mut run.watch, &run.group, &members, run.opts);
         self.collect_exits(&mut run.exits);
         // A frozen cgroup forks nothing: its `cgroup.procs` and the known
-        // members are all there is to re-read, once a walk has found the
-        // members outside it. Without a cgroup, a process forked since the
-        // first walk and gone to a session of its own is found only by
-        // descent: walk.
-        let survivors = if run.watch.cgroup().is_some() && run.walked {
+        // members are all there is to re-read. Without a cgroup, a process
+        // forked since the first walk and gone to a session of its own is
+        // found only by descent: walk.
+        let survivors = if run.watch.cgroup().is_some() {
             run.watch.tick_targeted(self, &run.exits).members
         } else {
-            run.walked = true;
             run.watch.tick_full(self, &run.exits, false).members
         };
         let taken_at = SystemTime::now();
-        if run.report.members_at_start == 0 {
-            // The first signal went out without a walk (grace 0).
-            run.report.members_at_start = survivors.len();
-        }
         run.report.phases.push((Phase::Freeze, t0.elapsed()));
         drop(span);
         if survivors.is_empty() {
@@ -1092,7 +1011,6 @@ impl Engine {
             group_pids: group_pids(members, group.pgid),
             loose,
             in_group,
-            counted: true,
             cgroup_pids,
         }
     }
@@ -1132,10 +1050,7 @@ impl Engine {
                 .host
                 .signal_group_known(&step.group, sig, &step.group_pids)
             {
-                Ok(GroupDelivery::Sent { members }) if step.counted => {
-                    format!("sent to {members} members")
-                }
-                Ok(GroupDelivery::Sent { .. }) => "sent".to_string(),
+                Ok(GroupDelivery::Sent { members }) => format!("sent to {members} members"),
                 Ok(GroupDelivery::Empty) => "group empty".to_string(),
                 Ok(GroupDelivery::NotRecorded(why)) => {
                     group_ok = false;

@@ -501,11 +501,10 @@ fn members_that_appear_only_between_the_frozen_read_and_the_walk_cost_bounded_ro
     // still bounded.
     let rig = rig(Boundary::Cgroup, false, |w, _root, cg| {
         let cg = cg.expect("cgroup").to_path_buf();
-        // The root obeys SIGTERM. At grace 0 on the cgroup boundary the
-        // TERM needs no walk: walk 1 is round 1's frozen walk; the walk
-        // after each round's thaw (2, 3, 4) finds a new member, gone before
-        // the next round's frozen re-read (the n-th targeted read).
-        for (walk, frozen_read) in [(2, 1), (3, 2), (4, 3)] {
+        // The root obeys SIGTERM. Walk 1 is the TERM's; the walk after each
+        // round's thaw (2, 3, 4) finds a new member, gone before the next
+        // round's frozen re-read (the n-th targeted read).
+        for (walk, frozen_read) in [(2, 2), (3, 3), (4, 4)] {
             let cg = cg.clone();
             w.on(Call::Snapshot, walk, move |w| {
                 let ghost = w.spawn(member(0, 1, 0, Some(&cg)));
@@ -527,7 +526,7 @@ fn members_that_appear_only_between_the_frozen_read_and_the_walk_cost_bounded_ro
     assert_eq!(
         w.calls.get(&Call::Snapshot),
         Some(&4),
-        "round 1's frozen walk and one after each round's thaw"
+        "the TERM's walk and one per round, three rounds"
     );
     assert_eq!(w.calls.get(&Call::CgroupFreeze), Some(&3));
 }
@@ -662,11 +661,9 @@ fn the_verify_waits_for_the_cgroup_to_empty_instead_of_re_reading_it() {
     assert_eq!(report.state, TreeState::Ended);
     assert_eq!(report.authorizations, 1);
     let w = rig.host.world();
-    // At grace 0 the frozen re-read is the one walk before the kill; after
-    // it, one targeted re-read after `populated 0` and the verifying walk:
-    // none while the kernel was still killing.
-    assert_eq!(w.calls.get(&Call::SnapshotPids), Some(&1), "{:?}", w.calls);
-    assert_eq!(w.calls.get(&Call::Snapshot), Some(&2), "{:?}", w.calls);
+    // One targeted re-read while frozen, one after `populated 0`: none
+    // while the kernel was still killing.
+    assert_eq!(w.calls.get(&Call::SnapshotPids), Some(&2), "{:?}", w.calls);
 }
 
 #[test]
@@ -690,157 +687,31 @@ fn a_tree_another_teardown_ended_meanwhile_stays_as_it_ended() {
     );
 }
 
-/// `who` as an earlier scan would record it.
-fn sighting(rig: &Rig, who: (i32, u64), sid: i32) -> crate::ledger::MemberRecord {
-    crate::ledger::MemberRecord {
-        identity: IdentityRecord {
-            pid: who.0,
-            start_ticks: who.1,
-            boot_id: BOOT.into(),
-        },
-        ppid: rig.root.0,
-        pgid: rig.root.0,
-        sid,
-        cgroup: None,
-        uid: None,
-        exe: None,
-        cmdline: vec!["worker".into()],
-        cwd: None,
-    }
-}
-
-/// A sighting of `who` in the ledger, as an earlier scan records it.
-fn record_sighting(rig: &Rig, who: (i32, u64), sid: i32) {
-    rig.ledger
-        .observe_members(rig.tree, &[sighting(rig, who, sid)])
-        .expect("sighting");
-}
-
-/// A stubborn tree in a cgroup with one group member moved out of it:
-/// `cgroup.kill` does not reach that one, the group signal must. Returns
-/// the rig and the member outside.
-fn tree_with_a_member_outside_the_cgroup() -> (Rig, (i32, u64)) {
+#[test]
+fn a_group_member_outside_the_cgroup_is_killed_by_the_group_signal_with_authority() {
     let mut outside = (0, 0);
     let rig = rig(Boundary::Cgroup, false, |w, root, cg| {
         w.procs.get_mut(&root).expect("root").ignores_term = true;
         w.spawn(stubborn(root, root, cg));
-        // In the recorded group and session, but moved out of the cgroup.
+        // In the recorded group and session, but moved out of the cgroup:
+        // cgroup.kill does not reach it, the group signal must.
         outside = w.spawn(stubborn(root, root, None));
     });
-    (rig, outside)
-}
-
-/// The group SIGKILLs of a teardown, each with whom it reached.
-fn group_kills(rig: &Rig) -> Vec<Sent> {
-    let kills = rig.kills();
-    assert_every_kill_authorized(&kills);
-    kills
-        .into_iter()
-        .filter(|k| k.target == Target::Group(rig.root.0))
-        .collect()
-}
-
-#[test]
-fn a_group_member_outside_the_cgroup_is_killed_by_the_group_signal_with_authority() {
-    // With a grace, the first signal's walk finds it: one round.
-    let (rig, outside) = tree_with_a_member_outside_the_cgroup();
-    let report = rig.teardown(Duration::from_millis(20)).expect("settled");
+    let report = rig.teardown(Duration::ZERO).expect("settled");
     assert_eq!(report.state, TreeState::Ended);
     assert_eq!(report.authorizations, 1);
-    let by_group = group_kills(&rig);
-    assert_eq!(by_group.len(), 1, "{by_group:#?}");
+    let kills = rig.kills();
+    let by_group: Vec<&Sent> = kills
+        .iter()
+        .filter(|k| k.target == Target::Group(rig.root.0))
+        .collect();
+    assert_eq!(by_group.len(), 1, "{kills:#?}");
     assert_eq!(
         by_group[0].hit,
         vec![outside],
         "the group signal reached it"
     );
-    assert!(rig.host.world().live().is_empty());
-}
-
-#[test]
-fn at_grace_zero_a_member_outside_the_cgroup_is_found_by_the_frozen_walk() {
-    // No walk before the first signal at grace 0: the walk after the
-    // freeze finds it (no scan had seen it), and the first authorization
-    // names it.
-    let (rig, outside) = tree_with_a_member_outside_the_cgroup();
-    let report = rig.teardown(Duration::ZERO).expect("settled");
-    assert_eq!(report.state, TreeState::Ended);
-    assert_eq!(report.authorizations, 1);
-    let auth = &rig.detail().authorizations[0];
-    let group: Vec<i32> = auth
-        .targets
-        .iter()
-        .filter(|t| t.kind == "group")
-        .flat_map(|t| t.identities.iter().map(|i| i.pid))
-        .collect();
-    assert!(
-        group.contains(&outside.0),
-        "the group target names it: {auth:#?}"
-    );
-    let by_group = group_kills(&rig);
-    assert_eq!(by_group.len(), 1, "{by_group:#?}");
-    assert_eq!(by_group[0].hit, vec![outside]);
-    assert!(rig.host.world().live().is_empty());
-}
-
-#[test]
-fn at_grace_zero_the_first_signal_needs_no_walk_and_reaches_group_and_recorded_escapees() {
-    let mut esc = (0, 0);
-    let rig = rig(Boundary::Cgroup, false, |w, root, cg| {
-        w.procs.get_mut(&root).expect("root").ignores_term = true;
-        for _ in 0..3 {
-            w.spawn(stubborn(root, root, cg));
-        }
-        // Escaped: its own session, and out of the cgroup.
-        let e = w.spawn(stubborn(root, root, None));
-        w.setsid(e.0);
-        esc = e;
-    });
-    record_sighting(&rig, esc, rig.root.0);
-    rig.ledger
-        .record_escape(rig.tree, &sighting(&rig, esc, esc.0), "left the session")
-        .expect("escape recorded");
-    let frozen_at_first_walk = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    {
-        let seen = frozen_at_first_walk.clone();
-        let cg = rig.cgroup.clone().expect("cgroup");
-        rig.host.world().on(Call::Snapshot, 1, move |w| {
-            if w.cgroups.get(&cg) == Some(&true) {
-                seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            }
-        });
-    }
-    let report = rig.teardown(Duration::ZERO).expect("settled");
-    assert_eq!(report.state, TreeState::Ended);
-    assert_eq!(report.members_at_start, 5, "counted by the frozen re-read");
-    assert_eq!(report.authorizations, 1, "the escapee is in the first");
-    let sent = rig.host.sent();
-    let terms: Vec<&Sent> = sent.iter().filter(|s| s.sig == Sig::Term).collect();
-    assert_eq!(terms.len(), 2, "the group and the escapee: {terms:#?}");
-    assert_eq!(terms[0].target, Target::Group(rig.root.0));
-    assert_eq!(terms[0].hit.len(), 4, "the root and its three children");
-    assert_eq!(terms[1].target, Target::Pid(esc.0));
-    assert_eq!(terms[1].hit, vec![esc]);
-    let w = rig.host.world();
-    // Proved by the cgroup's members; one walk before the kill, made
-    // frozen, and the verifying walk.
-    assert_eq!(w.group_candidates[0].len(), 4);
-    assert_eq!(w.calls.get(&Call::Snapshot), Some(&2));
-    assert_eq!(
-        frozen_at_first_walk.load(std::sync::atomic::Ordering::SeqCst),
-        1,
-        "the first walk found the cgroup frozen"
-    );
-    drop(w);
-    // The record says the group was signalled, without a count it did not take.
-    let detail = rig.detail();
-    let term_rows: Vec<&str> = detail
-        .signals
-        .iter()
-        .filter(|r| r.signal == "SIGTERM")
-        .map(|r| r.result.as_str())
-        .collect();
-    assert_eq!(term_rows, ["sent", "sent"]);
+    assert_every_kill_authorized(&kills);
     assert!(rig.host.world().live().is_empty());
 }
 
