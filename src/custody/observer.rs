@@ -415,10 +415,11 @@ impl Worker {
     }
 
     /// Re-attaches the socket filter when the member pids changed, then
-    /// re-reads each pid it names for the first time: an exec or setsid
-    /// of it before now was dropped in the kernel (it was nobody's yet),
-    /// so a setsid is caught here (an escape, as [`Worker::check`] finds
-    /// it) and an exec by the details [`Worker::flush`] reads afterwards.
+    /// re-reads each pid of this batch's forks it names for the first
+    /// time: an exec or setsid of it before now was dropped in the kernel
+    /// (it was nobody's yet), so a setsid is caught here (an escape, as
+    /// [`Worker::check`] finds it) and an exec by the details
+    /// [`Worker::flush`] reads afterwards.
     fn refilter(&mut self, findings: &mut Vec<Finding>) {
         if self.filter_off {
             return;
@@ -441,8 +442,11 @@ impl Worker {
             return;
         }
         let before = self.filtered.replace(pids.clone()).unwrap_or_default();
+        // The members this batch attributed (a member a scan handed over
+        // is the scan's to classify, escape included, at every tick).
+        let attributed: HashSet<i32> = findings.iter().map(|f| f.record.identity.pid).collect();
         for pid in pids {
-            if before.binary_search(&pid).is_err() {
+            if before.binary_search(&pid).is_err() && attributed.contains(&pid) {
                 self.check(pid, findings);
             }
         }
