@@ -529,8 +529,12 @@ impl TreeWatch {
         started: Instant,
         bump_last_seen: bool,
     ) -> TickReport {
-        let index = scan::SnapshotIndex::new(snap);
-        self.classify_indexed(engine, exits, snap, &index, started, bump_last_seen)
+        // One tree: one pass over the snapshot costs less than indexing it.
+        let members = scan::classify(snap, std::slice::from_ref(&self.known), &self.exclude)
+            .pop()
+            .map(|f| f.members)
+            .unwrap_or_default();
+        self.record_members(engine, exits, members, started, bump_last_seen)
     }
 
     fn classify_indexed(
@@ -543,6 +547,17 @@ impl TreeWatch {
         bump_last_seen: bool,
     ) -> TickReport {
         let members = scan::classify_tree(snap, index, &self.known, &self.exclude).members;
+        self.record_members(engine, exits, members, started, bump_last_seen)
+    }
+
+    fn record_members(
+        &mut self,
+        engine: &Engine,
+        exits: &HashMap<i32, ExitStatus>,
+        members: Vec<Member>,
+        started: Instant,
+        bump_last_seen: bool,
+    ) -> TickReport {
         let mut unobserved = 0;
         if let Some(obs) = &self.observer {
             unobserved = obs.scanned(self.tree, members.iter().map(|m| m.entry.key()));
