@@ -730,6 +730,8 @@ impl Engine {
             run.opts.reason,
             survivors.len()
         );
+        // The first round's authorization also moves the tree to `killing`,
+        // in its own transaction: no commit between it and the SIGKILL.
         let auth = match self.ledger.authorize_kill_after_snapshot(
             run.tree,
             run.watch.journal(),
@@ -737,6 +739,7 @@ impl Engine {
             taken_at,
             &named,
             &reason,
+            (round == 1).then_some(TreeState::Killing),
         ) {
             Ok(auth) => auth,
             Err(e) => {
@@ -756,19 +759,6 @@ impl Engine {
         // empty, in one transaction, not per scan while it dies.
         run.watch.defer_exits();
         run.report.phases.push((Phase::Authorize, since.elapsed()));
-        if round == 1
-            && let Some(Err(e)) = run.watch.record(
-                &self.ledger,
-                "state killing",
-                Deferred::State {
-                    to: TreeState::Killing,
-                    reason: Some(reason.clone()),
-                    at: now(),
-                },
-            )
-        {
-            tracing::warn!(tree = run.tree.0, error = %e, "state killing not recorded");
-        }
         State::Kill(Kill {
             round,
             survivors,
