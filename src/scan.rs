@@ -188,6 +188,12 @@ fn split_read<T: Send>(
     })
 }
 
+/// One process's `/proc/<pid>/stat`, read lean (`None`: gone, or not
+/// readable).
+pub fn read_entry(pid: i32) -> Option<ProcEntry> {
+    StatReader::new().read(pid)
+}
+
 /// The first of `pids` that is alive (not a zombie) and in process group
 /// `pgid`, read now; stops reading at the first one found.
 pub fn first_live_in_group(pids: impl IntoIterator<Item = i32>, pgid: i32) -> Option<ProcEntry> {

@@ -586,7 +586,7 @@ fn a_recycled_pid_is_never_signalled() {
         // first) the escapee exits and a stranger gets its pid.
         let pid = e.0;
         w.on(Call::KillAny, 2, move |w| {
-            w.recycle(pid);
+            w.recycle(pid).expect("the escapee's pid is free for reuse");
         });
     });
     let report = rig.teardown(Duration::ZERO).expect("settled");
@@ -784,7 +784,10 @@ fn a_sigkill_that_found_the_group_empty_is_recorded_as_skipped_not_as_a_signal()
 fn a_recycled_group_leader_is_refused_and_the_tree_closed_vanished() {
     let rig = rig(Boundary::Session, false, |_, _, _| {});
     // The root is gone and its pid (the pgid and sid) belongs to a stranger.
-    rig.host.world().recycle(rig.root.0);
+    rig.host
+        .world()
+        .recycle(rig.root.0)
+        .expect("the root's pid is free for reuse");
     let report = rig.teardown(Duration::from_secs(1)).expect("settled");
     assert_eq!(report.state, TreeState::Vanished);
     assert!(rig.host.sent().is_empty(), "nothing signalled");
@@ -1042,7 +1045,7 @@ fn with_the_group_leader_recycled_an_escapee_is_still_killed_by_pidfd_and_the_st
         let mut w = rig.host.world();
         let root = rig.root.0;
         w.on(Call::SignalGroup, 1, move |w| {
-            w.recycle(root);
+            w.recycle(root).expect("the root's pid is free for reuse");
         });
     }
     let result = rig.teardown(Duration::ZERO);
@@ -1308,8 +1311,9 @@ mod interleavings {
                                 }
                             }
                             Act::Recycle(i) => {
-                                if let Some(p) = pick(i) {
-                                    let s = w.recycle(p);
+                                if let Some(p) = pick(i)
+                                    && let Some(s) = w.recycle(p)
+                                {
                                     strangers.lock().expect("strangers").push(s);
                                 }
                             }
@@ -1373,7 +1377,7 @@ fn a_pid_recycled_between_cgroup_procs_and_its_stat_is_not_a_member() {
         member_id = w.spawn(stubborn(root, root, cg));
         let pid = member_id.0;
         w.on(Call::SnapshotPids, 1, move |w| {
-            *slot.lock().expect("slot") = Some(w.recycle(pid));
+            *slot.lock().expect("slot") = w.recycle(pid);
         });
     });
     let report = rig.teardown(Duration::ZERO).expect("settled");
