@@ -37,7 +37,7 @@ pub use boundary::{
     Spawned, cgroup_root, cgroup2_mount, check_cgroup_writable, own_cgroup_dir,
     remove_cgroup_if_empty, remove_cgroup_when_empty, resolve_boundary, spawn_held,
 };
-pub use connector::{Connector, ProcEvent, monotonic_ns};
+pub use connector::{Connector, ConnectorWaker, ProcEvent, monotonic_ns};
 pub use identity::{
     Identity, Liveness, ProcKey, ProcStat, boot_id, identity_of, read_stat, self_identity,
 };
