@@ -44,7 +44,8 @@ pub use identity::{
 pub use pidfd::{ExitWatch, open_exit_watch, wait_exits};
 pub use probe::{Capability, Probe, probe};
 pub use reaper::{
-    ExitStatus, Reaper, parent_pid, reap_child, set_parent_death_signal, set_subreaper,
+    ExitStatus, Reaper, has_no_children, parent_pid, reap_child, set_parent_death_signal,
+    set_subreaper,
 };
 pub use resources::{CgroupUsage, cap_log, cgroup_controllers, cgroup_usage, oom_kills};
 pub use signal::{
