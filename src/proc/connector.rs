@@ -153,17 +153,7 @@ impl Connector {
             ^ COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let msg = subscribe_message(PROC_CN_MCAST_LISTEN, nonce);
         rustix::net::sendto(&fd, &msg, SendFlags::empty(), &SocketAddrNetlink::new(0, 0))?;
-        let wake = rustix::event::eventfd(
-            0,
-            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
-        )?;
-        let mut conn = Connector {
-            fd,
-            buf: vec![0; 64 * 1024],
-            pending: Vec::new(),
-            nonce,
-            wake: Arc::new(wake),
-        };
+        let mut conn = Connector::over(fd, nonce)?;
         conn.await_ack(ACK_TIMEOUT)?;
         Ok(conn)
     }
@@ -227,6 +217,21 @@ impl Connector {
             }
         }
         Ok(out)
+    }
+
+    /// A connector over a socket already made, with its wake-up eventfd.
+    fn over(fd: OwnedFd, nonce: u32) -> Result<Connector, ProcError> {
+        let wake = rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )?;
+        Ok(Connector {
+            fd,
+            buf: vec![0; 64 * 1024],
+            pending: Vec::new(),
+            nonce,
+            wake: Arc::new(wake),
+        })
     }
 
     /// A handle that ends this connector's waits early.
@@ -568,6 +573,43 @@ mod tests {
             }
         }
         assert!(forked && exited, "fork {forked} exit {exited}");
+    }
+
+    /// A wake from another thread ends a long wait at once, and is used up
+    /// by it. The socket is subscribed to nothing, so no event can end the
+    /// wait instead: without the wake it would last its whole 60 s.
+    #[test]
+    fn a_waker_ends_a_wait_at_once_and_is_used_up() {
+        let fd = rustix::net::socket_with(
+            AddressFamily::NETLINK,
+            SocketType::DGRAM,
+            SocketFlags::CLOEXEC,
+            Some(netlink::CONNECTOR),
+        )
+        .expect("netlink socket");
+        rustix::net::bind(&fd, &SocketAddrNetlink::new(0, 0)).expect("bind, no groups");
+        let mut conn = Connector::over(fd, 0).expect("connector");
+        let waker = conn.waker();
+        let waiting = std::thread::spawn(move || {
+            let started = std::time::Instant::now();
+            let events = conn.recv(Duration::from_secs(60)).expect("recv");
+            (started.elapsed(), events, conn)
+        });
+        waker.wake();
+        let (took, events, mut conn) = waiting.join().expect("waiter");
+        assert!(events.is_empty(), "{events:?}");
+        assert!(
+            took < Duration::from_secs(30),
+            "the wake ended the wait: {took:?}"
+        );
+        // Used up: the next wait is not ended by the old wake.
+        let started = std::time::Instant::now();
+        assert!(
+            conn.recv(Duration::from_millis(50))
+                .expect("recv")
+                .is_empty()
+        );
+        assert!(started.elapsed() >= Duration::from_millis(50));
     }
 
     /// A tiny receive buffer and a burst of forks that nobody reads: the

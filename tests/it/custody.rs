@@ -1518,7 +1518,11 @@ fn a_tree_empty_when_its_root_exits_has_a_complete_record_on_both_boundaries() {
             .filter(|e| e["tree"] == 1)
             .filter_map(|e| e["kind"].as_str())
             .collect();
-        assert_eq!(kinds.first(), Some(&"tree.created"), "[{boundary}] {kinds:?}");
+        assert_eq!(
+            kinds.first(),
+            Some(&"tree.created"),
+            "[{boundary}] {kinds:?}"
+        );
         assert!(kinds.contains(&"tree.spawned"), "[{boundary}] {kinds:?}");
         assert_eq!(kinds.last(), Some(&"tree.ended"), "[{boundary}] {kinds:?}");
         let root_exit = events
@@ -1528,7 +1532,10 @@ fn a_tree_empty_when_its_root_exits_has_a_complete_record_on_both_boundaries() {
                     && e["data"]["identity"]["pid"].as_i64() == Some(root_pid)
             })
             .unwrap_or_else(|| panic!("[{boundary}] no member.exited for the root"));
-        assert_eq!(root_exit["data"]["exit"]["code"], 7, "[{boundary}] {root_exit}");
+        assert_eq!(
+            root_exit["data"]["exit"]["code"], 7,
+            "[{boundary}] {root_exit}"
+        );
         assert!(
             !events
                 .iter()
@@ -1542,7 +1549,10 @@ fn a_tree_empty_when_its_root_exits_has_a_complete_record_on_both_boundaries() {
         let leases: Vec<_> = std::fs::read_dir(env.data_dir().join("teardown"))
             .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
             .unwrap_or_default();
-        assert!(leases.is_empty(), "[{boundary}] lease files left: {leases:?}");
+        assert!(
+            leases.is_empty(),
+            "[{boundary}] lease files left: {leases:?}"
+        );
         assert!(env.marked().is_empty(), "[{boundary}] nothing of it runs");
         env.assert_verifies(boundary);
     }
