@@ -169,8 +169,8 @@ impl Observer {
 
     fn join(&mut self) {
         self.handle.shared.stop.store(true, Ordering::SeqCst);
-        self.waker.wake();
         if let Some(t) = self.thread.take() {
+            self.waker.wake();
             let _ = t.join();
         }
     }
