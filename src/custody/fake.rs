@@ -709,6 +709,14 @@ impl Host for FakeHost {
         self.world().reaper
     }
 
+    /// As the kernel answers a subreaper: no process (zombies included)
+    /// has it as its parent.
+    fn has_no_children(&self) -> Option<bool> {
+        let w = self.world();
+        let me = w.subreaper.filter(|_| w.reaper)?;
+        Some(!w.procs.values().any(|p| p.ppid == me))
+    }
+
     fn unclaimed_exits(&self) -> Vec<(i32, ExitStatus)> {
         self.world().unclaimed.clone()
     }

@@ -121,6 +121,8 @@ impl std::fmt::Debug for ObserverHandle {
 pub struct Observer {
     handle: ObserverHandle,
     thread: Option<JoinHandle<()>>,
+    /// Ends the thread's wait for events, so a stop is not held up by it.
+    waker: crate::proc::ConnectorWaker,
 }
 
 impl Observer {
@@ -134,6 +136,7 @@ impl Observer {
         on_overflow: Box<dyn Fn() + Send>,
     ) -> Result<Observer, ProcError> {
         let conn = Connector::open(rcvbuf)?;
+        let waker = conn.waker();
         let shared = Arc::new(Shared::default());
         let worker = Worker {
             conn,
@@ -150,6 +153,7 @@ impl Observer {
         Ok(Observer {
             handle: ObserverHandle { shared },
             thread: Some(thread),
+            waker,
         })
     }
 
@@ -166,6 +170,7 @@ impl Observer {
     fn join(&mut self) {
         self.handle.shared.stop.store(true, Ordering::SeqCst);
         if let Some(t) = self.thread.take() {
+            self.waker.wake();
             let _ = t.join();
         }
     }

@@ -169,6 +169,24 @@ impl Ledger {
         })
     }
 
+    /// [`Ledger::register_owner`] and [`Ledger::create_tree_for`] in one
+    /// transaction (FULL): a spawn's first records in one commit, not two
+    /// (`tree.owner` is replaced by the owner's id).
+    pub fn create_tree_with_owner(
+        &self,
+        owner: &OwnerRecord,
+        tree: &NewTree,
+        on_behalf: Option<&OnBehalfRecord>,
+    ) -> Result<TreeId, LedgerError> {
+        let owner = owner.clone();
+        let mut tree = tree.clone();
+        let on_behalf = on_behalf.cloned();
+        self.write(Durability::Full, move |w| {
+            tree.owner = write::register_owner(w, &owner)?;
+            write::create_tree(w, &tree, on_behalf.as_ref())
+        })
+    }
+
     /// Commits a tree in state `spawning` (FULL) with a `tree.created` event.
     pub fn create_tree(&self, tree: &NewTree) -> Result<TreeId, LedgerError> {
         self.create_tree_for(tree, None)
