@@ -485,7 +485,10 @@ fn spawn(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()> {
         Ok(d)
     };
     let (mut ours, mut floor) = (Vec::new(), Vec::new());
-    for _ in 0..plan.spawns {
+    // One ledger for every run, created by an untimed first run: the
+    // realistic case is a host whose ledger exists (its creation, the
+    // schema's migrations and their fsyncs, happens once per host).
+    for n in 0..=plan.spawns {
         let mut c = Command::new(&bin);
         c.env("TREEWARDEN_DATA_DIR", &data)
             .env_remove("TREEWARDEN_CGROUP_ROOT")
@@ -496,7 +499,11 @@ fn spawn(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()> {
                 .env("TREEWARDEN_CGROUP_ROOT", &root.0),
             None => c.env("TREEWARDEN_BOUNDARY", "session"),
         };
-        ours.push(run(&mut c)?);
+        let took = run(&mut c)?;
+        if n == 0 {
+            continue;
+        }
+        ours.push(took);
         floor.push(run(Command::new("sh").args(["-c", "true"]))?);
     }
     let boundary = if cgroup_root.is_some() {
@@ -506,7 +513,7 @@ fn spawn(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()> {
     };
     rows.push(Row {
         item: "4".into(),
-        what: format!("`treewarden run -- true` end to end ({boundary})"),
+        what: format!("`treewarden run -- true` end to end ({boundary}, ledger exists)"),
         ours: stats(ours),
         floor_name: "`sh -c true`".into(),
         floor: stats(floor),

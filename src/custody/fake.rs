@@ -218,10 +218,18 @@ impl World {
 
     /// The pid is recycled: whatever held it is gone, and a stranger that
     /// started later (in a session of its own) holds it now.
-    pub fn recycle(&mut self, pid: i32) -> (i32, u64) {
+    ///
+    /// As in the kernel, a pid is handed out again only once nothing uses
+    /// it: while a live process still has it as its group or session id
+    /// (the exited leader's group lives on), the process only exits, and
+    /// `None` says no stranger took the pid.
+    pub fn recycle(&mut self, pid: i32) -> Option<(i32, u64)> {
         // Its children were re-parented before the pid could be reused.
         self.exit(pid, ExitStatus::Exited(0));
-        self.spawn(stranger(pid))
+        let pinned = self.procs.values().any(|p| {
+            p.pid != pid && !matches!(p.state, 'Z' | 'X') && (p.pgid == pid || p.sid == pid)
+        });
+        (!pinned).then(|| self.spawn(stranger(pid)))
     }
 
     /// Runs `action` just before the `nth` (1-based) call of `call`.
@@ -699,6 +707,14 @@ impl Host for FakeHost {
 
     fn has_reaper(&self) -> bool {
         self.world().reaper
+    }
+
+    /// As the kernel answers a subreaper: no process (zombies included)
+    /// has it as its parent.
+    fn has_no_children(&self) -> Option<bool> {
+        let w = self.world();
+        let me = w.subreaper.filter(|_| w.reaper)?;
+        Some(!w.procs.values().any(|p| p.ppid == me))
     }
 
     fn unclaimed_exits(&self) -> Vec<(i32, ExitStatus)> {

@@ -86,6 +86,10 @@ pub trait Host: Send + Sync {
     /// Whether this process is a subreaper that collects its orphans'
     /// statuses (run, serve).
     fn has_reaper(&self) -> bool;
+    /// Whether this process, a subreaper, has no child at all, live or
+    /// zombie ([`crate::proc::has_no_children`]); `None` when it is no
+    /// subreaper or cannot tell.
+    fn has_no_children(&self) -> Option<bool>;
     /// Exit statuses the reaper collected that nobody claimed yet.
     fn unclaimed_exits(&self) -> Vec<(i32, ExitStatus)>;
     /// The exit status of a process this process reaped, or is about to
@@ -201,6 +205,11 @@ impl Host for KernelHost {
 
     fn has_reaper(&self) -> bool {
         self.reaper.is_some()
+    }
+
+    fn has_no_children(&self) -> Option<bool> {
+        self.reaper?;
+        crate::proc::has_no_children().ok()
     }
 
     fn unclaimed_exits(&self) -> Vec<(i32, ExitStatus)> {

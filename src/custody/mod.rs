@@ -207,6 +207,15 @@ impl Engine {
         }
     }
 
+    /// Marks a tree as spawned by this process (a test rig's tree, whose
+    /// root the fake host "forked").
+    #[cfg(test)]
+    pub(crate) fn note_spawned_here(&self, tree: TreeId) {
+        if let Ok(mut set) = self.spawned_here.lock() {
+            set.insert(tree.0);
+        }
+    }
+
     /// Whether this process spawned the tree's root.
     pub(crate) fn was_spawned_here(&self, tree: TreeId) -> bool {
         self.spawned_here

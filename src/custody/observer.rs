@@ -40,8 +40,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::ledger::{IdentityRecord, Ledger, MemberRecord, TreeId};
-use crate::proc::connector::Waker;
-use crate::proc::{Connector, ProcError, ProcEvent, ProcKey, monotonic_ns};
+use crate::proc::{Connector, ConnectorWaker, ProcError, ProcEvent, ProcKey, monotonic_ns};
 
 /// How many recent forks are remembered for a tree registered late (its
 /// root may fork before the owner has told the observer its pid).
@@ -119,7 +118,7 @@ struct Shared {
     /// The connector failed: the thread ended, scans carry on alone.
     failed: AtomicBool,
     /// Wakes the thread (stop, a new tree, members a scan added).
-    waker: Option<Waker>,
+    waker: Option<ConnectorWaker>,
 }
 
 /// A cheap handle to a running observer: register trees, read members and
@@ -189,8 +188,9 @@ impl Observer {
 
     fn join(&mut self) {
         self.handle.shared.stop.store(true, Ordering::SeqCst);
-        self.handle.wake();
         if let Some(t) = self.thread.take() {
+            // Ends the thread's wait for events, so a stop is not held up.
+            self.handle.wake();
             let _ = t.join();
         }
     }

@@ -190,6 +190,13 @@ impl Engine {
         }
         let deadline = opts.timeout.map(|t| Instant::now() + t);
         let mut next_scan = Instant::now();
+        // The first tick, right after the release, reads only the root (the
+        // group and session leader) and the cgroup's members, and records
+        // the root as a member: nothing has had time to leave the tree by
+        // then, so a full walk of `/proc` would find only what this finds
+        // (the teardown's full walk follows at once when the root is as
+        // quick as `true`; the next ticks walk all of `/proc`).
+        let mut first_tick = true;
         let end = loop {
             let now = Instant::now();
             if let Some(d) = deadline
@@ -208,8 +215,13 @@ impl Engine {
                     break RunEnd::RootExited(*status);
                 }
                 if let Some(w) = watch.as_mut() {
-                    w.tick(self, &exits);
+                    if first_tick {
+                        w.tick_targeted(self, &exits);
+                    } else {
+                        w.tick(self, &exits);
+                    }
                 }
+                first_tick = false;
                 if opts.die_with_parent && crate::proc::parent_pid() != parent {
                     break RunEnd::ParentDied;
                 }

@@ -2,7 +2,7 @@
 //! commit, release.
 //!
 //! 1. the dispatch gate;
-//! 2. owner + tree row (`spawning`), committed with synchronous=FULL;
+//! 2. owner + tree row (`spawning`), committed together with synchronous=FULL;
 //! 3. fork into the boundary, the child held on its pipe;
 //! 4. pid, pgid, sid, cgroup and the root's identity committed (`tree.spawned`,
 //!    FULL) — this commit is what releases the child;
@@ -155,10 +155,10 @@ impl Engine {
         })?;
         self.check_limits(boundary, &req.limits)?;
         self.check_dispatch()?;
-        let owner = self.ledger.register_owner(&OwnerRecord {
+        let owner = OwnerRecord {
             identity: identity_record(&req.owner),
             kind: req.owner_kind,
-        })?;
+        };
         let on_behalf = req
             .on_behalf
             .as_ref()
@@ -167,11 +167,14 @@ impl Engine {
                 run_uid: b.run_as.as_ref().map(|c| c.uid),
                 run_gid: b.run_as.as_ref().map(|c| c.gid),
             });
-        let tree = self.ledger.create_tree_for(
+        // The owner row and the tree row in one FULL commit.
+        let tree = self.ledger.create_tree_with_owner(
+            &owner,
             &NewTree {
                 label: req.label.clone(),
                 boundary: boundary.to_string(),
-                owner,
+                // (replaced by the owner row's id in the same transaction)
+                owner: crate::ledger::OwnerId(0),
                 argv: req
                     .argv
                     .iter()

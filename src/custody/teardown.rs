@@ -564,7 +564,19 @@ impl Engine {
     fn term(&self, run: &mut Run<'_>) -> Result<State, CustodyError> {
         let t0 = Instant::now();
         let _span = tracing::info_span!("teardown.phase", phase = "term").entered();
-        let members = run.watch.tick_full(self, &run.exits, false).members;
+        // A tree proven empty without a walk (`run -- true` after its root
+        // exited) is checked by a targeted tick, which still records the
+        // exits of the members seen alive; anything it finds after all
+        // gets the full walk.
+        let proven = self.proven_empty(&run.watch);
+        let mut members = if proven {
+            run.watch.tick_targeted(self, &run.exits).members
+        } else {
+            Vec::new()
+        };
+        if !proven || !members.is_empty() {
+            members = run.watch.tick_full(self, &run.exits, false).members;
+        }
         run.report.members_at_start = members.len();
         if members.is_empty() {
             return Ok(match run.watch.recycled_leader(self) {
@@ -583,6 +595,26 @@ impl Engine {
         )?;
         run.report.phases.push((Phase::Term, t0.elapsed()));
         Ok(State::Grace(Grace { members, group_ok }))
+    }
+
+    /// Whether nothing of the tree can be alive, known without a walk of
+    /// `/proc`: this process spawned the root and is the subreaper of the
+    /// tree, it has no child at all (live or zombie), and the tree's cgroup,
+    /// where it has one, reports `populated 0`. Every member is in the
+    /// root's session or group (so descended from the root, which made
+    /// both), in its cgroup, or descended from a member; a live descendant
+    /// whose ancestors up to the root are dead has been re-parented to its
+    /// nearest live subreaper ancestor, this process, so with no child here
+    /// no descendant lives; and the one way into the tree that is not
+    /// descent, a privileged write to `cgroup.procs`, shows in the cgroup.
+    fn proven_empty(&self, watch: &TreeWatch) -> bool {
+        if !self.was_spawned_here(watch.tree()) || self.host.has_no_children() != Some(true) {
+            return false;
+        }
+        match watch.cgroup() {
+            Some(dir) => matches!(self.host.cgroup_wait_empty(dir, self.host.now()), Ok(true)),
+            None => true,
+        }
     }
 
     /// GRACE: targeted re-reads until the members are gone or the grace is
@@ -730,6 +762,8 @@ impl Engine {
             run.opts.reason,
             survivors.len()
         );
+        // The first round's authorization also moves the tree to `killing`,
+        // in its own transaction: no commit between it and the SIGKILL.
         let auth = match self.ledger.authorize_kill_after_snapshot(
             run.tree,
             run.watch.journal(),
@@ -737,6 +771,7 @@ impl Engine {
             taken_at,
             &named,
             &reason,
+            (round == 1).then_some(TreeState::Killing),
         ) {
             Ok(auth) => auth,
             Err(e) => {
@@ -756,19 +791,6 @@ impl Engine {
         // empty, in one transaction, not per scan while it dies.
         run.watch.defer_exits();
         run.report.phases.push((Phase::Authorize, since.elapsed()));
-        if round == 1
-            && let Some(Err(e)) = run.watch.record(
-                &self.ledger,
-                "state killing",
-                Deferred::State {
-                    to: TreeState::Killing,
-                    reason: Some(reason.clone()),
-                    at: now(),
-                },
-            )
-        {
-            tracing::warn!(tree = run.tree.0, error = %e, "state killing not recorded");
-        }
         State::Kill(Kill {
             round,
             survivors,

@@ -586,7 +586,7 @@ fn a_recycled_pid_is_never_signalled() {
         // first) the escapee exits and a stranger gets its pid.
         let pid = e.0;
         w.on(Call::KillAny, 2, move |w| {
-            w.recycle(pid);
+            w.recycle(pid).expect("the escapee's pid is free for reuse");
         });
     });
     let report = rig.teardown(Duration::ZERO).expect("settled");
@@ -784,7 +784,10 @@ fn a_sigkill_that_found_the_group_empty_is_recorded_as_skipped_not_as_a_signal()
 fn a_recycled_group_leader_is_refused_and_the_tree_closed_vanished() {
     let rig = rig(Boundary::Session, false, |_, _, _| {});
     // The root is gone and its pid (the pgid and sid) belongs to a stranger.
-    rig.host.world().recycle(rig.root.0);
+    rig.host
+        .world()
+        .recycle(rig.root.0)
+        .expect("the root's pid is free for reuse");
     let report = rig.teardown(Duration::from_secs(1)).expect("settled");
     assert_eq!(report.state, TreeState::Vanished);
     assert!(rig.host.sent().is_empty(), "nothing signalled");
@@ -1042,7 +1045,7 @@ fn with_the_group_leader_recycled_an_escapee_is_still_killed_by_pidfd_and_the_st
         let mut w = rig.host.world();
         let root = rig.root.0;
         w.on(Call::SignalGroup, 1, move |w| {
-            w.recycle(root);
+            w.recycle(root).expect("the root's pid is free for reuse");
         });
     }
     let result = rig.teardown(Duration::ZERO);
@@ -1308,8 +1311,9 @@ mod interleavings {
                                 }
                             }
                             Act::Recycle(i) => {
-                                if let Some(p) = pick(i) {
-                                    let s = w.recycle(p);
+                                if let Some(p) = pick(i)
+                                    && let Some(s) = w.recycle(p)
+                                {
                                     strangers.lock().expect("strangers").push(s);
                                 }
                             }
@@ -1373,7 +1377,7 @@ fn a_pid_recycled_between_cgroup_procs_and_its_stat_is_not_a_member() {
         member_id = w.spawn(stubborn(root, root, cg));
         let pid = member_id.0;
         w.on(Call::SnapshotPids, 1, move |w| {
-            *slot.lock().expect("slot") = Some(w.recycle(pid));
+            *slot.lock().expect("slot") = w.recycle(pid);
         });
     });
     let report = rig.teardown(Duration::ZERO).expect("settled");
@@ -1460,4 +1464,107 @@ fn a_trail_the_ledger_refused_mid_teardown_is_written_before_the_end() {
         .into_iter()
         .any(|e| e.kind == "tree.state" && e.data["to"] == "terminating");
     assert!(terminating, "the refused state change is written late");
+}
+
+/// The tree of a `run` whose root exited: this process spawned it and is
+/// its subreaper (the root is its child; orphans come to it).
+fn run_rig(boundary: Boundary, setup: impl FnOnce(&mut World, i32, i32, Option<&Path>)) -> Rig {
+    let me = std::process::id() as i32;
+    let rig = rig(boundary, true, |w, root, cg| {
+        w.subreaper = Some(me);
+        w.procs.get_mut(&root).expect("root").ppid = me;
+        setup(w, me, root, cg);
+        w.exit(root, ExitStatus::Exited(3));
+    });
+    rig.engine.note_spawned_here(rig.tree);
+    rig
+}
+
+fn full_walks(rig: &Rig) -> usize {
+    rig.host
+        .world()
+        .calls
+        .get(&Call::Snapshot)
+        .copied()
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_run_tree_proven_empty_is_ended_without_a_walk_and_its_record_is_complete() {
+    for boundary in [Boundary::Session, Boundary::Cgroup] {
+        let rig = run_rig(boundary, |_, _, _, _| {});
+        let opts = TeardownOptions::new(Duration::from_secs(5), "root exited", Origin::Run);
+        let report = rig.teardown_with(opts).expect("settled");
+        assert_eq!(report.state, TreeState::Ended);
+        assert_eq!(report.members_at_start, 0);
+        assert_eq!(
+            full_walks(&rig),
+            0,
+            "no child, cgroup empty: no walk of /proc"
+        );
+        assert!(
+            rig.host.sent().is_empty(),
+            "nothing signalled: {:?}",
+            rig.host.sent()
+        );
+        let detail = rig.detail();
+        assert_eq!(detail.tree.state, TreeState::Ended);
+        assert_eq!(
+            detail.tree.exit.and_then(|e| e.code),
+            Some(3),
+            "the root's status, from the reaper"
+        );
+        let kinds = rig.kinds();
+        assert!(kinds.iter().any(|k| k == "tree.spawned"), "{kinds:?}");
+        assert_eq!(
+            kinds.last().map(String::as_str),
+            Some("tree.ended"),
+            "{kinds:?}"
+        );
+        if let Some(dir) = &rig.cgroup {
+            assert!(
+                rig.host.world().removed.contains(dir),
+                "its cgroup is removed"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_orphan_of_the_tree_alive_under_the_subreaper_denies_the_proof() {
+    // The root forked a child that left the session and group; the root
+    // exited, so the child is this process's now. No proof: the walk finds
+    // it by descent, and the teardown ends it.
+    for boundary in [Boundary::Session, Boundary::Cgroup] {
+        let rig = run_rig(boundary, |w, _, root, _| {
+            let (child, _) = w.spawn(member(0, root, root, None));
+            w.setsid(child);
+        });
+        let opts = TeardownOptions::new(Duration::ZERO, "root exited", Origin::Run);
+        let report = rig.teardown_with(opts).expect("settled");
+        assert!(full_walks(&rig) >= 1, "the tree is walked");
+        assert_eq!(report.members_at_start, 1, "the orphan is found");
+        assert_eq!(report.state, TreeState::Ended);
+        assert!(rig.host.world().live().is_empty(), "and ended");
+    }
+}
+
+#[test]
+fn a_process_moved_into_the_trees_cgroup_denies_the_proof() {
+    // Not a descendant, so not this process's child: only the cgroup
+    // shows it.
+    let rig = run_rig(Boundary::Cgroup, |w, _, _, cg| {
+        w.spawn(FakeProc {
+            cgroup: cg.map(Path::to_path_buf),
+            ..stranger(0)
+        });
+    });
+    let opts = TeardownOptions::new(Duration::ZERO, "root exited", Origin::Run);
+    let report = rig.teardown_with(opts).expect("settled");
+    assert!(full_walks(&rig) >= 1, "the tree is walked");
+    assert_eq!(
+        report.members_at_start, 1,
+        "the process in the cgroup is a member"
+    );
+    assert!(rig.host.world().live().is_empty(), "and ended");
 }

@@ -169,6 +169,24 @@ impl Ledger {
         })
     }
 
+    /// [`Ledger::register_owner`] and [`Ledger::create_tree_for`] in one
+    /// transaction (FULL): a spawn's first records in one commit, not two
+    /// (`tree.owner` is replaced by the owner's id).
+    pub fn create_tree_with_owner(
+        &self,
+        owner: &OwnerRecord,
+        tree: &NewTree,
+        on_behalf: Option<&OnBehalfRecord>,
+    ) -> Result<TreeId, LedgerError> {
+        let owner = owner.clone();
+        let mut tree = tree.clone();
+        let on_behalf = on_behalf.cloned();
+        self.write(Durability::Full, move |w| {
+            tree.owner = write::register_owner(w, &owner)?;
+            write::create_tree(w, &tree, on_behalf.as_ref())
+        })
+    }
+
     /// Commits a tree in state `spawning` (FULL) with a `tree.created` event.
     pub fn create_tree(&self, tree: &NewTree) -> Result<TreeId, LedgerError> {
         self.create_tree_for(tree, None)
@@ -366,6 +384,12 @@ impl Ledger {
     /// ledger that refused writes, then took them again): it goes first in
     /// the same transaction, so the chain keeps the order things happened
     /// in (its state changes and SIGTERM before the authority).
+    ///
+    /// `then` is the state the tree takes with the authorization (`killing`,
+    /// in a teardown's first round), written right after it in the same
+    /// transaction, unless the tree is terminal by then: nothing is
+    /// written between an authorization and its SIGKILL.
+    #[allow(clippy::too_many_arguments)]
     pub fn authorize_kill_after_snapshot(
         &self,
         id: TreeId,
@@ -374,6 +398,7 @@ impl Ledger {
         taken_at: std::time::SystemTime,
         targets: &[KillTarget],
         reason: &str,
+        then: Option<TreeState>,
     ) -> Result<AuthorizationId, LedgerError> {
         let prior = prior.to_vec();
         let batch = crate::custody::markers::new_batch();
@@ -387,7 +412,19 @@ impl Ledger {
                 write::replay_deferred(w, id, &prior, &batch)?;
             }
             write::record_survivors(w, id, &survivors, &taken_at)?;
-            write::authorize_kill(w, id, &targets, &reason)
+            let auth = write::authorize_kill(w, id, &targets, &reason)?;
+            if let Some(to) = then {
+                write::apply_deferred(
+                    w,
+                    id,
+                    &Deferred::State {
+                        to,
+                        reason: Some(reason.clone()),
+                        at: w.now.clone(),
+                    },
+                )?;
+            }
+            Ok(auth)
         })?;
         // The authorization is committed; its SIGKILL is the caller's next step.
         crate::testhook::crash_point("after-authorize");

@@ -3,8 +3,9 @@
 //! [`spawn_held`] forks a child that, before it runs anything of the command,
 //! makes itself a session and process-group leader (`setsid`: pgid = sid =
 //! pid), sets up stdio and cwd, closes every other inherited descriptor, and
-//! then blocks on a pipe. Meanwhile the parent moves it into the tree's cgroup
-//! (when there is one). The caller can now record the tree durably and then
+//! then blocks on a pipe. When the tree has a cgroup the child is born in it
+//! (`clone3` with `CLONE_INTO_CGROUP`), or, where the kernel refuses that,
+//! the parent moves it there meanwhile. The caller can now record the tree durably and then
 //! [`HeldChild::release`] it to `execve`, or [`HeldChild::cancel`] it: work
 //! that cannot be recorded is never started.
 //!
@@ -512,6 +513,61 @@ fn prepare(spec: &SpawnSpec) -> Result<Prepared, ProcError> {
     })
 }
 
+/// `clone3(CLONE_INTO_CGROUP)` used as `fork`: the child is born in the
+/// cgroup `dir` names, so it is never migrated there. Writing a pid to
+/// `cgroup.procs` takes the kernel's cgroup threadgroup lock for writing,
+/// which waits for an RCU grace period: 6–19 ms measured here for the one
+/// migration a `run` makes (docs/PERFORMANCE.md, session 5), against
+/// 0.1–0.2 ms for this. Returns -1 where the kernel refuses it (before 5.7,
+/// `ENOSYS` under a seccomp filter that hides clone3, a cgroup it will not
+/// take): the caller then forks and writes `cgroup.procs`, which reports
+/// the real reason if there is one.
+///
+/// # Safety
+/// As for `fork`: in a multi-threaded process the child may make only
+/// async-signal-safe calls until `execve` or `_exit`.
+unsafe fn clone_into_cgroup(dir: libc::c_int) -> libc::pid_t {
+    /// `struct clone_args` (linux/sched.h): every field 64 bits on every
+    /// architecture, so one definition fits all.
+    #[repr(C)]
+    #[derive(Default)]
+    struct CloneArgs {
+        flags: u64,
+        pidfd: u64,
+        child_tid: u64,
+        parent_tid: u64,
+        exit_signal: u64,
+        stack: u64,
+        stack_size: u64,
+        tls: u64,
+        set_tid: u64,
+        set_tid_size: u64,
+        cgroup: u64,
+    }
+    /// CLONE_INTO_CGROUP (linux/sched.h, Linux 5.7).
+    const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+    let Ok(cgroup) = u64::try_from(dir) else {
+        return -1;
+    };
+    let args = CloneArgs {
+        flags: CLONE_INTO_CGROUP,
+        exit_signal: libc::SIGCHLD as u64,
+        cgroup,
+        ..CloneArgs::default()
+    };
+    // SAFETY: `args` is a valid clone_args of the size passed; no CLONE_VM
+    // and no stack, so the child runs on a copy of this address space like
+    // a forked one, and the caller keeps to fork's rules in it.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &args as *const CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    libc::pid_t::try_from(pid).unwrap_or(-1)
+}
+
 /// The child side, between `fork` and `execve`/`_exit`. Only async-signal-safe
 /// calls on memory prepared before the fork: no allocation, no locks.
 ///
@@ -688,19 +744,42 @@ fn fork_held(spec: &SpawnSpec, p: &Prepared, program: String) -> Result<HeldChil
     let (release_r, release_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
     let (status_r, status_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
 
+    // The tree's cgroup, for a child born in it (see `clone_into_cgroup`).
+    let cgroup_dir = spec.cgroup.as_ref().and_then(|cg| {
+        rustix::fs::open(
+            cg,
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .ok()
+    });
     let fork_lock = Reaper::installed().map(Reaper::fork_lock);
-    // SAFETY: fork is called with all of the child's memory prepared; the
-    // child runs only `child_after_fork` (async-signal-safe calls, no
-    // allocation, no locks; the reaper lock held here is never touched in the
-    // child) and ends in execve or _exit.
-    let pid = unsafe { libc::fork() };
+    let mut born_in_cgroup = false;
+    let mut pid = -1;
+    if let Some(dir) = &cgroup_dir {
+        // SAFETY: as for fork below: clone3 without CLONE_VM is a fork (the
+        // child gets a copy of this address space and returns here with 0).
+        pid = unsafe { clone_into_cgroup(dir.as_raw_fd()) };
+        born_in_cgroup = pid >= 0;
+    }
+    if pid < 0 {
+        // SAFETY: fork is called with all of the child's memory prepared; the
+        // child runs only `child_after_fork` (async-signal-safe calls, no
+        // allocation, no locks; the reaper lock held here is never touched in
+        // the child) and ends in execve or _exit.
+        pid = unsafe { libc::fork() };
+    }
     if pid == 0 {
-        // SAFETY: we are the child of fork; both descriptors are open here.
+        // SAFETY: we are the child of fork (or of clone3 used as one); both
+        // descriptors are open here.
         unsafe { child_after_fork(p, release_r.as_raw_fd(), status_w.as_raw_fd()) }
     }
     if pid < 0 {
         return Err(ProcError::Io(std::io::Error::last_os_error()));
     }
+    drop(cgroup_dir);
     if let Some(lock) = fork_lock {
         lock.spawned(pid);
     }
@@ -737,7 +816,9 @@ fn fork_held(spec: &SpawnSpec, p: &Prepared, program: String) -> Result<HeldChil
         source: std::io::Error::from_raw_os_error(msg_errno(msg)),
     };
     if let Some(cg) = &spec.cgroup {
-        if let Err(e) = std::fs::write(cg.join("cgroup.procs"), pid.to_string()) {
+        // A child clone3 did not start in the cgroup is moved there now.
+        if !born_in_cgroup && let Err(e) = std::fs::write(cg.join("cgroup.procs"), pid.to_string())
+        {
             // The child may have failed its own set-up (a cwd closed to the
             // user it now runs as) and exited before it could be moved
             // (ESRCH): its report is the cause. It always reports (ready or

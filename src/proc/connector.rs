@@ -97,14 +97,27 @@ pub enum ProcEvent {
 /// A subscribed process-events socket.
 pub struct Connector {
     fd: OwnedFd,
-    /// An eventfd [`Connector::recv`] also waits on ([`Waker`]).
-    wake: Arc<OwnedFd>,
     buf: Vec<u8>,
     /// Events read while waiting for the subscription's acknowledgement.
     pending: Vec<ProcEvent>,
     /// seq/ack of our subscription, to recognise its acknowledgement among
     /// those of other processes (acknowledgements are multicast).
     nonce: u32,
+    /// An eventfd [`Connector::recv`] also waits on, so that a
+    /// [`ConnectorWaker`] ends its wait at once (an owner stopping its
+    /// observer waited up to the whole timeout for it).
+    wake: Arc<OwnedFd>,
+}
+
+/// Ends a [`Connector::recv`] wait early, from another thread.
+#[derive(Clone, Debug)]
+pub struct ConnectorWaker(Arc<OwnedFd>);
+
+impl ConnectorWaker {
+    /// The current or next `recv` returns at once (with what is queued).
+    pub fn wake(&self) {
+        let _ = rustix::io::write(&*self.0, &1u64.to_ne_bytes());
+    }
 }
 
 impl std::fmt::Debug for Connector {
@@ -140,17 +153,7 @@ impl Connector {
             ^ COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let msg = subscribe_message(PROC_CN_MCAST_LISTEN, nonce);
         rustix::net::sendto(&fd, &msg, SendFlags::empty(), &SocketAddrNetlink::new(0, 0))?;
-        let wake = rustix::event::eventfd(
-            0,
-            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
-        )?;
-        let mut conn = Connector {
-            fd,
-            wake: Arc::new(wake),
-            buf: vec![0; 64 * 1024],
-            pending: Vec::new(),
-            nonce,
-        };
+        let mut conn = Connector::over(fd, nonce)?;
         conn.await_ack(ACK_TIMEOUT)?;
         Ok(conn)
     }
@@ -216,8 +219,28 @@ impl Connector {
         Ok(out)
     }
 
-    /// Waits until the socket is readable (true), or the timeout passed or
-    /// the [`Waker`] was woken (false; the wake is consumed).
+    /// A connector over a socket already made, with its wake-up eventfd.
+    fn over(fd: OwnedFd, nonce: u32) -> Result<Connector, ProcError> {
+        let wake = rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )?;
+        Ok(Connector {
+            fd,
+            buf: vec![0; 64 * 1024],
+            pending: Vec::new(),
+            nonce,
+            wake: Arc::new(wake),
+        })
+    }
+
+    /// A handle that ends this connector's waits early.
+    pub fn waker(&self) -> ConnectorWaker {
+        ConnectorWaker(self.wake.clone())
+    }
+
+    /// Whether the socket became readable within `timeout`; `false` also
+    /// when a [`ConnectorWaker`] woke the wait (the wake is consumed).
     fn wait_readable(&self, timeout: Duration) -> Result<bool, ProcError> {
         use rustix::event::{PollFd, PollFlags, Timespec};
         let ts = Timespec {
@@ -230,24 +253,15 @@ impl Connector {
         ];
         match rustix::event::poll(&mut fds, Some(&ts)) {
             Ok(_) => {
-                let readable = fds[0].revents().contains(PollFlags::IN);
-                if fds[1].revents().contains(PollFlags::IN) {
-                    // Reading resets the counter; EAGAIN: someone else did.
+                if !fds[1].revents().is_empty() {
                     let mut count = [0u8; 8];
                     let _ = rustix::io::read(&*self.wake, &mut count);
                 }
-                Ok(readable)
+                Ok(!fds[0].revents().is_empty())
             }
             Err(Errno::INTR) => Ok(false),
             Err(e) => Err(e.into()),
         }
-    }
-
-    /// A handle that makes a [`Connector::recv`] in progress (or the next
-    /// one) return at once, so a reader can wait without a short timeout
-    /// and still be told to stop or to look at new work.
-    pub fn waker(&self) -> Waker {
-        Waker(self.wake.clone())
     }
 
     /// Makes the kernel queue on this socket only the events a reader of
@@ -297,17 +311,6 @@ impl Connector {
         Ok(rustix::net::sockopt::socket_recv_buffer_size(
             self.fd.as_fd(),
         )?)
-    }
-}
-
-/// Wakes a [`Connector::recv`] (from any thread); clones share the connector.
-#[derive(Clone, Debug)]
-pub struct Waker(Arc<OwnedFd>);
-
-impl Waker {
-    pub fn wake(&self) {
-        // EAGAIN only when the counter is about to overflow: awake anyway.
-        let _ = rustix::io::write(&*self.0, &1u64.to_ne_bytes());
     }
 }
 
@@ -708,6 +711,43 @@ mod tests {
             }
         }
         assert!(forked && exited, "fork {forked} exit {exited}");
+    }
+
+    /// A wake from another thread ends a long wait at once, and is used up
+    /// by it. The socket is subscribed to nothing, so no event can end the
+    /// wait instead: without the wake it would last its whole 60 s.
+    #[test]
+    fn a_waker_ends_a_wait_at_once_and_is_used_up() {
+        let fd = rustix::net::socket_with(
+            AddressFamily::NETLINK,
+            SocketType::DGRAM,
+            SocketFlags::CLOEXEC,
+            Some(netlink::CONNECTOR),
+        )
+        .expect("netlink socket");
+        rustix::net::bind(&fd, &SocketAddrNetlink::new(0, 0)).expect("bind, no groups");
+        let mut conn = Connector::over(fd, 0).expect("connector");
+        let waker = conn.waker();
+        let waiting = std::thread::spawn(move || {
+            let started = std::time::Instant::now();
+            let events = conn.recv(Duration::from_secs(60)).expect("recv");
+            (started.elapsed(), events, conn)
+        });
+        waker.wake();
+        let (took, events, mut conn) = waiting.join().expect("waiter");
+        assert!(events.is_empty(), "{events:?}");
+        assert!(
+            took < Duration::from_secs(30),
+            "the wake ended the wait: {took:?}"
+        );
+        // Used up: the next wait is not ended by the old wake.
+        let started = std::time::Instant::now();
+        assert!(
+            conn.recv(Duration::from_millis(50))
+                .expect("recv")
+                .is_empty()
+        );
+        assert!(started.elapsed() >= Duration::from_millis(50));
     }
 
     /// The filter's jumps land where its blocks begin.

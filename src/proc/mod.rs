@@ -37,14 +37,15 @@ pub use boundary::{
     Spawned, cgroup_root, cgroup2_mount, check_cgroup_writable, own_cgroup_dir,
     remove_cgroup_if_empty, remove_cgroup_when_empty, resolve_boundary, spawn_held,
 };
-pub use connector::{Connector, ProcEvent, monotonic_ns};
+pub use connector::{Connector, ConnectorWaker, ProcEvent, monotonic_ns};
 pub use identity::{
     Identity, Liveness, ProcKey, ProcStat, boot_id, identity_of, read_stat, self_identity,
 };
 pub use pidfd::{ExitWatch, open_exit_watch, wait_exits};
 pub use probe::{Capability, Probe, probe};
 pub use reaper::{
-    ExitStatus, Reaper, parent_pid, reap_child, set_parent_death_signal, set_subreaper,
+    ExitStatus, Reaper, has_no_children, parent_pid, reap_child, set_parent_death_signal,
+    set_subreaper,
 };
 pub use resources::{CgroupUsage, cap_log, cgroup_controllers, cgroup_usage, oom_kills};
 pub use signal::{

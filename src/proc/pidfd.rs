@@ -16,7 +16,7 @@ use rustix::io::Errno;
 use rustix::process::{Pid, PidfdFlags};
 
 use super::ProcError;
-use super::identity::{Identity, boot_id, read_stat};
+use super::identity::{Identity, boot_id};
 
 /// Opens an exit watch on `id`. `Ok(None)` means the process is already gone
 /// (no such pid, a zombie, or the pid now names another process): the caller
@@ -31,11 +31,13 @@ pub fn open_exit_watch(id: &Identity) -> Result<Option<OwnedFd>, ProcError> {
         Err(e) => return Err(e.into()),
     };
     // Checked after the open: the descriptor names whatever held the pid at
-    // the open, and this read proves that was the recorded process.
-    let Some(stat) = read_stat(id.pid)? else {
+    // the open, and this read proves that was the recorded process. The
+    // lean stat read: a teardown opens one watch per killed survivor while
+    // the kernel is still killing them, and shares the CPU with it.
+    let Some(stat) = crate::scan::read_entry(id.pid) else {
         return Ok(None);
     };
-    if stat.start_ticks != id.start_ticks || boot_id()? != id.boot_id || stat.is_dead() {
+    if stat.start_ticks != id.start_ticks || boot_id()? != id.boot_id || !stat.is_live() {
         return Ok(None);
     }
     Ok(Some(fd))

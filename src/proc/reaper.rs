@@ -8,7 +8,8 @@
 //! to whoever asks, including exits that happened before the ask.
 //!
 //! Architecture Invariant: in a process that called [`Reaper::install`], only
-//! the reaper thread calls `wait*`. Never use `std::process::Command` with
+//! the reaper thread calls `wait*` (except [`has_no_children`], a `WNOWAIT`
+//! probe that takes no status). Never use `std::process::Command` with
 //! `Child::wait`/`output`/`status` there (the reaper would take its status and
 //! std's wait would fail with ECHILD); spawn through
 //! [`super::boundary::spawn_held`] and ask the reaper.
@@ -411,4 +412,33 @@ pub fn set_parent_death_signal(sig: crate::proc::Sig) -> Result<(), ProcError> {
     let signal = rustix::process::Signal::from_named_raw(sig.number());
     rustix::process::set_parent_process_death_signal(signal)?;
     Ok(())
+}
+
+/// Whether this process has no child at all, live or zombie (`ECHILD` from
+/// `waitid(P_ALL, WEXITED | WNOHANG | WNOWAIT | __WALL)`). A probe that takes
+/// no status (`WNOWAIT`): the reaper thread stays the only one that reaps.
+///
+/// For a subreaper that spawned a tree, `true` is proof that nothing of the
+/// tree lives outside a cgroup: every live descendant of a dead process is
+/// re-parented to its nearest live subreaper ancestor, so the topmost live
+/// descendant of a tree whose root is gone is a child of this process.
+pub fn has_no_children() -> Result<bool, ProcError> {
+    // SAFETY: siginfo_t is a plain C struct for which all-zero is valid; the
+    // kernel writes at most one siginfo_t into it, and WNOWAIT reaps nothing.
+    let rc = unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        libc::waitid(
+            libc::P_ALL,
+            0,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT | libc::__WALL,
+        )
+    };
+    if rc == 0 {
+        return Ok(false);
+    }
+    match std::io::Error::last_os_error() {
+        e if e.raw_os_error() == Some(libc::ECHILD) => Ok(true),
+        e => Err(ProcError::Io(e)),
+    }
 }

@@ -1470,3 +1470,90 @@ fn commands_that_only_signal_do_not_need_a_formable_boundary() {
         "a forced kill was needed"
     );
 }
+
+/// A tree that is empty when its root exits (`run -- true` and the like) is
+/// proven empty without a walk of `/proc` (issue 13, session 5: `run` has no
+/// child left and the cgroup is empty). The record must still be whole:
+/// spawned, the root seen as a member and recorded as exited with the
+/// status the workload chose, the tree ended with it, no cgroup and no
+/// teardown lease left behind, the chain intact.
+#[test]
+fn a_tree_empty_when_its_root_exits_has_a_complete_record_on_both_boundaries() {
+    for boundary in ["cgroup", "session"] {
+        let Some(env) = Env::new(boundary) else {
+            continue;
+        };
+        // Alive long enough (0.3 s) for run's first tick to see the root.
+        let out = env
+            .cmd()
+            .arg("run")
+            .arg("--")
+            .args(env.marked_argv("sleep 0.3; exit 7"))
+            .stdin(Stdio::null())
+            .output()
+            .expect("run");
+        assert_eq!(
+            out.status.code(),
+            Some(7),
+            "[{boundary}] {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let show = env.show(1);
+        assert_eq!(show["tree"]["state"], "ended", "[{boundary}] {show}");
+        assert_eq!(show["tree"]["exit"]["code"], 7, "[{boundary}] {show}");
+        let root_pid = show["tree"]["root_pid"].as_i64().expect("root pid");
+        let members = show["members"].as_array().expect("members");
+        let root = members
+            .iter()
+            .find(|m| m["pid"].as_i64() == Some(root_pid))
+            .unwrap_or_else(|| panic!("[{boundary}] the root is a member: {show}"));
+        assert_eq!(root["exit"]["code"], 7, "[{boundary}] {root}");
+        assert!(
+            members.iter().all(|m| !m["exited_at"].is_null()),
+            "[{boundary}] every member has its exit: {members:?}"
+        );
+        let events = env.export();
+        let kinds: Vec<&str> = events
+            .iter()
+            .filter(|e| e["tree"] == 1)
+            .filter_map(|e| e["kind"].as_str())
+            .collect();
+        assert_eq!(
+            kinds.first(),
+            Some(&"tree.created"),
+            "[{boundary}] {kinds:?}"
+        );
+        assert!(kinds.contains(&"tree.spawned"), "[{boundary}] {kinds:?}");
+        assert_eq!(kinds.last(), Some(&"tree.ended"), "[{boundary}] {kinds:?}");
+        let root_exit = events
+            .iter()
+            .find(|e| {
+                e["kind"] == "member.exited"
+                    && e["data"]["identity"]["pid"].as_i64() == Some(root_pid)
+            })
+            .unwrap_or_else(|| panic!("[{boundary}] no member.exited for the root"));
+        assert_eq!(
+            root_exit["data"]["exit"]["code"], 7,
+            "[{boundary}] {root_exit}"
+        );
+        assert!(
+            !events
+                .iter()
+                .any(|e| e["kind"] == "signal.sent" || e["kind"] == "kill.authorized"),
+            "[{boundary}] nothing was signalled"
+        );
+        if boundary == "cgroup" {
+            let cg = show["tree"]["cgroup"].as_str().expect("cgroup recorded");
+            assert!(!Path::new(cg).exists(), "[{boundary}] {cg} removed");
+        }
+        let leases: Vec<_> = std::fs::read_dir(env.data_dir().join("teardown"))
+            .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
+            .unwrap_or_default();
+        assert!(
+            leases.is_empty(),
+            "[{boundary}] lease files left: {leases:?}"
+        );
+        assert!(env.marked().is_empty(), "[{boundary}] nothing of it runs");
+        env.assert_verifies(boundary);
+    }
+}

@@ -728,12 +728,15 @@ fn metrics_pass_promtool_and_never_label_by_tree_or_pid() {
     assert!(wait_until(Duration::from_secs(10), || {
         s.tree(live)["members"].as_array().map_or(0, |m| m.len()) >= 1
     }));
-    // The scan loop tails the ledger into the counters; wait for it.
+    // The scan loop tails the ledger into the counters; wait for it, up to
+    // the SIGKILL's own record (committed after the authorization's: a
+    // scrape between the two saw the one without the other).
     let mut text = String::new();
     assert!(
         wait_until(Duration::from_secs(10), || {
             text = s.get("/metrics").text().expect("metrics");
             text.contains("treewarden_kill_authorizations_written_total 1")
+                && text.contains("treewarden_signals_sent_total{signal=\"SIGKILL\"")
         }),
         "{text}"
     );
