@@ -32,6 +32,8 @@ mod teardown;
 #[cfg(test)]
 mod tests;
 mod watch;
+#[cfg(test)]
+mod watch_tests;
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -204,6 +206,15 @@ impl Engine {
             "parent"
         } else {
             "init"
+        }
+    }
+
+    /// Counts `tree` as spawned by this process, as [`Engine::spawn`] does
+    /// once the root is released (tests, whose roots are a fake host's).
+    #[cfg(test)]
+    pub(crate) fn count_as_spawned_here(&self, tree: TreeId) {
+        if let Ok(mut set) = self.spawned_here.lock() {
+            set.insert(tree.0);
         }
     }
 
