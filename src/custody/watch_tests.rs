@@ -285,26 +285,90 @@ fn a_known_member_costs_no_details_read_until_it_execs() {
 }
 
 #[test]
-fn an_idle_tick_makes_no_ledger_write_and_a_new_member_does() {
+fn an_idle_tick_makes_no_ledger_write_and_each_finding_is_tried_and_counted() {
     let rig = rig(false, false);
+    let a = rig.host.world().fork(rig.root.0).expect("the root runs");
     let mut watch = rig.watch();
     let first = watch.tick(&rig.engine, &no_exits());
-    assert_eq!(first.new_members, 1);
+    assert_eq!(first.new_members, 2);
     // Every write fails while another connection holds the lock: a tick
     // that reports no write error attempted none.
     let _lock = rig.hold_write_lock();
     let idle = watch.tick(&rig.engine, &no_exits());
-    assert_eq!(pids(&idle), [rig.root.0]);
+    assert_eq!(pids(&idle), [rig.root.0, a.0]);
     assert_eq!(
         idle.write_errors,
         0,
         "nothing new and last_seen bumped less than {:?} ago: no write",
         super::watch::LAST_SEEN_EVERY
     );
-    rig.host.world().fork(rig.root.0).expect("the root runs");
-    let busy = watch.tick(&rig.engine, &no_exits());
-    assert_eq!(busy.members.len(), 2);
-    assert_eq!(busy.write_errors, 1, "the new member's sighting was tried");
+    // Each kind of finding is written on the tick that finds it; refused,
+    // each counts once.
+    rig.host.world().exit(a.0, ExitStatus::Exited(0));
+    let exited = watch.tick(&rig.engine, &no_exits());
+    assert_eq!((exited.exited, exited.write_errors), (1, 1), "the exit");
+    let b = {
+        let mut w = rig.host.world();
+        let b = w.fork(rig.root.0).expect("the root runs");
+        w.setsid(b.0);
+        b
+    };
+    let escaped = watch.tick(&rig.engine, &no_exits());
+    assert_eq!(pids(&escaped), [rig.root.0, b.0]);
+    assert_eq!(
+        escaped.write_errors, 2,
+        "the new member's sighting and its escape"
+    );
+    rig.host.world().exec(rig.root.0, &["sleeper"]);
+    let execd = watch.tick(&rig.engine, &no_exits());
+    assert_eq!(
+        execd.write_errors, 3,
+        "the sighting and the escape again (never written), and the exec"
+    );
+}
+
+#[test]
+fn known_members_last_seen_is_bumped_once_every_interval_of_host_time() {
+    let rig = rig(false, false);
+    let mut watch = rig.watch();
+    watch.tick(&rig.engine, &no_exits());
+    // A held write lock makes every attempted write count as an error.
+    let _lock = rig.hold_write_lock();
+    let host = rig.engine.host();
+    host.sleep(super::watch::LAST_SEEN_EVERY - Duration::from_millis(1));
+    assert_eq!(watch.tick(&rig.engine, &no_exits()).write_errors, 0);
+    host.sleep(Duration::from_millis(1));
+    let due = watch.tick(&rig.engine, &no_exits());
+    assert_eq!(due.write_errors, 1, "the bump was tried");
+    // A refused bump is tried again on the next tick.
+    assert_eq!(watch.tick(&rig.engine, &no_exits()).write_errors, 1);
+}
+
+#[test]
+fn the_cgroup_oom_count_is_read_at_most_every_250_ms_of_host_time() {
+    let rig = rig(false, true);
+    let cg = rig.cgroup.clone().expect("cgroup");
+    let events = |kills: u64| {
+        let text = format!("low 0\nhigh 0\nmax 0\noom {kills}\noom_kill {kills}\n");
+        std::fs::write(cg.join("memory.events"), text).expect("memory.events")
+    };
+    let recorded = || {
+        rig.events("tree.oom_kill")
+            .iter()
+            .map(|e| e.data["total"].as_u64().expect("a total"))
+            .collect::<Vec<_>>()
+    };
+    events(0);
+    let mut watch = rig.watch();
+    watch.tick(&rig.engine, &no_exits());
+    events(1);
+    let host = rig.engine.host();
+    host.sleep(Duration::from_millis(249));
+    watch.tick(&rig.engine, &no_exits());
+    assert!(recorded().is_empty(), "not read again within 250 ms");
+    host.sleep(Duration::from_millis(1));
+    watch.tick(&rig.engine, &no_exits());
+    assert_eq!(recorded(), [1]);
 }
 
 #[test]
@@ -459,6 +523,33 @@ fn a_member_only_the_observer_attributed_joins_the_tick_and_the_scan_feeds_the_o
             .contains(&ProcKey::new(child.0, child.1)),
         "the scan's members go back to the observer"
     );
+}
+
+#[test]
+fn under_run_a_process_reparented_to_run_is_a_member() {
+    // `run` is the subreaper of its one tree: an orphan re-parented to it
+    // came from the tree, even in a session of its own (a daemon's double
+    // fork whose middle process exited before any scan saw the daemon).
+    let run_pid = PID_BASE - 2;
+    let rig = rig(false, false);
+    let d = {
+        let mut w = rig.host.world();
+        w.subreaper = Some(run_pid);
+        let middle = w.fork(rig.root.0).expect("the root runs");
+        let d = w.fork(middle.0).expect("the middle runs");
+        w.setsid(d.0);
+        w.exit(middle.0, ExitStatus::Exited(0));
+        d
+    };
+    assert_eq!(rig.host.world().procs[&d.0].ppid, run_pid);
+    let mut not_run = rig.watch();
+    assert_eq!(pids(&not_run.tick(&rig.engine, &no_exits())), [rig.root.0]);
+    let mut watch = rig.watch();
+    watch.adopt_children_of(run_pid);
+    let report = watch.tick(&rig.engine, &no_exits());
+    assert_eq!(pids(&report), [rig.root.0, d.0]);
+    assert_eq!(report.new_escapes, 1);
+    assert!(rig.row(d.0).escaped_at.is_some());
 }
 
 #[test]
