@@ -131,6 +131,10 @@ pub(crate) struct World {
     /// statuses are kept by pid for the spawner, not among the orphans'.
     children: HashSet<i32>,
     child_status: HashMap<i32, ExitStatus>,
+    /// Statuses still on their way to the reaper: the process has left
+    /// `/proc`, its status is not collected yet. Only a caller that waits
+    /// for orphans (`orphans_until`) gets one.
+    late: HashMap<(i32, u64), ExitStatus>,
     /// Calls of each kind, for tests of bounded work.
     pub calls: HashMap<Call, usize>,
     /// The candidates each group signal was given to prove the group with
@@ -224,6 +228,19 @@ impl World {
                 self.unclaimed.push((pid, status));
                 self.reaped.insert((pid, p.start_ticks), status);
             }
+        }
+    }
+
+    /// `pid` exits and is reaped by us, but its status reaches the reaper
+    /// only after it has left `/proc` (see `World::late`).
+    pub fn exit_reaped_late(&mut self, pid: i32, status: ExitStatus) {
+        let Some(start) = self.procs.get(&pid).map(|p| p.start_ticks) else {
+            return;
+        };
+        self.exit(pid, status);
+        if self.reaped.remove(&(pid, start)).is_some() {
+            self.unclaimed.retain(|(p, _)| *p != pid);
+            self.late.insert((pid, start), status);
         }
     }
 
@@ -369,6 +386,7 @@ impl FakeHost {
                 reaped: HashMap::new(),
                 children: HashSet::new(),
                 child_status: HashMap::new(),
+                late: HashMap::new(),
                 calls: HashMap::new(),
                 group_candidates: Vec::new(),
             }),
@@ -732,7 +750,7 @@ impl Host for FakeHost {
         pid: i32,
         start_ticks: u64,
         is_root: bool,
-        _orphans_until: Option<Instant>,
+        orphans_until: Option<Instant>,
     ) -> Option<ExitStatus> {
         let w = self.world();
         // As the real reaper: a spawned child's status by pid, only when
@@ -740,7 +758,12 @@ impl Host for FakeHost {
         if is_root && let Some(status) = w.child_status.get(&pid) {
             return Some(*status);
         }
-        w.reaped.get(&(pid, start_ticks)).copied()
+        let late = || {
+            orphans_until
+                .and_then(|_| w.late.get(&(pid, start_ticks)))
+                .copied()
+        };
+        w.reaped.get(&(pid, start_ticks)).copied().or_else(late)
     }
 
     fn now(&self) -> Instant {

@@ -480,6 +480,30 @@ fn the_root_exit_status_goes_to_the_root_and_never_to_a_later_holder_of_its_pid(
 }
 
 #[test]
+fn an_orphans_status_on_its_way_to_the_reaper_is_waited_for_in_a_tree_spawned_here() {
+    // A member that left `/proc` before the reaper collected its status:
+    // a tree this process spawned (its subreaper) waits a moment for it; a
+    // tree it did not spawn (a sweep's) has no reaper of its orphans to
+    // wait for.
+    for spawned_here in [true, false] {
+        let rig = rig(true, false);
+        if spawned_here {
+            rig.engine.count_as_spawned_here(rig.tree);
+        }
+        let child = rig.host.world().fork(rig.root.0).expect("the root runs");
+        let mut watch = rig.watch();
+        watch.tick(&rig.engine, &no_exits());
+        rig.host
+            .world()
+            .exit_reaped_late(child.0, ExitStatus::Exited(4));
+        assert_eq!(watch.tick(&rig.engine, &no_exits()).exited, 1);
+        let exit = rig.row(child.0).exit.and_then(|e| e.code);
+        let expected = spawned_here.then_some(4);
+        assert_eq!(exit, expected, "spawned here: {spawned_here}");
+    }
+}
+
+#[test]
 fn a_member_only_the_observer_attributed_joins_the_tick_and_the_scan_feeds_the_observer() {
     let rig = rig(false, false);
     let (d, child) = {
