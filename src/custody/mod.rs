@@ -16,6 +16,8 @@
 
 mod dispatch;
 #[cfg(test)]
+mod dispatch_tests;
+#[cfg(test)]
 mod fake;
 mod follow;
 mod host;

@@ -29,20 +29,20 @@ const BUSY: Duration = Duration::from_millis(40);
 
 /// One recorded tree whose processes are a fake host's. The root (pid
 /// [`PID_BASE`]) leads the tree's group and session.
-struct Rig {
+pub(super) struct Rig {
     dir: tempfile::TempDir,
-    ledger: Ledger,
-    engine: Engine,
-    host: Arc<FakeHost>,
-    tree: TreeId,
-    root: (i32, u64),
+    pub(super) ledger: Ledger,
+    pub(super) engine: Engine,
+    pub(super) host: Arc<FakeHost>,
+    pub(super) tree: TreeId,
+    pub(super) root: (i32, u64),
     /// A real directory standing for the tree's cgroup: the fake host
     /// places the tree's processes in it, and the test writes its
     /// `cgroup.procs` for the reads that go through the kernel adapter.
     cgroup: Option<PathBuf>,
 }
 
-fn rig(reaper: bool, with_cgroup: bool) -> Rig {
+pub(super) fn rig(reaper: bool, with_cgroup: bool) -> Rig {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = Config {
         data_dir: dir.path().to_path_buf(),
