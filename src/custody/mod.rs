@@ -214,7 +214,7 @@ impl Engine {
     /// Counts `tree` as spawned by this process, as [`Engine::spawn`] does
     /// once the root is released (tests, whose roots are a fake host's).
     #[cfg(test)]
-    pub(crate) fn count_as_spawned_here(&self, tree: TreeId) {
+    pub(crate) fn note_spawned_here(&self, tree: TreeId) {
         if let Ok(mut set) = self.spawned_here.lock() {
             set.insert(tree.0);
         }
