@@ -43,7 +43,7 @@ impl Engine {
                 let alive = self
                     .marked_survivors(tree)
                     .into_iter()
-                    .filter(super::still_alive)
+                    .filter(|id| super::alive_on(self.host(), id))
                     .count();
                 if alive == 0 {
                     tracing::info!(
@@ -127,6 +127,6 @@ impl Engine {
     /// be read counts as alive: a missed reap is recoverable, a wrong kill is
     /// not.
     pub(crate) fn owner_alive(&self, row: &TreeRow) -> bool {
-        super::still_alive(&row.owner_identity())
+        super::alive_on(self.host(), &row.owner_identity())
     }
 }

@@ -92,6 +92,8 @@ pub(crate) enum Call {
     SnapshotPids,
     CgroupPids,
     IdentityOf,
+    /// A member's forensic details (read at a first sighting or an exec).
+    Details,
     SignalGroup,
     SignalProcess,
     CgroupKill,
@@ -124,6 +126,15 @@ pub(crate) struct World {
     script: Vec<(Call, usize, Action)>,
     unclaimed: Vec<(i32, ExitStatus)>,
     reaped: HashMap<(i32, u64), ExitStatus>,
+    /// Pids of children this host spawned (a tree's root under `run` or
+    /// `serve`): like the real reaper's spawned-child record, their
+    /// statuses are kept by pid for the spawner, not among the orphans'.
+    children: HashSet<i32>,
+    child_status: HashMap<i32, ExitStatus>,
+    /// Statuses still on their way to the reaper: the process has left
+    /// `/proc`, its status is not collected yet. Only a caller that waits
+    /// for orphans (`orphans_until`) gets one.
+    late: HashMap<(i32, u64), ExitStatus>,
     /// Calls of each kind, for tests of bounded work.
     pub calls: HashMap<Call, usize>,
     /// The candidates each group signal was given to prove the group with
@@ -211,9 +222,34 @@ impl World {
             c.ppid = orphan;
         }
         if self.reaper {
-            self.unclaimed.push((pid, status));
-            self.reaped.insert((pid, p.start_ticks), status);
+            if self.children.remove(&pid) {
+                self.child_status.insert(pid, status);
+            } else {
+                self.unclaimed.push((pid, status));
+                self.reaped.insert((pid, p.start_ticks), status);
+            }
         }
+    }
+
+    /// `pid` exits and is reaped by us, but its status reaches the reaper
+    /// only after it has left `/proc` (see `World::late`).
+    pub fn exit_reaped_late(&mut self, pid: i32, status: ExitStatus) {
+        let Some(start) = self.procs.get(&pid).map(|p| p.start_ticks) else {
+            return;
+        };
+        self.exit(pid, status);
+        if self.reaped.remove(&(pid, start)).is_some() {
+            self.unclaimed.retain(|(p, _)| *p != pid);
+            self.late.insert((pid, start), status);
+        }
+    }
+
+    /// `pid` is a child this host spawned (the root of a tree `run` or
+    /// `serve` started): when it exits, its status is kept by pid for the
+    /// spawner and handed out only to a caller that says it asks for the
+    /// root, as [`super::KernelHost`]'s reaper does.
+    pub fn own_child(&mut self, pid: i32) {
+        self.children.insert(pid);
     }
 
     /// The pid is recycled: whatever held it is gone, and a stranger that
@@ -356,6 +392,9 @@ impl FakeHost {
                 script: Vec::new(),
                 unclaimed: Vec::new(),
                 reaped: HashMap::new(),
+                children: HashSet::new(),
+                child_status: HashMap::new(),
+                late: HashMap::new(),
                 calls: HashMap::new(),
                 group_candidates: Vec::new(),
             }),
@@ -461,7 +500,8 @@ impl Host for FakeHost {
     }
 
     fn details(&self, pid: i32) -> MemberDetails {
-        let w = self.world();
+        let mut w = self.world();
+        w.step(Call::Details);
         let Some(p) = w.procs.get(&pid) else {
             return MemberDetails::default();
         };
@@ -725,10 +765,21 @@ impl Host for FakeHost {
         &self,
         pid: i32,
         start_ticks: u64,
-        _is_root: bool,
-        _orphans_until: Option<Instant>,
+        is_root: bool,
+        orphans_until: Option<Instant>,
     ) -> Option<ExitStatus> {
-        self.world().reaped.get(&(pid, start_ticks)).copied()
+        let w = self.world();
+        // As the real reaper: a spawned child's status by pid, only when
+        // the caller asks for the root; anything else only as an orphan's.
+        if is_root && let Some(status) = w.child_status.get(&pid) {
+            return Some(*status);
+        }
+        let late = || {
+            orphans_until
+                .and_then(|_| w.late.get(&(pid, start_ticks)))
+                .copied()
+        };
+        w.reaped.get(&(pid, start_ticks)).copied().or_else(late)
     }
 
     fn now(&self) -> Instant {

@@ -110,7 +110,8 @@ pub trait Host: Send + Sync {
         let _ = pid;
         None
     }
-    /// The clock the teardown's deadlines (grace, verify) are measured on.
+    /// The clock the teardown's deadlines (grace, verify) and the watches'
+    /// coarse intervals (the `last_seen` bump, the OOM read) are measured on.
     fn now(&self) -> Instant;
     /// Waits between two polls of the teardown.
     fn sleep(&self, d: Duration);

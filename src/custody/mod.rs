@@ -16,6 +16,8 @@
 
 mod dispatch;
 #[cfg(test)]
+mod dispatch_tests;
+#[cfg(test)]
 mod fake;
 mod follow;
 mod host;
@@ -32,6 +34,8 @@ mod teardown;
 #[cfg(test)]
 mod tests;
 mod watch;
+#[cfg(test)]
+mod watch_tests;
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -207,8 +211,8 @@ impl Engine {
         }
     }
 
-    /// Marks a tree as spawned by this process (a test rig's tree, whose
-    /// root the fake host "forked").
+    /// Counts `tree` as spawned by this process, as [`Engine::spawn`] does
+    /// once the root is released (tests, whose roots are a fake host's).
     #[cfg(test)]
     pub(crate) fn note_spawned_here(&self, tree: TreeId) {
         if let Ok(mut set) = self.spawned_here.lock() {

@@ -250,6 +250,16 @@ impl ObserverHandle {
         }
     }
 
+    /// A handle that no proc connector feeds (tests): what it knows of a
+    /// tree is what [`ObserverHandle::watch`] and
+    /// [`ObserverHandle::scanned`] told it.
+    #[cfg(test)]
+    pub(crate) fn detached() -> Self {
+        Self {
+            shared: Arc::default(),
+        }
+    }
+
     /// Stops watching a tree (it ended).
     pub fn unwatch(&self, tree: TreeId) {
         if let Ok(mut trees) = self.shared.trees.lock() {

@@ -60,7 +60,7 @@ pub struct TreeWatch {
     /// ledger takes writes ([`TreeWatch::record`]).
     journal: Vec<crate::ledger::Deferred>,
     /// When `last_seen` of known members was last bumped (coarse, see
-    /// [`LAST_SEEN_EVERY`]).
+    /// [`LAST_SEEN_EVERY`]), on the host's clock ([`Host::now`]).
     last_bump: Option<Instant>,
     /// The `comm` each member had when last seen: a change means it exec'd,
     /// and its recorded command line is refreshed.
@@ -73,7 +73,8 @@ pub struct TreeWatch {
     /// The cgroup's `oom_kill` total already in the ledger (the last
     /// `tree.oom_kill`'s `total`); `None` until first looked up.
     oom_recorded: Option<u64>,
-    /// When `memory.events` was last read (see [`OOM_CHECK_EVERY`]).
+    /// When `memory.events` was last read (see [`OOM_CHECK_EVERY`]), on
+    /// the host's clock.
     oom_checked: Option<Instant>,
 }
 
@@ -164,7 +165,7 @@ impl TreeWatch {
     /// ledger the first time (a restarted service or a sweep does not
     /// record an old kill twice); a refused write is tried again next time.
     pub fn note_oom_kills(&mut self, engine: &Engine) {
-        self.oom_checked = Some(Instant::now());
+        self.oom_checked = Some(engine.host().now());
         let Some(dir) = &self.cgroup else { return };
         let total = match engine.host().oom_kills(dir) {
             Some(n) if n > self.oom_recorded.unwrap_or(0) => n,
@@ -380,9 +381,10 @@ impl TreeWatch {
     /// Known members' `last_seen` is bumped at most every
     /// [`LAST_SEEN_EVERY`]; new sightings are written at once.
     pub fn tick(&mut self, engine: &Engine, exits: &HashMap<i32, ExitStatus>) -> TickReport {
+        let now = engine.host().now();
         let bump = self
             .last_bump
-            .is_none_or(|t| t.elapsed() >= LAST_SEEN_EVERY);
+            .is_none_or(|t| now.saturating_duration_since(t) >= LAST_SEEN_EVERY);
         self.tick_full(engine, exits, bump)
     }
 
@@ -562,9 +564,10 @@ impl TreeWatch {
         if let Some(obs) = &self.observer {
             unobserved = obs.scanned(self.tree, members.iter().map(|m| m.entry.key()));
         }
+        let now = engine.host().now();
         if self
             .oom_checked
-            .is_none_or(|t| t.elapsed() >= OOM_CHECK_EVERY)
+            .is_none_or(|t| now.saturating_duration_since(t) >= OOM_CHECK_EVERY)
         {
             self.note_oom_kills(engine);
         }
@@ -644,7 +647,7 @@ impl TreeWatch {
                     report.new_members = new.len();
                     self.known.seen.extend(fresh);
                     if bump_last_seen {
-                        self.last_bump = Some(Instant::now());
+                        self.last_bump = Some(engine.host().now());
                     }
                 }
                 Some(Err(e)) => {
