@@ -407,7 +407,7 @@ impl Ledger {
         let targets = targets.to_vec();
         let reason = reason.to_string();
         crate::testhook::crash_point("before-authorize");
-        let auth = self.write(Durability::Full, move |w| {
+        let auth = self.write(Durability::Authority, move |w| {
             if !prior.is_empty() {
                 write::replay_deferred(w, id, &prior, &batch)?;
             }
