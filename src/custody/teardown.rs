@@ -723,7 +723,9 @@ impl Engine {
         let forensic: Vec<SurvivorRecord> = s
             .survivors
             .iter()
-            .zip(argvs)
+            // (a host that answers for fewer pids leaves the rest empty:
+            // their `comm` stands in, below; no survivor is dropped)
+            .zip(argvs.into_iter().chain(std::iter::repeat_with(Vec::new)))
             .map(|(m, argv)| SurvivorRecord {
                 identity: run.watch.identity(m),
                 state: m.entry.state.to_string(),
