@@ -793,3 +793,88 @@ impl Host for FakeHost {
         w.step(Call::Sleep);
     }
 }
+
+/// A ledger in `dir` as a test rig starts from: one tree whose root
+/// (`root`: pid, start ticks) leads its group and session (and sits in
+/// `cgroup`), recorded as spawned, owned by an owner that is dead (not in
+/// any fake table), as in a sweep. `busy` is the ledger's busy timeout.
+pub(crate) fn recorded_tree(
+    dir: &Path,
+    root: (i32, u64),
+    cgroup: Option<&Path>,
+    argv: &str,
+    grace_ms: u64,
+    busy: Duration,
+) -> (crate::config::Config, Ledger, TreeId) {
+    use crate::config::{BoundaryChoice, Config, ObserverMode};
+    use crate::ledger::{IdentityRecord, LedgerOptions, OwnerKind, OwnerRecord};
+    let config = Config {
+        data_dir: dir.to_path_buf(),
+        boundary: BoundaryChoice::Session,
+        cgroup_root: None,
+        busy_timeout: busy,
+        observer: ObserverMode::Off,
+        observer_rcvbuf: 0,
+    };
+    let ledger = Ledger::open(&config.ledger_path(), LedgerOptions { busy_timeout: busy })
+        .expect("ledger opens");
+    let owner = ledger
+        .register_owner(&OwnerRecord {
+            identity: IdentityRecord {
+                pid: PID_BASE - 1,
+                start_ticks: 1,
+                boot_id: BOOT.into(),
+            },
+            kind: OwnerKind::Run,
+        })
+        .expect("owner");
+    let tree = record_spawned_tree(&ledger, owner, root, cgroup, argv, grace_ms);
+    (config, ledger, tree)
+}
+
+/// One tree recorded in `ledger` for `owner`, spawned with `root` leading
+/// its group and session (and in `cgroup`).
+pub(crate) fn record_spawned_tree(
+    ledger: &Ledger,
+    owner: crate::ledger::OwnerId,
+    root: (i32, u64),
+    cgroup: Option<&Path>,
+    argv: &str,
+    grace_ms: u64,
+) -> TreeId {
+    use crate::ledger::{IdentityRecord, NewTree, SpawnRecord};
+    let tree = ledger
+        .create_tree(&NewTree {
+            label: None,
+            boundary: if cgroup.is_some() {
+                "cgroup"
+            } else {
+                "session"
+            }
+            .into(),
+            owner,
+            argv: vec![argv.into()],
+            cwd: None,
+            grace_ms: Some(grace_ms),
+            timeout_ms: None,
+            limits: Default::default(),
+            first_signal: None,
+        })
+        .expect("tree");
+    ledger
+        .tree_spawned(
+            tree,
+            &SpawnRecord {
+                root: IdentityRecord {
+                    pid: root.0,
+                    start_ticks: root.1,
+                    boot_id: BOOT.into(),
+                },
+                pgid: root.0,
+                sid: root.0,
+                cgroup: cgroup.map(|d| d.display().to_string()),
+            },
+        )
+        .expect("spawned");
+    tree
+}

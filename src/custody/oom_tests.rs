@@ -8,14 +8,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::fake::{BOOT, FakeHost, PID_BASE, member};
+use super::fake::{FakeHost, PID_BASE, member, record_spawned_tree, recorded_tree};
 use super::watch::TreeWatch;
 use super::{Engine, Origin, TeardownOptions};
-use crate::config::{BoundaryChoice, Config, ObserverMode};
-use crate::ledger::{
-    EventFilter, IdentityRecord, Ledger, LedgerOptions, NewTree, OwnerKind, OwnerRecord,
-    SpawnRecord, TreeId, TreeState,
-};
+use crate::ledger::{EventFilter, Ledger, TreeId, TreeState};
 
 struct Setup {
     _dir: tempfile::TempDir,
@@ -29,30 +25,18 @@ fn setup() -> Setup {
     let dir = tempfile::tempdir().expect("tempdir");
     let cgroup = dir.path().join("tw-oom-1");
     std::fs::create_dir(&cgroup).expect("cgroup dir");
-    let config = Config {
-        data_dir: dir.path().to_path_buf(),
-        boundary: BoundaryChoice::Session,
-        cgroup_root: None,
-        busy_timeout: Duration::from_millis(40),
-        observer: ObserverMode::Off,
-        observer_rcvbuf: 0,
-    };
-    let ledger = Ledger::open(&config.ledger_path(), LedgerOptions::default()).expect("ledger");
     let host = Arc::new(FakeHost::new(false));
     let root = host
         .world()
         .spawn(member(PID_BASE, 1, PID_BASE, Some(&cgroup)));
-    let owner = ledger
-        .register_owner(&OwnerRecord {
-            identity: IdentityRecord {
-                pid: PID_BASE - 1,
-                start_ticks: 1,
-                boot_id: BOOT.into(),
-            },
-            kind: OwnerKind::Run,
-        })
-        .expect("owner");
-    let tree = record_tree(&ledger, owner, root, &cgroup);
+    let (config, ledger, tree) = recorded_tree(
+        dir.path(),
+        root,
+        Some(&cgroup),
+        "eats-memory",
+        0,
+        Duration::from_millis(40),
+    );
     let engine = Engine::signal_only(&config, ledger.clone(), None).with_host(host);
     Setup {
         _dir: dir,
@@ -61,45 +45,6 @@ fn setup() -> Setup {
         engine,
         tree,
     }
-}
-
-/// A cgroup-boundary tree recorded in the ledger, spawned with `root`
-/// (pid, start ticks) leading its group and session in `cgroup`.
-fn record_tree(
-    ledger: &Ledger,
-    owner: crate::ledger::OwnerId,
-    root: (i32, u64),
-    cgroup: &Path,
-) -> TreeId {
-    let tree = ledger
-        .create_tree(&NewTree {
-            label: None,
-            boundary: "cgroup".into(),
-            owner,
-            argv: vec!["eats-memory".into()],
-            cwd: None,
-            grace_ms: Some(0),
-            timeout_ms: None,
-            limits: Default::default(),
-            first_signal: None,
-        })
-        .expect("tree");
-    ledger
-        .tree_spawned(
-            tree,
-            &SpawnRecord {
-                root: IdentityRecord {
-                    pid: root.0,
-                    start_ticks: root.1,
-                    boot_id: BOOT.into(),
-                },
-                pgid: root.0,
-                sid: root.0,
-                cgroup: Some(cgroup.display().to_string()),
-            },
-        )
-        .expect("spawned");
-    tree
 }
 
 /// `memory.events` as the kernel writes it.
@@ -204,11 +149,13 @@ fn each_tree_counts_from_its_own_recorded_total() {
     let other_cg = s.cgroup.with_file_name("tw-oom-2");
     std::fs::create_dir(&other_cg).expect("cgroup dir");
     let row = s.ledger.tree(s.tree).expect("read").expect("row");
-    let other = record_tree(
+    let other = record_spawned_tree(
         &s.ledger,
         crate::ledger::OwnerId(row.owner.id),
         (PID_BASE + 50, 1),
-        &other_cg,
+        Some(&other_cg),
+        "eats-memory",
+        0,
     );
     write_events(&s.cgroup, 3);
     watch(&s).note_oom_kills(&s.engine);

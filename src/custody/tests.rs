@@ -7,13 +7,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::fake::{
-    BOOT, Call, FakeHost, FakeProc, PID_BASE, Sent, Target, World, member, stranger,
+    BOOT, Call, FakeHost, FakeProc, PID_BASE, Sent, Target, World, member, recorded_tree, stranger,
 };
 use super::{CustodyError, Engine, Origin, TeardownOptions, TeardownReport};
-use crate::config::{BoundaryChoice, Config, ObserverMode};
 use crate::ledger::{
-    EventFilter, IdentityRecord, KillTarget, Ledger, LedgerOptions, NewTree, OwnerKind,
-    OwnerRecord, SpawnRecord, TreeDetail, TreeId, TreeState, WriteLock,
+    EventFilter, IdentityRecord, KillTarget, Ledger, NewTree, SpawnRecord, TreeDetail, TreeId,
+    TreeState, WriteLock,
 };
 use crate::proc::{ExitStatus, Sig};
 
@@ -48,16 +47,6 @@ fn rig(
     setup: impl FnOnce(&mut World, i32, Option<&Path>),
 ) -> Rig {
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = Config {
-        data_dir: dir.path().to_path_buf(),
-        boundary: BoundaryChoice::Session,
-        cgroup_root: None,
-        busy_timeout: BUSY,
-        observer: ObserverMode::Off,
-        observer_rcvbuf: 0,
-    };
-    let ledger = Ledger::open(&config.ledger_path(), LedgerOptions { busy_timeout: BUSY })
-        .expect("ledger opens");
     let host = Arc::new(FakeHost::new(reaper));
     let cgroup = (boundary == Boundary::Cgroup).then(|| PathBuf::from("/fake/cgroup/tw-test-1"));
     let root = {
@@ -66,49 +55,8 @@ fn rig(
         setup(&mut w, root.0, cgroup.as_deref());
         root
     };
-    let owner = ledger
-        .register_owner(&OwnerRecord {
-            identity: IdentityRecord {
-                pid: PID_BASE - 1, // not in the fake table: dead
-                start_ticks: 1,
-                boot_id: BOOT.into(),
-            },
-            kind: OwnerKind::Run,
-        })
-        .expect("owner");
-    let tree = ledger
-        .create_tree(&NewTree {
-            label: Some("fake".into()),
-            boundary: if cgroup.is_some() {
-                "cgroup"
-            } else {
-                "session"
-            }
-            .into(),
-            owner,
-            argv: vec!["worker".into()],
-            cwd: None,
-            grace_ms: Some(1_000),
-            timeout_ms: None,
-            limits: Default::default(),
-            first_signal: None,
-        })
-        .expect("tree");
-    ledger
-        .tree_spawned(
-            tree,
-            &SpawnRecord {
-                root: IdentityRecord {
-                    pid: root.0,
-                    start_ticks: root.1,
-                    boot_id: BOOT.into(),
-                },
-                pgid: root.0,
-                sid: root.0,
-                cgroup: cgroup.as_ref().map(|d| d.display().to_string()),
-            },
-        )
-        .expect("spawned");
+    let (config, ledger, tree) =
+        recorded_tree(dir.path(), root, cgroup.as_deref(), "worker", 1_000, BUSY);
     let engine = Engine::signal_only(&config, ledger.clone(), None).with_host(host.clone());
     host.watch_authority(&ledger, tree);
     Rig {

@@ -14,13 +14,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Engine;
-use super::fake::{BOOT, Call, FakeHost, FakeProc, PID_BASE, member};
+use super::fake::{BOOT, Call, FakeHost, FakeProc, PID_BASE, member, recorded_tree};
 use super::observer::ObserverHandle;
 use super::watch::TreeWatch;
-use crate::config::{BoundaryChoice, Config, ObserverMode};
 use crate::ledger::{
-    Deferred, EventFilter, EventRow, IdentityRecord, Ledger, LedgerError, LedgerOptions, MemberRow,
-    NewTree, OwnerKind, OwnerRecord, SpawnRecord, TreeId, TreeState, WriteLock,
+    Deferred, EventFilter, EventRow, IdentityRecord, Ledger, LedgerError, MemberRow, TreeId,
+    TreeState, WriteLock,
 };
 use crate::proc::{ExitStatus, Identity, ProcKey};
 
@@ -44,16 +43,6 @@ pub(super) struct Rig {
 
 pub(super) fn rig(reaper: bool, with_cgroup: bool) -> Rig {
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = Config {
-        data_dir: dir.path().to_path_buf(),
-        boundary: BoundaryChoice::Session,
-        cgroup_root: None,
-        busy_timeout: BUSY,
-        observer: ObserverMode::Off,
-        observer_rcvbuf: 0,
-    };
-    let ledger = Ledger::open(&config.ledger_path(), LedgerOptions { busy_timeout: BUSY })
-        .expect("ledger opens");
     let cgroup = with_cgroup.then(|| dir.path().join("tw-watch-1"));
     if let Some(cg) = &cgroup {
         std::fs::create_dir(cg).expect("cgroup dir");
@@ -62,40 +51,8 @@ pub(super) fn rig(reaper: bool, with_cgroup: bool) -> Rig {
     let root = host
         .world()
         .spawn(member(PID_BASE, 1, PID_BASE, cgroup.as_deref()));
-    let owner = ledger
-        .register_owner(&OwnerRecord {
-            identity: IdentityRecord {
-                pid: PID_BASE - 1,
-                start_ticks: 1,
-                boot_id: BOOT.into(),
-            },
-            kind: OwnerKind::Run,
-        })
-        .expect("owner");
-    let tree = ledger
-        .create_tree(&NewTree {
-            label: None,
-            boundary: if with_cgroup { "cgroup" } else { "session" }.into(),
-            owner,
-            argv: vec!["worker".into()],
-            cwd: None,
-            grace_ms: Some(0),
-            timeout_ms: None,
-            limits: Default::default(),
-            first_signal: None,
-        })
-        .expect("tree");
-    ledger
-        .tree_spawned(
-            tree,
-            &SpawnRecord {
-                root: identity(root),
-                pgid: root.0,
-                sid: root.0,
-                cgroup: cgroup.as_ref().map(|d| d.display().to_string()),
-            },
-        )
-        .expect("spawned");
+    let (config, ledger, tree) =
+        recorded_tree(dir.path(), root, cgroup.as_deref(), "worker", 0, BUSY);
     let engine = Engine::signal_only(&config, ledger.clone(), None).with_host(host.clone());
     Rig {
         dir,
