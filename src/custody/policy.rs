@@ -106,7 +106,16 @@ pub fn start_observer(
             off_because: "--observer off".into(),
         });
     }
-    match Observer::start(ledger.clone(), rcvbuf, on_overflow) {
+    as_the_mode_asks(mode, Observer::start(ledger.clone(), rcvbuf, on_overflow))
+}
+
+/// What `mode` makes of an observer's start: `on` fails without one,
+/// `auto` goes on with scans only.
+fn as_the_mode_asks(
+    mode: ObserverMode,
+    started: Result<Observer, impl std::fmt::Display>,
+) -> Result<ObserverStart, String> {
+    match started {
         Ok(o) => Ok(ObserverStart {
             observer: Some(o),
             off_because: String::new(),
@@ -127,6 +136,21 @@ pub fn start_observer(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn without_a_proc_connector_on_fails_and_auto_scans_only() {
+        // The branch a host with the connector (this one, as root) never
+        // takes through `start_observer`.
+        let on = as_the_mode_asks(ObserverMode::On, Err::<Observer, _>("EPERM"));
+        assert_eq!(
+            on.err().as_deref(),
+            Some("--observer on, but the proc connector is unavailable: EPERM")
+        );
+        let auto = as_the_mode_asks(ObserverMode::Auto, Err::<Observer, _>("EPERM"))
+            .expect("auto goes on");
+        assert!(auto.observer.is_none());
+        assert_eq!(auto.off_because, "proc connector unavailable: EPERM");
+    }
 
     #[test]
     fn the_observer_starts_as_the_mode_asks() {
