@@ -457,23 +457,31 @@ impl KnownTree {
     /// processes are gone its ids can be reused by a stranger's `setsid()`,
     /// and the stranger's children would otherwise look like ours.
     fn ids_are_ours(&self, snap: &Snapshot) -> bool {
-        if self.root_start_ticks == 0 {
-            return true;
-        }
-        let mut leaderless = false;
-        for leader in [self.sid, self.pgid] {
-            match snap.entries.get(&leader) {
-                Some(e) if e.start_ticks != self.root_start_ticks => return false,
-                Some(_) => {}
-                None => leaderless = true,
-            }
-        }
-        !leaderless
-            || snap.entries.values().any(|e| {
+        match self.leaders(snap) {
+            Leaders::Ours => true,
+            Leaders::Stranger => false,
+            Leaders::Gone => snap.entries.values().any(|e| {
                 e.is_live()
                     && (e.sid == self.sid || e.pgid == self.pgid)
                     && self.seen.contains(&e.key())
-            })
+            }),
+        }
+    }
+
+    /// What holds the pids of the tree's session and group leaders now.
+    fn leaders(&self, snap: &Snapshot) -> Leaders {
+        if self.root_start_ticks == 0 {
+            return Leaders::Ours;
+        }
+        let mut gone = false;
+        for leader in [self.sid, self.pgid] {
+            match snap.entries.get(&leader) {
+                Some(e) if e.start_ticks != self.root_start_ticks => return Leaders::Stranger,
+                Some(_) => {}
+                None => gone = true,
+            }
+        }
+        if gone { Leaders::Gone } else { Leaders::Ours }
     }
 }
 
@@ -499,6 +507,17 @@ impl KnownTree {
             None
         }
     }
+}
+
+/// What holds the pids of a tree's session and group leaders
+/// ([`KnownTree::ids_are_ours`]).
+enum Leaders {
+    /// The recorded root (or no root start time to compare with).
+    Ours,
+    /// A process that is not the recorded root: the ids were reused.
+    Stranger,
+    /// Nobody: the ids are ours only while a member seen before lives.
+    Gone,
 }
 
 /// Why a process counts as a member.
@@ -674,23 +693,15 @@ impl KnownTree {
     /// [`KnownTree::ids_are_ours`] through the index: only the processes
     /// of the tree's session and group are looked at.
     fn ids_are_ours_indexed(&self, snap: &Snapshot, index: &SnapshotIndex) -> bool {
-        if self.root_start_ticks == 0 {
-            return true;
-        }
-        let mut leaderless = false;
-        for leader in [self.sid, self.pgid] {
-            match snap.entries.get(&leader) {
-                Some(e) if e.start_ticks != self.root_start_ticks => return false,
-                Some(_) => {}
-                None => leaderless = true,
-            }
-        }
-        !leaderless
-            || SnapshotIndex::listed(&index.by_sid, self.sid)
+        match self.leaders(snap) {
+            Leaders::Ours => true,
+            Leaders::Stranger => false,
+            Leaders::Gone => SnapshotIndex::listed(&index.by_sid, self.sid)
                 .iter()
                 .chain(SnapshotIndex::listed(&index.by_pgid, self.pgid))
                 .filter_map(|pid| snap.entries.get(pid))
-                .any(|e| e.is_live() && self.seen.contains(&e.key()))
+                .any(|e| e.is_live() && self.seen.contains(&e.key())),
+        }
     }
 }
 
