@@ -228,18 +228,23 @@ fn every_sigkill_follows_a_committed_authorization_naming_exactly_its_targets() 
     assert_eq!(killing, 1, "the state killing, recorded in the first round");
 }
 
-#[test]
-fn the_verify_waits_for_a_killed_member_that_dies_slowly() {
-    let rig = rig(Boundary::Session, false, |w, root, _| {
+/// A stubborn tree with one member that SIGKILL does not end at once (a
+/// long uninterruptible sleep, or the kernel letting a cgroup member go):
+/// it exits on its own 5 ms into the verify.
+fn tree_with_a_member_slow_to_die(boundary: Boundary) -> Rig {
+    rig(boundary, false, |w, root, cg| {
         w.procs.get_mut(&root).expect("root").ignores_term = true;
-        // SIGKILL does not end it at once (say, a long uninterruptible
-        // sleep): it exits on its own 5 ms into the verify.
-        let slow = w.spawn(stubborn(root, root, None));
+        let slow = w.spawn(stubborn(root, root, cg));
         w.procs.get_mut(&slow.0).expect("slow").unkillable = true;
         w.on(Call::Sleep, 5, move |w| {
             w.exit(slow.0, ExitStatus::Signaled(9))
         });
-    });
+    })
+}
+
+#[test]
+fn the_verify_waits_for_a_killed_member_that_dies_slowly() {
+    let rig = tree_with_a_member_slow_to_die(Boundary::Session);
     let report = rig.teardown(Duration::ZERO).expect("settled");
     assert_eq!(report.state, TreeState::Ended);
     assert_eq!(report.authorizations, 1, "one round: the verify waited");
@@ -596,15 +601,7 @@ fn the_group_check_is_given_the_members_just_classified_into_the_group() {
 
 #[test]
 fn the_verify_waits_for_the_cgroup_to_empty_instead_of_re_reading_it() {
-    let rig = rig(Boundary::Cgroup, false, |w, root, cg| {
-        w.procs.get_mut(&root).expect("root").ignores_term = true;
-        // Killed, but the kernel takes 5 ms to let it go.
-        let slow = w.spawn(stubborn(root, root, cg));
-        w.procs.get_mut(&slow.0).expect("slow").unkillable = true;
-        w.on(Call::Sleep, 5, move |w| {
-            w.exit(slow.0, ExitStatus::Signaled(9))
-        });
-    });
+    let rig = tree_with_a_member_slow_to_die(Boundary::Cgroup);
     let report = rig.teardown(Duration::ZERO).expect("settled");
     assert_eq!(report.state, TreeState::Ended);
     assert_eq!(report.authorizations, 1);
