@@ -196,13 +196,34 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Forward-secure seals over the hash chain (docs/THREAT-MODEL.md):
+    /// set up, seal the epochs due, close at a clean stop.
+    #[command(subcommand)]
+    Seal(SealCommand),
     /// Check the ledger: SQLite integrity, the whole hash chain (from the
     /// newest checkpoint, after a prune), every SIGKILL preceded by its
-    /// authorization, and (with --expect-head) truncation.
+    /// authorization, (with --expect-head) truncation, and (with
+    /// --seal-key) the seals.
     ///
     /// Exit 0 with a one-line summary; 1 with the first break; 2 on a bad
-    /// argument or when no ledger exists at the data directory.
+    /// argument or when no ledger (or export) exists.
     Verify {
+        /// The verification key `seal setup` printed: check every seal's
+        /// MAC, that epochs are consecutive from the setup, that every event
+        /// at or below a seal's head is covered, and that the newest seal is
+        /// at most two intervals old at the time of the read (or the
+        /// writer closed cleanly).
+        #[arg(
+            long,
+            value_name = "KEY",
+            env = "TREEWARDEN_SEAL_KEY",
+            hide_env_values = true
+        )]
+        seal_key: Option<String>,
+        /// Verify this NDJSON export (`treewarden export`) alone instead of
+        /// the ledger: no data directory needed; same verdict.
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["expect_head", "archive"])]
+        export: Option<PathBuf>,
         /// The head published elsewhere (the `ledger head` log line), as
         /// SEQ:HASH; the ledger must contain exactly this event.
         #[arg(long, value_name = "SEQ:HASH")]
@@ -223,6 +244,30 @@ enum Command {
     },
     /// Print the man page (roff) on stdout: `treewarden man | man -l -`.
     Man,
+}
+
+#[derive(Subcommand, Debug)]
+enum SealCommand {
+    /// Make a seed, print the verification key once on stdout (keep it off
+    /// this host), record the interval in the ledger and keep only epoch
+    /// 0's key, in <data-dir>/seal.key (0600). Refused when set up before.
+    ///
+    /// Exit 0 with the key on stdout; 2 when sealing is set up already, on a
+    /// bad interval, or when no ledger exists; 125 when it cannot be recorded.
+    Setup {
+        /// How long an epoch is (every epoch is sealed; at least 1s).
+        #[arg(long, default_value = "15m", value_parser = parse_duration)]
+        interval: Duration,
+    },
+    /// Seal every ended epoch not sealed yet, at once (those past their
+    /// next epoch marked late): for a host without `serve`, e.g. from cron.
+    ///
+    /// Exit 0; 2 when sealing is not set up; 125 when a seal cannot be made.
+    Now,
+    /// A clean stop: seal the ended epochs and the current one, marked as a
+    /// close, so `verify --seal-key` asks for no fresher seal. (`serve`
+    /// does this at its shutdown.)
+    Close,
 }
 
 /// Parses a duration for clap ([`treewarden::config::parse_duration`]).
@@ -258,6 +303,7 @@ pub fn main() -> ExitCode {
             | Command::Logs(_)
             | Command::Export { .. }
             | Command::Verify { .. }
+            | Command::Seal(_)
             | Command::Doctor { .. }
             | Command::Completions { .. }
             | Command::Man
@@ -305,11 +351,21 @@ fn run_command(command: Command, config: &Config) -> CliResult {
             archive,
             json,
         } => prune(config, &before, archive, json),
+        Command::Seal(cmd) => seal(config, cmd),
         Command::Verify {
             expect_head,
             archive,
             json,
-        } => verify(config, expect_head.as_deref(), &archive, json),
+            seal_key,
+            export,
+        } => verify(
+            config,
+            expect_head.as_deref(),
+            &archive,
+            json,
+            seal_key.as_deref(),
+            export.as_deref(),
+        ),
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             clap_complete::generate(shell, &mut cmd, "treewarden", &mut std::io::stdout());
@@ -632,19 +688,99 @@ fn prune(config: &Config, before: &str, archive: Option<PathBuf>, json: bool) ->
     Ok(0)
 }
 
+/// `treewarden seal setup|now|close`.
+fn seal(config: &Config, cmd: SealCommand) -> CliResult {
+    use treewarden::ledger::seal::MIN_INTERVAL;
+    if let SealCommand::Setup { interval } = &cmd
+        && *interval < MIN_INTERVAL
+    {
+        return Err(CliError::usage(anyhow::anyhow!(
+            "--interval {}: at least 1s",
+            humantime::format_duration(*interval)
+        )));
+    }
+    let ledger = open_existing_ledger(config)?;
+    match cmd {
+        SealCommand::Setup { interval } => {
+            let report = ledger
+                .seal_setup(&config.data_dir, interval)
+                .map_err(|e| match e {
+                    LedgerError::Invariant(m) => {
+                        CliError::usage(anyhow::anyhow!("seal setup: {m}"))
+                    }
+                    e => CliError::internal(anyhow::anyhow!("seal setup: {e}")),
+                })?;
+            println!("{}", report.key.to_hex());
+            eprintln!(
+                "treewarden: sealing set up (seq {}, epoch 0 from {}, interval {}); the verification key above is shown once: keep it off this host. {} holds only the current epoch's key.",
+                report.seq,
+                report.start,
+                humantime::format_duration(report.interval),
+                report.key_file.display()
+            );
+            Ok(0)
+        }
+        SealCommand::Now | SealCommand::Close => {
+            let close = matches!(cmd, SealCommand::Close);
+            let run = ledger
+                .seal_due(&config.data_dir, close)
+                .map_err(|e| CliError::internal(anyhow::anyhow!("seal: {e}")))?
+                .ok_or_else(|| {
+                    CliError::usage(anyhow::anyhow!(
+                        "sealing is not set up in this ledger (treewarden seal setup)"
+                    ))
+                })?;
+            let next = run
+                .next_due
+                .map(|t| treewarden::ledger::timestamp(t))
+                .unwrap_or_default();
+            match (run.sealed.first(), run.sealed.last()) {
+                (Some(first), Some(last)) => println!(
+                    "sealed epochs {first} to {last} ({} late){}; next seal due at {next}",
+                    run.late,
+                    if run.closed {
+                        ", the last as a clean close"
+                    } else {
+                        ""
+                    }
+                ),
+                _ => println!("no epoch to seal; next seal due at {next}"),
+            }
+            Ok(0)
+        }
+    }
+}
+
 fn verify(
     config: &Config,
     expect_head: Option<&str>,
     archives: &[PathBuf],
     json: bool,
+    seal_key: Option<&str>,
+    export: Option<&std::path::Path>,
 ) -> CliResult {
     let expect_head = expect_head
         .map(parse_head)
         .transpose()
         .map_err(|e| CliError::usage(anyhow::anyhow!(e)))?;
+    let seal_key = seal_key
+        .map(treewarden::ledger::seal::SealKey::parse)
+        .transpose()
+        .map_err(|e| CliError::usage(anyhow::anyhow!("--seal-key: {e}")))?;
     let broken =
         |what: String| CliError::with_code(EXIT_BROKEN, anyhow::anyhow!("verify failed: {what}"));
-    let path = existing_ledger_path(config)?;
+    let path = match export {
+        Some(file) => {
+            if !file.is_file() {
+                return Err(CliError::usage(anyhow::anyhow!(
+                    "no export at {}",
+                    file.display()
+                )));
+            }
+            file.to_path_buf()
+        }
+        None => existing_ledger_path(config)?,
+    };
     for archive in archives {
         if !archive.is_file() {
             return Err(CliError::usage(anyhow::anyhow!(
@@ -653,19 +789,22 @@ fn verify(
             )));
         }
     }
-    let report = Ledger::open(&path, LedgerOptions::from_config(config)).and_then(|ledger| {
-        let mut report = ledger.verify(expect_head)?;
-        if report.first_break.is_none() && !archives.is_empty() {
-            for (_, archived) in ledger.verify_archives(archives)? {
-                if archived.first_break.is_some() {
-                    report.first_break = archived.first_break;
-                    break;
+    let report = match export {
+        Some(file) => treewarden::ledger::verify_export(file, seal_key),
+        None => Ledger::open(&path, LedgerOptions::from_config(config)).and_then(|ledger| {
+            let (mut report, sealed) = ledger.verify_sealed(expect_head, seal_key)?;
+            if report.first_break.is_none() && !archives.is_empty() {
+                for (_, archived) in ledger.verify_archives(archives)? {
+                    if archived.first_break.is_some() {
+                        report.first_break = archived.first_break;
+                        break;
+                    }
                 }
             }
-        }
-        Ok(report)
-    });
-    let report = match report {
+            Ok((report, sealed))
+        }),
+    };
+    let (report, sealed) = match report {
         Ok(report) => report,
         // A file SQLite cannot read as a database is a failed verification.
         Err(e @ LedgerError::Corrupt(_)) => return Err(broken(e.to_string())),
@@ -683,6 +822,7 @@ fn verify(
             "head": report.head.as_ref().map(|(seq, hash)| serde_json::json!({"seq": seq, "hash": hash})),
             "checkpoint": report.checkpoint,
             "archives": archives.len(),
+            "seal": sealed,
             "first_break": report.first_break.as_ref().map(|b| b.to_string()),
         }))
         .map_err(CliError::internal)?;
@@ -709,8 +849,29 @@ fn verify(
             } else {
                 format!(", {} archive(s) chain in", archives.len())
             };
+            let integrity = if export.is_some() {
+                "export"
+            } else {
+                "integrity ok"
+            };
+            let sealed = sealed
+                .map(|s| {
+                    format!(
+                        ", sealed: epochs 0 to {} ({} seals, {} late{}), the newest made {}{}, {} events after it not sealed yet",
+                        s.last_epoch,
+                        s.seals,
+                        s.late,
+                        s.first_late
+                            .map(|e| format!(" from epoch {e}"))
+                            .unwrap_or_default(),
+                        s.last_made_at,
+                        if s.closed { " as a clean close" } else { "" },
+                        s.unsealed
+                    )
+                })
+                .unwrap_or_default();
             println!(
-                "ok: {} events, {head}{from}, integrity ok{archived}",
+                "ok: {} events, {head}{from}, {integrity}{archived}{sealed}",
                 report.events
             );
             Ok(0)

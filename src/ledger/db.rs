@@ -26,6 +26,7 @@ const MIGRATIONS: &[M<'static>] = &[
     M::up(include_str!("../../migrations/0004_first_signal.sql")),
     M::up(include_str!("../../migrations/0005_retention.sql")),
     M::up(include_str!("../../migrations/0006_principals.sql")),
+    M::up(include_str!("../../migrations/0007_seal.sql")),
 ];
 
 /// How hard a commit must be on disk before it returns.
@@ -431,6 +432,14 @@ impl Writer<'_> {
         f: impl FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
     ) -> rusqlite::Result<T> {
         self.tx.prepare_cached(sql)?.query_row(params, f)
+    }
+
+    /// The chain's head as this transaction sees it (with what it appended).
+    pub(crate) fn head_now(&self) -> Result<Option<(i64, String)>, Fail> {
+        match &self.head {
+            Some(head) => Ok(Some(head.clone())),
+            None => read_head(self.tx),
+        }
     }
 
     /// Appends one event to the hash chain inside this transaction.

@@ -63,6 +63,7 @@ mod error;
 mod export;
 mod prune;
 mod read;
+pub mod seal;
 mod types;
 mod verify;
 mod write;
@@ -78,12 +79,12 @@ pub use chain::{GENESIS, canonical_event, canonical_string, event_hash, event_ha
 pub use error::LedgerError;
 pub use prune::{PruneReport, PruneRequest};
 pub use types::{
-    AuthorizationId, AuthorizationRow, Deferred, EventFilter, EventKind, EventRow, ExitRecord,
-    ExportFormat, IdentityRecord, KillTarget, Limits, MemberCounts, MemberRecord, MemberRow,
-    NewTree, ObservationRow, OnBehalfRecord, OwnerId, OwnerKind, OwnerRecord, OwnerRow, PageAt,
-    Requester, Resources, SignalRecord, SignalRow, SpawnRecord, SurvivorRecord, TokenRow,
-    TokenScope, TreeDetail, TreeFilter, TreeId, TreeRow, TreeState, VerifyBreak, VerifyReport,
-    parse_cpu_pct, parse_since, parse_size,
+    AuthorizationId, AuthorizationRow, Deferred, EpochSeal, EventFilter, EventKind, EventRow,
+    ExitRecord, ExportFormat, IdentityRecord, KillTarget, Limits, MemberCounts, MemberRecord,
+    MemberRow, NewTree, ObservationRow, OnBehalfRecord, OwnerId, OwnerKind, OwnerRecord, OwnerRow,
+    PageAt, Requester, Resources, SealData, SealReport, SealSetup, SignalRecord, SignalRow,
+    SpawnRecord, SurvivorRecord, TokenRow, TokenScope, TreeDetail, TreeFilter, TreeId, TreeRow,
+    TreeState, VerifyBreak, VerifyReport, parse_cpu_pct, parse_since, parse_size,
 };
 
 use db::Durability;
@@ -696,7 +697,26 @@ impl Ledger {
     /// Integrity check, the whole chain, the SIGKILL authority rule and, if
     /// given, the expected head (which catches truncation). Reports the first break.
     pub fn verify(&self, expect_head: Option<(i64, String)>) -> Result<VerifyReport, LedgerError> {
-        self.read(move |tx| verify::verify(tx, expect_head))
+        self.read(move |tx| Ok(verify::verify(tx, expect_head, None)?.0))
+    }
+
+    /// [`Ledger::verify`], and with `seal_key` the seals (`seal.rs`):
+    /// every MAC, consecutive epochs from the setup, every event at or
+    /// below a seal's head covered by it, and the newest seal fresh at the
+    /// time of the read (or a clean close). One read transaction: one
+    /// consistent snapshot of a ledger that is being written.
+    pub fn verify_sealed(
+        &self,
+        expect_head: Option<(i64, String)>,
+        seal_key: Option<seal::SealKey>,
+    ) -> Result<(VerifyReport, Option<SealReport>), LedgerError> {
+        self.read(move |tx| {
+            // Taken before the snapshot's first read: a seal the snapshot
+            // holds was made before it, or at the latest just after it.
+            let read_at = std::time::SystemTime::now();
+            let seals = seal_key.map(|k| (seal::SealCheck::new(k), read_at));
+            verify::verify(tx, expect_head, seals)
+        })
     }
 
     /// Prunes the events and rows of trees that ended before `req.before`
@@ -800,7 +820,29 @@ impl Ledger {
         format: ExportFormat,
         out: &mut dyn Write,
     ) -> Result<usize, LedgerError> {
+        // A whole NDJSON export of a sealed ledger ends with its own time
+        // (`verify --export` judges the seals' freshness at it).
+        let whole = filter.since.is_none()
+            && filter.tree.is_none()
+            && filter.after_seq.is_none()
+            && filter.before_seq.is_none()
+            && filter.kind_prefix.is_none()
+            && filter.limit.is_none();
+        let stamp = (format == ExportFormat::Ndjson && whole && self.seal_setup_of()?.is_some())
+            .then(|| timestamp(std::time::SystemTime::now()));
         let n = self.export_pages(filter, format, &mut |bytes| export::write_all(bytes, out))?;
+        if let Some(at) = stamp {
+            let trailer = verify::ExportTrailer {
+                exported: verify::ExportStamp {
+                    at,
+                    events: n as u64,
+                },
+            };
+            let mut line = serde_json::to_vec(&trailer)
+                .map_err(|e| LedgerError::Other(format!("export: {e}")))?;
+            line.push(b'\n');
+            export::write_all(&line, out)?;
+        }
         out.flush()
             .map_err(|e| LedgerError::Other(format!("export: cannot write output: {e}")))?;
         Ok(n)
@@ -848,6 +890,16 @@ impl Ledger {
             }
         }
     }
+}
+
+/// `verify --export FILE`: an NDJSON export checked alone, with the same
+/// chain walk and (with `seal_key`) the same seal check as the ledger's;
+/// freshness is judged at the export's own time (its last line).
+pub fn verify_export(
+    path: &Path,
+    seal_key: Option<seal::SealKey>,
+) -> Result<(VerifyReport, Option<SealReport>), LedgerError> {
+    verify::verify_export(path, seal_key.map(seal::SealCheck::new))
 }
 
 /// Test-only: a second connection holding the ledger's write lock, which is

@@ -99,7 +99,7 @@ pub(crate) struct Checkpoint {
 }
 
 impl Checkpoint {
-    fn from_data(seq: i64, data: &serde_json::Value) -> Option<Checkpoint> {
+    pub(crate) fn from_data(seq: i64, data: &serde_json::Value) -> Option<Checkpoint> {
         Some(Checkpoint {
             seq,
             pruned_through: data.get("pruned_through")?.as_i64()?,
@@ -229,10 +229,12 @@ fn plan(
         if seq > prev_p && kept_at_prev.is_none() {
             kept_at_prev = Some((kept.clone(), kept_n));
         }
+        // Seals are never pruned (migration 0007): their epochs must stay
+        // consecutive from the setup.
         let goes = seq <= limit
             && match tree {
                 Some(t) => set.contains(&t),
-                None => at.as_str() < before,
+                None => at.as_str() < before && row.get::<_, String>(3)? != "ledger.seal",
             };
         if goes {
             if let Some(sink) = archive.as_mut() {

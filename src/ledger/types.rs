@@ -134,10 +134,14 @@ pub enum EventKind {
     /// remaining chain is proven from here (`ledger/prune.rs`). Written
     /// only by [`crate::ledger::Ledger::prune`].
     LedgerCheckpoint,
+    /// Sealed evidence (issue 28, `ledger/seal.rs`): the setup, one seal
+    /// per epoch, or the close; the data is a [`SealData`]. Written only by
+    /// the sealer.
+    LedgerSeal,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 23] = [
+    pub const ALL: [EventKind; 24] = [
         Self::TreeCreated,
         Self::TreeSpawned,
         Self::TreeSpawnFailed,
@@ -161,6 +165,7 @@ impl EventKind {
         Self::TokenRevoked,
         Self::KillRequested,
         Self::LedgerCheckpoint,
+        Self::LedgerSeal,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -188,6 +193,7 @@ impl EventKind {
             Self::TokenRevoked => "token.revoked",
             Self::KillRequested => "kill.requested",
             Self::LedgerCheckpoint => "ledger.checkpoint",
+            Self::LedgerSeal => "ledger.seal",
         }
     }
 
@@ -975,6 +981,67 @@ impl VerifyReport {
     pub fn is_ok(&self) -> bool {
         self.integrity_ok && self.first_break.is_none()
     }
+}
+
+/// The data of a `ledger.seal` event, typed (`op` names the variant).
+/// Its `mac` is `hex(HMAC-SHA256(epoch key, canonical JSON of the data
+/// without "mac"))`, so a field added, removed or changed breaks it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum SealData {
+    /// `seal setup`: when epoch 0 starts and how long an epoch is; MACed
+    /// with epoch 0's key.
+    Setup(SealSetup),
+    /// The seal of one ended epoch.
+    Seal(EpochSeal),
+    /// `seal close`: the writer stopped cleanly; seals the epoch it stopped in.
+    Close(EpochSeal),
+}
+
+/// The setup of sealing, as the ledger records it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SealSetup {
+    /// Epoch 0 starts here (RFC 3339, UTC, milliseconds); epoch N covers
+    /// `[start + N*interval, start + (N+1)*interval)`.
+    pub start: String,
+    pub interval_ms: u64,
+    pub mac: String,
+}
+
+/// One epoch's seal: the chain's head just before the seal event (whose
+/// own `prev_hash` it must equal), and when it was made.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpochSeal {
+    pub epoch: u64,
+    pub head_seq: i64,
+    pub head_hash: String,
+    pub made_at: String,
+    /// Made more than one interval after its epoch ended (no sealer ran then).
+    pub late: bool,
+    pub mac: String,
+}
+
+/// What `verify --seal-key` proved about the seals.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SealReport {
+    /// The setup event's seq.
+    pub setup_seq: i64,
+    pub interval_ms: u64,
+    /// Seals checked (epochs 0 to `last_epoch`, consecutive).
+    pub seals: u64,
+    pub last_epoch: u64,
+    /// The newest seal's seq and when it was made.
+    pub last_seq: i64,
+    pub last_made_at: String,
+    /// The newest seal is a clean `seal close`.
+    pub closed: bool,
+    /// Seals made late (the epochs no sealer ran in), and the first of them.
+    pub late: u64,
+    pub first_late: Option<u64>,
+    /// Events above the newest seal's head: not sealed yet.
+    pub unsealed: u64,
+    /// The time freshness was judged at (the read, or the export's own time).
+    pub read_at: String,
 }
 
 /// Export formats.

@@ -9,9 +9,10 @@ use rusqlite::Connection;
 use sha2::{Digest, Sha256};
 
 use super::chain;
-use super::error::Fail;
+use super::error::{Fail, LedgerError};
 use super::prune;
-use super::types::{VerifyBreak, VerifyReport};
+use super::seal::SealCheck;
+use super::types::{EventRow, SealReport, VerifyBreak, VerifyReport};
 
 fn broke(seq: Option<i64>, what: impl Into<String>) -> Option<VerifyBreak> {
     Some(VerifyBreak {
@@ -20,10 +21,17 @@ fn broke(seq: Option<i64>, what: impl Into<String>) -> Option<VerifyBreak> {
     })
 }
 
+/// `seals`: the check `verify --seal-key` adds, and the time the ledger
+/// was read (freshness is judged at it).
 pub(crate) fn verify(
     conn: &Connection,
     expect_head: Option<(i64, String)>,
-) -> Result<VerifyReport, Fail> {
+    seals: Option<(SealCheck, std::time::SystemTime)>,
+) -> Result<(VerifyReport, Option<SealReport>), Fail> {
+    let (seals, read_at) = match seals {
+        Some((check, at)) => (Some(check), Some(at)),
+        None => (None, None),
+    };
     let mut report = VerifyReport {
         events: 0,
         head: None,
@@ -45,7 +53,7 @@ pub(crate) fn verify(
                 problems.first().map_or("no answer", String::as_str)
             ),
         );
-        return Ok(report);
+        return Ok((report, None));
     }
     report.integrity_ok = true;
 
@@ -62,17 +70,18 @@ pub(crate) fn verify(
             None,
             format!("foreign_key_check: {table} row {rowid} refers to a missing row"),
         );
-        return Ok(report);
+        return Ok((report, None));
     }
 
-    if let Some(found) = walk_chain(conn, &mut report)? {
+    let (found, seals) = walk_chain(conn, &mut report, seals)?;
+    if let Some(found) = found {
         report.first_break = Some(found);
-        return Ok(report);
+        return Ok((report, None));
     }
 
     if let Some(found) = check_signal_rows(conn)? {
         report.first_break = Some(found);
-        return Ok(report);
+        return Ok((report, None));
     }
 
     if let Some((seq, hash)) = expect_head {
@@ -102,10 +111,182 @@ pub(crate) fn verify(
             }
         };
     }
-    Ok(report)
+    finish_seals(report, seals, read_at)
 }
 
-/// Walks every event in seq order. Returns the first break.
+/// The seal check's end (when asked, and nothing broke before it).
+fn finish_seals(
+    mut report: VerifyReport,
+    seals: Option<SealCheck>,
+    read_at: Option<std::time::SystemTime>,
+) -> Result<(VerifyReport, Option<SealReport>), Fail> {
+    let (Some(seals), Some(read_at)) = (seals, read_at) else {
+        return Ok((report, None));
+    };
+    if report.first_break.is_some() {
+        return Ok((report, None));
+    }
+    match seals.finish(read_at) {
+        Ok(sealed) => Ok((report, Some(sealed))),
+        Err(found) => {
+            report.first_break = Some(found);
+            Ok((report, None))
+        }
+    }
+}
+
+/// The last line of a CLI NDJSON export of a sealed ledger: not an event,
+/// but the export's own time (freshness is judged at it) and how many
+/// events it holds (a cut export shows).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct ExportStamp {
+    pub(crate) at: String,
+    pub(crate) events: u64,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(crate) struct ExportTrailer {
+    pub(crate) exported: ExportStamp,
+}
+
+/// `verify --export FILE`: the same chain walk (and seal check) over an
+/// NDJSON export alone, in two passes over the file (the newest checkpoint
+/// first, as the ledger's walk reads it first). Without SQLite there is no
+/// integrity check and no `signals` table: the chain's own SIGKILL rule holds.
+pub(crate) fn verify_export(
+    path: &std::path::Path,
+    seals: Option<SealCheck>,
+) -> Result<(VerifyReport, Option<SealReport>), LedgerError> {
+    use std::io::BufRead;
+    let open = || {
+        std::fs::File::open(path)
+            .map(std::io::BufReader::new)
+            .map_err(|e| LedgerError::Other(format!("{}: {e}", path.display())))
+    };
+    let read_err = |e: std::io::Error| LedgerError::Other(format!("{}: {e}", path.display()));
+    let mut report = VerifyReport {
+        events: 0,
+        head: None,
+        // Nothing to check below the events: the file is the record.
+        integrity_ok: true,
+        first_break: None,
+        checkpoint: None,
+    };
+    let fail = |mut report: VerifyReport, line: usize, what: String| {
+        report.first_break = Some(VerifyBreak {
+            seq: None,
+            what: format!("line {line}: {what}"),
+        });
+        Ok((report, None))
+    };
+    // Pass 1: the newest checkpoint and the trailer.
+    let mut checkpoint = None;
+    let mut stamp: Option<(usize, ExportStamp)> = None;
+    let mut lines = 0usize;
+    for (i, line) in open()?.lines().enumerate() {
+        let line = line.map_err(read_err)?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        lines = i + 1;
+        if let Some((at, _)) = &stamp {
+            return fail(
+                report,
+                i + 1,
+                format!("an event after the export's last line (line {at})"),
+            );
+        }
+        if let Ok(trailer) = serde_json::from_str::<ExportTrailer>(&line) {
+            stamp = Some((i + 1, trailer.exported));
+            continue;
+        }
+        match serde_json::from_str::<EventRow>(&line) {
+            Ok(e) if e.kind == "ledger.checkpoint" => {
+                checkpoint = match prune::Checkpoint::from_data(e.seq, &e.data) {
+                    Some(cp) => Some(cp),
+                    None => {
+                        return fail(report, i + 1, "ledger.checkpoint data is malformed".into());
+                    }
+                }
+            }
+            Ok(_) => {}
+            Err(e) => return fail(report, i + 1, format!("not an exported event: {e}")),
+        }
+    }
+    let _ = lines;
+    report.checkpoint = checkpoint.as_ref().map(|c| c.seq);
+    let read_at = match (&stamp, &seals) {
+        (Some((_, s)), _) => humantime::parse_rfc3339(&s.at).ok(),
+        (None, _) => None,
+    };
+    if seals.is_some() && read_at.is_none() {
+        report.first_break = Some(VerifyBreak {
+            seq: None,
+            what: "the export carries no time of its own (no valid `exported` last line, as `treewarden export` writes for a sealed ledger): its seals' freshness cannot be judged".into(),
+        });
+        return Ok((report, None));
+    }
+    // Pass 2: the walk.
+    let mut walk = Walk::new(checkpoint, seals);
+    for (i, line) in open()?.lines().enumerate() {
+        let line = line.map_err(read_err)?;
+        if line.trim().is_empty() || stamp.as_ref().is_some_and(|(at, _)| *at == i + 1) {
+            continue;
+        }
+        let e: EventRow = match serde_json::from_str(&line) {
+            Ok(e) => e,
+            Err(e) => return fail(report, i + 1, format!("not an exported event: {e}")),
+        };
+        if !e.data.is_object() {
+            return fail(report, i + 1, "data is not a JSON object".into());
+        }
+        let row = WalkRow {
+            seq: e.seq,
+            at: e.at,
+            tree: e.tree,
+            kind: e.kind,
+            data_text: chain::canonical_string(&e.data),
+            prev_hash: e.prev_hash,
+            hash: e.hash,
+        };
+        if let Some(found) = walk.step(row, &mut report) {
+            report.first_break = Some(found);
+            return Ok((report, None));
+        }
+    }
+    if let Some(found) = walk.finish() {
+        report.first_break = Some(found);
+        return Ok((report, None));
+    }
+    if let Some((line, s)) = &stamp
+        && s.events != report.events
+    {
+        report.first_break = Some(VerifyBreak {
+            seq: None,
+            what: format!(
+                "line {line}: the export says it holds {} events but {} are there (cut or added to)",
+                s.events, report.events
+            ),
+        });
+        return Ok((report, None));
+    }
+    finish_seals(report, walk.seals.take(), read_at)
+        .map_err(|f| f.into_ledger(std::time::Duration::ZERO))
+}
+
+/// One event as the walk sees it: `data_text` as stored (the ledger) or
+/// the canonical text of the exported object (an NDJSON export).
+pub(crate) struct WalkRow {
+    pub(crate) seq: i64,
+    pub(crate) at: String,
+    pub(crate) tree: Option<i64>,
+    pub(crate) kind: String,
+    pub(crate) data_text: String,
+    pub(crate) prev_hash: String,
+    pub(crate) hash: String,
+}
+
+/// The chain walk over events in seq order, from the ledger or an export.
 ///
 /// Without a checkpoint the chain is whole from seq 1 (prev_hash the
 /// genesis). With one (the newest `ledger.checkpoint`, see `prune.rs`),
@@ -113,60 +294,75 @@ pub(crate) fn verify(
 /// each must still prove its content, adjacent ones must link, and their
 /// count and digest must be what the checkpoint recorded; above P the
 /// chain is whole again, starting at P + 1 from the checkpoint's `hash`.
-fn walk_chain(conn: &Connection, report: &mut VerifyReport) -> Result<Option<VerifyBreak>, Fail> {
-    let checkpoint = match prune::latest_checkpoint(conn)? {
-        Ok(cp) => cp,
-        Err(found) => return Ok(Some(found)),
-    };
-    report.checkpoint = checkpoint.as_ref().map(|c| c.seq);
-    let (boundary, boundary_hash) = checkpoint
-        .as_ref()
-        .map_or((0, chain::GENESIS.to_string()), |c| {
-            (c.pruned_through, c.hash.clone())
-        });
-    let mut kept = Sha256::new();
-    let mut kept_n = 0_u64;
-    let mut stmt =
-        conn.prepare("SELECT seq, at, tree, kind, data, prev_hash, hash FROM events ORDER BY seq")?;
-    let mut rows = stmt.query([])?;
-    // The previous event walked (seq, hash).
-    let mut prev: Option<(i64, String)> = None;
-    // kill.authorized events seen so far: authorization id -> tree.
-    let mut authorized: HashMap<i64, Option<i64>> = HashMap::new();
-    while let Some(row) = rows.next()? {
-        let seq: i64 = row.get(0)?;
-        let at: String = row.get(1)?;
-        let tree: Option<i64> = row.get(2)?;
-        let kind: String = row.get(3)?;
-        let data_text: String = row.get(4)?;
-        let stored_prev: String = row.get(5)?;
-        let stored_hash: String = row.get(6)?;
+/// With a [`SealCheck`], every event also goes through it (`seal.rs`).
+pub(crate) struct Walk {
+    checkpoint: Option<prune::Checkpoint>,
+    boundary: i64,
+    boundary_hash: String,
+    kept: Sha256,
+    kept_n: u64,
+    /// The previous event walked (seq, hash).
+    prev: Option<(i64, String)>,
+    /// kill.authorized events seen so far: authorization id -> tree.
+    authorized: HashMap<i64, Option<i64>>,
+    pub(crate) seals: Option<SealCheck>,
+}
 
+impl Walk {
+    pub(crate) fn new(checkpoint: Option<prune::Checkpoint>, seals: Option<SealCheck>) -> Walk {
+        let (boundary, boundary_hash) = checkpoint
+            .as_ref()
+            .map_or((0, chain::GENESIS.to_string()), |c| {
+                (c.pruned_through, c.hash.clone())
+            });
+        Walk {
+            checkpoint,
+            boundary,
+            boundary_hash,
+            kept: Sha256::new(),
+            kept_n: 0,
+            prev: None,
+            authorized: HashMap::new(),
+            seals,
+        }
+    }
+
+    pub(crate) fn step(&mut self, row: WalkRow, report: &mut VerifyReport) -> Option<VerifyBreak> {
+        let WalkRow {
+            seq,
+            at,
+            tree,
+            kind,
+            data_text,
+            prev_hash: stored_prev,
+            hash: stored_hash,
+        } = row;
+        let boundary = self.boundary;
         if seq <= boundary {
             // A survivor of pruning: linked where its predecessor survived too.
-            let linked_to = match &prev {
+            let linked_to = match &self.prev {
                 Some((p, h)) if *p == seq - 1 => Some(h.as_str()),
                 _ if seq == 1 => Some(chain::GENESIS),
                 _ => None,
             };
             if linked_to.is_some_and(|h| h != stored_prev) {
-                return Ok(broke(
+                return broke(
                     Some(seq),
                     "prev_hash does not match the previous event's hash (reordered or replaced)",
-                ));
+                );
             }
-            kept.update(stored_hash.as_bytes());
-            kept_n += 1;
+            self.kept.update(stored_hash.as_bytes());
+            self.kept_n += 1;
         } else {
-            let (expected_seq, expected_prev) = match &prev {
+            let (expected_seq, expected_prev) = match &self.prev {
                 Some((p, h)) if *p > boundary => (p + 1, h.as_str()),
-                _ => (boundary + 1, boundary_hash.as_str()),
+                _ => (boundary + 1, self.boundary_hash.as_str()),
             };
             if seq != expected_seq {
-                return Ok(broke(
+                return broke(
                     Some(expected_seq),
                     format!("event {expected_seq} is missing (the next stored event is {seq})"),
-                ));
+                );
             }
             if stored_prev != expected_prev {
                 let what = if expected_seq == boundary + 1 && boundary > 0 {
@@ -174,69 +370,108 @@ fn walk_chain(conn: &Connection, report: &mut VerifyReport) -> Result<Option<Ver
                 } else {
                     "prev_hash does not match the previous event's hash (reordered or replaced)"
                 };
-                return Ok(broke(Some(seq), what));
+                return broke(Some(seq), what);
             }
         }
         let data: serde_json::Value = match serde_json::from_str(&data_text) {
             Ok(data) => data,
-            Err(e) => return Ok(broke(Some(seq), format!("data is not JSON: {e}"))),
+            Err(e) => return broke(Some(seq), format!("data is not JSON: {e}")),
         };
         if chain::canonical_string(&data) != data_text {
-            return Ok(broke(Some(seq), "data is not in canonical form (edited)"));
+            return broke(Some(seq), "data is not in canonical form (edited)");
         }
         // The text is canonical (checked above): hash it as it is stored.
         let hash = chain::event_hash_of_text(&stored_prev, seq, &at, tree, &kind, &data_text);
         if hash != stored_hash {
-            return Ok(broke(
+            return broke(
                 Some(seq),
                 "hash does not match the recomputed hash (content edited)",
-            ));
+            );
         }
 
         match kind.as_str() {
             "kill.authorized" => {
                 if let Some(id) = data.get("authorization").and_then(|v| v.as_i64()) {
-                    authorized.insert(id, tree);
+                    self.authorized.insert(id, tree);
                 }
             }
             "signal.sent" if data.get("signal").and_then(|v| v.as_str()) == Some("SIGKILL") => {
                 let auth = data.get("authorization").and_then(|v| v.as_i64());
-                match auth.and_then(|a| authorized.get(&a)) {
+                match auth.and_then(|a| self.authorized.get(&a)) {
                     Some(auth_tree) if *auth_tree == tree => {}
                     Some(_) => {
-                        return Ok(broke(
-                            Some(seq),
-                            "SIGKILL cites an authorization of another tree",
-                        ));
+                        return broke(Some(seq), "SIGKILL cites an authorization of another tree");
                     }
                     None => {
-                        return Ok(broke(
+                        return broke(
                             Some(seq),
                             "SIGKILL without an earlier kill.authorized event",
-                        ));
+                        );
                     }
                 }
             }
             _ => {}
         }
+        if let Some(seals) = self.seals.as_mut()
+            && let Some(found) = seals.step(seq, &kind, &data, &stored_prev)
+        {
+            return Some(found);
+        }
 
         report.events += 1;
         report.head = Some((seq, stored_hash.clone()));
-        prev = Some((seq, stored_hash));
+        self.prev = Some((seq, stored_hash));
+        None
     }
-    if let Some(cp) = &checkpoint {
-        let digest = hex::encode(kept.finalize());
-        if kept_n != cp.kept_events || digest != cp.kept_digest {
-            return Ok(broke(
+
+    /// After the last event: the survivors below the checkpoint are what it recorded.
+    pub(crate) fn finish(&mut self) -> Option<VerifyBreak> {
+        let cp = self.checkpoint.as_ref()?;
+        let digest = hex::encode(std::mem::take(&mut self.kept).finalize());
+        if self.kept_n != cp.kept_events || digest != cp.kept_digest {
+            return broke(
                 Some(cp.seq),
                 format!(
-                    "the {kept_n} events held at or below the checkpoint's pruned_through {} are not the {} it recorded (removed, added or edited)",
-                    cp.pruned_through, cp.kept_events
+                    "the {} events held at or below the checkpoint's pruned_through {} are not the {} it recorded (removed, added or edited)",
+                    self.kept_n, cp.pruned_through, cp.kept_events
                 ),
-            ));
+            );
+        }
+        None
+    }
+}
+
+/// Walks every event in seq order. Returns the first break.
+fn walk_chain(
+    conn: &Connection,
+    report: &mut VerifyReport,
+    walk_seals: Option<SealCheck>,
+) -> Result<(Option<VerifyBreak>, Option<SealCheck>), Fail> {
+    let checkpoint = match prune::latest_checkpoint(conn)? {
+        Ok(cp) => cp,
+        Err(found) => return Ok((Some(found), None)),
+    };
+    report.checkpoint = checkpoint.as_ref().map(|c| c.seq);
+    let mut walk = Walk::new(checkpoint, walk_seals);
+    let mut stmt =
+        conn.prepare("SELECT seq, at, tree, kind, data, prev_hash, hash FROM events ORDER BY seq")?;
+    let mut rows = stmt.query([])?;
+    while let Some(row) = rows.next()? {
+        let row = WalkRow {
+            seq: row.get(0)?,
+            at: row.get(1)?,
+            tree: row.get(2)?,
+            kind: row.get(3)?,
+            data_text: row.get(4)?,
+            prev_hash: row.get(5)?,
+            hash: row.get(6)?,
+        };
+        if let Some(found) = walk.step(row, report) {
+            return Ok((Some(found), None));
         }
     }
-    Ok(None)
+    let found = walk.finish();
+    Ok((found, walk.seals.take()))
 }
 
 /// Every SIGKILL row in `signals` must cite an authorization of its tree,

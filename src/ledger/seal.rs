@@ -1,0 +1,774 @@
+//! Sealed evidence (issue 28): forward-secure seals over the hash chain,
+//! after journald's Forward Secure Sealing and the lessons of its bugs.
+//!
+//! # Keys
+//!
+//! `seal setup` makes a 32-byte seed from the kernel's random source and
+//! prints it once, as 64 hex digits: the *verification key*, which the
+//! operator keeps off the host. The host keeps only the key of the epoch it
+//! is in, in `<data-dir>/seal.key` (0600; never in SQLite, whose WAL and
+//! free pages would keep old keys). Keys are derived one way:
+//!
+//! ```text
+//! key(0)   = sha256("treewarden seal v1 key 0" || seed)
+//! key(n+1) = sha256("treewarden seal v1 next"  || key(n))
+//! mac      = hex(hmac_sha256(key(n), canonical JSON of the data without "mac"))
+//! ```
+//!
+//! so a host compromised in epoch T holds key(T) and can derive no key of an
+//! earlier epoch: it cannot make a seal for one. `verify --seal-key` derives
+//! every key from the seed.
+//!
+//! # Epochs and seals
+//!
+//! The setup event (`ledger.seal`, op `setup`, MACed with key(0)) records
+//! when epoch 0 starts and the interval. Epoch N covers
+//! `[start + N*interval, start + (N+1)*interval)`. Once epoch N has ended,
+//! a sealer appends its seal (op `seal`): the chain's head just before the
+//! seal event (seq and hash: the seal event's own `prev_hash`), the time it
+//! was made, MACed with key(N); then it derives key(N+1), overwrites the key
+//! file in place with it and fsyncs: only then does the seal count. Every
+//! epoch is sealed, events or not (CVE-2023-31438).
+//!
+//! Who seals: `serve` on a timer of its own (`service/seal.rs`), and
+//! `treewarden seal now` (a cron job on a host without the service). Epochs
+//! in which no sealer ran are sealed by the next one, at once, in order,
+//! each marked `late` and with the time it was really made: the key of such
+//! an epoch stayed on the host past its end, so a late seal proves only
+//! that the events it covers were there when it was made (docs/THREAT-MODEL.md).
+//! `seal close` (and the service's shutdown) seals the current epoch early
+//! as op `close`: the writer stopped cleanly, and `verify` then asks for no
+//! fresher seal. A later sealer goes on with the next epoch (late seals).
+//!
+//! The key file is one fixed-size record (`{"epoch","key","setup"}`,
+//! padded to 256 bytes) overwritten at offset 0 and fsynced, under an
+//! exclusive `flock` that every sealer takes for its whole run, so two
+//! processes never seal one epoch twice. A crash after a seal's commit and
+//! before the key's overwrite leaves the key one epoch behind the ledger:
+//! the next sealer evolves it past the ledger's newest seal before anything else.
+
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use hmac::{Hmac, KeyInit, Mac};
+use rusqlite::{Connection, OptionalExtension};
+use sha2::{Digest, Sha256};
+
+use super::Ledger;
+use super::chain;
+use super::db::Durability;
+use super::error::{Fail, LedgerError};
+use super::types::{EpochSeal, EventKind, SealData, SealReport, SealSetup, VerifyBreak};
+
+/// The key file's name in the data directory.
+pub const KEY_FILE: &str = "seal.key";
+/// The key file's one record, padded: overwritten in place, never resized.
+const RECORD_LEN: usize = 256;
+/// Seals written in one transaction when catching up many epochs.
+const CATCH_UP_CHUNK: u64 = 1000;
+/// The shortest interval `seal setup` accepts.
+pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// The verification key: the seed `seal setup` printed (64 hex digits).
+#[derive(Clone)]
+pub struct SealKey([u8; 32]);
+
+impl std::fmt::Debug for SealKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SealKey(..)")
+    }
+}
+
+impl SealKey {
+    /// Parses the key as `seal setup` printed it.
+    pub fn parse(s: &str) -> Result<SealKey, String> {
+        let bad =
+            || "malformed seal key: expected the 64 hex digits `seal setup` printed".to_string();
+        let bytes = hex::decode(s.trim()).map_err(|_| bad())?;
+        let seed: [u8; 32] = bytes.try_into().map_err(|_| bad())?;
+        Ok(SealKey(seed))
+    }
+
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+
+    /// key(0).
+    fn first(&self) -> [u8; 32] {
+        let mut h = Sha256::new();
+        h.update(b"treewarden seal v1 key 0");
+        h.update(self.0);
+        h.finalize().into()
+    }
+}
+
+/// key(n+1) from key(n).
+fn evolve(key: &[u8; 32]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(b"treewarden seal v1 next");
+    h.update(key);
+    h.finalize().into()
+}
+
+/// `hex(hmac_sha256(key, canonical(data without "mac")))`.
+fn mac_of(key: &[u8; 32], data: &serde_json::Value) -> String {
+    let mut data = data.clone();
+    if let Some(obj) = data.as_object_mut() {
+        obj.remove("mac");
+    }
+    let text = chain::canonical_string(&data);
+    // HMAC takes a key of any length: this cannot fail.
+    let mut mac = match <HmacSha256 as KeyInit>::new_from_slice(key) {
+        Ok(mac) => mac,
+        Err(_) => return String::new(),
+    };
+    mac.update(text.as_bytes());
+    hex::encode(mac.finalize().into_bytes())
+}
+
+/// Constant-time enough for hex of equal length: a verifier's comparison.
+fn same(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+fn to_value<T: serde::Serialize>(v: &T) -> Result<serde_json::Value, Fail> {
+    serde_json::to_value(v).map_err(|e| LedgerError::Other(format!("seal: {e}")).into())
+}
+
+/// A setup's epoch clock, in milliseconds since the Unix epoch.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Clock {
+    start_ms: i64,
+    interval_ms: i64,
+}
+
+impl Clock {
+    fn of(setup: &SealSetup) -> Option<Clock> {
+        let start = humantime::parse_rfc3339(&setup.start).ok()?;
+        let interval_ms = i64::try_from(setup.interval_ms).ok().filter(|i| *i > 0)?;
+        Some(Clock {
+            start_ms: ms(start),
+            interval_ms,
+        })
+    }
+    fn start_of(&self, epoch: u64) -> i64 {
+        self.start_ms
+            .saturating_add((epoch as i64).saturating_mul(self.interval_ms))
+    }
+    fn end_of(&self, epoch: u64) -> i64 {
+        self.start_of(epoch.saturating_add(1))
+    }
+}
+
+fn ms(t: SystemTime) -> i64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+fn time_of(ms: i64) -> String {
+    super::timestamp(SystemTime::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
+}
+
+fn parse_ms(at: &str) -> Option<i64> {
+    humantime::parse_rfc3339(at).ok().map(ms)
+}
+
+/// The setup event (seq, data), if sealing was set up.
+pub(crate) fn read_setup(conn: &Connection) -> Result<Option<(i64, SealSetup)>, Fail> {
+    let found: Option<(i64, String)> = conn
+        .prepare_cached(
+            "SELECT seq, data FROM events WHERE kind = 'ledger.seal'
+             AND json_extract(data, '$.op') = 'setup' ORDER BY seq LIMIT 1",
+        )?
+        .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let Some((seq, text)) = found else {
+        return Ok(None);
+    };
+    match serde_json::from_str::<SealData>(&text) {
+        Ok(SealData::Setup(setup)) => Ok(Some((seq, setup))),
+        _ => Err(LedgerError::Invariant(format!("seq {seq}: the seal setup is malformed")).into()),
+    }
+}
+
+/// The newest seal's epoch, if any.
+fn last_epoch(conn: &Connection) -> Result<Option<u64>, Fail> {
+    let found: Option<String> = conn
+        .prepare_cached(
+            "SELECT data FROM events WHERE kind = 'ledger.seal'
+             AND json_extract(data, '$.op') IN ('seal', 'close') ORDER BY seq DESC LIMIT 1",
+        )?
+        .query_row([], |r| r.get(0))
+        .optional()?;
+    Ok(match found.map(|t| serde_json::from_str::<SealData>(&t)) {
+        Some(Ok(SealData::Seal(s) | SealData::Close(s))) => Some(s.epoch),
+        None => None,
+        Some(_) => {
+            return Err(LedgerError::Invariant("the newest seal is malformed".into()).into());
+        }
+    })
+}
+
+/// The key file's record.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+struct KeyRecord {
+    /// The epoch whose key this is.
+    epoch: u64,
+    key: String,
+    /// The setup's MAC: binds the file to one setup.
+    setup: String,
+}
+
+impl KeyRecord {
+    fn key(&self) -> Result<[u8; 32], LedgerError> {
+        hex::decode(&self.key)
+            .ok()
+            .and_then(|b| <[u8; 32]>::try_from(b).ok())
+            .ok_or_else(|| LedgerError::Other("seal key file: the key is malformed".into()))
+    }
+    fn bytes(&self) -> Result<Vec<u8>, LedgerError> {
+        let mut text = serde_json::to_vec(self)
+            .map_err(|e| LedgerError::Other(format!("seal key file: {e}")))?;
+        if text.len() >= RECORD_LEN {
+            return Err(LedgerError::Other("seal key file: record too long".into()));
+        }
+        text.resize(RECORD_LEN - 1, b' ');
+        text.push(b'\n');
+        Ok(text)
+    }
+}
+
+/// The key file, open and locked (exclusive `flock`) for one sealer's run.
+struct KeyFile {
+    file: File,
+    path: PathBuf,
+    record: KeyRecord,
+}
+
+impl KeyFile {
+    fn io(path: &Path, what: &str, e: std::io::Error) -> LedgerError {
+        LedgerError::Other(format!("seal key file {}: {what}: {e}", path.display()))
+    }
+
+    fn open(path: &Path) -> Result<KeyFile, LedgerError> {
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| Self::io(path, "cannot open", e))?;
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|e| Self::io(path, "cannot lock", e.into()))?;
+        let mut text = String::new();
+        file.read_to_string(&mut text)
+            .map_err(|e| Self::io(path, "cannot read", e))?;
+        let record: KeyRecord = serde_json::from_str(text.trim()).map_err(|e| {
+            LedgerError::Other(format!("seal key file {}: malformed: {e}", path.display()))
+        })?;
+        Ok(KeyFile {
+            file,
+            path: path.to_path_buf(),
+            record,
+        })
+    }
+
+    /// Overwrites the record in place with the key of `epoch` and fsyncs.
+    fn store(&mut self, epoch: u64, key: &[u8; 32]) -> Result<(), LedgerError> {
+        let record = KeyRecord {
+            epoch,
+            key: hex::encode(key),
+            setup: self.record.setup.clone(),
+        };
+        self.file
+            .write_all_at(&record.bytes()?, 0)
+            .map_err(|e| Self::io(&self.path, "cannot overwrite", e))?;
+        self.file
+            .sync_all()
+            .map_err(|e| Self::io(&self.path, "cannot fsync", e))?;
+        self.record = record;
+        Ok(())
+    }
+}
+
+/// The key file's path in `data_dir`.
+pub fn key_path(data_dir: &Path) -> PathBuf {
+    data_dir.join(KEY_FILE)
+}
+
+/// What `seal setup` made.
+#[derive(Clone, Debug)]
+pub struct SealSetupReport {
+    /// The verification key: print it once, keep it off the host.
+    pub key: SealKey,
+    pub seq: i64,
+    pub start: String,
+    pub interval: Duration,
+    pub key_file: PathBuf,
+}
+
+/// What one sealer run did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SealRun {
+    /// The epochs sealed (in order).
+    pub sealed: Vec<u64>,
+    /// How many of them were late.
+    pub late: u64,
+    /// The run ended with a `close` seal (of the last epoch in `sealed`).
+    pub closed: bool,
+    /// When the next epoch ends (the next seal is due).
+    pub next_due: Option<SystemTime>,
+}
+
+fn random_seed() -> Result<[u8; 32], LedgerError> {
+    let mut seed = [0u8; 32];
+    File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut seed))
+        .map_err(|e| LedgerError::Other(format!("seal setup: no random seed: {e}")))?;
+    Ok(seed)
+}
+
+impl Ledger {
+    /// `seal setup`: a new seed, the key file (a new file, 0600, fsynced,
+    /// holding key(0) only) and the setup event, committed FULL. Refused
+    /// when sealing is already set up or the key file exists; a failed
+    /// commit removes the key file.
+    pub fn seal_setup(
+        &self,
+        data_dir: &Path,
+        interval: Duration,
+    ) -> Result<SealSetupReport, LedgerError> {
+        if interval < MIN_INTERVAL {
+            return Err(LedgerError::Invariant(
+                "seal interval: at least 1s".to_string(),
+            ));
+        }
+        let interval_ms = u64::try_from(interval.as_millis())
+            .map_err(|_| LedgerError::Invariant("seal interval too long".into()))?;
+        if let Some((seq, _)) = self.read(|tx| read_setup(tx))? {
+            return Err(LedgerError::Invariant(format!(
+                "sealing is already set up (seq {seq})"
+            )));
+        }
+        let path = key_path(data_dir);
+        if path.symlink_metadata().is_ok() {
+            return Err(LedgerError::Invariant(format!(
+                "{} exists: sealing was set up before (or the file is another's)",
+                path.display()
+            )));
+        }
+        let seed = SealKey(random_seed()?);
+        let key0 = seed.first();
+        let result = {
+            let path = path.clone();
+            let data_dir = data_dir.to_path_buf();
+            self.write(Durability::Full, move |w| {
+                if read_setup(w.tx)?.is_some() {
+                    return Err(LedgerError::Invariant("sealing is already set up".into()).into());
+                }
+                let mut setup = SealSetup {
+                    start: w.now.clone(),
+                    interval_ms,
+                    mac: String::new(),
+                };
+                setup.mac = mac_of(&key0, &to_value(&SealData::Setup(setup.clone()))?);
+                let record = KeyRecord {
+                    epoch: 0,
+                    key: hex::encode(key0),
+                    setup: setup.mac.clone(),
+                };
+                write_new_key_file(&path, &data_dir, &record)?;
+                let seq = w.event(
+                    None,
+                    EventKind::LedgerSeal,
+                    to_value(&SealData::Setup(setup.clone()))?,
+                )?;
+                Ok((seq, setup))
+            })
+        };
+        match result {
+            Ok((seq, setup)) => Ok(SealSetupReport {
+                key: seed,
+                seq,
+                start: setup.start,
+                interval,
+                key_file: path,
+            }),
+            Err(e) => {
+                // The file did not exist before: if it does now, it is this
+                // failed setup's, and must not outlive it.
+                let _ = std::fs::remove_file(&path);
+                Err(e)
+            }
+        }
+    }
+
+    /// Seals every ended epoch not sealed yet (late ones marked), and with
+    /// `close` the current one too, as a clean stop. No setup: `Ok(None)`.
+    pub fn seal_due(&self, data_dir: &Path, close: bool) -> Result<Option<SealRun>, LedgerError> {
+        let Some((_, setup)) = self.read(|tx| read_setup(tx))? else {
+            return Ok(None);
+        };
+        let clock = Clock::of(&setup)
+            .ok_or_else(|| LedgerError::Invariant("the seal setup is malformed".into()))?;
+        let mut keys = KeyFile::open(&key_path(data_dir))?;
+        if !same(&keys.record.setup, &setup.mac) {
+            return Err(LedgerError::Invariant(format!(
+                "seal key file {} belongs to another setup",
+                keys.path.display()
+            )));
+        }
+        let mut epoch = keys.record.epoch;
+        let mut key = keys.record.key()?;
+        // A crash between a seal's commit and the key's overwrite: evolve
+        // past the newest seal first.
+        if let Some(last) = self.read(|tx| last_epoch(tx))?
+            && last >= epoch
+        {
+            while epoch <= last {
+                key = evolve(&key);
+                epoch += 1;
+            }
+            keys.store(epoch, &key)?;
+        }
+        let mut run = SealRun::default();
+        loop {
+            let now = ms(SystemTime::now());
+            if clock.end_of(epoch) > now {
+                break;
+            }
+            // Seal the ended epochs from `epoch` on, a chunk per transaction.
+            let (start_key, start_epoch) = (key, epoch);
+            let sealed: Vec<(u64, bool)> = self.write(Durability::Full, move |w| {
+                let now_ms = parse_ms(&w.now).unwrap_or(now);
+                let (mut key, mut epoch) = (start_key, start_epoch);
+                let mut out = Vec::new();
+                while clock.end_of(epoch) <= now_ms && (out.len() as u64) < CATCH_UP_CHUNK {
+                    let late = now_ms > clock.end_of(epoch) + clock.interval_ms;
+                    append_seal(w, &key, epoch, late, false)?;
+                    out.push((epoch, late));
+                    key = evolve(&key);
+                    epoch += 1;
+                }
+                Ok(out)
+            })?;
+            for (e, late) in &sealed {
+                key = evolve(&key);
+                epoch = e + 1;
+                run.sealed.push(*e);
+                run.late += u64::from(*late);
+            }
+            // The old keys are gone from the file before these seals count.
+            keys.store(epoch, &key)?;
+            if sealed.is_empty() {
+                break;
+            }
+        }
+        if close {
+            let (k, e) = (key, epoch);
+            self.write(Durability::Full, move |w| {
+                append_seal(w, &k, e, false, true)
+            })?;
+            key = evolve(&key);
+            epoch += 1;
+            keys.store(epoch, &key)?;
+            run.sealed.push(epoch - 1);
+            run.closed = true;
+        }
+        run.next_due = Some(
+            SystemTime::UNIX_EPOCH
+                + Duration::from_millis(u64::try_from(clock.end_of(epoch)).unwrap_or(0)),
+        );
+        Ok(Some(run))
+    }
+
+    /// Whether sealing is set up in this ledger: its setup (seq, interval).
+    pub fn seal_setup_of(&self) -> Result<Option<(i64, Duration)>, LedgerError> {
+        self.read(|tx| {
+            Ok(read_setup(tx)?.map(|(seq, s)| (seq, Duration::from_millis(s.interval_ms))))
+        })
+    }
+}
+
+fn write_new_key_file(path: &Path, dir: &Path, record: &KeyRecord) -> Result<(), Fail> {
+    use std::io::Write;
+    let io = |what: &str, e: std::io::Error| -> Fail {
+        LedgerError::Other(format!("seal key file {}: {what}: {e}", path.display())).into()
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| io("cannot create", e))?;
+    file.write_all(&record.bytes()?)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| io("cannot write", e))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io("cannot fsync its directory", e))?;
+    Ok(())
+}
+
+/// Appends the seal (or close) of `epoch` over the current head.
+fn append_seal(
+    w: &mut super::db::Writer<'_>,
+    key: &[u8; 32],
+    epoch: u64,
+    late: bool,
+    close: bool,
+) -> Result<i64, Fail> {
+    let (head_seq, head_hash) = w
+        .head_now()?
+        .unwrap_or_else(|| (0, chain::GENESIS.to_string()));
+    let mut seal = EpochSeal {
+        epoch,
+        head_seq,
+        head_hash,
+        made_at: w.now.clone(),
+        late,
+        mac: String::new(),
+    };
+    let wrap = |s: EpochSeal| {
+        if close {
+            SealData::Close(s)
+        } else {
+            SealData::Seal(s)
+        }
+    };
+    seal.mac = mac_of(key, &to_value(&wrap(seal.clone()))?);
+    w.event(None, EventKind::LedgerSeal, to_value(&wrap(seal))?)
+}
+
+/// `verify --seal-key`: fed every event in seq order by the chain walk.
+pub(crate) struct SealCheck {
+    seed: SealKey,
+    setup: Option<(i64, SealSetup, Clock)>,
+    /// The next epoch expected and its key.
+    next: u64,
+    key: [u8; 32],
+    seals: u64,
+    late: u64,
+    first_late: Option<u64>,
+    last: Option<(u64, i64, String, bool, i64)>,
+    /// Events walked since the newest seal.
+    since_last: u64,
+    events: u64,
+}
+
+impl SealCheck {
+    pub(crate) fn new(seed: SealKey) -> SealCheck {
+        let key = seed.first();
+        SealCheck {
+            seed,
+            setup: None,
+            next: 0,
+            key,
+            seals: 0,
+            late: 0,
+            first_late: None,
+            last: None,
+            since_last: 0,
+            events: 0,
+        }
+    }
+
+    fn broke(seq: i64, what: String) -> Option<VerifyBreak> {
+        Some(VerifyBreak {
+            seq: Some(seq),
+            what,
+        })
+    }
+
+    /// One event of the chain (already proven to hash right).
+    pub(crate) fn step(
+        &mut self,
+        seq: i64,
+        kind: &str,
+        data: &serde_json::Value,
+        prev_hash: &str,
+    ) -> Option<VerifyBreak> {
+        self.events += 1;
+        self.since_last += 1;
+        if kind != EventKind::LedgerSeal.as_str() {
+            return None;
+        }
+        let parsed: SealData = match serde_json::from_value(data.clone()) {
+            Ok(p) => p,
+            Err(e) => return Self::broke(seq, format!("ledger.seal data is malformed: {e}")),
+        };
+        let (seal, close) = match parsed {
+            SealData::Setup(setup) => {
+                if let Some((at, _, _)) = &self.setup {
+                    return Self::broke(
+                        seq,
+                        format!(
+                            "a second seal setup (the first is seq {at}): sealing was set up again"
+                        ),
+                    );
+                }
+                if !same(&mac_of(&self.seed.first(), data), &setup.mac) {
+                    return Self::broke(
+                        seq,
+                        "the seal key does not match this ledger's seal setup (wrong key, or the setup was replaced)".into(),
+                    );
+                }
+                let Some(clock) = Clock::of(&setup) else {
+                    return Self::broke(seq, "the seal setup is malformed".into());
+                };
+                self.setup = Some((seq, setup, clock));
+                return None;
+            }
+            SealData::Seal(s) => (s, false),
+            SealData::Close(s) => (s, true),
+        };
+        let Some((_, _, clock)) = &self.setup else {
+            return Self::broke(
+                seq,
+                format!("epoch {}: a seal with no seal setup before it", seal.epoch),
+            );
+        };
+        let clock = *clock;
+        let epoch = seal.epoch;
+        if epoch < self.next {
+            return Self::broke(
+                seq,
+                format!(
+                    "epoch {epoch}: sealed again or out of order (epoch {} was sealed before it): seals reordered or replayed",
+                    self.next - 1
+                ),
+            );
+        }
+        if epoch > self.next {
+            return Self::broke(
+                seq,
+                format!(
+                    "epochs {} to {} are not sealed ({} to {}; the next seal is epoch {epoch}): seals stripped, or the ledger truncated and continued",
+                    self.next,
+                    epoch - 1,
+                    time_of(clock.start_of(self.next)),
+                    time_of(clock.end_of(epoch - 1)),
+                ),
+            );
+        }
+        if !same(&mac_of(&self.key, data), &seal.mac) {
+            return Self::broke(
+                seq,
+                format!(
+                    "epoch {epoch}: the seal's MAC does not match its epoch's key (made with another key, e.g. a later one, or edited)"
+                ),
+            );
+        }
+        if seal.head_seq != seq - 1 || seal.head_hash != prev_hash {
+            return Self::broke(
+                seq,
+                format!(
+                    "epoch {epoch}: the sealed head {}:{} is not this chain's (events at or below seq {} were edited, removed or reordered and the chain recomputed)",
+                    seal.head_seq, seal.head_hash, seal.head_seq
+                ),
+            );
+        }
+        let Some(made) = parse_ms(&seal.made_at) else {
+            return Self::broke(seq, format!("epoch {epoch}: the seal's time is malformed"));
+        };
+        if !close && made < clock.end_of(epoch) {
+            return Self::broke(seq, format!("epoch {epoch}: sealed before the epoch ended"));
+        }
+        let late = made > clock.end_of(epoch) + clock.interval_ms;
+        if late {
+            self.late += 1;
+            self.first_late.get_or_insert(epoch);
+        }
+        self.seals += 1;
+        self.next = epoch + 1;
+        self.key = evolve(&self.key);
+        self.last = Some((epoch, seq, seal.made_at, close, made));
+        self.since_last = 0;
+        None
+    }
+
+    /// After the walk: seals exist, and the newest is fresh at `read_at`
+    /// (or a clean close).
+    pub(crate) fn finish(self, read_at: SystemTime) -> Result<SealReport, VerifyBreak> {
+        let Some((setup_seq, setup, clock)) = self.setup else {
+            return Err(VerifyBreak {
+                seq: None,
+                what: "the ledger has no seal setup: the seal key matches no seal".into(),
+            });
+        };
+        let Some((epoch, seq, made_at, closed, _)) = self.last else {
+            return Err(VerifyBreak {
+                seq: Some(setup_seq),
+                what: format!(
+                    "sealing was set up ({}, interval {}) but the ledger holds no seal (stripped, or epoch 0 has not been sealed yet; its seal is due at {})",
+                    setup.start,
+                    humantime::format_duration(Duration::from_millis(setup.interval_ms)),
+                    time_of(clock.end_of(0))
+                ),
+            });
+        };
+        let read_ms = ms(read_at);
+        // The seal of epoch + 1 is due when that epoch ends; one interval
+        // more is allowed for a busy sealer: older is stale.
+        let due = clock.end_of(epoch + 1) + clock.interval_ms;
+        if !closed && read_ms > due {
+            return Err(VerifyBreak {
+                seq: Some(seq),
+                what: format!(
+                    "epoch {}: not sealed, and overdue since {} (read at {}; the newest seal is epoch {epoch}, made {made_at}): seals stripped, the ledger truncated, or the sealer stopped without `seal close`",
+                    epoch + 1,
+                    time_of(due),
+                    time_of(read_ms),
+                ),
+            });
+        }
+        // The events after the newest seal, but not the seal itself.
+        Ok(SealReport {
+            setup_seq,
+            interval_ms: setup.interval_ms,
+            seals: self.seals,
+            last_epoch: epoch,
+            last_seq: seq,
+            last_made_at: made_at,
+            closed,
+            late: self.late,
+            first_late: self.first_late,
+            unsealed: self.since_last,
+            read_at: time_of(read_ms),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_evolve_one_way_and_differ_per_epoch() {
+        let seed = SealKey([7; 32]);
+        let k0 = seed.first();
+        let k1 = evolve(&k0);
+        assert_ne!(k0, k1);
+        assert_ne!(evolve(&k1), k1);
+        let data = serde_json::json!({"op": "seal", "epoch": 3, "mac": "x"});
+        assert_ne!(mac_of(&k0, &data), mac_of(&k1, &data));
+        // The mac field itself is not covered.
+        let other = serde_json::json!({"op": "seal", "epoch": 3, "mac": "y"});
+        assert_eq!(mac_of(&k0, &data), mac_of(&k0, &other));
+    }
+
+    #[test]
+    fn the_key_parses_as_printed() {
+        let seed = SealKey([0xab; 32]);
+        let back = SealKey::parse(&seed.to_hex()).expect("parses");
+        assert_eq!(back.0, seed.0);
+        assert!(SealKey::parse("abc").is_err());
+    }
+}
