@@ -951,6 +951,14 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
                 )
             }
         };
+    // Sealing (issue 28): seals every epoch where `seal setup` was run.
+    let sealing = treewarden::ledger::Ledger::open(
+        &config.ledger_path(),
+        treewarden::ledger::LedgerOptions::from_config(config),
+    )
+    .map_err(|e| e.to_string())
+    .and_then(|ledger| treewarden::service::seal::Sealing::start(ledger, config.data_dir.clone()))
+    .map_err(|e| CliError::internal(anyhow!(e)))?;
     let admin_gid = match &args.admin_group {
         None => None,
         Some(g) => Some(
@@ -1029,6 +1037,8 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
     // abandoned; its tree is resumed by the next start's sweep (the ledger
     // holds where it stopped; a frozen cgroup is thawed by that teardown).
     rt.shutdown_timeout(Duration::from_secs(1));
+    // The clean close, after the drain's last writes (shipped below).
+    sealing.stop();
     if let Some(retention) = retention {
         retention.stop();
     }

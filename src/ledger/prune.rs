@@ -387,7 +387,8 @@ pub(crate) fn commit(
     }
     let deleted = w.tx.execute(
         "DELETE FROM events WHERE seq <= ?1
-           AND (tree IN (SELECT id FROM temp.prune_trees) OR (tree IS NULL AND at < ?2))",
+           AND (tree IN (SELECT id FROM temp.prune_trees)
+                OR (tree IS NULL AND at < ?2 AND kind <> 'ledger.seal'))",
         params![planned.limit, planned.before],
     )?;
     if deleted as u64 != planned.events {

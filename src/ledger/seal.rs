@@ -696,14 +696,16 @@ impl SealCheck {
 
     /// After the walk: seals exist, and the newest is fresh at `read_at`
     /// (or a clean close).
-    pub(crate) fn finish(self, read_at: SystemTime) -> Result<SealReport, VerifyBreak> {
-        let Some((setup_seq, setup, clock)) = self.setup else {
+    /// `read_at`: `None` for an export without its own time, which
+    /// fails here unless the newest seal is a close.
+    pub(crate) fn finish(self, read_at: Option<SystemTime>) -> Result<SealReport, VerifyBreak> {
+        let Some((setup_seq, setup, clock)) = self.setup.clone() else {
             return Err(VerifyBreak {
                 seq: None,
                 what: "the ledger has no seal setup: the seal key matches no seal".into(),
             });
         };
-        let Some((epoch, seq, made_at, closed, _)) = self.last else {
+        let Some((epoch, seq, made_at, closed, _)) = self.last.clone() else {
             return Err(VerifyBreak {
                 seq: Some(setup_seq),
                 what: format!(
@@ -714,11 +716,21 @@ impl SealCheck {
                 ),
             });
         };
-        let read_ms = ms(read_at);
+        let read_ms = read_at.map(ms);
+        if closed {
+            // The writer stopped cleanly: no fresher seal is asked for.
+            return Ok(self.report(setup_seq, &setup, epoch, seq, made_at, closed, read_ms));
+        }
+        let Some(read_ms) = read_ms else {
+            return Err(VerifyBreak {
+                seq: None,
+                what: "the export carries no time of its own (no `exported` last line, as `treewarden export` writes for a sealed ledger): the newest seal's freshness cannot be judged".into(),
+            });
+        };
         // The seal of epoch + 1 is due when that epoch ends; one interval
         // more is allowed for a busy sealer: older is stale.
         let due = clock.end_of(epoch + 1) + clock.interval_ms;
-        if !closed && read_ms > due {
+        if read_ms > due {
             return Err(VerifyBreak {
                 seq: Some(seq),
                 what: format!(
@@ -729,8 +741,29 @@ impl SealCheck {
                 ),
             });
         }
-        // The events after the newest seal, but not the seal itself.
-        Ok(SealReport {
+        Ok(self.report(
+            setup_seq,
+            &setup,
+            epoch,
+            seq,
+            made_at,
+            closed,
+            Some(read_ms),
+        ))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn report(
+        &self,
+        setup_seq: i64,
+        setup: &SealSetup,
+        epoch: u64,
+        seq: i64,
+        made_at: String,
+        closed: bool,
+        read_ms: Option<i64>,
+    ) -> SealReport {
+        SealReport {
             setup_seq,
             interval_ms: setup.interval_ms,
             seals: self.seals,
@@ -740,9 +773,10 @@ impl SealCheck {
             closed,
             late: self.late,
             first_late: self.first_late,
+            // The events after the newest seal, not the seal itself.
             unsealed: self.since_last,
-            read_at: time_of(read_ms),
-        })
+            read_at: read_ms.map(time_of),
+        }
     }
 }
 

@@ -1040,8 +1040,9 @@ pub struct SealReport {
     pub first_late: Option<u64>,
     /// Events above the newest seal's head: not sealed yet.
     pub unsealed: u64,
-    /// The time freshness was judged at (the read, or the export's own time).
-    pub read_at: String,
+    /// The time freshness was judged at (the read, or the export's own
+    /// time); `None` for an export without one of a cleanly closed ledger.
+    pub read_at: Option<String>,
 }
 
 /// Export formats.

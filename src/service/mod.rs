@@ -43,6 +43,7 @@
 mod export;
 pub mod metrics;
 pub mod retain;
+pub mod seal;
 pub mod ship;
 
 pub use export::ExportChunks;

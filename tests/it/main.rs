@@ -15,6 +15,7 @@ mod recovery;
 mod retention;
 mod rules;
 mod scale;
+mod seal;
 mod serve;
 mod shipping;
 mod util;

@@ -106,7 +106,7 @@ fn assert_verify_ok(data_dir: &Path, args: &[&str]) {
     assert!(out.starts_with("ok: "), "{out}");
 }
 
-fn open(path: &Path) -> Connection {
+pub(crate) fn open(path: &Path) -> Connection {
     let conn = Connection::open(path).expect("open ledger file");
     conn.busy_timeout(Duration::from_secs(5))
         .expect("busy timeout");
@@ -172,7 +172,7 @@ fn copy_ledger(ledger: &Path, parent: &Path, name: &str) -> PathBuf {
 
 /// What a forger holding the file does first: open it with the sqlite3 API
 /// and drop the triggers in the way.
-fn forger(data_dir: &Path, triggers: &[&str]) -> Connection {
+pub(crate) fn forger(data_dir: &Path, triggers: &[&str]) -> Connection {
     let conn = open(&data_dir.join("ledger.db"));
     for t in triggers {
         conn.execute_batch(&format!("DROP TRIGGER {t}"))
@@ -186,7 +186,7 @@ fn forger(data_dir: &Path, triggers: &[&str]) -> Connection {
 /// `hex(sha256(prev_hash || [seq,at,tree,kind,data]))`, the array as
 /// canonical JSON (keys sorted, no whitespace: serde_json's `Value` without
 /// `preserve_order`, as this crate builds it).
-fn recipe_hash(
+pub(crate) fn recipe_hash(
     prev: &str,
     seq: i64,
     at: &str,
@@ -199,9 +199,9 @@ fn recipe_hash(
     hex::encode(Sha256::digest(format!("{prev}{canonical}").as_bytes()))
 }
 
-type EventTuple = (i64, String, Option<i64>, String, String, String, String);
+pub(crate) type EventTuple = (i64, String, Option<i64>, String, String, String, String);
 
-fn events(conn: &Connection) -> Vec<EventTuple> {
+pub(crate) fn events(conn: &Connection) -> Vec<EventTuple> {
     let mut stmt = conn
         .prepare("SELECT seq, at, tree, kind, data, prev_hash, hash FROM events ORDER BY seq")
         .expect("prepare");
@@ -223,7 +223,7 @@ fn events(conn: &Connection) -> Vec<EventTuple> {
 
 /// Whether every event's prev_hash and hash are the recipe's: then the
 /// chain alone shows nothing.
-fn chain_consistent(conn: &Connection) -> bool {
+pub(crate) fn chain_consistent(conn: &Connection) -> bool {
     let mut prev = "0".repeat(64);
     for (i, (seq, at, tree, kind, data, stored_prev, hash)) in events(conn).into_iter().enumerate()
     {
@@ -239,7 +239,7 @@ fn chain_consistent(conn: &Connection) -> bool {
 }
 
 /// Recomputes prev_hash and hash of every event from `from` on.
-fn rechain(conn: &Connection, from: i64) {
+pub(crate) fn rechain(conn: &Connection, from: i64) {
     let mut prev = if from == 1 {
         "0".repeat(64)
     } else {
