@@ -732,9 +732,14 @@ fn seal(config: &Config, cmd: SealCommand) -> CliResult {
                 })?;
             let next = run
                 .next_due
-                .map(|t| treewarden::ledger::timestamp(t))
+                .map(treewarden::ledger::timestamp)
                 .unwrap_or_default();
             match (run.sealed.first(), run.sealed.last()) {
+                (Some(first), Some(last)) if first == last => println!(
+                    "sealed epoch {first}{}{}; next seal due at {next}",
+                    if run.late > 0 { " (late)" } else { "" },
+                    if run.closed { ", as a clean close" } else { "" }
+                ),
                 (Some(first), Some(last)) => println!(
                     "sealed epochs {first} to {last} ({} late){}; next seal due at {next}",
                     run.late,

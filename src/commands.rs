@@ -951,10 +951,16 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
                 )
             }
         };
-    // Sealing (issue 28): seals every epoch where `seal setup` was run.
+    // Sealing (issue 28): seals every epoch where `seal setup` was run. Its
+    // own handle waits longer for the write lock than custody writes do: a
+    // seal is due once an epoch, and the wait blocks only its thread.
     let sealing = treewarden::ledger::Ledger::open(
         &config.ledger_path(),
-        treewarden::ledger::LedgerOptions::from_config(config),
+        treewarden::ledger::LedgerOptions {
+            busy_timeout: config
+                .busy_timeout
+                .max(treewarden::service::seal::BUSY_TIMEOUT),
+        },
     )
     .map_err(|e| e.to_string())
     .and_then(|ledger| treewarden::service::seal::Sealing::start(ledger, config.data_dir.clone()))

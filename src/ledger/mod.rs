@@ -56,6 +56,12 @@
 //! events were cut off: after each commit the head is logged at info level
 //! (target `treewarden::ledger::head`: `ledger head seq=N hash=H`), and
 //! [`Ledger::verify`] checks against a head published elsewhere.
+//!
+//! A chain rewritten from some point with fresh hashes is internally
+//! consistent; forward-secure seals (`seal.rs`, issue 28) make such a
+//! rewrite of anything sealed before the attacker arrived fail
+//! [`Ledger::verify_sealed`]: `ledger.seal` events MACed with a key that
+//! evolves one way each epoch, checked with the key `seal setup` printed.
 
 mod chain;
 mod db;

@@ -705,7 +705,7 @@ impl SealCheck {
                 what: "the ledger has no seal setup: the seal key matches no seal".into(),
             });
         };
-        let Some((epoch, seq, made_at, closed, _)) = self.last.clone() else {
+        let Some((epoch, seq, made_at, closed, made_ms)) = self.last.clone() else {
             return Err(VerifyBreak {
                 seq: Some(setup_seq),
                 what: format!(
@@ -727,9 +727,10 @@ impl SealCheck {
                 what: "the export carries no time of its own (no `exported` last line, as `treewarden export` writes for a sealed ledger): the newest seal's freshness cannot be judged".into(),
             });
         };
-        // The seal of epoch + 1 is due when that epoch ends; one interval
-        // more is allowed for a busy sealer: older is stale.
-        let due = clock.end_of(epoch + 1) + clock.interval_ms;
+        // The newest seal may be two intervals old at most, counted from
+        // when it was made (MACed): the next one is due one interval after
+        // it, and one more is allowed for a busy sealer. Older is stale.
+        let due = made_ms + 2 * clock.interval_ms;
         if read_ms > due {
             return Err(VerifyBreak {
                 seq: Some(seq),

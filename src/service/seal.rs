@@ -3,10 +3,13 @@
 //! ends ([`Ledger::seal_due`], `ledger/seal.rs`), catches up at start on the
 //! epochs no sealer ran in (late seals), and at the service's shutdown makes
 //! the clean close ([`Sealing::stop`]), after the drain's last writes. It has
-//! a ledger handle of its own, like retention. A seal that cannot be made (a
-//! held write lock, a full disk) is retried within the interval; it stays
-//! due, and is marked late if it is made more than one interval after its
-//! epoch ended.
+//! a ledger handle of its own, like retention, whose busy timeout is at
+//! least [`BUSY_TIMEOUT`] (custody writers in other processes, `run` in a
+//! loop, must not starve a seal). A seal that cannot be made (a held write
+//! lock, a full disk) is retried at once; it stays due, and is marked late
+//! if it is made more than one interval after its epoch ended. Where the
+//! ledger has no setup yet the thread looks again every few seconds, so a
+//! `seal setup` made while the service runs needs no restart.
 
 use std::path::PathBuf;
 use std::sync::mpsc;
@@ -21,6 +24,11 @@ pub struct Sealing {
     stop: Option<mpsc::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
+
+/// How long the sealer's own ledger handle waits for the write lock (at
+/// least): busy custody writers in other processes must not starve a seal
+/// past its epoch (a lost race only costs this thread a wait).
+pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// After an epoch ends, the seal is made this much later (so the clock
 /// has passed the end in every process).
@@ -139,7 +147,7 @@ fn seal_once(
             once(format!("sealing: {e} (retried)"), false);
             // Within the epoch: a held write lock passes, and the seal is
             // still on time.
-            Next::Retry(Duration::from_millis(200))
+            Next::Retry(Duration::from_millis(50))
         }
     }
 }

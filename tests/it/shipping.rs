@@ -288,3 +288,111 @@ fn every_event_reaches_the_receiver_in_order_and_none_is_lost_while_it_is_down()
     assert!(server.stderr().contains("the endpoint takes events again"));
     receiver.stop();
 }
+
+/// Seals are ledger events (issue 28): they ship with the rest, and the
+/// collector's copy alone verifies with the key, off the host.
+#[test]
+fn seals_ship_with_the_events_and_the_shipped_copy_verifies_with_the_key() {
+    let got: Got = Arc::default();
+    let receiver = Receiver::start(0, got.clone());
+    let server = Server::start(&[
+        "--ship-otlp",
+        &format!("http://127.0.0.1:{}", receiver.port),
+    ]);
+    // Set up while the service runs: its sealer picks the setup up.
+    let out = std::process::Command::new(crate::util::bin())
+        .arg("--data-dir")
+        .arg(server.data_dir())
+        .args(["seal", "setup", "--interval", "1s"])
+        .env_remove("TREEWARDEN_DATA_DIR")
+        .output()
+        .expect("seal setup");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let key = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    spawn_ended(&server, "sealed");
+    // The copy: the bodies by seq, contiguous from 1.
+    let copy = || -> Vec<Value> {
+        let by_seq: BTreeMap<i64, Value> = got
+            .lock()
+            .expect("lock")
+            .iter()
+            .filter_map(|r| {
+                let v: Value = serde_json::from_str(&r.body).ok()?;
+                Some((v["seq"].as_i64()?, v))
+            })
+            .collect();
+        by_seq
+            .into_iter()
+            .enumerate()
+            .take_while(|(i, (seq, _))| *seq == *i as i64 + 1)
+            .map(|(_, (_, v))| v)
+            .collect()
+    };
+    let shipped_seals = |events: &[Value]| {
+        events
+            .iter()
+            .filter(|e| e["kind"] == "ledger.seal" && e["data"]["op"] == "seal")
+            .count()
+    };
+    assert!(
+        wait_until(Duration::from_secs(30), || shipped_seals(&copy()) >= 2),
+        "the service's seals reach the collector: {}",
+        server.stderr()
+    );
+    assert!(
+        got.lock()
+            .expect("lock")
+            .iter()
+            .any(|r| r.attrs.get("kind").map(String::as_str) == Some("ledger.seal")),
+        "shipped as ledger.seal records"
+    );
+    let events = copy();
+    // The collector stamps its copy with the time of the newest record it
+    // holds (an export carries its own time: its last line).
+    let at = events
+        .last()
+        .and_then(|e| e["at"].as_str())
+        .expect("at")
+        .to_string();
+    let mut text = String::new();
+    for e in &events {
+        text.push_str(&serde_json::to_string(e).expect("json"));
+        text.push('\n');
+    }
+    text.push_str(&serde_json::json!({"exported": {"at": at, "events": events.len()}}).to_string());
+    text.push('\n');
+    let file = server.dir.path().join("collected.ndjson");
+    std::fs::write(&file, &text).expect("write the copy");
+    let out = std::process::Command::new(crate::util::bin())
+        .args(["verify", "--seal-key", &key, "--export"])
+        .arg(&file)
+        .env_remove("TREEWARDEN_DATA_DIR")
+        .env("TREEWARDEN_DATA_DIR", server.dir.path().join("not-here"))
+        .output()
+        .expect("verify");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "the shipped copy verifies: {stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("sealed: epochs 0 to"), "{stdout}");
+    // Cut the copy's newest seal off: the copy says it holds more.
+    let cut: Vec<&str> = text.lines().collect();
+    let n = cut.len();
+    let short = [&cut[..n - 2], &cut[n - 1..]].concat().join("\n");
+    std::fs::write(&file, short + "\n").expect("write");
+    let out = std::process::Command::new(crate::util::bin())
+        .args(["verify", "--seal-key", &key, "--export"])
+        .arg(&file)
+        .output()
+        .expect("verify");
+    assert_eq!(out.status.code(), Some(1));
+    receiver.stop();
+}
