@@ -10,7 +10,9 @@
 //! - `before-authorize`: the tree is frozen and its survivors read, the
 //!   authorization not yet committed;
 //! - `after-authorize`: `kill.authorized` is committed (FULL), its SIGKILL
-//!   not yet sent.
+//!   not yet sent;
+//! - `seal-committed`: an epoch's seal is committed (FULL), its key not yet
+//!   overwritten by the next one (`ledger/seal.rs`).
 //!
 //! It must never be set in production: a process that aborts in a teardown
 //! leaves the tree frozen in `terminating` for the next sweep.

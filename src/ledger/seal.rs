@@ -459,6 +459,9 @@ impl Ledger {
                 }
                 Ok(out)
             })?;
+            if !sealed.is_empty() {
+                crate::testhook::crash_point("seal-committed");
+            }
             for (e, late) in &sealed {
                 key = evolve(&key);
                 epoch = e + 1;

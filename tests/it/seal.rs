@@ -121,18 +121,22 @@ fn seal_next(data_dir: &Path) {
             return;
         }
         assert!(Instant::now() < deadline, "an epoch ended and was sealed");
-        let said = text(&out.stdout);
-        let due = said
-            .rsplit("next seal due at ")
-            .next()
-            .and_then(|t| humantime::parse_rfc3339(t.trim()).ok())
-            .unwrap_or_else(|| panic!("seal now says when the next seal is due: {said}"));
-        assert!(
-            wait_until(Duration::from_secs(5), || std::time::SystemTime::now()
-                >= due),
-            "the clock reaches {said}"
-        );
+        wait_for_due(&text(&out.stdout));
     }
+}
+
+/// Waits (bounded) for the time `seal now` said the next seal is due.
+fn wait_for_due(said: &str) {
+    let due = said
+        .rsplit("next seal due at ")
+        .next()
+        .and_then(|t| humantime::parse_rfc3339(t.trim()).ok())
+        .unwrap_or_else(|| panic!("seal now says when the next seal is due: {said}"));
+    assert!(
+        wait_until(Duration::from_secs(5), || std::time::SystemTime::now()
+            >= due),
+        "the clock reaches {said}"
+    );
 }
 
 /// `verify ARGS` on a data dir: (exit code, stdout, stderr).
@@ -844,4 +848,52 @@ fn a_prune_keeps_every_seal_and_attacks_after_it_are_still_named() {
     let said = assert_fails(&dir, &key, "are not sealed");
     assert!(said.contains(&format!("epochs {stripped} to")), "{said}");
     assert_export_agrees(&dir, &key, &said);
+}
+
+#[test]
+fn a_crash_between_a_seals_commit_and_the_keys_overwrite_is_mended_by_the_next_sealer() {
+    let env = Env::new("session").expect("the session boundary always forms");
+    let data = env.data_dir();
+    work(&data, 0);
+    let key = setup(&data);
+    seal_next(&data);
+    let (epoch, _) = key_in_file(&data);
+    // The next seal commits, then the process dies before the key file
+    // is overwritten: the file is one epoch behind the ledger.
+    let sealed = epochs(&data).len();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = Command::new(bin())
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["seal", "now"])
+            .env("TREEWARDEN_TEST_CRASH_AT", "seal-committed")
+            .env_remove("TREEWARDEN_DATA_DIR")
+            .output()
+            .expect("seal now");
+        if epochs(&data).len() > sealed {
+            assert_eq!(out.status.code(), None, "aborted: {}", text(&out.stderr));
+            break;
+        }
+        assert!(Instant::now() < deadline, "an epoch ended");
+        wait_for_due(&text(&out.stdout));
+    }
+    let (behind, _) = key_in_file(&data);
+    assert_eq!(behind, epoch, "the key file was not overwritten");
+    let last = *epochs(&data).last().expect("seals");
+    assert!(last >= behind, "the ledger is ahead of the key file");
+    // The next sealer evolves past the newest seal first: no epoch is
+    // sealed twice, the old key is gone, and the ledger verifies.
+    let out = tw(&data, &["seal", "close"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let got = epochs(&data);
+    assert_eq!(
+        got,
+        (0..got.len() as u64).collect::<Vec<_>>(),
+        "consecutive, none twice"
+    );
+    let (now, _) = key_in_file(&data);
+    assert!(now > last, "the key moved past the newest seal");
+    let (code, out, err) = verify(&data, &["--seal-key", &key]);
+    assert_eq!(code, Some(0), "{out} {err}");
 }
