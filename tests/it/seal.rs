@@ -303,6 +303,120 @@ fn event_and_next_seal(evs: &[Ev], kind: &str, nth: usize) -> (usize, u64) {
 // ---------------------------------------------------------------------------
 // Tests
 
+/// `treewarden serve` on 127.0.0.1:0 in `env` (its log in serve.stderr),
+/// up when its ready file is written; ended by its pid on drop.
+fn start_serve(env: &Env) -> KillOnDrop {
+    let ready = env.dir().join("addr");
+    let err = std::fs::File::create(env.dir().join("serve.stderr")).expect("stderr");
+    let _ = std::fs::remove_file(&ready);
+    let child = env
+        .cmd()
+        .args(["serve", "--listen", "127.0.0.1:0", "--ready-file"])
+        .arg(&ready)
+        .env("TREEWARDEN_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(err)
+        .spawn()
+        .expect("serve");
+    let child = KillOnDrop(child);
+    assert!(
+        wait_until(Duration::from_secs(30), || ready.exists()),
+        "serve came up"
+    );
+    child
+}
+
+/// Root's edit of the live ledger, in one write transaction of its own
+/// (the service waits for the lock, then writes and seals on top).
+fn as_root_live(data_dir: &Path, f: impl FnOnce(&rusqlite::Connection)) {
+    let conn = open(&data_dir.join("ledger.db"));
+    conn.execute_batch("BEGIN IMMEDIATE")
+        .expect("root takes the write lock");
+    f(&conn);
+    conn.execute_batch("COMMIT").expect("commit the forgery");
+}
+
+#[test]
+fn attacks_on_a_live_ledger_are_named_while_the_service_seals_on() {
+    // Each attack on its own live ledger: serve sealing every second,
+    // root rewriting the file under it, the service writing and sealing on.
+    let attacks: [(&str, fn(&rusqlite::Connection, &Path) -> String); 4] = [
+        ("edited", |conn, _| {
+            let mut evs = all_events(conn);
+            let (at, epoch) = event_and_next_seal(&evs, "tree.ended", 1);
+            assert_eq!(evs[at].3["exit"]["code"], 1, "ground truth: exit 1");
+            evs[at].3["exit"]["code"] = 0.into();
+            rewrite(conn, &evs, None);
+            format!("epoch {epoch}: the sealed head")
+        }),
+        ("resealed", |conn, data| {
+            let (_, later) = key_in_file(data);
+            let mut evs = all_events(conn);
+            let (at, epoch) = event_and_next_seal(&evs, "tree.ended", 1);
+            evs[at].3["exit"]["code"] = 0.into();
+            rewrite(conn, &evs, Some((&later, epoch)));
+            format!("epoch {epoch}: the seal's MAC does not match")
+        }),
+        ("stripped", |conn, _| {
+            let evs: Vec<Ev> = all_events(conn)
+                .into_iter()
+                .filter(|e| {
+                    !(e.2 == "ledger.seal" && [1, 2].contains(&e.3["epoch"].as_u64().unwrap_or(99)))
+                })
+                .collect();
+            rewrite(conn, &evs, None);
+            "epochs 1 to 2 are not sealed".into()
+        }),
+        ("truncated", |conn, _| {
+            conn.execute_batch("DROP TRIGGER events_no_delete")
+                .expect("drop");
+            let cut: i64 = conn
+                .query_row(
+                    "SELECT seq FROM events WHERE kind = 'ledger.seal' AND json_extract(data, '$.epoch') = 1",
+                    [],
+                    |r| r.get(0),
+                )
+                .expect("seal 1");
+            conn.execute("DELETE FROM events WHERE seq >= ?1", [cut])
+                .expect("truncate");
+            "epochs 1 to ".into()
+        }),
+    ];
+    for (name, attack) in attacks {
+        let env = Env::new("session").expect("the session boundary always forms");
+        let data = env.data_dir();
+        work(&data, 0);
+        let key = setup(&data);
+        let _server = start_serve(&env);
+        let log = || std::fs::read_to_string(env.dir().join("serve.stderr")).unwrap_or_default();
+        // Tree 2 exits 1 between seals, then three more epochs pass.
+        assert!(wait_until(Duration::from_secs(20), || epochs(&data).len() >= 2));
+        work(&data, 1);
+        let n = epochs(&data).len();
+        assert!(
+            wait_until(Duration::from_secs(20), || epochs(&data).len() >= n + 3),
+            "[{name}] sealed on: {}",
+            log()
+        );
+        let (code, out, err) = verify(&data, &["--seal-key", &key]);
+        assert_eq!(code, Some(0), "[{name}] untouched and live: {out} {err}");
+        let mut what = String::new();
+        as_root_live(&data, |conn| what = attack(conn, &data));
+        // The host goes on: new writes, new seals on top of the forgery.
+        work(&data, 5);
+        let n = epochs(&data).len();
+        assert!(
+            wait_until(Duration::from_secs(20), || epochs(&data).len() > n),
+            "[{name}] the service seals on after the forgery: {}",
+            log()
+        );
+        let said = assert_fails(&data, &key, &what);
+        assert!(said.contains("epoch"), "[{name}] names the epoch: {said}");
+        assert_export_agrees(&data, &key, &said);
+    }
+}
+
 #[test]
 fn each_attack_is_detected_and_named_with_its_epoch_on_the_ledger_and_its_export() {
     let env = Env::new("session").expect("the session boundary always forms");
@@ -465,26 +579,7 @@ fn a_live_sealed_service_verifies_from_one_snapshot_and_an_unclean_stop_goes_sta
     work(&data, 0);
     let key = setup(&data);
     let ready = env.dir().join("addr");
-    let serve = || {
-        let err = std::fs::File::create(env.dir().join("serve.stderr")).expect("stderr");
-        let _ = std::fs::remove_file(&ready);
-        let child = env
-            .cmd()
-            .args(["serve", "--listen", "127.0.0.1:0", "--ready-file"])
-            .arg(&ready)
-            .env("TREEWARDEN_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(err)
-            .spawn()
-            .expect("serve");
-        let child = KillOnDrop(child);
-        assert!(
-            wait_until(Duration::from_secs(30), || ready.exists()),
-            "serve came up"
-        );
-        child
-    };
+    let serve = || start_serve(&env);
     let log = || std::fs::read_to_string(env.dir().join("serve.stderr")).unwrap_or_default();
     let mut server = serve();
     // The service seals on its own: epochs follow one another.
