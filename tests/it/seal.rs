@@ -337,11 +337,14 @@ fn as_root_live(data_dir: &Path, f: impl FnOnce(&rusqlite::Connection)) {
     conn.execute_batch("COMMIT").expect("commit the forgery");
 }
 
+/// Root's forgery of a live ledger: returns what `verify` must name.
+type Attack = fn(&rusqlite::Connection, &Path) -> String;
+
 #[test]
 fn attacks_on_a_live_ledger_are_named_while_the_service_seals_on() {
     // Each attack on its own live ledger: serve sealing every second,
     // root rewriting the file under it, the service writing and sealing on.
-    let attacks: [(&str, fn(&rusqlite::Connection, &Path) -> String); 4] = [
+    let attacks: [(&str, Attack); 4] = [
         ("edited", |conn, _| {
             let mut evs = all_events(conn);
             let (at, epoch) = event_and_next_seal(&evs, "tree.ended", 1);
@@ -563,13 +566,12 @@ fn each_attack_is_detected_and_named_with_its_epoch_on_the_ledger_and_its_export
     // And a ledger never sealed, checked with a key (#15425).
     let plain = env.dir().join("plain");
     work(&plain, 0);
-    let said = assert_fails(&plain, &key, "the seal key matches no seal");
+    assert_fails(&plain, &key, "the seal key matches no seal");
     let out = tw(&plain, &["export"]);
     assert!(
         !text(&out.stdout).contains("\"exported\""),
         "an unsealed ledger's export is the plain NDJSON"
     );
-    let _ = said;
 }
 
 #[test]
@@ -578,7 +580,6 @@ fn a_live_sealed_service_verifies_from_one_snapshot_and_an_unclean_stop_goes_sta
     let data = env.data_dir();
     work(&data, 0);
     let key = setup(&data);
-    let ready = env.dir().join("addr");
     let serve = || start_serve(&env);
     let log = || std::fs::read_to_string(env.dir().join("serve.stderr")).unwrap_or_default();
     let mut server = serve();
