@@ -794,9 +794,14 @@ fn verify(
             )));
         }
     }
+    let asked_seals = seal_key.is_some();
+    // Set up but not asked to check: said, so a reader does not take the
+    // chain's "ok" for the seals'.
+    let mut unchecked_seals = false;
     let report = match export {
         Some(file) => treewarden::ledger::verify_export(file, seal_key),
         None => Ledger::open(&path, LedgerOptions::from_config(config)).and_then(|ledger| {
+            unchecked_seals = !asked_seals && ledger.seal_setup_of()?.is_some();
             let (mut report, sealed) = ledger.verify_sealed(expect_head, seal_key)?;
             if report.first_break.is_none() && !archives.is_empty() {
                 for (_, archived) in ledger.verify_archives(archives)? {
@@ -874,7 +879,13 @@ fn verify(
                         s.unsealed
                     )
                 })
-                .unwrap_or_default();
+                .unwrap_or_else(|| {
+                    if unchecked_seals {
+                        ", sealing set up (seals not checked: no --seal-key)".to_string()
+                    } else {
+                        String::new()
+                    }
+                });
             println!(
                 "ok: {} events, {head}{from}, {integrity}{archived}{sealed}",
                 report.events
