@@ -365,7 +365,8 @@ fn custody_error(e: CustodyError) -> CliError {
         | CustodyError::Unsupported(_)
         | CustodyError::Ledger(_)
         | CustodyError::Proc(_)
-        | CustodyError::Ambiguous { .. } => EXIT_INTERNAL,
+        | CustodyError::Ambiguous { .. }
+        | CustodyError::Incomplete { .. } => EXIT_INTERNAL,
     };
     CliError::with_code(code, anyhow!(e))
 }

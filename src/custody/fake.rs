@@ -140,9 +140,36 @@ pub(crate) struct World {
     /// The candidates each group signal was given to prove the group with
     /// (in order).
     pub group_candidates: Vec<Vec<i32>>,
+    /// While set, reads fail as a process out of descriptors fails them
+    /// (EMFILE): every `/proc` read of these pids (all pids when empty)
+    /// and every `cgroup.procs` read. The processes live on regardless.
+    pub unreadable: Option<HashSet<i32>>,
 }
 
 impl World {
+    /// The stat reads of `pids`: the live ones' entries, and an incomplete
+    /// snapshot where [`World::unreadable`] fails a read.
+    fn read(&self, pids: Vec<i32>) -> Snapshot {
+        let mut snap = Snapshot::default();
+        for pid in pids {
+            // Out of descriptors, the open fails whether or not the
+            // process lives.
+            if self
+                .unreadable
+                .as_ref()
+                .is_some_and(|u| u.is_empty() || u.contains(&pid))
+            {
+                snap.incomplete
+                    .get_or_insert_with(|| format!("/proc/{pid}/stat: Too many open files"));
+                continue;
+            }
+            if let Some(p) = self.procs.get(&pid) {
+                snap.entries.insert(pid, entry(p));
+            }
+        }
+        snap
+    }
+
     /// A new process, with a fresh pid and start time.
     pub fn spawn(&mut self, mut p: FakeProc) -> (i32, u64) {
         if p.pid == 0 {
@@ -397,6 +424,7 @@ impl FakeHost {
                 late: HashMap::new(),
                 calls: HashMap::new(),
                 group_candidates: Vec::new(),
+                unreadable: None,
             }),
             base: Instant::now(),
             ledger: Mutex::new(None),
@@ -473,30 +501,30 @@ impl Host for FakeHost {
     fn snapshot(&self) -> Snapshot {
         let mut w = self.world();
         w.step(Call::Snapshot);
-        Snapshot {
-            entries: w.procs.values().map(|p| (p.pid, entry(p))).collect(),
-        }
+        let pids: Vec<i32> = w.procs.keys().copied().collect();
+        w.read(pids)
     }
 
     fn snapshot_pids(&self, pids: Vec<i32>) -> Snapshot {
         let mut w = self.world();
         w.step(Call::SnapshotPids);
-        Snapshot {
-            entries: pids
-                .into_iter()
-                .filter_map(|pid| w.procs.get(&pid).map(|p| (pid, entry(p))))
-                .collect(),
-        }
+        w.read(pids)
     }
 
-    fn cgroup_pids(&self, dir: &Path) -> HashSet<i32> {
+    fn cgroup_pids(&self, dir: &Path) -> Result<HashSet<i32>, String> {
         let mut w = self.world();
         w.step(Call::CgroupPids);
-        w.procs
+        if w.unreadable.is_some() {
+            return Err(format!(
+                "{}/cgroup.procs: Too many open files",
+                dir.display()
+            ));
+        }
+        Ok(w.procs
             .values()
             .filter(|p| p.cgroup.as_deref() == Some(dir) && p.state != 'Z')
             .map(|p| p.pid)
-            .collect()
+            .collect())
     }
 
     fn details(&self, pid: i32) -> MemberDetails {

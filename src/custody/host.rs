@@ -35,7 +35,7 @@ pub trait Host: Send + Sync {
     /// Only these pids, re-read now (a targeted refresh).
     fn snapshot_pids(&self, pids: Vec<i32>) -> Snapshot;
     /// The pids in a cgroup's `cgroup.procs` (empty if it is gone).
-    fn cgroup_pids(&self, dir: &Path) -> HashSet<i32>;
+    fn cgroup_pids(&self, dir: &Path) -> Result<HashSet<i32>, String>;
     /// The forensic details of a member seen for the first time (or exec'd).
     fn details(&self, pid: i32) -> MemberDetails;
     /// The argv of one process, for the survivor snapshot.
@@ -139,7 +139,7 @@ impl Host for KernelHost {
         crate::scan::snapshot_pids(pids)
     }
 
-    fn cgroup_pids(&self, dir: &Path) -> HashSet<i32> {
+    fn cgroup_pids(&self, dir: &Path) -> Result<HashSet<i32>, String> {
         crate::scan::cgroup_pids(dir)
     }
 

@@ -91,6 +91,14 @@ pub enum CustodyError {
     /// authority for its forced kill. Survivors are left alive as evidence.
     #[error("teardown of tree {tree} is ambiguous: {reason}")]
     Ambiguous { tree: i64, reason: String },
+    /// The teardown's evidence was incomplete: reads of `/proc` or of the
+    /// cgroup failed for a reason other than the processes being gone (out
+    /// of descriptors, I/O). Nothing was concluded from them: the tree is
+    /// not recorded as ended, and the teardown is to be tried again.
+    #[error(
+        "teardown of tree {tree} undecided: evidence incomplete ({reason}); nothing was concluded, try again"
+    )]
+    Incomplete { tree: i64, reason: String },
 }
 
 /// The engine. Cheap to clone; clones share the in-memory ambiguity set.

@@ -31,6 +31,11 @@ pub struct TickReport {
     /// Members this tick found that the observer did not know (0 without
     /// an observer): it missed something, so the next scan lists `/proc`.
     pub unobserved: u64,
+    /// Why this tick's evidence was incomplete, if it was: a read failed for
+    /// a reason other than the process being gone. Members it could not
+    /// read are carried in `members` as last seen (unknown is not exited),
+    /// and no exit was recorded.
+    pub incomplete: Option<String>,
 }
 
 /// The scanning state of one tree.
@@ -42,6 +47,12 @@ pub struct TreeWatch {
     escapes: HashSet<ProcKey>,
     /// Live members at the last tick.
     alive: HashSet<ProcKey>,
+    /// Each live member as the last tick that read it saw it: what an
+    /// incomplete tick reports for a member it could not read.
+    last_read: HashMap<ProcKey, Member>,
+    /// Why the reads of the tick under way were incomplete (taken by
+    /// [`TreeWatch::record_members`]).
+    incomplete: Option<String>,
     boot_id: String,
     /// The proc-connector observer of this process, when one runs: its
     /// members join each classification and the scan's members go back to
@@ -144,6 +155,8 @@ impl TreeWatch {
             exclude,
             escapes,
             alive: HashSet::new(),
+            last_read: HashMap::new(),
+            incomplete: None,
             boot_id: row.boot_id.clone().unwrap_or_default(),
             observer: None,
             root_pid: row.root_pid,
@@ -401,9 +414,8 @@ impl TreeWatch {
             self.known.observed = obs.members(self.tree);
         }
         let snap = engine.host().snapshot();
-        if let Some(dir) = &self.cgroup {
-            self.known.cgroup_pids = engine.host().cgroup_pids(dir);
-        }
+        self.note_incomplete(snap.incomplete.as_deref());
+        self.read_cgroup_pids(engine.host());
         self.classify_and_record(engine, exits, &snap, started, bump_last_seen)
     }
 
@@ -429,6 +441,7 @@ impl TreeWatch {
         pids.sort_unstable();
         pids.dedup();
         let snap = engine.host().snapshot_pids(pids);
+        self.note_incomplete(snap.incomplete.as_deref());
         self.confirm_cgroup_pids(engine.host());
         self.classify_and_record(engine, exits, &snap, started, false)
     }
@@ -443,8 +456,35 @@ impl TreeWatch {
     /// tick only (and is found by its session, group or descent).
     fn confirm_cgroup_pids(&mut self, host: &dyn Host) {
         if let Some(dir) = &self.cgroup {
-            let after = host.cgroup_pids(dir);
-            self.known.cgroup_pids.retain(|pid| after.contains(pid));
+            match host.cgroup_pids(dir) {
+                Ok(after) => self.known.cgroup_pids.retain(|pid| after.contains(pid)),
+                Err(why) => {
+                    self.known.cgroup_pids.clear();
+                    self.note_incomplete(Some(&why));
+                }
+            }
+        }
+    }
+
+    /// Reads the cgroup's members now. A failed read leaves none known by
+    /// the cgroup (members already seen are carried by the incomplete
+    /// tick; a stranger on a stale pid is never taken for one).
+    fn read_cgroup_pids(&mut self, host: &dyn Host) {
+        if let Some(dir) = &self.cgroup {
+            match host.cgroup_pids(dir) {
+                Ok(pids) => self.known.cgroup_pids = pids,
+                Err(why) => {
+                    self.known.cgroup_pids.clear();
+                    self.note_incomplete(Some(&why));
+                }
+            }
+        }
+    }
+
+    /// Marks the tick under way incomplete (the first reason is kept).
+    fn note_incomplete(&mut self, why: Option<&str>) {
+        if let Some(why) = why {
+            self.incomplete.get_or_insert_with(|| why.to_owned());
         }
     }
 
@@ -457,9 +497,7 @@ impl TreeWatch {
 
     /// [`TreeWatch::pids_to_reread`], reading `cgroup.procs` through `host`.
     fn pids_to_reread_on(&mut self, host: &dyn Host) -> Vec<i32> {
-        if let Some(dir) = &self.cgroup {
-            self.known.cgroup_pids = host.cgroup_pids(dir);
-        }
+        self.read_cgroup_pids(host);
         let mut pids: Vec<i32> = self.alive.iter().map(|k| k.pid).collect();
         pids.extend([self.known.pgid, self.known.sid]);
         pids.extend(self.known.cgroup_pids.iter().copied());
@@ -498,6 +536,7 @@ impl TreeWatch {
         }
         // The caller read `cgroup.procs` (pids_to_reread) before it
         // refreshed the snapshot: the same race as a targeted tick's.
+        self.note_incomplete(snap.incomplete.as_deref());
         self.confirm_cgroup_pids(engine.host());
         self.classify_indexed(engine, exits, snap, index, Instant::now(), bump_last_seen)
     }
@@ -556,10 +595,11 @@ impl TreeWatch {
         &mut self,
         engine: &Engine,
         exits: &HashMap<i32, ExitStatus>,
-        members: Vec<Member>,
+        mut members: Vec<Member>,
         started: Instant,
         bump_last_seen: bool,
     ) -> TickReport {
+        let incomplete = self.incomplete.take();
         let mut unobserved = 0;
         if let Some(obs) = &self.observer {
             unobserved = obs.scanned(self.tree, members.iter().map(|m| m.entry.key()));
@@ -682,7 +722,23 @@ impl TreeWatch {
             }
         }
 
-        let now: HashSet<ProcKey> = members.iter().map(|m| m.entry.key()).collect();
+        let mut now: HashSet<ProcKey> = members.iter().map(|m| m.entry.key()).collect();
+        if let Some(why) = &incomplete {
+            // Unknown is not exited: a member this tick could not read is
+            // reported as last seen, and no exit is concluded from its
+            // absence. The next tick tries again.
+            let unread: Vec<Member> = self
+                .alive
+                .iter()
+                .filter(|k| !now.contains(k))
+                .filter_map(|k| self.last_read.get(k).cloned())
+                .collect();
+            now.extend(unread.iter().map(|m| m.entry.key()));
+            members.extend(unread);
+            engine.stats().scan_incomplete();
+            tracing::warn!(tree = self.tree.0, why = %why, "scan incomplete: no exit concluded");
+            report.incomplete = incomplete.clone();
+        }
         // Deferred exits (a teardown past its authorization) take only the
         // statuses already collected: the rest are looked up once, after
         // the tree is verified empty ([`TreeWatch::take_deferred_exits`]),
@@ -694,7 +750,7 @@ impl TreeWatch {
         let gone: Vec<(IdentityRecord, Option<ExitRecord>)> = self
             .alive
             .iter()
-            .filter(|k| !now.contains(k))
+            .filter(|k| incomplete.is_none() && !now.contains(k))
             .map(|&ProcKey { pid, start_ticks }| {
                 // Not among the orphans' statuses yet: the root (a child
                 // this process spawned), or an orphan whose status is still
@@ -745,6 +801,9 @@ impl TreeWatch {
             }
         }
         self.comms.retain(|k, _| now.contains(k));
+        self.last_read.clear();
+        self.last_read
+            .extend(members.iter().map(|m| (m.entry.key(), m.clone())));
         self.alive = now;
         engine.stats().write_errors(report.write_errors);
         report.members = members;

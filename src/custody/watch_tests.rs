@@ -635,3 +635,57 @@ fn a_write_rejected_for_another_reason_neither_degrades_the_watch_nor_is_kept() 
     assert_eq!(watch.skipped_writes(), 0);
     assert!(watch.journal().is_empty());
 }
+
+/// Issue 24, finding 2: a tick whose reads fail (out of descriptors)
+/// concludes no exit. The members it could not read are reported as last
+/// seen, the report says why it is incomplete, and the exit of a member
+/// that really ended is recorded by the first tick that reads again.
+#[test]
+fn a_tick_whose_reads_fail_records_no_exit_and_reports_the_members_as_last_seen() {
+    let rig = rig(false, false);
+    let child = rig.host.world().fork(rig.root.0).expect("the root runs");
+    let mut watch = rig.watch();
+    let first = watch.tick(&rig.engine, &no_exits());
+    assert!(first.incomplete.is_none());
+    assert_eq!(pids(&first), [rig.root.0, child.0]);
+
+    rig.host.world().unreadable = Some(HashSet::new());
+    rig.host.world().exit(child.0, ExitStatus::Exited(3));
+    for _ in 0..3 {
+        let blind = watch.tick(&rig.engine, &no_exits());
+        let why = blind.incomplete.clone().expect("incomplete");
+        assert!(why.contains("Too many open files"), "{why}");
+        assert_eq!(blind.exited, 0);
+        let mut carried = pids(&blind);
+        carried.sort_unstable();
+        assert_eq!(carried, [rig.root.0, child.0], "unknown is not exited");
+    }
+    assert!(rig.events("member.exited").is_empty());
+    assert!(rig.engine.stats().scans_incomplete() >= 3);
+
+    rig.host.world().unreadable = None;
+    let seen = watch.tick(&rig.engine, &no_exits());
+    assert!(seen.incomplete.is_none());
+    assert_eq!(pids(&seen), [rig.root.0]);
+    assert_eq!(seen.exited, 1);
+    assert_eq!(rig.events("member.exited").len(), 1);
+    assert!(rig.row(child.0).exited_at.is_some());
+    assert!(rig.row(rig.root.0).exited_at.is_none());
+}
+
+/// One unreadable member is enough: the others are read, the one not read
+/// is carried, and nothing exits.
+#[test]
+fn one_unreadable_member_makes_the_tick_incomplete_and_is_carried() {
+    let rig = rig(false, false);
+    let child = rig.host.world().fork(rig.root.0).expect("the root runs");
+    let mut watch = rig.watch();
+    watch.tick(&rig.engine, &no_exits());
+    rig.host.world().unreadable = Some(HashSet::from([child.0]));
+    let r = watch.tick(&rig.engine, &no_exits());
+    assert!(r.incomplete.is_some());
+    let mut carried = pids(&r);
+    carried.sort_unstable();
+    assert_eq!(carried, [rig.root.0, child.0]);
+    assert_eq!(r.exited, 0);
+}
