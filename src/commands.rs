@@ -210,6 +210,19 @@ pub struct ServeArgs {
     /// tree's argv, cwd and the whole export. Only for a single-tenant host.
     #[arg(long)]
     open_reads: bool,
+    /// Connections served at once on each listener; more wait in the
+    /// kernel's backlog. Accept also waits while fewer than 128 descriptors
+    /// are free (they are custody's: /proc reads, pidfds, the ledger).
+    #[arg(long, default_value_t = treewarden::http::conn::ConnLimits::default().max_total)]
+    max_connections: usize,
+    /// Connections one local user (peer uid on the socket) may hold at
+    /// once; past it, its new connections are closed at once.
+    #[arg(long, default_value_t = treewarden::http::conn::ConnLimits::default().max_per_uid)]
+    max_connections_per_uid: usize,
+    /// How long a request's head may take to arrive, and a keep-alive
+    /// connection may idle between requests, before it is closed.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    header_timeout: Duration,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -983,6 +996,10 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
         let shutdown = service.shutdown_token();
         treewarden::http::shutdown_on_signals(shutdown.clone())
             .map_err(|e| CliError::internal(anyhow!("start-up: cannot listen for signals: {e}")))?;
+        // Descriptors are custody's: the soft limit goes up to the hard one,
+        // and the serving loop keeps a reserve of them (src/http/conn.rs).
+        let nofile = treewarden::proc::raise_nofile_soft_limit();
+        tracing::debug!(?nofile, "soft RLIMIT_NOFILE");
         let listen = service.config().listen;
         let listener = tokio::net::TcpListener::bind(listen)
             .await
@@ -999,13 +1016,25 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
             service: service.clone(),
             auth: std::sync::Arc::new(auth),
         });
+        let limits = treewarden::http::conn::ConnLimits {
+            max_total: args.max_connections,
+            max_per_uid: args.max_connections_per_uid,
+            header_read: args.header_timeout,
+            ..treewarden::http::conn::ConnLimits::default()
+        };
         let servers = vec![
-            tokio::spawn(treewarden::http::serve(
+            tokio::spawn(treewarden::http::conn::serve(
                 listener,
                 app.clone(),
                 shutdown.clone(),
+                limits,
             )),
-            tokio::spawn(treewarden::http::serve(unix, app, shutdown.clone())),
+            tokio::spawn(treewarden::http::conn::serve(
+                unix,
+                app,
+                shutdown.clone(),
+                limits,
+            )),
         ];
         if let Some(path) = &service.config().ready_file {
             let tmp = path.with_extension("tmp");

@@ -25,6 +25,7 @@
 pub mod boundary;
 pub mod connector;
 pub mod identity;
+mod limits;
 pub mod pidfd;
 pub mod probe;
 pub mod reaper;
@@ -41,6 +42,7 @@ pub use connector::{Connector, ConnectorWaker, ProcEvent, monotonic_ns};
 pub use identity::{
     Identity, Liveness, ProcKey, ProcStat, boot_id, identity_of, read_stat, self_identity,
 };
+pub use limits::{nofile_soft_limit, raise_nofile_soft_limit};
 pub use pidfd::{ExitWatch, open_exit_watch, wait_exits};
 pub use probe::{Capability, Probe, probe};
 pub use reaper::{

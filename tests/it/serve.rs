@@ -125,6 +125,11 @@ impl Server {
         self.dir.path().join("data")
     }
 
+    /// The service's pid, while it runs.
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     pub(crate) fn stderr(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("serve.stderr")).unwrap_or_default()
     }
