@@ -43,7 +43,7 @@ use std::sync::{Arc, Mutex};
 
 pub use dispatch::Unsettled;
 pub use follow::{LogFollower, remove_logs};
-pub use host::{Host, KernelHost};
+pub use host::{Held, Host, KernelHost};
 pub use observer::{Observer, ObserverHandle, ObserverStats};
 pub use owner::{RunEnd, RunOptions, RunOutcome};
 pub use spawn::{OnBehalf, SpawnRequest, Spawned, log_path, read_log};

@@ -1128,7 +1128,14 @@ impl Engine {
             }
         }
         for id in &step.loose {
-            let result = match self.host.signal_process(id, sig) {
+            // Through the handle held since the member was first found
+            // loose, where there is one: it reaches that process or none,
+            // whoever lists with its identity now.
+            let delivery = match watch.held(&id.key()) {
+                Some(held) => self.host.signal_held(held, sig),
+                None => self.host.signal_process(id, sig),
+            };
+            let result = match delivery {
                 Ok(Delivery::Sent) => "sent".to_string(),
                 Ok(Delivery::Gone) => "gone".to_string(),
                 Ok(Delivery::Recycled) => "refused: pid recycled".to_string(),

@@ -53,6 +53,16 @@ pub struct TreeWatch {
     /// Why the reads of the tick under way were incomplete (taken by
     /// [`TreeWatch::record_members`]).
     incomplete: Option<String>,
+    /// Members outside the recorded group and cgroup (the ones signalled
+    /// one by one), held from the tick that first found them so: their
+    /// signals go through the handle, and a held member that has exited
+    /// while a process with its identity is listed is someone else's
+    /// process on a recycled pid (the same clock tick), not a member.
+    held: HashMap<ProcKey, super::Held>,
+    /// Each member's uid as recorded at its first sighting: the second
+    /// witness of a member known only by its identity (see
+    /// [`TreeWatch::vet`]).
+    uids: HashMap<ProcKey, Option<u32>>,
     boot_id: String,
     /// The proc-connector observer of this process, when one runs: its
     /// members join each classification and the scan's members go back to
@@ -142,8 +152,10 @@ impl TreeWatch {
             ..KnownTree::default()
         };
         let mut escapes = HashSet::new();
+        let mut uids = HashMap::new();
         for m in previously {
             known.seen.insert(ProcKey::new(m.pid, m.start_ticks));
+            uids.insert(ProcKey::new(m.pid, m.start_ticks), m.uid);
             if m.escaped_at.is_some() {
                 escapes.insert(ProcKey::new(m.pid, m.start_ticks));
             }
@@ -157,6 +169,8 @@ impl TreeWatch {
             alive: HashSet::new(),
             last_read: HashMap::new(),
             incomplete: None,
+            held: HashMap::new(),
+            uids,
             boot_id: row.boot_id.clone().unwrap_or_default(),
             observer: None,
             root_pid: row.root_pid,
@@ -562,6 +576,86 @@ impl TreeWatch {
             .unwrap_or_default()
     }
 
+    /// Keeps of a classification's members those that are who their
+    /// identity says, and holds each loose one (outside the recorded group
+    /// and cgroup: signalled by itself) from now on:
+    /// - a held member whose handle says it exited is not a member, whatever
+    ///   process now lists with its pid and start time (a pid recycled
+    ///   within one clock tick);
+    /// - a loose member known *only* by its identity (`Because::Seen`) and
+    ///   not held yet (first found by another watch: no handle from its
+    ///   first sight can be had) needs a second witness before it is taken
+    ///   for the member: the uid it was recorded with, where one was. A
+    ///   stranger that took a member's pid within the clock tick of its
+    ///   start shares the identity, not (as another user) the uid. A member
+    ///   that both left its session and changed its uid between two looks
+    ///   is not signalled by itself, and one recorded without a uid has no
+    ///   witness but its identity; docs/THREAT-MODEL.md names both.
+    fn vet(&mut self, host: &dyn Host, members: Vec<Member>) -> Vec<Member> {
+        let pgid = self.known.pgid;
+        let boot = host.boot_id().unwrap_or_else(|_| self.boot_id.clone());
+        members
+            .into_iter()
+            .filter(|m| {
+                let key = m.entry.key();
+                if let Some(held) = self.held.get(&key) {
+                    if host.held_exited(held) && m.entry.is_live() {
+                        tracing::warn!(
+                            tree = self.tree.0,
+                            pid = m.entry.pid,
+                            "a member exited and its pid was reused within its clock tick: not a member"
+                        );
+                        return false;
+                    }
+                    return true;
+                }
+                let loose =
+                    m.entry.pgid != pgid && !self.known.cgroup_pids.contains(&m.entry.pid);
+                if !loose {
+                    return true;
+                }
+                if m.because == scan::Because::Seen {
+                    let recorded = self.uids.get(&key).copied().flatten();
+                    let now = recorded.and_then(|_| host.details(m.entry.pid).uid);
+                    if recorded.is_some() && now != recorded {
+                        tracing::warn!(
+                            tree = self.tree.0,
+                            pid = m.entry.pid,
+                            ?recorded,
+                            ?now,
+                            "a process with a member's identity but not its uid: not a member"
+                        );
+                        return false;
+                    }
+                }
+                let id = crate::proc::Identity {
+                    pid: m.entry.pid,
+                    start_ticks: m.entry.start_ticks,
+                    boot_id: boot.clone(),
+                };
+                match host.hold(&id) {
+                    Ok(Some(held)) => {
+                        self.held.insert(key, held);
+                        true
+                    }
+                    // Gone, or the pid another's, since the read.
+                    Ok(None) => false,
+                    // No handle now (out of descriptors): kept by its
+                    // classification; signalled by identity as before.
+                    Err(e) => {
+                        tracing::debug!(tree = self.tree.0, pid = m.entry.pid, error = %e, "member not held");
+                        true
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// The handle a loose member is held by, if it is.
+    pub(crate) fn held(&self, key: &ProcKey) -> Option<&super::Held> {
+        self.held.get(key)
+    }
+
     fn classify_and_record(
         &mut self,
         engine: &Engine,
@@ -595,11 +689,12 @@ impl TreeWatch {
         &mut self,
         engine: &Engine,
         exits: &HashMap<i32, ExitStatus>,
-        mut members: Vec<Member>,
+        members: Vec<Member>,
         started: Instant,
         bump_last_seen: bool,
     ) -> TickReport {
         let incomplete = self.incomplete.take();
+        let mut members = self.vet(engine.host(), members);
         let mut unobserved = 0;
         if let Some(obs) = &self.observer {
             unobserved = obs.scanned(self.tree, members.iter().map(|m| m.entry.key()));
@@ -643,6 +738,7 @@ impl TreeWatch {
             };
             if details.is_some() {
                 fresh.insert(key);
+                self.uids.insert(key, record.uid);
             }
             // The comm is stored once per member and replaced only when it
             // changes (an exec): this runs for every member on every tick.
@@ -801,6 +897,7 @@ impl TreeWatch {
             }
         }
         self.comms.retain(|k, _| now.contains(k));
+        self.held.retain(|k, _| now.contains(k));
         self.last_read.clear();
         self.last_read
             .extend(members.iter().map(|m| (m.entry.key(), m.clone())));

@@ -95,7 +95,7 @@ impl Sig {
         self.raw().as_raw()
     }
 
-    fn raw(self) -> Signal {
+    pub(crate) fn raw(self) -> Signal {
         match self {
             Sig::Term => Signal::TERM,
             Sig::Kill => Signal::KILL,
