@@ -197,3 +197,168 @@ fn one_uid_holds_at_most_its_cap_of_connections() {
     });
     assert!(served, "served again once the uid's connections ended");
 }
+
+fn tree_detail(s: &Server, tree: i64) -> Value {
+    let out = Command::new(bin())
+        .env("TREEWARDEN_DATA_DIR", s.data_dir())
+        .args(["show", &tree.to_string(), "--json"])
+        .output()
+        .expect("run show");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("show --json")
+}
+
+fn start_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split(' ').nth(19)?.parse().ok()
+}
+
+/// Finding 1: a member exits and another user's process takes its pid
+/// *within the same clock tick* (placed there as root through
+/// `/proc/sys/kernel/ns_last_pid`), so it has the member's identity (pid,
+/// start ticks, boot). It is never recorded as a member or an escape, and
+/// never signalled, though the tree around it is torn down.
+#[test]
+fn another_users_process_on_a_members_pid_within_the_tick_is_never_signalled() {
+    if !crate::util::is_root() {
+        crate::util::skip("needs root (ns_last_pid, a process of another uid)");
+        return;
+    }
+    let s = Server::start(&[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (born, next) = (dir.path().join("born"), dir.path().join("next"));
+    for f in [&born, &next] {
+        let ok = Command::new("mkfifo").arg(f).status().expect("mkfifo");
+        assert!(ok.success());
+    }
+    // The tree forks a short-lived child (a member the observer records at
+    // its fork), reaps it and says its pid; then waits for "next".
+    let script = r#"
+import os, sys, time
+born = open(sys.argv[1], "w", buffering=1)
+nxt = open(sys.argv[2], "r")
+for _ in range(60):
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(0.003)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    born.write(f"{pid}\n")
+    if nxt.readline().strip() != "next":
+        break
+time.sleep(600)
+"#;
+    let body = json!({
+        "argv": ["python3", "-c", script, born.to_str().expect("utf-8"), next.to_str().expect("utf-8")],
+        "env": { "TW_TEST_MARK": s.mark },
+        "grace": "300ms",
+        "label": "same-tick",
+    });
+    let (status, v) = s.post("/api/trees", Some(&body));
+    assert_eq!(status, 201, "{v}");
+    let tree = v["id"].as_i64().expect("tree id");
+    let mut born_r = std::io::BufReader::new(std::fs::File::open(&born).expect("born fifo"));
+    let mut next_w = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&next)
+        .expect("next fifo");
+    let mut victim: Option<crate::util::KillOnDrop> = None;
+    for _ in 0..60 {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut born_r, &mut line).expect("a pid");
+        let member: u32 = line.trim().parse().expect("pid");
+        // The member's pid to another user's process, now.
+        let _ = std::fs::write("/proc/sys/kernel/ns_last_pid", (member - 1).to_string());
+        let child = {
+            use std::os::unix::process::CommandExt;
+            Command::new("sleep")
+                .arg("600")
+                .current_dir(dir.path())
+                .uid(65534)
+                .gid(65534)
+                .spawn()
+                .expect("spawn the other user's process")
+        };
+        let v = crate::util::KillOnDrop(child);
+        let same_pid = v.id() == member;
+        let vstart = start_ticks(v.id());
+        // Did the observer record the member, with the newcomer's start?
+        let mut recorded = None;
+        wait_until(Duration::from_secs(2), || {
+            recorded = tree_detail(&s, tree)["members"].as_array().and_then(|ms| {
+                ms.iter()
+                    .find(|m| m["pid"] == member)
+                    .and_then(|m| m["start_ticks"].as_u64())
+            });
+            recorded.is_some()
+        });
+        if same_pid && vstart.is_some() && recorded == vstart {
+            victim = Some(v);
+            break;
+        }
+        drop(v);
+        next_w.write_all(b"next\n").expect("next");
+    }
+    let Some(victim) = victim else {
+        crate::util::skip(
+            "could not place a process on a member's pid within its clock tick in 60 tries",
+        );
+        return;
+    };
+    let vpid = victim.id() as i32;
+    say(&format!(
+        "another user's process {vpid} holds a member's identity"
+    ));
+    // Three scans of the service see it (its scan counter, not a sleep);
+    // then the tree is killed.
+    let scans = || -> u64 {
+        s.get("/metrics")
+            .text()
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with("treewarden_scan_duration_seconds_count"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    };
+    let before = scans();
+    assert!(
+        wait_until(Duration::from_secs(10), || scans() >= before + 3),
+        "the service scans"
+    );
+    let (status, k) = s.post(&format!("/api/trees/{tree}/kill"), None);
+    assert_eq!(status, 200, "{k}");
+    assert!(
+        wait_until(Duration::from_secs(20), || s.marked().is_empty()),
+        "the tree is torn down"
+    );
+    assert!(
+        crate::util::pid_alive(vpid),
+        "the other user's process lives"
+    );
+    let detail = tree_detail(&s, tree);
+    let signalled: Vec<&Value> = detail["signals"]
+        .as_array()
+        .expect("signals")
+        .iter()
+        .filter(|r| r["target_kind"] == "pid" && r["target"] == vpid.to_string())
+        .collect();
+    assert!(signalled.is_empty(), "signalled: {signalled:?}");
+    let escaped = detail["members"]
+        .as_array()
+        .expect("members")
+        .iter()
+        .any(|m| m["pid"] == vpid && !m["escaped_at"].is_null());
+    assert!(!escaped, "recorded as an escaped member: {detail}");
+    for a in detail["authorizations"].as_array().expect("authorizations") {
+        assert!(
+            !a.to_string().contains(&format!("\"pid\":{vpid}")),
+            "an authorization names it: {a}"
+        );
+    }
+    drop(victim);
+}
