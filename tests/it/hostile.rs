@@ -345,7 +345,7 @@ time.sleep(600)
         .as_array()
         .expect("signals")
         .iter()
-        .filter(|r| r["target_kind"] == "pid" && r["target"] == vpid.to_string())
+        .filter(|r| r["target_kind"] == "pid" && r["target"].as_str() == Some(vpid.to_string().as_str()))
         .collect();
     assert!(signalled.is_empty(), "signalled: {signalled:?}");
     let escaped = detail["members"]
