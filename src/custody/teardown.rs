@@ -354,12 +354,15 @@ impl Engine {
         let deadline = Instant::now() + wait;
         let mut logged = false;
         loop {
-            let file = std::fs::create_dir_all(&dir).and_then(|()| {
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .truncate(false)
-                    .write(true)
-                    .open(&path)
+            let file = super::markers::private_dir(&dir).and_then(|()| {
+                std::os::unix::fs::OpenOptionsExt::mode(
+                    std::fs::OpenOptions::new()
+                        .create(true)
+                        .truncate(false)
+                        .write(true),
+                    0o600,
+                )
+                .open(&path)
             });
             let file = match file {
                 Ok(f) => f,

@@ -345,7 +345,9 @@ time.sleep(600)
         .as_array()
         .expect("signals")
         .iter()
-        .filter(|r| r["target_kind"] == "pid" && r["target"].as_str() == Some(vpid.to_string().as_str()))
+        .filter(|r| {
+            r["target_kind"] == "pid" && r["target"].as_str() == Some(vpid.to_string().as_str())
+        })
         .collect();
     assert!(signalled.is_empty(), "signalled: {signalled:?}");
     let escaped = detail["members"]
@@ -361,4 +363,87 @@ time.sleep(600)
         );
     }
     drop(victim);
+}
+
+/// Every file and folder below `dir` whose mode lets group or others in,
+/// but the API socket (0666 by design: who connects is told by
+/// SO_PEERCRED, docs/THREAT-MODEL.md).
+fn open_to_others(dir: &std::path::Path) -> Vec<(std::path::PathBuf, u32)> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let Ok(meta) = std::fs::symlink_metadata(e.path()) else {
+                continue;
+            };
+            if meta.file_type().is_socket() {
+                continue;
+            }
+            if meta.is_dir() {
+                stack.push(e.path());
+            }
+            let mode = meta.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                out.push((e.path(), mode));
+            }
+        }
+    }
+    out
+}
+
+/// Finding 9: a data dir that already existed as 0755 was left so, and
+/// `teardown/` was made 0755. Now an existing data dir with group or other
+/// bits is tightened to 0700, and everything treewarden makes in it is
+/// private; a shared directory (sticky, as /tmp) is refused in one line.
+#[test]
+fn the_data_dir_and_everything_in_it_are_private_and_a_shared_one_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).expect("data dir");
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let run = Command::new(bin())
+        .current_dir(dir.path())
+        .env("TREEWARDEN_DATA_DIR", &data)
+        .args(["run", "--", "true"])
+        .output()
+        .expect("run");
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let mode = std::fs::metadata(&data).expect("data").permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o700, "tightened");
+    assert!(
+        data.join("teardown").is_dir(),
+        "the teardown's lease folder was made"
+    );
+    let open = open_to_others(&data);
+    assert!(open.is_empty(), "open to others: {open:?}");
+
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).expect("shared dir");
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    let refused = Command::new(bin())
+        .current_dir(dir.path())
+        .env("TREEWARDEN_DATA_DIR", &shared)
+        .args(["run", "--", "true"])
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(125), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(err.contains("is shared"), "{err}");
+    let mode = std::fs::metadata(&shared)
+        .expect("shared")
+        .permissions()
+        .mode()
+        & 0o7777;
+    assert_eq!(mode, 0o1777, "a shared folder is left as it is");
+    assert!(
+        !shared.join("ledger.db").exists(),
+        "nothing written into it"
+    );
 }
