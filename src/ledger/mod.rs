@@ -82,8 +82,8 @@ pub use types::{
     ExportFormat, IdentityRecord, KillTarget, Limits, MemberCounts, MemberRecord, MemberRow,
     NewTree, ObservationRow, OnBehalfRecord, OwnerId, OwnerKind, OwnerRecord, OwnerRow, PageAt,
     Requester, Resources, SignalRecord, SignalRow, SpawnRecord, SurvivorRecord, TokenRow,
-    TokenScope, TreeDetail, TreeFilter, TreeId, TreeRow, TreeState, VerifyBreak, VerifyReport,
-    parse_cpu_pct, parse_since, parse_size,
+    TokenScope, TreeDetail, TreeFilter, TreeId, TreeOwner, TreeRow, TreeState, VerifyBreak,
+    VerifyReport, parse_cpu_pct, parse_since, parse_size,
 };
 
 use db::Durability;
