@@ -447,3 +447,129 @@ fn the_data_dir_and_everything_in_it_are_private_and_a_shared_one_is_refused() {
         "nothing written into it"
     );
 }
+
+fn token(s: &Server, scope: &str) -> (i64, String) {
+    let out = Command::new(bin())
+        .env("TREEWARDEN_DATA_DIR", s.data_dir())
+        .args([
+            "token", "create", "--scope", scope, "--name", "hostile", "--json",
+        ])
+        .output()
+        .expect("token create");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    (
+        v["id"].as_i64().expect("id"),
+        v["token"].as_str().expect("token").to_string(),
+    )
+}
+
+/// An open event stream, read line by line on a thread: `None` from
+/// [`Stream::line`] once the server has ended it.
+struct Stream(std::sync::mpsc::Receiver<String>);
+
+impl Stream {
+    fn open(s: &Server, token: &str) -> (u16, Option<Stream>) {
+        let client = reqwest::blocking::Client::builder()
+            .no_proxy()
+            .build()
+            .expect("client");
+        let resp = client
+            .get(format!("http://{}/api/events/stream?after=0", s.addr))
+            .bearer_auth(token)
+            .send()
+            .expect("stream");
+        let status = resp.status().as_u16();
+        if status != 200 {
+            return (status, None);
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(resp).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        (status, Some(Stream(rx)))
+    }
+
+    /// The next line within `limit`: `Ok(None)` when the stream ended.
+    fn line(&self, limit: Duration) -> Result<Option<String>, ()> {
+        match self.0.recv_timeout(limit) {
+            Ok(l) => Ok(Some(l)),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Ok(None),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(()),
+        }
+    }
+}
+
+/// Finding 7: a revoked token's open `/api/events/stream` kept receiving
+/// events (argv included). It now ends within a second or so of the
+/// revocation, while events keep coming; and one principal holds at most
+/// four streams.
+#[test]
+fn a_revoked_tokens_event_stream_ends_and_one_principal_holds_at_most_four() {
+    let s = Server::start(&[]);
+    let (id, read) = token(&s, "read");
+    let (_, Some(stream)) = Stream::open(&s, &read) else {
+        panic!("the stream opens");
+    };
+    // It streams: the ledger's first events arrive.
+    let first = stream.line(Duration::from_secs(10));
+    assert!(matches!(first, Ok(Some(_))), "{first:?}");
+    let revoked = Command::new(bin())
+        .env("TREEWARDEN_DATA_DIR", s.data_dir())
+        .args(["token", "revoke", &id.to_string()])
+        .output()
+        .expect("revoke");
+    assert!(revoked.status.success());
+    let t0 = Instant::now();
+    let mut ended = false;
+    while t0.elapsed() < Duration::from_secs(10) {
+        // Events keep coming: a tree a second.
+        let (status, _) = s.post("/api/trees", Some(&s.body("true")));
+        assert_eq!(status, 201);
+        match stream.line(Duration::from_millis(300)) {
+            Ok(None) => {
+                ended = true;
+                break;
+            }
+            Ok(Some(_)) => {
+                // Drain what is already there.
+                while let Ok(Some(_)) = stream.line(Duration::from_millis(1)) {}
+            }
+            Err(()) => {}
+        }
+    }
+    assert!(
+        ended,
+        "the revoked token's stream still runs after {:?}",
+        t0.elapsed()
+    );
+    say(&format!(
+        "stream ended {:?} after the revocation",
+        t0.elapsed()
+    ));
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    // A new stream with it is refused outright.
+    assert_eq!(Stream::open(&s, &read).0, 401);
+
+    let (_, other) = token(&s, "read");
+    let held: Vec<Stream> = (0..4)
+        .map(|_| Stream::open(&s, &other).1.expect("one of its four streams"))
+        .collect();
+    assert_eq!(Stream::open(&s, &other).0, 503, "a fifth of the same token");
+    assert_eq!(
+        Stream::open(&s, &s.token).0,
+        200,
+        "another principal's still opens"
+    );
+    drop(held);
+}
