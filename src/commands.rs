@@ -182,6 +182,11 @@ pub struct ServeArgs {
     /// Repeatable; default: any.
     #[arg(long = "allow-command", value_name = "CMD")]
     allow_commands: Vec<String>,
+    /// With --allow-command: a variable a request's `env` may set
+    /// (repeatable). Nothing else is taken from the request, and the tree
+    /// inherits only PATH, the locale, TZ, HOME, USER, LOGNAME and SHELL.
+    #[arg(long = "allow-env", value_name = "NAME", requires = "allow_commands")]
+    allow_env: Vec<String>,
     /// Prune trees that ended longer ago than this (and tree-less events
     /// as old), as `prune --before` does. Off by default: nothing is pruned.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
@@ -904,6 +909,7 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
         drain_timeout: args.drain_timeout,
         ready_file: args.ready_file,
         allow_commands: args.allow_commands,
+        allow_env: args.allow_env,
         observer: config.observer,
         observer_rcvbuf: config.observer_rcvbuf,
         log_max: args.log_max,

@@ -66,6 +66,7 @@ fn rig(open_reads: bool) -> Rig {
             drain_timeout: Duration::from_secs(1),
             ready_file: None,
             allow_commands: Vec::new(),
+            allow_env: Vec::new(),
             observer: ObserverMode::Off,
             observer_rcvbuf: 0,
             log_max: 1 << 20,

@@ -573,3 +573,66 @@ fn a_revoked_tokens_event_stream_ends_and_one_principal_holds_at_most_four() {
     );
     drop(held);
 }
+
+/// Finding 4: `--allow-command` was a denylist of the environment: only
+/// PATH and LD_* were refused, so BASH_ENV (or SHELLOPTS=xtrace with a PS4
+/// holding `$(...)`) ran code of the request's choosing before an allowed
+/// bash script. Now a request may set only what `--allow-env` names, and
+/// the tree inherits only the safe set of the service's own environment.
+#[test]
+fn under_allow_command_the_environment_is_an_allowlist_too() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let evil = dir.path().join("evil.sh");
+    let pwned = dir.path().join("pwned");
+    std::fs::write(&evil, format!("touch {}\n", pwned.display())).expect("evil.sh");
+    let evil_s = evil.to_str().expect("utf-8");
+    let s = Server::start_with_env(
+        &[
+            "--allow-command",
+            "bash",
+            "--allow-env",
+            "GREETING",
+            "--allow-env",
+            "TW_TEST_MARK",
+        ],
+        // The service's own environment: not handed to an allowed command.
+        &[("BASH_ENV", evil_s)],
+    );
+    let out = dir.path().join("out");
+    let script = format!("echo \"$GREETING\" > {}", out.display());
+    for env in [
+        json!({ "BASH_ENV": evil_s }),
+        json!({ "SHELLOPTS": "xtrace", "PS4": format!("$(. {evil_s})") }),
+        json!({ "PATH": "/tmp" }),
+        json!({ "LD_PRELOAD": "/tmp/x.so" }),
+    ] {
+        let (status, v) = s.post(
+            "/api/trees",
+            Some(&json!({ "argv": ["bash", "-c", &script], "env": env })),
+        );
+        assert_eq!(status, 422, "{env}: {v}");
+        assert!(
+            v["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("--allow-env")),
+            "{v}"
+        );
+    }
+    let (status, v) = s.post(
+        "/api/trees",
+        Some(&json!({
+            "argv": ["bash", "-c", &script],
+            "env": { "GREETING": "hello", "TW_TEST_MARK": s.mark },
+        })),
+    );
+    assert_eq!(status, 201, "{v}");
+    assert!(
+        wait_until(Duration::from_secs(10), || std::fs::read_to_string(&out)
+            .is_ok_and(|t| t == "hello\n")),
+        "the allowed command ran with the allowed variable"
+    );
+    assert!(
+        !pwned.exists(),
+        "BASH_ENV from the service's environment ran"
+    );
+}
