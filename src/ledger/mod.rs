@@ -57,6 +57,7 @@
 //! (target `treewarden::ledger::head`: `ledger head seq=N hash=H`), and
 //! [`Ledger::verify`] checks against a head published elsewhere.
 
+mod bound;
 mod chain;
 mod db;
 mod error;
@@ -74,6 +75,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use bound::FIELD_MAX;
 pub use chain::{GENESIS, canonical_event, canonical_string, event_hash, event_hash_of_text};
 pub use error::LedgerError;
 pub use prune::{PruneReport, PruneRequest};

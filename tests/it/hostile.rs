@@ -636,3 +636,77 @@ fn under_allow_command_the_environment_is_an_allowlist_too() {
         "BASH_ENV from the service's environment ran"
     );
 }
+
+fn file_len(p: &std::path::Path) -> u64 {
+    std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)
+}
+
+/// Finding 6: 30 spawns with a 1 MiB argv, each refused by the kernel
+/// (E2BIG), added 59 MB to the ledger in 1.4 s. Now argv is stored up to
+/// 64 KiB, with the whole argv's length and SHA-256, so a refused spawn
+/// costs a bounded row, and the record still proves which argv it was.
+#[test]
+fn a_huge_argv_is_stored_bounded_with_its_length_and_digest() {
+    use sha2::Digest;
+    let s = Server::start(&[]);
+    let data = s.data_dir();
+    let ledger_bytes = || {
+        ["ledger.db", "ledger.db-wal"]
+            .iter()
+            .map(|f| file_len(&data.join(f)))
+            .sum::<u64>()
+    };
+    // One argument over the kernel's 128 KiB cap per argument: E2BIG.
+    let huge = "A".repeat(900 * 1024);
+    let argv = ["echo".to_string(), huge.clone()];
+    let whole = format!("echo\0{huge}");
+    let digest = hex::encode(sha2::Sha256::digest(whole.as_bytes()));
+    let before = ledger_bytes();
+    let mut ids = Vec::new();
+    for _ in 0..10 {
+        let (status, v) = s.post("/api/trees", Some(&json!({ "argv": argv })));
+        assert!(status >= 400, "refused: {status} {v}");
+        if let Some(id) = v["tree"].as_i64() {
+            ids.push(id);
+        }
+    }
+    let grown = ledger_bytes().saturating_sub(before);
+    say(&format!(
+        "10 refused 900 KiB spawns grew the ledger by {grown} bytes"
+    ));
+    assert!(
+        grown < 10 * 400 * 1024,
+        "{grown} bytes for 10 refused spawns"
+    );
+    // The record: each tree's argv kept to 64 KiB, with what was cut.
+    let out = Command::new(bin())
+        .env("TREEWARDEN_DATA_DIR", &data)
+        .args(["export", "--format", "ndjson"])
+        .output()
+        .expect("export");
+    let events = crate::util::parse_ndjson(&String::from_utf8_lossy(&out.stdout));
+    let created: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["kind"] == "tree.created")
+        .collect();
+    assert_eq!(created.len(), 10, "each refused spawn is still recorded");
+    for e in created {
+        let d = &e["data"];
+        assert_eq!(
+            d["argv_truncated"]["bytes"],
+            whole.len(),
+            "{}",
+            d["argv_truncated"]
+        );
+        assert_eq!(d["argv_truncated"]["args"], 2);
+        assert_eq!(d["argv_truncated"]["sha256"], digest.as_str());
+        let kept: usize = d["argv"]
+            .as_array()
+            .expect("argv")
+            .iter()
+            .filter_map(Value::as_str)
+            .map(str::len)
+            .sum();
+        assert!(kept <= 64 * 1024, "{kept}");
+    }
+}
