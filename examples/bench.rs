@@ -1149,7 +1149,7 @@ impl Bench {
             Duration::from_secs(60),
             Duration::from_millis(20),
             || match &cg {
-                Some(dir) => scan::cgroup_pids(dir).len() >= n,
+                Some(dir) => scan::cgroup_pids(dir).is_ok_and(|p| p.len() >= n),
                 None => live_in_group(pgid) >= n,
             },
         );

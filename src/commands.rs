@@ -182,6 +182,11 @@ pub struct ServeArgs {
     /// Repeatable; default: any.
     #[arg(long = "allow-command", value_name = "CMD")]
     allow_commands: Vec<String>,
+    /// With --allow-command: a variable a request's `env` may set
+    /// (repeatable). Nothing else is taken from the request, and the tree
+    /// inherits only PATH, the locale, TZ, HOME, USER, LOGNAME and SHELL.
+    #[arg(long = "allow-env", value_name = "NAME", requires = "allow_commands")]
+    allow_env: Vec<String>,
     /// Prune trees that ended longer ago than this (and tree-less events
     /// as old), as `prune --before` does. Off by default: nothing is pruned.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
@@ -210,6 +215,19 @@ pub struct ServeArgs {
     /// tree's argv, cwd and the whole export. Only for a single-tenant host.
     #[arg(long)]
     open_reads: bool,
+    /// Connections served at once on each listener; more wait in the
+    /// kernel's backlog. Accept also waits while fewer than 128 descriptors
+    /// are free (they are custody's: /proc reads, pidfds, the ledger).
+    #[arg(long, default_value_t = treewarden::http::conn::ConnLimits::default().max_total)]
+    max_connections: usize,
+    /// Connections one local user (peer uid on the socket) may hold at
+    /// once; past it, its new connections are closed at once.
+    #[arg(long, default_value_t = treewarden::http::conn::ConnLimits::default().max_per_uid)]
+    max_connections_per_uid: usize,
+    /// How long a request's head may take to arrive, and a keep-alive
+    /// connection may idle between requests, before it is closed.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    header_timeout: Duration,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -365,7 +383,8 @@ fn custody_error(e: CustodyError) -> CliError {
         | CustodyError::Unsupported(_)
         | CustodyError::Ledger(_)
         | CustodyError::Proc(_)
-        | CustodyError::Ambiguous { .. } => EXIT_INTERNAL,
+        | CustodyError::Ambiguous { .. }
+        | CustodyError::Incomplete { .. } => EXIT_INTERNAL,
     };
     CliError::with_code(code, anyhow!(e))
 }
@@ -890,6 +909,7 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
         drain_timeout: args.drain_timeout,
         ready_file: args.ready_file,
         allow_commands: args.allow_commands,
+        allow_env: args.allow_env,
         observer: config.observer,
         observer_rcvbuf: config.observer_rcvbuf,
         log_max: args.log_max,
@@ -996,6 +1016,10 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
         let shutdown = service.shutdown_token();
         treewarden::http::shutdown_on_signals(shutdown.clone())
             .map_err(|e| CliError::internal(anyhow!("start-up: cannot listen for signals: {e}")))?;
+        // Descriptors are custody's: the soft limit goes up to the hard one,
+        // and the serving loop keeps a reserve of them (src/http/conn.rs).
+        let nofile = treewarden::proc::raise_nofile_soft_limit();
+        tracing::debug!(?nofile, "soft RLIMIT_NOFILE");
         let listen = service.config().listen;
         let listener = tokio::net::TcpListener::bind(listen)
             .await
@@ -1012,13 +1036,25 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
             service: service.clone(),
             auth: std::sync::Arc::new(auth),
         });
+        let limits = treewarden::http::conn::ConnLimits {
+            max_total: args.max_connections,
+            max_per_uid: args.max_connections_per_uid,
+            header_read: args.header_timeout,
+            ..treewarden::http::conn::ConnLimits::default()
+        };
         let servers = vec![
-            tokio::spawn(treewarden::http::serve(
+            tokio::spawn(treewarden::http::conn::serve(
                 listener,
                 app.clone(),
                 shutdown.clone(),
+                limits,
             )),
-            tokio::spawn(treewarden::http::serve(unix, app, shutdown.clone())),
+            tokio::spawn(treewarden::http::conn::serve(
+                unix,
+                app,
+                shutdown.clone(),
+                limits,
+            )),
         ];
         if let Some(path) = &service.config().ready_file {
             let tmp = path.with_extension("tmp");

@@ -54,20 +54,64 @@ impl ProcEntry {
 }
 
 /// A full `/proc` snapshot, keyed by pid.
+///
+/// A snapshot is *complete* when every read it made either succeeded or
+/// failed because the process is gone (ENOENT, ESRCH). Any other failure
+/// (EMFILE, ENFILE, EAGAIN, EIO, a short or malformed read) makes it
+/// incomplete: a process missing from an incomplete snapshot is unknown, not
+/// exited, and nothing may be concluded from its absence (issue 24: a
+/// service out of descriptors recorded a live tree as ended).
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
     pub entries: HashMap<i32, ProcEntry>,
+    /// Why the snapshot is incomplete (the first failed read), if it is.
+    pub incomplete: Option<String>,
+}
+
+impl Snapshot {
+    /// A complete snapshot of `entries`.
+    pub fn of(entries: HashMap<i32, ProcEntry>) -> Self {
+        Self {
+            entries,
+            incomplete: None,
+        }
+    }
+
+    /// Whether every read succeeded or found its process gone.
+    pub fn is_complete(&self) -> bool {
+        self.incomplete.is_none()
+    }
 }
 
 /// Reads every process in `/proc`. Processes that vanish while being read are
-/// skipped: they are not there any more, which is what a snapshot says.
+/// skipped: they are not there any more, which is what a snapshot says. A
+/// read that fails for any other reason makes the snapshot incomplete.
 pub fn snapshot() -> Snapshot {
     let pids: Vec<i32> = match std::fs::read_dir("/proc") {
-        Ok(dir) => dir
-            .flatten()
-            .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
-            .collect(),
-        Err(_) => Vec::new(),
+        Ok(dir) => {
+            let mut pids = Vec::new();
+            for e in dir {
+                match e {
+                    Ok(e) => {
+                        if let Some(pid) = e.file_name().to_str().and_then(|n| n.parse().ok()) {
+                            pids.push(pid);
+                        }
+                    }
+                    Err(e) => {
+                        let mut snap = snapshot_pids(pids);
+                        snap.incomplete = Some(format!("listing /proc: {e}"));
+                        return snap;
+                    }
+                }
+            }
+            pids
+        }
+        Err(e) => {
+            return Snapshot {
+                entries: HashMap::new(),
+                incomplete: Some(format!("listing /proc: {e}")),
+            };
+        }
     };
     snapshot_pids(pids)
 }
@@ -75,13 +119,25 @@ pub fn snapshot() -> Snapshot {
 /// Re-reads only the given pids (targeted refresh of known members).
 pub fn snapshot_pids(pids: impl IntoIterator<Item = i32>) -> Snapshot {
     let pids: Vec<i32> = pids.into_iter().collect();
-    let entries = read_in_parallel(&pids, |chunk| {
+    let reads = read_in_parallel(&pids, |chunk| {
         let mut reader = StatReader::new();
-        chunk.iter().filter_map(|&pid| reader.read(pid)).collect()
+        chunk
+            .iter()
+            .filter_map(|&pid| reader.read(pid).transpose())
+            .collect()
     });
-    Snapshot {
-        entries: entries.into_iter().map(|e| (e.pid, e)).collect(),
+    let mut snap = Snapshot::default();
+    for read in reads {
+        match read {
+            Ok(e) => {
+                snap.entries.insert(e.pid, e);
+            }
+            Err(why) => {
+                snap.incomplete.get_or_insert(why);
+            }
+        }
     }
+    snap
 }
 
 /// Below this many pids a read stays on the calling thread: a thread costs
@@ -191,7 +247,7 @@ fn split_read<T: Send>(
 /// One process's `/proc/<pid>/stat`, read lean (`None`: gone, or not
 /// readable).
 pub fn read_entry(pid: i32) -> Option<ProcEntry> {
-    StatReader::new().read(pid)
+    StatReader::new().read(pid).ok().flatten()
 }
 
 /// The first of `pids` that is alive (not a zombie) and in process group
@@ -199,7 +255,7 @@ pub fn read_entry(pid: i32) -> Option<ProcEntry> {
 pub fn first_live_in_group(pids: impl IntoIterator<Item = i32>, pgid: i32) -> Option<ProcEntry> {
     let mut reader = StatReader::new();
     pids.into_iter()
-        .filter_map(|pid| reader.read(pid))
+        .filter_map(|pid| reader.read(pid).ok().flatten())
         .find(|e| e.pgid == pgid && e.is_live())
 }
 
@@ -243,15 +299,9 @@ impl HostView {
         let mut wanted: Vec<i32> = pids.into_iter().collect();
         wanted.sort_unstable();
         wanted.dedup();
+        self.snap.incomplete = None;
         for &pid in &wanted {
-            match reader.read(pid) {
-                Some(entry) => {
-                    self.snap.entries.insert(pid, entry);
-                }
-                None => {
-                    self.snap.entries.remove(&pid);
-                }
-            }
+            self.take(pid, reader.read(pid));
         }
         wanted.len()
     }
@@ -260,13 +310,20 @@ impl HostView {
     /// many `stat` files were read.
     pub fn refresh(&mut self, reread: impl IntoIterator<Item = i32>) -> usize {
         let mut reader = StatReader::new();
-        let Ok(dir) = std::fs::read_dir("/proc") else {
-            return 0;
-        };
-        let listed: HashSet<i32> = dir
-            .flatten()
-            .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
-            .collect();
+        let listed: HashSet<i32> =
+            match std::fs::read_dir("/proc").and_then(|dir| dir.collect::<Result<Vec<_>, _>>()) {
+                Ok(dir) => dir
+                    .iter()
+                    .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+                    .collect(),
+                Err(e) => {
+                    // Nothing is forgotten on a failed listing: the view keeps
+                    // what it had and says it is incomplete.
+                    self.snap.incomplete = Some(format!("listing /proc: {e}"));
+                    return 0;
+                }
+            };
+        self.snap.incomplete = None;
         self.snap.entries.retain(|pid, _| listed.contains(pid));
         let mut wanted: HashSet<i32> = reread.into_iter().filter(|p| listed.contains(p)).collect();
         wanted.extend(
@@ -277,16 +334,26 @@ impl HostView {
         );
         let reads = wanted.len();
         for pid in wanted {
-            match reader.read(pid) {
-                Some(entry) => {
-                    self.snap.entries.insert(pid, entry);
-                }
-                None => {
-                    self.snap.entries.remove(&pid);
-                }
-            }
+            self.take(pid, reader.read(pid));
         }
         reads
+    }
+
+    /// One re-read's outcome: an entry replaces the old one, a gone process
+    /// is forgotten, and a failed read keeps the old entry and marks the
+    /// view incomplete (unknown is not gone).
+    fn take(&mut self, pid: i32, read: Result<Option<ProcEntry>, String>) {
+        match read {
+            Ok(Some(entry)) => {
+                self.snap.entries.insert(pid, entry);
+            }
+            Ok(None) => {
+                self.snap.entries.remove(&pid);
+            }
+            Err(why) => {
+                self.snap.incomplete.get_or_insert(why);
+            }
+        }
     }
 }
 
@@ -306,15 +373,32 @@ impl StatReader {
         }
     }
 
-    fn read(&mut self, pid: i32) -> Option<ProcEntry> {
+    /// `Ok(None)`: the process is gone (ENOENT, ESRCH). `Err`: the read
+    /// failed for another reason (out of descriptors, I/O, a malformed or
+    /// short read), so whether the process lives is unknown.
+    fn read(&mut self, pid: i32) -> Result<Option<ProcEntry>, String> {
         use std::fmt::Write as _;
         use std::io::Read as _;
         self.path.clear();
         let _ = write!(self.path, "/proc/{pid}/stat");
-        let mut file = std::fs::File::open(&self.path).ok()?;
+        let gone = |e: &std::io::Error| {
+            matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ESRCH))
+                || e.kind() == std::io::ErrorKind::NotFound
+        };
+        let mut file = match std::fs::File::open(&self.path) {
+            Ok(f) => f,
+            Err(e) if gone(&e) => return Ok(None),
+            Err(e) => return Err(format!("{}: {e}", self.path)),
+        };
         self.buf.clear();
-        file.read_to_end(&mut self.buf).ok()?;
+        match file.read_to_end(&mut self.buf) {
+            Ok(_) => {}
+            Err(e) if gone(&e) => return Ok(None),
+            Err(e) => return Err(format!("{}: {e}", self.path)),
+        }
         parse_stat(&self.buf, self.page)
+            .map(Some)
+            .ok_or_else(|| format!("{}: malformed or short read", self.path))
     }
 }
 
@@ -361,11 +445,16 @@ fn ascii_num<T: std::str::FromStr>(field: &[u8]) -> Option<T> {
 }
 
 /// The pids listed in a cgroup's `cgroup.procs` (empty if it is gone):
-/// [`crate::proc::cgroup_pids`] as a set.
-pub fn cgroup_pids(cgroup_dir: &Path) -> HashSet<i32> {
-    crate::proc::cgroup_pids(cgroup_dir)
-        .map(|pids| pids.into_iter().collect())
-        .unwrap_or_default()
+/// [`crate::proc::cgroup_pids`] as a set. `Err` when the read failed for
+/// another reason: the members are then unknown, not none.
+pub fn cgroup_pids(cgroup_dir: &Path) -> Result<HashSet<i32>, String> {
+    let file = cgroup_dir.join("cgroup.procs");
+    match std::fs::read_to_string(&file) {
+        Ok(text) => Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect()),
+        // The cgroup is gone (removed, or never made): nobody is in it.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(HashSet::new()),
+        Err(e) => Err(format!("{}: {e}", file.display())),
+    }
 }
 
 /// What an incident reviewer needs about a member, read once, the first time
@@ -801,9 +890,7 @@ mod tests {
     }
 
     fn snap(entries: Vec<ProcEntry>) -> Snapshot {
-        Snapshot {
-            entries: entries.into_iter().map(|e| (e.pid, e)).collect(),
-        }
+        Snapshot::of(entries.into_iter().map(|e| (e.pid, e)).collect())
     }
 
     fn tree(id: i64, pgid: i32) -> KnownTree {
@@ -897,11 +984,11 @@ mod tests {
         let key = |e: &ProcEntry| (e.pid, e.start_ticks, e.pgid, e.sid, e.comm.clone());
         assert_eq!(
             parallel.entries.get(&me).map(key),
-            reader.read(me).as_ref().map(key)
+            reader.read(me).ok().flatten().as_ref().map(key)
         );
         assert_eq!(
             parallel.entries.get(&1).map(|e| e.start_ticks),
-            reader.read(1).map(|e| e.start_ticks)
+            reader.read(1).ok().flatten().map(|e| e.start_ticks)
         );
         assert!(
             pids.iter()

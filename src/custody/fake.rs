@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::host::Host;
+use super::host::{Held, Host};
 use crate::ledger::{AuthorizationRow, Ledger, TreeId};
 use crate::proc::{
     Delivery, ExitStatus, GroupDelivery, GroupRecord, Identity, Liveness, ProcError, Sig,
@@ -58,6 +58,11 @@ pub(crate) struct FakeProc {
     /// As it dies it forks a child into its group (which does the same):
     /// every kill leaves a new member behind, a fork storm.
     pub respawns: bool,
+    /// The user it runs as (what `details` reports).
+    pub uid: u32,
+    /// This process and no other, for the held handles (a pidfd's
+    /// meaning): set at spawn, never reused.
+    pub serial: u64,
 }
 
 /// What a recorded signal was aimed at.
@@ -121,6 +126,7 @@ pub(crate) struct World {
     pub subreaper: Option<i32>,
     next_pid: i32,
     next_tick: u64,
+    next_serial: u64,
     clock: Duration,
     counts: HashMap<Call, usize>,
     script: Vec<(Call, usize, Action)>,
@@ -140,9 +146,36 @@ pub(crate) struct World {
     /// The candidates each group signal was given to prove the group with
     /// (in order).
     pub group_candidates: Vec<Vec<i32>>,
+    /// While set, reads fail as a process out of descriptors fails them
+    /// (EMFILE): every `/proc` read of these pids (all pids when empty)
+    /// and every `cgroup.procs` read. The processes live on regardless.
+    pub unreadable: Option<HashSet<i32>>,
 }
 
 impl World {
+    /// The stat reads of `pids`: the live ones' entries, and an incomplete
+    /// snapshot where [`World::unreadable`] fails a read.
+    fn read(&self, pids: Vec<i32>) -> Snapshot {
+        let mut snap = Snapshot::default();
+        for pid in pids {
+            // Out of descriptors, the open fails whether or not the
+            // process lives.
+            if self
+                .unreadable
+                .as_ref()
+                .is_some_and(|u| u.is_empty() || u.contains(&pid))
+            {
+                snap.incomplete
+                    .get_or_insert_with(|| format!("/proc/{pid}/stat: Too many open files"));
+                continue;
+            }
+            if let Some(p) = self.procs.get(&pid) {
+                snap.entries.insert(pid, entry(p));
+            }
+        }
+        snap
+    }
+
     /// A new process, with a fresh pid and start time.
     pub fn spawn(&mut self, mut p: FakeProc) -> (i32, u64) {
         if p.pid == 0 {
@@ -151,6 +184,8 @@ impl World {
         self.next_pid = self.next_pid.max(p.pid) + 1;
         self.next_tick += 10;
         p.start_ticks = self.next_tick;
+        self.next_serial += 1;
+        p.serial = self.next_serial;
         if let Some(dir) = &p.cgroup {
             self.cgroups.entry(dir.clone()).or_insert(false);
         }
@@ -268,6 +303,19 @@ impl World {
         (!pinned).then(|| self.spawn(stranger(pid)))
     }
 
+    /// `pid` exits and is reaped, and another user's process (`uid`, in a
+    /// session of its own) takes the pid *within the same clock tick*: the
+    /// same `(pid, start ticks)`, a different process. What a start-time
+    /// identity cannot see and a held handle can (issue 24).
+    pub fn recycle_same_tick(&mut self, pid: i32, uid: u32) -> Option<(i32, u64)> {
+        let start = self.procs.get(&pid)?.start_ticks;
+        self.recycle(pid)?;
+        let p = self.procs.get_mut(&pid)?;
+        p.start_ticks = start;
+        p.uid = uid;
+        Some((pid, start))
+    }
+
     /// Runs `action` just before the `nth` (1-based) call of `call`.
     pub fn on(&mut self, call: Call, nth: usize, action: impl FnOnce(&mut World) + Send + 'static) {
         self.script.push((call, nth, Box::new(action)));
@@ -353,6 +401,8 @@ pub(crate) fn member(pid: i32, ppid: i32, pgid: i32, cgroup: Option<&Path>) -> F
         ignores_term: false,
         unkillable: false,
         respawns: false,
+        uid: 0,
+        serial: 0,
     }
 }
 
@@ -387,6 +437,7 @@ impl FakeHost {
                 subreaper: None,
                 next_pid: PID_BASE,
                 next_tick: 1_000,
+                next_serial: 0,
                 clock: Duration::ZERO,
                 counts: HashMap::new(),
                 script: Vec::new(),
@@ -397,6 +448,7 @@ impl FakeHost {
                 late: HashMap::new(),
                 calls: HashMap::new(),
                 group_candidates: Vec::new(),
+                unreadable: None,
             }),
             base: Instant::now(),
             ledger: Mutex::new(None),
@@ -473,30 +525,30 @@ impl Host for FakeHost {
     fn snapshot(&self) -> Snapshot {
         let mut w = self.world();
         w.step(Call::Snapshot);
-        Snapshot {
-            entries: w.procs.values().map(|p| (p.pid, entry(p))).collect(),
-        }
+        let pids: Vec<i32> = w.procs.keys().copied().collect();
+        w.read(pids)
     }
 
     fn snapshot_pids(&self, pids: Vec<i32>) -> Snapshot {
         let mut w = self.world();
         w.step(Call::SnapshotPids);
-        Snapshot {
-            entries: pids
-                .into_iter()
-                .filter_map(|pid| w.procs.get(&pid).map(|p| (pid, entry(p))))
-                .collect(),
-        }
+        w.read(pids)
     }
 
-    fn cgroup_pids(&self, dir: &Path) -> HashSet<i32> {
+    fn cgroup_pids(&self, dir: &Path) -> Result<HashSet<i32>, String> {
         let mut w = self.world();
         w.step(Call::CgroupPids);
-        w.procs
+        if w.unreadable.is_some() {
+            return Err(format!(
+                "{}/cgroup.procs: Too many open files",
+                dir.display()
+            ));
+        }
+        Ok(w.procs
             .values()
             .filter(|p| p.cgroup.as_deref() == Some(dir) && p.state != 'Z')
             .map(|p| p.pid)
-            .collect()
+            .collect())
     }
 
     fn details(&self, pid: i32) -> MemberDetails {
@@ -506,7 +558,7 @@ impl Host for FakeHost {
             return MemberDetails::default();
         };
         MemberDetails {
-            uid: Some(0),
+            uid: Some(p.uid),
             exe: Some(format!("/fake/bin/{}", p.comm)),
             cmdline: p.argv.clone(),
             cwd: Some("/".into()),
@@ -647,6 +699,55 @@ impl Host for FakeHost {
         w.push(Sent {
             sig,
             target: Target::Pid(id.pid),
+            hit,
+            outcome: format!("{delivery:?}").to_lowercase(),
+            authorized,
+            at: Duration::ZERO,
+        });
+        Ok(delivery)
+    }
+
+    fn hold(&self, id: &Identity) -> Result<Option<Held>, ProcError> {
+        let w = self.world();
+        if w.unreadable.is_some() {
+            return Err(refused(id.pid, "out of descriptors"));
+        }
+        Ok(w.procs
+            .get(&id.pid)
+            .filter(|p| p.start_ticks == id.start_ticks && p.state != 'Z' && id.boot_id == BOOT)
+            .map(|p| Held::serial(p.pid, p.serial)))
+    }
+
+    fn held_exited(&self, held: &Held) -> bool {
+        let serial = held.serial_of();
+        !self
+            .world()
+            .procs
+            .values()
+            .any(|p| Some(p.serial) == serial && p.state != 'Z')
+    }
+
+    fn signal_held(&self, held: &Held, sig: Sig) -> Result<Delivery, ProcError> {
+        self.step(Call::SignalProcess, sig);
+        let authorized = self.authority(sig);
+        let mut w = self.world();
+        let serial = held.serial_of();
+        let found = w
+            .procs
+            .values()
+            .find(|p| Some(p.serial) == serial)
+            .map(|p| (p.pid, p.start_ticks, p.state));
+        let (delivery, hit, pid) = match found {
+            Some((pid, start, state)) if state != 'Z' => {
+                w.deliver(pid, sig);
+                (Delivery::Sent, vec![(pid, start)], pid)
+            }
+            Some((pid, _, _)) => (Delivery::Gone, vec![], pid),
+            None => (Delivery::Gone, vec![], held.pid()),
+        };
+        w.push(Sent {
+            sig,
+            target: Target::Pid(pid),
             hit,
             outcome: format!("{delivery:?}").to_lowercase(),
             authorized,

@@ -27,6 +27,49 @@ use crate::proc::{
 };
 use crate::scan::{MemberDetails, Snapshot};
 
+/// A process held from first sight (see [`Host::hold`]): signals and the
+/// exit check reach that process or nothing, however its pid is reused.
+#[derive(Debug)]
+pub struct Held {
+    /// The pid it held when it was taken.
+    pid: i32,
+    token: HeldToken,
+}
+
+#[derive(Debug)]
+enum HeldToken {
+    /// The kernel's handle: a verified pidfd.
+    Pidfd(std::os::fd::OwnedFd),
+    /// A host's own name for one process (the fake host's serial).
+    #[cfg_attr(not(test), allow(dead_code))]
+    Serial(u64),
+}
+
+impl Held {
+    /// A handle a host other than the kernel makes for its own processes.
+    #[cfg(test)]
+    pub(crate) fn serial(pid: i32, serial: u64) -> Self {
+        Self {
+            pid,
+            token: HeldToken::Serial(serial),
+        }
+    }
+
+    /// The pid the process had when it was held.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// The serial of a host's own handle (`None` for a pidfd).
+    #[cfg(test)]
+    pub(crate) fn serial_of(&self) -> Option<u64> {
+        match self.token {
+            HeldToken::Serial(s) => Some(s),
+            HeldToken::Pidfd(_) => None,
+        }
+    }
+}
+
 /// What custody needs of the kernel: reads of `/proc` and cgroup files,
 /// guarded signals, cgroup control, the reaper's exit statuses and a clock.
 pub trait Host: Send + Sync {
@@ -35,7 +78,7 @@ pub trait Host: Send + Sync {
     /// Only these pids, re-read now (a targeted refresh).
     fn snapshot_pids(&self, pids: Vec<i32>) -> Snapshot;
     /// The pids in a cgroup's `cgroup.procs` (empty if it is gone).
-    fn cgroup_pids(&self, dir: &Path) -> HashSet<i32>;
+    fn cgroup_pids(&self, dir: &Path) -> Result<HashSet<i32>, String>;
     /// The forensic details of a member seen for the first time (or exec'd).
     fn details(&self, pid: i32) -> MemberDetails;
     /// The argv of one process, for the survivor snapshot.
@@ -61,6 +104,14 @@ pub trait Host: Send + Sync {
     /// One process, through a pidfd checked against `id` after it was opened
     /// ([`crate::proc::signal_process`]).
     fn signal_process(&self, id: &Identity, sig: Sig) -> Result<Delivery, ProcError>;
+    /// Holds the process `id` names, if it still is that process
+    /// (`Ok(None)`: gone or recycled; `Err`: no handle can be had now, e.g.
+    /// out of descriptors).
+    fn hold(&self, id: &Identity) -> Result<Option<Held>, ProcError>;
+    /// Whether the held process has exited (its pid may be another's now).
+    fn held_exited(&self, held: &Held) -> bool;
+    /// Signals exactly the held process.
+    fn signal_held(&self, held: &Held, sig: Sig) -> Result<Delivery, ProcError>;
     /// `cgroup.kill`.
     fn cgroup_kill(&self, dir: &Path) -> Result<(), ProcError>;
     /// `cgroup.freeze` 1; whether `frozen 1` was reported within `wait`.
@@ -139,7 +190,7 @@ impl Host for KernelHost {
         crate::scan::snapshot_pids(pids)
     }
 
-    fn cgroup_pids(&self, dir: &Path) -> HashSet<i32> {
+    fn cgroup_pids(&self, dir: &Path) -> Result<HashSet<i32>, String> {
         crate::scan::cgroup_pids(dir)
     }
 
@@ -178,6 +229,31 @@ impl Host for KernelHost {
 
     fn signal_process(&self, id: &Identity, sig: Sig) -> Result<Delivery, ProcError> {
         crate::proc::signal_process(id, sig)
+    }
+
+    fn hold(&self, id: &Identity) -> Result<Option<Held>, ProcError> {
+        // The guards of every signal: never pid 1 nor this process.
+        if id.pid <= 1 || id.pid == std::process::id() as i32 {
+            return Ok(None);
+        }
+        Ok(crate::proc::open_exit_watch(id)?.map(|fd| Held {
+            pid: id.pid,
+            token: HeldToken::Pidfd(fd),
+        }))
+    }
+
+    fn held_exited(&self, held: &Held) -> bool {
+        match &held.token {
+            HeldToken::Pidfd(fd) => crate::proc::pidfd_exited(fd),
+            HeldToken::Serial(_) => true,
+        }
+    }
+
+    fn signal_held(&self, held: &Held, sig: Sig) -> Result<Delivery, ProcError> {
+        match &held.token {
+            HeldToken::Pidfd(fd) => crate::proc::signal_pidfd(fd, sig),
+            HeldToken::Serial(_) => Ok(Delivery::Gone),
+        }
     }
 
     fn cgroup_kill(&self, dir: &Path) -> Result<(), ProcError> {

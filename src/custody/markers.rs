@@ -64,7 +64,7 @@ pub fn write(data_dir: &Path, tree: i64, marker: &Marker) {
     let text = serde_json::to_string(marker).unwrap_or_default();
     if target.exists() {
         let tmp = dir(data_dir).join(format!(".tree-{tree}.tmp"));
-        let written = std::fs::File::create(&tmp)
+        let written = private_file(&tmp)
             .and_then(|mut f| f.write_all(text.as_bytes()).and_then(|()| f.sync_all()))
             .and_then(|()| std::fs::rename(&tmp, &target));
         if let Err(e) = written {
@@ -73,7 +73,7 @@ pub fn write(data_dir: &Path, tree: i64, marker: &Marker) {
         }
         return;
     }
-    let made = std::fs::create_dir_all(dir(data_dir)).and_then(|_| std::fs::File::create(&target));
+    let made = private_dir(&dir(data_dir)).and_then(|()| private_file(&target));
     match made {
         Ok(mut file) => {
             if let Err(e) = file.write_all(text.as_bytes()) {
@@ -82,6 +82,26 @@ pub fn write(data_dir: &Path, tree: i64, marker: &Marker) {
         }
         Err(e) => tracing::error!(tree, error = %e, "unsettled marker not written"),
     }
+}
+
+/// The markers' folder, made 0700 (it names survivors and their argv).
+pub(crate) fn private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
+/// A file only its owner reads (0600), created or truncated.
+fn private_file(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o600)
+        .open(path)
 }
 
 /// Removes the marker (the tree is settled).
@@ -130,4 +150,35 @@ pub fn all(data_dir: &Path) -> Vec<(i64, Marker)> {
     }
     out.sort_by_key(|(t, _)| *t);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    /// Issue 24, finding 9: markers name survivors and their argv; their
+    /// folder is 0700 and each marker (first write and rewrite) 0600.
+    #[test]
+    fn markers_and_their_folder_are_private() {
+        let data = tempfile::tempdir().expect("tempdir");
+        let mode = |p: &std::path::Path| {
+            std::fs::metadata(p).expect("exists").permissions().mode() & 0o777
+        };
+        super::write(data.path(), 7, &super::Marker::default());
+        assert_eq!(mode(&super::dir(data.path())), 0o700);
+        assert_eq!(mode(&super::path(data.path(), 7)), 0o600);
+        super::write(
+            data.path(),
+            7,
+            &super::Marker {
+                reason: "rewritten".into(),
+                ..super::Marker::default()
+            },
+        );
+        assert_eq!(mode(&super::path(data.path(), 7)), 0o600);
+        assert_eq!(
+            super::read(data.path(), 7).map(|m| m.reason).as_deref(),
+            Some("rewritten")
+        );
+    }
 }

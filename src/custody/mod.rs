@@ -43,7 +43,7 @@ use std::sync::{Arc, Mutex};
 
 pub use dispatch::Unsettled;
 pub use follow::{LogFollower, remove_logs};
-pub use host::{Host, KernelHost};
+pub use host::{Held, Host, KernelHost};
 pub use observer::{Observer, ObserverHandle, ObserverStats};
 pub use owner::{RunEnd, RunOptions, RunOutcome};
 pub use spawn::{OnBehalf, SpawnRequest, Spawned, log_path, read_log};
@@ -91,6 +91,14 @@ pub enum CustodyError {
     /// authority for its forced kill. Survivors are left alive as evidence.
     #[error("teardown of tree {tree} is ambiguous: {reason}")]
     Ambiguous { tree: i64, reason: String },
+    /// The teardown's evidence was incomplete: reads of `/proc` or of the
+    /// cgroup failed for a reason other than the processes being gone (out
+    /// of descriptors, I/O). Nothing was concluded from them: the tree is
+    /// not recorded as ended, and the teardown is to be tried again.
+    #[error(
+        "teardown of tree {tree} undecided: evidence incomplete ({reason}); nothing was concluded, try again"
+    )]
+    Incomplete { tree: i64, reason: String },
 }
 
 /// The engine. Cheap to clone; clones share the in-memory ambiguity set.

@@ -619,6 +619,22 @@ impl Worker {
         if stat.start_ticks < parent_start {
             return; // not a child of that parent: a stale fork record
         }
+        // The process now at the child's pid must be the parent's child
+        // (or, its parent gone, re-parented to this subreaper): a child that
+        // exited at once may have left its pid to another user's process
+        // within the same clock tick, with the same start time (issue 24).
+        // A real orphan re-parented elsewhere is left to the scans, which
+        // find it by its session, group, cgroup or descent.
+        if stat.ppid != parent && stat.ppid != std::process::id() as i32 {
+            tracing::debug!(
+                tree,
+                parent,
+                child,
+                ppid = stat.ppid,
+                "observer: fork not attributed, the pid's process is not the parent's child"
+            );
+            return;
+        }
         t.members.insert(child, stat.start_ticks);
         t.forked_at.insert(child, at_ns);
         let escaped = stat.pgid != t.pgid && stat.sid != t.sid;

@@ -14,6 +14,10 @@ pub struct EngineStats {
     ledger_write_errors: AtomicU64,
     /// Members still alive after the last forced-kill round of a teardown.
     survivors_after_kill: AtomicU64,
+    /// Ticks whose evidence was incomplete: a read of `/proc` or of
+    /// `cgroup.procs` failed for a reason other than the process being gone
+    /// (out of descriptors, I/O). Nothing was concluded from them.
+    scans_incomplete: AtomicU64,
 }
 
 impl EngineStats {
@@ -25,6 +29,12 @@ impl EngineStats {
     }
     pub fn survivors_after_kill(&self) -> u64 {
         self.survivors_after_kill.load(Ordering::Relaxed)
+    }
+    pub fn scans_incomplete(&self) -> u64 {
+        self.scans_incomplete.load(Ordering::Relaxed)
+    }
+    pub(crate) fn scan_incomplete(&self) {
+        self.scans_incomplete.fetch_add(1, Ordering::Relaxed);
     }
     pub(crate) fn authorization_failed(&self) {
         self.authorizations_failed.fetch_add(1, Ordering::Relaxed);

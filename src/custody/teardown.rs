@@ -354,12 +354,15 @@ impl Engine {
         let deadline = Instant::now() + wait;
         let mut logged = false;
         loop {
-            let file = std::fs::create_dir_all(&dir).and_then(|()| {
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .truncate(false)
-                    .write(true)
-                    .open(&path)
+            let file = super::markers::private_dir(&dir).and_then(|()| {
+                std::os::unix::fs::OpenOptionsExt::mode(
+                    std::fs::OpenOptions::new()
+                        .create(true)
+                        .truncate(false)
+                        .write(true),
+                    0o600,
+                )
+                .open(&path)
             });
             let file = match file {
                 Ok(f) => f,
@@ -522,12 +525,12 @@ impl Engine {
         loop {
             state = match state {
                 State::Term => self.term(&mut run)?,
-                State::Grace(g) => self.grace(&mut run, g),
+                State::Grace(g) => self.grace(&mut run, g)?,
                 State::Freeze(f) => self.freeze_round(&mut run, f),
                 State::Snapshot(s) => self.snapshot(&mut run, s),
                 State::Authorize(a) => self.authorize(&mut run, a),
                 State::Kill(k) => self.kill(&mut run, k)?,
-                State::Verify(v) => self.verify(&mut run, v),
+                State::Verify(v) => self.verify(&mut run, v)?,
                 State::Finish => {
                     let Run {
                         tree,
@@ -575,7 +578,7 @@ impl Engine {
             Vec::new()
         };
         if !proven || !members.is_empty() {
-            members = run.watch.tick_full(self, &run.exits, false).members;
+            members = self.full_walk(run)?;
         }
         run.report.members_at_start = members.len();
         if members.is_empty() {
@@ -620,7 +623,32 @@ impl Engine {
     /// GRACE: targeted re-reads until the members are gone or the grace is
     /// over (none at grace 0: the freeze's scan is the first chance
     /// anything had to exit; an extra scan cost a full walk, issue 6).
-    fn grace(&self, run: &mut Run<'_>, g: Grace) -> State {
+    /// One full walk whose evidence is complete, tried a bounded number of
+    /// times: a walk whose reads failed (out of descriptors, I/O) proves
+    /// nothing gone, so no phase decides on one. Still incomplete after
+    /// the tries: the teardown stops undecided, the tree left as it stands
+    /// in the ledger (not ended), to be tried again by its caller.
+    fn full_walk(&self, run: &mut Run<'_>) -> Result<Vec<Member>, CustodyError> {
+        let w0 = self.host.now();
+        let mut tries = 0;
+        loop {
+            let report = run.watch.tick_full(self, &run.exits, false);
+            let Some(reason) = report.incomplete else {
+                return Ok(report.members);
+            };
+            tries += 1;
+            if tries >= INCOMPLETE_TRIES {
+                return Err(CustodyError::Incomplete {
+                    tree: run.tree.0,
+                    reason,
+                });
+            }
+            self.host
+                .sleep(poll_interval(self.host.now().saturating_duration_since(w0)));
+        }
+    }
+
+    fn grace(&self, run: &mut Run<'_>, g: Grace) -> Result<State, CustodyError> {
         let t0 = Instant::now();
         let span = tracing::info_span!("teardown.phase", phase = "grace").entered();
         let Grace {
@@ -649,19 +677,21 @@ impl Engine {
         if members.is_empty() {
             // Targeted polls found the known members gone: one full walk
             // says whether anything else of the tree is left.
-            members = run.watch.tick_full(self, &run.exits, false).members;
+            members = self.full_walk(run)?;
         }
         if members.is_empty() {
-            return State::Finish;
+            return Ok(State::Finish);
         }
         if !group_ok
             && run.watch.cgroup().is_none()
             && members.iter().all(|m| m.entry.pgid == run.group.pgid)
         {
             // Nothing provably ours to signal: refuse, close as vanished.
-            return State::Refuse("process group is not provably the recorded one".into());
+            return Ok(State::Refuse(
+                "process group is not provably the recorded one".into(),
+            ));
         }
-        State::Freeze(Freeze { round: 1, members })
+        Ok(State::Freeze(Freeze { round: 1, members }))
     }
 
     /// FREEZE (one round of the forced kill): freeze what the kill will
@@ -843,7 +873,7 @@ impl Engine {
     /// cgroup; the survivors' pidfds: scanning `/proc` before that only
     /// finds the dying), then targeted re-reads and one full walk, which
     /// decide. Members left: the next round.
-    fn verify(&self, run: &mut Run<'_>, v: Verify) -> State {
+    fn verify(&self, run: &mut Run<'_>, v: Verify) -> Result<State, CustodyError> {
         let t0 = Instant::now();
         let span = tracing::info_span!("teardown.phase", phase = "verify").entered();
         let Verify {
@@ -877,7 +907,7 @@ impl Engine {
             // walk verifies that nothing else of the tree lives.
             members = run.watch.tick_targeted(self, &run.exits).members;
             if members.is_empty() {
-                members = run.watch.tick_full(self, &run.exits, false).members;
+                members = self.full_walk(run)?;
             }
             let now = self.host.now();
             if members.is_empty() || now >= deadline {
@@ -894,16 +924,16 @@ impl Engine {
         run.report.phases.push((Phase::Verify, t0.elapsed()));
         drop(span);
         if members.is_empty() {
-            return State::Finish;
+            return Ok(State::Finish);
         }
         if run.watch.cgroup().is_none() {
             // Members outlived the kill: none stays stopped.
             self.thaw(run.tree, &mut run.watch, &run.group, &members, run.opts);
         }
-        State::Freeze(Freeze {
+        Ok(State::Freeze(Freeze {
             round: round + 1,
             members,
-        })
+        }))
     }
 
     /// FAIL-CLOSED: the authorization was not committed. No SIGKILL; the
@@ -1101,7 +1131,14 @@ impl Engine {
             }
         }
         for id in &step.loose {
-            let result = match self.host.signal_process(id, sig) {
+            // Through the handle held since the member was first found
+            // loose, where there is one: it reaches that process or none,
+            // whoever lists with its identity now.
+            let delivery = match watch.held(&id.key()) {
+                Some(held) => self.host.signal_held(held, sig),
+                None => self.host.signal_process(id, sig),
+            };
+            let result = match delivery {
                 Ok(Delivery::Sent) => "sent".to_string(),
                 Ok(Delivery::Gone) => "gone".to_string(),
                 Ok(Delivery::Recycled) => "refused: pid recycled".to_string(),
@@ -1561,6 +1598,11 @@ fn kill_targets(watch: &TreeWatch, step: &Targets, survivors: &[Member]) -> Vec<
 
 /// Polls fast at first (most trees die within milliseconds of their
 /// signal), then backs off to keep a long grace cheap.
+/// How many full walks a phase tries before it stops undecided on
+/// incomplete evidence ([`Engine::full_walk`]): reads that failed on
+/// descriptors usually succeed once a connection or a pidfd is closed.
+const INCOMPLETE_TRIES: u32 = 5;
+
 fn poll_interval(elapsed: Duration) -> Duration {
     if elapsed < Duration::from_millis(50) {
         Duration::from_millis(2)

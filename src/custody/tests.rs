@@ -553,9 +553,12 @@ fn a_recycled_pid_is_never_signalled() {
         !sent.iter().any(|s| s.hit.contains(&(esc.0, stranger))),
         "the stranger holding the recycled pid was hit: {sent:?}"
     );
+    // The escapee is held from its first sighting: its SIGKILL goes
+    // through that handle, which finds its process gone.
     assert!(
         sent.iter()
-            .any(|s| s.target == Target::Pid(esc.0) && s.outcome == "recycled")
+            .any(|s| s.target == Target::Pid(esc.0) && s.sig == Sig::Kill && s.outcome == "gone"),
+        "{sent:?}"
     );
     assert_every_kill_authorized(&sent);
     // The ledger's signal rows: the escapee's SIGTERM and SIGSTOP (sent), no
@@ -1512,4 +1515,131 @@ fn a_process_moved_into_the_trees_cgroup_denies_the_proof() {
         "the process in the cgroup is a member"
     );
     assert!(rig.host.world().live().is_empty(), "and ended");
+}
+
+/// Issue 24, finding 2: a service out of descriptors read nothing of a
+/// live tree and recorded it ended, with no signal. Every read failing
+/// (EMFILE), the teardown decides nothing: no signal, no exit, no end; the
+/// tree stays as the ledger had it and the caller is told to try again.
+/// Once reads work again, the same tree is torn down with its authority.
+#[test]
+fn a_teardown_whose_reads_all_fail_decides_nothing_and_a_later_one_finishes() {
+    for boundary in [Boundary::Session, Boundary::Cgroup] {
+        let rig = rig(boundary, false, |w, root, cg| {
+            w.procs.get_mut(&root).expect("root").ignores_term = true;
+            w.spawn(stubborn(root, root, cg));
+            w.unreadable = Some(std::collections::HashSet::new());
+        });
+        let err = rig
+            .teardown(Duration::from_millis(100))
+            .expect_err("no decision on incomplete evidence");
+        assert!(
+            matches!(err, CustodyError::Incomplete { tree, .. } if tree == rig.tree.0),
+            "{err}"
+        );
+        assert!(
+            rig.host.sent().is_empty(),
+            "nothing signalled: {:?}",
+            rig.host.sent()
+        );
+        assert_eq!(rig.host.world().live().len(), 2, "both members live on");
+        let kinds = rig.kinds();
+        assert!(
+            !kinds
+                .iter()
+                .any(|k| k == "member.exited" || k == "tree.ended"),
+            "nothing concluded: {kinds:?}"
+        );
+        assert!(!rig.detail().tree.state.is_terminal());
+
+        rig.host.world().unreadable = None;
+        let report = rig.teardown(Duration::from_millis(100)).expect("settled");
+        assert_eq!(report.state, TreeState::Ended);
+        assert_eq!(report.force_killed, 2);
+        assert_every_kill_authorized(&rig.kills());
+        assert!(rig.host.world().live().is_empty());
+    }
+}
+
+/// Reads that start failing after the first signal (a burst of connections
+/// took the descriptors) leave the members that were seen as they were
+/// seen: they are signalled, authorized and killed by what was known, and
+/// their exits are recorded only once a read shows them gone.
+#[test]
+fn reads_failing_mid_teardown_carry_the_members_and_record_exits_only_when_read() {
+    let rig = rig(Boundary::Session, false, |w, root, _| {
+        w.procs.get_mut(&root).expect("root").ignores_term = true;
+        w.spawn(stubborn(root, root, None));
+        // The first targeted re-read of the grace fails, and so does
+        // everything after it until the tenth one.
+        w.on(Call::SnapshotPids, 1, |w| {
+            w.unreadable = Some(std::collections::HashSet::new());
+        });
+        w.on(Call::SnapshotPids, 10, |w| w.unreadable = None);
+    });
+    let report = rig.teardown(Duration::from_millis(50)).expect("settled");
+    assert_eq!(report.state, TreeState::Ended);
+    assert_eq!(report.force_killed, 2, "both, as last seen");
+    assert_every_kill_authorized(&rig.kills());
+    assert!(rig.host.world().live().is_empty());
+    let exited = rig
+        .ledger
+        .events(&EventFilter {
+            tree: Some(rig.tree),
+            kind_prefix: Some("member.exited".into()),
+            ..EventFilter::default()
+        })
+        .expect("events");
+    let n: usize = exited
+        .iter()
+        .map(|e| e.data["exits"].as_array().map_or(1, Vec::len))
+        .sum();
+    assert_eq!(n, 2, "each exit once: {exited:?}");
+}
+
+/// Issue 24, finding 1, through the teardown: the escapee exits and
+/// another user's process takes its pid within the same clock tick, after
+/// the first signal. The newcomer is never signalled, and the
+/// authorization does not name it.
+#[test]
+fn a_pid_recycled_within_the_tick_is_never_signalled_nor_authorized() {
+    let mut esc = (0, 0);
+    let rig = rig(Boundary::Session, false, |w, root, _| {
+        w.procs.get_mut(&root).expect("root").ignores_term = true;
+        let e = w.spawn(stubborn(root, root, None));
+        w.setsid(e.0);
+        esc = e;
+        let pid = e.0;
+        // Right after the first signal to the escapee (SIGTERM, through its
+        // held handle), it exits and the newcomer takes the pid.
+        w.on(Call::SignalProcess, 1, move |w| {
+            w.recycle_same_tick(pid, 1000).expect("the pid is free");
+        });
+    });
+    let report = rig.teardown(Duration::from_millis(50)).expect("settled");
+    assert_eq!(report.state, TreeState::Ended);
+    let w = rig.host.world();
+    let newcomer = w.procs.get(&esc.0).expect("the newcomer lives");
+    assert_eq!((newcomer.start_ticks, newcomer.uid), (esc.1, 1000));
+    assert!(newcomer.state != 'Z');
+    drop(w);
+    let sent = rig.host.sent();
+    let hit_newcomer = sent
+        .iter()
+        .filter(|s| s.target == Target::Pid(esc.0))
+        .filter(|s| s.outcome == "sent" && s.sig != Sig::Term)
+        .count();
+    assert_eq!(
+        hit_newcomer, 0,
+        "nothing but the first SIGTERM (before the reuse) went to that pid: {sent:?}"
+    );
+    for a in rig.detail().authorizations {
+        assert!(
+            !a.targets
+                .iter()
+                .any(|t| t.identities.iter().any(|id| id.pid == esc.0)),
+            "the authorization names the newcomer: {a:?}"
+        );
+    }
+    assert_every_kill_authorized(&sent);
 }

@@ -31,6 +31,11 @@ pub struct TickReport {
     /// Members this tick found that the observer did not know (0 without
     /// an observer): it missed something, so the next scan lists `/proc`.
     pub unobserved: u64,
+    /// Why this tick's evidence was incomplete, if it was: a read failed for
+    /// a reason other than the process being gone. Members it could not
+    /// read are carried in `members` as last seen (unknown is not exited),
+    /// and no exit was recorded.
+    pub incomplete: Option<String>,
 }
 
 /// The scanning state of one tree.
@@ -42,6 +47,22 @@ pub struct TreeWatch {
     escapes: HashSet<ProcKey>,
     /// Live members at the last tick.
     alive: HashSet<ProcKey>,
+    /// Each live member as the last tick that read it saw it: what an
+    /// incomplete tick reports for a member it could not read.
+    last_read: HashMap<ProcKey, Member>,
+    /// Why the reads of the tick under way were incomplete (taken by
+    /// [`TreeWatch::record_members`]).
+    incomplete: Option<String>,
+    /// Members outside the recorded group and cgroup (the ones signalled
+    /// one by one), held from the tick that first found them so: their
+    /// signals go through the handle, and a held member that has exited
+    /// while a process with its identity is listed is someone else's
+    /// process on a recycled pid (the same clock tick), not a member.
+    held: HashMap<ProcKey, super::Held>,
+    /// Each member's uid as recorded at its first sighting: the second
+    /// witness of a member known only by its identity (see
+    /// [`TreeWatch::vet`]).
+    uids: HashMap<ProcKey, Option<u32>>,
     boot_id: String,
     /// The proc-connector observer of this process, when one runs: its
     /// members join each classification and the scan's members go back to
@@ -131,8 +152,10 @@ impl TreeWatch {
             ..KnownTree::default()
         };
         let mut escapes = HashSet::new();
+        let mut uids = HashMap::new();
         for m in previously {
             known.seen.insert(ProcKey::new(m.pid, m.start_ticks));
+            uids.insert(ProcKey::new(m.pid, m.start_ticks), m.uid);
             if m.escaped_at.is_some() {
                 escapes.insert(ProcKey::new(m.pid, m.start_ticks));
             }
@@ -144,6 +167,10 @@ impl TreeWatch {
             exclude,
             escapes,
             alive: HashSet::new(),
+            last_read: HashMap::new(),
+            incomplete: None,
+            held: HashMap::new(),
+            uids,
             boot_id: row.boot_id.clone().unwrap_or_default(),
             observer: None,
             root_pid: row.root_pid,
@@ -401,9 +428,8 @@ impl TreeWatch {
             self.known.observed = obs.members(self.tree);
         }
         let snap = engine.host().snapshot();
-        if let Some(dir) = &self.cgroup {
-            self.known.cgroup_pids = engine.host().cgroup_pids(dir);
-        }
+        self.note_incomplete(snap.incomplete.as_deref());
+        self.read_cgroup_pids(engine.host());
         self.classify_and_record(engine, exits, &snap, started, bump_last_seen)
     }
 
@@ -429,6 +455,7 @@ impl TreeWatch {
         pids.sort_unstable();
         pids.dedup();
         let snap = engine.host().snapshot_pids(pids);
+        self.note_incomplete(snap.incomplete.as_deref());
         self.confirm_cgroup_pids(engine.host());
         self.classify_and_record(engine, exits, &snap, started, false)
     }
@@ -443,8 +470,35 @@ impl TreeWatch {
     /// tick only (and is found by its session, group or descent).
     fn confirm_cgroup_pids(&mut self, host: &dyn Host) {
         if let Some(dir) = &self.cgroup {
-            let after = host.cgroup_pids(dir);
-            self.known.cgroup_pids.retain(|pid| after.contains(pid));
+            match host.cgroup_pids(dir) {
+                Ok(after) => self.known.cgroup_pids.retain(|pid| after.contains(pid)),
+                Err(why) => {
+                    self.known.cgroup_pids.clear();
+                    self.note_incomplete(Some(&why));
+                }
+            }
+        }
+    }
+
+    /// Reads the cgroup's members now. A failed read leaves none known by
+    /// the cgroup (members already seen are carried by the incomplete
+    /// tick; a stranger on a stale pid is never taken for one).
+    fn read_cgroup_pids(&mut self, host: &dyn Host) {
+        if let Some(dir) = &self.cgroup {
+            match host.cgroup_pids(dir) {
+                Ok(pids) => self.known.cgroup_pids = pids,
+                Err(why) => {
+                    self.known.cgroup_pids.clear();
+                    self.note_incomplete(Some(&why));
+                }
+            }
+        }
+    }
+
+    /// Marks the tick under way incomplete (the first reason is kept).
+    fn note_incomplete(&mut self, why: Option<&str>) {
+        if let Some(why) = why {
+            self.incomplete.get_or_insert_with(|| why.to_owned());
         }
     }
 
@@ -457,9 +511,7 @@ impl TreeWatch {
 
     /// [`TreeWatch::pids_to_reread`], reading `cgroup.procs` through `host`.
     fn pids_to_reread_on(&mut self, host: &dyn Host) -> Vec<i32> {
-        if let Some(dir) = &self.cgroup {
-            self.known.cgroup_pids = host.cgroup_pids(dir);
-        }
+        self.read_cgroup_pids(host);
         let mut pids: Vec<i32> = self.alive.iter().map(|k| k.pid).collect();
         pids.extend([self.known.pgid, self.known.sid]);
         pids.extend(self.known.cgroup_pids.iter().copied());
@@ -498,6 +550,7 @@ impl TreeWatch {
         }
         // The caller read `cgroup.procs` (pids_to_reread) before it
         // refreshed the snapshot: the same race as a targeted tick's.
+        self.note_incomplete(snap.incomplete.as_deref());
         self.confirm_cgroup_pids(engine.host());
         self.classify_indexed(engine, exits, snap, index, Instant::now(), bump_last_seen)
     }
@@ -521,6 +574,86 @@ impl TreeWatch {
             .as_mut()
             .map(std::mem::take)
             .unwrap_or_default()
+    }
+
+    /// Keeps of a classification's members those that are who their
+    /// identity says, and holds each loose one (outside the recorded group
+    /// and cgroup: signalled by itself) from now on:
+    /// - a held member whose handle says it exited is not a member, whatever
+    ///   process now lists with its pid and start time (a pid recycled
+    ///   within one clock tick);
+    /// - a loose member known *only* by its identity (`Because::Seen`) and
+    ///   not held yet (first found by another watch: no handle from its
+    ///   first sight can be had) needs a second witness before it is taken
+    ///   for the member: the uid it was recorded with, where one was. A
+    ///   stranger that took a member's pid within the clock tick of its
+    ///   start shares the identity, not (as another user) the uid. A member
+    ///   that both left its session and changed its uid between two looks
+    ///   is not signalled by itself, and one recorded without a uid has no
+    ///   witness but its identity; docs/THREAT-MODEL.md names both.
+    fn vet(&mut self, host: &dyn Host, members: Vec<Member>) -> Vec<Member> {
+        let pgid = self.known.pgid;
+        let boot = host.boot_id().unwrap_or_else(|_| self.boot_id.clone());
+        members
+            .into_iter()
+            .filter(|m| {
+                let key = m.entry.key();
+                if let Some(held) = self.held.get(&key) {
+                    if host.held_exited(held) && m.entry.is_live() {
+                        tracing::warn!(
+                            tree = self.tree.0,
+                            pid = m.entry.pid,
+                            "a member exited and its pid was reused within its clock tick: not a member"
+                        );
+                        return false;
+                    }
+                    return true;
+                }
+                let loose =
+                    m.entry.pgid != pgid && !self.known.cgroup_pids.contains(&m.entry.pid);
+                if !loose {
+                    return true;
+                }
+                if m.because == scan::Because::Seen {
+                    let recorded = self.uids.get(&key).copied().flatten();
+                    let now = recorded.and_then(|_| host.details(m.entry.pid).uid);
+                    if recorded.is_some() && now != recorded {
+                        tracing::warn!(
+                            tree = self.tree.0,
+                            pid = m.entry.pid,
+                            ?recorded,
+                            ?now,
+                            "a process with a member's identity but not its uid: not a member"
+                        );
+                        return false;
+                    }
+                }
+                let id = crate::proc::Identity {
+                    pid: m.entry.pid,
+                    start_ticks: m.entry.start_ticks,
+                    boot_id: boot.clone(),
+                };
+                match host.hold(&id) {
+                    Ok(Some(held)) => {
+                        self.held.insert(key, held);
+                        true
+                    }
+                    // Gone, or the pid another's, since the read.
+                    Ok(None) => false,
+                    // No handle now (out of descriptors): kept by its
+                    // classification; signalled by identity as before.
+                    Err(e) => {
+                        tracing::debug!(tree = self.tree.0, pid = m.entry.pid, error = %e, "member not held");
+                        true
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// The handle a loose member is held by, if it is.
+    pub(crate) fn held(&self, key: &ProcKey) -> Option<&super::Held> {
+        self.held.get(key)
     }
 
     fn classify_and_record(
@@ -560,6 +693,8 @@ impl TreeWatch {
         started: Instant,
         bump_last_seen: bool,
     ) -> TickReport {
+        let incomplete = self.incomplete.take();
+        let mut members = self.vet(engine.host(), members);
         let mut unobserved = 0;
         if let Some(obs) = &self.observer {
             unobserved = obs.scanned(self.tree, members.iter().map(|m| m.entry.key()));
@@ -603,6 +738,7 @@ impl TreeWatch {
             };
             if details.is_some() {
                 fresh.insert(key);
+                self.uids.insert(key, record.uid);
             }
             // The comm is stored once per member and replaced only when it
             // changes (an exec): this runs for every member on every tick.
@@ -682,7 +818,23 @@ impl TreeWatch {
             }
         }
 
-        let now: HashSet<ProcKey> = members.iter().map(|m| m.entry.key()).collect();
+        let mut now: HashSet<ProcKey> = members.iter().map(|m| m.entry.key()).collect();
+        if let Some(why) = &incomplete {
+            // Unknown is not exited: a member this tick could not read is
+            // reported as last seen, and no exit is concluded from its
+            // absence. The next tick tries again.
+            let unread: Vec<Member> = self
+                .alive
+                .iter()
+                .filter(|k| !now.contains(k))
+                .filter_map(|k| self.last_read.get(k).cloned())
+                .collect();
+            now.extend(unread.iter().map(|m| m.entry.key()));
+            members.extend(unread);
+            engine.stats().scan_incomplete();
+            tracing::warn!(tree = self.tree.0, why = %why, "scan incomplete: no exit concluded");
+            report.incomplete = incomplete.clone();
+        }
         // Deferred exits (a teardown past its authorization) take only the
         // statuses already collected: the rest are looked up once, after
         // the tree is verified empty ([`TreeWatch::take_deferred_exits`]),
@@ -694,7 +846,7 @@ impl TreeWatch {
         let gone: Vec<(IdentityRecord, Option<ExitRecord>)> = self
             .alive
             .iter()
-            .filter(|k| !now.contains(k))
+            .filter(|k| incomplete.is_none() && !now.contains(k))
             .map(|&ProcKey { pid, start_ticks }| {
                 // Not among the orphans' statuses yet: the root (a child
                 // this process spawned), or an orphan whose status is still
@@ -745,6 +897,10 @@ impl TreeWatch {
             }
         }
         self.comms.retain(|k, _| now.contains(k));
+        self.held.retain(|k, _| now.contains(k));
+        self.last_read.clear();
+        self.last_read
+            .extend(members.iter().map(|m| (m.entry.key(), m.clone())));
         self.alive = now;
         engine.stats().write_errors(report.write_errors);
         report.members = members;

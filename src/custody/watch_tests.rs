@@ -635,3 +635,116 @@ fn a_write_rejected_for_another_reason_neither_degrades_the_watch_nor_is_kept() 
     assert_eq!(watch.skipped_writes(), 0);
     assert!(watch.journal().is_empty());
 }
+
+/// Issue 24, finding 2: a tick whose reads fail (out of descriptors)
+/// concludes no exit. The members it could not read are reported as last
+/// seen, the report says why it is incomplete, and the exit of a member
+/// that really ended is recorded by the first tick that reads again.
+#[test]
+fn a_tick_whose_reads_fail_records_no_exit_and_reports_the_members_as_last_seen() {
+    let rig = rig(false, false);
+    let child = rig.host.world().fork(rig.root.0).expect("the root runs");
+    let mut watch = rig.watch();
+    let first = watch.tick(&rig.engine, &no_exits());
+    assert!(first.incomplete.is_none());
+    assert_eq!(pids(&first), [rig.root.0, child.0]);
+
+    rig.host.world().unreadable = Some(HashSet::new());
+    rig.host.world().exit(child.0, ExitStatus::Exited(3));
+    for _ in 0..3 {
+        let blind = watch.tick(&rig.engine, &no_exits());
+        let why = blind.incomplete.clone().expect("incomplete");
+        assert!(why.contains("Too many open files"), "{why}");
+        assert_eq!(blind.exited, 0);
+        let mut carried = pids(&blind);
+        carried.sort_unstable();
+        assert_eq!(carried, [rig.root.0, child.0], "unknown is not exited");
+    }
+    assert!(rig.events("member.exited").is_empty());
+    assert!(rig.engine.stats().scans_incomplete() >= 3);
+
+    rig.host.world().unreadable = None;
+    let seen = watch.tick(&rig.engine, &no_exits());
+    assert!(seen.incomplete.is_none());
+    assert_eq!(pids(&seen), [rig.root.0]);
+    assert_eq!(seen.exited, 1);
+    assert_eq!(rig.events("member.exited").len(), 1);
+    assert!(rig.row(child.0).exited_at.is_some());
+    assert!(rig.row(rig.root.0).exited_at.is_none());
+}
+
+/// One unreadable member is enough: the others are read, the one not read
+/// is carried, and nothing exits.
+#[test]
+fn one_unreadable_member_makes_the_tick_incomplete_and_is_carried() {
+    let rig = rig(false, false);
+    let child = rig.host.world().fork(rig.root.0).expect("the root runs");
+    let mut watch = rig.watch();
+    watch.tick(&rig.engine, &no_exits());
+    rig.host.world().unreadable = Some(HashSet::from([child.0]));
+    let r = watch.tick(&rig.engine, &no_exits());
+    assert!(r.incomplete.is_some());
+    let mut carried = pids(&r);
+    carried.sort_unstable();
+    assert_eq!(carried, [rig.root.0, child.0]);
+    assert_eq!(r.exited, 0);
+}
+
+/// Issue 24, finding 1: an escaped member exits and another user's process
+/// takes its pid within the same clock tick (same pid, same start time).
+/// The watch holds the escapee from the tick that first found it loose, so
+/// the newcomer is not a member: not reported, not recorded as an escape,
+/// and the member's own exit is recorded.
+#[test]
+fn a_pid_recycled_within_the_tick_is_not_the_member_the_watch_holds() {
+    let rig = rig(false, false);
+    let esc = {
+        let mut w = rig.host.world();
+        let e = w.fork(rig.root.0).expect("the root runs");
+        w.setsid(e.0);
+        e
+    };
+    let mut watch = rig.watch();
+    let first = watch.tick(&rig.engine, &no_exits());
+    assert_eq!(pids(&first), [rig.root.0, esc.0]);
+    assert_eq!(rig.events("escape.observed").len(), 1);
+
+    let same = rig
+        .host
+        .world()
+        .recycle_same_tick(esc.0, 1000)
+        .expect("the pid is free");
+    assert_eq!(same, esc, "the newcomer has the member's identity");
+    let after = watch.tick(&rig.engine, &no_exits());
+    assert_eq!(pids(&after), [rig.root.0], "the newcomer is not a member");
+    assert_eq!(after.exited, 1, "the member's exit is recorded");
+    assert_eq!(rig.events("escape.observed").len(), 1, "no second escape");
+    assert!(rig.row(esc.0).exited_at.is_some());
+}
+
+/// The same, found by a watch that never held the member (a restarted
+/// service, a teardown, a sweep): the newcomer is a member only by its
+/// identity, and its uid is not the one the member was recorded with.
+#[test]
+fn a_stranger_with_a_members_identity_but_not_its_uid_is_not_a_member() {
+    let rig = rig(false, false);
+    let esc = {
+        let mut w = rig.host.world();
+        let e = w.fork(rig.root.0).expect("the root runs");
+        w.setsid(e.0);
+        e
+    };
+    rig.watch().tick(&rig.engine, &no_exits());
+    assert_eq!(rig.row(esc.0).uid, Some(0));
+    rig.host
+        .world()
+        .recycle_same_tick(esc.0, 1000)
+        .expect("the pid is free");
+    let mut fresh = rig.watch();
+    let r = fresh.tick(&rig.engine, &no_exits());
+    assert_eq!(pids(&r), [rig.root.0], "the stranger is not a member");
+    // The real member, with its uid, still is: nothing else changed.
+    rig.host.world().procs.get_mut(&esc.0).expect("the pid").uid = 0;
+    let r = rig.watch().tick(&rig.engine, &no_exits());
+    assert_eq!(pids(&r), [rig.root.0, esc.0]);
+}

@@ -461,6 +461,9 @@ pub async fn list_trees(
                 .filter(|s| !s.is_terminal())
                 .collect()
         }),
+        // The page is read as the principal may see it: its `Link` then
+        // names no other principal's id.
+        owner: (!principal.sees_all()).then(|| principal.own_trees()),
         ..Default::default()
     };
     let mut trees = s

@@ -148,20 +148,20 @@ impl Principal {
         }
     }
 
-    /// 403 unless it may read `tree`.
+    /// 404 unless it may read `tree`: to a principal that may not see it,
+    /// another's tree is answered as an unknown one is, word for word, so
+    /// the status does not tell which ids exist (issue 24).
     pub fn may_see(&self, tree: &TreeRow) -> Result<(), ApiError> {
         if self.sees_all() || self.owns(tree) {
             return Ok(());
         }
-        Err(ApiError::Forbidden(format!(
-            "tree {} was not asked for by you ({})",
-            tree.id,
-            self.requester()
-        )))
+        Err(ApiError::NotFound(format!("unknown tree {}", tree.id)))
     }
 
-    /// 403 unless it may kill or resolve `tree`.
+    /// 404 unless it may read `tree` (see [`Principal::may_see`]); 403
+    /// unless it may also kill or resolve it.
     pub fn may_act_on(&self, tree: &TreeRow) -> Result<(), ApiError> {
+        self.may_see(tree)?;
         if self.acts_on_all() || self.owns(tree) {
             return Ok(());
         }
@@ -170,6 +170,16 @@ impl Principal {
             tree.id,
             self.requester()
         )))
+    }
+
+    /// The trees a principal that does not see all may list: its own, as
+    /// the ledger selects them (so a page, and its `Link`, holds no other id).
+    pub fn own_trees(&self) -> crate::ledger::TreeOwner {
+        match self {
+            Principal::Local { cred, .. } => crate::ledger::TreeOwner::Uid(cred.uid),
+            Principal::Token { id, .. } => crate::ledger::TreeOwner::Token(*id),
+            Principal::Anonymous => crate::ledger::TreeOwner::Nobody,
+        }
     }
 
     /// 403 unless it reads every tree (events, export, streams and the

@@ -297,10 +297,12 @@ pub async fn index(
         "" => None,
         t => Some(parse_since(t).map_err(ApiError::BadRequest)?),
     };
+    // The dashboard is for principals that see every tree (must_see_all).
     let filter = TreeFilter {
         states,
         label,
         since,
+        owner: None,
     };
     let at = page_at(q.before, q.after)?;
     let (lines, unsettled, counts, more) = s

@@ -149,6 +149,7 @@ impl From<CustodyError> for ApiError {
                 ),
                 tree: Some(tree),
             },
+            e @ CustodyError::Incomplete { .. } => ApiError::Unavailable(e.to_string()),
         }
     }
 }

@@ -16,6 +16,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod conn;
 pub mod dashboard;
 pub mod error;
 pub mod export;
@@ -98,25 +99,16 @@ pub fn router(state: AppState) -> Router {
 }
 
 /// Serves `router` on `listener` (TCP or Unix) until `shutdown` is
-/// cancelled, then lets the requests in flight finish. Every request sees
-/// its connection's [`Peer`] (axum's `ConnectInfo`), which the auth layer
-/// turns into the request's principal.
-pub async fn serve<L>(
+/// cancelled, then lets the requests in flight finish, within the default
+/// [`conn::ConnLimits`]. Every request sees its connection's [`Peer`]
+/// (axum's `ConnectInfo`), which the auth layer turns into the request's
+/// principal.
+pub async fn serve<L: conn::Accept>(
     listener: L,
     router: Router,
     shutdown: tokio_util::sync::CancellationToken,
-) -> std::io::Result<()>
-where
-    L: axum::serve::Listener,
-    L::Addr: std::fmt::Debug,
-    for<'a> Peer: axum::extract::connect_info::Connected<axum::serve::IncomingStream<'a, L>>,
-{
-    axum::serve(
-        listener,
-        router.into_make_service_with_connect_info::<Peer>(),
-    )
-    .with_graceful_shutdown(shutdown.cancelled_owned())
-    .await
+) -> std::io::Result<()> {
+    conn::serve(listener, router, shutdown, conn::ConnLimits::default()).await
 }
 
 /// Routes SIGTERM and SIGINT to `shutdown`. Called before any listener

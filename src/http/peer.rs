@@ -1,13 +1,11 @@
 //! Who is on the other end of a connection, as the kernel says: the TCP
 //! peer's address, or the Unix-socket peer's credentials (`SO_PEERCRED`:
-//! pid, uid, gid, taken when it connected). Made once per connection
-//! (axum's connect info) and read by [`super::auth`] for every request on
-//! it. Never from anything the client sends.
+//! pid, uid, gid, taken when it connected). Made once per connection by
+//! the serving loop ([`super::conn`], as axum's connect info) and read by
+//! [`super::auth`] for every request on it. Never from anything the client
+//! sends.
 
 use std::net::SocketAddr;
-
-use axum::extract::connect_info::Connected;
-use axum::serve::IncomingStream;
 
 /// A Unix-socket peer's credentials.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,26 +22,4 @@ pub enum Peer {
     Tcp(SocketAddr),
     /// `None`: the credentials could not be read (every request refused).
     Unix(Option<PeerCred>),
-}
-
-impl Connected<IncomingStream<'_, tokio::net::TcpListener>> for Peer {
-    fn connect_info(stream: IncomingStream<'_, tokio::net::TcpListener>) -> Self {
-        Peer::Tcp(*stream.remote_addr())
-    }
-}
-
-impl Connected<IncomingStream<'_, tokio::net::UnixListener>> for Peer {
-    fn connect_info(stream: IncomingStream<'_, tokio::net::UnixListener>) -> Self {
-        match stream.io().peer_cred() {
-            Ok(c) => Peer::Unix(Some(PeerCred {
-                pid: c.pid(),
-                uid: c.uid(),
-                gid: c.gid(),
-            })),
-            Err(e) => {
-                tracing::warn!(error = %e, "SO_PEERCRED failed: the connection is refused");
-                Peer::Unix(None)
-            }
-        }
-    }
 }

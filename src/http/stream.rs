@@ -9,6 +9,12 @@
 //! head (new events only). The stream polls the ledger (one indexed read
 //! every 200 ms, at most 500 events each) and ends when the service shuts
 //! down, so it never holds the drain open.
+//!
+//! A stream is a standing read, so its right is checked again as it runs:
+//! a stream opened with a token ends before the next event once the token
+//! is revoked (issue 24: a revoked token's stream kept receiving argv). One
+//! principal holds at most [`MAX_PER_PRINCIPAL`] of the streams, so one
+//! user cannot take them all.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -28,6 +34,48 @@ const POLL: Duration = Duration::from_millis(200);
 const BATCH: usize = 500;
 /// Streams open at once, across clients.
 const MAX_STREAMS: usize = 16;
+/// Streams one principal (a uid on the socket, a token) holds at once.
+const MAX_PER_PRINCIPAL: usize = 4;
+/// How often a running stream checks that its token is still live.
+const RECHECK: Duration = Duration::from_secs(1);
+
+/// Open streams by principal (`uid:N`, `token:N`).
+static BY_PRINCIPAL: std::sync::LazyLock<
+    std::sync::Mutex<std::collections::HashMap<String, usize>>,
+> = std::sync::LazyLock::new(Default::default);
+
+/// One principal's hold on a stream, given back when the stream ends.
+struct PrincipalSlot(String);
+
+impl PrincipalSlot {
+    fn take(principal: &super::auth::Principal) -> Option<Self> {
+        use super::auth::Principal;
+        let key = match principal {
+            Principal::Local { cred, .. } => format!("uid:{}", cred.uid),
+            Principal::Token { id, .. } => format!("token:{id}"),
+            Principal::Anonymous => "anonymous".to_string(),
+        };
+        let mut map = BY_PRINCIPAL.lock().unwrap_or_else(|e| e.into_inner());
+        let n = map.entry(key.clone()).or_insert(0);
+        if *n >= MAX_PER_PRINCIPAL {
+            return None;
+        }
+        *n += 1;
+        Some(Self(key))
+    }
+}
+
+impl Drop for PrincipalSlot {
+    fn drop(&mut self) {
+        let mut map = BY_PRINCIPAL.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = map.get_mut(&self.0) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                map.remove(&self.0);
+            }
+        }
+    }
+}
 static STREAMS: std::sync::LazyLock<std::sync::Arc<tokio::sync::Semaphore>> =
     std::sync::LazyLock::new(|| std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)));
 
@@ -57,9 +105,18 @@ pub async fn events_stream(
     principal.must_see_all("the event stream")?;
     // Each stream polls the one ledger thread that also commits the
     // authorizations: a bounded number at once (503 beyond).
+    let slot = PrincipalSlot::take(&principal).ok_or_else(|| {
+        ApiError::Unavailable(format!(
+            "you hold {MAX_PER_PRINCIPAL} event streams already"
+        ))
+    })?;
     let permit = STREAMS.clone().try_acquire_owned().map_err(|_| {
         ApiError::Unavailable(format!("{MAX_STREAMS} event streams are open already"))
     })?;
+    let token = match &principal {
+        super::auth::Principal::Token { id, .. } => Some(*id),
+        _ => None,
+    };
     let last_id = match headers.get("last-event-id") {
         None => None,
         Some(v) => Some(
@@ -85,14 +142,33 @@ pub async fn events_stream(
     };
     let service = s.service.clone();
     let stop = service.shutdown_token();
-    let state = (start, VecDeque::<EventRow>::new());
-    let stream = futures_util::stream::unfold(state, move |(mut last, mut queue)| {
+    let state = (
+        start,
+        VecDeque::<EventRow>::new(),
+        tokio::time::Instant::now(),
+    );
+    let stream = futures_util::stream::unfold(state, move |(mut last, mut queue, mut checked)| {
         let service = service.clone();
         let stop = stop.clone();
         // Held as long as the stream lives.
-        let _permit = &permit;
+        let _held = (&permit, &slot);
         async move {
             loop {
+                if let Some(id) = token
+                    && checked.elapsed() >= RECHECK
+                {
+                    checked = tokio::time::Instant::now();
+                    let live = service
+                        .read(move |e| Ok(e.ledger().tokens()?))
+                        .await
+                        .map(|ts| ts.iter().any(|t| t.id == id && t.revoked_at.is_none()));
+                    // Revoked (or unreadable: a right that cannot be
+                    // confirmed is not assumed): the stream ends here.
+                    if !matches!(live, Ok(true)) {
+                        tracing::info!(token = id, "event stream ended: its token is revoked");
+                        return None;
+                    }
+                }
                 if let Some(e) = queue.pop_front() {
                     last = e.seq;
                     let data = serde_json::to_string(&e).unwrap_or_default();
@@ -100,7 +176,7 @@ pub async fn events_stream(
                         .id(e.seq.to_string())
                         .event(e.kind.clone())
                         .data(data);
-                    return Some((Ok(event), (last, queue)));
+                    return Some((Ok(event), (last, queue, checked)));
                 }
                 if stop.is_cancelled() {
                     return None;

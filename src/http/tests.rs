@@ -66,6 +66,7 @@ fn rig(open_reads: bool) -> Rig {
             drain_timeout: Duration::from_secs(1),
             ready_file: None,
             allow_commands: Vec::new(),
+            allow_env: Vec::new(),
             observer: ObserverMode::Off,
             observer_rcvbuf: 0,
             log_max: 1 << 20,
@@ -335,19 +336,27 @@ async fn a_socket_principal_sees_and_acts_on_its_own_trees_only() {
         .0,
         200
     );
+    // Another's tree is an unknown tree to it: 404, the words of a tree
+    // that does not exist (issue 24: 403 told which ids exist).
     for (method, path, body) in [
         ("GET", format!("/api/trees/{roots}"), None),
         ("GET", format!("/api/trees/{roots}/log"), None),
         ("GET", format!("/api/events?tree={roots}"), None),
-        ("GET", "/api/events".to_string(), None),
-        ("GET", "/api/export".to_string(), None),
-        ("GET", "/".to_string(), None),
         ("POST", format!("/api/trees/{roots}/kill"), None),
         (
             "POST",
             format!("/api/trees/{roots}/resolve"),
             Some(json!({"note": "mine now"})),
         ),
+    ] {
+        let (s, v) = call(&r, Via::Socket(1000), method, &path, body).await;
+        assert_eq!(s, 404, "{method} {path}: {v}");
+        assert_eq!(v["error"], format!("unknown tree {roots}"), "{v}");
+    }
+    for (method, path, body) in [
+        ("GET", "/api/events".to_string(), None),
+        ("GET", "/api/export".to_string(), None),
+        ("GET", "/".to_string(), None),
         (
             "POST",
             "/api/trees".to_string(),
@@ -441,4 +450,43 @@ async fn a_replaced_token_file_revokes_the_old_files_token() {
         .find(|t| t.id == first)
         .expect("kept, never deleted");
     assert!(old_row.revoked_at.is_some(), "{tokens:?}");
+}
+
+/// Issue 24, finding 8: the `Link` of a user's page named the id of the
+/// next tree *of anyone's* (the page was read for all and filtered after),
+/// so a user paging its own trees learned other users' ids. The page is
+/// now read as the user may see it.
+#[tokio::test]
+async fn a_users_page_and_its_link_name_only_its_own_trees() {
+    let r = rig(false);
+    let req = Request::builder()
+        .method("GET")
+        .uri("/api/trees?all=1&limit=1")
+        .header(header::HOST, "127.0.0.1:7878");
+    let mut req = req.body(Body::empty()).expect("request");
+    req.extensions_mut()
+        .insert(ConnectInfo(Peer::Unix(Some(PeerCred {
+            pid: Some(4_000_002),
+            uid: 1000,
+            gid: 1000,
+        }))));
+    let resp = router(r.state.clone()).oneshot(req).await.expect("answer");
+    assert_eq!(resp.status().as_u16(), 200);
+    let link = resp
+        .headers()
+        .get(header::LINK)
+        .map(|v| v.to_str().unwrap_or_default().to_string());
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .expect("body");
+    let page: Value = serde_json::from_slice(&bytes).expect("json");
+    let ids: Vec<i64> = page
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|t| t["id"].as_i64())
+        .collect();
+    assert_eq!(ids, [r.users_tree], "its own tree, on the first page");
+    assert_eq!(link, None, "no next page: nothing else is its own");
+    assert!(r.roots_tree > r.users_tree, "root's tree is the newer one");
 }

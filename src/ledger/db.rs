@@ -188,6 +188,32 @@ fn creation_error(path: &Path, e: std::io::Error) -> LedgerError {
     }
 }
 
+/// Makes the data dir private to its owner: one that already exists with
+/// group or other bits (0755, say) is tightened to 0700, with a warning.
+/// A directory that is not this user's own, or is shared on purpose (the
+/// sticky bit, as `/tmp`), is refused with one line: tightening it would
+/// break its other users, and leaving it so would show every tree's argv.
+fn make_private(dir: &Path) -> Result<(), LedgerError> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let meta = std::fs::metadata(dir).map_err(|e| creation_error(dir, e))?;
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o077 == 0 {
+        return Ok(());
+    }
+    let me = rustix::process::geteuid().as_raw();
+    if meta.uid() != me || mode & 0o1000 != 0 {
+        return Err(LedgerError::Other(format!(
+            "data dir {} is shared (mode {mode:04o}, owner uid {}): use a private --data-dir (mode 0700)",
+            dir.display(),
+            meta.uid()
+        )));
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| creation_error(dir, e))?;
+    tracing::warn!(dir = %dir.display(), was = format!("{mode:04o}"), "data dir was open to others: made 0700");
+    Ok(())
+}
+
 /// Creates the ledger file with mode 0600 if it does not exist yet (an
 /// existing file keeps the mode its owner gave it).
 fn create_private(path: &Path) -> std::io::Result<()> {
@@ -213,6 +239,7 @@ fn open_connection(path: &Path, busy_timeout: Duration) -> Result<Connection, Fa
             .mode(0o700)
             .create(parent)
             .map_err(|e| creation_error(parent, e))?;
+        make_private(parent)?;
     }
     create_private(path).map_err(|e| creation_error(path, e))?;
     let mut conn = Connection::open(path)?;

@@ -63,6 +63,7 @@
 //! [`Ledger::verify_sealed`]: `ledger.seal` events MACed with a key that
 //! evolves one way each epoch, checked with the key `seal setup` printed.
 
+mod bound;
 mod chain;
 mod db;
 mod error;
@@ -81,6 +82,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use bound::FIELD_MAX;
 pub use chain::{GENESIS, canonical_event, canonical_string, event_hash, event_hash_of_text};
 pub use error::LedgerError;
 pub use prune::{PruneReport, PruneRequest};
@@ -89,8 +91,8 @@ pub use types::{
     ExitRecord, ExportFormat, IdentityRecord, KillTarget, Limits, MemberCounts, MemberRecord,
     MemberRow, NewTree, ObservationRow, OnBehalfRecord, OwnerId, OwnerKind, OwnerRecord, OwnerRow,
     PageAt, Requester, Resources, SealData, SealReport, SealSetup, SignalRecord, SignalRow,
-    SpawnRecord, SurvivorRecord, TokenRow, TokenScope, TreeDetail, TreeFilter, TreeId, TreeRow,
-    TreeState, VerifyBreak, VerifyReport, parse_cpu_pct, parse_since, parse_size,
+    SpawnRecord, SurvivorRecord, TokenRow, TokenScope, TreeDetail, TreeFilter, TreeId, TreeOwner,
+    TreeRow, TreeState, VerifyBreak, VerifyReport, parse_cpu_pct, parse_since, parse_size,
 };
 
 use db::Durability;

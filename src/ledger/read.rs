@@ -197,6 +197,7 @@ pub(crate) fn tree_page(
     let (sql, args) = tree_page_sql(
         filter.states.as_deref(),
         filter.label.as_deref(),
+        filter.owner,
         first,
         at,
         limit,
@@ -232,6 +233,7 @@ fn first_tree_since(conn: &Connection, since: std::time::SystemTime) -> Result<O
 fn tree_page_sql(
     states: Option<&[TreeState]>,
     label: Option<&str>,
+    owner: Option<super::TreeOwner>,
     first: Option<i64>,
     at: PageAt,
     limit: usize,
@@ -251,6 +253,18 @@ fn tree_page_sql(
     if let Some(label) = label {
         clauses.push("t.label = ?".into());
         args.push(Value::Text(label.to_string()));
+    }
+    match owner {
+        None => {}
+        Some(super::TreeOwner::Uid(uid)) => {
+            clauses.push("t.requester_uid = ?".into());
+            args.push(Value::Integer(i64::from(uid)));
+        }
+        Some(super::TreeOwner::Token(id)) => {
+            clauses.push("json_extract(t.requested_by, '$.token_id') = ?".into());
+            args.push(Value::Integer(id));
+        }
+        Some(super::TreeOwner::Nobody) => clauses.push("0".into()),
     }
     if let Some(first) = first {
         clauses.push("t.id >= ?".into());
@@ -586,7 +600,7 @@ mod tests {
             (Some(&running[..]), None, PageAt::After(5000)),
             (None, Some("ci"), PageAt::Newest),
         ] {
-            let (sql, args) = tree_page_sql(states, label, None, at, 100);
+            let (sql, args) = tree_page_sql(states, label, None, None, at, 100);
             let p = plan(&sql, args);
             assert!(!p.contains("TEMP B-TREE"), "tree page sorts: {p}");
         }

@@ -682,6 +682,20 @@ pub struct TreeFilter {
     pub label: Option<String>,
     /// Only trees created at or after this moment.
     pub since: Option<std::time::SystemTime>,
+    /// Only trees this principal asked for (`None`: anyone's).
+    pub owner: Option<TreeOwner>,
+}
+
+/// Whose trees a [`TreeFilter`] keeps: a principal's own, as
+/// `http::auth::Principal::owns` decides it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TreeOwner {
+    /// Asked for by this uid (over the socket, or the CLI).
+    Uid(u32),
+    /// Asked for with this token.
+    Token(i64),
+    /// Nobody's: an anonymous principal owns no tree.
+    Nobody,
 }
 
 /// Selects events for reads and export. All conditions combine with AND;

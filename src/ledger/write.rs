@@ -67,13 +67,23 @@ pub(crate) fn create_tree(
             tree.boundary
         )));
     }
-    let argv = serde_json::to_string(&tree.argv)?;
+    // Bounded evidence: a request's argv and label are kept up to
+    // FIELD_MAX each, past it cut with their length and digest.
+    let (argv_kept, argv_cut) = super::bound::argv(&tree.argv);
+    let (label_kept, label_cut) = match tree.label.as_deref() {
+        Some(l) => {
+            let (t, c) = super::bound::text(l);
+            (Some(t.into_owned()), c)
+        }
+        None => (None, None),
+    };
+    let argv = serde_json::to_string(&argv_kept)?;
     w.exec(
         "INSERT INTO trees (label, state, boundary, owner_id, argv, cwd, created_at, grace_ms, timeout_ms,
                             first_signal)
          VALUES (?1, 'spawning', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
         params![
-            tree.label,
+            label_kept,
             tree.boundary,
             tree.owner.0,
             argv,
@@ -103,14 +113,11 @@ pub(crate) fn create_tree(
         [tree.owner.0],
         |r| Ok((r.get(0)?, r.get::<_, i64>(1)?, r.get(2)?)),
     )?;
-    w.event(
-        Some(id),
-        EventKind::TreeCreated,
-        json!({
-            "label": tree.label,
+    let mut data = json!({
+            "label": label_kept,
             "boundary": tree.boundary,
             "owner": {"id": tree.owner.0, "pid": owner.0, "start": owner.1, "kind": owner.2},
-            "argv": tree.argv,
+            "argv": argv_kept,
             "cwd": tree.cwd,
             "grace_ms": tree.grace_ms,
             "timeout_ms": tree.timeout_ms,
@@ -119,8 +126,15 @@ pub(crate) fn create_tree(
             "by": on_behalf.map(|b| &b.requester),
             "run_uid": on_behalf.and_then(|b| b.run_uid),
             "run_gid": on_behalf.and_then(|b| b.run_gid),
-        }),
-    )?;
+    });
+    // Only where something was cut: every other event keeps its shape.
+    if let Some(c) = argv_cut {
+        data["argv_truncated"] = c;
+    }
+    if let Some(c) = label_cut {
+        data["label_truncated"] = c;
+    }
+    w.event(Some(id), EventKind::TreeCreated, data)?;
     Ok(id)
 }
 
@@ -177,15 +191,20 @@ pub(crate) fn tree_spawn_failed(
 }
 
 fn member_json(m: &MemberRecord) -> serde_json::Value {
-    json!({
+    let (m, cut) = super::bound::member(m);
+    let mut v = json!({
         "identity": m.identity, "ppid": m.ppid, "pgid": m.pgid, "sid": m.sid,
         "cgroup": m.cgroup, "uid": m.uid, "exe": m.exe, "cmdline": m.cmdline, "cwd": m.cwd,
-    })
+    });
+    if let Some(c) = cut {
+        v["cmdline_truncated"] = c;
+    }
+    v
 }
 
 /// Inserts the member row if this identity is new to the tree; returns whether it was.
 fn insert_member(w: &Writer<'_>, id: TreeId, m: &MemberRecord) -> Result<bool, Fail> {
-    let cmdline = serde_json::to_string(&m.cmdline)?;
+    let cmdline = serde_json::to_string(&super::bound::argv(&m.cmdline).0)?;
     let inserted = w.exec(
         "INSERT INTO members (tree_id, pid, start_ticks, boot_id, ppid, pgid, sid, cgroup, uid, exe,
                               cmdline, cwd, first_seen, last_seen)
@@ -459,6 +478,24 @@ pub(crate) fn record_survivors(
     if survivors.is_empty() {
         return Ok(());
     }
+    // Bounded evidence: a survivor's command line past FIELD_MAX is cut
+    // (copied only when one is that long).
+    let cut: Vec<SurvivorRecord>;
+    let survivors = if survivors
+        .iter()
+        .any(|s| super::bound::argv(&s.cmdline).1.is_some())
+    {
+        cut = survivors
+            .iter()
+            .map(|s| SurvivorRecord {
+                cmdline: super::bound::argv(&s.cmdline).0.into_owned(),
+                ..s.clone()
+            })
+            .collect();
+        &cut[..]
+    } else {
+        survivors
+    };
     for s in survivors {
         let detail = json!({"state": s.state, "rss_bytes": s.rss_bytes, "cmdline": s.cmdline});
         insert_observation(w, id, "survivor", &s.identity, taken_at, &detail)?;
@@ -688,6 +725,10 @@ fn note_exec(w: &mut Writer<'_>, id: TreeId, m: &MemberRecord) -> Result<(), Fai
     if m.exe.is_none() && m.cmdline.is_empty() {
         return Ok(());
     }
+    // Compared and stored as bounded: a long command line is not a new
+    // program on every tick.
+    let (m, _) = super::bound::member(m);
+    let m = m.as_ref();
     let key = params![
         id.0,
         m.identity.pid,

@@ -24,7 +24,9 @@
 
 pub mod boundary;
 pub mod connector;
+pub mod held;
 pub mod identity;
+mod limits;
 pub mod pidfd;
 pub mod probe;
 pub mod reaper;
@@ -38,9 +40,11 @@ pub use boundary::{
     remove_cgroup_if_empty, remove_cgroup_when_empty, resolve_boundary, spawn_held,
 };
 pub use connector::{Connector, ConnectorWaker, ProcEvent, monotonic_ns};
+pub use held::{pidfd_exited, signal_pidfd};
 pub use identity::{
     Identity, Liveness, ProcKey, ProcStat, boot_id, identity_of, read_stat, self_identity,
 };
+pub use limits::{nofile_soft_limit, raise_nofile_soft_limit};
 pub use pidfd::{ExitWatch, open_exit_watch, wait_exits};
 pub use probe::{Capability, Probe, probe};
 pub use reaper::{

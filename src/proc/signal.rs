@@ -95,7 +95,7 @@ impl Sig {
         self.raw().as_raw()
     }
 
-    fn raw(self) -> Signal {
+    pub(crate) fn raw(self) -> Signal {
         match self {
             Sig::Term => Signal::TERM,
             Sig::Kill => Signal::KILL,
@@ -238,9 +238,16 @@ pub enum GroupDelivery {
 
 /// Live processes whose process group is `pgid`, by a `/proc` walk with the
 /// lean stat reader ([`crate::scan::snapshot`]: one open and read per
-/// process, not `procfs`'s directory handle and full parse).
+/// process, not `procfs`'s directory handle and full parse). An incomplete
+/// walk is an error, not an empty group: unknown is not gone.
 pub fn group_members(pgid: i32) -> Result<Vec<ProcEntry>, ProcError> {
-    Ok(crate::scan::snapshot()
+    let snap = crate::scan::snapshot();
+    if let Some(why) = snap.incomplete {
+        return Err(ProcError::Proc(format!(
+            "process group {pgid}: /proc walk incomplete ({why})"
+        )));
+    }
+    Ok(snap
         .entries
         .into_values()
         .filter(|e| e.pgid == pgid && e.is_live())

@@ -90,6 +90,10 @@ pub struct Metrics {
     /// `treewarden_ledger_write_errors_total`: evidence writes the ledger
     /// refused (logged; authority is counted apart).
     pub ledger_write_errors: C,
+    /// `treewarden_scans_incomplete_total`: ticks whose `/proc` or
+    /// `cgroup.procs` reads failed for a reason other than the process
+    /// being gone (out of descriptors, I/O); nothing was concluded from them.
+    pub scans_incomplete: C,
     /// `treewarden_dispatch_closed`: 1 while an unsettled tree closes the
     /// spawn gate.
     pub dispatch_closed: Gauge,
@@ -160,6 +164,7 @@ impl Metrics {
             scan_duration: Family::new_with_constructor(scan_buckets),
             teardown_duration: Family::new_with_constructor(teardown_buckets),
             ledger_write_errors: C::default(),
+            scans_incomplete: C::default(),
             dispatch_closed: Gauge::default(),
             dispatch_refused: C::default(),
             oom_kills: C::default(),
@@ -237,6 +242,11 @@ impl Metrics {
             "ledger_write_errors",
             "Ledger writes that failed (evidence and authority)",
             m.ledger_write_errors.clone(),
+        );
+        registry.register(
+            "scans_incomplete",
+            "Scans whose reads failed for a reason other than a process being gone (nothing concluded from them)",
+            m.scans_incomplete.clone(),
         );
         registry.register(
             "orphans_pending",
@@ -376,6 +386,7 @@ impl Metrics {
         catch_up(&self.authorizations_failed, stats.authorizations_failed());
         catch_up(&self.ledger_write_errors, stats.ledger_write_errors());
         catch_up(&self.survivors_after_kill, stats.survivors_after_kill());
+        catch_up(&self.scans_incomplete, stats.scans_incomplete());
     }
 
     /// Sets the per-state gauge (every state, zero where none).

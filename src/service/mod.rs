@@ -93,6 +93,9 @@ pub struct ServiceConfig {
     pub ready_file: Option<PathBuf>,
     /// When non-empty, `argv[0]` of an API spawn must be one of these.
     pub allow_commands: Vec<String>,
+    /// With `allow_commands`: the only variables a request's `env` may set
+    /// (`serve --allow-env`); see [`allowlisted_env`].
+    pub allow_env: Vec<String>,
     /// Whether the proc-connector observer runs beside the scans.
     pub observer: crate::config::ObserverMode,
     /// Its socket's receive buffer (0: the default).
@@ -265,6 +268,27 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| ServiceError::Task(e.to_string()))
+}
+
+/// What of the environment a tree started under `serve --allow-command`
+/// inherits: only the safe set — PATH (as the service has it, else a
+/// default), the locale, TZ, HOME, USER, LOGNAME, SHELL. The request adds
+/// only what `--allow-env` names.
+pub(crate) fn allowlisted_env(base: Vec<(OsString, OsString)>) -> Vec<(OsString, OsString)> {
+    let mut env: Vec<(OsString, OsString)> = base
+        .into_iter()
+        .filter(|(k, _)| {
+            let k = k.to_string_lossy();
+            matches!(
+                k.as_ref(),
+                "PATH" | "LANG" | "LANGUAGE" | "TZ" | "HOME" | "USER" | "LOGNAME" | "SHELL"
+            ) || k.starts_with("LC_")
+        })
+        .collect();
+    if !env.iter().any(|(k, _)| k == "PATH") {
+        env.push(("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()));
+    }
+    env
 }
 
 impl Service {
@@ -452,16 +476,17 @@ impl Service {
                 p.argv[0]
             )));
         }
-        // With an allowlist, the request may not choose how argv[0] is
-        // found or what is loaded into it.
+        // With an allowlist of commands the environment is an allowlist
+        // too: a denylist of PATH and LD_* let BASH_ENV, SHELLOPTS + PS4 run
+        // code before an allowed script (issue 24).
         if !self.config.allow_commands.is_empty()
             && let Some((k, _)) = p
                 .env
                 .iter()
-                .find(|(k, _)| k == "PATH" || k.starts_with("LD_"))
+                .find(|(k, _)| !self.config.allow_env.iter().any(|a| a == k))
         {
             return Err(ServiceError::Invalid(format!(
-                "env {k} may not be set while serve --allow-command restricts commands"
+                "env {k} may not be set while serve --allow-command restricts commands (name it with --allow-env)"
             )));
         }
         // The owner's identity is read now, and its exit watch opened before
@@ -552,6 +577,9 @@ impl Service {
                 env
             }
         };
+        if !self.config.allow_commands.is_empty() {
+            env = allowlisted_env(env);
+        }
         env.retain(|(k, _)| !p.env.iter().any(|(n, _)| OsString::from(n) == *k));
         env.extend(p.env.iter().map(|(k, v)| (k.into(), v.into())));
         let on_behalf = match (&p.requester, &p.run_as) {

@@ -6,6 +6,7 @@ mod conventions;
 mod custody;
 mod docs;
 mod fidelity;
+mod hostile;
 mod ledger;
 mod ledger_life;
 mod observer;

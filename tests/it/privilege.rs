@@ -298,13 +298,10 @@ fn a_users_tree_runs_as_that_user_and_only_its_requester_or_root_acts_on_it() {
         &format!("/api/trees/{roots}/kill"),
         None,
     );
-    assert_eq!(status, 403, "{v}");
-    assert!(
-        v["error"]
-            .as_str()
-            .is_some_and(|e| e.contains("not asked for by you")),
-        "{v}"
-    );
+    // Another's tree is answered as an unknown one, word for word: the
+    // status tells nothing of which ids exist (issue 24).
+    assert_eq!(status, 404, "{v}");
+    assert_eq!(v["error"], format!("unknown tree {roots}"), "{v}");
     assert!(pid_alive(roots_pid), "a refused kill signalled nothing");
     let (status, v) = curl(
         &sock,
@@ -313,7 +310,16 @@ fn a_users_tree_runs_as_that_user_and_only_its_requester_or_root_acts_on_it() {
         &format!("/api/trees/{roots}"),
         None,
     );
-    assert_eq!(status, 403, "{v}");
+    assert_eq!(status, 404, "{v}");
+    let (status, unknown) = curl(&sock, Some(&user), "GET", "/api/trees/999999", None);
+    assert_eq!(status, 404);
+    assert_eq!(
+        v["error"]
+            .as_str()
+            .map(|e| e.replace(&roots.to_string(), "N")),
+        unknown["error"].as_str().map(|e| e.replace("999999", "N")),
+        "the same words for another's and for no tree"
+    );
     // Nor spawn as someone else, nor bind a tree to another process's life.
     let before = curl(&sock, None, "GET", "/api/trees?all=1", None).1;
     for (body, why) in [

@@ -125,6 +125,11 @@ impl Server {
         self.dir.path().join("data")
     }
 
+    /// The service's pid, while it runs.
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     pub(crate) fn stderr(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("serve.stderr")).unwrap_or_default()
     }
@@ -988,7 +993,14 @@ fn schemathesis_finds_no_failure_of_any_check_and_leaves_no_tree_running() {
     // Spawns go through a hook that replaces argv with a harmless, marked
     // command, and the allow-list refuses anything else.
     let harmless = "/bin/sleep";
-    let mut s = Server::start(&["--allow-command", harmless, "--grace", "100ms"]);
+    let mut s = Server::start(&[
+        "--allow-command",
+        harmless,
+        "--allow-env",
+        "TW_TEST_MARK",
+        "--grace",
+        "100ms",
+    ]);
     let hooks_dir = s.dir.path().join("hooks");
     std::fs::create_dir_all(&hooks_dir).expect("hooks dir");
     std::fs::write(

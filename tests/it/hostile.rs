@@ -1,0 +1,712 @@
+//! Hostile local users (issue 24): what a user with a shell and the 0666
+//! socket can do to the service, reproduced for real (a real descriptor
+//! limit on the real service, real sockets), with the record checked
+//! against what the workload's processes are (found by their marker).
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::serve::Server;
+use crate::util::{bin, say, wait_until};
+
+/// The tree's events, read from the ledger file by the CLI (the service's
+/// own listeners may be the thing under attack).
+fn tree_events(s: &Server, tree: i64) -> Vec<Value> {
+    let out = Command::new(bin())
+        .env("TREEWARDEN_DATA_DIR", s.data_dir())
+        .args(["export", "--format", "ndjson", "--tree", &tree.to_string()])
+        .output()
+        .expect("run export");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    crate::util::parse_ndjson(&String::from_utf8_lossy(&out.stdout))
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+fn set_nofile(pid: Option<u32>, n: u64) {
+    use rustix::process::{Pid, Resource, Rlimit, prlimit};
+    let pid = pid.map(|p| Pid::from_raw(p as i32).expect("a pid"));
+    prlimit(
+        pid,
+        Resource::Nofile,
+        Rlimit {
+            current: Some(n),
+            maximum: Some(n),
+        },
+    )
+    .expect("prlimit NOFILE");
+}
+
+/// Finding 2: with the service at `nofile 200` and 400 idle connections
+/// on its socket, a root tree's timeout was recorded `timeout` -> `ended`
+/// with no signal and an exit for a process still running (`/proc` reads
+/// failing with EMFILE were taken for "no process"). Now accept pauses
+/// while descriptors are short, so the teardown has its own: the
+/// TERM-ignoring tree is torn down with its authorization — and in no case
+/// is it recorded ended while a process of it lives.
+#[test]
+fn out_of_descriptors_a_timed_out_tree_is_never_recorded_ended_while_alive() {
+    let s = Server::start(&[]);
+    let body = json!({
+        "argv": ["sh", "-c", "trap '' TERM; sleep 600 & sleep 600 & wait"],
+        "env": { "TW_TEST_MARK": s.mark },
+        "grace": "200ms",
+        "timeout": "4s",
+        "label": "fd-starved",
+    });
+    let (status, v) = s.post("/api/trees", Some(&body));
+    assert_eq!(status, 201, "{v}");
+    let tree = v["id"].as_i64().expect("tree id");
+    assert!(
+        wait_until(Duration::from_secs(10), || s.marked().len() >= 3),
+        "the tree's three processes run"
+    );
+    let pid = s.pid().expect("serve runs");
+    set_nofile(Some(pid), 200);
+    // This test's own descriptors: 400 sockets and then some.
+    set_nofile(
+        None,
+        rustix::process::getrlimit(rustix::process::Resource::Nofile)
+            .maximum
+            .unwrap_or(4096)
+            .max(1024),
+    );
+    let sock = s.data_dir().join("api.sock");
+    let conns: Vec<UnixStream> = (0..400)
+        .filter_map(|_| UnixStream::connect(&sock).ok())
+        .collect();
+    assert_eq!(conns.len(), 400, "400 idle connections made");
+    say(&format!(
+        "service fds with 400 idle connections: {}",
+        open_fds(pid)
+    ));
+    let gone = wait_until(Duration::from_secs(40), || s.marked().is_empty());
+    let events = tree_events(&s, tree);
+    let kinds: Vec<&str> = events.iter().filter_map(|e| e["kind"].as_str()).collect();
+    if kinds.contains(&"tree.ended") {
+        assert!(
+            s.marked().is_empty(),
+            "recorded ended while {:?} live: {kinds:?}",
+            s.marked()
+        );
+    }
+    assert!(
+        gone,
+        "the tree was not torn down: {kinds:?}; log: {}",
+        s.stderr()
+    );
+    let seq = |pred: &dyn Fn(&Value) -> bool| {
+        events
+            .iter()
+            .find(|e| pred(e))
+            .and_then(|e| e["seq"].as_i64())
+    };
+    let auth = seq(&|e| e["kind"] == "kill.authorized").expect("an authorization");
+    let kill = seq(&|e| e["kind"] == "signal.sent" && e["data"]["signal"] == "SIGKILL")
+        .expect("a SIGKILL row");
+    assert!(auth < kill, "authorization {auth} before SIGKILL {kill}");
+    assert!(kinds.contains(&"tree.ended"), "{kinds:?}");
+    drop(conns);
+}
+
+/// Finding 2's slowloris: connections that send half a request head and
+/// then nothing were held for ever (1,000 held 40 s: fds 22 -> 1,021).
+/// Each is now closed once the header timeout passes, and the service's
+/// descriptors come back.
+#[test]
+fn half_sent_requests_are_closed_after_the_header_timeout_and_their_descriptors_return() {
+    let s = Server::start(&["--header-timeout", "1s"]);
+    let pid = s.pid().expect("serve runs");
+    let before = open_fds(pid);
+    let sock = s.data_dir().join("api.sock");
+    let mut conns: Vec<UnixStream> = (0..50)
+        .map(|_| {
+            let mut c = UnixStream::connect(&sock).expect("connect");
+            c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+                .expect("half a head");
+            c.set_read_timeout(Some(Duration::from_secs(15)))
+                .expect("read timeout");
+            c
+        })
+        .collect();
+    let t0 = Instant::now();
+    for c in &mut conns {
+        let mut buf = [0u8; 512];
+        // EOF, or hyper's 408 then EOF: either way the connection ends.
+        loop {
+            match c.read(&mut buf) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) => panic!("connection still open after {:?}: {e}", t0.elapsed()),
+            }
+        }
+    }
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    drop(conns);
+    assert!(
+        wait_until(Duration::from_secs(10), || open_fds(pid) <= before + 2),
+        "descriptors back: {} before, {} now",
+        before,
+        open_fds(pid)
+    );
+}
+
+/// One local user cannot hold every connection: past its cap, its new
+/// connections are closed at once, and another request of it is served
+/// as soon as one of its connections ends.
+#[test]
+fn one_uid_holds_at_most_its_cap_of_connections() {
+    let s = Server::start(&["--max-connections-per-uid", "5"]);
+    let sock = s.data_dir().join("api.sock");
+    let held: Vec<UnixStream> = (0..5)
+        .map(|_| UnixStream::connect(&sock).expect("connect"))
+        .collect();
+    // The sixth is accepted only to be closed: its request gets no answer.
+    let healthz = |c: &mut UnixStream| -> String {
+        c.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("read timeout");
+        let _ = c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let mut out = String::new();
+        let _ = c.read_to_string(&mut out);
+        out
+    };
+    let over = wait_until(Duration::from_secs(10), || {
+        let mut c = UnixStream::connect(&sock).expect("connect");
+        healthz(&mut c).is_empty()
+    });
+    assert!(
+        over,
+        "a sixth connection of the same uid is closed unanswered"
+    );
+    drop(held);
+    let served = wait_until(Duration::from_secs(10), || {
+        let mut c = UnixStream::connect(&sock).expect("connect");
+        healthz(&mut c).starts_with("HTTP/1.1 200")
+    });
+    assert!(served, "served again once the uid's connections ended");
+}
+
+fn tree_detail(s: &Server, tree: i64) -> Value {
+    let out = Command::new(bin())
+        .env("TREEWARDEN_DATA_DIR", s.data_dir())
+        .args(["show", &tree.to_string(), "--json"])
+        .output()
+        .expect("run show");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("show --json")
+}
+
+fn start_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split(' ').nth(19)?.parse().ok()
+}
+
+/// Finding 1: a member exits and another user's process takes its pid
+/// *within the same clock tick* (placed there as root through
+/// `/proc/sys/kernel/ns_last_pid`), so it has the member's identity (pid,
+/// start ticks, boot). It is never recorded as a member or an escape, and
+/// never signalled, though the tree around it is torn down.
+#[test]
+fn another_users_process_on_a_members_pid_within_the_tick_is_never_signalled() {
+    if !crate::util::is_root() {
+        crate::util::skip("needs root (ns_last_pid, a process of another uid)");
+        return;
+    }
+    let s = Server::start(&[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (born, next) = (dir.path().join("born"), dir.path().join("next"));
+    for f in [&born, &next] {
+        let ok = Command::new("mkfifo").arg(f).status().expect("mkfifo");
+        assert!(ok.success());
+    }
+    // The tree forks a short-lived child (a member the observer records at
+    // its fork), reaps it and says its pid; then waits for "next".
+    let script = r#"
+import os, sys, time
+born = open(sys.argv[1], "w", buffering=1)
+nxt = open(sys.argv[2], "r")
+for _ in range(60):
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(0.003)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    born.write(f"{pid}\n")
+    if nxt.readline().strip() != "next":
+        break
+time.sleep(600)
+"#;
+    let body = json!({
+        "argv": ["python3", "-c", script, born.to_str().expect("utf-8"), next.to_str().expect("utf-8")],
+        "env": { "TW_TEST_MARK": s.mark },
+        "grace": "300ms",
+        "label": "same-tick",
+    });
+    let (status, v) = s.post("/api/trees", Some(&body));
+    assert_eq!(status, 201, "{v}");
+    let tree = v["id"].as_i64().expect("tree id");
+    let mut born_r = std::io::BufReader::new(std::fs::File::open(&born).expect("born fifo"));
+    let mut next_w = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&next)
+        .expect("next fifo");
+    let mut victim: Option<crate::util::KillOnDrop> = None;
+    for _ in 0..60 {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut born_r, &mut line).expect("a pid");
+        let member: u32 = line.trim().parse().expect("pid");
+        // The member's pid to another user's process, now.
+        let _ = std::fs::write("/proc/sys/kernel/ns_last_pid", (member - 1).to_string());
+        let child = {
+            use std::os::unix::process::CommandExt;
+            Command::new("sleep")
+                .arg("600")
+                .current_dir(dir.path())
+                .uid(65534)
+                .gid(65534)
+                .spawn()
+                .expect("spawn the other user's process")
+        };
+        let v = crate::util::KillOnDrop(child);
+        let same_pid = v.id() == member;
+        let vstart = start_ticks(v.id());
+        // Did the observer record the member, with the newcomer's start?
+        let mut recorded = None;
+        wait_until(Duration::from_secs(2), || {
+            recorded = tree_detail(&s, tree)["members"].as_array().and_then(|ms| {
+                ms.iter()
+                    .find(|m| m["pid"] == member)
+                    .and_then(|m| m["start_ticks"].as_u64())
+            });
+            recorded.is_some()
+        });
+        if same_pid && vstart.is_some() && recorded == vstart {
+            victim = Some(v);
+            break;
+        }
+        drop(v);
+        next_w.write_all(b"next\n").expect("next");
+    }
+    let Some(victim) = victim else {
+        crate::util::skip(
+            "could not place a process on a member's pid within its clock tick in 60 tries",
+        );
+        return;
+    };
+    let vpid = victim.id() as i32;
+    say(&format!(
+        "another user's process {vpid} holds a member's identity"
+    ));
+    // Three scans of the service see it (its scan counter, not a sleep);
+    // then the tree is killed.
+    let scans = || -> u64 {
+        s.get("/metrics")
+            .text()
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with("treewarden_scan_duration_seconds_count"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    };
+    let before = scans();
+    assert!(
+        wait_until(Duration::from_secs(10), || scans() >= before + 3),
+        "the service scans"
+    );
+    let (status, k) = s.post(&format!("/api/trees/{tree}/kill"), None);
+    assert_eq!(status, 200, "{k}");
+    assert!(
+        wait_until(Duration::from_secs(20), || s.marked().is_empty()),
+        "the tree is torn down"
+    );
+    assert!(
+        crate::util::pid_alive(vpid),
+        "the other user's process lives"
+    );
+    let detail = tree_detail(&s, tree);
+    let signalled: Vec<&Value> = detail["signals"]
+        .as_array()
+        .expect("signals")
+        .iter()
+        .filter(|r| {
+            r["target_kind"] == "pid" && r["target"].as_str() == Some(vpid.to_string().as_str())
+        })
+        .collect();
+    assert!(signalled.is_empty(), "signalled: {signalled:?}");
+    let escaped = detail["members"]
+        .as_array()
+        .expect("members")
+        .iter()
+        .any(|m| m["pid"] == vpid && !m["escaped_at"].is_null());
+    assert!(!escaped, "recorded as an escaped member: {detail}");
+    for a in detail["authorizations"].as_array().expect("authorizations") {
+        assert!(
+            !a.to_string().contains(&format!("\"pid\":{vpid}")),
+            "an authorization names it: {a}"
+        );
+    }
+    drop(victim);
+}
+
+/// Every file and folder below `dir` whose mode lets group or others in,
+/// but the API socket (0666 by design: who connects is told by
+/// SO_PEERCRED, docs/THREAT-MODEL.md).
+fn open_to_others(dir: &std::path::Path) -> Vec<(std::path::PathBuf, u32)> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let Ok(meta) = std::fs::symlink_metadata(e.path()) else {
+                continue;
+            };
+            if meta.file_type().is_socket() {
+                continue;
+            }
+            if meta.is_dir() {
+                stack.push(e.path());
+            }
+            let mode = meta.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                out.push((e.path(), mode));
+            }
+        }
+    }
+    out
+}
+
+/// Finding 9: a data dir that already existed as 0755 was left so, and
+/// `teardown/` was made 0755. Now an existing data dir with group or other
+/// bits is tightened to 0700, and everything treewarden makes in it is
+/// private; a shared directory (sticky, as /tmp) is refused in one line.
+#[test]
+fn the_data_dir_and_everything_in_it_are_private_and_a_shared_one_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).expect("data dir");
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let run = Command::new(bin())
+        .current_dir(dir.path())
+        .env("TREEWARDEN_DATA_DIR", &data)
+        .args(["run", "--", "true"])
+        .output()
+        .expect("run");
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let mode = std::fs::metadata(&data).expect("data").permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o700, "tightened");
+    assert!(
+        data.join("teardown").is_dir(),
+        "the teardown's lease folder was made"
+    );
+    let open = open_to_others(&data);
+    assert!(open.is_empty(), "open to others: {open:?}");
+
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).expect("shared dir");
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    let refused = Command::new(bin())
+        .current_dir(dir.path())
+        .env("TREEWARDEN_DATA_DIR", &shared)
+        .args(["run", "--", "true"])
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(125), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(err.contains("is shared"), "{err}");
+    let mode = std::fs::metadata(&shared)
+        .expect("shared")
+        .permissions()
+        .mode()
+        & 0o7777;
+    assert_eq!(mode, 0o1777, "a shared folder is left as it is");
+    assert!(
+        !shared.join("ledger.db").exists(),
+        "nothing written into it"
+    );
+}
+
+fn token(s: &Server, scope: &str) -> (i64, String) {
+    let out = Command::new(bin())
+        .env("TREEWARDEN_DATA_DIR", s.data_dir())
+        .args([
+            "token", "create", "--scope", scope, "--name", "hostile", "--json",
+        ])
+        .output()
+        .expect("token create");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    (
+        v["id"].as_i64().expect("id"),
+        v["token"].as_str().expect("token").to_string(),
+    )
+}
+
+/// An open event stream, read line by line on a thread: `None` from
+/// [`Stream::line`] once the server has ended it.
+struct Stream(std::sync::mpsc::Receiver<String>);
+
+impl Stream {
+    fn open(s: &Server, token: &str) -> (u16, Option<Stream>) {
+        let client = reqwest::blocking::Client::builder()
+            .no_proxy()
+            .build()
+            .expect("client");
+        let resp = client
+            .get(format!("http://{}/api/events/stream?after=0", s.addr))
+            .bearer_auth(token)
+            .send()
+            .expect("stream");
+        let status = resp.status().as_u16();
+        if status != 200 {
+            return (status, None);
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(resp).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        (status, Some(Stream(rx)))
+    }
+
+    /// The next line within `limit`: `Ok(None)` when the stream ended.
+    fn line(&self, limit: Duration) -> Result<Option<String>, ()> {
+        match self.0.recv_timeout(limit) {
+            Ok(l) => Ok(Some(l)),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Ok(None),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(()),
+        }
+    }
+}
+
+/// Finding 7: a revoked token's open `/api/events/stream` kept receiving
+/// events (argv included). It now ends within a second or so of the
+/// revocation, while events keep coming; and one principal holds at most
+/// four streams.
+#[test]
+fn a_revoked_tokens_event_stream_ends_and_one_principal_holds_at_most_four() {
+    let s = Server::start(&[]);
+    let (id, read) = token(&s, "read");
+    let (_, Some(stream)) = Stream::open(&s, &read) else {
+        panic!("the stream opens");
+    };
+    // It streams: the ledger's first events arrive.
+    let first = stream.line(Duration::from_secs(10));
+    assert!(matches!(first, Ok(Some(_))), "{first:?}");
+    let revoked = Command::new(bin())
+        .env("TREEWARDEN_DATA_DIR", s.data_dir())
+        .args(["token", "revoke", &id.to_string()])
+        .output()
+        .expect("revoke");
+    assert!(revoked.status.success());
+    let t0 = Instant::now();
+    let mut ended = false;
+    while t0.elapsed() < Duration::from_secs(10) {
+        // Events keep coming: a tree a second.
+        let (status, _) = s.post("/api/trees", Some(&s.body("true")));
+        assert_eq!(status, 201);
+        match stream.line(Duration::from_millis(300)) {
+            Ok(None) => {
+                ended = true;
+                break;
+            }
+            Ok(Some(_)) => {
+                // Drain what is already there.
+                while let Ok(Some(_)) = stream.line(Duration::from_millis(1)) {}
+            }
+            Err(()) => {}
+        }
+    }
+    assert!(
+        ended,
+        "the revoked token's stream still runs after {:?}",
+        t0.elapsed()
+    );
+    say(&format!(
+        "stream ended {:?} after the revocation",
+        t0.elapsed()
+    ));
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    // A new stream with it is refused outright.
+    assert_eq!(Stream::open(&s, &read).0, 401);
+
+    let (_, other) = token(&s, "read");
+    let held: Vec<Stream> = (0..4)
+        .map(|_| Stream::open(&s, &other).1.expect("one of its four streams"))
+        .collect();
+    assert_eq!(Stream::open(&s, &other).0, 503, "a fifth of the same token");
+    assert_eq!(
+        Stream::open(&s, &s.token).0,
+        200,
+        "another principal's still opens"
+    );
+    drop(held);
+}
+
+/// Finding 4: `--allow-command` was a denylist of the environment: only
+/// PATH and LD_* were refused, so BASH_ENV (or SHELLOPTS=xtrace with a PS4
+/// holding `$(...)`) ran code of the request's choosing before an allowed
+/// bash script. Now a request may set only what `--allow-env` names, and
+/// the tree inherits only the safe set of the service's own environment.
+#[test]
+fn under_allow_command_the_environment_is_an_allowlist_too() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let evil = dir.path().join("evil.sh");
+    let pwned = dir.path().join("pwned");
+    std::fs::write(&evil, format!("touch {}\n", pwned.display())).expect("evil.sh");
+    let evil_s = evil.to_str().expect("utf-8");
+    let s = Server::start_with_env(
+        &[
+            "--allow-command",
+            "bash",
+            "--allow-env",
+            "GREETING",
+            "--allow-env",
+            "TW_TEST_MARK",
+        ],
+        // The service's own environment: not handed to an allowed command.
+        &[("BASH_ENV", evil_s)],
+    );
+    let out = dir.path().join("out");
+    let script = format!("echo \"$GREETING\" > {}", out.display());
+    for env in [
+        json!({ "BASH_ENV": evil_s }),
+        json!({ "SHELLOPTS": "xtrace", "PS4": format!("$(. {evil_s})") }),
+        json!({ "PATH": "/tmp" }),
+        json!({ "LD_PRELOAD": "/tmp/x.so" }),
+    ] {
+        let (status, v) = s.post(
+            "/api/trees",
+            Some(&json!({ "argv": ["bash", "-c", &script], "env": env })),
+        );
+        assert_eq!(status, 422, "{env}: {v}");
+        assert!(
+            v["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("--allow-env")),
+            "{v}"
+        );
+    }
+    let (status, v) = s.post(
+        "/api/trees",
+        Some(&json!({
+            "argv": ["bash", "-c", &script],
+            "env": { "GREETING": "hello", "TW_TEST_MARK": s.mark },
+        })),
+    );
+    assert_eq!(status, 201, "{v}");
+    assert!(
+        wait_until(Duration::from_secs(10), || std::fs::read_to_string(&out)
+            .is_ok_and(|t| t == "hello\n")),
+        "the allowed command ran with the allowed variable"
+    );
+    assert!(
+        !pwned.exists(),
+        "BASH_ENV from the service's environment ran"
+    );
+}
+
+fn file_len(p: &std::path::Path) -> u64 {
+    std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)
+}
+
+/// Finding 6: 30 spawns with a 1 MiB argv, each refused by the kernel
+/// (E2BIG), added 59 MB to the ledger in 1.4 s. Now argv is stored up to
+/// 64 KiB, with the whole argv's length and SHA-256, so a refused spawn
+/// costs a bounded row, and the record still proves which argv it was.
+#[test]
+fn a_huge_argv_is_stored_bounded_with_its_length_and_digest() {
+    use sha2::Digest;
+    let s = Server::start(&[]);
+    let data = s.data_dir();
+    let ledger_bytes = || {
+        ["ledger.db", "ledger.db-wal"]
+            .iter()
+            .map(|f| file_len(&data.join(f)))
+            .sum::<u64>()
+    };
+    // One argument over the kernel's 128 KiB cap per argument: E2BIG.
+    let huge = "A".repeat(900 * 1024);
+    let argv = ["echo".to_string(), huge.clone()];
+    let whole = format!("echo\0{huge}");
+    let digest = hex::encode(sha2::Sha256::digest(whole.as_bytes()));
+    let before = ledger_bytes();
+    let mut ids = Vec::new();
+    for _ in 0..10 {
+        let (status, v) = s.post("/api/trees", Some(&json!({ "argv": argv })));
+        assert!(status >= 400, "refused: {status} {v}");
+        if let Some(id) = v["tree"].as_i64() {
+            ids.push(id);
+        }
+    }
+    let grown = ledger_bytes().saturating_sub(before);
+    say(&format!(
+        "10 refused 900 KiB spawns grew the ledger by {grown} bytes"
+    ));
+    assert!(
+        grown < 10 * 400 * 1024,
+        "{grown} bytes for 10 refused spawns"
+    );
+    // The record: each tree's argv kept to 64 KiB, with what was cut.
+    let out = Command::new(bin())
+        .env("TREEWARDEN_DATA_DIR", &data)
+        .args(["export", "--format", "ndjson"])
+        .output()
+        .expect("export");
+    let events = crate::util::parse_ndjson(&String::from_utf8_lossy(&out.stdout));
+    let created: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["kind"] == "tree.created")
+        .collect();
+    assert_eq!(created.len(), 10, "each refused spawn is still recorded");
+    for e in created {
+        let d = &e["data"];
+        assert_eq!(
+            d["argv_truncated"]["bytes"],
+            whole.len(),
+            "{}",
+            d["argv_truncated"]
+        );
+        assert_eq!(d["argv_truncated"]["args"], 2);
+        assert_eq!(d["argv_truncated"]["sha256"], digest.as_str());
+        let kept: usize = d["argv"]
+            .as_array()
+            .expect("argv")
+            .iter()
+            .filter_map(Value::as_str)
+            .map(str::len)
+            .sum();
+        assert!(kept <= 64 * 1024, "{kept}");
+    }
+}
