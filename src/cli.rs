@@ -108,6 +108,9 @@ pub struct Cli {
     command: Command,
 }
 
+// Parsed once at start and matched once: the size of its largest variant
+// (serve's many options) costs nothing worth a Box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Spawn CMD as an owned tree and stay its owner; tear the whole tree

@@ -178,6 +178,14 @@ pub struct ServeArgs {
     /// `<data-dir>/logs/`); the oldest bytes are dropped past it.
     #[arg(long, default_value = "10M", value_name = "SIZE", value_parser = treewarden::ledger::parse_size)]
     log_max: u64,
+    /// Free space the data dir keeps for the ledger: below it, new API
+    /// trees (which log into the data dir) are refused with 503.
+    #[arg(long, default_value = "64M", value_name = "SIZE", value_parser = treewarden::ledger::parse_size)]
+    min_free: u64,
+    /// Live trees one local user (or one token) may hold at once through
+    /// the API; admins are not capped.
+    #[arg(long = "max-trees-per-user", default_value_t = 256)]
+    max_trees_per_user: usize,
     /// Only these commands (exact argv[0]) may be spawned through the API.
     /// Repeatable; default: any.
     #[arg(long = "allow-command", value_name = "CMD")]
@@ -913,6 +921,8 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
         observer: config.observer,
         observer_rcvbuf: config.observer_rcvbuf,
         log_max: args.log_max,
+        min_free: args.min_free,
+        max_trees_per_principal: args.max_trees_per_user,
     };
     let service =
         Service::new(engine, reaper, svc_config).map_err(|e| CliError::internal(anyhow!(e)))?;

@@ -535,6 +535,35 @@ pub async fn spawn_tree(
             "owner_pid {pid} is not the requesting process: on the socket a tree may be bound only to its requester's life (owner_pid = your own pid, or none)"
         )));
     }
+    // One principal may not hold every tree the host can run: a cap on
+    // its live trees (admins are not capped). Counted in the ledger, as the
+    // principal's own page is read.
+    if !principal.acts_on_all() {
+        let cap = s.service.config().max_trees_per_principal;
+        let filter = crate::ledger::TreeFilter {
+            states: Some(
+                crate::ledger::TreeState::ALL
+                    .into_iter()
+                    .filter(|st| !st.is_terminal())
+                    .collect(),
+            ),
+            owner: Some(principal.own_trees()),
+            ..Default::default()
+        };
+        let live = s
+            .service
+            .read(move |e| {
+                Ok(e.ledger()
+                    .tree_page(filter, crate::ledger::PageAt::Newest, cap + 1)?
+                    .len())
+            })
+            .await?;
+        if live >= cap {
+            return Err(ApiError::Unavailable(format!(
+                "you hold {live} live trees, the most one principal may (serve --max-trees-per-user {cap}); end one first"
+            )));
+        }
+    }
     let row = s.service.spawn(params).await?;
     let location = format!("/api/trees/{}", row.id);
     Ok((

@@ -161,6 +161,7 @@ impl From<ServiceError> for ApiError {
             ServiceError::Ledger(e) => e.into(),
             ServiceError::Invalid(m) => ApiError::Unprocessable(m),
             ServiceError::ShuttingDown => ApiError::Unavailable(e.to_string()),
+            ServiceError::Busy(m) => ApiError::Unavailable(m),
             ServiceError::Task(m) => ApiError::Internal(m),
         }
     }

@@ -70,6 +70,8 @@ fn rig(open_reads: bool) -> Rig {
             observer: ObserverMode::Off,
             observer_rcvbuf: 0,
             log_max: 1 << 20,
+            min_free: 0,
+            max_trees_per_principal: 256,
         },
     )
     .expect("service");

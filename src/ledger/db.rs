@@ -189,7 +189,7 @@ fn creation_error(path: &Path, e: std::io::Error) -> LedgerError {
 }
 
 /// Makes the data dir private to its owner: one that already exists with
-/// group or other bits (0755, say) is tightened to 0700, with a warning.
+/// group or other bits (0755, say) is tightened to 0700 (logged at info: the service says it, a CLI command stays quiet).
 /// A directory that is not this user's own, or is shared on purpose (the
 /// sticky bit, as `/tmp`), is refused with one line: tightening it would
 /// break its other users, and leaving it so would show every tree's argv.
@@ -210,7 +210,7 @@ fn make_private(dir: &Path) -> Result<(), LedgerError> {
     }
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
         .map_err(|e| creation_error(dir, e))?;
-    tracing::warn!(dir = %dir.display(), was = format!("{mode:04o}"), "data dir was open to others: made 0700");
+    tracing::info!(dir = %dir.display(), was = format!("{mode:04o}"), "data dir was open to others: made 0700");
     Ok(())
 }
 

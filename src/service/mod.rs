@@ -103,6 +103,13 @@ pub struct ServiceConfig {
     /// Cap on each API tree's captured output (`<data-dir>/logs/`): the
     /// oldest bytes are dropped past it.
     pub log_max: u64,
+    /// Free space the data dir keeps for the ledger: below it, new logged
+    /// spawns are refused (503) before the ledger's own writes could fail
+    /// (`serve --min-free`).
+    pub min_free: u64,
+    /// Live trees one non-admin principal (a uid on the socket, a token)
+    /// may hold at once (`serve --max-trees-per-user`).
+    pub max_trees_per_principal: usize,
 }
 
 /// Why the service tears a tree down: chooses the engine's [`Origin`] and
@@ -155,6 +162,10 @@ pub enum ServiceError {
     /// The service is draining: no new work.
     #[error("the service is shutting down")]
     ShuttingDown,
+    /// Not now: a bound of the host or of the principal is reached (the
+    /// data dir's free-space floor, the live trees one principal may hold).
+    #[error("{0}")]
+    Busy(String),
     /// A blocking task panicked or was cancelled.
     #[error("internal task failed: {0}")]
     Task(String),
@@ -268,6 +279,13 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| ServiceError::Task(e.to_string()))
+}
+
+/// Bytes free to an unprivileged writer on the filesystem of `dir`
+/// (`None` where it cannot be read: the spawn is not refused on a guess).
+fn free_bytes(dir: &std::path::Path) -> Option<u64> {
+    let st = rustix::fs::statvfs(dir).ok()?;
+    Some(st.f_bavail.saturating_mul(st.f_frsize))
 }
 
 /// What of the environment a tree started under `serve --allow-command`
@@ -467,6 +485,20 @@ impl Service {
         let gate = self.draining.read().await;
         if *gate {
             return Err(ServiceError::ShuttingDown);
+        }
+        // The ledger keeps its reserve: a tree that logs into the data dir
+        // is refused while its free space is under the floor, so a tree
+        // filling the disk through its own output cannot make the next
+        // authorization fail (issue 24).
+        if let Some(free) = free_bytes(self.engine.data_dir())
+            && free < self.config.min_free
+        {
+            return Err(ServiceError::Busy(format!(
+                "{} has {} MiB free, under the floor of {} MiB the ledger keeps (serve --min-free): no new logged tree",
+                self.engine.data_dir().display(),
+                free >> 20,
+                self.config.min_free >> 20
+            )));
         }
         if !self.config.allow_commands.is_empty()
             && !self.config.allow_commands.iter().any(|c| *c == p.argv[0])

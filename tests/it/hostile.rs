@@ -710,3 +710,81 @@ fn a_huge_argv_is_stored_bounded_with_its_length_and_digest() {
         assert!(kept <= 64 * 1024, "{kept}");
     }
 }
+
+/// Finding 3, the ledger's reserve: a tree that filled the ledger's
+/// filesystem through its own output made root's kill fail ("ledger full")
+/// and closed dispatch. The service now refuses new logged trees while the
+/// data dir's free space is under a floor, before the ledger's own writes
+/// could fail; nothing of a refused spawn is written.
+#[test]
+fn under_the_free_space_floor_new_logged_trees_are_refused_and_nothing_is_written() {
+    // A floor no disk here meets: every logged spawn is under it.
+    let s = Server::start(&["--min-free", "1000000T"]);
+    let (status, v) = s.post("/api/trees", Some(&s.body("sleep 60")));
+    assert_eq!(status, 503, "{v}");
+    let err = v["error"].as_str().unwrap_or_default();
+    assert!(
+        err.contains("--min-free") && err.contains("MiB free"),
+        "{v}"
+    );
+    let out = Command::new(bin())
+        .env("TREEWARDEN_DATA_DIR", s.data_dir())
+        .args(["ls", "--all", "--json"])
+        .output()
+        .expect("ls");
+    let trees: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(
+        trees.as_array().map(Vec::len),
+        Some(0),
+        "nothing recorded: {trees}"
+    );
+    assert!(s.marked().is_empty());
+}
+
+/// Finding 5, in part: one principal may not hold every tree the host can
+/// run. Past `--max-trees-per-user` live trees its spawns are refused (503)
+/// until one ends; an admin is not capped.
+#[test]
+fn one_principal_holds_at_most_its_cap_of_live_trees() {
+    let s = Server::start(&["--max-trees-per-user", "2"]);
+    let (_, spawn) = token(&s, "spawn");
+    let post = |tok: &str, path: &str, body: Option<&Value>| {
+        let client = reqwest::blocking::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .expect("client");
+        let mut req = client.post(s.url(path)).bearer_auth(tok);
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let r = req.send().expect("POST");
+        let status = r.status().as_u16();
+        (status, r.json::<Value>().unwrap_or(Value::Null))
+    };
+    let body = s.body("sleep 60");
+    let mut mine = Vec::new();
+    for _ in 0..2 {
+        let (status, v) = post(&spawn, "/api/trees", Some(&body));
+        assert_eq!(status, 201, "{v}");
+        mine.push(v["id"].as_i64().expect("id"));
+    }
+    let (status, v) = post(&spawn, "/api/trees", Some(&body));
+    assert_eq!(status, 503, "a third: {v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("--max-trees-per-user")),
+        "{v}"
+    );
+    let (status, v) = post(&s.token, "/api/trees", Some(&body));
+    assert_eq!(status, 201, "the admin is not capped: {v}");
+    let (status, v) = post(
+        &spawn,
+        &format!("/api/trees/{}/kill?grace=100ms", mine[0]),
+        None,
+    );
+    assert_eq!(status, 200, "{v}");
+    let (status, v) = post(&spawn, "/api/trees", Some(&body));
+    assert_eq!(status, 201, "one ended, one more: {v}");
+}
