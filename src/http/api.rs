@@ -319,8 +319,7 @@ fn run_as(
                     cred.uid, u.name
                 )));
             }
-            let credentials = crate::proc::credentials_for(cred.uid, cred.gid)
-                .map_err(|e| ApiError::Internal(format!("user database: {e}")))?;
+            let credentials = crate::proc::credentials_of_peer(cred.pid, cred.uid, cred.gid);
             let user = crate::proc::user_by_uid(cred.uid).ok().flatten();
             Ok(Some(crate::service::RunAs { credentials, user }))
         }

@@ -58,8 +58,8 @@ pub use signal::{
     signal_group, signal_group_known, signal_process,
 };
 pub use users::{
-    Credentials, UserInfo, credentials_for, current_uid, effective_uid, group_by_name, groups_of,
-    user_by_name, user_by_uid,
+    Credentials, UserInfo, credentials_for, credentials_of_peer, current_uid, effective_uid,
+    group_by_name, groups_of, user_by_name, user_by_uid,
 };
 
 use std::path::PathBuf;

@@ -80,6 +80,39 @@ pub fn credentials_for(uid: u32, gid: u32) -> std::io::Result<Credentials> {
     Ok(Credentials { uid, gid, groups })
 }
 
+/// The credentials a tree asked for over the socket runs with: the peer's
+/// uid and gid, and its supplementary groups *as the kernel has them for
+/// the peer process* (`/proc/<pid>/status`, `Groups:`), not as the user
+/// database lists them: a requester that dropped a group does not get it
+/// back in its tree (issue 24). A peer whose groups cannot be read (it
+/// exited, its pid is another user's now) gets none but its gid.
+pub fn credentials_of_peer(pid: Option<i32>, uid: u32, gid: u32) -> Credentials {
+    let groups = pid
+        .and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok())
+        .and_then(|status| peer_groups(&status, uid))
+        .unwrap_or_else(|| vec![gid]);
+    Credentials { uid, gid, groups }
+}
+
+/// The `Groups:` of a `/proc/<pid>/status` whose real uid is `uid`
+/// (`None` for another uid's process: a pid reused since it connected).
+fn peer_groups(status: &str, uid: u32) -> Option<Vec<u32>> {
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+    };
+    let real_uid: u32 = field("Uid:")?.split_whitespace().next()?.parse().ok()?;
+    if real_uid != uid {
+        return None;
+    }
+    field("Groups:")?
+        .split_whitespace()
+        .map(|g| g.parse().ok())
+        .collect()
+}
+
 /// The real uid of this process.
 pub fn current_uid() -> u32 {
     rustix::process::getuid().as_raw()
@@ -93,6 +126,30 @@ pub fn effective_uid() -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_peers_groups_are_the_kernels_and_only_for_its_own_uid() {
+        let status = "Name:\tsh\nUid:\t1000\t1000\t1000\t1000\nGid:\t1000\t1000\t1000\t1000\nGroups:\t27 1000 \n";
+        assert_eq!(peer_groups(status, 1000), Some(vec![27, 1000]));
+        assert_eq!(peer_groups(status, 1001), None, "another uid's process");
+        let none = "Uid:\t1000\t1000\t1000\t1000\nGroups:\t\n";
+        assert_eq!(peer_groups(none, 1000), Some(vec![]), "dropped them all");
+        // This process, read for real.
+        let me = credentials_of_peer(
+            Some(std::process::id() as i32),
+            current_uid(),
+            rustix::process::getgid().as_raw(),
+        );
+        let mut kernel: Vec<u32> = rustix::process::getgroups()
+            .expect("getgroups")
+            .into_iter()
+            .map(|g| g.as_raw())
+            .collect();
+        let mut got = me.groups.clone();
+        kernel.sort_unstable();
+        got.sort_unstable();
+        assert_eq!(got, kernel);
+    }
 
     #[test]
     fn root_is_known_and_its_groups_include_its_gid() {
