@@ -360,11 +360,14 @@ impl SpawnBody {
         let cwd = match &self.cwd {
             None => None,
             Some(c) => {
+                // Whether it exists is the tree's user's to find out (in
+                // the child, as that user): looked up here as root, the
+                // answer would tell a user what lies in directories closed
+                // to it (issue 24). Trees that run as the service are
+                // checked in `spawn_tree`.
                 let p = PathBuf::from(c);
-                if c.contains('\0') || !p.is_absolute() || !p.is_dir() {
-                    return Err(bad(format!(
-                        "cwd {c:?} is not an absolute path of an existing directory"
-                    )));
+                if c.contains('\0') || !p.is_absolute() {
+                    return Err(bad(format!("cwd {c:?} is not an absolute path")));
                 }
                 Some(p)
             }
@@ -522,6 +525,16 @@ pub async fn spawn_tree(
     let user = body.user.clone();
     let mut params = body.validate()?;
     params.run_as = run_as(&principal, user.as_deref())?;
+    // A tree that runs as the service: its cwd is the service's to check.
+    if params.run_as.is_none()
+        && let Some(c) = &params.cwd
+        && !c.is_dir()
+    {
+        return Err(ApiError::Unprocessable(format!(
+            "cwd {:?} is not an absolute path of an existing directory",
+            c.display().to_string()
+        )));
+    }
     params.requester = Some(principal.requester());
     // On the socket the requester is known by its peer credentials: a
     // client may bind the tree to its own life (`owner_pid` = itself), not

@@ -130,8 +130,18 @@ impl From<CustodyError> for ApiError {
             CustodyError::Ledger(e) => e.into(),
             // The requested cwd closed to the user the tree runs as, or
             // credentials the kernel refused: the request's, not ours.
+            // One answer for a cwd the tree's user cannot use, whatever
+            // the reason (absent, closed, not a directory): the child found
+            // out as that user, and says no more than that user could learn.
+            CustodyError::Proc(crate::proc::ProcError::ChildSetup { step, .. })
+                if step == "chdir" =>
+            {
+                ApiError::Unprocessable(
+                    "cannot start the tree: its cwd is not usable by the user it runs as".into(),
+                )
+            }
             CustodyError::Proc(crate::proc::ProcError::ChildSetup { step, source })
-                if step == "chdir" || step == "credentials" =>
+                if step == "credentials" =>
             {
                 ApiError::Unprocessable(format!("cannot start the tree: {step}: {source}"))
             }

@@ -873,3 +873,40 @@ fn a_users_tree_has_the_groups_the_kernel_gave_its_requester_not_the_user_databa
     );
     assert_eq!(status, 200);
 }
+
+/// Issue 24, finding 8 (cwd): whether a directory exists was answered by
+/// the service as root ("not an existing directory" vs "Permission
+/// denied" from the child), an oracle into directories closed to the user.
+/// Now the child decides as the user, and both get the same answer.
+#[test]
+fn a_users_cwd_is_tried_as_that_user_with_one_answer_for_not_usable() {
+    let Some(user) = TestUser::create() else {
+        return;
+    };
+    let closed = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(
+        closed.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .expect("chmod");
+    let inside = closed.path().join("exists");
+    std::fs::create_dir(&inside).expect("a directory the user cannot reach");
+    let public = public_dir();
+    let sock = public.path().join("api.sock");
+    let s = Server::start(&["--socket", sock.to_str().expect("utf-8 path")]);
+    let answer = |cwd: &Path| {
+        let mut body = spawn_body(&s, "true");
+        body["cwd"] = json!(cwd.to_str().expect("utf-8"));
+        curl(&sock, Some(&user), "POST", "/api/trees", Some(&body))
+    };
+    let (exists_status, exists) = answer(&inside);
+    let (absent_status, absent) = answer(&closed.path().join("absent"));
+    assert_eq!(exists_status, 422, "{exists}");
+    assert_eq!(absent_status, 422, "{absent}");
+    assert_eq!(exists["error"], absent["error"], "one answer for both");
+    // Root's own tree still gets the plain check.
+    let mut body = spawn_body(&s, "true");
+    body["cwd"] = json!(closed.path().join("absent").to_str().expect("utf-8"));
+    let (status, v) = curl(&sock, None, "POST", "/api/trees", Some(&body));
+    assert_eq!(status, 422, "{v}");
+}
