@@ -133,9 +133,7 @@ impl From<CustodyError> for ApiError {
             // One answer for a cwd the tree's user cannot use, whatever
             // the reason (absent, closed, not a directory): the child found
             // out as that user, and says no more than that user could learn.
-            CustodyError::Proc(crate::proc::ProcError::ChildSetup { step, .. })
-                if step == "chdir" =>
-            {
+            CustodyError::Proc(crate::proc::ProcError::ChildSetup { step: "chdir", .. }) => {
                 ApiError::Unprocessable(
                     "cannot start the tree: its cwd is not usable by the user it runs as".into(),
                 )
