@@ -55,9 +55,19 @@ pub struct RunArgs {
     /// How often the tree is scanned for members and escapes.
     #[arg(long, default_value = "250ms", value_parser = parse_duration)]
     scan_interval: Duration,
-    /// Tear the tree down when run's parent dies.
+    /// Tear the tree down when run's parent process dies (the process, not
+    /// the thread that spawned run: a thread pool may retire that thread).
     #[arg(long)]
     die_with_parent: bool,
+    /// Run on behalf of this process: it is the tree's owner on the record,
+    /// and the tree is torn down when it exits (as --die-with-parent does
+    /// for the parent). Allowed only where the caller may signal it.
+    #[arg(long, value_name = "PID", value_parser = clap::value_parser!(i32).range(1..))]
+    owner_pid: Option<i32>,
+    /// The owner's start time in clock ticks (field 22 of /proc/PID/stat),
+    /// so a pid recycled since the caller read it is refused.
+    #[arg(long, value_name = "TICKS", requires = "owner_pid")]
+    owner_start_ticks: Option<u64>,
     /// No teardown progress and no summary line on stderr.
     #[arg(long, short)]
     quiet: bool,
@@ -417,8 +427,16 @@ pub fn run(config: &Config, args: RunArgs) -> CliResult {
     }
     let reaper = Reaper::install()
         .map_err(|e| CliError::internal(anyhow!("cannot become a subreaper: {e}")))?;
+    let named_owner = match args.owner_pid {
+        Some(pid) => Some(named_owner(pid, args.owner_start_ticks)?),
+        None => None,
+    };
     let engine = engine(config, Some(reaper))?;
-    let owner = treewarden::proc::self_identity().map_err(|e| CliError::internal(anyhow!(e)))?;
+    let me = treewarden::proc::self_identity().map_err(|e| CliError::internal(anyhow!(e)))?;
+    let (owner, owner_kind) = match &named_owner {
+        Some(id) => (id.clone(), OwnerKind::Client),
+        None => (me.clone(), OwnerKind::Run),
+    };
     let env = (!args.env.is_empty()).then(|| {
         let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
             .filter(|(k, _)| !args.env.iter().any(|(added, _)| added == k))
@@ -443,14 +461,14 @@ pub fn run(config: &Config, args: RunArgs) -> CliResult {
             requester: treewarden::ledger::Requester {
                 via: "cli".into(),
                 uid: Some(treewarden::proc::current_uid()),
-                pid: Some(owner.pid),
+                pid: Some(me.pid),
                 ..Default::default()
             },
             run_as: None,
         }),
         stdio: SpawnStdio::Inherit,
         owner,
-        owner_kind: OwnerKind::Run,
+        owner_kind,
         grace: Some(args.grace),
         timeout: args.timeout,
     };
@@ -459,6 +477,7 @@ pub fn run(config: &Config, args: RunArgs) -> CliResult {
         timeout: args.timeout,
         scan_interval: args.scan_interval,
         die_with_parent: args.die_with_parent,
+        owner: named_owner,
         observer: config.observer,
         observer_rcvbuf: config.observer_rcvbuf,
         first_signal: args.signal,
@@ -479,6 +498,28 @@ pub fn run(config: &Config, args: RunArgs) -> CliResult {
     Ok(code)
 }
 
+/// The process `run --owner-pid` names: it exists, is the one the caller
+/// meant (`--owner-start-ticks`), and the caller may signal it.
+fn named_owner(pid: i32, start_ticks: Option<u64>) -> Result<treewarden::proc::Identity, CliError> {
+    let id = treewarden::proc::identity_of(pid)
+        .map_err(|e| CliError::internal(anyhow!(e)))?
+        .ok_or_else(|| CliError::usage(anyhow!("--owner-pid {pid}: no such process")))?;
+    if let Some(ticks) = start_ticks
+        && ticks != id.start_ticks
+    {
+        return Err(CliError::usage(anyhow!(
+            "--owner-pid {pid}: started at tick {}, not {ticks} (the pid was recycled)",
+            id.start_ticks
+        )));
+    }
+    if !treewarden::proc::may_signal(pid) {
+        return Err(CliError::usage(anyhow!(
+            "--owner-pid {pid}: not a process you may signal"
+        )));
+    }
+    Ok(id)
+}
+
 /// `, consumed cpu 12.3 ms, …`: the figures the host gave.
 fn consumed(r: treewarden::ledger::Resources) -> String {
     match r.summary() {
@@ -497,6 +538,7 @@ fn run_summary(outcome: &treewarden::custody::RunOutcome, always: bool) -> Optio
         RunEnd::Timeout => "timed out",
         RunEnd::Signal(_) => "received a signal",
         RunEnd::ParentDied => "parent died",
+        RunEnd::OwnerDied => "owner died",
     };
     match &outcome.teardown {
         Ok(r)

@@ -28,7 +28,13 @@ pub struct RunOptions {
     pub grace: Duration,
     pub timeout: Option<Duration>,
     pub scan_interval: Duration,
+    /// End the tree when the parent *process* of `run` exits (never when
+    /// only the thread that spawned `run` does).
     pub die_with_parent: bool,
+    /// End the tree when this process exits (`--owner-pid`): the process on
+    /// whose behalf a hub runs the wrapper. Checked by the caller: it exists
+    /// and the caller may signal it.
+    pub owner: Option<crate::proc::Identity>,
     /// Whether to run the proc-connector observer beside the scans.
     pub observer: ObserverMode,
     /// Its socket's receive buffer (0: the default).
@@ -45,6 +51,8 @@ pub enum RunEnd {
     Timeout,
     Signal(i32),
     ParentDied,
+    /// The process `--owner-pid` named exited.
+    OwnerDied,
 }
 
 /// What `run` did, and the exit code it maps to.
@@ -69,7 +77,7 @@ impl RunOutcome {
             RunEnd::RootExited(status) => status.code_for_shell() as u8,
             RunEnd::Timeout => 124,
             RunEnd::Signal(n) => (128 + n) as u8,
-            RunEnd::ParentDied => (128 + libc::SIGHUP) as u8,
+            RunEnd::ParentDied | RunEnd::OwnerDied => (128 + libc::SIGHUP) as u8,
         }
     }
 }
@@ -77,8 +85,77 @@ impl RunOutcome {
 enum Event {
     Root(ExitStatus),
     Signal(i32),
+    /// A watched owner process exited (the parent, or `--owner-pid`).
+    Owner(RunEnd),
     /// The observer lost events: scan everything now.
     ForceScan,
+}
+
+/// The processes whose exit ends the tree, with the end each one means.
+/// Parent death is the parent *process* gone: `PR_SET_PDEATHSIG` is not
+/// used, because the kernel sends it when the parent *thread* exits (a
+/// thread pool retiring the thread that spawned `run` would end the tree
+/// while its owner lives). Each watch is an identity-checked pidfd, which
+/// becomes readable only when the whole process has exited; the scan tick
+/// re-checks each identity too (a kernel without pidfd, a missed wake-up).
+fn owner_watches(opts: &RunOptions) -> Vec<(crate::proc::Identity, RunEnd)> {
+    let mut out = Vec::new();
+    if opts.die_with_parent {
+        match crate::proc::identity_of(crate::proc::parent_pid()) {
+            Ok(Some(parent)) => out.push((parent, RunEnd::ParentDied)),
+            // Gone already: the watch below finds it dead at once.
+            Ok(None) | Err(_) => out.push((
+                crate::proc::Identity {
+                    pid: crate::proc::parent_pid(),
+                    start_ticks: u64::MAX,
+                    boot_id: crate::proc::boot_id().unwrap_or_default().to_owned(),
+                },
+                RunEnd::ParentDied,
+            )),
+        }
+    }
+    if let Some(owner) = &opts.owner {
+        out.push((owner.clone(), RunEnd::OwnerDied));
+    }
+    out
+}
+
+/// Whether a watched owner is gone: dead, or its pid now names a process
+/// that started later. Unknown counts as alive (never a teardown on a guess).
+fn owner_gone(id: &crate::proc::Identity) -> bool {
+    matches!(
+        id.check(),
+        crate::proc::Liveness::Gone | crate::proc::Liveness::Recycled
+    )
+}
+
+/// A thread per watched owner that sends [`Event::Owner`] when it exits.
+fn start_owner_watches(watches: &[(crate::proc::Identity, RunEnd)], tx: &mpsc::Sender<Event>) {
+    for (id, end) in watches {
+        let (id, end, tx) = (id.clone(), *end, tx.clone());
+        let spawned = std::thread::Builder::new()
+            .name("tw-owner".into())
+            .spawn(move || {
+                loop {
+                    // An hour at a time: `wait_exits` takes a deadline.
+                    let until = Instant::now() + Duration::from_secs(3600);
+                    match crate::proc::wait_exits(std::slice::from_ref(&id), until) {
+                        Ok(true) => {
+                            let _ = tx.send(Event::Owner(end));
+                            return;
+                        }
+                        Ok(false) => {}
+                        Err(e) => {
+                            tracing::warn!(pid = id.pid, error = %e, "no pidfd for the owner: its exit is seen at scan ticks");
+                            return;
+                        }
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "no owner watch thread: the owner's exit is seen at scan ticks");
+        }
+    }
 }
 
 /// Starts the observer as `opts.observer` asks ([`policy::start_observer`]);
@@ -138,10 +215,8 @@ impl Engine {
                 })
                 .map_err(|e| CustodyError::Proc(crate::proc::ProcError::Io(e)))?;
         }
-        let parent = crate::proc::parent_pid();
-        if opts.die_with_parent {
-            crate::proc::set_parent_death_signal(crate::proc::Sig::Hup)?;
-        }
+        let watches = owner_watches(opts);
+        start_owner_watches(&watches, &tx);
 
         // Subscribed before the spawn, so the root's first fork is seen.
         let observer = start_observer(self, opts, &tx)?;
@@ -222,8 +297,8 @@ impl Engine {
                     }
                 }
                 first_tick = false;
-                if opts.die_with_parent && crate::proc::parent_pid() != parent {
-                    break RunEnd::ParentDied;
+                if let Some((_, end)) = watches.iter().find(|(id, _)| owner_gone(id)) {
+                    break *end;
                 }
                 next_scan = now + opts.scan_interval;
             }
@@ -233,9 +308,7 @@ impl Engine {
             }
             match rx.recv_timeout(wait) {
                 Ok(Event::Root(status)) => break RunEnd::RootExited(status),
-                Ok(Event::Signal(sig)) if sig == libc::SIGHUP && opts.die_with_parent => {
-                    break RunEnd::ParentDied;
-                }
+                Ok(Event::Owner(end)) => break end,
                 Ok(Event::Signal(sig)) => break RunEnd::Signal(sig),
                 Ok(Event::ForceScan) => {
                     // A lost event must not become a silent gap: scan now.
@@ -264,6 +337,7 @@ impl Engine {
             RunEnd::Timeout => EndCause::Timeout(opts.timeout.unwrap_or_default()),
             RunEnd::Signal(n) => EndCause::Signal(n),
             RunEnd::ParentDied => EndCause::ParentDied,
+            RunEnd::OwnerDied => EndCause::OwnerExited,
         };
         let mut topts = cause.teardown_options(opts.grace, Origin::Run);
         topts.first_signal = opts.first_signal;

@@ -51,7 +51,7 @@ pub use resources::{CgroupUsage, cap_log, cgroup_controllers, cgroup_usage, oom_
 pub use signal::{
     CgroupEvent, Delivery, GroupDelivery, GroupRecord, Sig, cgroup_freeze, cgroup_kill,
     cgroup_pids, cgroup_populated, cgroup_thaw, cgroup_wait_event, default_sigpipe, group_members,
-    signal_group, signal_group_known, signal_process,
+    may_signal, signal_group, signal_group_known, signal_process,
 };
 pub use users::{
     Credentials, UserInfo, credentials_for, current_uid, effective_uid, group_by_name, groups_of,

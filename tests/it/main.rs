@@ -18,3 +18,4 @@ mod scale;
 mod serve;
 mod shipping;
 mod util;
+mod wrapper;

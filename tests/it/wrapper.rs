@@ -1,0 +1,147 @@
+//! The wrapper as harnesses use it (issue 26): owners that are processes
+//! (not the thread that spawned `run`), `--owner-pid`, the caller's tree id
+//! and status on file descriptors, teardowns finished by the next process
+//! that can write their authorization, a fresh ledger under concurrent
+//! first uses.
+//!
+//! Ground truth as elsewhere: every process of a test tree carries a marker
+//! in its environment ([`Env::marked`]); owners are killed by their pid.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::custody::Env;
+use crate::util::{KillOnDrop, bin, say, signal, skip, wait_child, wait_until};
+
+/// Waits until no marked process lives; returns how long that took.
+fn time_until_none_marked(env: &Env, limit: Duration) -> Option<Duration> {
+    let t0 = Instant::now();
+    wait_until(limit, || env.marked().is_empty()).then(|| t0.elapsed())
+}
+
+#[test]
+fn a_wrapper_spawned_from_a_thread_that_exits_keeps_its_tree_until_the_process_dies() {
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    if Command::new("python3")
+        .arg("-c")
+        .arg("pass")
+        .status()
+        .is_err()
+    {
+        skip("python3 is not installed");
+        return;
+    }
+    // A Python owner starts `run --die-with-parent` from a worker thread,
+    // as a thread pool does, and the thread exits at once; the process
+    // lives on (it waits for a file that never comes).
+    let mut argv = vec![
+        bin().display().to_string(),
+        "run".into(),
+        "--quiet".into(),
+        "--die-with-parent".into(),
+        "--".into(),
+    ];
+    argv.extend(env.marked_argv("sleep 600 & wait"));
+    let script = format!(
+        r#"
+import os, subprocess, sys, threading, time
+argv = {argv:?}
+def start():
+    subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+t = threading.Thread(target=start)
+t.start(); t.join()
+open("thread-gone", "w").close()
+while not os.path.exists("never"):
+    time.sleep(0.05)
+"#
+    );
+    let owner = KillOnDrop(
+        env.cmd_for("python3")
+            .args(["-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python owner"),
+    );
+    assert!(env.wait_marked(2), "the tree started: {:?}", env.marked());
+    assert!(wait_until(Duration::from_secs(20), || env
+        .dir()
+        .join("thread-gone")
+        .exists()));
+    // The spawning thread is gone: the old PR_SET_PDEATHSIG fired at once.
+    // A second of the owner process living must leave the tree alone.
+    assert!(
+        !wait_until(Duration::from_secs(1), || env.marked().len() < 2),
+        "the tree was torn down while its owner process lives: {:?}",
+        env.marked()
+    );
+    let show = env.show(1);
+    assert_eq!(show["tree"]["state"], "running", "{show}");
+    // Now the process dies: the tree follows within a second.
+    signal(owner.id(), rustix::process::Signal::KILL);
+    let took = time_until_none_marked(&env, Duration::from_secs(10));
+    say(&format!(
+        "wrapper: tree gone {took:?} after its owner process died"
+    ));
+    let took = took.expect("the tree outlived its owner process");
+    assert!(took < Duration::from_secs(1), "took {took:?}");
+    assert!(wait_until(Duration::from_secs(10), || {
+        env.show(1)["tree"]["state"] == "ended"
+    }));
+    drop(owner);
+}
+
+#[test]
+fn owner_pid_binds_the_tree_to_that_process_and_is_checked() {
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    let mut owner = KillOnDrop(
+        Command::new("sleep")
+            .arg("600")
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("owner"),
+    );
+    let pid = owner.id().to_string();
+    // A start time that is not the owner's: refused (2), nothing recorded.
+    let out = env.output(&[
+        "run",
+        "--owner-pid",
+        &pid,
+        "--owner-start-ticks",
+        "1",
+        "--",
+        "true",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("recycled"), "{err}");
+    // No such process: refused too.
+    let out = env.output(&["run", "--owner-pid", "999999999", "--", "true"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+
+    let run = KillOnDrop(env.spawn_run(&["--quiet", "--owner-pid", &pid], "sleep 600 & wait"));
+    assert!(env.wait_marked(2));
+    let show = env.show(1);
+    assert_eq!(
+        show["tree"]["owner"]["pid"].as_i64(),
+        Some(owner.id() as i64),
+        "{show}"
+    );
+    assert_eq!(show["tree"]["owner"]["kind"], "client", "{show}");
+    signal(owner.id(), rustix::process::Signal::KILL);
+    let _ = owner.0.wait();
+    let took = time_until_none_marked(&env, Duration::from_secs(10));
+    say(&format!(
+        "wrapper: --owner-pid tree gone {took:?} after its owner died"
+    ));
+    assert!(took.expect("the tree outlived its owner") < Duration::from_secs(1));
+    let mut run = run;
+    let status = wait_child(&mut run.0, Duration::from_secs(10)).expect("run exits");
+    assert_eq!(status.code(), Some(129), "{}", env.stderr_of(&run.0));
+}
