@@ -145,3 +145,51 @@ fn owner_pid_binds_the_tree_to_that_process_and_is_checked() {
     let status = wait_child(&mut run.0, Duration::from_secs(10)).expect("run exits");
     assert_eq!(status.code(), Some(129), "{}", env.stderr_of(&run.0));
 }
+
+#[test]
+fn forty_concurrent_first_uses_of_a_new_ledger_all_succeed() {
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    // Forty wrappers at once on a data dir that does not exist yet: the
+    // ledger is created and migrated once, and none of them fails. With the
+    // default busy timeout, as users run it (the env's short one is for
+    // tests of a held lock).
+    let t0 = Instant::now();
+    let children: Vec<_> = (0..40)
+        .map(|_| {
+            env.cmd()
+                .env_remove("TREEWARDEN_BUSY_TIMEOUT")
+                .args(["run", "--quiet", "--", "true"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("start run")
+        })
+        .collect();
+    let mut failures = Vec::new();
+    for child in children {
+        let out = child.wait_with_output().expect("run exits");
+        if out.status.code() != Some(0) {
+            failures.push(format!(
+                "{:?}: {}",
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+    }
+    say(&format!(
+        "wrapper: 40 concurrent first uses took {:?}",
+        t0.elapsed()
+    ));
+    assert!(
+        failures.is_empty(),
+        "{} of 40 failed: {failures:#?}",
+        failures.len()
+    );
+    let out = env.output(&["ls", "--all", "--json"]);
+    let trees: serde_json::Value = serde_json::from_slice(&out.stdout).expect("ls json");
+    assert_eq!(trees.as_array().map(Vec::len), Some(40), "{trees}");
+    env.assert_verifies("forty first uses");
+}
