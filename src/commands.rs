@@ -68,6 +68,16 @@ pub struct RunArgs {
     /// so a pid recycled since the caller read it is refused.
     #[arg(long, value_name = "TICKS", requires = "owner_pid")]
     owner_start_ticks: Option<u64>,
+    /// Whom an unsettled tree (a teardown that could not be authorized)
+    /// refuses new work to: `owner` (the same owner record or requester;
+    /// default) or `host` (every run on this data dir).
+    #[arg(long, value_name = "SCOPE", default_value = "owner")]
+    dispatch_scope: treewarden::custody::DispatchScope,
+    /// Do not settle, before starting, what dead owners left: teardowns
+    /// that failed closed (finished with a fresh authorization) and orphans
+    /// (torn down with their recorded grace, beside the command, at most 8).
+    #[arg(long)]
+    no_settle: bool,
     /// No teardown progress and no summary line on stderr.
     #[arg(long, short)]
     quiet: bool,
@@ -220,6 +230,11 @@ pub struct ServeArgs {
     /// tree's argv, cwd and the whole export. Only for a single-tenant host.
     #[arg(long)]
     open_reads: bool,
+    /// Whom an unsettled tree refuses new work to: `owner` (the same owner
+    /// record, or the same requester: socket uid, token; default) or `host`
+    /// (every spawn, as before issue 26).
+    #[arg(long, value_name = "SCOPE", default_value = "owner")]
+    dispatch_scope: treewarden::custody::DispatchScope,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -431,7 +446,14 @@ pub fn run(config: &Config, args: RunArgs) -> CliResult {
         Some(pid) => Some(named_owner(pid, args.owner_start_ticks)?),
         None => None,
     };
-    let engine = engine(config, Some(reaper))?;
+    let mut engine = engine(config, Some(reaper))?;
+    engine.set_dispatch_scope(args.dispatch_scope);
+    // What a teardown could not authorize is finished first, by the first
+    // process that finds the ledger writable: this one. Dispatch then judges
+    // what is left.
+    if !args.no_settle {
+        engine.settle_failed_closed(SETTLE_LIMIT);
+    }
     let me = treewarden::proc::self_identity().map_err(|e| CliError::internal(anyhow!(e)))?;
     let (owner, owner_kind) = match &named_owner {
         Some(id) => (id.clone(), OwnerKind::Client),
@@ -483,7 +505,21 @@ pub fn run(config: &Config, args: RunArgs) -> CliResult {
         first_signal: args.signal,
     };
     let mut progress = progress_printer(args.quiet);
-    let outcome = engine.run(&req, &opts, &mut progress);
+    // Orphans dead wrappers left are torn down beside the command, with the
+    // grace each was given, so a host without a sweep timer does not depend
+    // on one; run waits for them before it exits (never half done).
+    let outcome = std::thread::scope(|scope| {
+        let settling = (!args.no_settle).then(|| {
+            std::thread::Builder::new()
+                .name("tw-settle".into())
+                .spawn_scoped(scope, || engine.settle_orphans(SETTLE_LIMIT, args.grace))
+        });
+        let outcome = engine.run(&req, &opts, &mut progress);
+        if let Some(Ok(handle)) = settling {
+            let _ = handle.join();
+        }
+        outcome
+    });
     progress_done(args.quiet);
     let outcome = outcome.map_err(custody_error)?;
     let code = outcome.exit_code();
@@ -493,10 +529,49 @@ pub fn run(config: &Config, args: RunArgs) -> CliResult {
         eprintln!("{line}");
     }
     if let Err(e) = outcome.teardown {
+        if let Some(line) = survivors_hold_pipes(&engine, outcome.tree) {
+            eprintln!("{line}");
+        }
         return Err(CliError::internal(anyhow!(e)));
     }
     Ok(code)
 }
+
+/// When `run` failed closed leaving survivors and its stdout or stderr is a
+/// pipe: one line saying the survivors hold the caller's pipes (run cannot
+/// close another process's descriptors, and must not kill it without an
+/// authorization), so a caller waiting for EOF knows why it waits and
+/// what ends it.
+fn survivors_hold_pipes(engine: &Engine, tree: TreeId) -> Option<String> {
+    use std::os::unix::fs::FileTypeExt;
+    let survivors = engine.survivors_left(tree);
+    if survivors.is_empty() {
+        return None;
+    }
+    let pipes: Vec<&str> = [("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")]
+        .into_iter()
+        .filter(|(_, fd)| std::fs::metadata(fd).is_ok_and(|m| m.file_type().is_fifo()))
+        .map(|(name, _)| name)
+        .collect();
+    let pids: Vec<String> = survivors.iter().map(i32::to_string).collect();
+    let held = if pipes.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; they still hold this run's {} (a pipe: a reader waiting for its end waits for them)",
+            pipes.join(" and ")
+        )
+    };
+    Some(format!(
+        "treewarden: tree {} left {} survivor(s) alive as evidence (pid {}){held}; the next treewarden run, ls, kill or sweep that can write the ledger finishes the teardown",
+        tree.0,
+        survivors.len(),
+        pids.join(", ")
+    ))
+}
+
+/// The most teardowns a command settles on its way (`run`, `ls`, `kill`).
+const SETTLE_LIMIT: usize = 8;
 
 /// The process `run --owner-pid` names: it exists, is the one the caller
 /// meant (`--owner-start-ticks`), and the caller may signal it.
@@ -569,6 +644,7 @@ fn run_summary(outcome: &treewarden::custody::RunOutcome, always: bool) -> Optio
 pub fn kill(config: &Config, args: KillArgs) -> CliResult {
     shield_from_interrupts();
     let engine = signal_engine(config)?;
+    engine.settle_failed_closed(SETTLE_LIMIT);
     let tree = TreeId(args.tree);
     let row = engine
         .ledger()
@@ -616,6 +692,10 @@ fn open_for_reading(config: &Config) -> Result<Ledger, CliError> {
 }
 
 pub fn ls(config: &Config, args: LsArgs) -> CliResult {
+    // A teardown that could not be authorized (its owner gone) is finished
+    // by `ls` too, once the ledger takes writes: the list then shows it
+    // settled. `show` never does (it is how an operator inspects survivors).
+    signal_engine(config)?.settle_failed_closed(SETTLE_LIMIT);
     let ledger = open_for_reading(config)?;
     let trees = ledger
         .list_trees(args.all)
@@ -918,7 +998,8 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
     use treewarden::service::{Service, ServiceConfig};
     let reaper = Reaper::install()
         .map_err(|e| CliError::internal(anyhow!("cannot become a subreaper: {e}")))?;
-    let engine = engine(config, Some(reaper))?;
+    let mut engine = engine(config, Some(reaper))?;
+    engine.set_dispatch_scope(args.dispatch_scope);
     let token = treewarden::http::auth::ensure_token(&config.data_dir)
         .map_err(|e| CliError::internal(anyhow!("api token: {e}")))?;
     let svc_config = ServiceConfig {

@@ -154,7 +154,7 @@ impl Engine {
             CustodyError::Conflict("this engine only signals; it spawns nothing".into())
         })?;
         self.check_limits(boundary, &req.limits)?;
-        self.check_dispatch()?;
+        self.check_dispatch_for(&req.owner, req.on_behalf.as_ref().map(|b| &b.requester))?;
         let owner = OwnerRecord {
             identity: identity_record(&req.owner),
             kind: req.owner_kind,

@@ -69,6 +69,10 @@ use crate::proc::{ExitStatus, Identity, Reaper, SpawnStdio};
 use crate::scan::HostView;
 pub use metrics::Metrics;
 
+/// How often the service looks for teardowns that failed closed and whose
+/// owner is gone, to finish them ([`crate::custody::Engine::settle_failed_closed`]).
+const FAILED_CLOSED_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// How the service runs. Built by the CLI from `serve`'s flags.
 #[derive(Clone, Debug)]
 pub struct ServiceConfig {
@@ -349,6 +353,7 @@ impl Service {
             skip: self.owned_trees().into_iter().collect(),
             progress: Some(self.sweeps.clone()),
             stop: Some(self.sweep_stop.clone()),
+            ..SweepOptions::new(self.config.default_grace)
         }
     }
 
@@ -867,10 +872,22 @@ impl Service {
         let mut every = tokio::time::interval(self.config.sweep_interval);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         every.tick().await; // the first tick is now; start-up already swept
+        // Teardowns that failed closed (their authorization could not be
+        // written) are finished soon after the ledger takes writes again,
+        // not a whole sweep interval later: a cheap check every few seconds.
+        let mut settle = tokio::time::interval(FAILED_CLOSED_CHECK);
+        settle.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = self.shutdown.cancelled() => return,
                 _ = every.tick() => {}
+                _ = settle.tick() => {
+                    let engine = self.engine.clone();
+                    if let Err(e) = blocking(move || engine.settle_failed_closed(8)).await {
+                        tracing::error!(error = %e, "settle task failed");
+                    }
+                    continue;
+                }
             }
             let engine = self.engine.clone();
             let opts = self.sweep_options();

@@ -193,3 +193,134 @@ fn forty_concurrent_first_uses_of_a_new_ledger_all_succeed() {
     assert_eq!(trees.as_array().map(Vec::len), Some(40), "{trees}");
     env.assert_verifies("forty first uses");
 }
+
+/// A `run --timeout` whose authorization cannot be written (a real second
+/// connection holds `BEGIN IMMEDIATE`): it exits 125 leaving its survivors.
+/// Returns them.
+fn fail_closed_under_a_held_lock(env: &Env, extra: &[&str]) -> Vec<i32> {
+    let mut args = vec!["--grace", "100ms", "--timeout", "3s", "--quiet"];
+    args.extend_from_slice(extra);
+    let mut run = KillOnDrop(env.spawn_run(&args, "trap '' TERM; sleep 600 & wait"));
+    assert!(env.wait_marked(2), "{:?}", env.marked());
+    let survivors = env.marked();
+    let lock = rusqlite::Connection::open(env.ledger_path()).expect("open ledger");
+    lock.execute_batch("BEGIN IMMEDIATE")
+        .expect("take the write lock");
+    let status = wait_child(&mut run.0, Duration::from_secs(60)).expect("run exits");
+    lock.execute_batch("ROLLBACK").expect("release the lock");
+    drop(lock);
+    let err = env.stderr_of(&run.0);
+    assert_eq!(status.code(), Some(125), "{err}");
+    assert!(err.contains("forced kill skipped"), "{err}");
+    assert!(
+        err.contains("survivor(s) alive as evidence"),
+        "says what it left: {err}"
+    );
+    assert!(
+        survivors.iter().all(|p| crate::util::pid_alive(*p)),
+        "survivors are left alive as evidence"
+    );
+    survivors
+}
+
+#[test]
+fn the_next_run_finishes_a_teardown_that_could_not_be_authorized() {
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    let survivors = fail_closed_under_a_held_lock(&env, &[]);
+    assert!(env.data_dir().join("unsettled/tree-1").exists());
+    // The lock is gone: the next `run -- true` exits 0, and on its way it
+    // finished tree 1's teardown — no `sweep`.
+    let out = env.output(&["run", "--quiet", "--", "true"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        survivors.iter().all(|p| !crate::util::pid_alive(*p)),
+        "the survivors were killed: {:?}",
+        env.marked()
+    );
+    assert!(!env.data_dir().join("unsettled/tree-1").exists());
+    let show = env.show(1);
+    assert_eq!(show["tree"]["state"], "ended", "{show}");
+    // With a fresh authorization naming exactly the survivors.
+    let events = env.export();
+    let auth: Vec<_> = events
+        .iter()
+        .filter(|e| e["tree"] == 1 && e["kind"] == "kill.authorized")
+        .collect();
+    assert_eq!(
+        auth.len(),
+        1,
+        "one authorization, the finishing one: {auth:?}"
+    );
+    let mut named: Vec<i64> = auth[0]["data"]["targets"]
+        .as_array()
+        .expect("targets")
+        .iter()
+        .flat_map(|t| t["identities"].as_array().cloned().unwrap_or_default())
+        .filter_map(|id| id["pid"].as_i64())
+        .collect();
+    named.sort_unstable();
+    let mut expected: Vec<i64> = survivors.iter().map(|p| i64::from(*p)).collect();
+    expected.sort_unstable();
+    assert_eq!(named, expected, "{}", auth[0]);
+    assert!(env.assert_kills_authorized() > 0);
+    assert!(
+        !events.iter().any(|e| e["kind"] == "dispatch.refused"),
+        "dispatch was never refused"
+    );
+    env.assert_verifies("finished by the next run");
+}
+
+#[test]
+fn an_unsettled_tree_refuses_dispatch_to_its_owner_only_unless_the_scope_is_the_host() {
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    let mut owner = KillOnDrop(
+        Command::new("sleep")
+            .arg("600")
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("owner"),
+    );
+    let pid = owner.id().to_string();
+    fail_closed_under_a_held_lock(&env, &["--owner-pid", &pid]);
+    let code = |args: &[&str]| {
+        let out = env.output(args);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // Its owner lives, so nothing settles it; work for that owner is refused.
+    let (c, err) = code(&["run", "--quiet", "--owner-pid", &pid, "--", "true"]);
+    assert_eq!(c, Some(125), "{err}");
+    assert!(
+        err.contains("dispatch refused: tree 1 is unsettled"),
+        "{err}"
+    );
+    // Other owners go on.
+    let (c, err) = code(&["run", "--quiet", "--", "true"]);
+    assert_eq!(c, Some(0), "{err}");
+    // Unless the scope is the host.
+    let (c, err) = code(&["run", "--quiet", "--dispatch-scope", "host", "--", "true"]);
+    assert_eq!(c, Some(125), "{err}");
+    assert!(
+        err.contains("dispatch refused: tree 1 is unsettled"),
+        "{err}"
+    );
+    // The owner dies: the next run finishes the teardown, and dispatch
+    // reopens for the whole host by itself.
+    signal(owner.id(), rustix::process::Signal::KILL);
+    let _ = owner.0.wait();
+    let (c, err) = code(&["run", "--quiet", "--dispatch-scope", "host", "--", "true"]);
+    assert_eq!(c, Some(0), "{err}");
+    assert!(env.wait_none_marked(), "{:?}", env.marked());
+    assert_eq!(env.show(1)["tree"]["state"], "ended");
+}
