@@ -78,6 +78,16 @@ pub struct RunArgs {
     /// (torn down with their recorded grace, beside the command, at most 8).
     #[arg(long)]
     no_settle: bool,
+    /// Write the tree's id and a newline to descriptor N (inherited, 3 or
+    /// above) once the tree is recorded, before the command runs; N is then
+    /// closed. The command never inherits it.
+    #[arg(long, value_name = "N")]
+    id_fd: Option<i32>,
+    /// Write one JSON line to descriptor N when run ends, on every path:
+    /// {"tree", "state", "exit": {"code", "signal"} or null, "error": null
+    /// or treewarden's own failure} (docs/INTEGRATION.md).
+    #[arg(long, value_name = "N")]
+    status_fd: Option<i32>,
     /// No teardown progress and no summary line on stderr.
     #[arg(long, short)]
     quiet: bool,
@@ -435,6 +445,87 @@ fn progress_printer(quiet: bool) -> impl FnMut(&Progress) {
 }
 
 pub fn run(config: &Config, args: RunArgs) -> CliResult {
+    // The caller's descriptors first, before anything else opens one.
+    let (id_file, status_file) = take_run_fds(args.id_fd, args.status_fd)?;
+    let mut status = RunStatus::default();
+    let result = run_owned(config, args, &mut status, id_file);
+    if let Some(mut file) = status_file {
+        if let Err(e) = &result
+            && status.error.is_none()
+        {
+            status.error = Some(format!("{:#}", e.error));
+        }
+        let line = serde_json::to_string(&status).unwrap_or_default();
+        if let Err(e) = writeln!(file, "{line}") {
+            tracing::warn!(error = %e, "--status-fd not written");
+        }
+    }
+    result
+}
+
+/// The line `run --status-fd N` writes when it ends, on every path: the
+/// tree (`null` when none was recorded), its state in the ledger, how its
+/// root ended (`null` when unknown), and treewarden's own failure (`null`
+/// when there was none) — so a command's own `exit 125` is told from
+/// run's. A contract (docs/INTEGRATION.md): fields are only ever added.
+#[derive(Debug, Default, serde::Serialize)]
+struct RunStatus {
+    tree: Option<i64>,
+    state: Option<String>,
+    exit: Option<RunExit>,
+    error: Option<String>,
+}
+
+/// The root's end: `code` when it exited, `signal` when a signal killed it.
+#[derive(Debug, serde::Serialize)]
+struct RunExit {
+    code: Option<i32>,
+    signal: Option<i32>,
+}
+
+impl From<treewarden::proc::ExitStatus> for RunExit {
+    fn from(s: treewarden::proc::ExitStatus) -> Self {
+        match s {
+            treewarden::proc::ExitStatus::Exited(c) => Self {
+                code: Some(c),
+                signal: None,
+            },
+            treewarden::proc::ExitStatus::Signaled(n) => Self {
+                code: None,
+                signal: Some(n),
+            },
+        }
+    }
+}
+
+/// `--id-fd` and `--status-fd` (one descriptor may serve both: the id line
+/// comes first, the status line last).
+fn take_run_fds(
+    id_fd: Option<i32>,
+    status_fd: Option<i32>,
+) -> Result<(Option<std::fs::File>, Option<std::fs::File>), CliError> {
+    let take = |flag: &str, n: i32| {
+        treewarden::proc::take_inherited_fd(n)
+            .map_err(|e| CliError::internal(anyhow!("{flag} {n}: {e}")))
+    };
+    let id = id_fd.map(|n| take("--id-fd", n)).transpose()?;
+    let status = match (status_fd, &id) {
+        (Some(n), Some(file)) if Some(n) == id_fd => Some(
+            file.try_clone()
+                .map_err(|e| CliError::internal(anyhow!("--status-fd {n}: {e}")))?,
+        ),
+        (Some(n), _) => Some(take("--status-fd", n)?),
+        (None, _) => None,
+    };
+    Ok((id, status))
+}
+
+fn run_owned(
+    config: &Config,
+    args: RunArgs,
+    status: &mut RunStatus,
+    mut id_file: Option<std::fs::File>,
+) -> CliResult {
     if args.command.is_empty() {
         return Err(CliError::internal(anyhow!(
             "empty command: usage is `treewarden run [OPTIONS] -- CMD [ARGS...]`"
@@ -505,6 +596,17 @@ pub fn run(config: &Config, args: RunArgs) -> CliResult {
         first_signal: args.signal,
     };
     let mut progress = progress_printer(args.quiet);
+    let mut recorded_tree = None;
+    // The id goes to the caller once the tree is recorded, before the
+    // command runs; the descriptor is closed then (EOF for its reader).
+    let mut recorded = |tree: TreeId| {
+        recorded_tree = Some(tree.0);
+        if let Some(mut file) = id_file.take()
+            && let Err(e) = writeln!(file, "{}", tree.0)
+        {
+            tracing::warn!(error = %e, "--id-fd not written");
+        }
+    };
     // Orphans dead wrappers left are torn down beside the command, with the
     // grace each was given, so a host without a sweep timer does not depend
     // on one; run waits for them before it exits (never half done).
@@ -514,21 +616,37 @@ pub fn run(config: &Config, args: RunArgs) -> CliResult {
                 .name("tw-settle".into())
                 .spawn_scoped(scope, || engine.settle_orphans(SETTLE_LIMIT, args.grace))
         });
-        let outcome = engine.run(&req, &opts, &mut progress);
+        let outcome = engine.run_with(&req, &opts, &mut progress, &mut recorded);
         if let Some(Ok(handle)) = settling {
             let _ = handle.join();
         }
         outcome
     });
     progress_done(args.quiet);
+    status.tree = recorded_tree;
     let outcome = outcome.map_err(custody_error)?;
     let code = outcome.exit_code();
+    status.tree = Some(outcome.tree.0);
+    let row = engine.ledger().tree(outcome.tree).ok().flatten();
+    status.state = match (&row, &outcome.teardown) {
+        (Some(row), _) => Some(row.state.as_str().to_string()),
+        (None, Ok(r)) => Some(r.state.as_str().to_string()),
+        (None, Err(_)) => None,
+    };
+    status.exit = match outcome.end {
+        treewarden::custody::RunEnd::RootExited(s) => Some(s.into()),
+        _ => row.as_ref().and_then(|r| r.exit).map(|e| RunExit {
+            code: e.code,
+            signal: e.signal,
+        }),
+    };
     if !args.quiet
         && let Some(line) = run_summary(&outcome, args.verbose)
     {
         eprintln!("{line}");
     }
     if let Err(e) = outcome.teardown {
+        status.error = Some(e.to_string());
         if let Some(line) = survivors_hold_pipes(&engine, outcome.tree) {
             eprintln!("{line}");
         }
@@ -578,17 +696,17 @@ const SETTLE_LIMIT: usize = 8;
 fn named_owner(pid: i32, start_ticks: Option<u64>) -> Result<treewarden::proc::Identity, CliError> {
     let id = treewarden::proc::identity_of(pid)
         .map_err(|e| CliError::internal(anyhow!(e)))?
-        .ok_or_else(|| CliError::usage(anyhow!("--owner-pid {pid}: no such process")))?;
+        .ok_or_else(|| CliError::internal(anyhow!("--owner-pid {pid}: no such process")))?;
     if let Some(ticks) = start_ticks
         && ticks != id.start_ticks
     {
-        return Err(CliError::usage(anyhow!(
+        return Err(CliError::internal(anyhow!(
             "--owner-pid {pid}: started at tick {}, not {ticks} (the pid was recycled)",
             id.start_ticks
         )));
     }
     if !treewarden::proc::may_signal(pid) {
-        return Err(CliError::usage(anyhow!(
+        return Err(CliError::internal(anyhow!(
             "--owner-pid {pid}: not a process you may signal"
         )));
     }

@@ -190,6 +190,18 @@ impl Engine {
         opts: &RunOptions,
         progress: &mut dyn FnMut(&Progress),
     ) -> Result<RunOutcome, CustodyError> {
+        self.run_with(req, opts, progress, &mut |_| {})
+    }
+
+    /// [`Engine::run`], calling `recorded` with the tree's id after its
+    /// spawn is committed and before the command runs.
+    pub fn run_with(
+        &self,
+        req: &SpawnRequest,
+        opts: &RunOptions,
+        progress: &mut dyn FnMut(&Progress),
+        recorded: &mut dyn FnMut(TreeId),
+    ) -> Result<RunOutcome, CustodyError> {
         let reaper = self.reaper.ok_or_else(|| {
             CustodyError::Conflict("run needs a reaper: this process must own its children".into())
         })?;
@@ -228,7 +240,7 @@ impl Engine {
             first_signal: Some(opts.first_signal),
             ..req.clone()
         };
-        let spawned = self.spawn(&req)?;
+        let spawned = self.spawn_with(&req, recorded)?;
         let tree = spawned.tree;
         let obs = observer.as_ref().map(Observer::handle);
         if let Some(o) = &obs {

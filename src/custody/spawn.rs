@@ -139,6 +139,17 @@ pub(crate) fn identity_record(id: &Identity) -> IdentityRecord {
 impl Engine {
     /// Spawns `req` as an owned tree. Work that cannot be recorded never starts.
     pub fn spawn(&self, req: &SpawnRequest) -> Result<Spawned, CustodyError> {
+        self.spawn_with(req, &mut |_| {})
+    }
+
+    /// [`Engine::spawn`], calling `recorded` with the tree's id once its
+    /// spawn is committed and before the held child is released to exec
+    /// (`run --id-fd`: the caller knows the id before the command runs).
+    pub fn spawn_with(
+        &self,
+        req: &SpawnRequest,
+        recorded: &mut dyn FnMut(TreeId),
+    ) -> Result<Spawned, CustodyError> {
         let _span = tracing::info_span!(
             "spawn",
             label = req.label.as_deref().unwrap_or(""),
@@ -261,6 +272,7 @@ impl Engine {
         }
         let root = held.identity.clone();
         let (pgid, sid, cg) = (held.pgid, held.sid, held.cgroup.clone());
+        recorded(tree);
         match held.release() {
             Ok(_) => {}
             Err(failure) => {

@@ -18,12 +18,14 @@
 //! `unsafe` is allowed in this module tree only (crate-wide it is denied); it
 //! is confined to `fork`/`execve` and the async-signal-safe child path in
 //! [`boundary`], and to registering a pidfd with tokio's reactor in
-//! [`pidfd`], each block with a `// SAFETY:` line.
+//! [`pidfd`], and to taking a descriptor the caller handed over by number
+//! in [`fds`], each block with a `// SAFETY:` line.
 
 #![allow(unsafe_code)]
 
 pub mod boundary;
 pub mod connector;
+pub mod fds;
 pub mod identity;
 pub mod pidfd;
 pub mod probe;
@@ -38,6 +40,7 @@ pub use boundary::{
     remove_cgroup_if_empty, remove_cgroup_when_empty, resolve_boundary, spawn_held,
 };
 pub use connector::{Connector, ConnectorWaker, ProcEvent, monotonic_ns};
+pub use fds::take_inherited_fd;
 pub use identity::{
     Identity, Liveness, ProcKey, ProcStat, boot_id, identity_of, read_stat, self_identity,
 };

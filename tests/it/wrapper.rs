@@ -107,7 +107,8 @@ fn owner_pid_binds_the_tree_to_that_process_and_is_checked() {
             .expect("owner"),
     );
     let pid = owner.id().to_string();
-    // A start time that is not the owner's: refused (2), nothing recorded.
+    // A start time that is not the owner's: refused (125, run's own
+    // failure: its other statuses are the command's), nothing recorded.
     let out = env.output(&[
         "run",
         "--owner-pid",
@@ -117,13 +118,20 @@ fn owner_pid_binds_the_tree_to_that_process_and_is_checked() {
         "--",
         "true",
     ]);
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("recycled"), "{err}");
     // No such process: refused too.
     let out = env.output(&["run", "--owner-pid", "999999999", "--", "true"]);
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    assert!(
+        !env.ledger_path().exists()
+            || env
+                .output(&["ls", "--all", "--json"])
+                .stdout
+                .starts_with(b"[]")
+    );
 
     let run = KillOnDrop(env.spawn_run(&["--quiet", "--owner-pid", &pid], "sleep 600 & wait"));
     assert!(env.wait_marked(2));
@@ -323,4 +331,83 @@ fn an_unsettled_tree_refuses_dispatch_to_its_owner_only_unless_the_scope_is_the_
     assert_eq!(c, Some(0), "{err}");
     assert!(env.wait_none_marked(), "{:?}", env.marked());
     assert_eq!(env.show(1)["tree"]["state"], "ended");
+}
+
+/// `sh -c 'exec treewarden run ARGS 3>id 4>status'` in the env's dir: the
+/// exit code, the id file's text and the status line parsed.
+fn run_with_fds(env: &Env, args: &str) -> (Option<i32>, String, serde_json::Value) {
+    let script = format!("exec \"$0\" run --quiet --id-fd 3 --status-fd 4 {args} 3>id 4>status");
+    let out = env
+        .cmd_for("sh")
+        .args(["-c", &script])
+        .arg(bin())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run");
+    let id = std::fs::read_to_string(env.dir().join("id")).unwrap_or_default();
+    let status = std::fs::read_to_string(env.dir().join("status")).unwrap_or_default();
+    assert_eq!(status.lines().count(), 1, "one status line: {status:?}");
+    let status = serde_json::from_str(&status).expect("status json");
+    (out.status.code(), id, status)
+}
+
+#[test]
+fn id_fd_and_status_fd_tell_the_caller_its_tree_and_runs_own_verdict() {
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    // The command's own `exit 125`: the status line says it was the
+    // command's (error null). The id was there before the command ran, the
+    // command got it as TREEWARDEN_TREE_ID, and neither descriptor leaked
+    // into it.
+    let (code, id, status) = run_with_fds(
+        &env,
+        "-- sh -c 'cat id > id-seen; echo $TREEWARDEN_TREE_ID > env-seen; \
+         for n in 3 4; do [ -e /proc/self/fd/$n ] && echo $n >> leaked; done; exit 125'",
+    );
+    assert_eq!(code, Some(125));
+    assert_eq!(id, "1\n");
+    assert_eq!(
+        std::fs::read_to_string(env.dir().join("id-seen")).unwrap_or_default(),
+        "1\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(env.dir().join("env-seen")).unwrap_or_default(),
+        "1\n"
+    );
+    assert!(
+        !env.dir().join("leaked").exists(),
+        "a descriptor leaked into the command"
+    );
+    assert_eq!(
+        status,
+        serde_json::json!({"tree": 1, "state": "ended", "exit": {"code": 125, "signal": null}, "error": null})
+    );
+
+    // A timeout: the root killed by the teardown's SIGTERM, run exits 124.
+    let (code, id, status) = run_with_fds(&env, "--timeout 200ms -- sleep 600");
+    assert_eq!(code, Some(124));
+    assert_eq!(id, "2\n");
+    assert_eq!(
+        status,
+        serde_json::json!({"tree": 2, "state": "ended", "exit": {"code": null, "signal": 15}, "error": null})
+    );
+
+    // treewarden's own failure, before any tree: error says it, tree null.
+    let (code, id, status) = run_with_fds(&env, "--owner-pid 999999999 -- true");
+    assert_eq!(code, Some(125));
+    assert_eq!(id, "");
+    assert_eq!(status["tree"], serde_json::Value::Null, "{status}");
+    assert_eq!(status["exit"], serde_json::Value::Null, "{status}");
+    assert!(
+        status["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("no such process")),
+        "{status}"
+    );
+
+    // The command's stdio is not the caller's descriptor to take.
+    let out = env.output(&["run", "--status-fd", "1", "--", "true"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("use 3 or above"));
 }
