@@ -11,7 +11,7 @@ use anyhow::anyhow;
 use clap::Args;
 use treewarden::config::Config;
 use treewarden::custody::{
-    CustodyError, Engine, Origin, Progress, RunOptions, SpawnRequest, TeardownOptions,
+    CustodyError, Engine, Lifetime, Origin, Progress, RunOptions, SpawnRequest, TeardownOptions,
 };
 use treewarden::ledger::{Ledger, LedgerOptions, OwnerKind, TreeId, TreeRow};
 use treewarden::proc::{Reaper, Sig, SpawnStdio};
@@ -73,6 +73,13 @@ pub struct RunArgs {
     /// default) or `host` (every run on this data dir).
     #[arg(long, value_name = "SCOPE", default_value = "owner")]
     dispatch_scope: treewarden::custody::DispatchScope,
+    /// `root` (default): the tree ends when the command exits. `owner`: run
+    /// returns the command's status when it exits, and what it left running
+    /// stays in custody (a custodian process) until the owner — run's
+    /// parent process, or --owner-pid — exits, `treewarden kill`, or
+    /// --timeout.
+    #[arg(long, value_name = "LIFETIME", default_value = "root")]
+    lifetime: Lifetime,
     /// Do not settle, before starting, what dead owners left: teardowns
     /// that failed closed (finished with a fresh authorization) and orphans
     /// (torn down with their recorded grace, beside the command, at most 8).
@@ -533,9 +540,12 @@ fn run_owned(
     }
     let reaper = Reaper::install()
         .map_err(|e| CliError::internal(anyhow!("cannot become a subreaper: {e}")))?;
-    let named_owner = match args.owner_pid {
-        Some(pid) => Some(named_owner(pid, args.owner_start_ticks)?),
-        None => None,
+    let named_owner = match (args.owner_pid, args.lifetime) {
+        (Some(pid), _) => Some(named_owner(pid, args.owner_start_ticks)?),
+        // A tree that outlives its root lives as long as its owner: the
+        // caller (run's parent process) unless --owner-pid names another.
+        (None, Lifetime::Owner) => Some(named_owner(treewarden::proc::parent_pid(), None)?),
+        (None, Lifetime::Root) => None,
     };
     let mut engine = engine(config, Some(reaper))?;
     engine.set_dispatch_scope(args.dispatch_scope);
@@ -594,6 +604,15 @@ fn run_owned(
         observer: config.observer,
         observer_rcvbuf: config.observer_rcvbuf,
         first_signal: args.signal,
+        lifetime: args.lifetime,
+    };
+    let args_for_keep = KeepArgs {
+        grace: args.grace,
+        signal: args.signal,
+        scan_interval: args.scan_interval,
+        timeout: args.timeout,
+        started: std::time::Instant::now(),
+        quiet: args.quiet,
     };
     let mut progress = progress_printer(args.quiet);
     let mut recorded_tree = None;
@@ -630,8 +649,8 @@ fn run_owned(
     let row = engine.ledger().tree(outcome.tree).ok().flatten();
     status.state = match (&row, &outcome.teardown) {
         (Some(row), _) => Some(row.state.as_str().to_string()),
-        (None, Ok(r)) => Some(r.state.as_str().to_string()),
-        (None, Err(_)) => None,
+        (None, Ok(Some(r))) => Some(r.state.as_str().to_string()),
+        (None, _) => None,
     };
     status.exit = match outcome.end {
         treewarden::custody::RunEnd::RootExited(s) => Some(s.into()),
@@ -640,6 +659,14 @@ fn run_owned(
             signal: e.signal,
         }),
     };
+    if let Ok(None) = outcome.teardown {
+        // The root exited and the tree lives on: a custodian keeps it.
+        let owner = opts
+            .owner
+            .clone()
+            .ok_or_else(|| CliError::internal(anyhow!("a kept tree without an owner (a bug)")))?;
+        return hand_over(config, &engine, &outcome, &owner, &args_for_keep, status);
+    }
     if !args.quiet
         && let Some(line) = run_summary(&outcome, args.verbose)
     {
@@ -688,6 +715,152 @@ fn survivors_hold_pipes(engine: &Engine, tree: TreeId) -> Option<String> {
     ))
 }
 
+/// What the custodian of a kept tree needs from `run`'s arguments.
+struct KeepArgs {
+    grace: Duration,
+    signal: Sig,
+    scan_interval: Duration,
+    timeout: Option<Duration>,
+    /// When the tree was spawned (its timeout counts from there).
+    started: std::time::Instant,
+    quiet: bool,
+}
+
+/// `--lifetime owner`, the root exited and members live on: hands the tree
+/// to a custodian — a `treewarden custody` process in a session of its own,
+/// which outlives `run` — and returns the root's status at once. Without a
+/// custodian the tree is torn down now (never left unwatched), and run
+/// says so.
+fn hand_over(
+    config: &Config,
+    engine: &Engine,
+    outcome: &treewarden::custody::RunOutcome,
+    owner: &treewarden::proc::Identity,
+    keep: &KeepArgs,
+    status: &mut RunStatus,
+) -> CliResult {
+    let tree = outcome.tree;
+    let code = outcome.exit_code();
+    let mut argv: Vec<OsString> = vec![
+        std::env::current_exe()
+            .map(OsString::from)
+            .unwrap_or_else(|_| "treewarden".into()),
+        "--data-dir".into(),
+        config.data_dir.clone().into(),
+        "custody".into(),
+        tree.0.to_string().into(),
+        "--owner-pid".into(),
+        owner.pid.to_string().into(),
+        "--owner-start-ticks".into(),
+        owner.start_ticks.to_string().into(),
+        "--grace".into(),
+        format!("{}ms", keep.grace.as_millis()).into(),
+        "--signal".into(),
+        keep.signal.name().into(),
+        "--scan-interval".into(),
+        format!("{}ms", keep.scan_interval.as_millis()).into(),
+    ];
+    if let Some(t) = keep.timeout {
+        let left = t.saturating_sub(keep.started.elapsed());
+        argv.push("--timeout".into());
+        argv.push(format!("{}ms", left.as_millis()).into());
+    }
+    let spec = treewarden::proc::SpawnSpec {
+        argv,
+        cwd: None,
+        env: None,
+        stdio: SpawnStdio::Null,
+        cgroup: None,
+        cgroup_settings: Vec::new(),
+        log_file: None,
+        umask: None,
+        credentials: None,
+    };
+    let started = treewarden::proc::spawn_held(&spec)
+        .map_err(|e| e.to_string())
+        .and_then(|held| held.release().map_err(|e| e.to_string()));
+    match started {
+        Ok(custodian) => {
+            tracing::info!(
+                tree = tree.0,
+                custodian = custodian.pid,
+                "tree kept by a custodian"
+            );
+            if !keep.quiet {
+                eprintln!(
+                    "treewarden: tree {} root exited; what it left runs on in custody (custodian pid {}) until its owner (pid {}) exits, `treewarden kill {}`, or its timeout",
+                    tree.0, custodian.pid, owner.pid, tree.0
+                );
+            }
+            Ok(code)
+        }
+        Err(e) => {
+            // Never unwatched: torn down now, with the usual rules.
+            let reason = format!("root exited; no custodian to keep the tree ({e})");
+            let mut opts = TeardownOptions::new(keep.grace, reason, Origin::Run);
+            opts.first_signal = keep.signal;
+            let report = engine.teardown(tree, &opts, &mut |_| {});
+            status.state = report.as_ref().ok().map(|r| r.state.as_str().to_string());
+            let msg = format!(
+                "tree {}: --lifetime owner could not start its custodian ({e}); the tree was torn down",
+                tree.0
+            );
+            status.error = Some(msg.clone());
+            Err(CliError::internal(anyhow!(msg)))
+        }
+    }
+}
+
+/// `treewarden custody TREE --owner-pid P`: the custodian `run --lifetime
+/// owner` hands a tree to when its root exits (not for people; hidden).
+#[derive(Args, Debug)]
+pub struct CustodyArgs {
+    tree: i64,
+    #[arg(long, value_parser = clap::value_parser!(i32).range(1..))]
+    owner_pid: i32,
+    #[arg(long)]
+    owner_start_ticks: u64,
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    grace: Duration,
+    #[arg(short = 's', long = "signal", default_value = "TERM", value_parser = parse_signal)]
+    signal: Sig,
+    #[arg(long, default_value = "250ms", value_parser = parse_duration)]
+    scan_interval: Duration,
+    #[arg(long, value_parser = parse_duration)]
+    timeout: Option<Duration>,
+}
+
+/// The custodian: keeps the tree until its owner exits (or its timeout,
+/// a signal, or nothing left), then tears it down.
+pub fn custody(config: &Config, args: CustodyArgs) -> CliResult {
+    let deadline = args.timeout.map(|t| std::time::Instant::now() + t);
+    let engine = signal_engine(config)?;
+    let owner = treewarden::proc::Identity {
+        pid: args.owner_pid,
+        start_ticks: args.owner_start_ticks,
+        boot_id: treewarden::proc::boot_id()
+            .map_err(|e| CliError::internal(anyhow!(e)))?
+            .to_owned(),
+    };
+    let opts = treewarden::custody::KeepOptions {
+        owner,
+        deadline,
+        scan_interval: args.scan_interval,
+        grace: args.grace,
+        first_signal: args.signal,
+    };
+    let (end, report) = engine
+        .keep(TreeId(args.tree), &opts, &mut |_| {})
+        .map_err(custody_error)?;
+    tracing::info!(
+        tree = args.tree,
+        ?end,
+        state = report.state.as_str(),
+        "kept tree torn down"
+    );
+    Ok(0)
+}
+
 /// The most teardowns a command settles on its way (`run`, `ls`, `kill`).
 const SETTLE_LIMIT: usize = 8;
 
@@ -734,14 +907,16 @@ fn run_summary(outcome: &treewarden::custody::RunOutcome, always: bool) -> Optio
         RunEnd::OwnerDied => "owner died",
     };
     match &outcome.teardown {
-        Ok(r)
+        // Kept (`--lifetime owner`): the line is the custodian's to say.
+        Ok(None) => None,
+        Ok(Some(r))
             if !always
                 && matches!(outcome.end, RunEnd::RootExited(_))
                 && r.members_at_start == 0 =>
         {
             None
         }
-        Ok(r) => Some(format!(
+        Ok(Some(r)) => Some(format!(
             "treewarden: tree {} {why}: {} members torn down, {} force-killed ({} authorization{}), {}, {:.0} ms{}",
             outcome.tree.0,
             r.members_at_start,
@@ -851,6 +1026,9 @@ fn tree_line(t: &TreeRow) -> String {
 /// How a tree ended, in a word: its root's exit, or why it has none.
 fn end_reason(t: &TreeRow) -> String {
     use treewarden::ledger::TreeState as S;
+    if root_exited_members_alive(t) {
+        return "root exited, members alive".into();
+    }
     match (t.state, t.exit) {
         (_, Some(e)) => match (e.code, e.signal) {
             (_, Some(sig)) => format!("signal {sig}"),
@@ -863,6 +1041,14 @@ fn end_reason(t: &TreeRow) -> String {
         (S::SpawnFailed, None) => "spawn failed".into(),
         _ => "-".into(),
     }
+}
+
+/// A kept tree (`--lifetime owner`) whose root exited while members live on.
+fn root_exited_members_alive(t: &TreeRow) -> bool {
+    !t.state.is_terminal()
+        && t.flags
+            .iter()
+            .any(|f| f == treewarden::custody::ROOT_EXITED_FLAG)
 }
 
 pub fn show(config: &Config, args: ShowArgs) -> CliResult {
@@ -879,10 +1065,15 @@ pub fn show(config: &Config, args: ShowArgs) -> CliResult {
         return Ok(0);
     }
     let t = &detail.tree;
+    let state = if root_exited_members_alive(t) {
+        format!("{} (root exited, members alive)", t.state.as_str())
+    } else {
+        t.state.as_str().to_string()
+    };
     println!(
         "tree {}  {}  boundary {}  label {}",
         t.id,
-        t.state.as_str(),
+        state,
         t.boundary,
         t.label.clone().unwrap_or_default()
     );

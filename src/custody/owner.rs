@@ -41,7 +41,42 @@ pub struct RunOptions {
     pub observer_rcvbuf: usize,
     /// The teardown's first signal (`--signal`; SIGTERM by default).
     pub first_signal: crate::proc::Sig,
+    /// Whether the tree ends with its root ([`Lifetime::Root`]) or lives on
+    /// while anything of it runs, until its owner exits
+    /// ([`Lifetime::Owner`]; `owner` names the owner then).
+    pub lifetime: Lifetime,
 }
+
+/// How long a tree lives.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Lifetime {
+    /// The tree ends when its root exits (what it left is torn down).
+    #[default]
+    Root,
+    /// The root's exit is recorded and reported, and what it left running
+    /// stays in custody until the owner exits, the tree is killed, or its
+    /// timeout fires (background jobs a session keeps).
+    Owner,
+}
+
+impl std::str::FromStr for Lifetime {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "root" => Ok(Self::Root),
+            "owner" => Ok(Self::Owner),
+            other => Err(format!(
+                "unknown lifetime {other:?}: expected root or owner"
+            )),
+        }
+    }
+}
+
+/// The flag on a tree whose root exited while members live on
+/// (`--lifetime owner`): "root exited, members alive" in ls, show and the
+/// dashboard.
+pub const ROOT_EXITED_FLAG: &str = "root_exited";
 
 /// Why the tree was torn down.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -60,7 +95,10 @@ pub enum RunEnd {
 pub struct RunOutcome {
     pub tree: TreeId,
     pub end: RunEnd,
-    pub teardown: Result<TeardownReport, CustodyError>,
+    /// The teardown's report; `Ok(None)` when there was none because the
+    /// root exited and the tree lives on (`--lifetime owner`): the caller
+    /// hands it to a custodian ([`Engine::keep`]).
+    pub teardown: Result<Option<TeardownReport>, CustodyError>,
     /// The observer's final health counters; `None` when it did not run.
     pub observer: Option<ObserverStats>,
 }
@@ -344,6 +382,41 @@ impl Engine {
             }
         };
 
+        // `--lifetime owner`: the root's exit is recorded, and while
+        // anything of the tree lives it is kept (handed to a custodian by
+        // the caller) instead of torn down.
+        if let (RunEnd::RootExited(status), Lifetime::Owner) = (end, opts.lifetime) {
+            let mut exits: HashMap<i32, ExitStatus> = reaper.unclaimed().into_iter().collect();
+            exits.insert(spawned.root.pid, status);
+            let alive = match watch.as_mut() {
+                Some(w) => !w.tick(self, &exits).members.is_empty(),
+                // Unknown: kept; the custodian's scans decide.
+                None => true,
+            };
+            if alive {
+                // The root's exit, with its status (this process reaped it),
+                // whether or not a scan had seen the root as a member.
+                let root = super::spawn::identity_record(&spawned.root);
+                let exit = self.exit_of(spawned.root.pid, status);
+                if let Err(e) = self
+                    .ledger
+                    .record_exits(tree, &[(root, Some(exit))], "parent")
+                {
+                    tracing::warn!(tree = tree.0, error = %e, "the root's exit not recorded");
+                }
+                if let Err(e) = self.ledger.add_flag(tree, ROOT_EXITED_FLAG) {
+                    tracing::warn!(tree = tree.0, error = %e, "root_exited flag not recorded");
+                }
+                signals_handle.close();
+                let observer = observer.map(|o| o.stop());
+                return Ok(RunOutcome {
+                    tree,
+                    end,
+                    teardown: Ok(None),
+                    observer,
+                });
+            }
+        }
         let cause = match end {
             RunEnd::RootExited(s) => EndCause::RootExited(Some(s)),
             RunEnd::Timeout => EndCause::Timeout(opts.timeout.unwrap_or_default()),
@@ -354,7 +427,7 @@ impl Engine {
         let mut topts = cause.teardown_options(opts.grace, Origin::Run);
         topts.first_signal = opts.first_signal;
         topts.observer = obs;
-        let teardown = self.teardown(tree, &topts, progress);
+        let teardown = self.teardown(tree, &topts, progress).map(Some);
         signals_handle.close();
         let observer = observer.map(|o| {
             let stats = o.stop();
@@ -379,5 +452,109 @@ impl Engine {
             teardown,
             observer,
         })
+    }
+}
+
+/// How a custodian keeps a tree whose root exited (`--lifetime owner`).
+#[derive(Clone, Debug)]
+pub struct KeepOptions {
+    /// The owner: the tree is torn down when it exits.
+    pub owner: crate::proc::Identity,
+    /// When the tree's timeout fires (`None`: no timeout).
+    pub deadline: Option<Instant>,
+    pub scan_interval: Duration,
+    pub grace: Duration,
+    pub first_signal: crate::proc::Sig,
+}
+
+/// Why a kept tree ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeepEnd {
+    OwnerDied,
+    Timeout,
+    Signal(i32),
+    /// Nothing of the tree was left running.
+    Empty,
+}
+
+impl Engine {
+    /// Keeps a tree whose root exited until its owner exits, its timeout
+    /// fires, this process gets SIGINT/SIGTERM/SIGHUP, or nothing of it is
+    /// left; then tears it down with the same authority rules. What `run
+    /// --lifetime owner` hands the tree to (the `custody` subcommand), so
+    /// `run` can return the root's status at once. Needs no reaper: the
+    /// members are not its children, and the teardown verifies by a full walk.
+    pub fn keep(
+        &self,
+        tree: TreeId,
+        opts: &KeepOptions,
+        progress: &mut dyn FnMut(&Progress),
+    ) -> Result<(KeepEnd, TeardownReport), CustodyError> {
+        let (tx, rx) = mpsc::channel::<Event>();
+        let mut signals = signal_hook::iterator::Signals::new([
+            signal_hook::consts::SIGINT,
+            signal_hook::consts::SIGTERM,
+            signal_hook::consts::SIGHUP,
+        ])
+        .map_err(|e| CustodyError::Proc(crate::proc::ProcError::Io(e)))?;
+        let signals_handle = signals.handle();
+        {
+            let tx = tx.clone();
+            std::thread::Builder::new()
+                .name("tw-signals".into())
+                .spawn(move || {
+                    for sig in signals.forever() {
+                        if tx.send(Event::Signal(sig)).is_err() {
+                            break;
+                        }
+                    }
+                })
+                .map_err(|e| CustodyError::Proc(crate::proc::ProcError::Io(e)))?;
+        }
+        start_owner_watches(&[(opts.owner.clone(), RunEnd::OwnerDied)], &tx);
+        let (row, members) = self
+            .ledger
+            .tree_members(tree)?
+            .ok_or(CustodyError::UnknownTree(tree.0))?;
+        let exclude = self.exclude.as_ref().clone();
+        let mut watch = TreeWatch::new(&row, &members, &exclude);
+        let none = HashMap::new();
+        let end = loop {
+            if opts.deadline.is_some_and(|d| Instant::now() >= d) {
+                break KeepEnd::Timeout;
+            }
+            if owner_gone(&opts.owner) {
+                break KeepEnd::OwnerDied;
+            }
+            if let Some(w) = watch.as_mut()
+                && w.tick(self, &none).members.is_empty()
+            {
+                break KeepEnd::Empty;
+            }
+            let mut wait = opts.scan_interval;
+            if let Some(d) = opts.deadline {
+                wait = wait.min(d.saturating_duration_since(Instant::now()));
+            }
+            match rx.recv_timeout(wait) {
+                Ok(Event::Owner(_)) => break KeepEnd::OwnerDied,
+                Ok(Event::Signal(n)) => break KeepEnd::Signal(n),
+                Ok(_) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => break KeepEnd::Signal(libc::SIGTERM),
+            }
+        };
+        let reason = match end {
+            KeepEnd::OwnerDied => EndCause::OwnerExited.reason(),
+            KeepEnd::Timeout => EndCause::Timeout(Duration::ZERO).reason(),
+            KeepEnd::Signal(n) => {
+                format!("the custodian of a tree whose root exited received signal {n}")
+            }
+            KeepEnd::Empty => "every member exited (the root exited earlier)".to_string(),
+        };
+        let mut topts = super::teardown::TeardownOptions::new(opts.grace, reason, Origin::Run);
+        topts.first_signal = opts.first_signal;
+        let report = self.teardown(tree, &topts, progress);
+        signals_handle.close();
+        Ok((end, report?))
     }
 }

@@ -411,3 +411,94 @@ fn id_fd_and_status_fd_tell_the_caller_its_tree_and_runs_own_verdict() {
     assert_eq!(out.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&out.stderr).contains("use 3 or above"));
 }
+
+#[test]
+fn lifetime_owner_returns_the_roots_status_at_once_and_keeps_what_it_left_until_the_owner_dies() {
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    // The owner is run's parent: a shell that runs `run --lifetime owner`
+    // in the foreground, writes its status, then becomes a long sleep (same
+    // pid, same start time: the owner lives on). The background job ignores
+    // SIGTERM, so its end needs the authorized SIGKILL.
+    let job: Vec<String> = env
+        .marked_argv("trap '' TERM; sleep 600 & exit 0")
+        .iter()
+        .map(|a| format!("'{}'", a.replace('\'', "'\\''")))
+        .collect();
+    let script = format!(
+        "\"$0\" run --quiet --lifetime owner --grace 200ms -- {}; echo $? > code; exec sleep 600",
+        job.join(" ")
+    );
+    let t0 = Instant::now();
+    let owner = KillOnDrop(
+        env.cmd_for("sh")
+            .args(["-c", &script])
+            .arg(bin())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("owner shell"),
+    );
+    let code_file = env.dir().join("code");
+    assert!(wait_until(Duration::from_secs(10), || {
+        std::fs::read_to_string(&code_file).is_ok_and(|c| c.ends_with('\n'))
+    }));
+    let returned = t0.elapsed();
+    say(&format!(
+        "wrapper: --lifetime owner run returned after {returned:?}"
+    ));
+    assert_eq!(
+        std::fs::read_to_string(&code_file).unwrap_or_default(),
+        "0\n"
+    );
+    assert!(
+        returned < Duration::from_secs(1),
+        "returned after {returned:?}"
+    );
+    // The job lives on while its owner does.
+    assert!(env.wait_marked(1));
+    assert!(
+        !wait_until(Duration::from_millis(800), || env.marked().is_empty()),
+        "the background job died with its root"
+    );
+    let show = env.show(1);
+    assert_eq!(show["tree"]["state"], "running", "{show}");
+    assert_eq!(
+        show["tree"]["owner"]["pid"].as_i64(),
+        Some(owner.id() as i64),
+        "{show}"
+    );
+    let ls = env.output(&["ls"]);
+    assert!(
+        String::from_utf8_lossy(&ls.stdout).contains("root exited, members alive"),
+        "{}",
+        String::from_utf8_lossy(&ls.stdout)
+    );
+    let events = env.export();
+    assert!(
+        events.iter().any(|e| e["kind"] == "member.exited"
+            && e["data"]["identity"]["pid"] == show["tree"]["root_pid"]
+            && e["data"]["exit"]["code"] == 0),
+        "the root's exit is recorded"
+    );
+    // The owner dies: the job is torn down within a second, with its
+    // authorization.
+    signal(owner.id(), rustix::process::Signal::KILL);
+    let took = time_until_none_marked(&env, Duration::from_secs(10));
+    say(&format!(
+        "wrapper: kept tree gone {took:?} after its owner died"
+    ));
+    let took = took.expect("the kept tree outlived its owner");
+    assert!(took < Duration::from_secs(1), "took {took:?}");
+    assert!(wait_until(Duration::from_secs(10), || env.show(1)["tree"]
+        ["state"]
+        == "ended"));
+    assert!(
+        env.assert_kills_authorized() > 0,
+        "the SIGKILL had its authorization"
+    );
+    env.assert_verifies("kept tree");
+    drop(owner);
+}
