@@ -45,7 +45,10 @@ pub use dispatch::{DispatchScope, Unsettled};
 pub use follow::{LogFollower, remove_logs};
 pub use host::{Host, KernelHost};
 pub use observer::{Observer, ObserverHandle, ObserverStats};
-pub use owner::{KeepEnd, KeepOptions, Lifetime, ROOT_EXITED_FLAG, RunEnd, RunOptions, RunOutcome};
+pub use owner::{
+    KeepEnd, KeepOptions, LIFETIME_OWNER_FLAG, Lifetime, ROOT_EXITED_FLAG, RunEnd, RunOptions,
+    RunOutcome,
+};
 pub use spawn::{OnBehalf, SpawnRequest, Spawned, log_path, read_log};
 pub use stats::EngineStats;
 pub use sweep::{

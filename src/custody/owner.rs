@@ -78,6 +78,10 @@ impl std::str::FromStr for Lifetime {
 /// dashboard.
 pub const ROOT_EXITED_FLAG: &str = "root_exited";
 
+/// The flag on a tree spawned with [`Lifetime::Owner`], so an owner that
+/// takes it over later (a restarted service) keeps its lifetime.
+pub const LIFETIME_OWNER_FLAG: &str = "lifetime_owner";
+
 /// Why the tree was torn down.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -280,6 +284,9 @@ impl Engine {
         };
         let spawned = self.spawn_with(&req, recorded)?;
         let tree = spawned.tree;
+        if opts.lifetime == Lifetime::Owner {
+            self.mark_lifetime_owner(tree);
+        }
         let obs = observer.as_ref().map(Observer::handle);
         if let Some(o) = &obs {
             o.watch(tree, spawned.pgid, spawned.sid, &spawned.root);
@@ -394,19 +401,7 @@ impl Engine {
                 None => true,
             };
             if alive {
-                // The root's exit, with its status (this process reaped it),
-                // whether or not a scan had seen the root as a member.
-                let root = super::spawn::identity_record(&spawned.root);
-                let exit = self.exit_of(spawned.root.pid, status);
-                if let Err(e) = self
-                    .ledger
-                    .record_exits(tree, &[(root, Some(exit))], "parent")
-                {
-                    tracing::warn!(tree = tree.0, error = %e, "the root's exit not recorded");
-                }
-                if let Err(e) = self.ledger.add_flag(tree, ROOT_EXITED_FLAG) {
-                    tracing::warn!(tree = tree.0, error = %e, "root_exited flag not recorded");
-                }
+                self.record_root_exit_kept(tree, &spawned.root, Some(status));
                 signals_handle.close();
                 let observer = observer.map(|o| o.stop());
                 return Ok(RunOutcome {
@@ -479,6 +474,44 @@ pub enum KeepEnd {
 }
 
 impl Engine {
+    /// Flags a tree [`LIFETIME_OWNER_FLAG`] (best effort, logged).
+    pub fn mark_lifetime_owner(&self, tree: TreeId) {
+        if let Err(e) = self.ledger.add_flag(tree, LIFETIME_OWNER_FLAG) {
+            tracing::warn!(tree = tree.0, error = %e, "lifetime_owner flag not recorded");
+        }
+    }
+
+    /// Records that a kept tree's root exited (`member.exited`, with its
+    /// status when this process reaped it) and flags the tree
+    /// [`ROOT_EXITED_FLAG`]. Best effort: a refused write is logged (the
+    /// tree stays in custody either way).
+    pub fn record_root_exit_kept(
+        &self,
+        tree: TreeId,
+        root: &crate::proc::Identity,
+        status: Option<ExitStatus>,
+    ) {
+        let record = super::spawn::identity_record(root);
+        let exit = status.map(|s| self.exit_of(root.pid, s));
+        if let Err(e) = self.ledger.record_exits(tree, &[(record, exit)], "parent") {
+            tracing::warn!(tree = tree.0, error = %e, "the root's exit not recorded");
+        }
+        if let Err(e) = self.ledger.add_flag(tree, ROOT_EXITED_FLAG) {
+            tracing::warn!(tree = tree.0, error = %e, "root_exited flag not recorded");
+        }
+    }
+
+    /// Whether nothing of the tree runs now (one full walk): a kept tree
+    /// whose members all exited ends. Unreadable counts as not empty.
+    pub fn tree_empty_now(&self, tree: TreeId) -> bool {
+        let Ok(Some((row, members))) = self.ledger.tree_members(tree) else {
+            return false;
+        };
+        let exclude = self.exclude.as_ref().clone();
+        TreeWatch::new(&row, &members, &exclude)
+            .is_some_and(|mut w| w.tick(self, &HashMap::new()).members.is_empty())
+    }
+
     /// Keeps a tree whose root exited until its owner exits, its timeout
     /// fires, this process gets SIGINT/SIGTERM/SIGHUP, or nothing of it is
     /// left; then tears it down with the same authority rules. What `run

@@ -502,3 +502,74 @@ fn lifetime_owner_returns_the_roots_status_at_once_and_keeps_what_it_left_until_
     env.assert_verifies("kept tree");
     drop(owner);
 }
+
+#[test]
+fn api_lifetime_owner_keeps_what_the_root_left_until_the_owner_dies() {
+    let s = crate::serve::Server::start(&[]);
+    let mut client = KillOnDrop(
+        Command::new("sleep")
+            .arg("300")
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("client process"),
+    );
+    let mut body = s.body("trap '' TERM; sleep 600 & exit 0");
+    body["owner_pid"] = serde_json::json!(client.id());
+    body["lifetime"] = serde_json::json!("owner");
+    // Without an owner it is refused: nothing would end the tree.
+    let mut orphan = body.clone();
+    orphan.as_object_mut().map(|o| o.remove("owner_pid"));
+    let (status, v) = s.post("/api/trees", Some(&orphan));
+    assert_eq!(status, 422, "{v}");
+    assert!(v.to_string().contains("owner_pid"), "{v}");
+
+    let t0 = Instant::now();
+    let (status, v) = s.post("/api/trees", Some(&body));
+    assert_eq!(status, 201, "{v}");
+    let id = v["id"].as_i64().expect("tree id");
+    let tree = |id: i64| -> serde_json::Value {
+        s.get(&format!("/api/trees/{id}"))
+            .json()
+            .expect("tree json")
+    };
+    // The root's exit is recorded and reported at once; the tree lives on.
+    assert!(
+        wait_until(Duration::from_secs(10), || tree(id)["tree"]["flags"]
+            .as_array()
+            .is_some_and(|f| f.iter().any(|f| f == "root_exited"))),
+        "{}",
+        tree(id)
+    );
+    let reported = t0.elapsed();
+    say(&format!(
+        "wrapper: API root exit reported after {reported:?}"
+    ));
+    assert!(reported < Duration::from_secs(1), "{reported:?}");
+    let t = tree(id);
+    assert_eq!(t["tree"]["state"], "running", "{t}");
+    assert!(
+        !wait_until(Duration::from_millis(800), || s.marked().is_empty()),
+        "the background job died with its root"
+    );
+    // The owner dies: torn down within a second, with its authorization.
+    let _ = client.0.kill();
+    let _ = client.0.wait();
+    let killed = Instant::now();
+    assert!(wait_until(Duration::from_secs(10), || s
+        .marked()
+        .is_empty()));
+    let took = killed.elapsed();
+    say(&format!(
+        "wrapper: API kept tree gone {took:?} after its owner died"
+    ));
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    assert!(wait_until(
+        Duration::from_secs(10),
+        || tree(id)["tree"]["state"] == "ended"
+    ));
+    let events = tree(id)["events"].as_array().cloned().unwrap_or_default();
+    assert!(
+        events.iter().any(|e| e["kind"] == "kill.authorized"),
+        "the SIGKILL had its authorization: {events:?}"
+    );
+}
