@@ -73,6 +73,16 @@ pub struct RunArgs {
     /// default) or `host` (every run on this data dir).
     #[arg(long, value_name = "SCOPE", default_value = "owner")]
     dispatch_scope: treewarden::custody::DispatchScope,
+    /// Give the tree its own terminal (a pty as its controlling terminal
+    /// and stdio), relayed to this one in raw mode: prompts, full-screen
+    /// tools, window resizes and Ctrl-C (SIGINT to the tree through its
+    /// terminal) work. Default: when stdin is a terminal.
+    #[arg(long, overrides_with = "no_tty")]
+    tty: bool,
+    /// No terminal for the tree, even when stdin is one (it inherits
+    /// run's descriptors, in a session without a controlling terminal).
+    #[arg(long, overrides_with = "tty")]
+    no_tty: bool,
     /// `root` (default): the tree ends when the command exits. `owner`: run
     /// returns the command's status when it exits, and what it left running
     /// stays in custody (a custodian process) until the owner — run's
@@ -605,6 +615,28 @@ fn run_owned(
         observer_rcvbuf: config.observer_rcvbuf,
         first_signal: args.signal,
         lifetime: args.lifetime,
+        tty: None,
+    };
+    let mut opts = opts;
+    // Terminal mode: the tree's own pty, the caller's terminal raw (restored
+    // when `_raw` drops, before anything more is printed).
+    let pty = if args.tty || (!args.no_tty && treewarden::proc::tty::stdin_is_tty()) {
+        let pty = treewarden::proc::tty::Pty::open()
+            .map_err(|e| CliError::internal(anyhow!("--tty: no pseudo-terminal: {e}")))?;
+        pty.copy_size_from_stdin();
+        opts.tty = Some(pty.slave().to_path_buf());
+        Some(pty)
+    } else {
+        None
+    };
+    let mut relay = match &pty {
+        Some(p) => Some(TtyRelay::new(p).map_err(|e| CliError::internal(anyhow!("--tty: {e}")))?),
+        None => None,
+    };
+    let raw = match &pty {
+        Some(_) => treewarden::proc::tty::RawTerminal::enter()
+            .map_err(|e| CliError::internal(anyhow!("--tty: raw mode: {e}")))?,
+        None => None,
     };
     let args_for_keep = KeepArgs {
         grace: args.grace,
@@ -620,6 +652,10 @@ fn run_owned(
     // command runs; the descriptor is closed then (EOF for its reader).
     let mut recorded = |tree: TreeId| {
         recorded_tree = Some(tree.0);
+        // The tree's terminal is open on its side now: relay it.
+        if let Some(r) = relay.as_mut() {
+            r.start();
+        }
         if let Some(mut file) = id_file.take()
             && let Err(e) = writeln!(file, "{}", tree.0)
         {
@@ -641,6 +677,12 @@ fn run_owned(
         }
         outcome
     });
+    // What the tree wrote is on its way to our stdout; then the caller's
+    // terminal gets its mode back.
+    if let Some(r) = relay.take() {
+        r.finish(Duration::from_secs(2));
+    }
+    drop(raw);
     progress_done(args.quiet);
     status.tree = recorded_tree;
     let outcome = outcome.map_err(custody_error)?;
@@ -715,6 +757,87 @@ fn survivors_hold_pipes(engine: &Engine, tree: TreeId) -> Option<String> {
     ))
 }
 
+/// `run --tty`'s byte relay: stdin -> the tree's terminal, the tree's
+/// terminal -> stdout, and SIGWINCH -> the terminal's size. Threads, as the
+/// rest of `run`; the stdin reader is left blocked in its read when run
+/// ends (the process exits).
+struct TtyRelay {
+    master_in: Option<std::fs::File>,
+    master_out: Option<std::fs::File>,
+    master_size: Option<std::fs::File>,
+    done: Option<std::sync::mpsc::Receiver<()>>,
+    winch: Option<signal_hook::iterator::Handle>,
+}
+
+impl TtyRelay {
+    fn new(pty: &treewarden::proc::tty::Pty) -> std::io::Result<Self> {
+        Ok(Self {
+            master_in: Some(pty.master().try_clone()?),
+            master_out: Some(pty.master().try_clone()?),
+            master_size: Some(pty.master().try_clone()?),
+            done: None,
+            winch: None,
+        })
+    }
+
+    fn start(&mut self) {
+        use std::io::Read;
+        if let Some(mut master) = self.master_out.take() {
+            let (tx, rx) = std::sync::mpsc::channel();
+            self.done = Some(rx);
+            let _ = std::thread::Builder::new()
+                .name("tw-tty-out".into())
+                .spawn(move || {
+                    let mut out = std::io::stdout();
+                    let mut buf = [0u8; 8192];
+                    // EIO once every holder of the tree's side has closed it.
+                    while let Ok(n @ 1..) = master.read(&mut buf) {
+                        if out.write_all(&buf[..n]).and_then(|()| out.flush()).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = tx.send(());
+                });
+        }
+        if let Some(mut master) = self.master_in.take() {
+            let _ = std::thread::Builder::new()
+                .name("tw-tty-in".into())
+                .spawn(move || {
+                    let mut input = std::io::stdin();
+                    let mut buf = [0u8; 4096];
+                    while let Ok(n @ 1..) = input.read(&mut buf) {
+                        if master.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                });
+        }
+        if let Some(master) = self.master_size.take()
+            && let Ok(mut winch) =
+                signal_hook::iterator::Signals::new([signal_hook::consts::SIGWINCH])
+        {
+            self.winch = Some(winch.handle());
+            let _ = std::thread::Builder::new()
+                .name("tw-tty-winch".into())
+                .spawn(move || {
+                    for _ in winch.forever() {
+                        treewarden::proc::tty::copy_stdin_size_to(&master);
+                    }
+                });
+        }
+    }
+
+    /// Waits (bounded) until the tree's output is relayed.
+    fn finish(self, limit: Duration) {
+        if let Some(done) = &self.done {
+            let _ = done.recv_timeout(limit);
+        }
+        if let Some(h) = &self.winch {
+            h.close();
+        }
+    }
+}
+
 /// What the custodian of a kept tree needs from `run`'s arguments.
 struct KeepArgs {
     grace: Duration,
@@ -775,6 +898,7 @@ fn hand_over(
         log_file: None,
         umask: None,
         credentials: None,
+        tty: None,
     };
     let started = treewarden::proc::spawn_held(&spec)
         .map_err(|e| e.to_string())

@@ -45,6 +45,9 @@ pub struct RunOptions {
     /// while anything of it runs, until its owner exits
     /// ([`Lifetime::Owner`]; `owner` names the owner then).
     pub lifetime: Lifetime,
+    /// The pseudo-terminal slave the root gets as its controlling terminal
+    /// and stdio (`run --tty`; the caller relays the master).
+    pub tty: Option<std::path::PathBuf>,
 }
 
 /// How long a tree lives.
@@ -282,7 +285,7 @@ impl Engine {
             first_signal: Some(opts.first_signal),
             ..req.clone()
         };
-        let spawned = self.spawn_with(&req, recorded)?;
+        let spawned = self.spawn_on(&req, opts.tty.as_deref(), recorded)?;
         let tree = spawned.tree;
         if opts.lifetime == Lifetime::Owner {
             self.mark_lifetime_owner(tree);

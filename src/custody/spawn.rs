@@ -150,6 +150,17 @@ impl Engine {
         req: &SpawnRequest,
         recorded: &mut dyn FnMut(TreeId),
     ) -> Result<Spawned, CustodyError> {
+        self.spawn_on(req, None, recorded)
+    }
+
+    /// [`Engine::spawn_with`], the root's stdio and controlling terminal
+    /// being the pseudo-terminal slave `tty` when given (`run --tty`).
+    pub(crate) fn spawn_on(
+        &self,
+        req: &SpawnRequest,
+        tty: Option<&std::path::Path>,
+        recorded: &mut dyn FnMut(TreeId),
+    ) -> Result<Spawned, CustodyError> {
         let _span = tracing::info_span!(
             "spawn",
             label = req.label.as_deref().unwrap_or(""),
@@ -237,6 +248,7 @@ impl Engine {
         };
         let spec = SpawnSpec {
             credentials: req.on_behalf.as_ref().and_then(|b| b.run_as.clone()),
+            tty: tty.map(std::path::Path::to_path_buf),
             log_file,
             umask: req.umask,
             argv: req.argv.clone(),

@@ -32,6 +32,7 @@ pub mod probe;
 pub mod reaper;
 mod resources;
 pub mod signal;
+pub mod tty;
 pub mod users;
 
 pub use boundary::{

@@ -573,3 +573,155 @@ fn api_lifetime_owner_keeps_what_the_root_left_until_the_owner_dies() {
         "the SIGKILL had its authorization: {events:?}"
     );
 }
+
+/// Drives `run` on a real pseudo-terminal, as a user's terminal would be:
+/// python's `os.openpty`, the wrapper's stdio on the slave. Prints one JSON
+/// object: what the terminal showed, run's exit code, whether the
+/// terminal's mode came back.
+const PTY_DRIVER: &str = r#"
+import fcntl, json, os, select, struct, subprocess, sys, termios, time
+spec = json.loads(sys.argv[1])
+master, slave = os.openpty()
+fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+before = termios.tcgetattr(slave)
+p = subprocess.Popen(spec["argv"], stdin=slave, stdout=slave, stderr=slave,
+                     start_new_session=True, cwd=spec["cwd"])
+out = b""
+def read_until(token, limit):
+    global out
+    deadline = time.time() + limit
+    while token.encode() not in out and time.time() < deadline:
+        r, _, _ = select.select([master], [], [], 0.05)
+        if r:
+            try:
+                out += os.read(master, 4096)
+            except OSError:
+                break
+    return token.encode() in out
+steps = []
+for step in spec["steps"]:
+    if step[0] == "expect":
+        steps.append([step[1], read_until(step[1], 20)])
+    elif step[0] == "write":
+        os.write(master, step[1].encode())
+    elif step[0] == "resize":
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", step[1], step[2], 0, 0))
+        os.kill(p.pid, 28)  # SIGWINCH, as the kernel sends it to a foreground job
+try:
+    code = p.wait(timeout=30)
+except subprocess.TimeoutExpired:
+    p.kill(); code = p.wait()
+read_until("\0never", 0.2)
+print(json.dumps({"code": code, "steps": steps, "restored": termios.tcgetattr(slave) == before,
+                  "raw_seen": out.decode("utf-8", "replace")}))
+"#;
+
+/// Runs [`PTY_DRIVER`]; `None` (after a skip line) without python3.
+fn on_a_pty(
+    env: &Env,
+    run_args: &[&str],
+    script: &str,
+    steps: serde_json::Value,
+) -> Option<serde_json::Value> {
+    if Command::new("python3")
+        .arg("-c")
+        .arg("import pty")
+        .status()
+        .map(|s| !s.success())
+        .unwrap_or(true)
+    {
+        skip("python3 with its pty support is not installed");
+        return None;
+    }
+    let mut argv = vec![bin().display().to_string(), "run".into()];
+    argv.extend(run_args.iter().map(|a| a.to_string()));
+    argv.push("--".into());
+    argv.extend(env.marked_argv(script));
+    let spec = serde_json::json!({"argv": argv, "steps": steps, "cwd": env.dir()});
+    let out = env
+        .cmd_for("python3")
+        .args(["-c", PTY_DRIVER])
+        .arg(spec.to_string())
+        .stdin(Stdio::null())
+        .output()
+        .expect("pty driver");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(serde_json::from_slice(&out.stdout).expect("driver json"))
+}
+
+#[test]
+fn under_a_pty_the_tree_gets_a_terminal_window_sizes_and_ctrl_c_as_sigint() {
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    let script = "trap 'echo got-INT; exit 7' INT; trap 'echo size $(stty size)' WINCH; \
+                  tty; echo start $(stty size); echo ready; while :; do sleep 0.05; done";
+    let Some(r) = on_a_pty(
+        &env,
+        &["--quiet"],
+        script,
+        serde_json::json!([
+            ["expect", "ready"],
+            ["resize", 40, 100],
+            ["expect", "size 40 100"],
+            ["write", "\u{3}"],
+            ["expect", "got-INT"],
+        ]),
+    ) else {
+        return;
+    };
+    let seen = r["raw_seen"].as_str().unwrap_or_default().to_string();
+    assert!(
+        seen.contains("/dev/pts/"),
+        "run -- tty prints a terminal: {seen}"
+    );
+    assert!(seen.contains("start 24 80"), "the caller's size: {seen}");
+    for step in r["steps"].as_array().expect("steps") {
+        assert_eq!(step[1], true, "never saw {}: {seen}", step[0]);
+    }
+    // Ctrl-C reached the tree as SIGINT (its trap ran), run passed on 7.
+    assert_eq!(r["code"], 7, "{seen}");
+    assert_eq!(r["restored"], true, "the caller's terminal mode came back");
+    assert!(env.wait_none_marked(), "{:?}", env.marked());
+    let show = env.show(1);
+    assert_eq!(show["tree"]["state"], "ended", "{show}");
+}
+
+#[test]
+fn under_a_pty_a_timeout_still_tears_the_tree_down_with_its_first_signal() {
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    let Some(r) = on_a_pty(
+        &env,
+        &["--quiet", "--timeout", "1s", "--grace", "200ms"],
+        "trap 'echo got-TERM; exit 3' TERM; tty; echo ready; sleep 600 & wait",
+        serde_json::json!([["expect", "ready"], ["expect", "got-TERM"]]),
+    ) else {
+        return;
+    };
+    let seen = r["raw_seen"].as_str().unwrap_or_default().to_string();
+    assert!(seen.contains("/dev/pts/"), "{seen}");
+    for step in r["steps"].as_array().expect("steps") {
+        assert_eq!(step[1], true, "never saw {}: {seen}", step[0]);
+    }
+    assert_eq!(r["code"], 124, "{seen}");
+    assert_eq!(r["restored"], true);
+    assert!(env.wait_none_marked(), "{:?}", env.marked());
+    // And --no-tty leaves the tree without a controlling terminal, even on
+    // a terminal (its stdin is still the caller's: `tty` would name it).
+    let Some(r) = on_a_pty(
+        &env,
+        &["--quiet", "--no-tty"],
+        "(exec < /dev/tty) 2>/dev/null && echo has-ctty || echo no-terminal",
+        serde_json::json!([["expect", "no-terminal"]]),
+    ) else {
+        return;
+    };
+    assert_eq!(r["steps"][0][1], true, "{}", r["raw_seen"]);
+    assert_eq!(r["code"], 0);
+}
