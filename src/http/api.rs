@@ -80,8 +80,8 @@ pub struct SpawnBody {
     pub user: Option<String>,
     /// `root` (default): the tree ends when its root exits. `owner`: the
     /// root's exit is recorded, and what it left running stays in custody
-    /// until the owner (`owner_pid`, required) exits, the tree is killed,
-    /// or its timeout fires.
+    /// until the owner (`owner_pid`; without it the service) exits, the
+    /// tree is killed, or its timeout fires.
     #[schema(pattern = "^(root|owner)$", example = "owner")]
     pub lifetime: Option<String>,
 }
@@ -425,11 +425,6 @@ impl SpawnBody {
             None => crate::custody::Lifetime::Root,
             Some(l) => l.parse().map_err(bad)?,
         };
-        if lifetime == crate::custody::Lifetime::Owner && self.owner_pid.is_none() {
-            return Err(bad(
-                "lifetime owner needs owner_pid: the process whose exit ends the tree".into(),
-            ));
-        }
         Ok(SpawnParams {
             lifetime,
             limits,

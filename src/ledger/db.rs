@@ -236,7 +236,8 @@ fn open_connection(path: &Path, busy_timeout: Duration) -> Result<Connection, Fa
     // a lock upgrade that could deadlock with BUSY at once, without its busy
     // handler, so concurrent first uses (40 `run`s on a new data dir) failed
     // in milliseconds claiming a writer held the lock for the busy timeout.
-    // Under the init lock the others wait their turn, then find it current.
+    // Under the init lock (on the ledger's directory) the others wait their
+    // turn, then find it current.
     let _init = InitLock::take(path, busy_timeout.max(INIT_WAIT))?;
     if is_current(&conn) {
         return Ok(conn);
@@ -249,28 +250,24 @@ fn open_connection(path: &Path, busy_timeout: Duration) -> Result<Connection, Fa
 /// migrating the ledger (at least; the busy timeout when longer).
 const INIT_WAIT: Duration = Duration::from_secs(30);
 
-/// `<ledger>-init.lock`: an advisory `flock` held while a process creates or
-/// migrates the ledger, released when the file closes (also when the process
-/// dies). The file stays (empty); it is never a ledger's only copy of
-/// anything.
+/// An advisory `flock` on the ledger's directory, held while a process
+/// creates or migrates the ledger, released when the handle closes (also
+/// when the process dies). The directory, not a file of its own: nothing is
+/// left behind, and the ledger file itself is not touched outside SQLite
+/// (closing another descriptor of it would drop SQLite's POSIX locks).
 struct InitLock {
     _file: Option<std::fs::File>,
 }
 
 impl InitLock {
-    /// Takes the lock, waiting at most `wait`. A lock file that cannot be made
-    /// (a read-only directory) is no lock: the migration's own retries still
-    /// apply.
+    /// Takes the lock, waiting at most `wait`. A directory that cannot be
+    /// opened or locked is no lock: the migration's own retries still apply.
     fn take(path: &Path, wait: Duration) -> Result<Self, Fail> {
-        let mut name = path.as_os_str().to_owned();
-        name.push("-init.lock");
-        let file = match std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .open(std::path::PathBuf::from(name))
-        {
+        let dir = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let file = match std::fs::File::open(dir) {
             Ok(f) => f,
             Err(e) => {
                 tracing::debug!(error = %e, "no ledger init lock: migrating without one");

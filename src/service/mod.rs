@@ -651,7 +651,6 @@ impl Service {
             let mut kept_root_exit = None;
             if let (WatchEnd::RootExited, crate::custody::Lifetime::Owner, Some(r)) =
                 (&why, lifetime, &root)
-                && owner.is_some()
             {
                 let (engine, reaper, r) = (this.engine.clone(), this.reaper, r.clone());
                 let kept = blocking(move || {

@@ -13,6 +13,15 @@ use std::time::{Duration, Instant};
 use crate::custody::Env;
 use crate::util::{KillOnDrop, bin, say, signal, skip, wait_child, wait_until};
 
+/// The forty-process burst takes this exclusively; the tests that measure
+/// "within a second" take it shared, so the burst of this module is never
+/// what they measure.
+static BURST: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+fn timed() -> std::sync::RwLockReadGuard<'static, ()> {
+    BURST.read().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Waits until no marked process lives; returns how long that took.
 fn time_until_none_marked(env: &Env, limit: Duration) -> Option<Duration> {
     let t0 = Instant::now();
@@ -21,6 +30,7 @@ fn time_until_none_marked(env: &Env, limit: Duration) -> Option<Duration> {
 
 #[test]
 fn a_wrapper_spawned_from_a_thread_that_exits_keeps_its_tree_until_the_process_dies() {
+    let _timed = timed();
     let Some(env) = Env::new("session") else {
         return;
     };
@@ -96,6 +106,7 @@ while not os.path.exists("never"):
 
 #[test]
 fn owner_pid_binds_the_tree_to_that_process_and_is_checked() {
+    let _timed = timed();
     let Some(env) = Env::new("session") else {
         return;
     };
@@ -156,6 +167,7 @@ fn owner_pid_binds_the_tree_to_that_process_and_is_checked() {
 
 #[test]
 fn forty_concurrent_first_uses_of_a_new_ledger_all_succeed() {
+    let _burst = BURST.write().unwrap_or_else(|e| e.into_inner());
     let Some(env) = Env::new("session") else {
         return;
     };
@@ -414,6 +426,7 @@ fn id_fd_and_status_fd_tell_the_caller_its_tree_and_runs_own_verdict() {
 
 #[test]
 fn lifetime_owner_returns_the_roots_status_at_once_and_keeps_what_it_left_until_the_owner_dies() {
+    let _timed = timed();
     let Some(env) = Env::new("session") else {
         return;
     };
@@ -505,6 +518,7 @@ fn lifetime_owner_returns_the_roots_status_at_once_and_keeps_what_it_left_until_
 
 #[test]
 fn api_lifetime_owner_keeps_what_the_root_left_until_the_owner_dies() {
+    let _timed = timed();
     let s = crate::serve::Server::start(&[]);
     let mut client = KillOnDrop(
         Command::new("sleep")
@@ -516,13 +530,6 @@ fn api_lifetime_owner_keeps_what_the_root_left_until_the_owner_dies() {
     let mut body = s.body("trap '' TERM; sleep 600 & exit 0");
     body["owner_pid"] = serde_json::json!(client.id());
     body["lifetime"] = serde_json::json!("owner");
-    // Without an owner it is refused: nothing would end the tree.
-    let mut orphan = body.clone();
-    orphan.as_object_mut().map(|o| o.remove("owner_pid"));
-    let (status, v) = s.post("/api/trees", Some(&orphan));
-    assert_eq!(status, 422, "{v}");
-    assert!(v.to_string().contains("owner_pid"), "{v}");
-
     let t0 = Instant::now();
     let (status, v) = s.post("/api/trees", Some(&body));
     assert_eq!(status, 201, "{v}");
