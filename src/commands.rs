@@ -76,7 +76,8 @@ pub struct RunArgs {
     /// Give the tree its own terminal (a pty as its controlling terminal
     /// and stdio), relayed to this one in raw mode: prompts, full-screen
     /// tools, window resizes and Ctrl-C (SIGINT to the tree through its
-    /// terminal) work. Default: when stdin is a terminal.
+    /// terminal) work. Default: when stdin is a terminal (and the lifetime
+    /// is `root`: a kept tree's terminal would hang up when run returns).
     #[arg(long, overrides_with = "no_tty")]
     tty: bool,
     /// No terminal for the tree, even when stdin is one (it inherits
@@ -620,7 +621,11 @@ fn run_owned(
     let mut opts = opts;
     // Terminal mode: the tree's own pty, the caller's terminal raw (restored
     // when `_raw` drops, before anything more is printed).
-    let pty = if args.tty || (!args.no_tty && treewarden::proc::tty::stdin_is_tty()) {
+    // Not automatic for a tree that outlives run (`--lifetime owner`): its
+    // terminal's master closes with run, and the hang-up would reach what
+    // the tree keeps running.
+    let auto_tty = args.lifetime == Lifetime::Root && treewarden::proc::tty::stdin_is_tty();
+    let pty = if args.tty || (!args.no_tty && auto_tty) {
         let pty = treewarden::proc::tty::Pty::open()
             .map_err(|e| CliError::internal(anyhow!("--tty: no pseudo-terminal: {e}")))?;
         pty.copy_size_from_stdin();
