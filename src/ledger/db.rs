@@ -297,22 +297,36 @@ fn latest() -> Option<rusqlite_migration::SchemaVersion> {
     std::num::NonZeroUsize::new(MIGRATIONS.len()).map(rusqlite_migration::SchemaVersion::Inside)
 }
 
-/// Whether the ledger is in WAL mode at the latest schema (reads only).
+/// Whether the ledger is in WAL mode at the latest schema (reads only). A
+/// read that fails (busy past the busy timeout under load) is asked again,
+/// a few times, before the answer is "not current" (which only costs the
+/// init lock and a no-op migration).
 fn is_current(conn: &Connection) -> bool {
-    let wal = conn
-        .pragma_query_value(None, "journal_mode", |row| row.get::<_, String>(0))
-        .is_ok_and(|m| m.eq_ignore_ascii_case("wal"));
-    wal && latest().is_some()
-        && Migrations::from_slice(MIGRATIONS)
-            .current_version(conn)
-            .ok()
-            == latest()
+    for _ in 0..3 {
+        let mode = conn.pragma_query_value(None, "journal_mode", |row| row.get::<_, String>(0));
+        let version = Migrations::from_slice(MIGRATIONS).current_version(conn);
+        match (mode, version) {
+            (Ok(mode), Ok(version)) => {
+                return mode.eq_ignore_ascii_case("wal") && latest().is_some_and(|l| l == version);
+            }
+            (mode, version) => tracing::debug!(
+                mode = ?mode.err(),
+                version = ?version.err(),
+                "ledger header not read; asking again"
+            ),
+        }
+    }
+    false
 }
 
 /// WAL mode, then the migrations; called under the init lock.
 fn make_current(conn: &mut Connection, path: &Path, busy_timeout: Duration) -> Result<(), Fail> {
+    // Switched only when it is not WAL yet (the switch takes an exclusive lock).
     let mode: String =
-        conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))?;
+        match conn.pragma_query_value(None, "journal_mode", |row| row.get::<_, String>(0)) {
+            Ok(m) if m.eq_ignore_ascii_case("wal") => m,
+            _ => conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))?,
+        };
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(LedgerError::Other(format!(
             "{} cannot use WAL (journal_mode is {mode})",
