@@ -535,7 +535,7 @@ fn lifetime_owner_case(env: &Env, label: &str) {
     // The owner dies: the job is torn down within a second, with its
     // authorization.
     signal(owner.id(), rustix::process::Signal::KILL);
-    let took = time_until_none_marked(&env, Duration::from_secs(10));
+    let took = time_until_none_marked(env, Duration::from_secs(10));
     say(&format!(
         "wrapper: [{label}] kept tree gone {took:?} after its owner died"
     ));
