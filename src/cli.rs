@@ -120,6 +120,9 @@ enum Command {
     /// failed (cannot record, teardown ambiguous, dispatch refused); 126 not
     /// executable; 127 not found.
     Run(crate::commands::RunArgs),
+    /// The custodian of a tree whose root exited (`run --lifetime owner`).
+    #[command(hide = true)]
+    Custody(crate::commands::CustodyArgs),
     /// Tear one tree down, with the same rules as run.
     Kill(crate::commands::KillArgs),
     /// List trees (live by default).
@@ -333,6 +336,7 @@ pub fn main() -> ExitCode {
 fn run_command(command: Command, config: &Config) -> CliResult {
     match command {
         Command::Run(args) => crate::commands::run(config, args),
+        Command::Custody(args) => crate::commands::custody(config, args),
         Command::Kill(args) => crate::commands::kill(config, args),
         Command::Ls(args) => crate::commands::ls(config, args),
         Command::Show(args) => crate::commands::show(config, args),

@@ -11,7 +11,7 @@ use anyhow::anyhow;
 use clap::Args;
 use treewarden::config::Config;
 use treewarden::custody::{
-    CustodyError, Engine, Origin, Progress, RunOptions, SpawnRequest, TeardownOptions,
+    CustodyError, Engine, Lifetime, Origin, Progress, RunOptions, SpawnRequest, TeardownOptions,
 };
 use treewarden::ledger::{Ledger, LedgerOptions, OwnerKind, TreeId, TreeRow};
 use treewarden::proc::{Reaper, Sig, SpawnStdio};
@@ -55,9 +55,57 @@ pub struct RunArgs {
     /// How often the tree is scanned for members and escapes.
     #[arg(long, default_value = "250ms", value_parser = parse_duration)]
     scan_interval: Duration,
-    /// Tear the tree down when run's parent dies.
+    /// Tear the tree down when run's parent process dies (the process, not
+    /// the thread that spawned run: a thread pool may retire that thread).
     #[arg(long)]
     die_with_parent: bool,
+    /// Run on behalf of this process: it is the tree's owner on the record,
+    /// and the tree is torn down when it exits (as --die-with-parent does
+    /// for the parent). Allowed only where the caller may signal it.
+    #[arg(long, value_name = "PID", value_parser = clap::value_parser!(i32).range(1..))]
+    owner_pid: Option<i32>,
+    /// The owner's start time in clock ticks (field 22 of /proc/PID/stat),
+    /// so a pid recycled since the caller read it is refused.
+    #[arg(long, value_name = "TICKS", requires = "owner_pid")]
+    owner_start_ticks: Option<u64>,
+    /// Whom an unsettled tree (a teardown that could not be authorized)
+    /// refuses new work to: `owner` (the same owner record or requester;
+    /// default) or `host` (every run on this data dir).
+    #[arg(long, value_name = "SCOPE", default_value = "owner")]
+    dispatch_scope: treewarden::custody::DispatchScope,
+    /// Give the tree its own terminal (a pty as its controlling terminal
+    /// and stdio), relayed to this one in raw mode: prompts, full-screen
+    /// tools, window resizes and Ctrl-C (SIGINT to the tree through its
+    /// terminal) work. Default: when stdin is a terminal (and the lifetime
+    /// is `root`: a kept tree's terminal would hang up when run returns).
+    #[arg(long, overrides_with = "no_tty")]
+    tty: bool,
+    /// No terminal for the tree, even when stdin is one (it inherits
+    /// run's descriptors, in a session without a controlling terminal).
+    #[arg(long, overrides_with = "tty")]
+    no_tty: bool,
+    /// `root` (default): the tree ends when the command exits. `owner`: run
+    /// returns the command's status when it exits, and what it left running
+    /// stays in custody (a custodian process) until the owner — run's
+    /// parent process, or --owner-pid — exits, `treewarden kill`, or
+    /// --timeout.
+    #[arg(long, value_name = "LIFETIME", default_value = "root")]
+    lifetime: Lifetime,
+    /// Do not settle, before starting, what dead owners left: teardowns
+    /// that failed closed (finished with a fresh authorization) and orphans
+    /// (torn down with their recorded grace, beside the command, at most 8).
+    #[arg(long)]
+    no_settle: bool,
+    /// Write the tree's id and a newline to descriptor N (inherited, 3 or
+    /// above) once the tree is recorded, before the command runs; N is then
+    /// closed. The command never inherits it.
+    #[arg(long, value_name = "N")]
+    id_fd: Option<i32>,
+    /// Write one JSON line to descriptor N when run ends, on every path:
+    /// {"tree", "state", "exit": {"code", "signal"} or null, "error": null
+    /// or treewarden's own failure} (docs/INTEGRATION.md).
+    #[arg(long, value_name = "N")]
+    status_fd: Option<i32>,
     /// No teardown progress and no summary line on stderr.
     #[arg(long, short)]
     quiet: bool,
@@ -236,6 +284,11 @@ pub struct ServeArgs {
     /// connection may idle between requests, before it is closed.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     header_timeout: Duration,
+    /// Whom an unsettled tree refuses new work to: `owner` (the same owner
+    /// record, or the same requester: socket uid, token; default) or `host`
+    /// (every spawn, as before issue 26).
+    #[arg(long, value_name = "SCOPE", default_value = "owner")]
+    dispatch_scope: treewarden::custody::DispatchScope,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -437,6 +490,87 @@ fn progress_printer(quiet: bool) -> impl FnMut(&Progress) {
 }
 
 pub fn run(config: &Config, args: RunArgs) -> CliResult {
+    // The caller's descriptors first, before anything else opens one.
+    let (id_file, status_file) = take_run_fds(args.id_fd, args.status_fd)?;
+    let mut status = RunStatus::default();
+    let result = run_owned(config, args, &mut status, id_file);
+    if let Some(mut file) = status_file {
+        if let Err(e) = &result
+            && status.error.is_none()
+        {
+            status.error = Some(format!("{:#}", e.error));
+        }
+        let line = serde_json::to_string(&status).unwrap_or_default();
+        if let Err(e) = writeln!(file, "{line}") {
+            tracing::warn!(error = %e, "--status-fd not written");
+        }
+    }
+    result
+}
+
+/// The line `run --status-fd N` writes when it ends, on every path: the
+/// tree (`null` when none was recorded), its state in the ledger, how its
+/// root ended (`null` when unknown), and treewarden's own failure (`null`
+/// when there was none) — so a command's own `exit 125` is told from
+/// run's. A contract (docs/INTEGRATION.md): fields are only ever added.
+#[derive(Debug, Default, serde::Serialize)]
+struct RunStatus {
+    tree: Option<i64>,
+    state: Option<String>,
+    exit: Option<RunExit>,
+    error: Option<String>,
+}
+
+/// The root's end: `code` when it exited, `signal` when a signal killed it.
+#[derive(Debug, serde::Serialize)]
+struct RunExit {
+    code: Option<i32>,
+    signal: Option<i32>,
+}
+
+impl From<treewarden::proc::ExitStatus> for RunExit {
+    fn from(s: treewarden::proc::ExitStatus) -> Self {
+        match s {
+            treewarden::proc::ExitStatus::Exited(c) => Self {
+                code: Some(c),
+                signal: None,
+            },
+            treewarden::proc::ExitStatus::Signaled(n) => Self {
+                code: None,
+                signal: Some(n),
+            },
+        }
+    }
+}
+
+/// `--id-fd` and `--status-fd` (one descriptor may serve both: the id line
+/// comes first, the status line last).
+fn take_run_fds(
+    id_fd: Option<i32>,
+    status_fd: Option<i32>,
+) -> Result<(Option<std::fs::File>, Option<std::fs::File>), CliError> {
+    let take = |flag: &str, n: i32| {
+        treewarden::proc::take_inherited_fd(n)
+            .map_err(|e| CliError::internal(anyhow!("{flag} {n}: {e}")))
+    };
+    let id = id_fd.map(|n| take("--id-fd", n)).transpose()?;
+    let status = match (status_fd, &id) {
+        (Some(n), Some(file)) if Some(n) == id_fd => Some(
+            file.try_clone()
+                .map_err(|e| CliError::internal(anyhow!("--status-fd {n}: {e}")))?,
+        ),
+        (Some(n), _) => Some(take("--status-fd", n)?),
+        (None, _) => None,
+    };
+    Ok((id, status))
+}
+
+fn run_owned(
+    config: &Config,
+    args: RunArgs,
+    status: &mut RunStatus,
+    mut id_file: Option<std::fs::File>,
+) -> CliResult {
     if args.command.is_empty() {
         return Err(CliError::internal(anyhow!(
             "empty command: usage is `treewarden run [OPTIONS] -- CMD [ARGS...]`"
@@ -444,8 +578,26 @@ pub fn run(config: &Config, args: RunArgs) -> CliResult {
     }
     let reaper = Reaper::install()
         .map_err(|e| CliError::internal(anyhow!("cannot become a subreaper: {e}")))?;
-    let engine = engine(config, Some(reaper))?;
-    let owner = treewarden::proc::self_identity().map_err(|e| CliError::internal(anyhow!(e)))?;
+    let named_owner = match (args.owner_pid, args.lifetime) {
+        (Some(pid), _) => Some(named_owner(pid, args.owner_start_ticks)?),
+        // A tree that outlives its root lives as long as its owner: the
+        // caller (run's parent process) unless --owner-pid names another.
+        (None, Lifetime::Owner) => Some(named_owner(treewarden::proc::parent_pid(), None)?),
+        (None, Lifetime::Root) => None,
+    };
+    let mut engine = engine(config, Some(reaper))?;
+    engine.set_dispatch_scope(args.dispatch_scope);
+    // What a teardown could not authorize is finished first, by the first
+    // process that finds the ledger writable: this one. Dispatch then judges
+    // what is left.
+    if !args.no_settle {
+        engine.settle_failed_closed(SETTLE_LIMIT);
+    }
+    let me = treewarden::proc::self_identity().map_err(|e| CliError::internal(anyhow!(e)))?;
+    let (owner, owner_kind) = match &named_owner {
+        Some(id) => (id.clone(), OwnerKind::Client),
+        None => (me.clone(), OwnerKind::Run),
+    };
     let env = (!args.env.is_empty()).then(|| {
         let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
             .filter(|(k, _)| !args.env.iter().any(|(added, _)| added == k))
@@ -470,14 +622,14 @@ pub fn run(config: &Config, args: RunArgs) -> CliResult {
             requester: treewarden::ledger::Requester {
                 via: "cli".into(),
                 uid: Some(treewarden::proc::current_uid()),
-                pid: Some(owner.pid),
+                pid: Some(me.pid),
                 ..Default::default()
             },
             run_as: None,
         }),
         stdio: SpawnStdio::Inherit,
         owner,
-        owner_kind: OwnerKind::Run,
+        owner_kind,
         grace: Some(args.grace),
         timeout: args.timeout,
     };
@@ -486,24 +638,408 @@ pub fn run(config: &Config, args: RunArgs) -> CliResult {
         timeout: args.timeout,
         scan_interval: args.scan_interval,
         die_with_parent: args.die_with_parent,
+        owner: named_owner,
         observer: config.observer,
         observer_rcvbuf: config.observer_rcvbuf,
         first_signal: args.signal,
+        lifetime: args.lifetime,
+        tty: None,
+    };
+    let mut opts = opts;
+    // Terminal mode: the tree's own pty, the caller's terminal raw (restored
+    // when `_raw` drops, before anything more is printed).
+    // Not automatic for a tree that outlives run (`--lifetime owner`): its
+    // terminal's master closes with run, and the hang-up would reach what
+    // the tree keeps running.
+    let auto_tty = args.lifetime == Lifetime::Root && treewarden::proc::tty::stdin_is_tty();
+    let pty = if args.tty || (!args.no_tty && auto_tty) {
+        let pty = treewarden::proc::tty::Pty::open()
+            .map_err(|e| CliError::internal(anyhow!("--tty: no pseudo-terminal: {e}")))?;
+        pty.copy_size_from_stdin();
+        opts.tty = Some(pty.slave().to_path_buf());
+        Some(pty)
+    } else {
+        None
+    };
+    let mut relay = match &pty {
+        Some(p) => Some(TtyRelay::new(p).map_err(|e| CliError::internal(anyhow!("--tty: {e}")))?),
+        None => None,
+    };
+    let raw = match &pty {
+        Some(_) => treewarden::proc::tty::RawTerminal::enter()
+            .map_err(|e| CliError::internal(anyhow!("--tty: raw mode: {e}")))?,
+        None => None,
+    };
+    let args_for_keep = KeepArgs {
+        grace: args.grace,
+        signal: args.signal,
+        scan_interval: args.scan_interval,
+        timeout: args.timeout,
+        started: std::time::Instant::now(),
+        quiet: args.quiet,
     };
     let mut progress = progress_printer(args.quiet);
-    let outcome = engine.run(&req, &opts, &mut progress);
+    let mut recorded_tree = None;
+    // The id goes to the caller once the tree is recorded, before the
+    // command runs; the descriptor is closed then (EOF for its reader).
+    let mut recorded = |tree: TreeId| {
+        recorded_tree = Some(tree.0);
+        // The tree's terminal is open on its side now: relay it.
+        if let Some(r) = relay.as_mut() {
+            r.start();
+        }
+        if let Some(mut file) = id_file.take()
+            && let Err(e) = writeln!(file, "{}", tree.0)
+        {
+            tracing::warn!(error = %e, "--id-fd not written");
+        }
+    };
+    // Orphans dead wrappers left are torn down beside the command, with the
+    // grace each was given, so a host without a sweep timer does not depend
+    // on one; run waits for them before it exits (never half done).
+    let outcome = std::thread::scope(|scope| {
+        let settling = (!args.no_settle).then(|| {
+            std::thread::Builder::new()
+                .name("tw-settle".into())
+                .spawn_scoped(scope, || engine.settle_orphans(SETTLE_LIMIT, args.grace))
+        });
+        let outcome = engine.run_with(&req, &opts, &mut progress, &mut recorded);
+        if let Some(Ok(handle)) = settling {
+            let _ = handle.join();
+        }
+        outcome
+    });
+    // What the tree wrote is on its way to our stdout; then the caller's
+    // terminal gets its mode back.
+    if let Some(r) = relay.take() {
+        r.finish(Duration::from_secs(2));
+    }
+    drop(raw);
     progress_done(args.quiet);
+    status.tree = recorded_tree;
     let outcome = outcome.map_err(custody_error)?;
     let code = outcome.exit_code();
+    status.tree = Some(outcome.tree.0);
+    let row = engine.ledger().tree(outcome.tree).ok().flatten();
+    status.state = match (&row, &outcome.teardown) {
+        (Some(row), _) => Some(row.state.as_str().to_string()),
+        (None, Ok(Some(r))) => Some(r.state.as_str().to_string()),
+        (None, _) => None,
+    };
+    status.exit = match outcome.end {
+        treewarden::custody::RunEnd::RootExited(s) => Some(s.into()),
+        _ => row.as_ref().and_then(|r| r.exit).map(|e| RunExit {
+            code: e.code,
+            signal: e.signal,
+        }),
+    };
+    if let Ok(None) = outcome.teardown {
+        // The root exited and the tree lives on: a custodian keeps it.
+        let owner = opts
+            .owner
+            .clone()
+            .ok_or_else(|| CliError::internal(anyhow!("a kept tree without an owner (a bug)")))?;
+        return hand_over(config, &engine, &outcome, &owner, &args_for_keep, status);
+    }
     if !args.quiet
         && let Some(line) = run_summary(&outcome, args.verbose)
     {
         eprintln!("{line}");
     }
     if let Err(e) = outcome.teardown {
+        status.error = Some(e.to_string());
+        if let Some(line) = survivors_hold_pipes(&engine, outcome.tree) {
+            eprintln!("{line}");
+        }
         return Err(CliError::internal(anyhow!(e)));
     }
     Ok(code)
+}
+
+/// When `run` failed closed leaving survivors and its stdout or stderr is a
+/// pipe: one line saying the survivors hold the caller's pipes (run cannot
+/// close another process's descriptors, and must not kill it without an
+/// authorization), so a caller waiting for EOF knows why it waits and
+/// what ends it.
+fn survivors_hold_pipes(engine: &Engine, tree: TreeId) -> Option<String> {
+    use std::os::unix::fs::FileTypeExt;
+    let survivors = engine.survivors_left(tree);
+    if survivors.is_empty() {
+        return None;
+    }
+    let pipes: Vec<&str> = [("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")]
+        .into_iter()
+        .filter(|(_, fd)| std::fs::metadata(fd).is_ok_and(|m| m.file_type().is_fifo()))
+        .map(|(name, _)| name)
+        .collect();
+    let pids: Vec<String> = survivors.iter().map(i32::to_string).collect();
+    let held = if pipes.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; they still hold this run's {} (a pipe: a reader waiting for its end waits for them)",
+            pipes.join(" and ")
+        )
+    };
+    Some(format!(
+        "treewarden: tree {} left {} survivor(s) alive as evidence (pid {}){held}; the next treewarden run, ls, kill or sweep that can write the ledger finishes the teardown",
+        tree.0,
+        survivors.len(),
+        pids.join(", ")
+    ))
+}
+
+/// `run --tty`'s byte relay: stdin -> the tree's terminal, the tree's
+/// terminal -> stdout, and SIGWINCH -> the terminal's size. Threads, as the
+/// rest of `run`; the stdin reader is left blocked in its read when run
+/// ends (the process exits).
+struct TtyRelay {
+    master_in: Option<std::fs::File>,
+    master_out: Option<std::fs::File>,
+    master_size: Option<std::fs::File>,
+    done: Option<std::sync::mpsc::Receiver<()>>,
+    winch: Option<signal_hook::iterator::Handle>,
+}
+
+impl TtyRelay {
+    fn new(pty: &treewarden::proc::tty::Pty) -> std::io::Result<Self> {
+        Ok(Self {
+            master_in: Some(pty.master().try_clone()?),
+            master_out: Some(pty.master().try_clone()?),
+            master_size: Some(pty.master().try_clone()?),
+            done: None,
+            winch: None,
+        })
+    }
+
+    fn start(&mut self) {
+        use std::io::Read;
+        if let Some(mut master) = self.master_out.take() {
+            let (tx, rx) = std::sync::mpsc::channel();
+            self.done = Some(rx);
+            let _ = std::thread::Builder::new()
+                .name("tw-tty-out".into())
+                .spawn(move || {
+                    let mut out = std::io::stdout();
+                    let mut buf = [0u8; 8192];
+                    // EIO once every holder of the tree's side has closed it.
+                    while let Ok(n @ 1..) = master.read(&mut buf) {
+                        if out.write_all(&buf[..n]).and_then(|()| out.flush()).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = tx.send(());
+                });
+        }
+        if let Some(mut master) = self.master_in.take() {
+            let _ = std::thread::Builder::new()
+                .name("tw-tty-in".into())
+                .spawn(move || {
+                    let mut input = std::io::stdin();
+                    let mut buf = [0u8; 4096];
+                    while let Ok(n @ 1..) = input.read(&mut buf) {
+                        if master.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                });
+        }
+        if let Some(master) = self.master_size.take()
+            && let Ok(mut winch) =
+                signal_hook::iterator::Signals::new([signal_hook::consts::SIGWINCH])
+        {
+            self.winch = Some(winch.handle());
+            let _ = std::thread::Builder::new()
+                .name("tw-tty-winch".into())
+                .spawn(move || {
+                    for _ in winch.forever() {
+                        treewarden::proc::tty::copy_stdin_size_to(&master);
+                    }
+                });
+        }
+    }
+
+    /// Waits (bounded) until the tree's output is relayed.
+    fn finish(self, limit: Duration) {
+        if let Some(done) = &self.done {
+            let _ = done.recv_timeout(limit);
+        }
+        if let Some(h) = &self.winch {
+            h.close();
+        }
+    }
+}
+
+/// What the custodian of a kept tree needs from `run`'s arguments.
+struct KeepArgs {
+    grace: Duration,
+    signal: Sig,
+    scan_interval: Duration,
+    timeout: Option<Duration>,
+    /// When the tree was spawned (its timeout counts from there).
+    started: std::time::Instant,
+    quiet: bool,
+}
+
+/// `--lifetime owner`, the root exited and members live on: hands the tree
+/// to a custodian — a `treewarden custody` process in a session of its own,
+/// which outlives `run` — and returns the root's status at once. Without a
+/// custodian the tree is torn down now (never left unwatched), and run
+/// says so.
+fn hand_over(
+    config: &Config,
+    engine: &Engine,
+    outcome: &treewarden::custody::RunOutcome,
+    owner: &treewarden::proc::Identity,
+    keep: &KeepArgs,
+    status: &mut RunStatus,
+) -> CliResult {
+    let tree = outcome.tree;
+    let code = outcome.exit_code();
+    let mut argv: Vec<OsString> = vec![
+        std::env::current_exe()
+            .map(OsString::from)
+            .unwrap_or_else(|_| "treewarden".into()),
+        "--data-dir".into(),
+        config.data_dir.clone().into(),
+        "custody".into(),
+        tree.0.to_string().into(),
+        "--owner-pid".into(),
+        owner.pid.to_string().into(),
+        "--owner-start-ticks".into(),
+        owner.start_ticks.to_string().into(),
+        "--grace".into(),
+        format!("{}ms", keep.grace.as_millis()).into(),
+        "--signal".into(),
+        keep.signal.name().into(),
+        "--scan-interval".into(),
+        format!("{}ms", keep.scan_interval.as_millis()).into(),
+    ];
+    if let Some(t) = keep.timeout {
+        let left = t.saturating_sub(keep.started.elapsed());
+        argv.push("--timeout".into());
+        argv.push(format!("{}ms", left.as_millis()).into());
+    }
+    let spec = treewarden::proc::SpawnSpec {
+        argv,
+        cwd: None,
+        env: None,
+        stdio: SpawnStdio::Null,
+        cgroup: None,
+        cgroup_settings: Vec::new(),
+        log_file: None,
+        umask: None,
+        credentials: None,
+        tty: None,
+    };
+    let started = treewarden::proc::spawn_held(&spec)
+        .map_err(|e| e.to_string())
+        .and_then(|held| held.release().map_err(|e| e.to_string()));
+    match started {
+        Ok(custodian) => {
+            tracing::info!(
+                tree = tree.0,
+                custodian = custodian.pid,
+                "tree kept by a custodian"
+            );
+            if !keep.quiet {
+                eprintln!(
+                    "treewarden: tree {} root exited; what it left runs on in custody (custodian pid {}) until its owner (pid {}) exits, `treewarden kill {}`, or its timeout",
+                    tree.0, custodian.pid, owner.pid, tree.0
+                );
+            }
+            Ok(code)
+        }
+        Err(e) => {
+            // Never unwatched: torn down now, with the usual rules.
+            let reason = format!("root exited; no custodian to keep the tree ({e})");
+            let mut opts = TeardownOptions::new(keep.grace, reason, Origin::Run);
+            opts.first_signal = keep.signal;
+            let report = engine.teardown(tree, &opts, &mut |_| {});
+            status.state = report.as_ref().ok().map(|r| r.state.as_str().to_string());
+            let msg = format!(
+                "tree {}: --lifetime owner could not start its custodian ({e}); the tree was torn down",
+                tree.0
+            );
+            status.error = Some(msg.clone());
+            Err(CliError::internal(anyhow!(msg)))
+        }
+    }
+}
+
+/// `treewarden custody TREE --owner-pid P`: the custodian `run --lifetime
+/// owner` hands a tree to when its root exits (not for people; hidden).
+#[derive(Args, Debug)]
+pub struct CustodyArgs {
+    tree: i64,
+    #[arg(long, value_parser = clap::value_parser!(i32).range(1..))]
+    owner_pid: i32,
+    #[arg(long)]
+    owner_start_ticks: u64,
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    grace: Duration,
+    #[arg(short = 's', long = "signal", default_value = "TERM", value_parser = parse_signal)]
+    signal: Sig,
+    #[arg(long, default_value = "250ms", value_parser = parse_duration)]
+    scan_interval: Duration,
+    #[arg(long, value_parser = parse_duration)]
+    timeout: Option<Duration>,
+}
+
+/// The custodian: keeps the tree until its owner exits (or its timeout,
+/// a signal, or nothing left), then tears it down.
+pub fn custody(config: &Config, args: CustodyArgs) -> CliResult {
+    let deadline = args.timeout.map(|t| std::time::Instant::now() + t);
+    let engine = signal_engine(config)?;
+    let owner = treewarden::proc::Identity {
+        pid: args.owner_pid,
+        start_ticks: args.owner_start_ticks,
+        boot_id: treewarden::proc::boot_id()
+            .map_err(|e| CliError::internal(anyhow!(e)))?
+            .to_owned(),
+    };
+    let opts = treewarden::custody::KeepOptions {
+        owner,
+        deadline,
+        scan_interval: args.scan_interval,
+        grace: args.grace,
+        first_signal: args.signal,
+    };
+    let (end, report) = engine
+        .keep(TreeId(args.tree), &opts, &mut |_| {})
+        .map_err(custody_error)?;
+    tracing::info!(
+        tree = args.tree,
+        ?end,
+        state = report.state.as_str(),
+        "kept tree torn down"
+    );
+    Ok(0)
+}
+
+/// The most teardowns a command settles on its way (`run`, `ls`, `kill`).
+const SETTLE_LIMIT: usize = 8;
+
+/// The process `run --owner-pid` names: it exists, is the one the caller
+/// meant (`--owner-start-ticks`), and the caller may signal it.
+fn named_owner(pid: i32, start_ticks: Option<u64>) -> Result<treewarden::proc::Identity, CliError> {
+    let id = treewarden::proc::identity_of(pid)
+        .map_err(|e| CliError::internal(anyhow!(e)))?
+        .ok_or_else(|| CliError::internal(anyhow!("--owner-pid {pid}: no such process")))?;
+    if let Some(ticks) = start_ticks
+        && ticks != id.start_ticks
+    {
+        return Err(CliError::internal(anyhow!(
+            "--owner-pid {pid}: started at tick {}, not {ticks} (the pid was recycled)",
+            id.start_ticks
+        )));
+    }
+    if !treewarden::proc::may_signal(pid) {
+        return Err(CliError::internal(anyhow!(
+            "--owner-pid {pid}: not a process you may signal"
+        )));
+    }
+    Ok(id)
 }
 
 /// `, consumed cpu 12.3 ms, …`: the figures the host gave.
@@ -524,16 +1060,19 @@ fn run_summary(outcome: &treewarden::custody::RunOutcome, always: bool) -> Optio
         RunEnd::Timeout => "timed out",
         RunEnd::Signal(_) => "received a signal",
         RunEnd::ParentDied => "parent died",
+        RunEnd::OwnerDied => "owner died",
     };
     match &outcome.teardown {
-        Ok(r)
+        // Kept (`--lifetime owner`): the line is the custodian's to say.
+        Ok(None) => None,
+        Ok(Some(r))
             if !always
                 && matches!(outcome.end, RunEnd::RootExited(_))
                 && r.members_at_start == 0 =>
         {
             None
         }
-        Ok(r) => Some(format!(
+        Ok(Some(r)) => Some(format!(
             "treewarden: tree {} {why}: {} members torn down, {} force-killed ({} authorization{}), {}, {:.0} ms{}",
             outcome.tree.0,
             r.members_at_start,
@@ -554,6 +1093,7 @@ fn run_summary(outcome: &treewarden::custody::RunOutcome, always: bool) -> Optio
 pub fn kill(config: &Config, args: KillArgs) -> CliResult {
     shield_from_interrupts();
     let engine = signal_engine(config)?;
+    engine.settle_failed_closed(SETTLE_LIMIT);
     let tree = TreeId(args.tree);
     let row = engine
         .ledger()
@@ -601,6 +1141,10 @@ fn open_for_reading(config: &Config) -> Result<Ledger, CliError> {
 }
 
 pub fn ls(config: &Config, args: LsArgs) -> CliResult {
+    // A teardown that could not be authorized (its owner gone) is finished
+    // by `ls` too, once the ledger takes writes: the list then shows it
+    // settled. `show` never does (it is how an operator inspects survivors).
+    signal_engine(config)?.settle_failed_closed(SETTLE_LIMIT);
     let ledger = open_for_reading(config)?;
     let trees = ledger
         .list_trees(args.all)
@@ -638,6 +1182,9 @@ fn tree_line(t: &TreeRow) -> String {
 /// How a tree ended, in a word: its root's exit, or why it has none.
 fn end_reason(t: &TreeRow) -> String {
     use treewarden::ledger::TreeState as S;
+    if root_exited_members_alive(t) {
+        return "root exited, members alive".into();
+    }
     match (t.state, t.exit) {
         (_, Some(e)) => match (e.code, e.signal) {
             (_, Some(sig)) => format!("signal {sig}"),
@@ -650,6 +1197,14 @@ fn end_reason(t: &TreeRow) -> String {
         (S::SpawnFailed, None) => "spawn failed".into(),
         _ => "-".into(),
     }
+}
+
+/// A kept tree (`--lifetime owner`) whose root exited while members live on.
+fn root_exited_members_alive(t: &TreeRow) -> bool {
+    !t.state.is_terminal()
+        && t.flags
+            .iter()
+            .any(|f| f == treewarden::custody::ROOT_EXITED_FLAG)
 }
 
 pub fn show(config: &Config, args: ShowArgs) -> CliResult {
@@ -666,10 +1221,15 @@ pub fn show(config: &Config, args: ShowArgs) -> CliResult {
         return Ok(0);
     }
     let t = &detail.tree;
+    let state = if root_exited_members_alive(t) {
+        format!("{} (root exited, members alive)", t.state.as_str())
+    } else {
+        t.state.as_str().to_string()
+    };
     println!(
         "tree {}  {}  boundary {}  label {}",
         t.id,
-        t.state.as_str(),
+        state,
         t.boundary,
         t.label.clone().unwrap_or_default()
     );
@@ -903,7 +1463,8 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
     use treewarden::service::{Service, ServiceConfig};
     let reaper = Reaper::install()
         .map_err(|e| CliError::internal(anyhow!("cannot become a subreaper: {e}")))?;
-    let engine = engine(config, Some(reaper))?;
+    let mut engine = engine(config, Some(reaper))?;
+    engine.set_dispatch_scope(args.dispatch_scope);
     let token = treewarden::http::auth::ensure_token(&config.data_dir)
         .map_err(|e| CliError::internal(anyhow!("api token: {e}")))?;
     let svc_config = ServiceConfig {

@@ -1,5 +1,8 @@
-//! The dispatch gate: new work is refused while any tree on the host is
-//! unsettled.
+//! The dispatch gate: new work is refused while a tree in its scope is
+//! unsettled. The scope ([`DispatchScope`]) is the tree's owner by default:
+//! work is not launched *into an unclear tree* — for the same owner record,
+//! or for API trees the same requester (socket uid, token) — while other
+//! owners go on; `--dispatch-scope host` keeps the whole host closed.
 //!
 //! A tree is unsettled when it is `ambiguous` in the ledger, when this
 //! process holds it ambiguous in memory, when an unsettled marker
@@ -15,6 +18,32 @@ use serde::Serialize;
 
 use super::{CustodyError, Engine};
 use crate::ledger::{EventKind, TreeRow, TreeState};
+
+/// Whom an unsettled tree refuses new work to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DispatchScope {
+    /// Its owner: the same owner record (pid, start time, boot), or for
+    /// trees asked for through the API the same requester (the socket
+    /// peer's uid, the token).
+    #[default]
+    Owner,
+    /// Every owner on the host (the rule before issue 26).
+    Host,
+}
+
+impl std::str::FromStr for DispatchScope {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "owner" => Ok(Self::Owner),
+            "host" => Ok(Self::Host),
+            other => Err(format!(
+                "unknown dispatch scope {other:?}: expected owner or host"
+            )),
+        }
+    }
+}
 
 /// One reason dispatch is closed.
 #[derive(Clone, Debug, Serialize)]
@@ -99,10 +128,55 @@ impl Engine {
     }
 
     /// Refuses with [`CustodyError::DispatchRefused`] naming the first
-    /// unsettled tree, and records the refusal (best effort: the refusal
-    /// stands even when the ledger cannot take the event).
+    /// unsettled tree on the host, and records the refusal (best effort: the
+    /// refusal stands even when the ledger cannot take the event).
     pub fn check_dispatch(&self) -> Result<(), CustodyError> {
-        let unsettled = self.unsettled()?;
+        self.refuse_if_any(self.unsettled()?)
+    }
+
+    /// The gate for one new tree: with [`DispatchScope::Owner`], only the
+    /// unsettled trees of the same owner or requester refuse it; with
+    /// [`DispatchScope::Host`], every one.
+    pub fn check_dispatch_for(
+        &self,
+        owner: &crate::proc::Identity,
+        requester: Option<&crate::ledger::Requester>,
+    ) -> Result<(), CustodyError> {
+        let mut unsettled = self.unsettled()?;
+        if self.dispatch_scope == DispatchScope::Owner {
+            unsettled.retain(|u| self.in_scope(u.tree, owner, requester));
+        }
+        self.refuse_if_any(unsettled)
+    }
+
+    /// Whether unsettled tree `tree` is the new work's own scope. A tree
+    /// the ledger does not know (a marker the ledger never took) is in
+    /// every scope: nothing says whose it is.
+    fn in_scope(
+        &self,
+        tree: i64,
+        owner: &crate::proc::Identity,
+        requester: Option<&crate::ledger::Requester>,
+    ) -> bool {
+        let Ok(Some(row)) = self.ledger.tree(crate::ledger::TreeId(tree)) else {
+            return true;
+        };
+        let same_owner = row.owner.pid == owner.pid
+            && row.owner.start == owner.start_ticks
+            && row.owner.boot_id == owner.boot_id;
+        let same_requester = match (requester, row.requested_by.as_ref()) {
+            (Some(new), Some(old)) if new.via == old.via => match new.via.as_str() {
+                "tcp" => new.token_id.is_some() && new.token_id == old.token_id,
+                "socket" => new.uid.is_some() && new.uid == old.uid,
+                // A CLI wrapper is its own owner: its uid alone is not a scope.
+                _ => false,
+            },
+            _ => false,
+        };
+        same_owner || same_requester
+    }
+
+    fn refuse_if_any(&self, unsettled: Vec<Unsettled>) -> Result<(), CustodyError> {
         let Some(first) = unsettled.first() else {
             return Ok(());
         };

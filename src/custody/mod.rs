@@ -41,11 +41,14 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-pub use dispatch::Unsettled;
+pub use dispatch::{DispatchScope, Unsettled};
 pub use follow::{LogFollower, remove_logs};
 pub use host::{Held, Host, KernelHost};
 pub use observer::{Observer, ObserverHandle, ObserverStats};
-pub use owner::{RunEnd, RunOptions, RunOutcome};
+pub use owner::{
+    KeepEnd, KeepOptions, LIFETIME_OWNER_FLAG, Lifetime, ROOT_EXITED_FLAG, RunEnd, RunOptions,
+    RunOutcome,
+};
 pub use spawn::{OnBehalf, SpawnRequest, Spawned, log_path, read_log};
 pub use stats::EngineStats;
 pub use sweep::{
@@ -134,6 +137,9 @@ pub struct Engine {
     /// (over `proc` and this engine's reaper) unless a test injected a
     /// scripted one ([`Engine::with_host`]).
     host: Arc<dyn Host>,
+    /// Whom an unsettled tree refuses new work to: its owner (default), or
+    /// everyone on the host (`--dispatch-scope host`).
+    dispatch_scope: DispatchScope,
 }
 
 impl Engine {
@@ -173,7 +179,13 @@ impl Engine {
             data_dir: config.data_dir.clone(),
             stats: Arc::new(EngineStats::default()),
             host: Arc::new(KernelHost::new(reaper)),
+            dispatch_scope: DispatchScope::default(),
         }
+    }
+
+    /// Sets whom an unsettled tree refuses new work to ([`DispatchScope`]).
+    pub fn set_dispatch_scope(&mut self, scope: DispatchScope) {
+        self.dispatch_scope = scope;
     }
 
     /// The same engine over another host (a test's scripted one). The
@@ -510,6 +522,16 @@ impl Engine {
 
     fn is_ambiguous_in_memory(&self, tree: i64) -> bool {
         self.ambiguous_in_memory().iter().any(|(t, _)| *t == tree)
+    }
+
+    /// The pids of the survivors an unsettled marker names for this tree
+    /// that still live (what `run` tells its caller when it failed closed).
+    pub fn survivors_left(&self, tree: TreeId) -> Vec<i32> {
+        self.marked_survivors(tree.0)
+            .into_iter()
+            .filter(|id| alive_on(self.host(), id))
+            .map(|id| id.pid)
+            .collect()
     }
 
     /// Survivors a marker names for this tree: a teardown counts them as

@@ -28,14 +28,62 @@ pub struct RunOptions {
     pub grace: Duration,
     pub timeout: Option<Duration>,
     pub scan_interval: Duration,
+    /// End the tree when the parent *process* of `run` exits (never when
+    /// only the thread that spawned `run` does).
     pub die_with_parent: bool,
+    /// End the tree when this process exits (`--owner-pid`): the process on
+    /// whose behalf a hub runs the wrapper. Checked by the caller: it exists
+    /// and the caller may signal it.
+    pub owner: Option<crate::proc::Identity>,
     /// Whether to run the proc-connector observer beside the scans.
     pub observer: ObserverMode,
     /// Its socket's receive buffer (0: the default).
     pub observer_rcvbuf: usize,
     /// The teardown's first signal (`--signal`; SIGTERM by default).
     pub first_signal: crate::proc::Sig,
+    /// Whether the tree ends with its root ([`Lifetime::Root`]) or lives on
+    /// while anything of it runs, until its owner exits
+    /// ([`Lifetime::Owner`]; `owner` names the owner then).
+    pub lifetime: Lifetime,
+    /// The pseudo-terminal slave the root gets as its controlling terminal
+    /// and stdio (`run --tty`; the caller relays the master).
+    pub tty: Option<std::path::PathBuf>,
 }
+
+/// How long a tree lives.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Lifetime {
+    /// The tree ends when its root exits (what it left is torn down).
+    #[default]
+    Root,
+    /// The root's exit is recorded and reported, and what it left running
+    /// stays in custody until the owner exits, the tree is killed, or its
+    /// timeout fires (background jobs a session keeps).
+    Owner,
+}
+
+impl std::str::FromStr for Lifetime {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "root" => Ok(Self::Root),
+            "owner" => Ok(Self::Owner),
+            other => Err(format!(
+                "unknown lifetime {other:?}: expected root or owner"
+            )),
+        }
+    }
+}
+
+/// The flag on a tree whose root exited while members live on
+/// (`--lifetime owner`): "root exited, members alive" in ls, show and the
+/// dashboard.
+pub const ROOT_EXITED_FLAG: &str = "root_exited";
+
+/// The flag on a tree spawned with [`Lifetime::Owner`], so an owner that
+/// takes it over later (a restarted service) keeps its lifetime.
+pub const LIFETIME_OWNER_FLAG: &str = "lifetime_owner";
 
 /// Why the tree was torn down.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -45,6 +93,8 @@ pub enum RunEnd {
     Timeout,
     Signal(i32),
     ParentDied,
+    /// The process `--owner-pid` named exited.
+    OwnerDied,
 }
 
 /// What `run` did, and the exit code it maps to.
@@ -52,7 +102,10 @@ pub enum RunEnd {
 pub struct RunOutcome {
     pub tree: TreeId,
     pub end: RunEnd,
-    pub teardown: Result<TeardownReport, CustodyError>,
+    /// The teardown's report; `Ok(None)` when there was none because the
+    /// root exited and the tree lives on (`--lifetime owner`): the caller
+    /// hands it to a custodian ([`Engine::keep`]).
+    pub teardown: Result<Option<TeardownReport>, CustodyError>,
     /// The observer's final health counters; `None` when it did not run.
     pub observer: Option<ObserverStats>,
 }
@@ -69,7 +122,7 @@ impl RunOutcome {
             RunEnd::RootExited(status) => status.code_for_shell() as u8,
             RunEnd::Timeout => 124,
             RunEnd::Signal(n) => (128 + n) as u8,
-            RunEnd::ParentDied => (128 + libc::SIGHUP) as u8,
+            RunEnd::ParentDied | RunEnd::OwnerDied => (128 + libc::SIGHUP) as u8,
         }
     }
 }
@@ -77,8 +130,77 @@ impl RunOutcome {
 enum Event {
     Root(ExitStatus),
     Signal(i32),
+    /// A watched owner process exited (the parent, or `--owner-pid`).
+    Owner(RunEnd),
     /// The observer lost events: scan everything now.
     ForceScan,
+}
+
+/// The processes whose exit ends the tree, with the end each one means.
+/// Parent death is the parent *process* gone: `PR_SET_PDEATHSIG` is not
+/// used, because the kernel sends it when the parent *thread* exits (a
+/// thread pool retiring the thread that spawned `run` would end the tree
+/// while its owner lives). Each watch is an identity-checked pidfd, which
+/// becomes readable only when the whole process has exited; the scan tick
+/// re-checks each identity too (a kernel without pidfd, a missed wake-up).
+fn owner_watches(opts: &RunOptions) -> Vec<(crate::proc::Identity, RunEnd)> {
+    let mut out = Vec::new();
+    if opts.die_with_parent {
+        match crate::proc::identity_of(crate::proc::parent_pid()) {
+            Ok(Some(parent)) => out.push((parent, RunEnd::ParentDied)),
+            // Gone already: the watch below finds it dead at once.
+            Ok(None) | Err(_) => out.push((
+                crate::proc::Identity {
+                    pid: crate::proc::parent_pid(),
+                    start_ticks: u64::MAX,
+                    boot_id: crate::proc::boot_id().unwrap_or_default().to_owned(),
+                },
+                RunEnd::ParentDied,
+            )),
+        }
+    }
+    if let Some(owner) = &opts.owner {
+        out.push((owner.clone(), RunEnd::OwnerDied));
+    }
+    out
+}
+
+/// Whether a watched owner is gone: dead, or its pid now names a process
+/// that started later. Unknown counts as alive (never a teardown on a guess).
+fn owner_gone(id: &crate::proc::Identity) -> bool {
+    matches!(
+        id.check(),
+        crate::proc::Liveness::Gone | crate::proc::Liveness::Recycled
+    )
+}
+
+/// A thread per watched owner that sends [`Event::Owner`] when it exits.
+fn start_owner_watches(watches: &[(crate::proc::Identity, RunEnd)], tx: &mpsc::Sender<Event>) {
+    for (id, end) in watches {
+        let (id, end, tx) = (id.clone(), *end, tx.clone());
+        let spawned = std::thread::Builder::new()
+            .name("tw-owner".into())
+            .spawn(move || {
+                loop {
+                    // An hour at a time: `wait_exits` takes a deadline.
+                    let until = Instant::now() + Duration::from_secs(3600);
+                    match crate::proc::wait_exits(std::slice::from_ref(&id), until) {
+                        Ok(true) => {
+                            let _ = tx.send(Event::Owner(end));
+                            return;
+                        }
+                        Ok(false) => {}
+                        Err(e) => {
+                            tracing::warn!(pid = id.pid, error = %e, "no pidfd for the owner: its exit is seen at scan ticks");
+                            return;
+                        }
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "no owner watch thread: the owner's exit is seen at scan ticks");
+        }
+    }
 }
 
 /// Starts the observer as `opts.observer` asks ([`policy::start_observer`]);
@@ -113,6 +235,18 @@ impl Engine {
         opts: &RunOptions,
         progress: &mut dyn FnMut(&Progress),
     ) -> Result<RunOutcome, CustodyError> {
+        self.run_with(req, opts, progress, &mut |_| {})
+    }
+
+    /// [`Engine::run`], calling `recorded` with the tree's id after its
+    /// spawn is committed and before the command runs.
+    pub fn run_with(
+        &self,
+        req: &SpawnRequest,
+        opts: &RunOptions,
+        progress: &mut dyn FnMut(&Progress),
+        recorded: &mut dyn FnMut(TreeId),
+    ) -> Result<RunOutcome, CustodyError> {
         let reaper = self.reaper.ok_or_else(|| {
             CustodyError::Conflict("run needs a reaper: this process must own its children".into())
         })?;
@@ -138,10 +272,8 @@ impl Engine {
                 })
                 .map_err(|e| CustodyError::Proc(crate::proc::ProcError::Io(e)))?;
         }
-        let parent = crate::proc::parent_pid();
-        if opts.die_with_parent {
-            crate::proc::set_parent_death_signal(crate::proc::Sig::Hup)?;
-        }
+        let watches = owner_watches(opts);
+        start_owner_watches(&watches, &tx);
 
         // Subscribed before the spawn, so the root's first fork is seen.
         let observer = start_observer(self, opts, &tx)?;
@@ -153,8 +285,11 @@ impl Engine {
             first_signal: Some(opts.first_signal),
             ..req.clone()
         };
-        let spawned = self.spawn(&req)?;
+        let spawned = self.spawn_on(&req, opts.tty.as_deref(), recorded)?;
         let tree = spawned.tree;
+        if opts.lifetime == Lifetime::Owner {
+            self.mark_lifetime_owner(tree);
+        }
         let obs = observer.as_ref().map(Observer::handle);
         if let Some(o) = &obs {
             o.watch(tree, spawned.pgid, spawned.sid, &spawned.root);
@@ -222,8 +357,8 @@ impl Engine {
                     }
                 }
                 first_tick = false;
-                if opts.die_with_parent && crate::proc::parent_pid() != parent {
-                    break RunEnd::ParentDied;
+                if let Some((_, end)) = watches.iter().find(|(id, _)| owner_gone(id)) {
+                    break *end;
                 }
                 next_scan = now + opts.scan_interval;
             }
@@ -233,9 +368,7 @@ impl Engine {
             }
             match rx.recv_timeout(wait) {
                 Ok(Event::Root(status)) => break RunEnd::RootExited(status),
-                Ok(Event::Signal(sig)) if sig == libc::SIGHUP && opts.die_with_parent => {
-                    break RunEnd::ParentDied;
-                }
+                Ok(Event::Owner(end)) => break end,
                 Ok(Event::Signal(sig)) => break RunEnd::Signal(sig),
                 Ok(Event::ForceScan) => {
                     // A lost event must not become a silent gap: scan now.
@@ -259,16 +392,40 @@ impl Engine {
             }
         };
 
+        // `--lifetime owner`: the root's exit is recorded, and while
+        // anything of the tree lives it is kept (handed to a custodian by
+        // the caller) instead of torn down.
+        if let (RunEnd::RootExited(status), Lifetime::Owner) = (end, opts.lifetime) {
+            let mut exits: HashMap<i32, ExitStatus> = reaper.unclaimed().into_iter().collect();
+            exits.insert(spawned.root.pid, status);
+            let alive = match watch.as_mut() {
+                Some(w) => !w.tick(self, &exits).members.is_empty(),
+                // Unknown: kept; the custodian's scans decide.
+                None => true,
+            };
+            if alive {
+                self.record_root_exit_kept(tree, &spawned.root, Some(status));
+                signals_handle.close();
+                let observer = observer.map(|o| o.stop());
+                return Ok(RunOutcome {
+                    tree,
+                    end,
+                    teardown: Ok(None),
+                    observer,
+                });
+            }
+        }
         let cause = match end {
             RunEnd::RootExited(s) => EndCause::RootExited(Some(s)),
             RunEnd::Timeout => EndCause::Timeout(opts.timeout.unwrap_or_default()),
             RunEnd::Signal(n) => EndCause::Signal(n),
             RunEnd::ParentDied => EndCause::ParentDied,
+            RunEnd::OwnerDied => EndCause::OwnerExited,
         };
         let mut topts = cause.teardown_options(opts.grace, Origin::Run);
         topts.first_signal = opts.first_signal;
         topts.observer = obs;
-        let teardown = self.teardown(tree, &topts, progress);
+        let teardown = self.teardown(tree, &topts, progress).map(Some);
         signals_handle.close();
         let observer = observer.map(|o| {
             let stats = o.stop();
@@ -293,5 +450,147 @@ impl Engine {
             teardown,
             observer,
         })
+    }
+}
+
+/// How a custodian keeps a tree whose root exited (`--lifetime owner`).
+#[derive(Clone, Debug)]
+pub struct KeepOptions {
+    /// The owner: the tree is torn down when it exits.
+    pub owner: crate::proc::Identity,
+    /// When the tree's timeout fires (`None`: no timeout).
+    pub deadline: Option<Instant>,
+    pub scan_interval: Duration,
+    pub grace: Duration,
+    pub first_signal: crate::proc::Sig,
+}
+
+/// Why a kept tree ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeepEnd {
+    OwnerDied,
+    Timeout,
+    Signal(i32),
+    /// Nothing of the tree was left running.
+    Empty,
+}
+
+impl Engine {
+    /// Flags a tree [`LIFETIME_OWNER_FLAG`] (best effort, logged).
+    pub fn mark_lifetime_owner(&self, tree: TreeId) {
+        if let Err(e) = self.ledger.add_flag(tree, LIFETIME_OWNER_FLAG) {
+            tracing::warn!(tree = tree.0, error = %e, "lifetime_owner flag not recorded");
+        }
+    }
+
+    /// Records that a kept tree's root exited (`member.exited`, with its
+    /// status when this process reaped it) and flags the tree
+    /// [`ROOT_EXITED_FLAG`]. Best effort: a refused write is logged (the
+    /// tree stays in custody either way).
+    pub fn record_root_exit_kept(
+        &self,
+        tree: TreeId,
+        root: &crate::proc::Identity,
+        status: Option<ExitStatus>,
+    ) {
+        let record = super::spawn::identity_record(root);
+        let exit = status.map(|s| self.exit_of(root.pid, s));
+        if let Err(e) = self.ledger.record_exits(tree, &[(record, exit)], "parent") {
+            tracing::warn!(tree = tree.0, error = %e, "the root's exit not recorded");
+        }
+        if let Err(e) = self.ledger.add_flag(tree, ROOT_EXITED_FLAG) {
+            tracing::warn!(tree = tree.0, error = %e, "root_exited flag not recorded");
+        }
+    }
+
+    /// Whether nothing of the tree runs now (one full walk): a kept tree
+    /// whose members all exited ends. Unreadable counts as not empty.
+    pub fn tree_empty_now(&self, tree: TreeId) -> bool {
+        let Ok(Some((row, members))) = self.ledger.tree_members(tree) else {
+            return false;
+        };
+        let exclude = self.exclude.as_ref().clone();
+        TreeWatch::new(&row, &members, &exclude)
+            .is_some_and(|mut w| w.tick(self, &HashMap::new()).members.is_empty())
+    }
+
+    /// Keeps a tree whose root exited until its owner exits, its timeout
+    /// fires, this process gets SIGINT/SIGTERM/SIGHUP, or nothing of it is
+    /// left; then tears it down with the same authority rules. What `run
+    /// --lifetime owner` hands the tree to (the `custody` subcommand), so
+    /// `run` can return the root's status at once. Needs no reaper: the
+    /// members are not its children, and the teardown verifies by a full walk.
+    pub fn keep(
+        &self,
+        tree: TreeId,
+        opts: &KeepOptions,
+        progress: &mut dyn FnMut(&Progress),
+    ) -> Result<(KeepEnd, TeardownReport), CustodyError> {
+        let (tx, rx) = mpsc::channel::<Event>();
+        let mut signals = signal_hook::iterator::Signals::new([
+            signal_hook::consts::SIGINT,
+            signal_hook::consts::SIGTERM,
+            signal_hook::consts::SIGHUP,
+        ])
+        .map_err(|e| CustodyError::Proc(crate::proc::ProcError::Io(e)))?;
+        let signals_handle = signals.handle();
+        {
+            let tx = tx.clone();
+            std::thread::Builder::new()
+                .name("tw-signals".into())
+                .spawn(move || {
+                    for sig in signals.forever() {
+                        if tx.send(Event::Signal(sig)).is_err() {
+                            break;
+                        }
+                    }
+                })
+                .map_err(|e| CustodyError::Proc(crate::proc::ProcError::Io(e)))?;
+        }
+        start_owner_watches(&[(opts.owner.clone(), RunEnd::OwnerDied)], &tx);
+        let (row, members) = self
+            .ledger
+            .tree_members(tree)?
+            .ok_or(CustodyError::UnknownTree(tree.0))?;
+        let exclude = self.exclude.as_ref().clone();
+        let mut watch = TreeWatch::new(&row, &members, &exclude);
+        let none = HashMap::new();
+        let end = loop {
+            if opts.deadline.is_some_and(|d| Instant::now() >= d) {
+                break KeepEnd::Timeout;
+            }
+            if owner_gone(&opts.owner) {
+                break KeepEnd::OwnerDied;
+            }
+            if let Some(w) = watch.as_mut()
+                && w.tick(self, &none).members.is_empty()
+            {
+                break KeepEnd::Empty;
+            }
+            let mut wait = opts.scan_interval;
+            if let Some(d) = opts.deadline {
+                wait = wait.min(d.saturating_duration_since(Instant::now()));
+            }
+            match rx.recv_timeout(wait) {
+                Ok(Event::Owner(_)) => break KeepEnd::OwnerDied,
+                Ok(Event::Signal(n)) => break KeepEnd::Signal(n),
+                Ok(_) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => break KeepEnd::Signal(libc::SIGTERM),
+            }
+        };
+        let reason = match end {
+            KeepEnd::OwnerDied => EndCause::OwnerExited.reason(),
+            KeepEnd::Timeout => EndCause::Timeout(Duration::ZERO).reason(),
+            KeepEnd::Signal(n) => {
+                format!("the custodian of a tree whose root exited received signal {n}")
+            }
+            KeepEnd::Empty => "every member exited (the root exited earlier)".to_string(),
+        };
+        let mut topts = super::teardown::TeardownOptions::new(opts.grace, reason, Origin::Run);
+        topts.first_signal = opts.first_signal;
+        let report = self.teardown(tree, &topts, progress);
+        signals_handle.close();
+        Ok((end, report?))
     }
 }

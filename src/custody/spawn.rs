@@ -139,6 +139,28 @@ pub(crate) fn identity_record(id: &Identity) -> IdentityRecord {
 impl Engine {
     /// Spawns `req` as an owned tree. Work that cannot be recorded never starts.
     pub fn spawn(&self, req: &SpawnRequest) -> Result<Spawned, CustodyError> {
+        self.spawn_with(req, &mut |_| {})
+    }
+
+    /// [`Engine::spawn`], calling `recorded` with the tree's id once its
+    /// spawn is committed and before the held child is released to exec
+    /// (`run --id-fd`: the caller knows the id before the command runs).
+    pub fn spawn_with(
+        &self,
+        req: &SpawnRequest,
+        recorded: &mut dyn FnMut(TreeId),
+    ) -> Result<Spawned, CustodyError> {
+        self.spawn_on(req, None, recorded)
+    }
+
+    /// [`Engine::spawn_with`], the root's stdio and controlling terminal
+    /// being the pseudo-terminal slave `tty` when given (`run --tty`).
+    pub(crate) fn spawn_on(
+        &self,
+        req: &SpawnRequest,
+        tty: Option<&std::path::Path>,
+        recorded: &mut dyn FnMut(TreeId),
+    ) -> Result<Spawned, CustodyError> {
         let _span = tracing::info_span!(
             "spawn",
             label = req.label.as_deref().unwrap_or(""),
@@ -154,7 +176,7 @@ impl Engine {
             CustodyError::Conflict("this engine only signals; it spawns nothing".into())
         })?;
         self.check_limits(boundary, &req.limits)?;
-        self.check_dispatch()?;
+        self.check_dispatch_for(&req.owner, req.on_behalf.as_ref().map(|b| &b.requester))?;
         let owner = OwnerRecord {
             identity: identity_record(&req.owner),
             kind: req.owner_kind,
@@ -226,6 +248,7 @@ impl Engine {
         };
         let spec = SpawnSpec {
             credentials: req.on_behalf.as_ref().and_then(|b| b.run_as.clone()),
+            tty: tty.map(std::path::Path::to_path_buf),
             log_file,
             umask: req.umask,
             argv: req.argv.clone(),
@@ -261,6 +284,7 @@ impl Engine {
         }
         let root = held.identity.clone();
         let (pgid, sid, cg) = (held.pgid, held.sid, held.cgroup.clone());
+        recorded(tree);
         match held.release() {
             Ok(_) => {}
             Err(failure) => {

@@ -77,6 +77,20 @@ pub struct SweepOptions {
     pub progress: Option<Arc<SweepProgress>>,
     /// Once set, no further teardown starts; those running finish.
     pub stop: Option<Arc<AtomicBool>>,
+    /// At most this many orphans per sweep (the rest wait for the next):
+    /// the bound of the sweeps `run`, `ls` and `kill` make on the way.
+    pub limit: Option<usize>,
+    /// Only orphans whose teardown failed closed (ambiguous in the ledger,
+    /// or named by an unsettled marker): what must be finished before a
+    /// dispatch decision.
+    pub only_failed_closed: bool,
+    /// The grace of an orphan whose teardown failed closed: that teardown
+    /// already gave its members their grace before it could not authorize
+    /// the kill. `None`: its recorded grace, as for any orphan.
+    pub failed_closed_grace: Option<Duration>,
+    /// Whether a sweep that finds no orphan records `sweep.started` (the
+    /// opportunistic sweeps do not: they would write on every `run`).
+    pub record_when_none: bool,
 }
 
 impl SweepOptions {
@@ -87,6 +101,21 @@ impl SweepOptions {
             skip: HashSet::new(),
             progress: None,
             stop: None,
+            limit: None,
+            only_failed_closed: false,
+            failed_closed_grace: None,
+            record_when_none: true,
+        }
+    }
+
+    /// The opportunistic sweep of a command on its way (`run`, `ls`,
+    /// `kill`): at most `limit` orphans, nothing recorded when none is found.
+    pub fn opportunistic(default_grace: Duration, limit: usize) -> Self {
+        Self {
+            limit: Some(limit),
+            concurrency: limit.max(1),
+            record_when_none: false,
+            ..Self::new(default_grace)
         }
     }
 }
@@ -149,23 +178,31 @@ impl Engine {
     pub fn sweep_with(&self, opts: &SweepOptions) -> Result<SweepReport, CustodyError> {
         let _span = tracing::info_span!("sweep").entered();
         let trees = self.ledger.sweep_candidates()?;
-        self.ledger.append_event(
-            None,
-            EventKind::SweepStarted,
-            serde_json::json!({ "candidates": trees.len(), "pid": std::process::id() }),
-        )?;
         let mut report = SweepReport {
             examined: trees.len(),
             ..SweepReport::default()
         };
         let mut orphans = VecDeque::new();
         for row in trees {
-            if opts.skip.contains(&row.id) || self.owner_alive(&row) {
+            if opts.skip.contains(&row.id)
+                || (opts.only_failed_closed && !self.failed_closed(&row))
+                || self.owner_alive(&row)
+            {
                 report.owned += 1;
+            } else if opts.limit.is_some_and(|n| orphans.len() >= n) {
+                // Left for the next sweep (counted as neither).
             } else {
                 orphans.push_back(row);
             }
         }
+        if orphans.is_empty() && !opts.record_when_none {
+            return Ok(report);
+        }
+        self.ledger.append_event(
+            None,
+            EventKind::SweepStarted,
+            serde_json::json!({ "candidates": report.examined, "pid": std::process::id() }),
+        )?;
         if let Some(p) = &opts.progress {
             p.found.fetch_add(orphans.len(), Ordering::SeqCst);
         }
@@ -223,10 +260,58 @@ impl Engine {
         }
     }
 
+    /// Whether a tree's teardown failed closed: it could not authorize its
+    /// kill and left its survivors alive (ambiguous in the ledger, or named
+    /// by an unsettled marker when the ledger refused even that).
+    pub(crate) fn failed_closed(&self, row: &TreeRow) -> bool {
+        row.state == TreeState::Ambiguous || super::markers::read(&self.data_dir, row.id).is_some()
+    }
+
+    /// Finishes, before a dispatch decision, the teardowns that failed
+    /// closed and whose owner is gone: a fresh authorization naming exactly
+    /// the survivors, SIGKILL, verify (the teardown's own steps, resumed).
+    /// Their grace was spent by the teardown that failed closed, so none is
+    /// given again. At most `limit` trees; `None` when there was none (or
+    /// the ledger could not be read).
+    pub fn settle_failed_closed(&self, limit: usize) -> Option<SweepReport> {
+        let mut opts = SweepOptions::opportunistic(Duration::ZERO, limit);
+        opts.only_failed_closed = true;
+        opts.failed_closed_grace = Some(Duration::ZERO);
+        self.settle_with(&opts)
+    }
+
+    /// Tears down at most `limit` orphans (owner gone) with their recorded
+    /// grace: what dead wrappers left, settled by the next `run` on hosts
+    /// without a sweep timer. `None` when there was none.
+    pub fn settle_orphans(&self, limit: usize, default_grace: Duration) -> Option<SweepReport> {
+        let mut opts = SweepOptions::opportunistic(default_grace, limit);
+        opts.failed_closed_grace = Some(Duration::ZERO);
+        self.settle_with(&opts)
+    }
+
+    fn settle_with(&self, opts: &SweepOptions) -> Option<SweepReport> {
+        match self.sweep_with(opts) {
+            Ok(r) if r.orphans.is_empty() => None,
+            Ok(r) => {
+                for o in &r.orphans {
+                    tracing::info!(tree = o.tree, from = o.from.as_str(), to = ?o.to, error = ?o.error, "settled on the way: a teardown its owner left");
+                }
+                Some(r)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "orphans not settled on the way");
+                None
+            }
+        }
+    }
+
     /// Tears one orphan down with its recorded grace.
     fn sweep_one(&self, row: &TreeRow, opts: &SweepOptions) -> SweepOutcome {
         let recorded = row.grace_ms.map(Duration::from_millis);
-        let grace = super::policy::grace(None, recorded, opts.default_grace, None);
+        let grace = match opts.failed_closed_grace {
+            Some(g) if self.failed_closed(row) => g,
+            _ => super::policy::grace(None, recorded, opts.default_grace, None),
+        };
         let mut outcome = SweepOutcome {
             tree: row.id,
             from: row.state,
@@ -260,7 +345,12 @@ impl Engine {
             return outcome;
         }
         count(|p| &p.in_flight);
-        let mut topts = TeardownOptions::new(grace, "owner gone (orphan sweep)", Origin::Sweep);
+        let reason = if self.failed_closed(row) {
+            "owner gone: finishing a teardown that could not be authorized"
+        } else {
+            "owner gone (orphan sweep)"
+        };
+        let mut topts = TeardownOptions::new(grace, reason, Origin::Sweep);
         // The first signal the tree was given (`run -s`), SIGTERM otherwise.
         if let Some(sig) = row
             .first_signal

@@ -78,6 +78,12 @@ pub struct SpawnBody {
         pattern = "^[A-Za-z0-9_][A-Za-z0-9_.-]*[$]?$"
     )]
     pub user: Option<String>,
+    /// `root` (default): the tree ends when its root exits. `owner`: the
+    /// root's exit is recorded, and what it left running stays in custody
+    /// until the owner (`owner_pid`; without it the service) exits, the
+    /// tree is killed, or its timeout fires.
+    #[schema(pattern = "^(root|owner)$", example = "owner")]
+    pub lifetime: Option<String>,
 }
 
 /// `"limits": {"memory_max": "64M", "pids_max": 50, "cpu_max": "50%"}`.
@@ -417,7 +423,12 @@ impl SpawnBody {
                     .map_err(bad)?,
             },
         };
+        let lifetime = match self.lifetime.as_deref() {
+            None => crate::custody::Lifetime::Root,
+            Some(l) => l.parse().map_err(bad)?,
+        };
         Ok(SpawnParams {
+            lifetime,
             limits,
             argv: self.argv,
             label: self.label,

@@ -98,7 +98,17 @@ impl TreeLine {
             age: age(&t.created_at, t.ended_at.as_deref()),
             members: usize::try_from(counts.live).unwrap_or(usize::MAX),
             escapes: usize::try_from(counts.escaped).unwrap_or(usize::MAX),
-            flags: t.flags.join(", "),
+            flags: t
+                .flags
+                .iter()
+                .map(|f| match f.as_str() {
+                    crate::custody::ROOT_EXITED_FLAG if !t.state.is_terminal() => {
+                        "root exited, members alive"
+                    }
+                    other => other,
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
             command: t.argv.join(" "),
         }
     }

@@ -249,8 +249,112 @@ fn open_connection(path: &Path, busy_timeout: Duration) -> Result<Connection, Fa
     // a 1,000-member teardown (issue 6). Reads use the cache too. Room for
     // every distinct statement (the event reads' filter combinations included).
     conn.set_prepared_statement_cache_capacity(128);
+    conn.pragma_update(None, "foreign_keys", true)?;
+    // INSERT OR REPLACE deletes the old row; with recursive triggers that
+    // delete meets the append-only guards instead of slipping past them.
+    conn.pragma_update(None, "recursive_triggers", true)?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    // Opening a current ledger (every `show`, `ls`, `export`) reads two
+    // header fields and takes no lock that could queue behind busy writers.
+    if is_current(&conn) {
+        return Ok(conn);
+    }
+    // A new ledger (or one behind the schema) is made current by one process
+    // at a time: switching to WAL needs an exclusive lock, and SQLite answers
+    // a lock upgrade that could deadlock with BUSY at once, without its busy
+    // handler, so concurrent first uses (40 `run`s on a new data dir) failed
+    // in milliseconds claiming a writer held the lock for the busy timeout.
+    // Under the init lock (on the ledger's directory) the others wait their
+    // turn, then find it current.
+    let _init = InitLock::take(path, busy_timeout.max(INIT_WAIT))?;
+    if is_current(&conn) {
+        return Ok(conn);
+    }
+    make_current(&mut conn, path, busy_timeout)?;
+    Ok(conn)
+}
+
+/// How long a first use waits for another process that is creating or
+/// migrating the ledger (at least; the busy timeout when longer).
+const INIT_WAIT: Duration = Duration::from_secs(30);
+
+/// An advisory `flock` on the ledger's directory, held while a process
+/// creates or migrates the ledger, released when the handle closes (also
+/// when the process dies). The directory, not a file of its own: nothing is
+/// left behind, and the ledger file itself is not touched outside SQLite
+/// (closing another descriptor of it would drop SQLite's POSIX locks).
+struct InitLock {
+    _file: Option<std::fs::File>,
+}
+
+impl InitLock {
+    /// Takes the lock, waiting at most `wait`. A directory that cannot be
+    /// opened or locked is no lock: the migration's own retries still apply.
+    fn take(path: &Path, wait: Duration) -> Result<Self, Fail> {
+        let dir = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let file = match std::fs::File::open(dir) {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::debug!(error = %e, "no ledger init lock: migrating without one");
+                return Ok(Self { _file: None });
+            }
+        };
+        let deadline = std::time::Instant::now() + wait;
+        loop {
+            match file.try_lock() {
+                Ok(()) => return Ok(Self { _file: Some(file) }),
+                Err(std::fs::TryLockError::WouldBlock) => {}
+                Err(std::fs::TryLockError::Error(e)) => {
+                    tracing::debug!(error = %e, "ledger init lock not taken: migrating without it");
+                    return Ok(Self { _file: None });
+                }
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(LedgerError::Busy(wait).into());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+/// The migrations' latest version.
+fn latest() -> Option<rusqlite_migration::SchemaVersion> {
+    std::num::NonZeroUsize::new(MIGRATIONS.len()).map(rusqlite_migration::SchemaVersion::Inside)
+}
+
+/// Whether the ledger is in WAL mode at the latest schema (reads only). A
+/// read that fails (busy past the busy timeout under load) is asked again,
+/// a few times, before the answer is "not current" (which only costs the
+/// init lock and a no-op migration).
+fn is_current(conn: &Connection) -> bool {
+    for _ in 0..3 {
+        let mode = conn.pragma_query_value(None, "journal_mode", |row| row.get::<_, String>(0));
+        let version = Migrations::from_slice(MIGRATIONS).current_version(conn);
+        match (mode, version) {
+            (Ok(mode), Ok(version)) => {
+                return mode.eq_ignore_ascii_case("wal") && latest().is_some_and(|l| l == version);
+            }
+            (mode, version) => tracing::debug!(
+                mode = ?mode.err(),
+                version = ?version.err(),
+                "ledger header not read; asking again"
+            ),
+        }
+    }
+    false
+}
+
+/// WAL mode, then the migrations; called under the init lock.
+fn make_current(conn: &mut Connection, path: &Path, busy_timeout: Duration) -> Result<(), Fail> {
+    // Switched only when it is not WAL yet (the switch takes an exclusive lock).
     let mode: String =
-        conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))?;
+        match conn.pragma_query_value(None, "journal_mode", |row| row.get::<_, String>(0)) {
+            Ok(m) if m.eq_ignore_ascii_case("wal") => m,
+            _ => conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))?,
+        };
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(LedgerError::Other(format!(
             "{} cannot use WAL (journal_mode is {mode})",
@@ -258,38 +362,26 @@ fn open_connection(path: &Path, busy_timeout: Duration) -> Result<Connection, Fa
         ))
         .into());
     }
-    conn.pragma_update(None, "foreign_keys", true)?;
-    // INSERT OR REPLACE deletes the old row; with recursive triggers that
-    // delete meets the append-only guards instead of slipping past them.
-    conn.pragma_update(None, "recursive_triggers", true)?;
-    conn.pragma_update(None, "synchronous", "NORMAL")?;
-    // Migrations take the write lock up front, like every other write — but
-    // only when the schema is behind: opening a current ledger (every `show`,
-    // `ls`, `export`) must not queue behind busy writers.
-    mend_0006_before_0005(&mut conn)?;
+    // Migrations take the write lock up front, like every other write.
+    mend_0006_before_0005(conn)?;
     let migrations = Migrations::from_slice(MIGRATIONS);
-    let latest = rusqlite_migration::SchemaVersion::Inside(
-        std::num::NonZeroUsize::new(MIGRATIONS.len())
-            .ok_or_else(|| LedgerError::Other("no migrations".into()))?,
-    );
-    if migrations.current_version(&conn).ok() == Some(latest) {
-        return Ok(conn);
+    let latest = latest().ok_or_else(|| LedgerError::Other("no migrations".into()))?;
+    if migrations.current_version(conn).ok() == Some(latest) {
+        return Ok(());
     }
     conn.set_transaction_behavior(TransactionBehavior::Immediate);
     let started = std::time::Instant::now();
     loop {
-        let Err(failed) = migrations.to_latest(&mut conn) else {
+        let Err(failed) = migrations.to_latest(conn) else {
             break;
         };
-        // Another process may have migrated between our version check and our
-        // transaction; then the schema is current and our attempt rolled back.
-        if migrations.current_version(&conn).ok() == Some(latest) {
+        // A process of an older build (which takes no init lock) may have
+        // migrated between our version check and our transaction; then the
+        // schema is current and our attempt rolled back.
+        if migrations.current_version(conn).ok() == Some(latest) {
             break;
         }
-        // Or it is migrating right now: SQLite answers a lock upgrade that
-        // could deadlock with BUSY at once, without waiting (seen with four
-        // processes opening a new ledger together). Try again within the
-        // busy timeout.
+        // Or it is migrating right now: try again within the busy timeout.
         let error = LedgerError::from_migration(failed, busy_timeout);
         if !matches!(error, LedgerError::Busy(_)) || started.elapsed() >= busy_timeout {
             return Err(error.into());
@@ -297,7 +389,7 @@ fn open_connection(path: &Path, busy_timeout: Duration) -> Result<Connection, Fa
         std::thread::sleep(Duration::from_millis(10));
     }
     conn.set_transaction_behavior(TransactionBehavior::Deferred);
-    Ok(conn)
+    Ok(())
 }
 
 /// A ledger made by a build that listed 0006 right after 0004 (main between

@@ -221,6 +221,11 @@ pub struct SpawnSpec {
     /// file is opened by us, as ourselves), before `chdir` (so the working
     /// directory is checked as the new user). `None`: ours.
     pub credentials: Option<super::Credentials>,
+    /// A pseudo-terminal's slave (`/dev/pts/N`) the child makes its
+    /// controlling terminal (its own session's: `TIOCSCTTY` right after
+    /// `setsid`, so its process group is the terminal's foreground) and its
+    /// descriptors 0, 1 and 2 (`run --tty`). Overrides `stdio`.
+    pub tty: Option<PathBuf>,
 }
 
 /// One control file to set in a tree's cgroup (`pids.max` = `20`).
@@ -366,6 +371,9 @@ struct Prepared {
     null_fd: Option<OwnedFd>,
     /// With [`SpawnStdio::Log`]: the log file, for descriptors 1 and 2.
     log_fd: Option<OwnedFd>,
+    /// With [`SpawnSpec::tty`]: the terminal's slave, opened without
+    /// becoming our controlling terminal.
+    tty_fd: Option<OwnedFd>,
     umask: Option<libc::mode_t>,
     /// uid, gid and supplementary groups to take before exec.
     creds: Option<(libc::uid_t, libc::gid_t, Vec<libc::gid_t>)>,
@@ -478,6 +486,17 @@ fn prepare(spec: &SpawnSpec) -> Result<Prepared, ProcError> {
         }
         _ => None,
     };
+    let tty_fd = spec
+        .tty
+        .as_deref()
+        .map(|path| {
+            rustix::fs::open(
+                path,
+                rustix::fs::OFlags::RDWR | rustix::fs::OFlags::NOCTTY | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+        })
+        .transpose()?;
     let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
     argv_ptrs.push(std::ptr::null());
     let mut envp_ptrs: Vec<*const libc::c_char> = envp.iter().map(|e| e.as_ptr()).collect();
@@ -502,6 +521,7 @@ fn prepare(spec: &SpawnSpec) -> Result<Prepared, ProcError> {
         cwd,
         null_fd,
         log_fd,
+        tty_fd,
         umask: spec.umask.map(|m| m as libc::mode_t),
         creds: spec
             .credentials
@@ -616,6 +636,21 @@ unsafe fn child_after_fork(p: &Prepared, release_r: libc::c_int, status_w: libc:
         if let Some(log) = &p.log_fd {
             let fd = log.as_raw_fd();
             for target in 1..3 {
+                if libc::dup2(fd, target) < 0 {
+                    report(TAG_SETUP, 2, errno());
+                    libc::_exit(125);
+                }
+            }
+        }
+        if let Some(tty) = &p.tty_fd {
+            // The new session's controlling terminal (ioctl is a plain
+            // syscall); the dup2s leave it on 0, 1 and 2 without CLOEXEC.
+            let fd = tty.as_raw_fd();
+            if libc::ioctl(fd, libc::TIOCSCTTY, 0) < 0 {
+                report(TAG_SETUP, 2, errno());
+                libc::_exit(125);
+            }
+            for target in 0..3 {
                 if libc::dup2(fd, target) < 0 {
                     report(TAG_SETUP, 2, errno());
                     libc::_exit(125);

@@ -18,13 +18,15 @@
 //! `unsafe` is allowed in this module tree only (crate-wide it is denied); it
 //! is confined to `fork`/`execve` and the async-signal-safe child path in
 //! [`boundary`], and to registering a pidfd with tokio's reactor in
-//! [`pidfd`], each block with a `// SAFETY:` line.
+//! [`pidfd`], and to taking a descriptor the caller handed over by number
+//! in [`fds`], each block with a `// SAFETY:` line.
 
 #![allow(unsafe_code)]
 
 pub mod boundary;
 pub mod connector;
 pub mod held;
+pub mod fds;
 pub mod identity;
 mod limits;
 pub mod pidfd;
@@ -32,6 +34,7 @@ pub mod probe;
 pub mod reaper;
 mod resources;
 pub mod signal;
+pub mod tty;
 pub mod users;
 
 pub use boundary::{
@@ -41,6 +44,7 @@ pub use boundary::{
 };
 pub use connector::{Connector, ConnectorWaker, ProcEvent, monotonic_ns};
 pub use held::{pidfd_exited, signal_pidfd};
+pub use fds::take_inherited_fd;
 pub use identity::{
     Identity, Liveness, ProcKey, ProcStat, boot_id, identity_of, read_stat, self_identity,
 };
@@ -55,7 +59,7 @@ pub use resources::{CgroupUsage, cap_log, cgroup_controllers, cgroup_usage, oom_
 pub use signal::{
     CgroupEvent, Delivery, GroupDelivery, GroupRecord, Sig, cgroup_freeze, cgroup_kill,
     cgroup_pids, cgroup_populated, cgroup_thaw, cgroup_wait_event, default_sigpipe, group_members,
-    signal_group, signal_group_known, signal_process,
+    may_signal, signal_group, signal_group_known, signal_process,
 };
 pub use users::{
     Credentials, UserInfo, credentials_for, credentials_of_peer, current_uid, effective_uid,

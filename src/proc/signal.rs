@@ -186,6 +186,14 @@ pub enum Delivery {
 
 /// Signals one process, only if it still is `id`: opens a pidfd for the pid,
 /// verifies start ticks and boot id (after the open, so the verified process
+/// Whether the caller may signal `pid` (`kill(pid, 0)`): what `run
+/// --owner-pid` requires, so a wrapper cannot bind a tree to a process its
+/// caller has no power over. `false` for no such process too.
+pub fn may_signal(pid: i32) -> bool {
+    rustix::process::Pid::from_raw(pid)
+        .is_some_and(|p| rustix::process::test_kill_process(p).is_ok())
+}
+
 /// is the one the pidfd names), then sends through the pidfd.
 pub fn signal_process(id: &Identity, sig: Sig) -> Result<Delivery, ProcError> {
     guard(id.pid, "pid")?;

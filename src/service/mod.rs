@@ -70,6 +70,10 @@ use crate::proc::{ExitStatus, Identity, Reaper, SpawnStdio};
 use crate::scan::HostView;
 pub use metrics::Metrics;
 
+/// How often the service looks for teardowns that failed closed and whose
+/// owner is gone, to finish them ([`crate::custody::Engine::settle_failed_closed`]).
+const FAILED_CLOSED_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// How the service runs. Built by the CLI from `serve`'s flags.
 #[derive(Clone, Debug)]
 pub struct ServiceConfig {
@@ -192,6 +196,8 @@ pub struct SpawnParams {
     /// The user the tree runs as (set in the child before exec); `None`:
     /// the service's own credentials.
     pub run_as: Option<RunAs>,
+    /// Whether the tree ends with its root or with its owner.
+    pub lifetime: crate::custody::Lifetime,
 }
 
 /// A user a tree runs as: its credentials, and its name and home for the
@@ -392,6 +398,7 @@ impl Service {
             skip: self.owned_trees().into_iter().collect(),
             progress: Some(self.sweeps.clone()),
             stop: Some(self.sweep_stop.clone()),
+            ..SweepOptions::new(self.config.default_grace)
         }
     }
 
@@ -639,7 +646,15 @@ impl Service {
             first_signal: None,
         };
         let engine = self.engine.clone();
-        let spawned = blocking(move || engine.spawn(&req)).await??;
+        let lifetime = p.lifetime;
+        let spawned = blocking(move || {
+            let spawned = engine.spawn(&req)?;
+            if lifetime == crate::custody::Lifetime::Owner {
+                engine.mark_lifetime_owner(spawned.tree);
+            }
+            Ok::<_, CustodyError>(spawned)
+        })
+        .await??;
         let tree = spawned.tree;
         if let Some(h) = &self.observer_handle {
             h.watch(tree, spawned.pgid, spawned.sid, &spawned.root);
@@ -651,6 +666,7 @@ impl Service {
             Some(spawned.root.clone()),
             owner_fd,
             p.timeout,
+            p.lifetime,
         );
         drop(gate);
         let engine = self.engine.clone();
@@ -666,6 +682,7 @@ impl Service {
         root: Option<Identity>,
         owner_fd: Option<OwnedFd>,
         timeout: Option<Duration>,
+        lifetime: crate::custody::Lifetime,
     ) {
         let done = self.shutdown.child_token();
         self.lock_owned().insert(
@@ -683,11 +700,40 @@ impl Service {
         let this = self.clone();
         let settled = done.clone();
         self.tasks.spawn(async move {
-            let why = watch_tree(done, root_fd, root_gone, owner_fd, timeout).await;
-            let Some(why) = why else {
+            let owner = owner_fd.and_then(|fd| crate::proc::ExitWatch::new(fd).ok());
+            let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+            let why = watch_tree(&done, root_fd, root_gone, owner.as_ref(), deadline).await;
+            let Some(mut why) = why else {
                 return;
             };
+            // `"lifetime": "owner"`: the root's exit is recorded and the
+            // tree kept while anything of it runs, until its owner exits,
+            // its timeout fires, or it is killed (`done`).
+            let mut kept_root_exit = None;
+            if let (WatchEnd::RootExited, crate::custody::Lifetime::Owner, Some(r)) =
+                (&why, lifetime, &root)
+            {
+                let (engine, reaper, r) = (this.engine.clone(), this.reaper, r.clone());
+                let kept = blocking(move || {
+                    let status = reaper.and_then(|rp| rp.wait_exit(r.pid, Some(Duration::from_secs(1))));
+                    let empty = engine.tree_empty_now(TreeId(tree));
+                    if !empty {
+                        engine.record_root_exit_kept(TreeId(tree), &r, status);
+                    }
+                    (status, empty)
+                })
+                .await;
+                if let Ok((status, false)) = kept {
+                    kept_root_exit = status;
+                    let Some(end) = this.watch_kept(&done, tree, owner.as_ref(), deadline).await else {
+                        return;
+                    };
+                    why = end;
+                }
+            }
+            let why = why;
             let root_exit = match (&why, &root) {
+                _ if kept_root_exit.is_some() => kept_root_exit,
                 (WatchEnd::RootExited, Some(r)) if this.reaper.is_some() => {
                     let reaper = this.reaper;
                     let pid = r.pid;
@@ -728,6 +774,34 @@ impl Service {
                 backoff = (backoff * 2).min(Duration::from_secs(60));
             }
         });
+    }
+
+    /// A kept tree (`"lifetime": "owner"`) after its root exited: waits
+    /// for its owner's exit or its timeout, checking every scan interval
+    /// whether anything of it still runs (an empty tree ends, as
+    /// `RootExited`). `None` when it ended otherwise (killed, shutdown).
+    async fn watch_kept(
+        &self,
+        done: &CancellationToken,
+        tree: i64,
+        owner: Option<&crate::proc::ExitWatch>,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Option<WatchEnd> {
+        let mut every = tokio::time::interval(self.config.scan_interval);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        every.tick().await;
+        loop {
+            tokio::select! {
+                _ = done.cancelled() => return None,
+                _ = exited(owner) => return Some(WatchEnd::OwnerExited),
+                _ = until(deadline) => return Some(WatchEnd::Timeout),
+                _ = every.tick() => {}
+            }
+            let engine = self.engine.clone();
+            if let Ok(true) = blocking(move || engine.tree_empty_now(TreeId(tree))).await {
+                return Some(WatchEnd::RootExited);
+            }
+        }
     }
 
     /// Tears a tree down (any tree in the ledger, owned or not), with the
@@ -857,7 +931,18 @@ impl Service {
                         .unwrap_or_default();
                     t.saturating_sub(age)
                 });
-                self.adopt(row.id, grace, root, Some(fd), timeout);
+                // A tree spawned with `"lifetime": "owner"` keeps it (its
+                // root may have exited already: the tree is kept).
+                let lifetime = if row
+                    .flags
+                    .iter()
+                    .any(|f| f == crate::custody::LIFETIME_OWNER_FLAG)
+                {
+                    crate::custody::Lifetime::Owner
+                } else {
+                    crate::custody::Lifetime::Root
+                };
+                self.adopt(row.id, grace, root, Some(fd), timeout, lifetime);
                 if interrupted {
                     let this = self.clone();
                     let tree = row.id;
@@ -928,10 +1013,22 @@ impl Service {
         let mut every = tokio::time::interval(self.config.sweep_interval);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         every.tick().await; // the first tick is now; start-up already swept
+        // Teardowns that failed closed (their authorization could not be
+        // written) are finished soon after the ledger takes writes again,
+        // not a whole sweep interval later: a cheap check every few seconds.
+        let mut settle = tokio::time::interval(FAILED_CLOSED_CHECK);
+        settle.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = self.shutdown.cancelled() => return,
                 _ = every.tick() => {}
+                _ = settle.tick() => {
+                    let engine = self.engine.clone();
+                    if let Err(e) = blocking(move || engine.settle_failed_closed(8)).await {
+                        tracing::error!(error = %e, "settle task failed");
+                    }
+                    continue;
+                }
             }
             let engine = self.engine.clone();
             let opts = self.sweep_options();
@@ -1323,37 +1420,40 @@ impl WatchEnd {
     }
 }
 
+/// Resolves when the watched process exits; never without a watch.
+async fn exited(w: Option<&crate::proc::ExitWatch>) {
+    match w {
+        Some(w) => w.exited().await,
+        None => std::future::pending::<()>().await,
+    }
+}
+
+/// Resolves at the deadline; never without one.
+async fn until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending::<()>().await,
+    }
+}
+
 /// Waits for the first reason to end a tree; `None` when the tree ended
 /// otherwise (or the service is shutting down: the drain tears it down).
 async fn watch_tree(
-    done: CancellationToken,
+    done: &CancellationToken,
     root_fd: Option<OwnedFd>,
     root_gone: bool,
-    owner_fd: Option<OwnedFd>,
-    timeout: Option<Duration>,
+    owner: Option<&crate::proc::ExitWatch>,
+    deadline: Option<tokio::time::Instant>,
 ) -> Option<WatchEnd> {
     if root_gone {
         return Some(WatchEnd::RootExited);
     }
     let root = root_fd.and_then(|fd| crate::proc::ExitWatch::new(fd).ok());
-    let owner = owner_fd.and_then(|fd| crate::proc::ExitWatch::new(fd).ok());
-    let readable = |w: Option<crate::proc::ExitWatch>| async move {
-        match w {
-            Some(w) => w.exited().await,
-            None => std::future::pending::<()>().await,
-        }
-    };
-    let sleep = async {
-        match timeout {
-            Some(t) => tokio::time::sleep(t).await,
-            None => std::future::pending::<()>().await,
-        }
-    };
     tokio::select! {
         _ = done.cancelled() => None,
-        _ = readable(owner) => Some(WatchEnd::OwnerExited),
-        _ = readable(root) => Some(WatchEnd::RootExited),
-        _ = sleep => Some(WatchEnd::Timeout),
+        _ = exited(owner) => Some(WatchEnd::OwnerExited),
+        _ = exited(root.as_ref()) => Some(WatchEnd::RootExited),
+        _ = until(deadline) => Some(WatchEnd::Timeout),
     }
 }
 

@@ -726,9 +726,17 @@ fn assert_failed_closed(env: &Env, run: &mut Child, survivors: &[i32], label: &s
     );
 }
 
-/// New work is refused while a tree is unsettled.
+/// New work is refused host-wide (`--dispatch-scope host`) while a tree is
+/// unsettled (nothing settled on the way: `--no-settle`).
 fn assert_dispatch_refused(env: &Env, label: &str) {
-    let out = env.output(&["run", "--", "true"]);
+    let out = env.output(&[
+        "run",
+        "--dispatch-scope",
+        "host",
+        "--no-settle",
+        "--",
+        "true",
+    ]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(125), "[{label}] {err}");
     assert!(err.contains("dispatch refused"), "[{label}] {err}");

@@ -20,3 +20,4 @@ mod seal;
 mod serve;
 mod shipping;
 mod util;
+mod wrapper;

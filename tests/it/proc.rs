@@ -46,6 +46,7 @@ fn sh(script: &str, dir: &Path) -> SpawnSpec {
         log_file: None,
         umask: None,
         credentials: None,
+        tty: None,
     }
 }
 
@@ -650,6 +651,7 @@ fn exec_failures_map_to_shell_codes() {
         log_file: None,
         umask: None,
         credentials: None,
+        tty: None,
     };
     let check = |argv0: OsString, kind: ExecFailureKind, code: u8| {
         let held = proc::spawn_held(&spec(argv0.clone())).expect("spawn");

@@ -66,9 +66,24 @@ fn tw(env: &Env, args: &[&str]) -> (Option<i32>, String) {
     run_to_end(env, cmd)
 }
 
-/// `treewarden run --quiet -- true`: whether dispatch is open.
+/// `treewarden run -- true` at the host-wide gate, settling nothing on
+/// its way (`--dispatch-scope host --no-settle`): whether the gate, as the
+/// ledger and the markers stand, is open. (A plain `run` finishes what dead
+/// owners left first, and is refused only by its own owner's trees:
+/// tests/it/wrapper.rs.)
 fn dispatch(env: &Env) -> (Option<i32>, String) {
-    tw(env, &["run", "--quiet", "--", "true"])
+    tw(
+        env,
+        &[
+            "run",
+            "--quiet",
+            "--dispatch-scope",
+            "host",
+            "--no-settle",
+            "--",
+            "true",
+        ],
+    )
 }
 
 /// `treewarden [--data-dir DIR] verify ARGS`: exit code, stdout, stderr.
