@@ -25,8 +25,8 @@
 
 pub mod boundary;
 pub mod connector;
-pub mod held;
 pub mod fds;
+pub mod held;
 pub mod identity;
 mod limits;
 pub mod pidfd;
@@ -43,8 +43,8 @@ pub use boundary::{
     remove_cgroup_if_empty, remove_cgroup_when_empty, resolve_boundary, spawn_held,
 };
 pub use connector::{Connector, ConnectorWaker, ProcEvent, monotonic_ns};
-pub use held::{pidfd_exited, signal_pidfd};
 pub use fds::take_inherited_fd;
+pub use held::{pidfd_exited, signal_pidfd};
 pub use identity::{
     Identity, Liveness, ProcKey, ProcStat, boot_id, identity_of, read_stat, self_identity,
 };

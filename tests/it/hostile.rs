@@ -423,8 +423,10 @@ fn the_data_dir_and_everything_in_it_are_private_and_a_shared_one_is_refused() {
     let open = open_to_others(&data);
     assert!(open.is_empty(), "open to others: {open:?}");
 
+    // A folder shared on purpose, as /tmp is: sticky, and others' files in it.
     let shared = dir.path().join("shared");
     std::fs::create_dir(&shared).expect("shared dir");
+    std::fs::write(shared.join("someone-elses"), "x").expect("a file of another's");
     std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
     let refused = Command::new(bin())
         .current_dir(dir.path())
@@ -446,6 +448,29 @@ fn the_data_dir_and_everything_in_it_are_private_and_a_shared_one_is_refused() {
         !shared.join("ledger.db").exists(),
         "nothing written into it"
     );
+
+    // An empty sticky folder of this user's (a tmpfs mounted for the data
+    // dir has a 1777 root) is the data dir's own: tightened.
+    let mounted = dir.path().join("fresh-mount");
+    std::fs::create_dir(&mounted).expect("dir");
+    std::fs::set_permissions(&mounted, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    let run = Command::new(bin())
+        .current_dir(dir.path())
+        .env("TREEWARDEN_DATA_DIR", &mounted)
+        .args(["run", "--", "true"])
+        .output()
+        .expect("run");
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let mode = std::fs::metadata(&mounted)
+        .expect("dir")
+        .permissions()
+        .mode()
+        & 0o7777;
+    assert_eq!(mode, 0o700);
 }
 
 fn token(s: &Server, scope: &str) -> (i64, String) {

@@ -350,7 +350,9 @@ fn a_users_tree_runs_as_that_user_and_only_its_requester_or_root_acts_on_it() {
     let (status, v) = curl(&sock, Some(&user), "POST", "/api/trees", Some(&closed));
     assert_eq!(status, 422, "{v}; {}", s.stderr());
     assert!(
-        v["error"].as_str().is_some_and(|e| e.contains("chdir")),
+        v["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("cwd is not usable")),
         "{v}"
     );
 
