@@ -138,6 +138,14 @@ impl Engine {
     ) -> Result<Self, CustodyError> {
         let cgroup_root = crate::proc::cgroup_root(config.cgroup_root.as_deref())?;
         let boundary = crate::proc::resolve_boundary(config.boundary, cgroup_root.as_deref())?;
+        // Delegation done right: a delegated root holding only this process
+        // gets it moved into its leaf, so controllers can be enabled for
+        // tree cgroups next to it (proc/delegation.rs).
+        if boundary == BoundaryKind::Cgroup
+            && let Some(root) = cgroup_root.as_deref()
+        {
+            crate::proc::take_delegation(root)?;
+        }
         let instance = ledger.instance_id()?;
         let mut engine = Self::signal_only(config, ledger, reaper);
         engine.cgroup_prefix = cgroup_prefix(&instance);

@@ -319,6 +319,7 @@ impl Engine {
                 )));
             }
         }
+        crate::proc::check_limits_possible(root).map_err(CustodyError::Unsupported)?;
         Ok(())
     }
 

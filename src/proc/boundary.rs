@@ -981,24 +981,34 @@ pub fn remove_cgroup_if_empty(path: &Path) -> Result<bool, ProcError> {
     }
 }
 
-/// Waits (bounded) until the cgroup is unpopulated, then removes it.
 /// Writes the settings (limits) into a fresh tree cgroup, enabling each
 /// controller in the parent's `cgroup.subtree_control` where it is not yet.
+/// On failure the controllers this call enabled are disabled again, so a
+/// refused spawn leaves the parent as it found it (the caller removes the
+/// tree cgroup).
 fn apply_settings(cg: &Path, settings: &[CgroupSetting]) -> Result<(), ProcError> {
-    for s in settings {
-        if let Some(parent) = cg.parent() {
-            let control = parent.join("cgroup.subtree_control");
-            let enabled =
-                std::fs::read_to_string(&control).map_err(|e| ProcError::cgroup(&control, e))?;
-            if !enabled.split_whitespace().any(|c| c == s.controller) {
-                std::fs::write(&control, format!("+{}", s.controller))
-                    .map_err(|e| ProcError::cgroup(&control, e))?;
+    let mut enabled: Vec<&str> = Vec::new();
+    let result = (|| {
+        for s in settings {
+            if let Some(parent) = cg.parent()
+                && super::delegation::enable_controller(parent, s.controller)?
+            {
+                enabled.push(s.controller);
             }
+            let file = cg.join(s.file);
+            std::fs::write(&file, &s.value).map_err(|e| ProcError::cgroup(&file, e))?;
         }
-        let file = cg.join(s.file);
-        std::fs::write(&file, &s.value).map_err(|e| ProcError::cgroup(&file, e))?;
+        Ok(())
+    })();
+    if result.is_err()
+        && let Some(parent) = cg.parent()
+        && !enabled.is_empty()
+    {
+        // The tree cgroup goes first, then the controllers it was to use.
+        let _ = remove_cgroup_if_empty(cg);
+        super::delegation::disable_controllers(parent, &enabled);
     }
-    Ok(())
+    result
 }
 
 /// Creates a tree's cgroup. The name is new to the caller's ledger, so a

@@ -24,6 +24,7 @@
 
 pub mod boundary;
 pub mod connector;
+pub mod delegation;
 pub mod identity;
 pub mod pidfd;
 pub mod probe;
@@ -38,6 +39,9 @@ pub use boundary::{
     remove_cgroup_if_empty, remove_cgroup_when_empty, resolve_boundary, spawn_held,
 };
 pub use connector::{Connector, ConnectorWaker, ProcEvent, monotonic_ns};
+pub use delegation::{
+    Layout, LayoutReport, SUPERVISOR_LEAF, check_limits_possible, layout, take_delegation,
+};
 pub use identity::{
     Identity, Liveness, ProcKey, ProcStat, boot_id, identity_of, read_stat, self_identity,
 };

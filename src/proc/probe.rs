@@ -58,6 +58,12 @@ pub struct Probe {
     /// The proc connector could be subscribed to (needs CAP_NET_ADMIN in the
     /// initial user and pid namespaces); probed by subscribing.
     pub proc_connector: Capability,
+    /// The cgroup root's layout (root / delegated / shared / not delegated)
+    /// and whether a tree's limits can be enforced under it.
+    pub cgroup_layout: Option<super::delegation::LayoutReport>,
+    /// Which controllers tree cgroups can be given (`cgroup.controllers`
+    /// of the root).
+    pub cgroup_controllers: Vec<String>,
     /// What `--boundary auto` picks here.
     pub auto_boundary: BoundaryKind,
     pub auto_reason: String,
@@ -124,6 +130,12 @@ pub fn probe(cgroup_root_override: Option<&Path>) -> Probe {
         },
     };
 
+    let cgroup_layout = cgroup_root.as_deref().map(super::delegation::layout);
+    let cgroup_controllers = cgroup_root
+        .as_deref()
+        .and_then(|r| super::resources::cgroup_controllers(r).ok())
+        .unwrap_or_default();
+
     let pidfd = match rustix::process::pidfd_open(
         rustix::process::getpid(),
         rustix::process::PidfdFlags::empty(),
@@ -155,6 +167,8 @@ pub fn probe(cgroup_root_override: Option<&Path>) -> Probe {
         cgroup_writable,
         cgroup_kill,
         cgroup_freeze,
+        cgroup_layout,
+        cgroup_controllers,
         pidfd,
         subreaper,
         proc_connector,

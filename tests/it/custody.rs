@@ -30,20 +30,10 @@ pub struct Env {
     stderr_files: std::sync::Mutex<std::collections::HashMap<u32, PathBuf>>,
 }
 
-/// The cgroup v2 directory of this process, if a writable hierarchy exists.
+/// The cgroup v2 directory the tests make their cgroups in
+/// ([`crate::util::test_cgroup_parent`]), if a hierarchy exists.
 pub fn own_cgroup_dir() -> Option<PathBuf> {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let mount = mountinfo.lines().find_map(|line| {
-        let (left, right) = line.split_once(" - ")?;
-        if !right.starts_with("cgroup2 ") {
-            return None;
-        }
-        left.split_whitespace().nth(4).map(PathBuf::from)
-    })?;
-    let cgroup = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let rel = cgroup.lines().find_map(|l| l.strip_prefix("0::"))?;
-    let dir = mount.join(rel.trim_start_matches('/'));
-    dir.join("cgroup.procs").exists().then_some(dir)
+    crate::util::test_cgroup_parent()
 }
 
 impl Env {
