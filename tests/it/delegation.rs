@@ -384,3 +384,469 @@ fn a_process_alone_in_a_delegated_cgroup_moves_into_its_leaf() {
         "nothing enabled"
     );
 }
+
+/// Whether `cg` offers tree cgroups every controller limits use; prints a
+/// skip line when not (everywhere but the kernel lane's guest).
+fn offers_limits(cg: &Path, what: &str) -> bool {
+    let offered = std::fs::read_to_string(cg.join("cgroup.controllers")).unwrap_or_default();
+    let missing: Vec<&str> = ["pids", "memory", "cpu"]
+        .into_iter()
+        .filter(|c| !offered.split_whitespace().any(|o| o == *c))
+        .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    skip(&format!(
+        "{what}: {} offers no {} controller (the kernel lane's guest does: tests/vm/run)",
+        cg.display(),
+        missing.join("/")
+    ));
+    false
+}
+
+/// A `treewarden` command as the unit's main process would run it, with its
+/// own data dir and the cgroup boundary, the cgroup root left to the
+/// product (its own cgroup).
+fn tw_inside(cg: &TestCgroup, dir: &Path, args: &[&str]) -> Command {
+    let mut c = cg.command_inside(&bin(), args);
+    c.current_dir(dir)
+        .env("TREEWARDEN_DATA_DIR", dir.join("data"))
+        .env("TREEWARDEN_BOUNDARY", "cgroup")
+        .env_remove("TREEWARDEN_CGROUP_ROOT")
+        .env("TREEWARDEN_BUSY_TIMEOUT", "300ms");
+    c
+}
+
+fn export(dir: &Path) -> Vec<serde_json::Value> {
+    let out = Command::new(bin())
+        .args(["export", "--format", "ndjson"])
+        .env("TREEWARDEN_DATA_DIR", dir.join("data"))
+        .output()
+        .expect("export");
+    if !dir.join("data/ledger.db").exists() {
+        return Vec::new();
+    }
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    crate::util::parse_ndjson(&String::from_utf8_lossy(&out.stdout))
+}
+
+fn show(dir: &Path, id: i64) -> serde_json::Value {
+    let out = Command::new(bin())
+        .args(["show", &id.to_string(), "--json"])
+        .env("TREEWARDEN_DATA_DIR", dir.join("data"))
+        .output()
+        .expect("show");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("show json")
+}
+
+/// The limits `tree.created` recorded, from `show --json`.
+fn created_limits(shown: &serde_json::Value) -> serde_json::Value {
+    shown["events"]
+        .as_array()
+        .and_then(|es| es.iter().find(|e| e["kind"] == "tree.created"))
+        .map(|e| e["data"]["limits"].clone())
+        .unwrap_or_default()
+}
+
+/// The `tw-*` cgroups under `cg`.
+fn tree_cgroups(cg: &Path) -> Vec<String> {
+    std::fs::read_dir(cg)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("tw-"))
+        .collect()
+}
+
+/// The tree's own cgroup files, read by the workload itself: the ground
+/// truth the record is compared with.
+const OWN_CGROUP: &str = "cg=/sys/fs/cgroup$(sed -n 's/^0:://p' /proc/self/cgroup)";
+
+#[test]
+fn limits_under_a_delegated_unit_are_enforced_recorded_and_refusals_change_nothing() {
+    let Some(parent) = parent() else { return };
+    if !offers_limits(&parent, "limits enforced under a delegated unit") {
+        return;
+    }
+    // A unit whose parent gives it memory and pids but not cpu: a missing
+    // controller. Refused before anything is recorded; the next spawn there
+    // goes as if it never happened.
+    let Some(partial) = TestCgroup::new(&parent, "partial") else {
+        return;
+    };
+    std::fs::write(partial.path.join("cgroup.subtree_control"), "+memory +pids").expect("enable");
+    let Some(unit) = TestCgroup::new(&partial.path, "unit") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let out = tw_inside(
+        &unit,
+        tmp.path(),
+        &["run", "--cpu-max", "50%", "--", "true"],
+    )
+    .output()
+    .expect("run");
+    let (_, err) = text(&out);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("cpu controller"), "{err}");
+    assert!(export(tmp.path()).is_empty(), "nothing recorded");
+    assert_eq!(unit.file("cgroup.subtree_control").trim(), "");
+    assert!(tree_cgroups(&unit.path).is_empty());
+    let out = tw_inside(
+        &unit,
+        tmp.path(),
+        &["run", "--pids-max", "20", "--", "true"],
+    )
+    .output()
+    .expect("run");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out).1);
+    drop(unit);
+    drop(partial);
+
+    // Every controller: a value the kernel refuses (pids.max above its
+    // ceiling) after the controller was enabled for it. Its own
+    // spawn_failed row, no controller left enabled, no directory.
+    let Some(unit) = TestCgroup::new(&parent, "unit") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let out = tw_inside(
+        &unit,
+        tmp.path(),
+        &["run", "--pids-max", "99999999", "--", "true"],
+    )
+    .output()
+    .expect("run");
+    let (_, err) = text(&out);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("pids.max"), "{err}");
+    assert_eq!(
+        unit.file("cgroup.subtree_control").trim(),
+        "",
+        "no controller left enabled"
+    );
+    assert!(tree_cgroups(&unit.path).is_empty(), "no directory left");
+    let events = export(tmp.path());
+    let kinds: Vec<&str> = events.iter().filter_map(|e| e["kind"].as_str()).collect();
+    assert!(kinds.contains(&"tree.spawn_failed"), "{kinds:?}");
+    assert!(
+        events
+            .iter()
+            .all(|e| e["tree"].as_i64().is_none_or(|t| t == 1)),
+        "{kinds:?}"
+    );
+
+    // --pids-max: enforced (a subshell forks until the kernel refuses; the
+    // shell then reads its cgroup with builtins only, as it cannot fork)
+    // and recorded, with the peak the workload read itself.
+    let script = format!(
+        "{OWN_CGROUP}; (i=0; while [ $i -lt 30 ]; do sleep 2 & i=$((i+1)); done) 2>/dev/null; \
+         read m < $cg/pids.max; read p < $cg/pids.peak; echo $m > pids.max; echo $p > pids.peak"
+    );
+    let out = tw_inside(
+        &unit,
+        tmp.path(),
+        &["run", "--pids-max", "10", "--", "sh", "-c", &script],
+    )
+    .output()
+    .expect("run");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out).1);
+    let read = |f: &str| {
+        std::fs::read_to_string(tmp.path().join(f))
+            .unwrap_or_default()
+            .trim()
+            .to_owned()
+    };
+    assert_eq!(read("pids.max"), "10");
+    let peak: u64 = read("pids.peak").parse().expect("pids.peak");
+    assert!(peak <= 10 && peak > 1, "at most 10: {peak}");
+    let shown = show(tmp.path(), 2);
+    assert_eq!(created_limits(&shown)["pids_max"], 10, "{shown}");
+    assert!(
+        shown["resources"]["pids_peak"].as_u64() >= Some(peak),
+        "{shown}"
+    );
+
+    // --cpu-max: the workload burns for two seconds under 20% of a CPU and
+    // reads its own cpu.max and throttling.
+    let script = format!(
+        "{OWN_CGROUP}; end=$(( $(date +%s) + 2 )); while [ $(date +%s) -lt $end ]; do :; done; \
+         cat $cg/cpu.max > cpu.max; sed -n 's/^nr_throttled //p' $cg/cpu.stat > throttled"
+    );
+    let out = tw_inside(
+        &unit,
+        tmp.path(),
+        &["run", "--cpu-max", "20%", "--", "sh", "-c", &script],
+    )
+    .output()
+    .expect("run");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out).1);
+    assert_eq!(read("cpu.max"), "20000 100000");
+    let throttled: u64 = read("throttled").parse().expect("nr_throttled");
+    assert!(throttled > 0, "throttled under cpu.max: {throttled}");
+    assert_eq!(created_limits(&show(tmp.path(), 3))["cpu_max_pct"], 20);
+
+    // --memory-max: the workload reads its own memory.max; its peak is
+    // recorded (present, not zero).
+    let script = format!(
+        "{OWN_CGROUP}; x=$(head -c 4000000 /dev/zero | tr '\\0' a); cat $cg/memory.max > memory.max; cat $cg/memory.peak > memory.peak"
+    );
+    let out = tw_inside(
+        &unit,
+        tmp.path(),
+        &["run", "--memory-max", "48M", "--", "sh", "-c", &script],
+    )
+    .output()
+    .expect("run");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out).1);
+    assert_eq!(read("memory.max"), (48u64 << 20).to_string());
+    let peak: u64 = read("memory.peak").parse().expect("memory.peak");
+    let shown = show(tmp.path(), 4);
+    let recorded = shown["resources"]["memory_peak_bytes"]
+        .as_u64()
+        .expect("memory peak recorded");
+    assert!(
+        recorded >= peak && peak > 1_000_000,
+        "recorded {recorded}, workload saw {peak}"
+    );
+    // Every run moved into the unit's leaf; the unit holds no process.
+    assert!(unit.path.join("supervisor").is_dir());
+    assert!(unit.procs().is_empty());
+    assert!(tree_cgroups(&unit.path).is_empty(), "tree cgroups removed");
+}
+
+/// The shipped unit's `ExecStopPost=` command line, unescaped as systemd
+/// does (`$$` is `$`, `%%` is `%`), for `sh -c`.
+fn unit_exec_stop_post() -> String {
+    let unit = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/treewarden.service"),
+    )
+    .expect("the shipped unit");
+    let line = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStopPost=/bin/sh -c '"))
+        .expect("the unit releases its controllers after a stop");
+    line.trim_end_matches('\'')
+        .replace("$$", "$")
+        .replace("%%", "%")
+}
+
+/// `treewarden serve` started as systemd starts the unit's main process:
+/// into the unit's own cgroup, then exec.
+fn start_service(unit: &TestCgroup, dir: &Path) -> (std::process::Child, String, String) {
+    let ready = dir.join("ready");
+    let _ = std::fs::remove_file(&ready);
+    let err = std::fs::File::create(dir.join("serve.stderr")).expect("stderr");
+    let ready_s = ready.to_string_lossy().into_owned();
+    let child = tw_inside(
+        unit,
+        dir,
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--scan-interval",
+            "100ms",
+            "--ready-file",
+            &ready_s,
+        ],
+    )
+    .env("TREEWARDEN_LOG", "info")
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(err)
+    .spawn()
+    .expect("serve");
+    let up = wait_until(Duration::from_secs(30), || ready.exists());
+    let log = || std::fs::read_to_string(dir.join("serve.stderr")).unwrap_or_default();
+    assert!(up, "serve did not come up: {}", log());
+    let addr = std::fs::read_to_string(&ready).expect("ready");
+    let token = std::fs::read_to_string(dir.join("data/api-token"))
+        .expect("token")
+        .trim()
+        .to_owned();
+    (child, addr, token)
+}
+
+fn post(addr: &str, token: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    let http = reqwest::blocking::Client::builder()
+        .no_proxy()
+        .timeout(crate::util::scaled(Duration::from_secs(30)))
+        .build()
+        .expect("client");
+    let r = http
+        .post(format!("http://{addr}/api/trees"))
+        .bearer_auth(token)
+        .json(body)
+        .send()
+        .expect("POST");
+    let status = r.status().as_u16();
+    (status, r.json().unwrap_or_default())
+}
+
+#[test]
+fn a_delegated_service_spawns_limited_trees_and_restarts_as_systemd_restarts_it() {
+    let Some(parent) = parent() else { return };
+    if !offers_limits(&parent, "a delegated service's limits and restart") {
+        return;
+    }
+    let Some(mut unit) = TestCgroup::new(&parent, "unit") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mark = format!(
+        "tw-deleg-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::SeqCst)
+    );
+    let (mut serve, addr, token) = start_service(&unit, tmp.path());
+    let serve_pid = serve.id() as i32;
+    let supervisor = TestCgroup {
+        path: unit.path.join("supervisor"),
+        pids: Vec::new(),
+        children: Vec::new(),
+    };
+    assert_eq!(
+        supervisor.procs(),
+        vec![serve_pid],
+        "serve moved into its leaf"
+    );
+    let body = |limits: serde_json::Value| {
+        serde_json::json!({
+            "argv": ["/bin/sleep", "600"],
+            "env": {"TW_TEST_MARK": mark},
+            "grace": "200ms",
+            "limits": limits,
+        })
+    };
+    // A value the kernel refuses: refused, and it changes nothing for the
+    // next spawn, with limits or without (the issue: every later spawn
+    // exited 125).
+    let (status, v) = post(
+        &addr,
+        &token,
+        &body(serde_json::json!({"pids_max": 99_999_999})),
+    );
+    assert!(status >= 400, "{status} {v}");
+    assert_eq!(
+        unit.file("cgroup.subtree_control").trim(),
+        "",
+        "no controller left enabled"
+    );
+    let (status, v) = post(
+        &addr,
+        &token,
+        &body(serde_json::json!({"pids_max": 20, "memory_max": "64M"})),
+    );
+    assert_eq!(status, 201, "{v}");
+    let tree = v["id"].as_i64().expect("id");
+    let tree_cg = v["cgroup"].as_str().map(PathBuf::from).unwrap_or_else(|| {
+        let names = tree_cgroups(&unit.path);
+        unit.path.join(names.first().expect("a tree cgroup"))
+    });
+    assert!(wait_until(
+        Duration::from_secs(10),
+        || crate::util::marked_processes(&mark).len() == 1
+    ));
+    assert_eq!(
+        std::fs::read_to_string(tree_cg.join("pids.max"))
+            .unwrap_or_default()
+            .trim(),
+        "20"
+    );
+    assert_eq!(
+        std::fs::read_to_string(tree_cg.join("memory.max"))
+            .unwrap_or_default()
+            .trim(),
+        (64u64 << 20).to_string()
+    );
+
+    // The service crashes (SIGKILL: no clean-up of its own). While the
+    // unit's cgroup is an inner node with controllers enabled, systemd could
+    // not put a new main process there:
+    crate::util::signal(serve.id(), rustix::process::Signal::KILL);
+    let _ = serve.wait();
+    let err = unit
+        .hold_a_process()
+        .expect_err("an inner node takes no process");
+    assert_eq!(err.raw_os_error(), Some(libc::EBUSY), "{err}");
+    // systemd runs the unit's ExecStopPost= in <unit>/.control:
+    let control = TestCgroup {
+        path: unit.path.join(".control"),
+        pids: Vec::new(),
+        children: Vec::new(),
+    };
+    std::fs::create_dir(&control.path).expect(".control");
+    let out = control
+        .command_inside(Path::new("/bin/sh"), &["-c", &unit_exec_stop_post()])
+        .output()
+        .expect("ExecStopPost");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(unit.file("cgroup.subtree_control").trim(), "", "released");
+    assert_eq!(
+        crate::util::marked_processes(&mark).len(),
+        1,
+        "the orphaned tree still runs"
+    );
+
+    // systemd restarts it: the new main process joins the unit's cgroup
+    // (now accepted), moves into its leaf, and sweeps the orphaned tree
+    // with authority.
+    let (serve2, addr, token) = start_service(&unit, tmp.path());
+    unit.children.push(serve2);
+    assert!(
+        wait_until(Duration::from_secs(30), || crate::util::marked_processes(
+            &mark
+        )
+        .is_empty()),
+        "the new instance ended the orphan: {}",
+        std::fs::read_to_string(tmp.path().join("serve.stderr")).unwrap_or_default()
+    );
+    let events = export(tmp.path());
+    let of_tree = |kind: &str| {
+        events
+            .iter()
+            .any(|e| e["tree"] == tree && e["kind"] == kind)
+    };
+    assert!(
+        of_tree("kill.authorized") || of_tree("tree.ended"),
+        "{events:?}"
+    );
+    // And it spawns limited trees again.
+    let (status, v) = post(&addr, &token, &body(serde_json::json!({"pids_max": 5})));
+    assert_eq!(status, 201, "{v}");
+    assert!(wait_until(
+        Duration::from_secs(10),
+        || crate::util::marked_processes(&mark).len() == 1
+    ));
+    assert!(unit.file("cgroup.subtree_control").contains("pids"));
+    // A clean stop: the service ends its own trees.
+    if let Some(child) = unit.children.last() {
+        crate::util::signal(child.id(), rustix::process::Signal::TERM);
+    }
+    if let Some(mut child) = unit.children.pop() {
+        let _ = crate::util::wait_child(&mut child, Duration::from_secs(30));
+    }
+    assert!(wait_until(Duration::from_secs(10), || {
+        crate::util::marked_processes(&mark).is_empty()
+    }));
+    crate::util::end_marked(&mark);
+    drop(control);
+    drop(supervisor);
+}
