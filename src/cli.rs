@@ -462,6 +462,11 @@ fn doctor(config: &Config, json: bool) -> CliResult {
         limits_row(&probe),
         ("pidfd", cap(&probe.pidfd), probe.pidfd.note.clone()),
         (
+            "pidfd_group_signal",
+            cap(&probe.pidfd_group_signal),
+            probe.pidfd_group_signal.note.clone(),
+        ),
+        (
             "subreaper",
             cap(&probe.subreaper),
             probe.subreaper.note.clone(),

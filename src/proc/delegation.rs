@@ -156,6 +156,24 @@ pub fn take_delegation(root: &Path) -> Result<LayoutReport, ProcError> {
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(ProcError::cgroup(&leaf, e)),
     }
+    // Controllers a previous instance left enabled: the kernel let this
+    // process join only because none is a domain controller used by a
+    // populated child (it refuses a process in an inner node otherwise),
+    // so no live tree relies on them. But a threaded one (pids, cpu) with
+    // this process in the cgroup makes it a thread root, and the leaf an
+    // invalid domain: the move below would fail with EOPNOTSUPP. They go,
+    // and come back on demand with the next limited spawn.
+    let control = root.join("cgroup.subtree_control");
+    let left: Vec<String> = std::fs::read_to_string(&control)
+        .map_err(|e| ProcError::cgroup(&control, e))?
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    if !left.is_empty() {
+        let names: Vec<&str> = left.iter().map(String::as_str).collect();
+        tracing::info!(cgroup = %root.display(), controllers = %left.join(" "), "disabling controllers left enabled before moving into the leaf");
+        disable_controllers(root, &names);
+    }
     // Writing our pid moves every thread of this process.
     std::fs::write(leaf.join("cgroup.procs"), std::process::id().to_string())
         .map_err(|e| ProcError::cgroup(leaf.join("cgroup.procs"), e))?;

@@ -53,6 +53,9 @@ pub struct Probe {
     pub cgroup_freeze: Capability,
     /// `pidfd_open` works (kernel >= 5.3).
     pub pidfd: Capability,
+    /// Process groups are signalled through a pidfd of their leader
+    /// (`PIDFD_SIGNAL_PROCESS_GROUP`, Linux 6.9); else the checked killpg.
+    pub pidfd_group_signal: Capability,
     /// `PR_SET_CHILD_SUBREAPER` can be set.
     pub subreaper: Capability,
     /// The proc connector could be subscribed to (needs CAP_NET_ADMIN in the
@@ -143,6 +146,15 @@ pub fn probe(cgroup_root_override: Option<&Path>) -> Probe {
         Ok(_) => Capability::yes("pidfd_open on self works"),
         Err(e) => Capability::no(format!("pidfd_open failed: {e} (needs Linux >= 5.3)")),
     };
+    let pidfd_group_signal = if super::signal::pidfd_group_signals_supported() {
+        Capability::yes(
+            "pidfd_send_signal(PIDFD_SIGNAL_PROCESS_GROUP): group signals reach the recorded leader's group or nobody",
+        )
+    } else {
+        Capability::no(
+            "no PIDFD_SIGNAL_PROCESS_GROUP (needs Linux >= 6.9): groups get the checked killpg",
+        )
+    };
     let subreaper = probe_subreaper();
     let proc_connector = probe_proc_connector();
 
@@ -170,6 +182,7 @@ pub fn probe(cgroup_root_override: Option<&Path>) -> Probe {
         cgroup_layout,
         cgroup_controllers,
         pidfd,
+        pidfd_group_signal,
         subreaper,
         proc_connector,
         auto_boundary,
