@@ -850,3 +850,113 @@ fn a_delegated_service_spawns_limited_trees_and_restarts_as_systemd_restarts_it(
     drop(control);
     drop(supervisor);
 }
+
+/// The unprivileged user the tests act as (`nobody`: its home is
+/// `/nonexistent`).
+const NOBODY: u32 = 65534;
+
+/// `treewarden args` as `nobody`, moved into `cg` by root first (a process
+/// may move itself only between cgroups whose common ancestor it may write,
+/// so the session manager places it, as systemd does), without `$HOME`,
+/// with `$XDG_RUNTIME_DIR` at `runtime`.
+fn as_nobody_inside(cg: &Path, runtime: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new("sh");
+    c.arg("-c")
+        .arg("echo $$ > \"$0/cgroup.procs\" && exec \"$@\"")
+        .arg(cg)
+        .args([
+            "setpriv",
+            "--reuid",
+            &NOBODY.to_string(),
+            "--regid",
+            &NOBODY.to_string(),
+            "--clear-groups",
+        ])
+        .arg(bin())
+        .args(args)
+        .current_dir(runtime)
+        .env_remove("HOME")
+        .env_remove("XDG_STATE_HOME")
+        .env_remove("TREEWARDEN_DATA_DIR")
+        .env_remove("TREEWARDEN_CGROUP_ROOT")
+        .env_remove("TREEWARDEN_BOUNDARY")
+        .env("XDG_RUNTIME_DIR", runtime);
+    c
+}
+
+fn chown_nobody(path: &Path) {
+    std::os::unix::fs::chown(path, Some(NOBODY), Some(NOBODY))
+        .unwrap_or_else(|e| panic!("chown {}: {e}", path.display()));
+}
+
+#[test]
+fn an_unprivileged_user_gets_limits_where_systemd_delegates_and_a_clear_refusal_elsewhere() {
+    let Some(parent) = parent() else { return };
+    if Command::new("setpriv").arg("--version").output().is_err() {
+        return skip("unprivileged limits: no setpriv");
+    }
+    // A user runtime dir as pam_systemd makes it: theirs, 0700.
+    let runtime = tempfile::tempdir().expect("tempdir");
+    chown_nobody(runtime.path());
+    std::fs::set_permissions(
+        runtime.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .expect("chmod");
+
+    // Not delegated (a cgroup root owns): the session boundary, and limits
+    // refused in one line that says why. $HOME unset and the user's home
+    // /nonexistent: the ledger goes to $XDG_RUNTIME_DIR/treewarden.
+    let Some(other) = TestCgroup::new(&parent, "notdeleg") else {
+        return;
+    };
+    let out = as_nobody_inside(
+        &other.path,
+        runtime.path(),
+        &["run", "--pids-max", "10", "--", "true"],
+    )
+    .output()
+    .expect("run");
+    let (_, err) = text(&out);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("not delegated"), "why: {err}");
+    let out = as_nobody_inside(&other.path, runtime.path(), &["run", "--", "true"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out).1);
+    assert!(
+        runtime.path().join("treewarden/ledger.db").is_file(),
+        "no $HOME: the data dir falls back to $XDG_RUNTIME_DIR/treewarden"
+    );
+    drop(other);
+
+    if !offers_limits(&parent, "unprivileged limits under user@UID.service") {
+        return;
+    }
+    // user@UID.service: systemd delegates it by chown (the directory and
+    // its cgroup.procs, cgroup.subtree_control, cgroup.threads).
+    let Some(user) = TestCgroup::new(&parent, "user") else {
+        return;
+    };
+    for f in [
+        "",
+        "cgroup.procs",
+        "cgroup.subtree_control",
+        "cgroup.threads",
+    ] {
+        chown_nobody(&user.path.join(f));
+    }
+    let script = format!("{OWN_CGROUP}; read m < $cg/pids.max; echo $m");
+    let out = as_nobody_inside(
+        &user.path,
+        runtime.path(),
+        &["run", "--pids-max", "10", "--", "sh", "-c", &script],
+    )
+    .output()
+    .expect("run");
+    let (stdout, err) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(stdout.trim(), "10", "the tree's own pids.max");
+    assert!(user.path.join("supervisor").is_dir(), "moved into its leaf");
+}
