@@ -711,8 +711,10 @@ fn a_delegated_service_spawns_limited_trees_and_restarts_as_systemd_restarts_it(
         std::process::id(),
         SEQ.fetch_add(1, Ordering::SeqCst)
     );
-    let (mut serve, addr, token) = start_service(&unit, tmp.path());
+    let (serve, addr, token) = start_service(&unit, tmp.path());
     let serve_pid = serve.id() as i32;
+    // Ended by its pid on every path (TestCgroup's drop), not only below.
+    unit.children.push(serve);
     let supervisor = TestCgroup {
         path: unit.path.join("supervisor"),
         pids: Vec::new(),
@@ -776,8 +778,10 @@ fn a_delegated_service_spawns_limited_trees_and_restarts_as_systemd_restarts_it(
     // The service crashes (SIGKILL: no clean-up of its own). While the
     // unit's cgroup is an inner node with controllers enabled, systemd could
     // not put a new main process there:
-    crate::util::signal(serve.id(), rustix::process::Signal::KILL);
-    let _ = serve.wait();
+    crate::util::signal(serve_pid as u32, rustix::process::Signal::KILL);
+    if let Some(mut serve) = unit.children.pop() {
+        let _ = serve.wait();
+    }
     let err = unit
         .hold_a_process()
         .expect_err("an inner node takes no process");
