@@ -154,9 +154,15 @@ impl Env {
         crate::util::marked_processes(&self.mark)
     }
 
-    /// Waits until at least `n` marked processes are alive.
+    /// Waits until at least `n` marked processes are alive. The bound
+    /// grows with `n` (each poll reads every process's environment, and a
+    /// shell forking 300 children on a loaded host takes its time): 20 s,
+    /// or 100 ms a process where that is more.
     pub fn wait_marked(&self, n: usize) -> bool {
-        wait_until(Duration::from_secs(20), || self.marked().len() >= n)
+        let per_process = Duration::from_millis(100) * u32::try_from(n).unwrap_or(u32::MAX);
+        wait_until(Duration::from_secs(20).max(per_process), || {
+            self.marked().len() >= n
+        })
     }
 
     /// Waits until no marked process is alive.
