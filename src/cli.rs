@@ -433,6 +433,42 @@ fn observer_row(config: &Config, probe: &treewarden::proc::Probe) -> (bool, Stri
     }
 }
 
+/// The cgroup root's layout: root / delegated / shared / not delegated.
+fn layout_row(probe: &treewarden::proc::Probe) -> (&'static str, String, String) {
+    match &probe.cgroup_layout {
+        Some(l) => ("cgroup_layout", l.layout.to_string(), l.note.clone()),
+        None => ("cgroup_layout", "-".into(), "no cgroup root".into()),
+    }
+}
+
+/// Whether limits (`--pids-max`, `--memory-max`, `--cpu-max`) will work.
+fn limits_row(probe: &treewarden::proc::Probe) -> (&'static str, String, String) {
+    let layout_ok = probe.cgroup_layout.as_ref().is_some_and(|l| l.limits);
+    let usable: Vec<&str> = ["pids", "memory", "cpu"]
+        .into_iter()
+        .filter(|c| probe.cgroup_controllers.iter().any(|o| o == c))
+        .collect();
+    let value = match (layout_ok, usable.len()) {
+        (false, _) | (true, 0) => "no",
+        (true, 3) => "yes",
+        (true, _) => "partly",
+    };
+    let offered = if probe.cgroup_controllers.is_empty() {
+        "none".to_string()
+    } else {
+        probe.cgroup_controllers.join(" ")
+    };
+    let why = match &probe.cgroup_layout {
+        Some(l) if !l.limits => format!("; {}", l.layout),
+        _ => String::new(),
+    };
+    (
+        "limits",
+        value.into(),
+        format!("controllers offered to tree cgroups: {offered}{why}"),
+    )
+}
+
 /// `treewarden doctor [--json]`: the host probe, as a table or one JSON object.
 fn doctor(config: &Config, json: bool) -> CliResult {
     let probe = treewarden::proc::probe(config.cgroup_root.as_deref());
@@ -485,7 +521,14 @@ fn doctor(config: &Config, json: bool) -> CliResult {
             cap(&probe.cgroup_freeze),
             probe.cgroup_freeze.note.clone(),
         ),
+        layout_row(&probe),
+        limits_row(&probe),
         ("pidfd", cap(&probe.pidfd), probe.pidfd.note.clone()),
+        (
+            "pidfd_group_signal",
+            cap(&probe.pidfd_group_signal),
+            probe.pidfd_group_signal.note.clone(),
+        ),
         (
             "subreaper",
             cap(&probe.subreaper),

@@ -142,16 +142,43 @@ impl Config {
     }
 
     /// Default data directory: `/var/lib/treewarden` for root, else
-    /// `$XDG_STATE_HOME/treewarden` (or `~/.local/state/treewarden`).
+    /// `$XDG_STATE_HOME/treewarden`, else `<home>/.local/state/treewarden`
+    /// where home is `$HOME` if it is a directory, else the user's home in
+    /// the user database if that is one. A user with neither (`$HOME` unset
+    /// or `/nonexistent`, as for system users) gets
+    /// `$XDG_RUNTIME_DIR/treewarden` (per user, 0700, cleared at logout)
+    /// when that is set; else `$HOME/.local/state/treewarden` is kept, and
+    /// the error creating it names the path (`--data-dir` and
+    /// `TREEWARDEN_DATA_DIR` choose another).
     pub fn default_data_dir() -> PathBuf {
         if rustix::process::geteuid().is_root() {
             return PathBuf::from("/var/lib/treewarden");
         }
-        if let Some(state) = std::env::var_os("XDG_STATE_HOME").filter(|s| !s.is_empty()) {
+        let var = |name: &str| std::env::var_os(name).filter(|s| !s.is_empty());
+        if let Some(state) = var("XDG_STATE_HOME") {
             return PathBuf::from(state).join("treewarden");
         }
-        let home = std::env::var_os("HOME").unwrap_or_else(|| ".".into());
-        PathBuf::from(home).join(".local/state/treewarden")
+        let home = var("HOME").map(PathBuf::from);
+        let state_in = |home: &std::path::Path| home.join(".local/state/treewarden");
+        if let Some(home) = home.as_deref().filter(|h| h.is_dir()) {
+            return state_in(home);
+        }
+        let uid = rustix::process::getuid().as_raw();
+        if let Some(home) = crate::proc::user_by_uid(uid)
+            .ok()
+            .flatten()
+            .map(|u| u.home)
+            .filter(|h| h.is_dir())
+        {
+            return state_in(&home);
+        }
+        if let Some(runtime) = var("XDG_RUNTIME_DIR")
+            .map(PathBuf::from)
+            .filter(|r| r.is_dir())
+        {
+            return runtime.join("treewarden");
+        }
+        state_in(&home.unwrap_or_else(|| PathBuf::from(".")))
     }
 }
 

@@ -152,6 +152,17 @@ impl Engine {
     ) -> Result<Self, CustodyError> {
         let cgroup_root = crate::proc::cgroup_root(config.cgroup_root.as_deref())?;
         let boundary = crate::proc::resolve_boundary(config.boundary, cgroup_root.as_deref())?;
+        // Delegation done right: a delegated root holding only this process
+        // gets it moved into its leaf, so controllers can be enabled for
+        // tree cgroups next to it (proc/delegation.rs). Where the move
+        // fails, trees still get cgroups (they need no controller) and
+        // limits are refused, saying why (`check_limits_possible`).
+        if boundary == BoundaryKind::Cgroup
+            && let Some(root) = cgroup_root.as_deref()
+            && let Err(e) = crate::proc::take_delegation(root)
+        {
+            tracing::warn!(cgroup = %root.display(), error = %e, "could not move into the delegated cgroup's leaf: limits will be refused");
+        }
         let instance = ledger.instance_id()?;
         let mut engine = Self::signal_only(config, ledger, reaper);
         engine.cgroup_prefix = cgroup_prefix(&instance);

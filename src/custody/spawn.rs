@@ -324,8 +324,15 @@ impl Engine {
         let root = match (boundary, &self.cgroup_root) {
             (BoundaryKind::Cgroup, Some(root)) => root,
             _ => {
+                // Why there is no cgroup boundary, when it is delegation.
+                let why = match self.cgroup_root.as_deref().map(crate::proc::layout) {
+                    Some(l) if l.layout == crate::proc::Layout::NotDelegated => {
+                        format!(" ({})", l.note)
+                    }
+                    _ => String::new(),
+                };
                 return Err(CustodyError::Unsupported(format!(
-                    "limits need the cgroup boundary, and this tree would get {boundary}: refusing to start it unlimited"
+                    "limits need the cgroup boundary, and this tree would get {boundary}: refusing to start it unlimited{why}"
                 )));
             }
         };
@@ -343,6 +350,7 @@ impl Engine {
                 )));
             }
         }
+        crate::proc::check_limits_possible(root).map_err(CustodyError::Unsupported)?;
         Ok(())
     }
 

@@ -306,6 +306,9 @@ pub struct HeldChild {
     pub sid: i32,
     /// The cgroup directory the child was joined to, if any.
     pub cgroup: Option<PathBuf>,
+    /// Born in its cgroup by `clone3(CLONE_INTO_CGROUP)`; `false` when it
+    /// was forked and moved there (`cgroup.procs`), or has no cgroup.
+    pub born_in_cgroup: bool,
     pub identity: Identity,
     program: String,
     release_w: Option<OwnedFd>,
@@ -831,6 +834,7 @@ fn fork_held(spec: &SpawnSpec, p: &Prepared, program: String) -> Result<HeldChil
         pgid: pid,
         sid: pid,
         cgroup: None,
+        born_in_cgroup,
         identity: Identity {
             pid,
             start_ticks: 0,
@@ -985,6 +989,56 @@ impl Drop for HeldChild {
     }
 }
 
+/// Test hook: from now on `clone3` answers ENOSYS in the calling thread (a
+/// seccomp filter, as a container runtime with an older policy installs
+/// one), so [`spawn_held`] takes its fork + `cgroup.procs` fallback.
+/// Irrevocable for the thread (and sets its no_new_privs): for a test's own
+/// re-executed process only, never called by treewarden itself.
+#[doc(hidden)]
+pub fn deny_clone3_in_this_thread() -> Result<(), ProcError> {
+    #[cfg(target_arch = "x86_64")]
+    const AUDIT_ARCH: u32 = 0xc000_003e;
+    #[cfg(target_arch = "aarch64")]
+    const AUDIT_ARCH: u32 = 0xc000_00b7;
+    const LD_W_ABS: u16 = 0x20;
+    const JEQ_K: u16 = 0x15;
+    const RET_K: u16 = 0x06;
+    const RET_ERRNO: u32 = 0x0005_0000;
+    const RET_ALLOW: u32 = 0x7fff_0000;
+    let op = |code: u16, jt: u8, jf: u8, k: u32| libc::sock_filter { code, jt, jf, k };
+    let clone3 = u32::try_from(libc::SYS_clone3).unwrap_or(u32::MAX);
+    let ops = [
+        op(LD_W_ABS, 0, 0, 4), // seccomp_data.arch
+        op(JEQ_K, 0, 3, AUDIT_ARCH),
+        op(LD_W_ABS, 0, 0, 0), // seccomp_data.nr
+        op(JEQ_K, 0, 1, clone3),
+        op(RET_K, 0, 0, RET_ERRNO | libc::ENOSYS as u32),
+        op(RET_K, 0, 0, RET_ALLOW),
+    ];
+    let prog = libc::sock_fprog {
+        len: ops.len() as u16,
+        filter: ops.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: prctl with integer arguments, then with a pointer to a
+    // sock_fprog that points to `ops`, both alive for the call; the kernel
+    // copies the program.
+    let r = unsafe {
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+            -1
+        } else {
+            libc::prctl(
+                libc::PR_SET_SECCOMP,
+                libc::SECCOMP_MODE_FILTER,
+                &prog as *const libc::sock_fprog,
+            )
+        }
+    };
+    if r != 0 {
+        return Err(ProcError::Io(std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
 /// Removes a tree's cgroup directory (and any empty sub-cgroups the tree
 /// made) if nothing lives in it. `Ok(true)`: the directory is gone (removed
 /// now, or already absent). `Ok(false)`: still populated, left in place.
@@ -1016,24 +1070,34 @@ pub fn remove_cgroup_if_empty(path: &Path) -> Result<bool, ProcError> {
     }
 }
 
-/// Waits (bounded) until the cgroup is unpopulated, then removes it.
 /// Writes the settings (limits) into a fresh tree cgroup, enabling each
 /// controller in the parent's `cgroup.subtree_control` where it is not yet.
+/// On failure the controllers this call enabled are disabled again, so a
+/// refused spawn leaves the parent as it found it (the caller removes the
+/// tree cgroup).
 fn apply_settings(cg: &Path, settings: &[CgroupSetting]) -> Result<(), ProcError> {
-    for s in settings {
-        if let Some(parent) = cg.parent() {
-            let control = parent.join("cgroup.subtree_control");
-            let enabled =
-                std::fs::read_to_string(&control).map_err(|e| ProcError::cgroup(&control, e))?;
-            if !enabled.split_whitespace().any(|c| c == s.controller) {
-                std::fs::write(&control, format!("+{}", s.controller))
-                    .map_err(|e| ProcError::cgroup(&control, e))?;
+    let mut enabled: Vec<&str> = Vec::new();
+    let result = (|| {
+        for s in settings {
+            if let Some(parent) = cg.parent()
+                && super::delegation::enable_controller(parent, s.controller)?
+            {
+                enabled.push(s.controller);
             }
+            let file = cg.join(s.file);
+            std::fs::write(&file, &s.value).map_err(|e| ProcError::cgroup(&file, e))?;
         }
-        let file = cg.join(s.file);
-        std::fs::write(&file, &s.value).map_err(|e| ProcError::cgroup(&file, e))?;
+        Ok(())
+    })();
+    if result.is_err()
+        && let Some(parent) = cg.parent()
+        && !enabled.is_empty()
+    {
+        // The tree cgroup goes first, then the controllers it was to use.
+        let _ = remove_cgroup_if_empty(cg);
+        super::delegation::disable_controllers(parent, &enabled);
     }
-    Ok(())
+    result
 }
 
 /// Creates a tree's cgroup. The name is new to the caller's ledger, so a

@@ -798,6 +798,9 @@ mod tests {
             .expect("spawn sh");
         let a_pid = a.id() as i32;
         filtered.filter_to(&[a_pid]).expect("attach the filter");
+        // What was queued before the filter was attached passed unfiltered
+        // (other tests of this process fork and exec meanwhile): drained.
+        while !filtered.recv(Duration::ZERO).expect("recv").is_empty() {}
         let mut b = std::process::Command::new("true")
             .spawn()
             .expect("spawn true");

@@ -25,6 +25,7 @@
 
 pub mod boundary;
 pub mod connector;
+pub mod delegation;
 pub mod fds;
 pub mod held;
 pub mod identity;
@@ -39,10 +40,13 @@ pub mod users;
 
 pub use boundary::{
     BoundaryKind, CgroupSetting, ExecFailure, ExecFailureKind, HeldChild, SpawnSpec, SpawnStdio,
-    Spawned, cgroup_root, cgroup2_mount, check_cgroup_writable, own_cgroup_dir,
-    remove_cgroup_if_empty, remove_cgroup_when_empty, resolve_boundary, spawn_held,
+    Spawned, cgroup_root, cgroup2_mount, check_cgroup_writable, deny_clone3_in_this_thread,
+    own_cgroup_dir, remove_cgroup_if_empty, remove_cgroup_when_empty, resolve_boundary, spawn_held,
 };
 pub use connector::{Connector, ConnectorWaker, ProcEvent, monotonic_ns};
+pub use delegation::{
+    Layout, LayoutReport, SUPERVISOR_LEAF, check_limits_possible, layout, take_delegation,
+};
 pub use fds::take_inherited_fd;
 pub use held::{pidfd_exited, signal_pidfd};
 pub use identity::{
@@ -57,9 +61,10 @@ pub use reaper::{
 };
 pub use resources::{CgroupUsage, cap_log, cgroup_controllers, cgroup_usage, oom_kills};
 pub use signal::{
-    CgroupEvent, Delivery, GroupDelivery, GroupRecord, Sig, cgroup_freeze, cgroup_kill,
+    CgroupEvent, Delivery, GroupDelivery, GroupPath, GroupRecord, Sig, cgroup_freeze, cgroup_kill,
     cgroup_pids, cgroup_populated, cgroup_thaw, cgroup_wait_event, default_sigpipe, group_members,
-    may_signal, signal_group, signal_group_known, signal_process,
+    may_signal, pidfd_group_signals_supported, signal_group, signal_group_known, signal_group_via,
+    signal_process,
 };
 pub use users::{
     Credentials, UserInfo, credentials_for, credentials_of_peer, current_uid, effective_uid,

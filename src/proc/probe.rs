@@ -53,11 +53,20 @@ pub struct Probe {
     pub cgroup_freeze: Capability,
     /// `pidfd_open` works (kernel >= 5.3).
     pub pidfd: Capability,
+    /// Process groups are signalled through a pidfd of their leader
+    /// (`PIDFD_SIGNAL_PROCESS_GROUP`, Linux 6.9); else the checked killpg.
+    pub pidfd_group_signal: Capability,
     /// `PR_SET_CHILD_SUBREAPER` can be set.
     pub subreaper: Capability,
     /// The proc connector could be subscribed to (needs CAP_NET_ADMIN in the
     /// initial user and pid namespaces); probed by subscribing.
     pub proc_connector: Capability,
+    /// The cgroup root's layout (root / delegated / shared / not delegated)
+    /// and whether a tree's limits can be enforced under it.
+    pub cgroup_layout: Option<super::delegation::LayoutReport>,
+    /// Which controllers tree cgroups can be given (`cgroup.controllers`
+    /// of the root).
+    pub cgroup_controllers: Vec<String>,
     /// What `--boundary auto` picks here.
     pub auto_boundary: BoundaryKind,
     pub auto_reason: String,
@@ -124,12 +133,27 @@ pub fn probe(cgroup_root_override: Option<&Path>) -> Probe {
         },
     };
 
+    let cgroup_layout = cgroup_root.as_deref().map(super::delegation::layout);
+    let cgroup_controllers = cgroup_root
+        .as_deref()
+        .and_then(|r| super::resources::cgroup_controllers(r).ok())
+        .unwrap_or_default();
+
     let pidfd = match rustix::process::pidfd_open(
         rustix::process::getpid(),
         rustix::process::PidfdFlags::empty(),
     ) {
         Ok(_) => Capability::yes("pidfd_open on self works"),
         Err(e) => Capability::no(format!("pidfd_open failed: {e} (needs Linux >= 5.3)")),
+    };
+    let pidfd_group_signal = if super::signal::pidfd_group_signals_supported() {
+        Capability::yes(
+            "pidfd_send_signal(PIDFD_SIGNAL_PROCESS_GROUP): group signals reach the recorded leader's group or nobody",
+        )
+    } else {
+        Capability::no(
+            "no PIDFD_SIGNAL_PROCESS_GROUP (needs Linux >= 6.9): groups get the checked killpg",
+        )
     };
     let subreaper = probe_subreaper();
     let proc_connector = probe_proc_connector();
@@ -155,7 +179,10 @@ pub fn probe(cgroup_root_override: Option<&Path>) -> Probe {
         cgroup_writable,
         cgroup_kill,
         cgroup_freeze,
+        cgroup_layout,
+        cgroup_controllers,
         pidfd,
+        pidfd_group_signal,
         subreaper,
         proc_connector,
         auto_boundary,

@@ -15,10 +15,19 @@
 //! Every entry point refuses pid <= 1, our own pid, our own process group and
 //! session, and a cgroup that contains us ([`ProcError::Refused`]).
 //!
-//! Residual: between the group check and `killpg` the whole group could die
-//! and its pgid be reused by a new session within microseconds; pid
-//! allocation makes this very unlikely (a pgid number is not reused while any
-//! process is still in that group). The cgroup boundary has no such window.
+//! Where the kernel has it (Linux 6.9+), a group whose leader is still
+//! there (alive or an unreaped zombie) is signalled with
+//! `pidfd_send_signal(PIDFD_SIGNAL_PROCESS_GROUP)` on a pidfd of the
+//! recorded leader ([`GroupPath::Pidfd`]): the pidfd pins the leader's
+//! `struct pid`, which is the group's, so the signal reaches that group or
+//! nobody, never a later group that took the same number.
+//!
+//! Residual: elsewhere (the leader reaped, or an older kernel:
+//! [`GroupPath::Killpg`]), between the group check and `killpg` the whole
+//! group could die and its pgid be reused by a new session within
+//! microseconds; pid allocation makes this very unlikely (a pgid number is
+//! not reused while any process is still in that group). The cgroup
+//! boundary has no such window.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -286,13 +295,109 @@ pub fn signal_group_known(
     sig: Sig,
     candidates: &[i32],
 ) -> Result<GroupDelivery, ProcError> {
+    signal_group_via(rec, sig, candidates).map(|(delivery, _)| delivery)
+}
+
+/// How a process group was (or would be) signalled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GroupPath {
+    /// `pidfd_send_signal(PIDFD_SIGNAL_PROCESS_GROUP)` on a pidfd of the
+    /// recorded leader (Linux 6.9+).
+    Pidfd,
+    /// `killpg(pgid)` after the check: the leader is gone, or the kernel
+    /// predates `PIDFD_SIGNAL_PROCESS_GROUP`.
+    Killpg,
+}
+
+/// `PIDFD_SIGNAL_PROCESS_GROUP` (linux/pidfd.h, Linux 6.9).
+const PIDFD_SIGNAL_PROCESS_GROUP: libc::c_uint = 1 << 2;
+/// Set once the kernel answered EINVAL to the flag (it predates it).
+static PGRP_FLAG_UNSUPPORTED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// `pidfd_send_signal(fd, sig, NULL, PIDFD_SIGNAL_PROCESS_GROUP)`.
+fn pidfd_signal_pgrp(fd: &rustix::fd::OwnedFd, sig: libc::c_int) -> Result<(), Errno> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a plain syscall on a pidfd we own, with a NULL siginfo (the
+    // kernel fills it as kill(2) does) and a flag word; no memory is lent.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            fd.as_raw_fd(),
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            PIDFD_SIGNAL_PROCESS_GROUP,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(Errno::from_raw_os_error(
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO),
+        ))
+    }
+}
+
+/// Whether this kernel signals process groups through pidfds: signal 0
+/// (which delivers nothing) through our own pidfd to the group our pid
+/// leads. An older kernel refuses the flag (EINVAL) before it looks; a
+/// newer one answers ESRCH when we lead no group, or sends nothing.
+pub fn pidfd_group_signals_supported() -> bool {
+    let Ok(fd) = rustix::process::pidfd_open(rustix::process::getpid(), PidfdFlags::empty()) else {
+        return false;
+    };
+    !matches!(
+        pidfd_signal_pgrp(&fd, 0),
+        Err(Errno::INVAL) | Err(Errno::NOSYS)
+    )
+}
+
+/// The group signal through a pidfd of the recorded leader, when the
+/// kernel has it and the leader is still there. `None`: use `killpg`.
+fn signal_group_by_pidfd(rec: &GroupRecord, sig: Sig) -> Option<Result<GroupDelivery, ProcError>> {
+    use std::sync::atomic::Ordering;
+    if PGRP_FLAG_UNSUPPORTED.load(Ordering::Relaxed) {
+        return None;
+    }
+    let pid = Pid::from_raw(rec.pgid)?;
+    let fd = rustix::process::pidfd_open(pid, PidfdFlags::empty()).ok()?;
+    // The pidfd names whoever held the pid when it was opened: it is the
+    // recorded leader only if that process started when the leader did.
+    match read_stat(rec.pgid) {
+        Ok(Some(now)) if now.start_ticks == rec.leader.start_ticks => {}
+        Ok(_) => return None,
+        Err(e) => return Some(Err(e)),
+    }
+    match pidfd_signal_pgrp(&fd, sig.raw().as_raw()) {
+        Ok(()) => Some(Ok(GroupDelivery::Sent { members: 0 })),
+        Err(Errno::SRCH) => Some(Ok(GroupDelivery::Empty)),
+        Err(Errno::INVAL) => {
+            PGRP_FLAG_UNSUPPORTED.store(true, Ordering::Relaxed);
+            None
+        }
+        Err(e) => Some(Err(e.into())),
+    }
+}
+
+/// [`signal_group_known`], also saying which path sent it.
+pub fn signal_group_via(
+    rec: &GroupRecord,
+    sig: Sig,
+    candidates: &[i32],
+) -> Result<(GroupDelivery, GroupPath), ProcError> {
     guard(rec.pgid, "process group")?;
     guard(rec.sid, "session")?;
     if rec.leader.pid != rec.pgid {
-        return Ok(GroupDelivery::NotRecorded(format!(
-            "record is inconsistent: leader pid {} is not pgid {}",
-            rec.leader.pid, rec.pgid
-        )));
+        return Ok((
+            GroupDelivery::NotRecorded(format!(
+                "record is inconsistent: leader pid {} is not pgid {}",
+                rec.leader.pid, rec.pgid
+            )),
+            GroupPath::Killpg,
+        ));
     }
     // One live member re-read now is proof enough of the group's session
     // (see above); the count reported is the caller's classification.
@@ -306,36 +411,53 @@ pub fn signal_group_known(
             }
         };
     if members.is_empty() {
-        return Ok(GroupDelivery::Empty);
+        return Ok((GroupDelivery::Empty, GroupPath::Killpg));
     }
     if let Some(stranger) = members.iter().find(|m| m.sid != rec.sid) {
-        return Ok(GroupDelivery::NotRecorded(format!(
-            "member pid {} is in session {}, not the recorded session {}",
-            stranger.pid, stranger.sid, rec.sid
-        )));
+        return Ok((
+            GroupDelivery::NotRecorded(format!(
+                "member pid {} is in session {}, not the recorded session {}",
+                stranger.pid, stranger.sid, rec.sid
+            )),
+            GroupPath::Killpg,
+        ));
     }
     // A live process holding the pgid's number must be the recorded leader.
     if let Some(leader) = read_stat(rec.pgid)?
         && !leader.is_dead()
     {
         if boot_id()? != rec.leader.boot_id {
-            return Ok(GroupDelivery::NotRecorded(
-                "the group record is from another boot".into(),
+            return Ok((
+                GroupDelivery::NotRecorded("the group record is from another boot".into()),
+                GroupPath::Killpg,
             ));
         }
         if leader.start_ticks != rec.leader.start_ticks {
-            return Ok(GroupDelivery::NotRecorded(format!(
-                "pid {} now belongs to a process started at tick {}, not the recorded leader (tick {})",
-                rec.pgid, leader.start_ticks, rec.leader.start_ticks
-            )));
+            return Ok((
+                GroupDelivery::NotRecorded(format!(
+                    "pid {} now belongs to a process started at tick {}, not the recorded leader (tick {})",
+                    rec.pgid, leader.start_ticks, rec.leader.start_ticks
+                )),
+                GroupPath::Killpg,
+            ));
         }
     }
+    // The leader still there and the kernel able: no window between the
+    // check and the signal (the pidfd pins the group's struct pid).
+    if let Some(sent) = signal_group_by_pidfd(rec, sig) {
+        return sent.map(|d| match d {
+            GroupDelivery::Sent { .. } => {
+                (GroupDelivery::Sent { members: count }, GroupPath::Pidfd)
+            }
+            other => (other, GroupPath::Pidfd),
+        });
+    }
     let Some(pgid) = Pid::from_raw(rec.pgid) else {
-        return Ok(GroupDelivery::Empty);
+        return Ok((GroupDelivery::Empty, GroupPath::Killpg));
     };
     match rustix::process::kill_process_group(pgid, sig.raw()) {
-        Ok(()) => Ok(GroupDelivery::Sent { members: count }),
-        Err(Errno::SRCH) => Ok(GroupDelivery::Empty),
+        Ok(()) => Ok((GroupDelivery::Sent { members: count }, GroupPath::Killpg)),
+        Err(Errno::SRCH) => Ok((GroupDelivery::Empty, GroupPath::Killpg)),
         Err(e) => Err(e.into()),
     }
 }

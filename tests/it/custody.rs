@@ -30,20 +30,10 @@ pub struct Env {
     stderr_files: std::sync::Mutex<std::collections::HashMap<u32, PathBuf>>,
 }
 
-/// The cgroup v2 directory of this process, if a writable hierarchy exists.
+/// The cgroup v2 directory the tests make their cgroups in
+/// ([`crate::util::test_cgroup_parent`]), if a hierarchy exists.
 pub fn own_cgroup_dir() -> Option<PathBuf> {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let mount = mountinfo.lines().find_map(|line| {
-        let (left, right) = line.split_once(" - ")?;
-        if !right.starts_with("cgroup2 ") {
-            return None;
-        }
-        left.split_whitespace().nth(4).map(PathBuf::from)
-    })?;
-    let cgroup = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let rel = cgroup.lines().find_map(|l| l.strip_prefix("0::"))?;
-    let dir = mount.join(rel.trim_start_matches('/'));
-    dir.join("cgroup.procs").exists().then_some(dir)
+    crate::util::test_cgroup_parent()
 }
 
 impl Env {
@@ -164,9 +154,15 @@ impl Env {
         crate::util::marked_processes(&self.mark)
     }
 
-    /// Waits until at least `n` marked processes are alive.
+    /// Waits until at least `n` marked processes are alive. The bound
+    /// grows with `n` (each poll reads every process's environment, and a
+    /// shell forking 300 children on a loaded host takes its time): 20 s,
+    /// or 100 ms a process where that is more.
     pub fn wait_marked(&self, n: usize) -> bool {
-        wait_until(Duration::from_secs(20), || self.marked().len() >= n)
+        let per_process = Duration::from_millis(100) * u32::try_from(n).unwrap_or(u32::MAX);
+        wait_until(Duration::from_secs(20).max(per_process), || {
+            self.marked().len() >= n
+        })
     }
 
     /// Waits until no marked process is alive.

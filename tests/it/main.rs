@@ -4,6 +4,7 @@
 mod bench_smoke;
 mod conventions;
 mod custody;
+mod delegation;
 mod docs;
 mod fidelity;
 mod hostile;

@@ -202,6 +202,7 @@ fn harness() {
         "escapee_session" => setsid_escapee(reaper, BoundaryKind::Session),
         "escapee_cgroup" => setsid_escapee(reaper, BoundaryKind::Cgroup),
         "reaper_keeps_exits" => reaper_keeps_exits(reaper),
+        "clone3_denied" => clone3_denied(),
         other => panic!("unknown scenario {other}"),
     };
     // On its own line: libtest prints "test proc::harness ... " before us.
@@ -966,4 +967,125 @@ fn doctor_prints_the_probe() {
     for line in text.lines() {
         crate::util::say(&format!("doctor: {line}"));
     }
+}
+
+/// Linux 6.9+ (`PIDFD_SIGNAL_PROCESS_GROUP`)?
+fn kernel_at_least(major: u32, minor: u32) -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release
+        .trim()
+        .split(['.', '-'])
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let (a, b) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (a, b) >= (major, minor)
+}
+
+#[test]
+fn group_signals_take_the_pidfd_path_where_the_kernel_has_it_and_killpg_elsewhere() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cleanup = Cleanup::default();
+    let new_kernel = kernel_at_least(6, 9);
+    assert_eq!(
+        proc::pidfd_group_signals_supported(),
+        new_kernel,
+        "PIDFD_SIGNAL_PROCESS_GROUP exists from Linux 6.9"
+    );
+    // The leader alive, with a member of its group: on 6.9+ the signal goes
+    // through the leader's pidfd, elsewhere through the checked killpg; the
+    // whole group gets it either way.
+    let root = proc::spawn_held(&sh("sleep 1000 & echo $! > member; wait", dir.path()))
+        .expect("spawn")
+        .release()
+        .expect("release");
+    cleanup.pid(root.pid);
+    let member_file = dir.path().join("member");
+    let member = read_pids(&member_file, 1)[0];
+    cleanup.pid(member);
+    let rec = root.group_record();
+    let (delivery, path) = proc::signal_group_via(&rec, Sig::Term, &[]).expect("signal");
+    assert!(
+        matches!(delivery, GroupDelivery::Sent { .. }),
+        "{delivery:?}"
+    );
+    let expected = if new_kernel {
+        proc::GroupPath::Pidfd
+    } else {
+        proc::GroupPath::Killpg
+    };
+    assert_eq!(path, expected);
+    crate::util::say(&format!(
+        "group signal path on {}: {path:?}",
+        std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+    ));
+    assert_eq!(
+        proc::reap_child(root.pid, Some(LIMIT)).expect("reap"),
+        Some(ExitStatus::Signaled(15))
+    );
+    assert!(
+        wait_until(LIMIT, || !pid_alive(member)),
+        "the member got it too"
+    );
+    cleanup.finish();
+}
+
+/// In this re-executed process only: clone3 answers ENOSYS (a seccomp
+/// filter), so a held child is forked and moved into its cgroup; it is
+/// there before exec all the same.
+fn clone3_denied() -> Result<(), String> {
+    let root = cgroup_root()?;
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    // Where clone3 works, a child is born in its cgroup.
+    let mut spec = sh(
+        "cat /proc/self/cgroup > cgroup; exec sleep 1000",
+        dir.path(),
+    );
+    spec.cgroup = Some(tree_cgroup(&root));
+    let held = proc::spawn_held(&spec).map_err(|e| e.to_string())?;
+    assert!(
+        held.born_in_cgroup,
+        "clone3(CLONE_INTO_CGROUP) works on this kernel"
+    );
+    held.cancel().expect("cancel");
+    proc::deny_clone3_in_this_thread()
+        .map_err(|e| format!("cannot install a seccomp filter: {e}"))?;
+    let cg = tree_cgroup(&root);
+    spec.cgroup = Some(cg.clone());
+    let held = proc::spawn_held(&spec).expect("the fallback spawns");
+    assert!(!held.born_in_cgroup, "clone3 refused: forked and moved");
+    let procs = std::fs::read_to_string(cg.join("cgroup.procs")).unwrap_or_default();
+    assert!(
+        procs.lines().any(|l| l.trim() == held.pid.to_string()),
+        "in its cgroup before release: {procs}"
+    );
+    let spawned = held.release().expect("release");
+    let seen = read_file_eventually(&dir.path().join("cgroup"));
+    let rel = cg.file_name().expect("name").to_string_lossy().into_owned();
+    assert!(
+        seen.trim().ends_with(&rel),
+        "the command ran in its cgroup: {seen}"
+    );
+    proc::cgroup_kill(&cg).expect("cgroup.kill");
+    let _ = proc::reap_child(spawned.pid, Some(LIMIT));
+    assert!(proc::remove_cgroup_when_empty(&cg, LIMIT).expect("remove"));
+    println!(
+        "TWNOTE clone3 refused by seccomp: the child was forked and moved into {}",
+        cg.display()
+    );
+    Ok(())
+}
+
+fn read_file_eventually(path: &Path) -> String {
+    let mut text = String::new();
+    wait_until(LIMIT, || {
+        text = std::fs::read_to_string(path).unwrap_or_default();
+        text.ends_with('\n')
+    });
+    text
+}
+
+#[test]
+fn a_child_is_moved_into_its_cgroup_where_clone3_is_refused() {
+    run_in_own_process("clone3_denied");
 }

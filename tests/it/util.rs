@@ -11,10 +11,32 @@ pub fn bin() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_BIN_EXE_treewarden"))
 }
 
-/// Polls `cond` every few milliseconds until it holds or `limit` passes.
-/// Returns whether it held. Waits on a condition, never a fixed sleep.
+/// The factor every poll bound is scaled by: `TREEWARDEN_TEST_POLL_SCALE`
+/// (the kernel lane, tests/vm/run, sets it: a TCG guest runs several times
+/// slower than the host), else 1. It lengthens only how long a poll may
+/// wait for its condition, never a sleep: a condition that holds early ends
+/// the poll early.
+pub fn poll_scale() -> f64 {
+    static SCALE: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *SCALE.get_or_init(|| {
+        std::env::var("TREEWARDEN_TEST_POLL_SCALE")
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|f| f.is_finite() && *f >= 1.0)
+            .unwrap_or(1.0)
+    })
+}
+
+/// A poll bound scaled by [`poll_scale`].
+pub fn scaled(limit: Duration) -> Duration {
+    limit.mul_f64(poll_scale())
+}
+
+/// Polls `cond` every few milliseconds until it holds or `limit` (scaled
+/// by [`poll_scale`]) passes. Returns whether it held. Waits on a
+/// condition, never a fixed sleep.
 pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
+    let deadline = Instant::now() + scaled(limit);
     loop {
         if cond() {
             return true;
@@ -179,4 +201,46 @@ pub fn read_http_request(
     let mut body = vec![0u8; len];
     reader.read_exact(&mut body).ok()?;
     Some((path, body))
+}
+
+/// Whether this run is the kernel lane's (tests/vm/run sets
+/// `TREEWARDEN_LANE=1` in the guest).
+pub fn in_lane() -> bool {
+    std::env::var_os("TREEWARDEN_LANE").is_some_and(|v| v == "1")
+}
+
+/// The cgroup v2 directory this process lives in, by mountinfo and
+/// `/proc/self/cgroup` (independently of the product's own reader).
+pub fn own_cgroup() -> Option<std::path::PathBuf> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let mount = mountinfo.lines().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        if !right.starts_with("cgroup2 ") {
+            return None;
+        }
+        left.split_whitespace().nth(4).map(std::path::PathBuf::from)
+    })?;
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let rel = cgroup.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let dir = mount.join(rel.trim_start_matches('/'));
+    dir.join("cgroup.procs").exists().then_some(dir)
+}
+
+/// Where the tests make their cgroups: `TREEWARDEN_TEST_CGROUP_PARENT`
+/// when set, else this process's own cgroup. The kernel lane sets it: its
+/// guest starts the test process as systemd starts a delegated unit, in
+/// `/system.slice/treewarden.service`, and does there what the product does
+/// (proc/delegation.rs): it moves the process into the leaf
+/// `treewarden.service/harness` and enables every controller for its
+/// siblings, so the tests' cgroups (children of `treewarden.service`) get
+/// them. A test cgroup made next to the test process in its own cgroup
+/// would get none (cgroup v2's "no internal processes" rule).
+pub fn test_cgroup_parent() -> Option<std::path::PathBuf> {
+    match std::env::var_os("TREEWARDEN_TEST_CGROUP_PARENT") {
+        Some(p) => {
+            let p = std::path::PathBuf::from(p);
+            p.join("cgroup.procs").exists().then_some(p)
+        }
+        None => own_cgroup(),
+    }
 }
