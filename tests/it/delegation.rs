@@ -180,6 +180,7 @@ fn held_spec(cgroup: PathBuf, settings: Vec<CgroupSetting>) -> SpawnSpec {
         log_file: None,
         umask: None,
         credentials: None,
+        tty: None,
     }
 }
 
