@@ -400,21 +400,34 @@ fn open_to_others(dir: &std::path::Path) -> Vec<(std::path::PathBuf, u32)> {
 fn the_data_dir_and_everything_in_it_are_private_and_a_shared_one_is_refused() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("data");
-    std::fs::create_dir(&data).expect("data dir");
-    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let run = Command::new(bin())
-        .current_dir(dir.path())
-        .env("TREEWARDEN_DATA_DIR", &data)
-        .args(["run", "--", "true"])
-        .output()
-        .expect("run");
+    // A folder as the test leaves it (with `mode`, and a file of another's
+    // in it where `in_use`), and `run -- true` with it as the data dir.
+    let folder = |name: &str, mode: u32, in_use: bool| {
+        let path = dir.path().join(name);
+        std::fs::create_dir(&path).expect("folder");
+        if in_use {
+            std::fs::write(path.join("someone-elses"), "x").expect("a file of another's");
+        }
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        let run = Command::new(bin())
+            .current_dir(dir.path())
+            .env("TREEWARDEN_DATA_DIR", &path)
+            .args(["run", "--", "true"])
+            .output()
+            .expect("run");
+        let mode = std::fs::metadata(&path)
+            .expect("folder")
+            .permissions()
+            .mode()
+            & 0o7777;
+        (path, run, mode)
+    };
+    let (data, run, mode) = folder("data", 0o755, false);
     assert!(
         run.status.success(),
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
-    let mode = std::fs::metadata(&data).expect("data").permissions().mode() & 0o7777;
     assert_eq!(mode, 0o700, "tightened");
     assert!(
         data.join("teardown").is_dir(),
@@ -424,25 +437,11 @@ fn the_data_dir_and_everything_in_it_are_private_and_a_shared_one_is_refused() {
     assert!(open.is_empty(), "open to others: {open:?}");
 
     // A folder shared on purpose, as /tmp is: sticky, and others' files in it.
-    let shared = dir.path().join("shared");
-    std::fs::create_dir(&shared).expect("shared dir");
-    std::fs::write(shared.join("someone-elses"), "x").expect("a file of another's");
-    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
-    let refused = Command::new(bin())
-        .current_dir(dir.path())
-        .env("TREEWARDEN_DATA_DIR", &shared)
-        .args(["run", "--", "true"])
-        .output()
-        .expect("run");
+    let (shared, refused, mode) = folder("shared", 0o1777, true);
     let err = String::from_utf8_lossy(&refused.stderr);
     assert_eq!(refused.status.code(), Some(125), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
     assert!(err.contains("is shared"), "{err}");
-    let mode = std::fs::metadata(&shared)
-        .expect("shared")
-        .permissions()
-        .mode()
-        & 0o7777;
     assert_eq!(mode, 0o1777, "a shared folder is left as it is");
     assert!(
         !shared.join("ledger.db").exists(),
@@ -451,25 +450,12 @@ fn the_data_dir_and_everything_in_it_are_private_and_a_shared_one_is_refused() {
 
     // An empty sticky folder of this user's (a tmpfs mounted for the data
     // dir has a 1777 root) is the data dir's own: tightened.
-    let mounted = dir.path().join("fresh-mount");
-    std::fs::create_dir(&mounted).expect("dir");
-    std::fs::set_permissions(&mounted, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
-    let run = Command::new(bin())
-        .current_dir(dir.path())
-        .env("TREEWARDEN_DATA_DIR", &mounted)
-        .args(["run", "--", "true"])
-        .output()
-        .expect("run");
+    let (_, run, mode) = folder("fresh-mount", 0o1777, false);
     assert!(
         run.status.success(),
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
-    let mode = std::fs::metadata(&mounted)
-        .expect("dir")
-        .permissions()
-        .mode()
-        & 0o7777;
     assert_eq!(mode, 0o700);
 }
 
