@@ -11,8 +11,8 @@ use super::fake::{
 };
 use super::{CustodyError, Engine, Origin, TeardownOptions, TeardownReport};
 use crate::ledger::{
-    EventFilter, IdentityRecord, KillTarget, Ledger, NewTree, SpawnRecord, TreeDetail, TreeId,
-    TreeState, WriteLock,
+    EventFilter, EventKind, IdentityRecord, KillTarget, Ledger, NewTree, SpawnRecord, TreeDetail,
+    TreeId, TreeState, WriteLock,
 };
 use crate::proc::{ExitStatus, Sig};
 
@@ -1545,9 +1545,9 @@ fn a_teardown_whose_reads_all_fail_decides_nothing_and_a_later_one_finishes() {
         assert_eq!(rig.host.world().live().len(), 2, "both members live on");
         let kinds = rig.kinds();
         assert!(
-            !kinds
-                .iter()
-                .any(|k| k == "member.exited" || k == "tree.ended"),
+            !kinds.iter().any(
+                |k| k == EventKind::MemberExited.as_str() || k == EventKind::TreeEnded.as_str()
+            ),
             "nothing concluded: {kinds:?}"
         );
         assert!(!rig.detail().tree.state.is_terminal());
@@ -1586,7 +1586,7 @@ fn reads_failing_mid_teardown_carry_the_members_and_record_exits_only_when_read(
         .ledger
         .events(&EventFilter {
             tree: Some(rig.tree),
-            kind_prefix: Some("member.exited".into()),
+            kind_prefix: Some(EventKind::MemberExited.as_str().into()),
             ..EventFilter::default()
         })
         .expect("events");

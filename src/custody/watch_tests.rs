@@ -18,8 +18,8 @@ use super::fake::{BOOT, Call, FakeHost, FakeProc, PID_BASE, member, recorded_tre
 use super::observer::ObserverHandle;
 use super::watch::TreeWatch;
 use crate::ledger::{
-    Deferred, EventFilter, EventRow, IdentityRecord, Ledger, LedgerError, MemberRow, TreeId,
-    TreeState, WriteLock,
+    Deferred, EventFilter, EventKind, EventRow, IdentityRecord, Ledger, LedgerError, MemberRow,
+    TreeId, TreeState, WriteLock,
 };
 use crate::proc::{ExitStatus, Identity, ProcKey};
 
@@ -660,7 +660,7 @@ fn a_tick_whose_reads_fail_records_no_exit_and_reports_the_members_as_last_seen(
         carried.sort_unstable();
         assert_eq!(carried, [rig.root.0, child.0], "unknown is not exited");
     }
-    assert!(rig.events("member.exited").is_empty());
+    assert!(rig.events(EventKind::MemberExited.as_str()).is_empty());
     assert!(rig.engine.stats().scans_incomplete() >= 3);
 
     rig.host.world().unreadable = None;
@@ -668,7 +668,7 @@ fn a_tick_whose_reads_fail_records_no_exit_and_reports_the_members_as_last_seen(
     assert!(seen.incomplete.is_none());
     assert_eq!(pids(&seen), [rig.root.0]);
     assert_eq!(seen.exited, 1);
-    assert_eq!(rig.events("member.exited").len(), 1);
+    assert_eq!(rig.events(EventKind::MemberExited.as_str()).len(), 1);
     assert!(rig.row(child.0).exited_at.is_some());
     assert!(rig.row(rig.root.0).exited_at.is_none());
 }
@@ -707,7 +707,7 @@ fn a_pid_recycled_within_the_tick_is_not_the_member_the_watch_holds() {
     let mut watch = rig.watch();
     let first = watch.tick(&rig.engine, &no_exits());
     assert_eq!(pids(&first), [rig.root.0, esc.0]);
-    assert_eq!(rig.events("escape.observed").len(), 1);
+    assert_eq!(rig.events(EventKind::EscapeObserved.as_str()).len(), 1);
 
     let same = rig
         .host
@@ -718,7 +718,11 @@ fn a_pid_recycled_within_the_tick_is_not_the_member_the_watch_holds() {
     let after = watch.tick(&rig.engine, &no_exits());
     assert_eq!(pids(&after), [rig.root.0], "the newcomer is not a member");
     assert_eq!(after.exited, 1, "the member's exit is recorded");
-    assert_eq!(rig.events("escape.observed").len(), 1, "no second escape");
+    assert_eq!(
+        rig.events(EventKind::EscapeObserved.as_str()).len(),
+        1,
+        "no second escape"
+    );
     assert!(rig.row(esc.0).exited_at.is_some());
 }
 

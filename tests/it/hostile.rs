@@ -245,6 +245,9 @@ nxt = open(sys.argv[2], "r")
 for _ in range(60):
     pid = os.fork()
     if pid == 0:
+        # Not a wait: the member's whole life. Long enough for the observer
+        # to record it at its fork, short enough that its pid is free again
+        # within the clock tick it started in.
         time.sleep(0.003)
         os._exit(0)
     os.waitpid(pid, 0)

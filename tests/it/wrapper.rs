@@ -73,15 +73,16 @@ fn a_wrapper_spawned_from_a_thread_that_exits_keeps_its_tree_until_the_process_d
     argv.extend(env.marked_argv("sleep 600 & wait"));
     let script = format!(
         r#"
-import os, subprocess, sys, threading, time
+import signal, subprocess, threading
 argv = {argv:?}
 def start():
     subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 t = threading.Thread(target=start)
 t.start(); t.join()
 open("thread-gone", "w").close()
-while not os.path.exists("never"):
-    time.sleep(0.05)
+# The owner lives on, doing nothing, until the test SIGKILLs it.
+while True:
+    signal.pause()
 "#
     );
     let owner = KillOnDrop(
