@@ -252,26 +252,7 @@ impl Engine {
         })?;
         let (tx, rx) = mpsc::channel::<Event>();
         // Signals first, so a SIGTERM during the spawn is not lost.
-        let mut signals = signal_hook::iterator::Signals::new([
-            signal_hook::consts::SIGINT,
-            signal_hook::consts::SIGTERM,
-            signal_hook::consts::SIGHUP,
-        ])
-        .map_err(|e| CustodyError::Proc(crate::proc::ProcError::Io(e)))?;
-        let signals_handle = signals.handle();
-        {
-            let tx = tx.clone();
-            std::thread::Builder::new()
-                .name("tw-signals".into())
-                .spawn(move || {
-                    for sig in signals.forever() {
-                        if tx.send(Event::Signal(sig)).is_err() {
-                            break;
-                        }
-                    }
-                })
-                .map_err(|e| CustodyError::Proc(crate::proc::ProcError::Io(e)))?;
-        }
+        let signals_handle = forward_signals(&tx)?;
         let watches = owner_watches(opts);
         start_owner_watches(&watches, &tx);
 
@@ -528,26 +509,7 @@ impl Engine {
         progress: &mut dyn FnMut(&Progress),
     ) -> Result<(KeepEnd, TeardownReport), CustodyError> {
         let (tx, rx) = mpsc::channel::<Event>();
-        let mut signals = signal_hook::iterator::Signals::new([
-            signal_hook::consts::SIGINT,
-            signal_hook::consts::SIGTERM,
-            signal_hook::consts::SIGHUP,
-        ])
-        .map_err(|e| CustodyError::Proc(crate::proc::ProcError::Io(e)))?;
-        let signals_handle = signals.handle();
-        {
-            let tx = tx.clone();
-            std::thread::Builder::new()
-                .name("tw-signals".into())
-                .spawn(move || {
-                    for sig in signals.forever() {
-                        if tx.send(Event::Signal(sig)).is_err() {
-                            break;
-                        }
-                    }
-                })
-                .map_err(|e| CustodyError::Proc(crate::proc::ProcError::Io(e)))?;
-        }
+        let signals_handle = forward_signals(&tx)?;
         start_owner_watches(&[(opts.owner.clone(), RunEnd::OwnerDied)], &tx);
         let (row, members) = self
             .ledger
@@ -593,4 +555,31 @@ impl Engine {
         signals_handle.close();
         Ok((end, report?))
     }
+}
+
+/// SIGINT, SIGTERM and SIGHUP as [`Event::Signal`]s on `tx`, from a thread
+/// of their own (run's loop and the custodian's both end on them). The
+/// handle closes the iterator, which ends the thread.
+fn forward_signals(
+    tx: &mpsc::Sender<Event>,
+) -> Result<signal_hook::iterator::Handle, CustodyError> {
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ])
+    .map_err(|e| CustodyError::Proc(crate::proc::ProcError::Io(e)))?;
+    let handle = signals.handle();
+    let tx = tx.clone();
+    std::thread::Builder::new()
+        .name("tw-signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                if tx.send(Event::Signal(sig)).is_err() {
+                    break;
+                }
+            }
+        })
+        .map_err(|e| CustodyError::Proc(crate::proc::ProcError::Io(e)))?;
+    Ok(handle)
 }
