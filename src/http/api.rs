@@ -299,6 +299,8 @@ fn run_as(
                 uid: u.uid,
                 gid: u.gid,
                 groups,
+                rlimits: Vec::new(),
+                cgroups_v1: Vec::new(),
             },
             user: Some(u),
         })
@@ -325,7 +327,8 @@ fn run_as(
                     cred.uid, u.name
                 )));
             }
-            let credentials = crate::proc::credentials_of_peer(cred.pid, cred.uid, cred.gid);
+            let credentials = crate::proc::credentials_of_peer(cred.pid, cred.uid, cred.gid)
+                .map_err(ApiError::Forbidden)?;
             let user = crate::proc::user_by_uid(cred.uid).ok().flatten();
             Ok(Some(crate::service::RunAs { credentials, user }))
         }

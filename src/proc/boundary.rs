@@ -350,13 +350,15 @@ const TAG_READY: u8 = b'R';
 const TAG_SETUP: u8 = b'S';
 const TAG_EXEC: u8 = b'E';
 const RELEASE_BYTE: u8 = b'G';
-const STEP_NAMES: [&str; 6] = [
+const STEP_NAMES: [&str; 8] = [
     "unknown",
     "setsid",
     "stdio",
     "chdir",
     "signal mask",
     "credentials",
+    "the requester's cgroup v1",
+    "the requester's limits",
 ];
 
 /// How long cleanup waits for a killed child and its cgroup to empty.
@@ -368,8 +370,10 @@ struct Prepared {
     argv_ptrs: Vec<*const libc::c_char>,
     _envp: Vec<CString>,
     envp_ptrs: Vec<*const libc::c_char>,
-    /// The resolved program path, or the errno execvp would have reported.
-    program: Result<CString, i32>,
+    /// Where `execve` is tried, in order (`execvp`'s search, made in the
+    /// child after it took the requester's ids and working directory, so
+    /// the search sees only what the requester may see: issue 24).
+    candidates: Vec<CString>,
     cwd: Option<CString>,
     null_fd: Option<OwnedFd>,
     /// With [`SpawnStdio::Log`]: the log file, for descriptors 1 and 2.
@@ -380,6 +384,11 @@ struct Prepared {
     umask: Option<libc::mode_t>,
     /// uid, gid and supplementary groups to take before exec.
     creds: Option<(libc::uid_t, libc::gid_t, Vec<libc::gid_t>)>,
+    /// The requester's limits, set before the ids.
+    rlimits: Vec<(libc::__rlimit_resource_t, libc::rlimit)>,
+    /// The requester's v1 `cgroup.procs`, opened here; the child writes
+    /// "0" (itself) to each before the ids.
+    cgroups_v1: Vec<OwnedFd>,
     empty_mask: libc::sigset_t,
     default_action: libc::sigaction,
     sigmax: libc::c_int,
@@ -394,36 +403,24 @@ fn cstring(s: &OsStr) -> Result<CString, ProcError> {
     })
 }
 
-/// `execvp`'s search, done in the parent: the first executable candidate in
-/// `PATH`; else a candidate that exists but is not executable (execve will
-/// report EACCES); else ENOENT.
-fn resolve_program(name: &OsStr, path_var: Option<&OsStr>) -> Result<CString, ProcError> {
+/// The paths `execvp` would try for `name`, in order: `name` itself when it
+/// has a slash, else each `PATH` entry joined with it (an empty entry is the
+/// working directory). The child tries them (see [`child_after_fork`]).
+fn exec_candidates(name: &OsStr, path_var: Option<&OsStr>) -> Result<Vec<CString>, ProcError> {
     if name.as_bytes().contains(&b'/') {
-        return cstring(name);
+        return Ok(vec![cstring(name)?]);
     }
     let path_var = path_var.unwrap_or(OsStr::new("/usr/local/bin:/usr/bin:/bin"));
-    let mut not_executable = None;
-    for dir in std::env::split_paths(path_var) {
-        let dir = if dir.as_os_str().is_empty() {
-            PathBuf::from(".")
-        } else {
-            dir
-        };
-        let candidate = dir.join(name);
-        if !candidate.is_file() {
-            continue;
-        }
-        if rustix::fs::access(&candidate, rustix::fs::Access::EXEC_OK).is_ok() {
-            return cstring(candidate.as_os_str());
-        }
-        not_executable.get_or_insert(candidate);
-    }
-    match not_executable {
-        Some(candidate) => cstring(candidate.as_os_str()),
-        None => Err(ProcError::Io(std::io::Error::from_raw_os_error(
-            libc::ENOENT,
-        ))),
-    }
+    std::env::split_paths(path_var)
+        .map(|dir| {
+            let dir = if dir.as_os_str().is_empty() {
+                PathBuf::from(".")
+            } else {
+                dir
+            };
+            cstring(dir.join(name).as_os_str())
+        })
+        .collect()
 }
 
 fn prepare(spec: &SpawnSpec) -> Result<Prepared, ProcError> {
@@ -446,11 +443,7 @@ fn prepare(spec: &SpawnSpec) -> Result<Prepared, ProcError> {
         .iter()
         .find(|(k, _)| k == "PATH")
         .map(|(_, v)| v.as_os_str());
-    let program = match resolve_program(argv0, path_var) {
-        Ok(p) => Ok(p),
-        Err(ProcError::Io(e)) if e.raw_os_error() == Some(libc::ENOENT) => Err(libc::ENOENT),
-        Err(e) => return Err(e),
-    };
+    let candidates = exec_candidates(argv0, path_var)?;
     let envp = env
         .iter()
         .map(|(k, v)| {
@@ -520,7 +513,7 @@ fn prepare(spec: &SpawnSpec) -> Result<Prepared, ProcError> {
         argv_ptrs,
         _envp: envp,
         envp_ptrs,
-        program,
+        candidates,
         cwd,
         null_fd,
         log_fd,
@@ -530,6 +523,40 @@ fn prepare(spec: &SpawnSpec) -> Result<Prepared, ProcError> {
             .credentials
             .as_ref()
             .map(|c| (c.uid, c.gid, c.groups.clone())),
+        rlimits: spec
+            .credentials
+            .iter()
+            .flat_map(|c| &c.rlimits)
+            .map(|r| {
+                let v = |x: u64| {
+                    if x == u64::MAX {
+                        libc::RLIM_INFINITY
+                    } else {
+                        x
+                    }
+                };
+                (
+                    r.resource,
+                    libc::rlimit {
+                        rlim_cur: v(r.soft),
+                        rlim_max: v(r.hard),
+                    },
+                )
+            })
+            .collect(),
+        cgroups_v1: spec
+            .credentials
+            .iter()
+            .flat_map(|c| &c.cgroups_v1)
+            .map(|f| {
+                rustix::fs::open(
+                    f,
+                    rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+                    rustix::fs::Mode::empty(),
+                )
+                .map_err(|e| ProcError::cgroup(f, e.into()))
+            })
+            .collect::<Result<_, _>>()?,
         empty_mask,
         default_action,
         sigmax: libc::SIGRTMAX(),
@@ -663,6 +690,20 @@ unsafe fn child_after_fork(p: &Prepared, release_r: libc::c_int, status_w: libc:
         if let Some(mask) = p.umask {
             libc::umask(mask);
         }
+        // The requester's cgroup v1 memberships and limits, while we may
+        // still join and raise (both need privilege the ids drop).
+        for fd in &p.cgroups_v1 {
+            if libc::write(fd.as_raw_fd(), b"0".as_ptr().cast(), 1) != 1 {
+                report(TAG_SETUP, 6, errno());
+                libc::_exit(125);
+            }
+        }
+        for (resource, limit) in &p.rlimits {
+            if libc::setrlimit(*resource, limit) != 0 {
+                report(TAG_SETUP, 7, errno());
+                libc::_exit(125);
+            }
+        }
         // The requester's credentials: raw syscalls (not glibc's wrappers,
         // which broadcast to every thread of a process; this child has one),
         // groups first, while we still may set them; gid before uid; real,
@@ -719,13 +760,24 @@ unsafe fn child_after_fork(p: &Prepared, release_r: libc::c_int, status_w: libc:
             // The parent cancelled (or died): never run the command.
             libc::_exit(125);
         }
-        match &p.program {
-            Err(e) => report(TAG_EXEC, 0, *e),
-            Ok(path) => {
-                libc::execve(path.as_ptr(), p.argv_ptrs.as_ptr(), p.envp_ptrs.as_ptr());
-                report(TAG_EXEC, 0, errno());
+        // `execvp`'s search, as the requester: a candidate that does not
+        // exist (or whose directory does not, or is not one) is passed over;
+        // one that exists but may not be run (EACCES) is remembered and the
+        // search goes on; any other error ends it. Nothing is looked up as
+        // the service, so 126 vs 127 says only what the requester could see.
+        let mut failure = libc::ENOENT;
+        for path in &p.candidates {
+            libc::execve(path.as_ptr(), p.argv_ptrs.as_ptr(), p.envp_ptrs.as_ptr());
+            match errno() {
+                libc::ENOENT | libc::ENOTDIR | libc::ESTALE | libc::ENODEV | libc::ETIMEDOUT => {}
+                libc::EACCES => failure = libc::EACCES,
+                e => {
+                    failure = e;
+                    break;
+                }
             }
         }
+        report(TAG_EXEC, 0, failure);
         libc::_exit(127)
     }
 }
@@ -1156,28 +1208,20 @@ pub fn remove_cgroup_when_empty(path: &Path, wait: Duration) -> Result<bool, Pro
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
 
     #[test]
-    fn path_search_prefers_an_executable_and_reports_enoent() {
-        let a = tempfile::tempdir().expect("tempdir");
-        let b = tempfile::tempdir().expect("tempdir");
-        let plain = a.path().join("tool");
-        std::fs::write(&plain, "").expect("write");
-        let exe = b.path().join("tool");
-        std::fs::write(&exe, "").expect("write");
-        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        let path = std::env::join_paths([a.path(), b.path()]).expect("join");
-        let found = resolve_program(OsStr::new("tool"), Some(&path)).expect("found");
-        assert_eq!(found.as_bytes(), exe.as_os_str().as_bytes());
-        let only_plain = std::env::join_paths([a.path()]).expect("join");
-        let found = resolve_program(OsStr::new("tool"), Some(&only_plain)).expect("found");
-        assert_eq!(
-            found.as_bytes(),
-            plain.as_os_str().as_bytes(),
-            "EACCES at exec"
-        );
-        assert!(resolve_program(OsStr::new("no-such-tool"), Some(&path)).is_err());
+    fn exec_candidates_are_execvps_in_path_order() {
+        let c = |name: &str, path: &str| {
+            exec_candidates(OsStr::new(name), Some(OsStr::new(path)))
+                .expect("candidates")
+                .into_iter()
+                .map(|c| c.into_string().expect("utf-8"))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(c("tool", "/a:/b"), ["/a/tool", "/b/tool"]);
+        assert_eq!(c("tool", "/a::/b"), ["/a/tool", "./tool", "/b/tool"]);
+        assert_eq!(c("./x/tool", "/a"), ["./x/tool"], "a slash: no search");
+        assert!(exec_candidates(OsStr::new("a\0b"), None).is_err());
     }
 
     #[test]

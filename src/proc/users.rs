@@ -18,6 +18,22 @@ pub struct Credentials {
     pub gid: u32,
     /// Supplementary groups (`setgroups`); may be empty.
     pub groups: Vec<u32>,
+    /// Resource limits set before the ids (a socket requester's own, read
+    /// from its process: issue 24). Empty: the service's are inherited.
+    pub rlimits: Vec<Rlimit>,
+    /// `cgroup.procs` of the requester's cgroup in each cgroup v1 hierarchy
+    /// with a controller (`pids`, `memory`, …), joined before the ids, so the
+    /// requester's v1 limits bind its tree too. Empty on a pure v2 host.
+    pub cgroups_v1: Vec<std::path::PathBuf>,
+}
+
+/// One resource limit (`setrlimit`); `u64::MAX` is `RLIM_INFINITY`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rlimit {
+    /// The `RLIMIT_*` number.
+    pub resource: u32,
+    pub soft: u64,
+    pub hard: u64,
 }
 
 /// One user as the user database knows it.
@@ -77,40 +93,126 @@ pub fn credentials_for(uid: u32, gid: u32) -> std::io::Result<Credentials> {
         Some(user) => groups_of(&user, gid)?,
         None => vec![gid],
     };
-    Ok(Credentials { uid, gid, groups })
+    Ok(Credentials {
+        uid,
+        gid,
+        groups,
+        rlimits: Vec::new(),
+        cgroups_v1: Vec::new(),
+    })
 }
 
 /// The credentials a tree asked for over the socket runs with: the peer's
-/// uid and gid, and its supplementary groups *as the kernel has them for
-/// the peer process* (`/proc/<pid>/status`, `Groups:`), not as the user
-/// database lists them: a requester that dropped a group does not get it
-/// back in its tree (issue 24). A peer whose groups cannot be read (it
-/// exited, its pid is another user's now) gets none but its gid.
-pub fn credentials_of_peer(pid: Option<i32>, uid: u32, gid: u32) -> Credentials {
-    let groups = pid
-        .and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok())
-        .and_then(|status| peer_groups(&status, uid))
-        .unwrap_or_else(|| vec![gid]);
-    Credentials { uid, gid, groups }
+/// uid and gid, and what the kernel holds *for the peer process* (issue 24),
+/// not what the user database lists, so a tree gains nothing its requester
+/// lacks:
+/// - its supplementary groups (`Groups:` of `/proc/<pid>/status`): a
+///   requester that dropped a group does not get it back;
+/// - its resource limits (`/proc/<pid>/limits`), soft and hard: a requester
+///   at hard `nofile` 64 gets a tree at 64, not the service's;
+/// - its cgroup v1 memberships (`/proc/<pid>/cgroup`): its tree joins the
+///   same v1 cgroups, so a v1 `pids.max` binds the tree too.
+///
+/// All three are read through one `/proc/<pid>` directory descriptor, so
+/// they describe one process even if the pid is reused meanwhile. `Err`
+/// (one line) when that process is gone or is not uid `uid`'s (a pid
+/// reused since it connected): the tree is refused rather than given
+/// another process's limits.
+pub fn credentials_of_peer(pid: Option<i32>, uid: u32, gid: u32) -> Result<Credentials, String> {
+    let Some(pid) = pid else {
+        return Err("the requester's process id is unknown (no peer credentials)".into());
+    };
+    let gone = |what: &str, e: procfs::ProcError| {
+        format!("cannot read the requester's {what} (pid {pid}): {e}; connect from the process that asks")
+    };
+    let process = procfs::process::Process::new(pid).map_err(|e| gone("process", e))?;
+    let status = process.status().map_err(|e| gone("status", e))?;
+    if status.ruid != uid {
+        return Err(format!(
+            "pid {pid} is no longer the requester's (uid {uid}): its limits cannot be read"
+        ));
+    }
+    let limits = process.limits().map_err(|e| gone("limits", e))?;
+    let cgroups = process.cgroups().map_err(|e| gone("cgroups", e))?;
+    Ok(Credentials {
+        uid,
+        gid,
+        groups: status.groups,
+        rlimits: rlimits_of(&limits),
+        cgroups_v1: v1_procs_files(&cgroups),
+    })
 }
 
-/// The `Groups:` of a `/proc/<pid>/status` whose real uid is `uid`
-/// (`None` for another uid's process: a pid reused since it connected).
-fn peer_groups(status: &str, uid: u32) -> Option<Vec<u32>> {
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .map(str::trim)
+/// Every limit of `/proc/<pid>/limits` as `setrlimit` takes it.
+fn rlimits_of(l: &procfs::process::Limits) -> Vec<Rlimit> {
+    use procfs::process::LimitValue;
+    let v = |x: LimitValue| match x {
+        LimitValue::Unlimited => u64::MAX,
+        LimitValue::Value(n) => n,
     };
-    let real_uid: u32 = field("Uid:")?.split_whitespace().next()?.parse().ok()?;
-    if real_uid != uid {
-        return None;
+    [
+        (libc::RLIMIT_CPU, &l.max_cpu_time),
+        (libc::RLIMIT_FSIZE, &l.max_file_size),
+        (libc::RLIMIT_DATA, &l.max_data_size),
+        (libc::RLIMIT_STACK, &l.max_stack_size),
+        (libc::RLIMIT_CORE, &l.max_core_file_size),
+        (libc::RLIMIT_RSS, &l.max_resident_set),
+        (libc::RLIMIT_NPROC, &l.max_processes),
+        (libc::RLIMIT_NOFILE, &l.max_open_files),
+        (libc::RLIMIT_MEMLOCK, &l.max_locked_memory),
+        (libc::RLIMIT_AS, &l.max_address_space),
+        (libc::RLIMIT_LOCKS, &l.max_file_locks),
+        (libc::RLIMIT_SIGPENDING, &l.max_pending_signals),
+        (libc::RLIMIT_MSGQUEUE, &l.max_msgqueue_size),
+        (libc::RLIMIT_NICE, &l.max_nice_priority),
+        (libc::RLIMIT_RTPRIO, &l.max_realtime_priority),
+        (libc::RLIMIT_RTTIME, &l.max_realtime_timeout),
+    ]
+    .into_iter()
+    .map(|(resource, limit)| Rlimit {
+        resource,
+        soft: v(limit.soft_limit),
+        hard: v(limit.hard_limit),
+    })
+    .collect()
+}
+
+/// The `cgroup.procs` files of the v1 cgroups in `groups` that this
+/// process can reach (a v1 mount of the same controllers; a bind-mounted
+/// hierarchy's root is stripped). Named hierarchies (`name=systemd`) carry
+/// no limit and are left out; so is the v2 entry (hierarchy 0).
+fn v1_procs_files(groups: &procfs::ProcessCGroups) -> Vec<std::path::PathBuf> {
+    let Ok(mounts) = procfs::process::Process::myself().and_then(|me| me.mountinfo()) else {
+        return Vec::new();
+    };
+    let mut files = Vec::new();
+    for g in &groups.0 {
+        let controllers: Vec<&str> = g
+            .controllers
+            .iter()
+            .map(String::as_str)
+            .filter(|c| !c.is_empty() && !c.starts_with("name="))
+            .collect();
+        if g.hierarchy == 0 || controllers.is_empty() {
+            continue;
+        }
+        let mount = mounts.0.iter().find(|m| {
+            m.fs_type == "cgroup" && controllers.iter().all(|c| m.super_options.contains_key(*c))
+        });
+        let Some(mount) = mount else { continue };
+        let root = mount.root.trim_end_matches('/');
+        let Some(rel) = g.pathname.strip_prefix(root) else {
+            continue;
+        };
+        let file = mount
+            .mount_point
+            .join(rel.trim_start_matches('/'))
+            .join("cgroup.procs");
+        if file.exists() {
+            files.push(file);
+        }
     }
-    field("Groups:")?
-        .split_whitespace()
-        .map(|g| g.parse().ok())
-        .collect()
+    files
 }
 
 /// The real uid of this process.
@@ -128,18 +230,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_peers_groups_are_the_kernels_and_only_for_its_own_uid() {
-        let status = "Name:\tsh\nUid:\t1000\t1000\t1000\t1000\nGid:\t1000\t1000\t1000\t1000\nGroups:\t27 1000 \n";
-        assert_eq!(peer_groups(status, 1000), Some(vec![27, 1000]));
-        assert_eq!(peer_groups(status, 1001), None, "another uid's process");
-        let none = "Uid:\t1000\t1000\t1000\t1000\nGroups:\t\n";
-        assert_eq!(peer_groups(none, 1000), Some(vec![]), "dropped them all");
+    fn a_peers_groups_limits_and_v1_cgroups_are_the_kernels_and_only_for_its_own_uid() {
         // This process, read for real.
         let me = credentials_of_peer(
             Some(std::process::id() as i32),
             current_uid(),
             rustix::process::getgid().as_raw(),
-        );
+        )
+        .expect("own credentials");
         let mut kernel: Vec<u32> = rustix::process::getgroups()
             .expect("getgroups")
             .into_iter()
@@ -149,6 +247,23 @@ mod tests {
         kernel.sort_unstable();
         got.sort_unstable();
         assert_eq!(got, kernel);
+        let nofile = me
+            .rlimits
+            .iter()
+            .find(|r| r.resource == libc::RLIMIT_NOFILE)
+            .expect("nofile is read");
+        let own = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+        assert_eq!(Some(nofile.soft), own.current);
+        assert_eq!(Some(nofile.hard), own.maximum);
+        assert_eq!(me.rlimits.len(), 16, "every limit of /proc/<pid>/limits");
+        for f in &me.cgroups_v1 {
+            assert!(f.ends_with("cgroup.procs") && f.exists(), "{f:?}");
+        }
+        // Another uid's pid (or a gone one) is refused, not read.
+        let err = credentials_of_peer(Some(std::process::id() as i32), 4_000_000_001, 0)
+            .expect_err("not this uid's process");
+        assert!(err.contains("no longer the requester's"), "{err}");
+        assert!(credentials_of_peer(None, 0, 0).is_err());
     }
 
     #[test]

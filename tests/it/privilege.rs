@@ -912,3 +912,165 @@ fn a_users_cwd_is_tried_as_that_user_with_one_answer_for_not_usable() {
     let (status, v) = curl(&sock, None, "POST", "/api/trees", Some(&body));
     assert_eq!(status, 422, "{v}");
 }
+
+/// Issue 24, finding 5: a tree escaped its requester's own limits (a hard
+/// `nofile` 64 became the service's 20,000; a cgroup v1 `pids.max` 20 ran
+/// 100 jobs). Now the tree starts with the limits and v1 cgroups the kernel
+/// holds for the requesting process. Ground truth: the tree's own shell
+/// prints its limits and its v1 pids cgroup, and the v1 cgroup's own
+/// counter (`pids.current`) never passes its `pids.max`.
+#[test]
+fn a_users_tree_gets_its_requesters_limits_and_v1_cgroups() {
+    let Some(user) = TestUser::create() else {
+        return;
+    };
+    if tool("prlimit").is_none() {
+        skip("prlimit (util-linux) not installed");
+        return;
+    }
+    // A v1 pids cgroup with room for 20, where the hybrid layout has one.
+    struct V1(Option<std::path::PathBuf>);
+    impl Drop for V1 {
+        fn drop(&mut self) {
+            if let Some(dir) = &self.0 {
+                // Its processes end with the tree; a bounded wait, then rmdir.
+                wait_until(Duration::from_secs(10), || std::fs::remove_dir(dir).is_ok());
+            }
+        }
+    }
+    let v1_root = Path::new("/sys/fs/cgroup/pids");
+    let v1 = V1(v1_root
+        .join("cgroup.procs")
+        .exists()
+        .then(|| v1_root.join(format!("tw-test-{}", std::process::id()))));
+    if let Some(dir) = &v1.0 {
+        std::fs::create_dir(dir).expect("a v1 pids cgroup");
+        std::fs::write(dir.join("pids.max"), "20").expect("pids.max");
+    } else {
+        skip("no cgroup v1 pids hierarchy here (a pure v2 host): only the limits are checked");
+    }
+    let public = public_dir();
+    let sock = public.path().join("api.sock");
+    let s = Server::start(&["--socket", sock.to_str().expect("utf-8 path")]);
+    // The requester: curl as the user, at hard nofile 64, in the v1 cgroup
+    // (sh joins it, then execs prlimit, setpriv and curl: one pid).
+    let body = spawn_body(
+        &s,
+        "echo \"nofile $(ulimit -Sn) $(ulimit -Hn)\"; grep ':pids:' /proc/self/cgroup || echo 'no v1 pids'; \
+         n=0; while [ $n -lt 40 ]; do sleep 300 & n=$((n+1)); echo \"started $n\"; done; exec sleep 300",
+    );
+    let procs = v1
+        .0
+        .as_ref()
+        .map(|d| d.join("cgroup.procs").display().to_string())
+        .unwrap_or_else(|| "/dev/null".into());
+    let out = Command::new("sh")
+        .args(["-c", "echo $$ > \"$1\"; shift; exec \"$@\"", "sh", &procs])
+        .args(["prlimit", "--nofile=64:64", "--"])
+        .arg("setpriv")
+        .arg(format!("--reuid={}", user.uid))
+        .arg(format!("--regid={}", user.gid))
+        .args(["--clear-groups", "curl", "-sS", "--max-time", "60", "--unix-socket"])
+        .arg(&sock)
+        .args(["-X", "POST", "-H", "content-type: application/json", "-d"])
+        .arg(body.to_string())
+        .arg("http://localhost/api/trees")
+        .current_dir("/")
+        .output()
+        .expect("curl as the user");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
+        panic!(
+            "no JSON: {} {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    let id = v["id"].as_i64().unwrap_or_else(|| panic!("{v}; {}", s.stderr()));
+    let log_path = format!("/api/trees/{id}/log");
+    let log = || {
+        curl(&sock, None, "GET", &log_path, None)
+            .1
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    // The shell stops starting jobs (fork fails and dash exits) or starts
+    // all 40; either way its output settles.
+    let mut text = String::new();
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            text = log();
+            text.contains("Cannot fork") || text.contains("started 40")
+        }),
+        "the tree's output: {text:?}"
+    );
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "nofile 64 64", "the requester's limit: {text}");
+    if let Some(dir) = &v1.0 {
+        let name = dir.file_name().expect("name").to_str().expect("utf-8");
+        assert!(
+            lines[1].ends_with(&format!(":pids:/{name}")),
+            "the tree's root is in the requester's v1 cgroup: {text}"
+        );
+        let current: u32 = std::fs::read_to_string(dir.join("pids.current"))
+            .expect("pids.current")
+            .trim()
+            .parse()
+            .expect("a number");
+        assert!(current <= 20, "pids.current {current}");
+        assert!(
+            text.contains("Cannot fork") && !text.contains("started 40"),
+            "the v1 pids.max of the requester bound its tree: {text}"
+        );
+    }
+    let (status, v) = curl(&sock, None, "POST", &format!("/api/trees/{id}/kill"), None);
+    assert_eq!(status, 200, "{v}");
+}
+
+/// Issue 24, finding 8 (PATH): the program was searched by the service as
+/// root, so 126 vs 127 told whether a file existed in a directory closed
+/// to the requester. Now the child searches after it took the user's ids:
+/// a name in a closed directory gets the one answer the user's own shell
+/// would give (EACCES), whether or not the file is there.
+#[test]
+fn a_users_program_is_searched_as_that_user_with_one_answer_for_closed_dirs() {
+    let Some(user) = TestUser::create() else {
+        return;
+    };
+    let closed = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(
+        closed.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .expect("chmod");
+    let tool_path = closed.path().join("tw-secret-tool");
+    std::fs::write(&tool_path, "#!/bin/sh\necho ran\n").expect("write");
+    std::fs::set_permissions(
+        &tool_path,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let public = public_dir();
+    let sock = public.path().join("api.sock");
+    let s = Server::start(&["--socket", sock.to_str().expect("utf-8 path")]);
+    let path_var = format!("{}:/usr/bin:/bin", closed.path().display());
+    let answer = |who: Option<&TestUser>, program: &str| {
+        let body = json!({
+            "argv": [program],
+            "env": {"TW_TEST_MARK": s.mark, "PATH": path_var},
+            "grace": "200ms",
+        });
+        let (status, v) = curl(&sock, who, "POST", "/api/trees", Some(&body));
+        (status, v.to_string().replace(program, "PROGRAM"))
+    };
+    let exists = answer(Some(&user), "tw-secret-tool");
+    let absent = answer(Some(&user), "tw-no-such-tool");
+    assert_ne!(exists.0, 201, "the user cannot run it: {exists:?}");
+    assert_eq!(exists, absent, "one answer whether the file exists or not");
+    assert!(exists.1.contains("not executable"), "EACCES, as the user's shell says: {exists:?}");
+    // Root searches as root: it runs the tool, and an absent one is 'not found'.
+    let (status, v) = answer(None, "tw-no-such-tool");
+    assert!(v.contains("command not found"), "{status} {v}");
+    let (status, v) = answer(None, "tw-secret-tool");
+    assert_eq!(status, 201, "{v}; {}", s.stderr());
+}
