@@ -1254,6 +1254,7 @@ fn teardowns(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()>
             boundary: choice,
             cgroup_root: root,
             busy_timeout: Duration::from_secs(5),
+            ledger_reserve: treewarden::ledger::DEFAULT_RESERVE,
             // The teardown is measured, not the observer's bookkeeping.
             observer: treewarden::config::ObserverMode::Off,
             observer_rcvbuf: 0,

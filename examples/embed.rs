@@ -33,6 +33,7 @@ fn main() -> anyhow::Result<()> {
         boundary,
         cgroup_root: std::env::var_os("TREEWARDEN_CGROUP_ROOT").map(PathBuf::from),
         busy_timeout: Duration::from_secs(2),
+        ledger_reserve: treewarden::ledger::DEFAULT_RESERVE,
         observer: ObserverMode::Off,
         observer_rcvbuf: 0,
     };

@@ -83,6 +83,12 @@ pub struct Cli {
     #[arg(long, global = true, env = "TREEWARDEN_BUSY_TIMEOUT", default_value = "2s", value_parser = parse_duration)]
     busy_timeout: Duration,
 
+    /// Space the ledger keeps allocated for itself (its WAL, preallocated
+    /// at open), so that when something else fills the disk the next kill's
+    /// authorization still commits; 0: none.
+    #[arg(long, global = true, env = "TREEWARDEN_LEDGER_RESERVE", default_value = "8M", value_name = "SIZE", value_parser = parse_size_or_zero)]
+    ledger_reserve: u64,
+
     /// Proc-connector observer beside the scans: auto (where available), on
     /// (required: refuse to start work without it) or off (scans only).
     #[arg(
@@ -277,6 +283,14 @@ enum SealCommand {
 }
 
 /// Parses a duration for clap ([`treewarden::config::parse_duration`]).
+/// A size as `--log-max` takes it, or `0` (none).
+pub fn parse_size_or_zero(s: &str) -> Result<u64, String> {
+    if s.trim() == "0" {
+        return Ok(0);
+    }
+    treewarden::ledger::parse_size(s)
+}
+
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     treewarden::config::parse_duration(s)
 }
@@ -291,6 +305,7 @@ impl Cli {
             boundary: self.boundary,
             cgroup_root: self.cgroup_root.clone(),
             busy_timeout: self.busy_timeout,
+            ledger_reserve: self.ledger_reserve,
             observer: self.observer,
             observer_rcvbuf: self.observer_rcvbuf,
         }

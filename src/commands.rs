@@ -1551,6 +1551,7 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
             busy_timeout: config
                 .busy_timeout
                 .max(treewarden::service::seal::BUSY_TIMEOUT),
+            reserve: config.ledger_reserve,
         },
     )
     .map_err(|e| e.to_string())

@@ -128,6 +128,8 @@ pub struct Config {
     /// How long a ledger write waits for another process's write lock before
     /// it fails. Bounded so a stuck writer elsewhere becomes an error, not a hang.
     pub busy_timeout: Duration,
+    /// Bytes the ledger preallocates for its WAL at open (`--ledger-reserve`).
+    pub ledger_reserve: u64,
     /// Whether owners run the proc-connector observer (`--observer`).
     pub observer: ObserverMode,
     /// The observer socket's receive buffer in bytes (0: the default). Small

@@ -914,11 +914,18 @@ pub(crate) fn recorded_tree(
         boundary: BoundaryChoice::Session,
         cgroup_root: None,
         busy_timeout: busy,
+        ledger_reserve: 0,
         observer: ObserverMode::Off,
         observer_rcvbuf: 0,
     };
-    let ledger = Ledger::open(&config.ledger_path(), LedgerOptions { busy_timeout: busy })
-        .expect("ledger opens");
+    let ledger = Ledger::open(
+        &config.ledger_path(),
+        LedgerOptions {
+            busy_timeout: busy,
+            reserve: 0,
+        },
+    )
+    .expect("ledger opens");
     let owner = ledger
         .register_owner(&OwnerRecord {
             identity: IdentityRecord {

@@ -42,6 +42,7 @@ fn rig(open_reads: bool) -> Rig {
         boundary: BoundaryChoice::Session,
         cgroup_root: None,
         busy_timeout: Duration::from_secs(2),
+        ledger_reserve: 0,
         observer: ObserverMode::Off,
         observer_rcvbuf: 0,
     };
@@ -49,6 +50,7 @@ fn rig(open_reads: bool) -> Rig {
         &config.ledger_path(),
         LedgerOptions {
             busy_timeout: Duration::from_secs(2),
+            ..LedgerOptions::default()
         },
     )
     .expect("ledger");

@@ -6,7 +6,7 @@
 //! `last_seen`, exec refreshes — carry no event).
 
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
@@ -119,9 +119,14 @@ impl Drop for Handle {
 }
 
 /// Opens (creating if needed) and migrates the ledger, then starts its owner thread.
-pub(crate) fn start(path: &Path, busy_timeout: Duration) -> Result<Arc<Handle>, LedgerError> {
+pub(crate) fn start(
+    path: &Path,
+    busy_timeout: Duration,
+    reserve: u64,
+) -> Result<Arc<Handle>, LedgerError> {
     let conn =
         open_connection(path, busy_timeout).map_err(|fail| fail.into_ledger(busy_timeout))?;
+    reserve_wal(&conn, path, reserve);
     let mut store = Store {
         conn,
         busy_timeout,
@@ -279,6 +284,47 @@ fn open_connection(path: &Path, busy_timeout: Duration) -> Result<Connection, Fa
     }
     make_current(&mut conn, path, busy_timeout)?;
     Ok(conn)
+}
+
+/// Preallocates `bytes` for the ledger's WAL (`fallocate` with
+/// `KEEP_SIZE`: blocks allocated past its end, its length unchanged), so
+/// that its next appends need no new blocks: a tree (or anything else)
+/// that fills the filesystem cannot take the room the next kill's
+/// authorization needs (issue 24, finding 3). SQLite never truncates the
+/// WAL here (no `journal_size_limit`, no TRUNCATE checkpoint), so the
+/// room lasts until the last connection closes and removes the WAL; every
+/// open makes it again (a no-op where it is there). Checkpoints that
+/// cannot grow the database file on a full disk leave their frames in the
+/// WAL, which then lives on its reserve.
+///
+/// The WAL is opened by path beside SQLite's own descriptor: SQLite holds
+/// no POSIX lock on the WAL file (its locks are on the database and the
+/// `-shm`), so closing ours drops none of its locks. Best effort: a
+/// filesystem without `fallocate` or without the room is logged, and the
+/// ledger works as before (a full disk then fails its writes closed).
+fn reserve_wal(conn: &Connection, path: &Path, bytes: u64) {
+    if bytes == 0 {
+        return;
+    }
+    // A read makes SQLite open (create) the WAL of a WAL-mode database.
+    if conn
+        .query_row("SELECT count(*) FROM sqlite_master", [], |r| {
+            r.get::<_, i64>(0)
+        })
+        .is_err()
+    {
+        return;
+    }
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    let wal = PathBuf::from(wal);
+    let Ok(file) = std::fs::OpenOptions::new().write(true).open(&wal) else {
+        return;
+    };
+    use rustix::fs::FallocateFlags as F;
+    if let Err(e) = rustix::fs::fallocate(&file, F::KEEP_SIZE, 0, bytes) {
+        tracing::warn!(wal = %wal.display(), bytes, error = %e, "the ledger's reserve could not be allocated; a full disk will fail its writes closed");
+    }
 }
 
 /// How long a first use waits for another process that is creating or
@@ -638,7 +684,7 @@ mod tests {
     fn an_authority_commit_leaves_the_wal_checkpoint_to_the_next_commit() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("ledger.db");
-        let handle = start(&path, Duration::from_secs(5)).expect("ledger");
+        let handle = start(&path, Duration::from_secs(5), 0).expect("ledger");
         let db_size = || std::fs::metadata(&path).expect("ledger file").len();
         let write = |durability: Durability, key: &'static str, bytes: usize| {
             handle
@@ -696,7 +742,7 @@ mod tests {
             conn.pragma_update(None, "user_version", 5)
                 .expect("version");
         }
-        let handle = start(&path, Duration::from_secs(1)).expect("opens");
+        let handle = start(&path, Duration::from_secs(1), 0).expect("opens");
         drop(handle);
         let conn = Connection::open(&path).expect("open");
         let version: i64 = conn
@@ -715,9 +761,27 @@ mod tests {
     }
 
     #[test]
+    fn the_reserve_is_allocated_past_the_wals_end_and_zero_is_none() {
+        use std::os::unix::fs::MetadataExt;
+        let allocated = |reserve: u64| {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let path = dir.path().join("ledger.db");
+            let _handle = start(&path, Duration::from_secs(1), reserve).expect("start");
+            let wal = std::fs::metadata(dir.path().join("ledger.db-wal")).expect("the WAL");
+            (wal.blocks() * 512, wal.len())
+        };
+        let (blocks, len) = allocated(1 << 20);
+        assert!(blocks >= 1 << 20, "1 MiB allocated: {blocks}");
+        assert!(len < 1 << 20, "its length is SQLite's: {len}");
+        let (blocks, _) = allocated(0);
+        assert!(blocks < 1 << 20, "none asked, none made: {blocks}");
+    }
+
+    #[test]
     fn a_panicking_job_does_not_stop_the_ledger_thread() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let handle = start(&dir.path().join("ledger.db"), Duration::from_secs(1)).expect("start");
+        let handle =
+            start(&dir.path().join("ledger.db"), Duration::from_secs(1), 0).expect("start");
         let panicked: Result<(), LedgerError> = handle.call(|_| panic!("a bug in one job"));
         assert!(
             panicked.is_err(),

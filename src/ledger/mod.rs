@@ -108,12 +108,21 @@ pub struct LedgerOptions {
     /// How long a write waits for another connection's write lock before it
     /// fails with [`LedgerError::Busy`].
     pub busy_timeout: Duration,
+    /// Bytes preallocated for the WAL at open (see `db::reserve_wal`): room
+    /// no other writer on the filesystem can take, so authorizations still
+    /// commit on a disk someone else filled. 0: none.
+    pub reserve: u64,
 }
+
+/// The default [`LedgerOptions::reserve`]: about 2,000 WAL pages, hundreds
+/// of teardowns' authorizations.
+pub const DEFAULT_RESERVE: u64 = 8 << 20;
 
 impl Default for LedgerOptions {
     fn default() -> Self {
         Self {
             busy_timeout: Duration::from_secs(2),
+            reserve: DEFAULT_RESERVE,
         }
     }
 }
@@ -122,6 +131,7 @@ impl LedgerOptions {
     pub fn from_config(config: &crate::config::Config) -> Self {
         Self {
             busy_timeout: config.busy_timeout,
+            reserve: config.ledger_reserve,
         }
     }
 }
@@ -144,7 +154,7 @@ impl Ledger {
     /// if needed, in WAL mode with foreign keys on, and applies migrations.
     pub fn open(path: &Path, opts: LedgerOptions) -> Result<Ledger, LedgerError> {
         Ok(Ledger {
-            handle: db::start(path, opts.busy_timeout)?,
+            handle: db::start(path, opts.busy_timeout, opts.reserve)?,
         })
     }
 

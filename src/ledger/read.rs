@@ -688,6 +688,7 @@ mod tests {
             &dir.path().join("ledger.db"),
             LedgerOptions {
                 busy_timeout: Duration::from_secs(2),
+                ..LedgerOptions::default()
             },
         )
         .expect("open");

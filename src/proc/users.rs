@@ -123,7 +123,9 @@ pub fn credentials_of_peer(pid: Option<i32>, uid: u32, gid: u32) -> Result<Crede
         return Err("the requester's process id is unknown (no peer credentials)".into());
     };
     let gone = |what: &str, e: procfs::ProcError| {
-        format!("cannot read the requester's {what} (pid {pid}): {e}; connect from the process that asks")
+        format!(
+            "cannot read the requester's {what} (pid {pid}): {e}; connect from the process that asks"
+        )
     };
     let process = procfs::process::Process::new(pid).map_err(|e| gone("process", e))?;
     let status = process.status().map_err(|e| gone("status", e))?;

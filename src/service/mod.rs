@@ -41,6 +41,7 @@
 //! this process (a per-tree lock).
 
 mod export;
+mod logcap;
 pub mod metrics;
 pub mod retain;
 pub mod seal;
@@ -249,6 +250,9 @@ pub struct Service {
     sweeps: Arc<SweepProgress>,
     /// Set when the shutdown starts: sweeps start no further teardown.
     sweep_stop: Arc<AtomicBool>,
+    /// Caps captured logs as they are written (started with the scan loop,
+    /// stopped when the service is dropped).
+    log_cap: Mutex<Option<logcap::LogCap>>,
     /// The start-up recovery sweep: running from construction until it ends.
     recovery: Mutex<RecoveryState>,
     /// Whether [`Service::start`] ran (it runs once: `run` calls it).
@@ -364,6 +368,7 @@ impl Service {
             force_full,
             sweeps: Arc::new(SweepProgress::default()),
             sweep_stop: Arc::new(AtomicBool::new(false)),
+            log_cap: Mutex::new(None),
             recovery: Mutex::new(RecoveryState {
                 running: true,
                 took: None,
@@ -959,6 +964,12 @@ impl Service {
                 }
             }
         }
+        let log_cap =
+            logcap::LogCap::start(&self.engine.data_dir().join("logs"), self.config.log_max);
+        *self
+            .log_cap
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = log_cap;
         let this = self.clone();
         self.tasks.spawn(async move { this.scan_loop().await });
         // Recovery, then the periodic sweeps: one sweep at a time.

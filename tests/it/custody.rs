@@ -789,8 +789,9 @@ fn authorization_write_failing_on_a_full_disk_skips_the_kill_until_space_returns
         skip("mount -t tmpfs failed");
         return;
     };
+    // Without the ledger's reserve: the write fails, and fails closed.
     let mut run = env.spawn_run(
-        &["--grace", "100ms", "--quiet"],
+        &["--grace", "100ms", "--quiet", "--ledger-reserve", "0"],
         "trap '' TERM; sleep 600 & wait",
     );
     assert!(env.wait_marked(2), "{:?}", env.marked());
@@ -808,6 +809,53 @@ fn authorization_write_failing_on_a_full_disk_skips_the_kill_until_space_returns
 
     std::fs::remove_file(&filler).expect("free space");
     assert_settled_by_sweep(&env, "full disk");
+    let out = env.output(&["verify"]);
+    assert!(
+        out.status.success(),
+        "verify: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// Issue 24, finding 3: whatever fills the disk (a tree's log, a tree's
+/// files, anyone's), the ledger keeps its reserve (its WAL preallocated at
+/// open, room no other writer can take), so the kill's authorization
+/// commits and the teardown completes instead of failing closed. Ground
+/// truth: the marked survivors are gone, and the filler really left no
+/// byte free.
+#[test]
+fn on_a_disk_filled_by_another_writer_the_ledgers_reserve_still_authorizes_the_kill() {
+    if !is_root() {
+        skip("a full disk needs a tmpfs mount, which needs root");
+        return;
+    }
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    let Some(_fs) = Tmpfs::mount(&env.data_dir(), "24m") else {
+        skip("mount -t tmpfs failed");
+        return;
+    };
+    let mut run = env.spawn_run(
+        &["--grace", "100ms", "--quiet"],
+        "trap '' TERM; sleep 600 & wait",
+    );
+    assert!(env.wait_marked(2), "{:?}", env.marked());
+    let filler = env.data_dir().join("filler");
+    let _ = Command::new("dd")
+        .args(["if=/dev/zero", "bs=4k"])
+        .arg(format!("of={}", filler.display()))
+        .stderr(Stdio::null())
+        .status();
+    let free = rustix::fs::statvfs(env.data_dir()).expect("statvfs");
+    assert_eq!(free.f_bavail, 0, "the disk is full");
+    signal(run.id(), rustix::process::Signal::TERM);
+    let status = wait_child(&mut run, Duration::from_secs(60)).expect("run exits");
+    let err = env.stderr_of(&run);
+    assert_ne!(status.code(), Some(125), "not failed closed: {err}");
+    assert!(env.wait_none_marked(), "{:?}", env.marked());
+    assert!(env.assert_kills_authorized() > 0, "no authorized SIGKILL");
+    std::fs::remove_file(&filler).expect("free space");
     let out = env.output(&["verify"]);
     assert!(
         out.status.success(),

@@ -802,3 +802,45 @@ fn one_principal_holds_at_most_its_cap_of_live_trees() {
     let (status, v) = post(&spawn, "/api/trees", Some(&body));
     assert_eq!(status, 201, "one ended, one more: {v}");
 }
+
+/// Finding 3: `--log-max` was enforced once a tick, so a 3-second `yes`
+/// wrote 1.9 GB into the data dir before it was cut. Now the logs are
+/// capped as they are written (inotify on the logs directory): sampled as
+/// the tree writes, the log never holds more than a small multiple of
+/// its cap, while the writer's own output (measured by `wc -c` on a tee)
+/// is far past it.
+#[test]
+fn a_fast_writers_log_is_capped_as_it_writes_not_once_a_tick() {
+    use std::os::unix::fs::MetadataExt;
+    // The default tick (1 s), so the tick cap alone would show.
+    let s = Server::start(&["--log-max", "1M", "--scan-interval", "1s"]);
+    let count = s.data_dir().join("written");
+    let script = format!(
+        "yes tw-log-writer | head -c 400000000 | tee /dev/stderr | wc -c > {}",
+        count.display()
+    );
+    let (status, v) = s.post("/api/trees", Some(&s.body(&script)));
+    assert_eq!(status, 201, "{v}");
+    let id = v["id"].as_i64().expect("id");
+    let log = s.data_dir().join("logs").join(format!("tree-{id}.log"));
+    let mut most = 0u64;
+    let done = wait_until(Duration::from_secs(60), || {
+        if let Ok(m) = std::fs::metadata(&log) {
+            most = most.max(m.blocks() * 512);
+        }
+        std::fs::read_to_string(&count).is_ok_and(|c| !c.trim().is_empty())
+    });
+    assert!(done, "the writer finished");
+    let written: u64 = std::fs::read_to_string(&count)
+        .expect("count")
+        .trim()
+        .parse()
+        .expect("a number");
+    assert_eq!(written, 400_000_000, "the workload's own count");
+    // A tick's worth at this speed was hundreds of MB; inotify holds it to
+    // what the writer writes between two rounds of capping.
+    assert!(
+        most < 96 << 20,
+        "the log held {most} bytes at most, cap 1 MiB (written: {written})"
+    );
+}

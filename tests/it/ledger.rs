@@ -26,7 +26,10 @@ const HARNESS_COUNT: &str = "TREEWARDEN_TEST_HARNESS_COUNT";
 const STARTED: &str = "HARNESS STARTED";
 
 fn opts(busy: Duration) -> LedgerOptions {
-    LedgerOptions { busy_timeout: busy }
+    LedgerOptions {
+        busy_timeout: busy,
+        ..LedgerOptions::default()
+    }
 }
 
 fn fresh() -> (tempfile::TempDir, PathBuf, Ledger) {

@@ -959,18 +959,24 @@ fn a_users_tree_gets_its_requesters_limits_and_v1_cgroups() {
         "echo \"nofile $(ulimit -Sn) $(ulimit -Hn)\"; grep ':pids:' /proc/self/cgroup || echo 'no v1 pids'; \
          n=0; while [ $n -lt 40 ]; do sleep 300 & n=$((n+1)); echo \"started $n\"; done; exec sleep 300",
     );
-    let procs = v1
-        .0
-        .as_ref()
-        .map(|d| d.join("cgroup.procs").display().to_string())
-        .unwrap_or_else(|| "/dev/null".into());
+    let procs =
+        v1.0.as_ref()
+            .map(|d| d.join("cgroup.procs").display().to_string())
+            .unwrap_or_else(|| "/dev/null".into());
     let out = Command::new("sh")
         .args(["-c", "echo $$ > \"$1\"; shift; exec \"$@\"", "sh", &procs])
         .args(["prlimit", "--nofile=64:64", "--"])
         .arg("setpriv")
         .arg(format!("--reuid={}", user.uid))
         .arg(format!("--regid={}", user.gid))
-        .args(["--clear-groups", "curl", "-sS", "--max-time", "60", "--unix-socket"])
+        .args([
+            "--clear-groups",
+            "curl",
+            "-sS",
+            "--max-time",
+            "60",
+            "--unix-socket",
+        ])
         .arg(&sock)
         .args(["-X", "POST", "-H", "content-type: application/json", "-d"])
         .arg(body.to_string())
@@ -985,7 +991,9 @@ fn a_users_tree_gets_its_requesters_limits_and_v1_cgroups() {
             String::from_utf8_lossy(&out.stderr)
         )
     });
-    let id = v["id"].as_i64().unwrap_or_else(|| panic!("{v}; {}", s.stderr()));
+    let id = v["id"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("{v}; {}", s.stderr()));
     let log_path = format!("/api/trees/{id}/log");
     let log = || {
         curl(&sock, None, "GET", &log_path, None)
@@ -1067,7 +1075,10 @@ fn a_users_program_is_searched_as_that_user_with_one_answer_for_closed_dirs() {
     let absent = answer(Some(&user), "tw-no-such-tool");
     assert_ne!(exists.0, 201, "the user cannot run it: {exists:?}");
     assert_eq!(exists, absent, "one answer whether the file exists or not");
-    assert!(exists.1.contains("not executable"), "EACCES, as the user's shell says: {exists:?}");
+    assert!(
+        exists.1.contains("not executable"),
+        "EACCES, as the user's shell says: {exists:?}"
+    );
     // Root searches as root: it runs the tool, and an absent one is 'not found'.
     let (status, v) = answer(None, "tw-no-such-tool");
     assert!(v.contains("command not found"), "{status} {v}");
