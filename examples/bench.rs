@@ -485,6 +485,17 @@ fn spawn(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()> {
         Ok(d)
     };
     let (mut ours, mut floor) = (Vec::new(), Vec::new());
+    // The spawn floor (issue 30), interleaved with the runs: mkdir a
+    // cgroup, fdatasync, clone3 into it, exec `true`, wait, fdatasync,
+    // rmdir (src/proc/floor.rs: raw syscalls, none of the custody code).
+    // Only where a cgroup can be made.
+    let mut spawn_floor = Vec::new();
+    let truth = ["/usr/bin/true", "/bin/true"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+        .ok_or_else(|| anyhow::anyhow!("no true(1)"))?;
+    let journal = dir.join("spawn-floor.journal");
     // One ledger for every run, created by an untimed first run: the
     // realistic case is a host whose ledger exists (its creation, the
     // schema's migrations and their fsyncs, happens once per host).
@@ -505,12 +516,20 @@ fn spawn(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()> {
         }
         ours.push(took);
         floor.push(run(Command::new("sh").args(["-c", "true"]))?);
+        if let Some(root) = &cgroup_root {
+            let cg = root.0.join(format!("floor-{n}"));
+            let t = Instant::now();
+            let status = treewarden::proc::floor::spawn_floor(&cg, &truth, &journal)?;
+            spawn_floor.push(t.elapsed());
+            anyhow::ensure!(status == 0, "spawn floor: true exited {status}");
+        }
     }
     let boundary = if cgroup_root.is_some() {
         "cgroup"
     } else {
         "session"
     };
+    let ours_again = ours.clone();
     rows.push(Row {
         item: "4".into(),
         what: format!("`treewarden run -- true` end to end ({boundary}, ledger exists)"),
@@ -521,6 +540,17 @@ fn spawn(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()> {
         // Issue 13's target (was +30 ms).
         target: Target::OverheadMs(5.0),
     });
+    if !spawn_floor.is_empty() {
+        rows.push(Row {
+            item: "30".into(),
+            what: "`treewarden run -- true` end to end (cgroup, ledger exists)".into(),
+            ours: stats(ours_again),
+            floor_name: "spawn floor".into(),
+            floor: stats(spawn_floor),
+            by_p99: false,
+            target: Target::Ratio(1.25),
+        });
+    }
     Ok(())
 }
 
@@ -1047,15 +1077,24 @@ fn tree_argv(n: usize) -> Vec<OsString> {
 /// Live (non-zombie) processes whose process group is `pgid`: a walk of
 /// `/proc/<pid>/stat` (the state and pgid follow the last ')').
 fn live_in_group(pgid: i32) -> usize {
+    pids_in_group(pgid).len()
+}
+
+/// The pids of [`live_in_group`].
+fn pids_in_group(pgid: i32) -> Vec<i32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
-        return 0;
+        return Vec::new();
     };
-    let mut n = 0;
+    let mut pids = Vec::new();
     for entry in dir.flatten() {
         let name = entry.file_name();
-        if !name.to_str().is_some_and(is_pid) {
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| is_pid(n))
+            .and_then(|n| n.parse().ok())
+        else {
             continue;
-        }
+        };
         let Ok(stat) = std::fs::read(entry.path().join("stat")) else {
             continue;
         };
@@ -1072,10 +1111,10 @@ fn live_in_group(pgid: i32) -> usize {
             .and_then(|f| std::str::from_utf8(f).ok())
             .and_then(|f| f.parse::<i32>().ok());
         if group == Some(pgid) && !matches!(state, Some(b'Z' | b'X')) {
-            n += 1;
+            pids.push(pid);
         }
     }
-    n
+    pids
 }
 
 fn populated(cgroup: &Path) -> bool {
@@ -1207,6 +1246,73 @@ impl Bench {
         Ok((verified, d))
     }
 
+    /// The evidence floor (issue 30): the least work the mission's rules
+    /// need for the same tree, in the plainest code, none of treewarden's:
+    /// stop the tree (cgroup boundary: `cgroup.freeze` and wait for
+    /// `frozen 1`; session: `killpg(SIGSTOP)`), list its members
+    /// (`cgroup.procs`; session: a `/proc` walk by pgid), read each member's
+    /// `stat` and `cmdline`, write a snapshot of them to a file with one
+    /// `fdatasync`, kill (`cgroup.kill`; `killpg(SIGKILL)`), wait until the
+    /// tree is empty. It is a floor for the teardown at grace 0: a SIGTERM
+    /// round and the ledger's structure are not in it.
+    fn evidence_floor(&self, n: usize, file: &Path) -> anyhow::Result<Duration> {
+        use std::io::Write as _;
+        let spawned = self.tree(n)?;
+        let pgid = rustix::process::Pid::from_raw(spawned.pgid)
+            .ok_or_else(|| anyhow::anyhow!("bad pgid"))?;
+        let t = Instant::now();
+        let pids: Vec<i32> = match &spawned.cgroup {
+            Some(dir) => {
+                std::fs::write(dir.join("cgroup.freeze"), "1")?;
+                let frozen = wait_until(Duration::from_secs(30), FLOOR_POLL, || {
+                    std::fs::read_to_string(dir.join("cgroup.events"))
+                        .is_ok_and(|t| t.lines().any(|l| l == "frozen 1"))
+                });
+                anyhow::ensure!(frozen, "evidence floor: {n} never froze");
+                std::fs::read_to_string(dir.join("cgroup.procs"))?
+                    .lines()
+                    .filter_map(|l| l.parse().ok())
+                    .collect()
+            }
+            None => {
+                rustix::process::kill_process_group(pgid, rustix::process::Signal::STOP)?;
+                pids_in_group(spawned.pgid)
+            }
+        };
+        let mut snapshot = Vec::with_capacity(pids.len() * 256);
+        for pid in &pids {
+            snapshot.extend(std::fs::read(format!("/proc/{pid}/stat")).unwrap_or_default());
+            snapshot.extend(std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default());
+            snapshot.push(b'\n');
+        }
+        let mut f = std::fs::File::create(file)?;
+        f.write_all(&snapshot)?;
+        f.sync_data()?;
+        let gone = match &spawned.cgroup {
+            Some(dir) => {
+                std::fs::write(dir.join("cgroup.kill"), "1")?;
+                wait_until(Duration::from_secs(30), FLOOR_POLL, || !populated(dir))
+            }
+            None => {
+                rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL)?;
+                wait_until(Duration::from_secs(30), FLOOR_POLL, || {
+                    live_in_group(spawned.pgid) == 0
+                })
+            }
+        };
+        let d = t.elapsed();
+        anyhow::ensure!(gone, "evidence floor of {n} did not finish");
+        anyhow::ensure!(pids.len() >= n, "evidence floor saw {} of {n}", pids.len());
+        let _ =
+            self.engine
+                .ledger()
+                .end_tree(spawned.tree, treewarden::ledger::TreeState::Ended, None);
+        if let Some(dir) = &spawned.cgroup {
+            let _ = treewarden::proc::remove_cgroup_when_empty(dir, Duration::from_secs(5));
+        }
+        Ok(d)
+    }
+
     /// The floor: the kernel's own kill of the same tree, waited for.
     fn floor(&self, n: usize) -> anyhow::Result<Duration> {
         let spawned = self.tree(n)?;
@@ -1274,11 +1380,14 @@ fn teardowns(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()>
             };
             eprintln!("bench: teardown of {n} processes on the {name} boundary x{reps}");
             let (mut ours, mut total, mut floor) = (Vec::new(), Vec::new(), Vec::new());
+            let mut evidence = Vec::new();
+            let snapshot_file = dir.join(format!("evidence-floor-{name}"));
             for _ in 0..reps {
                 let (verified, returned) = bench.teardown(n)?;
                 ours.push(verified);
                 total.push(returned);
                 floor.push(bench.floor(n)?);
+                evidence.push(bench.evidence_floor(n, &snapshot_file)?);
             }
             let (floor_name, target) = if name == "cgroup" {
                 ("cgroup.kill + wait populated 0", 1.5)
@@ -1286,6 +1395,15 @@ fn teardowns(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()>
                 ("killpg(SIGKILL) + wait no live member", 1.5)
             };
             let floor = stats(floor);
+            rows.push(Row {
+                item: "30".into(),
+                what: format!("teardown, {n} processes, {name}, grace 0, call → verified empty"),
+                ours: stats(ours.clone()),
+                floor_name: format!("evidence floor, {name}"),
+                floor: stats(evidence),
+                by_p99: false,
+                target: Target::Ratio(1.25),
+            });
             rows.push(Row {
                 item: if n == 1000 { "2" } else { "6" }.into(),
                 what: format!("teardown, {n} processes, {name}, grace 0, call → verified empty"),
@@ -1359,6 +1477,16 @@ fn scaling(rows: &[Row]) {
         ("scan + classify (host processes)", "scan", "raw"),
         ("teardown, cgroup (tree size)", "teardown", "cgroup.kill"),
         ("teardown, session (tree size)", "teardown", "killpg"),
+        (
+            "teardown vs evidence floor, cgroup (tree size)",
+            "teardown",
+            "evidence floor, cgroup",
+        ),
+        (
+            "teardown vs evidence floor, session (tree size)",
+            "teardown",
+            "evidence floor, session",
+        ),
         (
             "recovery, start → last orphan gone (orphans)",
             "recovery",

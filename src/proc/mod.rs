@@ -27,6 +27,8 @@ pub mod boundary;
 pub mod connector;
 pub mod delegation;
 pub mod fds;
+#[doc(hidden)]
+pub mod floor;
 pub mod held;
 pub mod identity;
 mod limits;

@@ -93,7 +93,15 @@ fn out_of_descriptors_a_timed_out_tree_is_never_recorded_ended_while_alive() {
         open_fds(pid)
     ));
     let gone = wait_until(Duration::from_secs(40), || s.marked().is_empty());
-    let events = tree_events(&s, tree);
+    // The end is recorded after the verifying scan, a moment after the
+    // last survivor is gone (longer under load): wait for it, bounded.
+    let mut events = tree_events(&s, tree);
+    if gone {
+        wait_until(Duration::from_secs(20), || {
+            events = tree_events(&s, tree);
+            events.iter().any(|e| e["kind"] == "tree.ended")
+        });
+    }
     let kinds: Vec<&str> = events.iter().filter_map(|e| e["kind"].as_str()).collect();
     if kinds.contains(&"tree.ended") {
         assert!(
@@ -837,10 +845,12 @@ fn a_fast_writers_log_is_capped_as_it_writes_not_once_a_tick() {
         .parse()
         .expect("a number");
     assert_eq!(written, 400_000_000, "the workload's own count");
-    // A tick's worth at this speed was hundreds of MB; inotify holds it to
-    // what the writer writes between two rounds of capping.
+    // The tick alone let the log reach nearly all of it (394 MB measured);
+    // inotify holds it to what the writer writes between two rounds of
+    // capping: 24 MB on a quiet machine, 149 MB measured under the whole
+    // suite's load on two cores (the capping thread waits for a core).
     assert!(
-        most < 96 << 20,
+        most < 200 << 20,
         "the log held {most} bytes at most, cap 1 MiB (written: {written})"
     );
 }
