@@ -79,6 +79,8 @@ struct Plan {
     /// Ledger scale (issue 15): sizes in events, members per tree,
     /// requests per page, trees for the growth measurement.
     scale_sizes: Vec<usize>,
+    /// Live trees of 5 processes under one serve (issue 30: 2,000).
+    live_trees: usize,
     scale_members: usize,
     scale_reps: usize,
     scale_growth_trees: usize,
@@ -127,6 +129,7 @@ impl Plan {
                 idle_settle: Duration::from_millis(500),
                 idle_window: Duration::from_secs(2),
                 scale_sizes: vec![1_000, 5_000],
+                live_trees: 50,
                 scale_members: 5,
                 scale_reps: 3,
                 scale_growth_trees: 20,
@@ -150,6 +153,7 @@ impl Plan {
                 idle_settle: Duration::from_secs(15),
                 idle_window: Duration::from_secs(30),
                 scale_sizes: vec![10_000, 100_000, 1_000_000],
+                live_trees: 2_000,
                 scale_members: 20,
                 scale_reps: 30,
                 scale_growth_trees: 1_000,
@@ -300,8 +304,17 @@ fn main() -> anyhow::Result<()> {
     } else {
         None
     };
+    let live = if plan.runs("live") {
+        Some(live_trees(&plan, work.path())?)
+    } else {
+        None
+    };
 
     print_table(&rows, idle.as_deref());
+    if let Some(line) = live {
+        println!();
+        println!("{line}");
+    }
     scaling(&rows);
     for line in scale {
         println!("{line}");
@@ -682,6 +695,124 @@ fn idle_service(plan: &Plan, dir: &Path) -> anyhow::Result<String> {
         "| 5 | idle service: serve, 5 trees, +{} processes, {:.0} s | — | {cpu_pct:.2} % core, RSS {rss:.1} MiB (peak {hwm:.1}) | | | | | | ≤ 0.5 % core, ≤ 20 MiB | {} |",
         plan.idle_extra,
         wall.as_secs_f64(),
+        if ok { "yes" } else { "NO" }
+    ))
+}
+
+// --------------------------------------------------------------- live trees
+
+/// Issue 30: one `serve` holding `plan.live_trees` live trees of 5
+/// processes each (spawned through the API as the admin token, so no
+/// per-user cap): while they live, its CPU (% of a core) over the idle
+/// window, RSS, open descriptors, `/healthz` p99 (200 requests) and spawn
+/// p99 (50 more trees); then SIGTERM and the time until serve has exited
+/// and no process of any tree is left. Targets: ≤ 1 % core, ≤ 100 MiB,
+/// healthz p99 ≤ 10 ms, descriptors not one per tree.
+fn live_trees(plan: &Plan, dir: &Path) -> anyhow::Result<String> {
+    let bin = treewarden_bin()?;
+    let data = dir.join("live-data");
+    let ready = dir.join("live.ready");
+    let cgroup = BenchCgroup::create("live");
+    let mark = format!("live-{}", std::process::id());
+    let _marked = Marked(mark.clone());
+    let mut serve = start_serve(&bin, &data, &ready, cgroup.as_ref())?;
+    let pid = serve.0.id();
+    let (_, addr) = until_healthy(&ready, Instant::now())?;
+    let token = std::fs::read_to_string(data.join("api-token"))?;
+    let http = reqwest::blocking::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(30))
+        .build()?;
+    let body = serde_json::json!({
+        "argv": ["sh", "-c", "sleep 3600 & sleep 3600 & sleep 3600 & sleep 3600 & exec sleep 3600"],
+        "env": {"TW_BENCH_MARK": mark},
+        "label": "bench-live",
+    });
+    let spawn_one = || -> anyhow::Result<Duration> {
+        let t = Instant::now();
+        let resp = http
+            .post(format!("http://{addr}/api/trees"))
+            .bearer_auth(token.trim())
+            .json(&body)
+            .send()?;
+        anyhow::ensure!(resp.status().is_success(), "spawn: {}", resp.status());
+        Ok(t.elapsed())
+    };
+    let n = plan.live_trees;
+    eprintln!("bench: {n} live trees of 5 processes under one serve");
+    let t = Instant::now();
+    for _ in 0..n {
+        spawn_one()?;
+    }
+    let all = n * 5;
+    let up = wait_until(Duration::from_secs(120), Duration::from_millis(100), || {
+        marked(&mark).len() >= all
+    });
+    anyhow::ensure!(up, "{all} processes did not start");
+    eprintln!(
+        "bench:   {n} trees spawned and running in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    std::thread::sleep(plan.idle_settle);
+    let hz = rustix::param::clock_ticks_per_second() as f64;
+    let (t0, c0) = (Instant::now(), cpu_ticks(pid)?);
+    std::thread::sleep(plan.idle_window);
+    let (wall, c1) = (t0.elapsed(), cpu_ticks(pid)?);
+    let cpu_pct = (c1 - c0) as f64 / hz / wall.as_secs_f64() * 100.0;
+    let rss = status_kib(pid, "VmRSS")? as f64 / 1024.0;
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))?.count();
+    let mut healthz = Vec::new();
+    for _ in 0..200 {
+        let t = Instant::now();
+        let ok = http
+            .get(format!("http://{addr}/healthz"))
+            .send()
+            .is_ok_and(|r| r.status().is_success());
+        anyhow::ensure!(ok, "/healthz failed");
+        healthz.push(t.elapsed());
+    }
+    let mut spawns = Vec::new();
+    for _ in 0..50 {
+        spawns.push(spawn_one()?);
+    }
+    let (healthz, spawns) = (stats(healthz), stats(spawns));
+    let total = all + 50 * 5;
+    wait_until(Duration::from_secs(60), Duration::from_millis(100), || {
+        marked(&mark).len() >= total
+    });
+    // Shutdown: serve ends every tree it owns, then exits.
+    let t = Instant::now();
+    if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
+        rustix::process::kill_process(p, rustix::process::Signal::TERM)?;
+    }
+    let exited = wait_until(Duration::from_secs(300), Duration::from_millis(20), || {
+        matches!(serve.0.try_wait(), Ok(Some(_)))
+    });
+    let down = t.elapsed();
+    let gone = wait_until(Duration::from_secs(60), Duration::from_millis(20), || {
+        marked(&mark).is_empty()
+    });
+    let cleared = t.elapsed();
+    anyhow::ensure!(
+        exited && gone,
+        "shutdown: serve exited {exited}, trees gone {gone}"
+    );
+    eprintln!(
+        "bench:   serve with {} live trees: {cpu_pct:.2} % core over {:.1} s, RSS {rss:.1} MiB, {fds} fds; healthz p99 {} ms, spawn p99 {} ms; SIGTERM → exit {} ms, → no process left {} ms",
+        n + 50,
+        wall.as_secs_f64(),
+        ms(healthz.p99),
+        ms(spawns.p99),
+        ms(down),
+        ms(cleared)
+    );
+    let ok = cpu_pct <= 1.0 && rss <= 100.0 && healthz.p99 <= Duration::from_millis(10) && fds < n;
+    Ok(format!(
+        "| 30 | live trees: serve with {n} trees × 5 processes | {cpu_pct:.2} % core idle, RSS {rss:.1} MiB, {fds} fds, healthz p99 {} ms, spawn p99 {} ms, SIGTERM → all {} trees gone {:.2} s | ≤ 1 % core, ≤ 100 MiB, healthz p99 ≤ 10 ms, fds < trees | {} |",
+        ms(healthz.p99),
+        ms(spawns.p99),
+        n + 50,
+        cleared.as_secs_f64(),
         if ok { "yes" } else { "NO" }
     ))
 }
