@@ -38,6 +38,11 @@ pub struct ProcEntry {
     pub comm: String,
     /// Resident set size in bytes.
     pub rss_bytes: u64,
+    /// Where the stack starts (`startstack`, field 28): drawn anew by each
+    /// exec under ASLR, so with `comm` it tells an exec that kept the name
+    /// (`sh` exec'ing `sh -c …`). 0 where the kernel hides it (a process
+    /// the reader may not ptrace).
+    pub start_stack: u64,
 }
 
 impl ProcEntry {
@@ -426,6 +431,8 @@ pub fn parse_stat(buf: &[u8], page_size: u64) -> Option<ProcEntry> {
     let sid = ascii_num::<i32>(fields.next()?)?;
     let start_ticks = ascii_num::<u64>(fields.nth(15)?)?;
     let rss_pages = ascii_num::<i64>(fields.nth(1)?)?;
+    // rsslim, startcode, endcode, startstack.
+    let start_stack = fields.nth(3).and_then(ascii_num::<u64>).unwrap_or(0);
     Some(ProcEntry {
         pid,
         ppid,
@@ -437,6 +444,7 @@ pub fn parse_stat(buf: &[u8], page_size: u64) -> Option<ProcEntry> {
         rss_bytes: u64::try_from(rss_pages)
             .unwrap_or(0)
             .saturating_mul(page_size),
+        start_stack,
     })
 }
 
@@ -886,6 +894,7 @@ mod tests {
             state: 'S',
             comm: format!("p{pid}"),
             rss_bytes: 0,
+            start_stack: 0,
         }
     }
 
@@ -1156,6 +1165,7 @@ mod tests {
             state: stat.state,
             comm: stat.comm,
             rss_bytes: stat.rss.saturating_mul(page),
+            start_stack: stat.startstack,
         })
     }
 
@@ -1369,6 +1379,7 @@ mod tests {
                     state: if zombie { 'Z' } else { 'S' },
                     comm: String::new(),
                     rss_bytes: 0,
+                    start_stack: 0,
                 })
         }
 

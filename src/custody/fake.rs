@@ -49,6 +49,8 @@ pub(crate) struct FakeProc {
     /// `S` running, `T` stopped, `Z` zombie, `D` uninterruptible.
     pub state: char,
     pub comm: String,
+    /// The stack's address as `stat` shows it: each exec draws a new one.
+    pub start_stack: u64,
     pub argv: Vec<String>,
     pub cgroup: Option<PathBuf>,
     /// SIGTERM (and the other first signals) do nothing.
@@ -228,6 +230,7 @@ impl World {
         let p = self.procs.get_mut(&pid).expect("exec'ing process exists");
         p.argv = argv.iter().map(|a| a.to_string()).collect();
         p.comm = argv.first().map(|a| a.to_string()).unwrap_or_default();
+        p.start_stack = p.start_stack.wrapping_add(0x1000);
     }
 
     /// Whether the process can run code now (not stopped, frozen or dead).
@@ -396,6 +399,7 @@ pub(crate) fn member(pid: i32, ppid: i32, pgid: i32, cgroup: Option<&Path>) -> F
         start_ticks: 0,
         state: 'S',
         comm: "worker".into(),
+        start_stack: 0x7ff0_0000,
         argv: vec!["worker".into(), "--fake".into()],
         cgroup: cgroup.map(Path::to_path_buf),
         ignores_term: false,
@@ -511,6 +515,7 @@ fn entry(p: &FakeProc) -> ProcEntry {
         state: p.state,
         comm: p.comm.clone(),
         rss_bytes: 4096,
+        start_stack: p.start_stack,
     }
 }
 

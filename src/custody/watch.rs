@@ -83,9 +83,11 @@ pub struct TreeWatch {
     /// When `last_seen` of known members was last bumped (coarse, see
     /// [`LAST_SEEN_EVERY`]), on the host's clock ([`Host::now`]).
     last_bump: Option<Instant>,
-    /// The `comm` each member had when last seen: a change means it exec'd,
-    /// and its recorded command line is refreshed.
-    comms: HashMap<ProcKey, String>,
+    /// The `comm` and stack address each member had when last seen: a
+    /// change of either means it exec'd (the address, under ASLR, also when
+    /// the name stayed: `sh` exec'ing `sh`), and its recorded command line
+    /// is refreshed.
+    comms: HashMap<ProcKey, (String, u64)>,
     /// While set (a teardown past its kill authorization), exits found by a
     /// tick are kept here instead of written at once; the teardown writes
     /// them in one go after verifying the tree empty
@@ -743,9 +745,10 @@ impl TreeWatch {
             // The comm is stored once per member and replaced only when it
             // changes (an exec): this runs for every member on every tick.
             match self.comms.get_mut(&key) {
-                Some(before) if *before == m.entry.comm => {}
-                Some(before) => {
-                    before.clone_from(&m.entry.comm);
+                Some((comm, stack)) if *comm == m.entry.comm && *stack == m.entry.start_stack => {}
+                Some((comm, stack)) => {
+                    comm.clone_from(&m.entry.comm);
+                    *stack = m.entry.start_stack;
                     if details.is_none() {
                         let d = engine.host().details(m.entry.pid);
                         execd.push(MemberRecord {
@@ -756,7 +759,8 @@ impl TreeWatch {
                     }
                 }
                 None => {
-                    self.comms.insert(key, m.entry.comm.clone());
+                    self.comms
+                        .insert(key, (m.entry.comm.clone(), m.entry.start_stack));
                 }
             }
             sightings.push(record);

@@ -223,6 +223,21 @@ fn a_member_that_execs_between_ticks_has_its_row_refreshed_to_the_new_program() 
 }
 
 #[test]
+fn a_member_that_execs_a_program_of_the_same_name_is_noticed_by_its_new_stack() {
+    // `sh` exec'ing `sh -c …` keeps its comm: the stack address, which
+    // every exec draws anew, is what changed (a fidelity run under load
+    // recorded such a member with its parent's command line).
+    let rig = rig(false, false);
+    let child = rig.host.world().fork(rig.root.0).expect("the root runs");
+    let mut watch = rig.watch();
+    watch.tick(&rig.engine, &no_exits());
+    rig.host.world().exec(child.0, &["worker", "-c", "exit 7"]);
+    watch.tick(&rig.engine, &no_exits());
+    assert_eq!(rig.row(child.0).cmdline, ["worker", "-c", "exit 7"]);
+    assert_eq!(rig.events("member.exec").len(), 1);
+}
+
+#[test]
 fn a_known_member_costs_no_details_read_until_it_execs() {
     // The details (exe, argv, cwd, uid, cgroup) cost several reads per
     // process: a tick reads them at a first sighting and after an exec

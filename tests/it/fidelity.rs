@@ -171,13 +171,20 @@ fn the_record_matches_what_the_workload_knows_on_both_boundaries() {
 
 #[test]
 fn a_member_that_execs_later_gets_a_member_exec_event() {
-    for observer in ["auto", "off"] {
+    // The third: `sh` exec'ing `sh` keeps the comm; with the observer off
+    // only the scan's stack-address check can notice it.
+    let same_name = json!(["sh", "-c", "sleep 305; :", "tw-same-name"]);
+    for (observer, program, expect) in [
+        ("auto", "sleep 305", json!(["sleep", "305"])),
+        ("off", "sleep 305", json!(["sleep", "305"])),
+        ("off", "sh -c 'sleep 305; :' tw-same-name", same_name),
+    ] {
         let Some(env) = Env::new("session") else {
             return;
         };
         let mut run = env.spawn_run(
             &["--quiet", "--scan-interval", "50ms", "--observer", observer],
-            "(echo \"sub $(exec sh -c 'echo $PPID')\" >> truth; while [ ! -e go ]; do sleep 0.01; done; exec sleep 305) & wait",
+            &format!("(echo \"sub $(exec sh -c 'echo $PPID')\" >> truth; while [ ! -e go ]; do sleep 0.01; done; exec {program}) & wait"),
         );
         assert!(wait_until(Duration::from_secs(20), || truth(
             env.dir.path()
@@ -195,7 +202,7 @@ fn a_member_that_execs_later_gets_a_member_exec_event() {
         assert!(
             wait_until(
                 Duration::from_secs(10),
-                || member(&env.show(1), sub)["cmdline"] == json!(["sleep", "305"])
+                || member(&env.show(1), sub)["cmdline"] == expect
             ),
             "[{observer}] row after exec: {}",
             member(&env.show(1), sub)
@@ -207,11 +214,7 @@ fn a_member_that_execs_later_gets_a_member_exec_event() {
                 e["kind"] == "member.exec" && e["data"]["identity"]["pid"].as_i64() == Some(sub)
             })
             .unwrap_or(Value::Null);
-        assert_eq!(
-            exec["data"]["to"]["argv"],
-            json!(["sleep", "305"]),
-            "[{observer}] {exec}"
-        );
+        assert_eq!(exec["data"]["to"]["argv"], expect, "[{observer}] {exec}");
         assert_eq!(exec["data"]["from"]["argv"][0], "sh", "[{observer}] {exec}");
         signal(run.id(), rustix::process::Signal::TERM);
         wait_child(&mut run, Duration::from_secs(20)).expect("run exits");
