@@ -11,6 +11,10 @@
 //! about one `PACE` (plus the wake-up), and the thread's cost is bounded by
 //! the pace, not by the writer's speed.
 //!
+//! While it runs, the scan tick does not cap (that was one `stat` per
+//! owned tree per tick); a queue overflow (`IN_Q_OVERFLOW`) makes it look at
+//! every log once. If it stops (an error), the tick caps again.
+//!
 //! What it does not do: cap while the service is down (nothing runs to cap;
 //! the next start's first tick does, and the ledger keeps its own reserve,
 //! `--ledger-reserve`, for the authorizations meanwhile).
@@ -33,6 +37,8 @@ const IDLE_POLL: Duration = Duration::from_millis(500);
 /// The running cap; dropping it stops the thread (within [`IDLE_POLL`]).
 pub(crate) struct LogCap {
     stop: Arc<AtomicBool>,
+    /// Cleared by the thread if it stops on its own (an error).
+    running: Arc<AtomicBool>,
 }
 
 impl Drop for LogCap {
@@ -64,18 +70,29 @@ impl LogCap {
             }
         };
         let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
+        let running = Arc::new(AtomicBool::new(true));
+        let (flag, alive) = (stop.clone(), running.clone());
         let dir = dir.to_path_buf();
         let spawned = std::thread::Builder::new()
             .name("log-cap".into())
-            .spawn(move || run(&fd, &dir, cap, &flag));
+            .spawn(move || {
+                run(&fd, &dir, cap, &flag);
+                alive.store(false, Ordering::Relaxed);
+            });
         match spawned {
-            Ok(_) => Some(LogCap { stop }),
+            Ok(_) => Some(LogCap { stop, running }),
             Err(e) => {
                 tracing::warn!(error = %e, "captured logs are capped once a tick only (no thread)");
                 None
             }
         }
+    }
+}
+
+impl LogCap {
+    /// Whether the thread still caps (the scan tick's cap is then skipped).
+    pub(crate) fn running(&self) -> bool {
+        self.running.load(Ordering::Relaxed)
     }
 }
 
@@ -92,7 +109,18 @@ fn run(fd: &rustix::fd::OwnedFd, dir: &Path, cap: u64, stop: &AtomicBool) {
                 return;
             }
         }
-        let names = drain(fd, &mut buf);
+        let (mut names, overflowed) = drain(fd, &mut buf);
+        if overflowed {
+            // The kernel's queue overflowed and dropped events: every log
+            // in the directory is looked at once.
+            names.extend(
+                std::fs::read_dir(dir)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .map(|e| PathBuf::from(e.file_name())),
+            );
+        }
         for name in names {
             let path = dir.join(&name);
             match crate::proc::cap_log(&path, cap) {
@@ -110,19 +138,25 @@ fn run(fd: &rustix::fd::OwnedFd, dir: &Path, cap: u64, stop: &AtomicBool) {
     }
 }
 
-/// The distinct file names of every event queued now (non-blocking).
-fn drain(fd: &rustix::fd::OwnedFd, buf: &mut [std::mem::MaybeUninit<u8>]) -> HashSet<PathBuf> {
+/// The distinct file names of every event queued now (non-blocking), and
+/// whether the queue overflowed (`IN_Q_OVERFLOW`: events were dropped).
+fn drain(
+    fd: &rustix::fd::OwnedFd,
+    buf: &mut [std::mem::MaybeUninit<u8>],
+) -> (HashSet<PathBuf>, bool) {
     let mut names = HashSet::new();
+    let mut overflowed = false;
     let mut reader = inotify::Reader::new(fd, buf);
     loop {
         match reader.next() {
             Ok(event) => {
+                overflowed |= event.events().contains(inotify::ReadFlags::QUEUE_OVERFLOW);
                 if let Some(name) = event.file_name() {
                     use std::os::unix::ffi::OsStrExt;
                     names.insert(PathBuf::from(std::ffi::OsStr::from_bytes(name.to_bytes())));
                 }
             }
-            Err(_) => return names,
+            Err(_) => return (names, overflowed),
         }
     }
 }

@@ -1112,8 +1112,16 @@ impl Service {
     /// One scan-loop tick (blocking).
     fn scan_once(&self, st: &mut ScanState, wanted: &[i64]) {
         let ledger = self.engine.ledger();
-        // Captured output stays under its cap (one stat per owned tree).
-        for id in wanted {
+        // Captured output stays under its cap: capped as it is written by
+        // the log-cap thread; here (one stat per owned tree) only when that
+        // thread does not run.
+        let capping = self
+            .log_cap
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(logcap::LogCap::running);
+        for id in wanted.iter().filter(|_| !capping) {
             let path = crate::custody::log_path(self.engine.data_dir(), TreeId(*id));
             match crate::proc::cap_log(&path, self.config.log_max) {
                 Ok(0) => {}
