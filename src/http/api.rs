@@ -678,18 +678,94 @@ pub async fn get_tree(
     Ok(Json(detail))
 }
 
+/// The header naming which of the tree's descriptors 0, 1, 2 the
+/// descriptors sent with the request become, in the order they were sent.
+pub const STDIO_HEADER: &str = "treewarden-stdio";
+
+/// The descriptors a spawn passes to its tree: `Treewarden-Stdio` names the
+/// slots (`stdin,stdout`), the connection holds what `SCM_RIGHTS` brought;
+/// both must agree. No header and nothing sent: the captured log.
+fn given_stdio(
+    headers: &axum::http::HeaderMap,
+    received: Option<&super::conn::ReceivedFds>,
+) -> Result<crate::proc::GivenStdio, ApiError> {
+    let fds = received.map(|r| r.take_all()).unwrap_or_default();
+    let Some(value) = headers.get(STDIO_HEADER) else {
+        if !fds.is_empty() {
+            return Err(ApiError::BadRequest(format!(
+                "{} descriptors came with the request, but no Treewarden-Stdio header names them",
+                fds.len()
+            )));
+        }
+        return Ok(crate::proc::GivenStdio::default());
+    };
+    if received.is_none() {
+        return Err(ApiError::BadRequest(
+            "Treewarden-Stdio: descriptors pass only over the Unix socket".into(),
+        ));
+    }
+    let value = value
+        .to_str()
+        .map_err(|_| ApiError::BadRequest("Treewarden-Stdio: not ASCII".into()))?;
+    let mut slots = Vec::new();
+    for name in value.split(',').map(str::trim) {
+        let slot = match name {
+            "stdin" | "0" => 0,
+            "stdout" | "1" => 1,
+            "stderr" | "2" => 2,
+            other => {
+                return Err(ApiError::BadRequest(format!(
+                    "Treewarden-Stdio: {other:?} is not stdin, stdout or stderr"
+                )));
+            }
+        };
+        if slots.contains(&slot) {
+            return Err(ApiError::BadRequest(format!(
+                "Treewarden-Stdio: {name} named twice"
+            )));
+        }
+        slots.push(slot);
+    }
+    if slots.len() != fds.len() {
+        return Err(ApiError::BadRequest(format!(
+            "Treewarden-Stdio names {} descriptors, but {} came with the request (send them with its first bytes)",
+            slots.len(),
+            fds.len()
+        )));
+    }
+    let mut given = crate::proc::GivenStdio::default();
+    for (slot, fd) in slots.into_iter().zip(fds) {
+        given.0[slot] = Some(std::sync::Arc::new(fd));
+    }
+    Ok(given)
+}
+
 /// Spawn a tree. Needs the bearer token.
+///
+/// On the Unix socket, the tree may get the client's own descriptors as
+/// its stdin, stdout and stderr instead of `/dev/null` and the captured
+/// log: send them (`SCM_RIGHTS`, at most three) with the request's first
+/// bytes, and name them in order with the `Treewarden-Stdio` header
+/// (`stdin,stdout,stderr`, or any of them). They go to the tree, never
+/// through the service: a tree keeps its pipes when the service ends.
 #[utoipa::path(post, path = "/api/trees", request_body = SpawnBody, security(("bearer" = [])),
+    params(("Treewarden-Stdio" = Option<String>, Header, description = "Unix socket only: which of the tree's stdin, stdout, stderr the descriptors sent with the request (SCM_RIGHTS) become, in the order sent, e.g. `stdin,stdout`", pattern = "^(stdin|stdout|stderr)(,(stdin|stdout|stderr)){0,2}$")),
     responses((status = 201, body = TreeRow), (status = 400, body = ErrorBody),
     (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
     (status = 415, body = ErrorBody), (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn spawn_tree(
     State(s): State<AppState>,
     Extension(principal): Extension<Principal>,
+    received: Option<Extension<super::conn::ReceivedFds>>,
+    headers: axum::http::HeaderMap,
     ApiJson(body): ApiJson<SpawnBody>,
 ) -> Result<impl IntoResponse, ApiError> {
+    // Taken first: whatever else is wrong, descriptors sent with this
+    // request are not left for the next one.
+    let stdio = given_stdio(&headers, received.as_ref().map(|Extension(r)| r))?;
     let user = body.user.clone();
     let mut params = body.validate(s.service.config().max_grace)?;
+    params.stdio = stdio;
     params.run_as = run_as(&principal, user.as_deref())?;
     // A tree that runs as the service: its cwd is the service's to check.
     if params.run_as.is_none()

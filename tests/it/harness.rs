@@ -320,3 +320,28 @@ fn a_numeric_user_is_a_uid() {
         Some("54321\n")
     );
 }
+
+#[test]
+fn stdio_descriptors_pass_only_over_the_socket_and_must_match_the_header() {
+    let s = Server::start(&[]);
+    let r = reqwest::blocking::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client")
+        .post(s.url("/api/trees"))
+        .bearer_auth(&s.token)
+        .header("Treewarden-Stdio", "stdin")
+        .json(&s.body("exit 0"))
+        .send()
+        .expect("POST");
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().expect("json");
+    assert_eq!(v["code"], "BadRequest", "{v}");
+    assert!(
+        v["error"].as_str().is_some_and(|e| e.contains("Unix socket")),
+        "{v}"
+    );
+    // Nothing was spawned.
+    let (_, trees) = get(&s, "/api/trees?all=1");
+    assert_eq!(trees.as_array().map(Vec::len), Some(0), "{trees}");
+}
