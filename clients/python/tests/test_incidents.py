@@ -124,13 +124,15 @@ def test_2_sixteen_stdin_holding_delegates_of_a_sigkilled_owner_are_all_ended(
 def test_3_a_launcher_that_exits_during_the_grace_leaves_no_term_ignoring_child(
         server: Server) -> None:
     c = server.client()
-    # The launcher exits at SIGTERM (during the grace); its child ignores it.
-    tree = c.spawn(["sh", "-c", f"(trap '' TERM; exec sleep 600) & echo $$ $!; "
-                               f"trap 'exit 0' TERM; wait # {server.mark}"],
+    # The launcher exits at SIGTERM (during the grace); its child ignores
+    # it. Each says its pid once its disposition is set.
+    tree = c.spawn(["sh", "-c", "sh -c 'trap \"\" TERM; echo child $$; exec sleep 600' & "
+                               f"trap 'exit 0' TERM; echo launcher $$; wait # {server.mark}"],
                    stdout=treewarden.PIPE, env=server.body_env(), grace="1s",
                    label=f"{server.mark}-launcher")
     assert tree.stdout is not None
-    launcher, child = (int(p) for p in tree.stdout.readline().split())
+    said = dict(tree.stdout.readline().decode().split() for _ in range(2))
+    launcher, child = int(said["launcher"]), int(said["child"])
     r = tree.kill()
     assert r.state == "ended" and r.force_killed == 1, r
     assert not alive(launcher) and not alive(child)
