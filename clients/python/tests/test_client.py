@@ -211,12 +211,13 @@ def test_run_over_the_wrapper_is_subprocess_run(server: Server) -> None:
 
 def test_sigterm_leaves_a_live_owners_tree_running_and_the_next_start_adopts_it(
         server: Server) -> None:
-    c = server.client()
-    t = c.spawn(["sleep", "600"], label="kept", env=server.body_env(),
-                grace="200ms")
-    root = t.info["root_pid"]
-    # A tree whose owner is gone is the service's to end: a child process
-    # owns this one, and exits first.
+    from test_incidents import Owner, authorized_pids
+
+    # A live owner (a separate process, as a harness is) with one tree.
+    owner = Owner(server, "tool", 1)
+    tree_id = owner.trees[0]["tree"]
+    kept = owner.trees[0]["pids"]
+    # A tree whose owner is gone by the shutdown is the service's to end.
     code = ("import sys, treewarden; c = treewarden.Client(socket=sys.argv[1]);"
             f"print(c.spawn(['sleep', '600'], grace='200ms', env={{'TW_PY_MARK': '{server.mark}'}})"
             ".info['root_pid'])")
@@ -226,19 +227,36 @@ def test_sigterm_leaves_a_live_owners_tree_running_and_the_next_start_adopts_it(
                       .stdout)
     rc = server.stop(signal.SIGTERM)
     assert rc == 0, server.log()
-    assert alive(root), "the tree of a live owner was torn down at shutdown"
+    assert all(alive(p) for p in kept), "the tree of a live owner was torn down at shutdown"
     assert not alive(orphan_root)
     log = server.log()
-    assert "left running" in log and f"left=[{t.id}]" in log, log
+    assert "left running" in log and f"left=[{tree_id}]" in log, log
     server.start()
     c = server.client()
-    kept = c.tree(t.id)
-    assert kept.state == "running"
+    assert c.tree(tree_id).state == "running"
     assert wait_until(lambda: "adopted a client tree" in server.log(), 10), server.log()
-    # Adopted: its owner is watched again, and it is killed with authority.
-    r = kept.kill()
-    assert r.state == "ended"
-    assert not alive(root)
+    # Adopted: the new instance watches the owner; its death ends the tree,
+    # with the authorization naming what was force-killed.
+    t = owner.kill()
+    assert wait_until(lambda: not any(alive(p) for p in kept), 10)
+    print(f"adopted tree gone {1000 * (time.monotonic() - t):.0f} ms after its owner's death")
+    assert c.tree(tree_id).wait(timeout=10).state == "ended"
+    assert set(kept) <= authorized_pids(c, tree_id)
+
+
+def test_logs_follow_yields_output_as_it_comes_until_the_tree_ends(server: Server,
+                                                                  tmp_path) -> None:
+    fifo = tmp_path / "go"
+    os.mkfifo(fifo)
+    c = server.client()
+    t = c.spawn(["sh", "-c", f"echo first; read x < '{fifo}'; echo second"],
+                env=server.body_env())
+    chunks = t.logs(follow=True)
+    assert next(iter(chunks)) == b"first\n"
+    with open(fifo, "w") as f:
+        f.write("go\n")
+    assert b"".join(chunks) == b"second\n"
+    assert t.wait(timeout=10).returncode == 0
 
 
 def test_package_installs_with_pip_and_is_typed(tmp_path) -> None:

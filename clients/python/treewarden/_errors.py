@@ -103,7 +103,7 @@ class TimeoutExpired(subprocess.TimeoutExpired, Error):
 
 
 _BY_CODE: Dict[str, Type[Error]] = {
-    cls.code: cls  # type: ignore[misc]
+    cls.code or cls.__name__: cls
     for cls in (DispatchClosed, Ambiguous, Forbidden, NotFound, BadRequest,
                 Unavailable, Unauthorized, Conflict, ServiceError)
 }

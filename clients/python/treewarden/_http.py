@@ -144,14 +144,14 @@ class _SyncReader:
         elif head.length is not None:
             left = head.length
             while left > 0:
-                data = self.f.read1(min(left, 65536))  # type: ignore[attr-defined]
+                data = self.f.read1(min(left, 65536))
                 if not data:
                     return
                 left -= len(data)
                 yield data
         else:
             while True:
-                data = self.f.read1(65536)  # type: ignore[attr-defined]
+                data = self.f.read1(65536)
                 if not data:
                     return
                 yield data
