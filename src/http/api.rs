@@ -747,9 +747,10 @@ fn given_stdio(
 /// log: send them (`SCM_RIGHTS`, at most three) with the request's first
 /// bytes, and name them in order with the `Treewarden-Stdio` header
 /// (`stdin,stdout,stderr`, or any of them). They go to the tree, never
-/// through the service: a tree keeps its pipes when the service ends.
+/// through the service: a tree keeps its pipes when the service ends. The
+/// header is not a parameter of this document, which the TCP face serves
+/// too: there it is always refused (400), descriptors cannot cross TCP.
 #[utoipa::path(post, path = "/api/trees", request_body = SpawnBody, security(("bearer" = [])),
-    params(("Treewarden-Stdio" = Option<String>, Header, description = "Unix socket only: which of the tree's stdin, stdout, stderr the descriptors sent with the request (SCM_RIGHTS) become, in the order sent, e.g. `stdin,stdout`", pattern = "^(stdin|stdout|stderr)(,(stdin|stdout|stderr)){0,2}$")),
     responses((status = 201, body = TreeRow), (status = 400, body = ErrorBody),
     (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
     (status = 415, body = ErrorBody), (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]

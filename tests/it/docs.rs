@@ -77,7 +77,9 @@ fn run_bounded(mut cmd: Command, limit: Duration) -> (Option<i32>, String, Strin
 
 /// The first fenced block of `lang` after `heading` in `text`.
 fn fenced_after<'a>(text: &'a str, heading: &str, lang: &str) -> &'a str {
-    let from = text.find(heading).unwrap_or_else(|| panic!("no {heading:?}"));
+    let from = text
+        .find(heading)
+        .unwrap_or_else(|| panic!("no {heading:?}"));
     let open = format!("```{lang}\n");
     let start = text[from..]
         .find(&open)
@@ -117,7 +119,10 @@ fn the_python_client_example_runs_against_a_real_server() {
         "the example failed:\n{out}\n{err}\nserve: {}",
         s.stderr()
     );
-    assert_eq!(out, expected, "the example's output is not the one printed in the doc");
+    assert_eq!(
+        out, expected,
+        "the example's output is not the one printed in the doc"
+    );
     // Nothing it started lives on: no tree is left alive in the ledger, and
     // nothing carrying the marker (the wrapper's trees inherit it) runs.
     let alive: Value = s.get("/api/trees?alive=1").json().expect("json");

@@ -338,7 +338,9 @@ fn stdio_descriptors_pass_only_over_the_socket_and_must_match_the_header() {
     let v: Value = r.json().expect("json");
     assert_eq!(v["code"], "BadRequest", "{v}");
     assert!(
-        v["error"].as_str().is_some_and(|e| e.contains("Unix socket")),
+        v["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("Unix socket")),
         "{v}"
     );
     // Nothing was spawned.
