@@ -10,6 +10,7 @@
 //! `Drop` ends what is marked).
 
 use std::io::Read;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -346,4 +347,94 @@ fn stdio_descriptors_pass_only_over_the_socket_and_must_match_the_header() {
     // Nothing was spawned.
     let (_, trees) = get(&s, "/api/trees?all=1");
     assert_eq!(trees.as_array().map(Vec::len), Some(0), "{trees}");
+}
+
+/// One request on the service's Unix socket, its first bytes sent with
+/// `fds` (SCM_RIGHTS); the raw answer (status line, headers, body).
+fn socket_request(
+    sock: &Path,
+    head: &str,
+    body: &str,
+    fds: &[std::os::fd::BorrowedFd<'_>],
+) -> String {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    use std::io::Write;
+    let mut stream = std::os::unix::net::UnixStream::connect(sock).expect("connect");
+    stream
+        .set_read_timeout(Some(scaled(Duration::from_secs(30))))
+        .expect("timeout");
+    let request = format!(
+        "{head}\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let bytes = request.as_bytes();
+    let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(4))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() {
+        assert!(control.push(SendAncillaryMessage::ScmRights(fds)));
+    }
+    let sent = rustix::net::sendmsg(
+        &stream,
+        &[std::io::IoSlice::new(bytes)],
+        &mut control,
+        SendFlags::empty(),
+    )
+    .expect("sendmsg");
+    stream.write_all(&bytes[sent..]).expect("the rest");
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer
+}
+
+#[test]
+fn descriptors_sent_on_the_socket_become_the_trees_stdio() {
+    let s = Server::start(&[]);
+    let sock = s.data_dir().join("api.sock");
+    let body = |script: &str| {
+        json!({"argv": ["sh", "-c", script], "env": {"TW_TEST_MARK": s.mark}}).to_string()
+    };
+    // stdout on our pipe: what the tree writes arrives here, not in the log.
+    let (r, w) = rustix::pipe::pipe().expect("pipe");
+    let answer = socket_request(
+        &sock,
+        "POST /api/trees HTTP/1.1\r\nTreewarden-Stdio: stdout",
+        &body("echo via-the-descriptor"),
+        &[w.as_fd()],
+    );
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    drop(w);
+    let mut out = String::new();
+    std::fs::File::from(r)
+        .read_to_string(&mut out)
+        .expect("read");
+    assert_eq!(out, "via-the-descriptor\n");
+    // The header and what came must agree; descriptors need the header.
+    let (r2, w2) = rustix::pipe::pipe().expect("pipe");
+    for (head, fds) in [
+        (
+            "POST /api/trees HTTP/1.1\r\nTreewarden-Stdio: stdin,stdout",
+            vec![r2.as_fd()],
+        ),
+        ("POST /api/trees HTTP/1.1", vec![w2.as_fd()]),
+        (
+            "POST /api/trees HTTP/1.1\r\nTreewarden-Stdio: stdout,stdout",
+            vec![w2.as_fd(), w2.as_fd()],
+        ),
+    ] {
+        let answer = socket_request(&sock, head, &body("echo no"), &fds);
+        assert!(answer.starts_with("HTTP/1.1 400"), "{head}: {answer}");
+        assert!(answer.contains("\"code\":\"BadRequest\""), "{answer}");
+    }
+    // More than a request passes, in one message: the connection ends, unanswered.
+    let four = [r2.as_fd(), w2.as_fd(), r2.as_fd(), w2.as_fd()];
+    let answer = socket_request(
+        &sock,
+        "POST /api/trees HTTP/1.1\r\nTreewarden-Stdio: stdin",
+        &body("echo no"),
+        &four,
+    );
+    assert!(!answer.contains("201"), "{answer}");
+    // Only the first tree was spawned.
+    let (_, trees) = get(&s, "/api/trees?all=1");
+    assert_eq!(trees.as_array().map(Vec::len), Some(1), "{trees}");
 }
