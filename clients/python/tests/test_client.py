@@ -184,6 +184,8 @@ def test_asyncio_client_has_the_same_methods(server: Server) -> None:
         assert [e["kind"] async for e in t.follow_events()][-1] in ("tree.ended", "tree.state")
         with pytest.raises(treewarden.NotFound):
             await c.tree(999999)
+        t = await c.spawn(["sh", "-c", "echo one; echo two"], env=server.body_env())
+        assert b"".join([x async for x in t.follow_logs()]) == b"one\ntwo\n"
 
     asyncio.run(main())
 

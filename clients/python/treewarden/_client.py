@@ -509,6 +509,20 @@ class AsyncTree:
     async def logs(self) -> bytes:
         return (await self._client._t.request("GET", f"/api/trees/{self.id}/log")).body
 
+    async def follow_logs(self) -> AsyncIterator[bytes]:
+        """What is new in the captured output as it comes, until the tree ends."""
+        seen = b""
+        while True:
+            row = (await self._client._t.request(
+                "GET", f"/api/trees/{self.id}/wait?timeout=500ms", timeout=60)).json()
+            now = (await self._client._t.request("GET", f"/api/trees/{self.id}/log")).body
+            new = now[len(seen):] if now.startswith(seen) else now
+            if new:
+                yield new
+            seen = now
+            if row["state"] in SETTLED_STATES:
+                return
+
     async def __aenter__(self) -> "AsyncTree":
         return self
 
