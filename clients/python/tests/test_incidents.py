@@ -7,7 +7,9 @@ and environment, read from ``/proc``), that nothing of the trees survives
 within a bound, and that the ledger holds the kill authorization naming
 exactly what was force-killed, committed before the SIGKILL.
 
-1. a hub SIGKILLs a member (the owner) after its SIGTERM, with three trees;
+1. a hub SIGKILLs a member (the owner) after its SIGTERM, with three trees
+   (the hub's 3 s are the owner's acknowledgement of the SIGTERM here: a
+   condition, not a sleep);
 2. sixteen stdin-holding ACP delegates of an owner that is SIGKILLed;
 3. a launcher that exits during the grace, leaving a TERM-ignoring child;
 4. a stdio MCP server over pipes whose owner crashes three times.
