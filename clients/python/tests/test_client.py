@@ -277,3 +277,25 @@ def test_package_installs_with_pip_and_is_typed(tmp_path) -> None:
     where, version = json.loads(probe.stdout)
     assert where.startswith(str(target)), probe.stderr
     assert version == treewarden.__version__
+
+
+def test_durations_and_the_default_socket(monkeypatch, tmp_path) -> None:
+    assert treewarden.duration(2) == "2s"
+    assert treewarden.duration(0.3) == "300ms"
+    assert treewarden.duration(datetime.timedelta(minutes=1)) == "60s"
+    assert treewarden.duration("1500ms") == "1500ms"
+    with pytest.raises(ValueError):
+        treewarden.duration(-1)
+    with pytest.raises(TypeError):
+        treewarden.duration([1])  # type: ignore[arg-type]
+    monkeypatch.setenv("TREEWARDEN_SOCKET", str(tmp_path / "a.sock"))
+    assert treewarden.default_socket() == str(tmp_path / "a.sock")
+    monkeypatch.delenv("TREEWARDEN_SOCKET")
+    monkeypatch.setenv("TREEWARDEN_DATA_DIR", str(tmp_path / "data"))
+    if not os.path.exists("/run/treewarden/api.sock"):
+        assert treewarden.default_socket() == str(tmp_path / "data" / "api.sock")
+    # The owner is this process: pid and start time as /proc has them.
+    pid, start = treewarden.own_identity()
+    assert pid == os.getpid()
+    with open(f"/proc/{pid}/stat") as f:
+        assert int(f.read().rsplit(")", 1)[1].split()[19]) == start
