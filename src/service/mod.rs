@@ -29,7 +29,8 @@
 //! Shutdown: the cancellation token stops the listener and the loops; the
 //! spawn gate closes (waiting for spawns in flight, so none is missed); every
 //! owned tree is torn down concurrently with its grace capped at
-//! `shutdown_grace`; the whole drain is bounded by `drain_timeout` so the
+//! `shutdown_grace`, but a client's tree whose owner process lives, which
+//! is left running (logged) for the next start to adopt; the whole drain is bounded by `drain_timeout` so the
 //! service never outlives a supervisor's kill window. A sweep running at
 //! SIGTERM (recovery included) starts no further teardown; those in flight
 //! finish within the drain, and any the bound cuts off stay in the state
