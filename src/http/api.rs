@@ -485,12 +485,27 @@ impl SpawnBody {
             env.push((k, v));
         }
         let grace = parse_grace(self.grace.as_deref(), max_grace).map_err(bad)?;
-        let first_signal = self
-            .first_signal
-            .as_deref()
-            .map(crate::proc::Sig::parse_first)
-            .transpose()
-            .map_err(|e| bad(format!("first_signal: {e}")))?;
+        // Names only, as the document says (`INT`, `SIGINT`): the CLI's
+        // numbers and lower case are not part of this contract.
+        let first_signal = match self.first_signal.as_deref() {
+            None => None,
+            Some(n)
+                if matches!(
+                    n.strip_prefix("SIG").unwrap_or(n),
+                    "TERM" | "INT" | "HUP" | "QUIT" | "USR1" | "USR2"
+                ) =>
+            {
+                Some(
+                    crate::proc::Sig::parse_first(n)
+                        .map_err(|e| bad(format!("first_signal: {e}")))?,
+                )
+            }
+            Some(n) => {
+                return Err(bad(format!(
+                    "first_signal {n:?}: expected TERM, INT, HUP, QUIT, USR1 or USR2 (KILL comes only with its authorization)"
+                )));
+            }
+        };
         let timeout = self
             .timeout
             .as_deref()
@@ -835,7 +850,7 @@ pub struct WaitQuery {
     /// How long to hold the request at most (seconds, or `500ms`, `30s`);
     /// default 30s, at most 60s.
     #[param(
-        pattern = "^([0-9]{1,5}ms|[1-5]?[0-9](\\.[0-9]{1,3})?s?|60s?|1m)$",
+        pattern = "^([0-9]{1,4}ms|[1-5][0-9]{4}ms|60000ms|[1-5]?[0-9](\\.[0-9]{1,3})?s?|60s?|1m)$",
         example = "30s"
     )]
     pub timeout: Option<String>,
