@@ -438,3 +438,35 @@ fn descriptors_sent_on_the_socket_become_the_trees_stdio() {
     let (_, trees) = get(&s, "/api/trees?all=1");
     assert_eq!(trees.as_array().map(Vec::len), Some(1), "{trees}");
 }
+
+#[test]
+fn a_label_stream_carries_only_the_events_of_that_labels_trees() {
+    let s = Server::start(&[]);
+    let mut b = s.body("exit 0");
+    b["label"] = json!("other");
+    let other = spawn(&s, &b);
+    let mut b = s.body("exit 5");
+    b["label"] = json!("call x");
+    let mine = spawn(&s, &b);
+    // From the start of the trail: the label's events only, through the
+    // end of its tree (the stream itself goes on: read until then).
+    let r = s.get("/api/events/stream?label=call%20x&after=0");
+    assert_eq!(r.status(), 200);
+    let mut reader = std::io::BufReader::new(r);
+    let mut events = Vec::new();
+    let mut line = String::new();
+    while std::io::BufRead::read_line(&mut reader, &mut line).expect("read") > 0 {
+        if let Some(d) = line.trim_end().strip_prefix("data: ") {
+            let e: Value = serde_json::from_str(d).expect("json");
+            let end = e["kind"] == "tree.ended";
+            events.push(e);
+            if end {
+                break;
+            }
+        }
+        line.clear();
+    }
+    assert!(!events.is_empty());
+    assert!(events.iter().all(|e| e["tree"] == mine), "{events:?}");
+    assert!(events.iter().all(|e| e["tree"] != other));
+}
