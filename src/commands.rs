@@ -212,6 +212,12 @@ pub struct ServeArgs {
     /// Cap on each tree's grace during shutdown.
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
     shutdown_grace: Duration,
+    /// The longest grace an API request may ask for (spawn, kill); over
+    /// it, the request is refused (422 on spawn, 400 on kill, code
+    /// BadRequest). A kill request waits for its teardown, so its timeout
+    /// grows with it.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    max_grace: Duration,
     /// Bound on the whole shutdown (keep it under the supervisor's kill timeout).
     #[arg(long, default_value = "20s", value_parser = parse_duration)]
     drain_timeout: Duration,
@@ -1484,6 +1490,7 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
         log_max: args.log_max,
         min_free: args.min_free,
         max_trees_per_principal: args.max_trees_per_user,
+        max_grace: args.max_grace,
     };
     let service =
         Service::new(engine, reaper, svc_config).map_err(|e| CliError::internal(anyhow!(e)))?;

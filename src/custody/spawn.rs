@@ -226,25 +226,25 @@ impl Engine {
             .unwrap_or_else(|| std::env::vars_os().collect());
         env.retain(|(k, _)| k != TREE_ID_VAR);
         env.push((TREE_ID_VAR.into(), tree.0.to_string().into()));
-        let log_file = match req.stdio {
-            SpawnStdio::Log => {
-                let dir = self.data_dir.join("logs");
-                if let Err(e) = std::os::unix::fs::DirBuilderExt::mode(
-                    std::fs::DirBuilder::new().recursive(true),
-                    0o700,
-                )
-                .create(&dir)
-                {
-                    self.record_spawn_failed(
-                        tree,
-                        &format!("cannot make {}: {e}", dir.display()),
-                        125,
-                    );
-                    return Err(CustodyError::Proc(crate::proc::ProcError::Io(e)));
-                }
-                Some(log_path(&self.data_dir, tree))
+        let logged = match &req.stdio {
+            SpawnStdio::Log => true,
+            SpawnStdio::Given(g) => g.needs_log(),
+            SpawnStdio::Inherit | SpawnStdio::Null => false,
+        };
+        let log_file = if logged {
+            let dir = self.data_dir.join("logs");
+            if let Err(e) = std::os::unix::fs::DirBuilderExt::mode(
+                std::fs::DirBuilder::new().recursive(true),
+                0o700,
+            )
+            .create(&dir)
+            {
+                self.record_spawn_failed(tree, &format!("cannot make {}: {e}", dir.display()), 125);
+                return Err(CustodyError::Proc(crate::proc::ProcError::Io(e)));
             }
-            _ => None,
+            Some(log_path(&self.data_dir, tree))
+        } else {
+            None
         };
         let spec = SpawnSpec {
             credentials: req.on_behalf.as_ref().and_then(|b| b.run_as.clone()),
@@ -254,7 +254,7 @@ impl Engine {
             argv: req.argv.clone(),
             cwd: req.cwd.clone(),
             env: Some(env),
-            stdio: req.stdio,
+            stdio: req.stdio.clone(),
             cgroup: cgroup.clone(),
             cgroup_settings: req
                 .limits

@@ -21,17 +21,49 @@ use crate::ledger::{
 };
 use crate::service::SpawnParams;
 
-/// Longest grace the API accepts (a kill request waits for its teardown).
-pub const MAX_GRACE: Duration = Duration::from_secs(60);
+/// Default of the longest grace the API accepts (`serve --max-grace`; a
+/// kill request waits for its teardown, so the request timeout follows it).
+pub const DEFAULT_MAX_GRACE: Duration = Duration::from_secs(600);
+/// Longest a `GET /api/trees/{id}/wait` holds its request.
+pub const MAX_WAIT: Duration = Duration::from_secs(60);
 /// Longest label accepted.
 const MAX_LABEL: usize = 256;
 
-/// `{"error": "..."}`, on every failure.
+/// `{"error": "...", "code": "..."}`, on every failure.
 #[derive(Serialize, ToSchema)]
 pub struct ErrorBody {
+    /// What went wrong, for a person.
     pub error: String,
+    /// What went wrong, for a program: branch on this, not on the status.
+    pub code: super::error::ErrorCode,
     /// The tree the error is about, when one is named (503 dispatch closed).
     pub tree: Option<i64>,
+}
+
+/// An optional integer as JSON Schema has it: `7439` and `7439.0` alike
+/// (an integral number is an integer, whatever its spelling); a fraction,
+/// or a value out of the type's range, is refused.
+fn integral<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: TryFrom<i64> + TryFrom<u64>,
+{
+    use serde::de::Error;
+    let v: Option<serde_json::Number> = Option::deserialize(d)?;
+    let Some(n) = v else { return Ok(None) };
+    let out_of_range = || D::Error::custom(format!("{n} is out of range"));
+    if let Some(u) = n.as_u64() {
+        return T::try_from(u).map(Some).map_err(|_| out_of_range());
+    }
+    if let Some(i) = n.as_i64() {
+        return T::try_from(i).map(Some).map_err(|_| out_of_range());
+    }
+    match n.as_f64() {
+        Some(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => {
+            T::try_from(f as i64).map(Some).map_err(|_| out_of_range())
+        }
+        _ => Err(D::Error::custom(format!("{n} is not an integer"))),
+    }
 }
 
 /// A spawn request.
@@ -47,11 +79,12 @@ pub struct SpawnBody {
     pub cwd: Option<String>,
     /// Variables added to the service's environment.
     pub env: Option<std::collections::BTreeMap<String, String>>,
-    /// Time between SIGTERM and the forced kill (seconds, or `500ms`,
-    /// `5s`); at most 60s.
+    /// Time between the first signal and the forced kill (seconds, or
+    /// `500ms`, `5s`); at most the service's `--max-grace` (default 10m;
+    /// over it: 422, code `BadRequest`).
     #[schema(
         example = "2s",
-        pattern = "^([0-9]{1,4}ms|[1-5]?[0-9](\\.[0-9]{1,3})?s?|60s?|1m)$"
+        pattern = "^([0-9]{1,5}ms|[0-5]?[0-9]{1,2}(\\.[0-9]{1,3})?s?|600s?|([1-9]|10)m)$"
     )]
     pub grace: Option<String>,
     /// Tear the tree down after this long (seconds, or `500ms`, `5m`, `2h`);
@@ -61,17 +94,21 @@ pub struct SpawnBody {
     /// The client process on whose behalf the tree runs: the tree is torn
     /// down within a second of its exit. Must be a live process (else 422).
     #[schema(minimum = 2)]
+    #[serde(default, deserialize_with = "integral")]
     pub owner_pid: Option<i32>,
     /// The owner's start time in clock ticks (field 22 of /proc/PID/stat),
     /// checked when given.
+    #[serde(default, deserialize_with = "integral")]
     pub owner_start_ticks: Option<u64>,
     /// Limits for the tree's cgroup, set before its command runs; 422 where
     /// the host cannot enforce one (no cgroup boundary, or its controller
     /// not offered), never started unlimited.
     pub limits: Option<LimitsBody>,
-    /// Run the tree as this user (a name from the user database). Only
-    /// root on the socket and `admin` tokens may name another user (else
-    /// 403); a non-root socket principal's trees always run as itself.
+    /// Run the tree as this user: a name from the user database, or a
+    /// numeric uid (as `systemd-run --uid` takes it; one the database does
+    /// not know runs with its uid as its gid and no supplementary groups).
+    /// Only root on the socket and `admin` tokens may name another user
+    /// (else 403); a non-root socket principal's trees always run as itself.
     #[schema(
         min_length = 1,
         max_length = 64,
@@ -84,6 +121,12 @@ pub struct SpawnBody {
     /// tree is killed, or its timeout fires.
     #[schema(pattern = "^(root|owner)$", example = "owner")]
     pub lifetime: Option<String>,
+    /// The teardown's first signal (as `run -s` takes it): `TERM`
+    /// (default), `INT`, `HUP`, `QUIT`, `USR1`, `USR2`, with or without the
+    /// `SIG` prefix. `KILL` is refused: a SIGKILL comes only after its
+    /// committed authorization.
+    #[schema(pattern = "^(SIG)?(TERM|INT|HUP|QUIT|USR1|USR2)$", example = "INT")]
+    pub first_signal: Option<String>,
 }
 
 /// `"limits": {"memory_max": "64M", "pids_max": 50, "cpu_max": "50%"}`.
@@ -95,6 +138,7 @@ pub struct LimitsBody {
     pub memory_max: Option<String>,
     /// `pids.max`.
     #[schema(minimum = 1, maximum = 1000000)]
+    #[serde(default, deserialize_with = "integral")]
     pub pids_max: Option<u64>,
     /// `cpu.max` as a percentage of one CPU (`50%`, `200%`).
     #[schema(pattern = "^[1-9][0-9]{0,4}%?$", example = "50%")]
@@ -129,6 +173,19 @@ pub struct ListQuery {
     /// At most this many trees, newest first (default and most: 1000).
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
+    /// Only trees with exactly this label ("what from tool call X").
+    #[param(max_length = 256)]
+    pub label: Option<String>,
+    /// Only trees in these states (comma-separated: `running,ambiguous`).
+    #[param(
+        pattern = "^(spawning|running|terminating|killing|ambiguous|ended|vanished|spawn_failed|resolved)(,(spawning|running|terminating|killing|ambiguous|ended|vanished|spawn_failed|resolved))*$"
+    )]
+    pub state: Option<String>,
+    /// `1`: only trees not yet in a final state (the default without
+    /// `all` or `state`); `0`: only trees in one (ended, vanished,
+    /// spawn_failed, resolved).
+    #[param(pattern = "^(|0|1|true|false)$")]
+    pub alive: Option<String>,
 }
 
 /// The most trees one `GET /api/trees` answers with: a page, however big
@@ -140,8 +197,8 @@ const LIST_MAX: u32 = 1000;
 #[into_params(parameter_in = Query)]
 pub struct KillQuery {
     /// Grace before the forced kill (seconds, or `500ms`, `5s`; at most
-    /// 60s); default: the tree's.
-    #[param(pattern = "^([0-9]{1,4}ms|[1-5]?[0-9](\\.[0-9]{1,3})?s?|60s?|1m)$")]
+    /// the service's `--max-grace`, default 10m); default: the tree's.
+    #[param(pattern = "^([0-9]{1,5}ms|[0-5]?[0-9]{1,2}(\\.[0-9]{1,3})?s?|600s?|([1-9]|10)m)$")]
     pub grace: Option<String>,
 }
 
@@ -243,17 +300,35 @@ fn parse_duration(what: &str, s: &str) -> Result<Duration, String> {
     crate::config::parse_duration(s).map_err(|e| format!("{what}: {e}"))
 }
 
-/// A grace as the API accepts it: humantime, at most [`MAX_GRACE`]. The
-/// error is the message; each caller picks its status.
-fn parse_grace(g: Option<&str>) -> Result<Option<Duration>, String> {
+/// A grace as the API accepts it: humantime, at most `max`
+/// (`serve --max-grace`). The error is the message; each caller picks its
+/// status.
+fn parse_grace(g: Option<&str>, max: Duration) -> Result<Option<Duration>, String> {
     let grace = g.map(|g| parse_duration("grace", g)).transpose()?;
-    if grace.is_some_and(|g| g > MAX_GRACE) {
+    if let Some(g) = grace
+        && g > max
+    {
         return Err(format!(
-            "grace over {}",
-            humantime::format_duration(MAX_GRACE)
+            "grace {} is over this service's cap of {} (serve --max-grace)",
+            humantime::format_duration(g),
+            humantime::format_duration(max)
         ));
     }
     Ok(grace)
+}
+
+/// `v` percent-encoded for a query string (all but RFC 3986's unreserved
+/// characters).
+fn query_escape(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for b in v.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// A `since=` query value (RFC 3339 or an age); malformed is 400.
@@ -285,6 +360,17 @@ fn run_as(
 ) -> Result<Option<crate::service::RunAs>, ApiError> {
     let named = match user {
         None => None,
+        // A numeric user is a uid, as `systemd-run --uid` takes it.
+        Some(n) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
+            let uid: u32 = n
+                .parse()
+                .map_err(|_| ApiError::Unprocessable(format!("uid {n} is out of range")))?;
+            Some(
+                crate::proc::user_by_uid(uid)
+                    .map_err(|e| ApiError::Internal(format!("user database: {e}")))?
+                    .unwrap_or_else(|| crate::proc::UserInfo::unnamed(uid)),
+            )
+        }
         Some(name) => Some(
             crate::proc::user_by_name(name)
                 .map_err(|e| ApiError::Internal(format!("user database: {e}")))?
@@ -292,6 +378,17 @@ fn run_as(
         ),
     };
     let of_user = |u: crate::proc::UserInfo| -> Result<crate::service::RunAs, ApiError> {
+        if u.name.is_empty() {
+            // A uid the database does not know: no supplementary groups.
+            return Ok(crate::service::RunAs {
+                credentials: crate::proc::Credentials {
+                    uid: u.uid,
+                    gid: u.gid,
+                    groups: Vec::new(),
+                },
+                user: None,
+            });
+        }
         let groups = crate::proc::groups_of(&u, u.gid)
             .map_err(|e| ApiError::Internal(format!("groups of {}: {e}", u.name)))?;
         Ok(crate::service::RunAs {
@@ -348,7 +445,7 @@ fn run_as(
 }
 
 impl SpawnBody {
-    fn validate(self) -> Result<SpawnParams, ApiError> {
+    fn validate(self, max_grace: Duration) -> Result<SpawnParams, ApiError> {
         let bad = ApiError::Unprocessable;
         if self.argv.is_empty() {
             return Err(bad("empty argv: nothing to run".into()));
@@ -390,7 +487,28 @@ impl SpawnBody {
             }
             env.push((k, v));
         }
-        let grace = parse_grace(self.grace.as_deref()).map_err(bad)?;
+        let grace = parse_grace(self.grace.as_deref(), max_grace).map_err(bad)?;
+        // Names only, as the document says (`INT`, `SIGINT`): the CLI's
+        // numbers and lower case are not part of this contract.
+        let first_signal = match self.first_signal.as_deref() {
+            None => None,
+            Some(n)
+                if matches!(
+                    n.strip_prefix("SIG").unwrap_or(n),
+                    "TERM" | "INT" | "HUP" | "QUIT" | "USR1" | "USR2"
+                ) =>
+            {
+                Some(
+                    crate::proc::Sig::parse_first(n)
+                        .map_err(|e| bad(format!("first_signal: {e}")))?,
+                )
+            }
+            Some(n) => {
+                return Err(bad(format!(
+                    "first_signal {n:?}: expected TERM, INT, HUP, QUIT, USR1 or USR2 (KILL comes only with its authorization)"
+                )));
+            }
+        };
         let timeout = self
             .timeout
             .as_deref()
@@ -443,6 +561,8 @@ impl SpawnBody {
             owner_start_ticks: self.owner_start_ticks,
             requester: None,
             run_as: None,
+            first_signal,
+            stdio: crate::proc::GivenStdio::default(),
         })
     }
 }
@@ -459,6 +579,49 @@ pub async fn list_trees(
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<axum::response::Response, ApiError> {
     let all = parse_flag("all", q.all.as_deref())?;
+    let alive = match q.alive.as_deref() {
+        None => None,
+        v => Some(parse_flag("alive", v)?),
+    };
+    let states = match q.state.as_deref() {
+        None => None,
+        Some(list) => Some(
+            list.split(',')
+                .map(|name| {
+                    TreeState::ALL
+                        .into_iter()
+                        .find(|st| st.as_str() == name)
+                        .ok_or_else(|| {
+                            ApiError::BadRequest(format!(
+                                "malformed state {name:?}: not a tree state"
+                            ))
+                        })
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+    };
+    if let Some(l) = &q.label
+        && l.chars().count() > MAX_LABEL
+    {
+        return Err(ApiError::BadRequest(format!(
+            "label longer than {MAX_LABEL} characters"
+        )));
+    }
+    // Which states: those named, narrowed by `alive`; else `alive`; else
+    // live ones unless `all`.
+    let live = |st: &TreeState| !st.is_terminal();
+    let states: Option<Vec<TreeState>> = match (states, alive) {
+        (Some(named), None) => Some(named),
+        (Some(named), Some(a)) => Some(named.into_iter().filter(|st| live(st) == a).collect()),
+        (None, Some(a)) => Some(
+            TreeState::ALL
+                .into_iter()
+                .filter(|st| live(st) == a)
+                .collect(),
+        ),
+        (None, None) if all => None,
+        (None, None) => Some(TreeState::ALL.into_iter().filter(live).collect()),
+    };
     let limit = q.limit.unwrap_or(LIST_MAX);
     if !(1..=LIST_MAX).contains(&limit) {
         return Err(ApiError::BadRequest(format!(
@@ -470,13 +633,20 @@ pub async fn list_trees(
         Some(b) => crate::ledger::PageAt::Before(b),
         None => crate::ledger::PageAt::Newest,
     };
+    // The `Link` repeats the query but `before` and `limit`.
+    let again = [
+        ("all", q.all.as_deref()),
+        ("label", q.label.as_deref()),
+        ("state", q.state.as_deref()),
+        ("alive", q.alive.as_deref()),
+    ]
+    .into_iter()
+    .filter_map(|(k, v)| v.map(|v| format!("{k}={}", query_escape(v))))
+    .collect::<Vec<_>>()
+    .join("&");
     let filter = crate::ledger::TreeFilter {
-        states: (!all).then(|| {
-            crate::ledger::TreeState::ALL
-                .into_iter()
-                .filter(|s| !s.is_terminal())
-                .collect()
-        }),
+        states,
+        label: q.label,
         // The page is read as the principal may see it: its `Link` then
         // names no other principal's id.
         owner: (!principal.sees_all()).then(|| principal.own_trees()),
@@ -495,8 +665,8 @@ pub async fn list_trees(
     let mut response = Json(trees).into_response();
     if let Some(last) = next {
         let link = format!(
-            "</api/trees?{}before={last}&limit={limit}>; rel=\"next\"",
-            if all { "all=1&" } else { "" }
+            "</api/trees?{again}{}before={last}&limit={limit}>; rel=\"next\"",
+            if again.is_empty() { "" } else { "&" }
         );
         if let Ok(v) = axum::http::HeaderValue::from_str(&link) {
             response.headers_mut().insert(axum::http::header::LINK, v);
@@ -526,7 +696,78 @@ pub async fn get_tree(
     Ok(Json(detail))
 }
 
+/// The header naming which of the tree's descriptors 0, 1, 2 the
+/// descriptors sent with the request become, in the order they were sent.
+pub const STDIO_HEADER: &str = "treewarden-stdio";
+
+/// The descriptors a spawn passes to its tree: `Treewarden-Stdio` names the
+/// slots (`stdin,stdout`), the connection holds what `SCM_RIGHTS` brought;
+/// both must agree. No header and nothing sent: the captured log.
+fn given_stdio(
+    headers: &axum::http::HeaderMap,
+    received: Option<&super::conn::ReceivedFds>,
+) -> Result<crate::proc::GivenStdio, ApiError> {
+    let fds = received.map(|r| r.take_all()).unwrap_or_default();
+    let Some(value) = headers.get(STDIO_HEADER) else {
+        if !fds.is_empty() {
+            return Err(ApiError::BadRequest(format!(
+                "{} descriptors came with the request, but no Treewarden-Stdio header names them",
+                fds.len()
+            )));
+        }
+        return Ok(crate::proc::GivenStdio::default());
+    };
+    if received.is_none() {
+        return Err(ApiError::BadRequest(
+            "Treewarden-Stdio: descriptors pass only over the Unix socket".into(),
+        ));
+    }
+    let value = value
+        .to_str()
+        .map_err(|_| ApiError::BadRequest("Treewarden-Stdio: not ASCII".into()))?;
+    let mut slots = Vec::new();
+    for name in value.split(',').map(str::trim) {
+        let slot = match name {
+            "stdin" | "0" => 0,
+            "stdout" | "1" => 1,
+            "stderr" | "2" => 2,
+            other => {
+                return Err(ApiError::BadRequest(format!(
+                    "Treewarden-Stdio: {other:?} is not stdin, stdout or stderr"
+                )));
+            }
+        };
+        if slots.contains(&slot) {
+            return Err(ApiError::BadRequest(format!(
+                "Treewarden-Stdio: {name} named twice"
+            )));
+        }
+        slots.push(slot);
+    }
+    if slots.len() != fds.len() {
+        return Err(ApiError::BadRequest(format!(
+            "Treewarden-Stdio names {} descriptors, but {} came with the request (send them with its first bytes)",
+            slots.len(),
+            fds.len()
+        )));
+    }
+    let mut given = crate::proc::GivenStdio::default();
+    for (slot, fd) in slots.into_iter().zip(fds) {
+        given.0[slot] = Some(std::sync::Arc::new(fd));
+    }
+    Ok(given)
+}
+
 /// Spawn a tree. Needs the bearer token.
+///
+/// On the Unix socket, the tree may get the client's own descriptors as
+/// its stdin, stdout and stderr instead of `/dev/null` and the captured
+/// log: send them (`SCM_RIGHTS`, at most three) with the request's first
+/// bytes, and name them in order with the `Treewarden-Stdio` header
+/// (`stdin,stdout,stderr`, or any of them). They go to the tree, never
+/// through the service: a tree keeps its pipes when the service ends. The
+/// header is not a parameter of this document, which the TCP face serves
+/// too: there it is always refused (400), descriptors cannot cross TCP.
 #[utoipa::path(post, path = "/api/trees", request_body = SpawnBody, security(("bearer" = [])),
     responses((status = 201, body = TreeRow), (status = 400, body = ErrorBody),
     (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
@@ -534,10 +775,16 @@ pub async fn get_tree(
 pub async fn spawn_tree(
     State(s): State<AppState>,
     Extension(principal): Extension<Principal>,
+    received: Option<Extension<super::conn::ReceivedFds>>,
+    headers: axum::http::HeaderMap,
     ApiJson(body): ApiJson<SpawnBody>,
 ) -> Result<impl IntoResponse, ApiError> {
+    // Taken first: whatever else is wrong, descriptors sent with this
+    // request are not left for the next one.
+    let stdio = given_stdio(&headers, received.as_ref().map(|Extension(r)| r))?;
     let user = body.user.clone();
-    let mut params = body.validate()?;
+    let mut params = body.validate(s.service.config().max_grace)?;
+    params.stdio = stdio;
     params.run_as = run_as(&principal, user.as_deref())?;
     // A tree that runs as the service: its cwd is the service's to check.
     if params.run_as.is_none()
@@ -599,6 +846,74 @@ pub async fn spawn_tree(
     ))
 }
 
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct WaitQuery {
+    /// How long to hold the request at most (seconds, or `500ms`, `30s`);
+    /// default 30s, at most 60s.
+    #[param(
+        pattern = "^([0-9]{1,4}ms|[1-5][0-9]{4}ms|60000ms|[1-5]?[0-9](\\.[0-9]{1,3})?s?|60s?|1m)$",
+        example = "30s"
+    )]
+    pub timeout: Option<String>,
+}
+
+/// Whether a waiter is answered: the tree reached a final state, or its
+/// teardown is ambiguous (survivors left as evidence: only an operator or
+/// a later teardown moves it on).
+fn wait_over(state: TreeState) -> bool {
+    state.is_terminal() || state == TreeState::Ambiguous
+}
+
+/// Wait for a tree to end: answers the tree as soon as it is in a final
+/// state (or ambiguous), or as it stands when `timeout` passes (then its
+/// `state` is still a live one; ask again). A long poll, woken by the
+/// service's own notice of the tree's end, not a loop of reads.
+#[utoipa::path(get, path = "/api/trees/{id}/wait", params(("id" = i64, Path, description = "tree id"), WaitQuery),
+    security(("bearer" = [])),
+    responses((status = 200, description = "the tree, ended (or ambiguous), or as it stands at the timeout", body = TreeRow),
+    (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+    (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub async fn wait_tree(
+    State(s): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    TreePath(id): TreePath,
+    ApiQuery(q): ApiQuery<WaitQuery>,
+) -> Result<Json<TreeRow>, ApiError> {
+    let timeout = match q.timeout.as_deref() {
+        None => Duration::from_secs(30),
+        Some(t) => parse_duration("timeout", t).map_err(ApiError::BadRequest)?,
+    };
+    if timeout > MAX_WAIT {
+        return Err(ApiError::BadRequest(format!(
+            "timeout over {}: ask again",
+            humantime::format_duration(MAX_WAIT)
+        )));
+    }
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut ends = s.service.ends();
+    let stop = s.service.shutdown_token();
+    loop {
+        // Marked seen before the read: an end after it changes `ends`.
+        ends.borrow_and_update();
+        let row = s
+            .service
+            .read(move |e| Ok(e.ledger().tree(TreeId(id))?))
+            .await?
+            .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
+        principal.may_see(&row)?;
+        if wait_over(row.state) || tokio::time::Instant::now() >= deadline {
+            return Ok(Json(row));
+        }
+        tokio::select! {
+            changed = ends.changed() => if changed.is_err() { return Ok(Json(row)) },
+            () = tokio::time::sleep_until(deadline) => {}
+            () = stop.cancelled() => return Ok(Json(row)),
+        }
+    }
+}
+
 /// Tear a tree down (TERM, grace, authorize, KILL, verify). Needs the token.
 #[utoipa::path(post, path = "/api/trees/{id}/kill", params(("id" = i64, Path, description = "tree id"), KillQuery),
     security(("bearer" = [])),
@@ -611,7 +926,8 @@ pub async fn kill_tree(
     TreePath(id): TreePath,
     ApiQuery(q): ApiQuery<KillQuery>,
 ) -> Result<Json<KillResponse>, ApiError> {
-    let grace = parse_grace(q.grace.as_deref()).map_err(ApiError::BadRequest)?;
+    let grace = parse_grace(q.grace.as_deref(), s.service.config().max_grace)
+        .map_err(ApiError::BadRequest)?;
     let row = s
         .service
         .read(move |e| Ok(e.ledger().tree(TreeId(id))?))
@@ -859,7 +1175,7 @@ impl utoipa::Modify for BearerAuth {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "treewarden", description = "Custody of process trees: spawn, inspect, kill, audit."),
-    components(schemas(ErrorBody, SpawnBody, crate::ledger::Requester, LimitsBody, ResolveBody, KillResponse, PhaseJson, Health, Recovery, Readiness,
+    components(schemas(ErrorBody, super::error::ErrorCode, super::stream::StreamEvent, SpawnBody, crate::ledger::Requester, LimitsBody, ResolveBody, KillResponse, PhaseJson, Health, Recovery, Readiness,
         TreeRow, TreeDetail, TreeState, OwnerRow, ExitRecord, MemberRow, ObservationRow,
         SignalRow, AuthorizationRow, KillTarget, IdentityRecord, EventRow)),
     modifiers(&BearerAuth)

@@ -17,18 +17,30 @@
 //!   head has not arrived in [`ConnLimits::header_read`], and a keep-alive
 //!   connection idle that long between requests, is closed (slowloris).
 //!
+//! On the Unix socket a connection also carries **descriptors** (issue 25):
+//! a client may send up to three with the first bytes of a request
+//! (`SCM_RIGHTS`), which the spawn handler gives the tree as its 0/1/2
+//! (the `Treewarden-Stdio` header names which; docs/ARCHITECTURE.md, "stdio
+//! through the socket"). So the socket is read with `recvmsg`
+//! ([`FdStream`]); what arrives is kept per connection ([`ReceivedFds`],
+//! at most [`MAX_PENDING_FDS`], close-on-exec) until a handler takes it or
+//! the connection ends.
+//!
 //! This module never reads the ledger and never signals; it only decides
 //! which connections are served.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
+use std::os::fd::{AsFd, OwnedFd};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::ConnectInfo;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::sync::Semaphore;
 use tower::ServiceExt as _;
 
@@ -65,6 +77,141 @@ impl Default for ConnLimits {
 pub trait Accept: Send + 'static {
     type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
     fn accept_peer(&mut self) -> impl Future<Output = std::io::Result<(Self::Io, Peer)>> + Send;
+    /// Where the connection keeps the descriptors its peer sent (the Unix
+    /// socket's); `None` where none can come (TCP).
+    fn received(_io: &Self::Io) -> Option<ReceivedFds> {
+        None
+    }
+}
+
+/// Descriptors held for one connection at most: a request passes 0, 1
+/// and 2 at most; one sent past this closes the oldest held.
+pub const MAX_PENDING_FDS: usize = 3;
+
+/// The descriptors a Unix-socket peer sent on one connection, in the order
+/// they came, until a handler takes them (each request's extension).
+#[derive(Clone, Debug, Default)]
+pub struct ReceivedFds(Arc<Mutex<VecDeque<OwnedFd>>>);
+
+impl ReceivedFds {
+    /// Takes every descriptor held now.
+    pub fn take_all(&self) -> Vec<OwnedFd> {
+        let mut q = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        q.drain(..).collect()
+    }
+
+    fn push(&self, fd: OwnedFd) {
+        let mut q = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if q.len() >= MAX_PENDING_FDS {
+            tracing::debug!("more descriptors than a request passes: the oldest closed");
+            q.pop_front();
+        }
+        q.push_back(fd);
+    }
+}
+
+/// A Unix-socket connection read with `recvmsg`, so descriptors sent with
+/// its bytes (`SCM_RIGHTS`) are kept ([`ReceivedFds`]) rather than closed
+/// by the kernel as a plain `read` would.
+pub struct FdStream {
+    io: tokio::net::UnixStream,
+    fds: ReceivedFds,
+}
+
+impl FdStream {
+    pub fn new(io: tokio::net::UnixStream) -> Self {
+        Self {
+            io,
+            fds: ReceivedFds::default(),
+        }
+    }
+}
+
+/// One `recvmsg` into `buf`, keeping what `SCM_RIGHTS` brought
+/// (close-on-exec). A message whose descriptors did not fit is refused:
+/// the kernel closed some, and a request must not run with part of them.
+fn recv_with_fds(
+    fd: std::os::fd::BorrowedFd<'_>,
+    buf: &mut [u8],
+    into: &ReceivedFds,
+) -> std::io::Result<usize> {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let mut space =
+        [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_PENDING_FDS))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let mut iov = [std::io::IoSliceMut::new(buf)];
+    let msg = rustix::net::recvmsg(fd, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC)?;
+    for m in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(fds) = m {
+            for fd in fds {
+                into.push(fd);
+            }
+        }
+    }
+    if msg.flags.contains(rustix::net::ReturnFlags::CTRUNC) {
+        into.take_all();
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("more than {MAX_PENDING_FDS} descriptors sent with one message"),
+        ));
+    }
+    Ok(msg.bytes)
+}
+
+impl AsyncRead for FdStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            std::task::ready!(this.io.poll_read_ready(cx))?;
+            let unfilled = buf.initialize_unfilled();
+            let io = &this.io;
+            let fds = &this.fds;
+            match io.try_io(Interest::READABLE, || {
+                recv_with_fds(io.as_fd(), unfilled, fds)
+            }) {
+                Ok(n) => {
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+}
+
+impl AsyncWrite for FdStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
 }
 
 impl Accept for tokio::net::TcpListener {
@@ -76,7 +223,12 @@ impl Accept for tokio::net::TcpListener {
 }
 
 impl Accept for tokio::net::UnixListener {
-    type Io = tokio::net::UnixStream;
+    type Io = FdStream;
+
+    fn received(io: &Self::Io) -> Option<ReceivedFds> {
+        Some(io.fds.clone())
+    }
+
     async fn accept_peer(&mut self) -> std::io::Result<(Self::Io, Peer)> {
         let (io, _) = self.accept().await?;
         let peer = match io.peer_cred() {
@@ -90,7 +242,7 @@ impl Accept for tokio::net::UnixListener {
                 Peer::Unix(None)
             }
         };
-        Ok((io, peer))
+        Ok((FdStream::new(io), peer))
     }
 }
 
@@ -207,9 +359,13 @@ pub async fn serve<L: Accept>(
             _ => None,
         };
         let router = router.clone();
+        let fds = L::received(&io);
         let service =
             hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
                 req.extensions_mut().insert(ConnectInfo(peer));
+                if let Some(fds) = &fds {
+                    req.extensions_mut().insert(fds.clone());
+                }
                 router.clone().oneshot(req.map(axum::body::Body::new))
             });
         let conn = hyper::server::conn::http1::Builder::new()

@@ -2,8 +2,10 @@
 //! place that picks its status: an exhaustive match, no `_` arm, so a new
 //! engine or ledger error cannot slip through with a guessed status.
 //!
-//! Bodies are `{"error": "..."}` (plus `"tree"` where one is named). 5xx
-//! bodies stay generic; the detail goes to the log.
+//! Bodies are `{"error": "...", "code": "..."}` (plus `"tree"` where one is
+//! named): `error` is the message for a person, `code` ([`ErrorCode`]) what
+//! a client branches on (the Python client maps it to its exception
+//! classes). 5xx bodies stay generic; the detail goes to the log.
 
 use axum::Json;
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
@@ -32,8 +34,11 @@ pub enum ApiError {
     Unprocessable(String),
     /// 404.
     NotFound(String),
-    /// 409: the tree's state does not allow it (or its teardown is ambiguous).
+    /// 409: the tree's state does not allow it.
     Conflict { message: String, tree: Option<i64> },
+    /// 409: the tree's teardown is ambiguous (survivors left alive as
+    /// evidence; dispatch into its scope closed).
+    Ambiguous { message: String, tree: i64 },
     /// 413: body over the limit.
     TooLarge,
     /// 415: a JSON body without `Content-Type: application/json`.
@@ -46,43 +51,106 @@ pub enum ApiError {
     Internal(String),
 }
 
+/// The machine-readable kind of an error, beside its message: what a
+/// client does next depends on it, not on the status alone (a 503 is a
+/// closed dispatch, which waits for an operator, or a drain or a busy
+/// ledger, which a retry outlives).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub enum ErrorCode {
+    /// 503: a tree in the requester's scope is unsettled; an operator (or
+    /// the next settle) must act first. `tree` names it.
+    DispatchClosed,
+    /// 409: the teardown is ambiguous: survivors were left alive as
+    /// evidence. `tree` names it.
+    Ambiguous,
+    /// 403: the principal may not do this.
+    Forbidden,
+    /// 404: no such tree or endpoint.
+    NotFound,
+    /// 400, 405, 413, 415, 422: the request itself is wrong; `error` says how.
+    BadRequest,
+    /// 503 (draining, ledger busy, a bound of the principal reached), 408:
+    /// not now; retry later.
+    Unavailable,
+    /// 401: token missing, wrong or revoked.
+    Unauthorized,
+    /// 409: the tree's state does not allow it.
+    Conflict,
+    /// 500: the service failed; the detail is in its log.
+    Internal,
+}
+
+impl ErrorCode {
+    /// The code of an error made by a layer or the router, from its status.
+    fn of_status(status: StatusCode) -> Self {
+        match status.as_u16() {
+            401 => Self::Unauthorized,
+            403 => Self::Forbidden,
+            404 => Self::NotFound,
+            408 | 429 | 503 => Self::Unavailable,
+            409 => Self::Conflict,
+            400..=499 => Self::BadRequest,
+            _ => Self::Internal,
+        }
+    }
+}
+
 #[derive(Serialize)]
 struct Body<'a> {
     error: &'a str,
+    code: ErrorCode,
     #[serde(skip_serializing_if = "Option::is_none")]
     tree: Option<i64>,
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let (status, message, tree) = match self {
-            ApiError::Unauthorized(m) => (StatusCode::UNAUTHORIZED, m.to_string(), None),
+        use ErrorCode as C;
+        let (status, code, message, tree) = match self {
+            ApiError::Unauthorized(m) => (
+                StatusCode::UNAUTHORIZED,
+                C::Unauthorized,
+                m.to_string(),
+                None,
+            ),
             ApiError::Forbidden(m) => {
                 // Refusals are logged, not written to the ledger (any local
                 // user reaches the socket; the ledger must not grow at will).
                 tracing::info!(reason = %m, "request refused (403)");
-                (StatusCode::FORBIDDEN, m, None)
+                (StatusCode::FORBIDDEN, C::Forbidden, m, None)
             }
-            ApiError::BadRequest(m) => (StatusCode::BAD_REQUEST, m, None),
-            ApiError::Unprocessable(m) => (StatusCode::UNPROCESSABLE_ENTITY, m, None),
-            ApiError::NotFound(m) => (StatusCode::NOT_FOUND, m, None),
-            ApiError::Conflict { message, tree } => (StatusCode::CONFLICT, message, tree),
+            ApiError::BadRequest(m) => (StatusCode::BAD_REQUEST, C::BadRequest, m, None),
+            ApiError::Unprocessable(m) => {
+                (StatusCode::UNPROCESSABLE_ENTITY, C::BadRequest, m, None)
+            }
+            ApiError::NotFound(m) => (StatusCode::NOT_FOUND, C::NotFound, m, None),
+            ApiError::Conflict { message, tree } => {
+                (StatusCode::CONFLICT, C::Conflict, message, tree)
+            }
+            ApiError::Ambiguous { message, tree } => {
+                (StatusCode::CONFLICT, C::Ambiguous, message, Some(tree))
+            }
             ApiError::TooLarge => (
                 StatusCode::PAYLOAD_TOO_LARGE,
+                C::BadRequest,
                 format!("request body over {} bytes", super::BODY_LIMIT),
                 None,
             ),
-            ApiError::UnsupportedMediaType(m) => (StatusCode::UNSUPPORTED_MEDIA_TYPE, m, None),
+            ApiError::UnsupportedMediaType(m) => {
+                (StatusCode::UNSUPPORTED_MEDIA_TYPE, C::BadRequest, m, None)
+            }
             ApiError::DispatchClosed { tree, reason } => (
                 StatusCode::SERVICE_UNAVAILABLE,
+                C::DispatchClosed,
                 format!("dispatch refused: tree {tree} is unsettled ({reason}); resolve it first"),
                 Some(tree),
             ),
-            ApiError::Unavailable(m) => (StatusCode::SERVICE_UNAVAILABLE, m, None),
+            ApiError::Unavailable(m) => (StatusCode::SERVICE_UNAVAILABLE, C::Unavailable, m, None),
             ApiError::Internal(detail) => {
                 tracing::error!(error = %detail, "internal error answering a request");
                 (
                     StatusCode::INTERNAL_SERVER_ERROR,
+                    C::Internal,
                     "internal error (see the service log)".to_string(),
                     None,
                 )
@@ -92,6 +160,7 @@ impl IntoResponse for ApiError {
             status,
             Json(Body {
                 error: &message,
+                code,
                 tree,
             }),
         )
@@ -151,11 +220,11 @@ impl From<CustodyError> for ApiError {
                 message: m,
                 tree: None,
             },
-            CustodyError::Ambiguous { tree, reason } => ApiError::Conflict {
+            CustodyError::Ambiguous { tree, reason } => ApiError::Ambiguous {
                 message: format!(
                     "teardown of tree {tree} is ambiguous: {reason}; once the cause is fixed, POST /api/trees/{tree}/kill ends them with authority"
                 ),
-                tree: Some(tree),
+                tree,
             },
             e @ CustodyError::Incomplete { .. } => ApiError::Unavailable(e.to_string()),
         }
@@ -317,6 +386,7 @@ pub async fn json_errors(req: Request, next: Next) -> Response {
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    let body = serde_json::json!({ "error": message }).to_string();
+    let body =
+        serde_json::json!({ "error": message, "code": ErrorCode::of_status(status) }).to_string();
     Response::from_parts(parts, axum::body::Body::from(body))
 }

@@ -37,8 +37,9 @@ pub use peer::{Peer, PeerCred};
 /// Largest request body accepted; anything bigger is answered 413.
 pub const BODY_LIMIT: usize = 1024 * 1024;
 
-/// Upper bound on one request. A kill waits for its teardown, whose grace the
-/// API caps at [`api::MAX_GRACE`], plus the verify rounds.
+/// Upper bound on one request beyond the longest grace it may ask for
+/// (`serve --max-grace`): a kill waits for its teardown (its grace plus the
+/// verify rounds); a wait holds at most [`api::MAX_WAIT`].
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// What every handler gets.
@@ -60,6 +61,7 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(api::get_tree))
         .routes(routes!(api::tree_log))
         .routes(routes!(api::kill_tree))
+        .routes(routes!(api::wait_tree))
         .routes(routes!(api::resolve_tree))
         .routes(routes!(api::events))
         .routes(routes!(stream::events_stream))
@@ -91,7 +93,7 @@ pub fn router(state: AppState) -> Router {
         .layer(tower_http::limit::RequestBodyLimitLayer::new(BODY_LIMIT))
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
             axum::http::StatusCode::REQUEST_TIMEOUT,
-            REQUEST_TIMEOUT,
+            REQUEST_TIMEOUT + state.service.config().max_grace,
         ))
         .layer(axum::middleware::from_fn(error::json_errors))
         .layer(tower_http::trace::TraceLayer::new_for_http())

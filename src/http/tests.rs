@@ -65,6 +65,7 @@ fn rig(open_reads: bool) -> Rig {
             sweep_concurrency: 1,
             default_grace: Duration::from_millis(100),
             shutdown_grace: Duration::from_millis(100),
+            max_grace: crate::http::api::DEFAULT_MAX_GRACE,
             drain_timeout: Duration::from_secs(1),
             ready_file: None,
             allow_commands: Vec::new(),

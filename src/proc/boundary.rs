@@ -183,7 +183,7 @@ pub fn resolve_boundary(
 }
 
 /// What the child's stdin/stdout/stderr are.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SpawnStdio {
     /// The caller's descriptors 0, 1 and 2.
     Inherit,
@@ -192,7 +192,38 @@ pub enum SpawnStdio {
     /// stdin from `/dev/null`; stdout and stderr appended, interleaved as
     /// written, to [`SpawnSpec::log_file`] (created 0600).
     Log,
+    /// Descriptors a client handed over (SCM_RIGHTS on the API's socket)
+    /// for 0, 1 and 2; a slot left `None` is as with [`SpawnStdio::Log`]
+    /// (stdin `/dev/null`, stdout and stderr the log file).
+    Given(GivenStdio),
 }
+
+/// The descriptors of [`SpawnStdio::Given`], in the order 0, 1, 2. Shared
+/// (`Arc`) so a spec stays `Clone`; the child gets its own copy by `dup2`.
+#[derive(Clone, Debug, Default)]
+pub struct GivenStdio(pub [Option<std::sync::Arc<OwnedFd>>; 3]);
+
+impl GivenStdio {
+    /// Whether slot `i` (0, 1, 2) is given.
+    pub fn has(&self, i: usize) -> bool {
+        self.0.get(i).is_some_and(Option::is_some)
+    }
+
+    /// Whether the log file is needed (stdout or stderr not given).
+    pub fn needs_log(&self) -> bool {
+        !(self.has(1) && self.has(2))
+    }
+}
+
+impl PartialEq for GivenStdio {
+    /// The same descriptors, by number.
+    fn eq(&self, other: &Self) -> bool {
+        let raw = |g: &Self| g.0.each_ref().map(|f| f.as_ref().map(|f| f.as_raw_fd()));
+        raw(self) == raw(other)
+    }
+}
+
+impl Eq for GivenStdio {}
 
 /// Everything needed to spawn one tree root.
 #[derive(Clone, Debug)]
@@ -378,6 +409,9 @@ struct Prepared {
     null_fd: Option<OwnedFd>,
     /// With [`SpawnStdio::Log`]: the log file, for descriptors 1 and 2.
     log_fd: Option<OwnedFd>,
+    /// With [`SpawnStdio::Given`]: the given descriptors, put on 0, 1, 2
+    /// after the null and log ones.
+    given: GivenStdio,
     /// With [`SpawnSpec::tty`]: the terminal's slave, opened without
     /// becoming our controlling terminal.
     tty_fd: Option<OwnedFd>,
@@ -458,16 +492,25 @@ fn prepare(spec: &SpawnSpec) -> Result<Prepared, ProcError> {
         .as_deref()
         .map(|p| cstring(p.as_os_str()))
         .transpose()?;
-    let null_fd = match spec.stdio {
+    let null_fd = match &spec.stdio {
         SpawnStdio::Inherit => None,
-        SpawnStdio::Null | SpawnStdio::Log => Some(rustix::fs::open(
+        SpawnStdio::Null | SpawnStdio::Log | SpawnStdio::Given(_) => Some(rustix::fs::open(
             "/dev/null",
             rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
             rustix::fs::Mode::empty(),
         )?),
     };
-    let log_fd = match (spec.stdio, &spec.log_file) {
-        (SpawnStdio::Log, Some(path)) => Some(rustix::fs::open(
+    let logged = match &spec.stdio {
+        SpawnStdio::Log => true,
+        SpawnStdio::Given(g) => g.needs_log(),
+        SpawnStdio::Inherit | SpawnStdio::Null => false,
+    };
+    let given = match &spec.stdio {
+        SpawnStdio::Given(g) => g.clone(),
+        _ => GivenStdio::default(),
+    };
+    let log_fd = match (logged, &spec.log_file) {
+        (true, Some(path)) => Some(rustix::fs::open(
             path,
             rustix::fs::OFlags::WRONLY
                 | rustix::fs::OFlags::APPEND
@@ -475,12 +518,12 @@ fn prepare(spec: &SpawnSpec) -> Result<Prepared, ProcError> {
                 | rustix::fs::OFlags::CLOEXEC,
             rustix::fs::Mode::from_raw_mode(0o600),
         )?),
-        (SpawnStdio::Log, None) => {
+        (true, None) => {
             return Err(ProcError::Io(std::io::Error::other(
                 "stdio Log needs a log file",
             )));
         }
-        _ => None,
+        (false, _) => None,
     };
     let tty_fd = spec
         .tty
@@ -517,6 +560,7 @@ fn prepare(spec: &SpawnSpec) -> Result<Prepared, ProcError> {
         cwd,
         null_fd,
         log_fd,
+        given,
         tty_fd,
         umask: spec.umask.map(|m| m as libc::mode_t),
         creds: spec
@@ -670,6 +714,18 @@ unsafe fn child_after_fork(p: &Prepared, release_r: libc::c_int, status_w: libc:
                     report(TAG_SETUP, 2, errno());
                     libc::_exit(125);
                 }
+            }
+        }
+        // Given descriptors last: each on its own slot. A given descriptor
+        // numbered 0..2 in this process is never clobbered first: the
+        // service's 0, 1 and 2 are open (never closed), so a received one
+        // has a number of 3 or more.
+        for (target, fd) in p.given.0.iter().enumerate() {
+            if let Some(fd) = fd
+                && libc::dup2(fd.as_raw_fd(), target as libc::c_int) < 0
+            {
+                report(TAG_SETUP, 2, errno());
+                libc::_exit(125);
             }
         }
         if let Some(tty) = &p.tty_fd {

@@ -41,9 +41,10 @@ pub mod tty;
 pub mod users;
 
 pub use boundary::{
-    BoundaryKind, CgroupSetting, ExecFailure, ExecFailureKind, HeldChild, SpawnSpec, SpawnStdio,
-    Spawned, cgroup_root, cgroup2_mount, check_cgroup_writable, deny_clone3_in_this_thread,
-    own_cgroup_dir, remove_cgroup_if_empty, remove_cgroup_when_empty, resolve_boundary, spawn_held,
+    BoundaryKind, CgroupSetting, ExecFailure, ExecFailureKind, GivenStdio, HeldChild, SpawnSpec,
+    SpawnStdio, Spawned, cgroup_root, cgroup2_mount, check_cgroup_writable,
+    deny_clone3_in_this_thread, own_cgroup_dir, remove_cgroup_if_empty, remove_cgroup_when_empty,
+    resolve_boundary, spawn_held,
 };
 pub use connector::{Connector, ConnectorWaker, ProcEvent, monotonic_ns};
 pub use delegation::{

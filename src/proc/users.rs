@@ -47,6 +47,21 @@ pub struct UserInfo {
     pub shell: std::path::PathBuf,
 }
 
+impl UserInfo {
+    /// A uid the user database does not know (named by number, as
+    /// `systemd-run --uid` takes it): no name, its uid as its gid, `/` as
+    /// its home.
+    pub fn unnamed(uid: u32) -> Self {
+        Self {
+            name: String::new(),
+            uid,
+            gid: uid,
+            home: "/".into(),
+            shell: "/bin/sh".into(),
+        }
+    }
+}
+
 fn io(e: nix::Error) -> std::io::Error {
     std::io::Error::from_raw_os_error(e as i32)
 }

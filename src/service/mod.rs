@@ -29,7 +29,8 @@
 //! Shutdown: the cancellation token stops the listener and the loops; the
 //! spawn gate closes (waiting for spawns in flight, so none is missed); every
 //! owned tree is torn down concurrently with its grace capped at
-//! `shutdown_grace`; the whole drain is bounded by `drain_timeout` so the
+//! `shutdown_grace`, but a client's tree whose owner process lives, which
+//! is left running (logged) for the next start to adopt; the whole drain is bounded by `drain_timeout` so the
 //! service never outlives a supervisor's kill window. A sweep running at
 //! SIGTERM (recovery included) starts no further teardown; those in flight
 //! finish within the drain, and any the bound cuts off stay in the state
@@ -115,6 +116,8 @@ pub struct ServiceConfig {
     /// Live trees one non-admin principal (a uid on the socket, a token)
     /// may hold at once (`serve --max-trees-per-user`).
     pub max_trees_per_principal: usize,
+    /// The longest grace a request may ask for (`serve --max-grace`).
+    pub max_grace: Duration,
 }
 
 /// Why the service tears a tree down: chooses the engine's [`Origin`] and
@@ -199,6 +202,11 @@ pub struct SpawnParams {
     pub run_as: Option<RunAs>,
     /// Whether the tree ends with its root or with its owner.
     pub lifetime: crate::custody::Lifetime,
+    /// The teardown's first signal (`None`: SIGTERM).
+    pub first_signal: Option<crate::proc::Sig>,
+    /// Descriptors the client passed for the tree's 0, 1, 2 (SCM_RIGHTS on
+    /// the socket); slots not given are as for a logged tree.
+    pub stdio: crate::proc::GivenStdio,
 }
 
 /// A user a tree runs as: its credentials, and its name and home for the
@@ -212,6 +220,9 @@ pub struct RunAs {
 /// A tree this service is responsible for.
 struct Owned {
     grace: Duration,
+    /// The client process the tree runs for (`None`: the service's own
+    /// tree). A tree whose client owner lives is left running by the drain.
+    client_owner: Option<Identity>,
     /// Held by a teardown of this tree; scans skip the tree while it is held.
     lock: Arc<Mutex<()>>,
     /// Cancelled when the tree has ended, to stop its watch task.
@@ -257,6 +268,10 @@ pub struct Service {
     recovery: Mutex<RecoveryState>,
     /// Whether [`Service::start`] ran (it runs once: `run` calls it).
     started_once: AtomicBool,
+    /// Bumped whenever this service learns that a tree ended (its own
+    /// teardowns, resolutions, and the `tree.*` events of other processes
+    /// its scan loop tails): `GET /api/trees/{id}/wait` sleeps on it.
+    ends: tokio::sync::watch::Sender<u64>,
 }
 
 /// Where the start-up recovery is.
@@ -375,7 +390,19 @@ impl Service {
                 error: None,
             }),
             started_once: AtomicBool::new(false),
+            ends: tokio::sync::watch::Sender::new(0),
         }))
+    }
+
+    /// A receiver that changes whenever a tree may have ended (see
+    /// [`Service::ends`]'s field): a waiter reads the tree, then awaits
+    /// `changed()`, so no end between the two is missed.
+    pub fn ends(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.ends.subscribe()
+    }
+
+    fn note_ended(&self) {
+        self.ends.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// The start-up recovery: still running or not, orphans found and
@@ -639,7 +666,11 @@ impl Service {
             label: p.label.clone(),
             cwd,
             env: Some(env),
-            stdio: SpawnStdio::Log,
+            stdio: if p.stdio.0.iter().any(Option::is_some) {
+                SpawnStdio::Given(p.stdio.clone())
+            } else {
+                SpawnStdio::Log
+            },
             owner: owner.clone(),
             owner_kind: kind,
             grace: Some(p.grace.unwrap_or(self.config.default_grace)),
@@ -648,7 +679,7 @@ impl Service {
             // The unit runs the service with UMask=0077 (its own files are
             // private); the work it spawns gets the usual 022.
             umask: Some(0o022),
-            first_signal: None,
+            first_signal: p.first_signal,
         };
         let engine = self.engine.clone();
         let lifetime = p.lifetime;
@@ -665,9 +696,11 @@ impl Service {
             h.watch(tree, spawned.pgid, spawned.sid, &spawned.root);
         }
         let grace = p.grace.unwrap_or(self.config.default_grace);
+        let client_owner = (kind == OwnerKind::Client).then(|| owner.clone());
         self.adopt(
             tree.0,
             grace,
+            client_owner,
             Some(spawned.root.clone()),
             owner_fd,
             p.timeout,
@@ -680,10 +713,12 @@ impl Service {
     }
 
     /// Registers a tree as owned and starts its watch task.
+    #[allow(clippy::too_many_arguments)]
     fn adopt(
         self: &Arc<Self>,
         tree: i64,
         grace: Duration,
+        client_owner: Option<Identity>,
         root: Option<Identity>,
         owner_fd: Option<OwnedFd>,
         timeout: Option<Duration>,
@@ -694,6 +729,7 @@ impl Service {
             tree,
             Owned {
                 grace,
+                client_owner,
                 lock: Arc::new(Mutex::new(())),
                 done: done.clone(),
             },
@@ -829,6 +865,16 @@ impl Service {
             let _held = lock.lock().unwrap_or_else(|e| e.into_inner());
             let mut opts = TeardownOptions::new(grace, reason, origin);
             opts.root_exit = root_exit;
+            // The first signal the tree was given (`first_signal`), as the
+            // sweep sends it.
+            if let Ok(Some(row)) = engine.ledger().tree(TreeId(tree))
+                && let Some(sig) = row
+                    .first_signal
+                    .as_deref()
+                    .and_then(|s| crate::proc::Sig::parse_first(s).ok())
+            {
+                opts.first_signal = sig;
+            }
             engine.teardown(TreeId(tree), &opts, &mut |_| {})
         })
         .await?;
@@ -854,6 +900,7 @@ impl Service {
         if let Some(o) = self.lock_owned().remove(&tree) {
             o.done.cancel();
         }
+        self.note_ended();
         if let Some(h) = &self.observer_handle {
             h.unwatch(TreeId(tree));
         }
@@ -947,7 +994,15 @@ impl Service {
                 } else {
                     crate::custody::Lifetime::Root
                 };
-                self.adopt(row.id, grace, root, Some(fd), timeout, lifetime);
+                self.adopt(
+                    row.id,
+                    grace,
+                    Some(owner.clone()),
+                    root,
+                    Some(fd),
+                    timeout,
+                    lifetime,
+                );
                 if interrupted {
                     let this = self.clone();
                     let tree = row.id;
@@ -1216,9 +1271,19 @@ impl Service {
             };
             match ledger.events(&filter) {
                 Ok(events) => {
+                    let mut ended = false;
                     for e in &events {
                         self.metrics.count_event(e);
                         st.after_seq = e.seq;
+                        // A tree another process ended (a `run`, a `kill`,
+                        // a sweep): its waiters are woken.
+                        ended |= matches!(
+                            e.kind.as_str(),
+                            "tree.ended" | "tree.state" | "tree.resolved" | "tree.spawn_failed"
+                        );
+                    }
+                    if ended {
+                        self.note_ended();
                     }
                     if events.len() < 1000 {
                         break;
@@ -1246,15 +1311,41 @@ impl Service {
         let deadline = Instant::now() + self.config.drain_timeout;
         let work = async {
             *self.draining.write().await = true;
+            // A client's tree whose owner process lives is not the
+            // service's to end: it is left running (its owner still holds
+            // it: its pipes, its work), and the next start adopts it and
+            // watches its owner again. Only the trees the service owns
+            // itself, and those of owners gone, are torn down.
+            let mut left = Vec::new();
             let owned: Vec<(i64, Duration)> = self
                 .lock_owned()
                 .iter()
+                .filter(|(id, o)| match &o.client_owner {
+                    Some(owner) if owner_alive(owner) => {
+                        left.push((**id, owner.pid));
+                        false
+                    }
+                    _ => true,
+                })
                 .map(|(id, o)| {
                     let cap = Some(self.config.shutdown_grace);
                     (*id, policy::grace(None, Some(o.grace), o.grace, cap))
                 })
                 .collect();
-            tracing::info!(trees = owned.len(), "shutdown: tearing down owned trees");
+            left.sort_unstable();
+            for (tree, owner) in &left {
+                tracing::info!(
+                    tree,
+                    owner,
+                    "shutdown: left running (its owner process lives); the next start adopts it"
+                );
+            }
+            tracing::info!(
+                trees = owned.len(),
+                left_running = left.len(),
+                left = ?left.iter().map(|(t, _)| *t).collect::<Vec<_>>(),
+                "shutdown: tearing down owned trees"
+            );
             let mut set = tokio::task::JoinSet::new();
             for (tree, grace) in owned {
                 let this = self.clone();
@@ -1399,6 +1490,18 @@ impl Service {
         }
         tracing::info!(settled, "shutdown complete");
         settled
+    }
+}
+
+/// Whether a client owner is still the process it was (pid, start time,
+/// boot): one that cannot be read counts as alive (its tree is left to the
+/// next start, which checks again), as an owner whose start time cannot be
+/// read does everywhere.
+fn owner_alive(owner: &Identity) -> bool {
+    match crate::proc::identity_of(owner.pid) {
+        Ok(Some(now)) => now.start_ticks == owner.start_ticks && now.boot_id == owner.boot_id,
+        Ok(None) => false,
+        Err(_) => true,
     }
 }
 

@@ -1,6 +1,7 @@
 //! The operator-facing files are run or checked, so they cannot rot:
 //!
-//! - `docs/examples/client.py` runs against a real `serve` on 127.0.0.1:0;
+//! - the Python client's example (docs/INTEGRATION.md, section 1) runs against a
+//!   real `serve`'s socket and prints what the doc shows;
 //! - `examples/embed.rs` (built by `cargo test` next to the test binary) runs;
 //! - every `treewarden run` row of the exit-code table in
 //!   `docs/INTEGRATION.md` is run with the real binary and must exit as the
@@ -74,53 +75,63 @@ fn run_bounded(mut cmd: Command, limit: Duration) -> (Option<i32>, String, Strin
     )
 }
 
+/// The first fenced block of `lang` after `heading` in `text`.
+fn fenced_after<'a>(text: &'a str, heading: &str, lang: &str) -> &'a str {
+    let from = text
+        .find(heading)
+        .unwrap_or_else(|| panic!("no {heading:?}"));
+    let open = format!("```{lang}\n");
+    let start = text[from..]
+        .find(&open)
+        .map(|i| from + i + open.len())
+        .unwrap_or_else(|| panic!("no ```{lang} block after {heading:?}"));
+    let len = text[start..].find("\n```").expect("block closed");
+    &text[start..start + len + 1]
+}
+
 #[test]
 fn the_python_client_example_runs_against_a_real_server() {
     if tool("python3").is_none() {
         skip("python3 not installed");
         return;
     }
+    // The example of INTEGRATION.md's first section, as printed there,
+    // against a real serve's socket, with the package from clients/python.
+    let doc = read("docs/INTEGRATION.md");
+    let heading = "## 1. From Python";
+    let script = fenced_after(&doc, heading, "python");
+    let expected = fenced_after(&doc, heading, "text");
     let mut s = Server::start(&[]);
+    let path = s.dir.path().join("example.py");
+    std::fs::write(&path, script).expect("write the example");
     let mut cmd = Command::new("python3");
-    cmd.arg(repo().join("docs/examples/client.py"))
-        .env("TREEWARDEN_URL", format!("http://{}", s.addr))
-        .env("TREEWARDEN_TOKEN_FILE", s.data_dir().join("api-token"))
-        .env("NO_PROXY", "127.0.0.1")
-        .env_remove("HTTP_PROXY")
-        .env_remove("http_proxy");
+    cmd.arg(&path)
+        .current_dir(s.dir.path())
+        .env("PYTHONPATH", repo().join("clients/python"))
+        .env("TREEWARDEN_SOCKET", s.data_dir().join("api.sock"))
+        .env("TREEWARDEN_DATA_DIR", s.data_dir())
+        .env("TREEWARDEN_BIN", bin())
+        .env("TW_TEST_MARK", &s.mark);
     let (code, out, err) = run_bounded(cmd, Duration::from_secs(90));
     assert_eq!(
         code,
         Some(0),
-        "client.py failed:\n{out}\n{err}\nserve: {}",
+        "the example failed:\n{out}\n{err}\nserve: {}",
         s.stderr()
     );
-    let summary: Value = serde_json::from_str(out.lines().last().unwrap_or(""))
-        .unwrap_or_else(|e| panic!("last line is not the JSON summary ({e}):\n{out}"));
-    assert_eq!(summary["state"], "ended", "{out}");
-    let id = summary["tree"].as_i64().expect("tree id");
-    assert!(summary["events"].as_u64() >= Some(3), "{out}");
-    // The tree the example spawned is owned by the client process, ended,
-    // and none of its members is alive (by identity, not bare pid).
-    let detail: Value = s
-        .get(&format!("/api/trees/{id}"))
-        .json()
-        .expect("tree json");
-    assert_eq!(detail["tree"]["owner"]["kind"], "client", "{detail}");
-    let members = detail["members"].as_array().expect("members");
-    assert!(members.len() >= 3, "{detail}");
-    for m in members {
-        let pid = m["pid"].as_i64().expect("pid") as i32;
-        let ticks = m["start_ticks"].as_u64();
-        let gone = wait_until(Duration::from_secs(5), || {
-            treewarden::proc::identity_of(pid)
-                .ok()
-                .flatten()
-                .is_none_or(|now| Some(now.start_ticks) != ticks)
-                || !crate::util::pid_alive(pid)
-        });
-        assert!(gone, "member {pid} of tree {id} is still alive");
-    }
+    assert_eq!(
+        out, expected,
+        "the example's output is not the one printed in the doc"
+    );
+    // Nothing it started lives on: no tree is left alive in the ledger, and
+    // nothing carrying the marker (the wrapper's trees inherit it) runs.
+    let alive: Value = s.get("/api/trees?alive=1").json().expect("json");
+    assert_eq!(alive.as_array().map(Vec::len), Some(0), "{alive}");
+    assert!(
+        wait_until(Duration::from_secs(10), || s.marked().is_empty()),
+        "left running: {:?}",
+        s.marked()
+    );
     let status = s.terminate().expect("serve exits");
     assert_eq!(status.code(), Some(0), "{}", s.stderr());
 }

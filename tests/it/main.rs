@@ -7,6 +7,7 @@ mod custody;
 mod delegation;
 mod docs;
 mod fidelity;
+mod harness;
 mod hostile;
 mod ledger;
 mod ledger_life;
