@@ -385,6 +385,8 @@ fn run_as(
                     uid: u.uid,
                     gid: u.gid,
                     groups: Vec::new(),
+                    rlimits: Vec::new(),
+                    cgroups_v1: Vec::new(),
                 },
                 user: None,
             });
