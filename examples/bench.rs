@@ -785,8 +785,13 @@ fn live_trees(plan: &Plan, dir: &Path) -> anyhow::Result<String> {
     if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
         rustix::process::kill_process(p, rustix::process::Signal::TERM)?;
     }
+    // Not `try_wait`: the teardown section's reaper (installed earlier in
+    // this process) may have reaped it. Gone from /proc, or a zombie.
     let exited = wait_until(Duration::from_secs(300), Duration::from_millis(20), || {
-        matches!(serve.0.try_wait(), Ok(Some(_)))
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+            s.rsplit_once(')')
+                .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+        })
     });
     let down = t.elapsed();
     let gone = wait_until(Duration::from_secs(60), Duration::from_millis(20), || {
