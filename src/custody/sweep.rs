@@ -29,7 +29,7 @@ use serde::Serialize;
 
 use super::teardown::{Origin, TeardownOptions};
 use super::{CustodyError, Engine};
-use crate::ledger::{EventKind, TreeId, TreeRow, TreeState};
+use crate::ledger::{Event, TreeId, TreeRow, TreeState, event};
 
 /// Teardowns a sweep runs at once unless told otherwise (`--sweep-concurrency`).
 pub const DEFAULT_SWEEP_CONCURRENCY: usize = 64;
@@ -200,8 +200,10 @@ impl Engine {
         }
         self.ledger.append_event(
             None,
-            EventKind::SweepStarted,
-            serde_json::json!({ "candidates": report.examined, "pid": std::process::id() }),
+            Event::SweepStarted(event::SweepStarted {
+                candidates: report.examined as u64,
+                pid: std::process::id(),
+            }),
         )?;
         if let Some(p) = &opts.progress {
             p.found.fetch_add(orphans.len(), Ordering::SeqCst);
@@ -331,15 +333,15 @@ impl Engine {
             return outcome;
         }
         let tree = TreeId(row.id);
-        let found = serde_json::json!({
-            "owner": { "pid": row.owner.pid, "start": row.owner.start },
-            "state": row.state.as_str(),
-            "grace_ms": outcome.grace_ms,
+        let found = Event::SweepOrphanFound(event::OrphanFound {
+            owner: event::GoneOwner {
+                pid: row.owner.pid,
+                start: row.owner.start,
+            },
+            state: row.state,
+            grace_ms: outcome.grace_ms,
         });
-        if let Err(e) = self
-            .ledger
-            .append_event(Some(tree), EventKind::SweepOrphanFound, found)
-        {
+        if let Err(e) = self.ledger.append_event(Some(tree), found) {
             count(|p| &p.unsettled);
             outcome.error = Some(e.to_string());
             return outcome;

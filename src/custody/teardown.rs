@@ -28,8 +28,8 @@ use serde::Serialize;
 use super::watch::{TreeWatch, exit_record};
 use super::{CustodyError, Engine};
 use crate::ledger::{
-    AuthorizationId, Deferred, EventKind, IdentityRecord, KillTarget, SignalRecord, SurvivorRecord,
-    TreeId, TreeState,
+    AuthorizationId, Deferred, Event, IdentityRecord, KillTarget, SignalRecord, SurvivorRecord,
+    TreeId, TreeState, event,
 };
 use crate::proc::{Delivery, GroupDelivery, GroupRecord, Identity, Sig};
 use crate::scan::Member;
@@ -277,6 +277,45 @@ struct Targets {
     /// For a cgroup kill: the cgroup's members as the step's tick read them
     /// (frozen), which the authorization names as the cgroup target's.
     cgroup_pids: HashSet<i32>,
+}
+
+/// What one signal step did to one target, typed; its `Display` is the
+/// `result` the ledger records (`signals.result`, `signal.sent`), spelled
+/// as it always was.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Sent {
+    /// Delivered (a cgroup's `cgroup.kill`, a held or checked pidfd).
+    Delivered,
+    /// `killpg` to the recorded group, which had this many live members.
+    ToMembers(usize),
+    /// The group had no live member: nothing sent.
+    GroupEmpty,
+    /// The process was already gone: nothing sent.
+    Gone,
+    /// Not sent: the target is not provably the recorded one.
+    Refused(String),
+    /// The syscall failed.
+    Failed(String),
+}
+
+impl Sent {
+    /// Whether the signal reached its target.
+    pub(crate) fn was_sent(&self) -> bool {
+        matches!(self, Sent::Delivered | Sent::ToMembers(_))
+    }
+}
+
+impl std::fmt::Display for Sent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Sent::Delivered => f.write_str("sent"),
+            Sent::ToMembers(n) => write!(f, "sent to {n} members"),
+            Sent::GroupEmpty => f.write_str("group empty"),
+            Sent::Gone => f.write_str("gone"),
+            Sent::Refused(why) => write!(f, "refused: {why}"),
+            Sent::Failed(e) => write!(f, "failed: {e}"),
+        }
+    }
 }
 
 impl Engine {
@@ -1083,7 +1122,7 @@ impl Engine {
         let mut group_ok = true;
         // The step's signal records, written in one transaction at the end.
         let mut records: Vec<SignalRecord> = Vec::new();
-        let mut record = |kind: &str, target: &str, result: &str| {
+        let mut record = |kind: &str, target: &str, result: &Sent| {
             records.push(SignalRecord {
                 signal: sig.name().to_string(),
                 target_kind: kind.to_string(),
@@ -1094,8 +1133,8 @@ impl Engine {
         };
         if let Some(dir) = step.cgroup.as_deref() {
             let result = match self.host.cgroup_kill(dir) {
-                Ok(()) => "sent".to_string(),
-                Err(e) => format!("failed: {e}"),
+                Ok(()) => Sent::Delivered,
+                Err(e) => Sent::Failed(e.to_string()),
             };
             record("cgroup", &dir.display().to_string(), &result);
         }
@@ -1104,18 +1143,18 @@ impl Engine {
                 .host
                 .signal_group_known(&step.group, sig, &step.group_pids)
             {
-                Ok(GroupDelivery::Sent { members }) => format!("sent to {members} members"),
-                Ok(GroupDelivery::Empty) => "group empty".to_string(),
+                Ok(GroupDelivery::Sent { members }) => Sent::ToMembers(members),
+                Ok(GroupDelivery::Empty) => Sent::GroupEmpty,
                 Ok(GroupDelivery::NotRecorded(why)) => {
                     group_ok = false;
                     if watch.degraded().is_none() {
                         self.refusal_event(tree, opts, &why);
                     }
-                    format!("refused: {why}")
+                    Sent::Refused(why)
                 }
-                Err(e) => format!("failed: {e}"),
+                Err(e) => Sent::Failed(e.to_string()),
             };
-            if result.starts_with("sent") || sig != Sig::Kill {
+            if result.was_sent() || sig != Sig::Kill {
                 record("group", &step.group.pgid.to_string(), &result);
             } else if step.cgroup.is_none() {
                 // A SIGKILL that was not sent is recorded as skipped, not as a signal.
@@ -1139,12 +1178,12 @@ impl Engine {
                 None => self.host.signal_process(id, sig),
             };
             let result = match delivery {
-                Ok(Delivery::Sent) => "sent".to_string(),
-                Ok(Delivery::Gone) => "gone".to_string(),
-                Ok(Delivery::Recycled) => "refused: pid recycled".to_string(),
-                Err(e) => format!("failed: {e}"),
+                Ok(Delivery::Sent) => Sent::Delivered,
+                Ok(Delivery::Gone) => Sent::Gone,
+                Ok(Delivery::Recycled) => Sent::Refused("pid recycled".into()),
+                Err(e) => Sent::Failed(e.to_string()),
             };
-            if result == "sent" || sig != Sig::Kill {
+            if result.was_sent() || sig != Sig::Kill {
                 record("pid", &id.pid.to_string(), &result);
             }
         }
@@ -1260,10 +1299,11 @@ impl Engine {
     }
 
     fn refusal_event(&self, tree: TreeId, opts: &TeardownOptions, why: &str) {
-        let data = serde_json::json!({ "reason": why });
         let result = if opts.origin == Origin::Sweep {
-            self.ledger
-                .append_event(Some(tree), EventKind::SweepRefused, data)
+            let refused = Event::SweepRefused(event::Reason {
+                reason: why.to_string(),
+            });
+            self.ledger.append_event(Some(tree), refused)
         } else {
             self.ledger.kill_skipped(tree, why).map(|_| 0)
         };

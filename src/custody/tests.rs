@@ -94,7 +94,7 @@ impl Rig {
             })
             .expect("events")
             .into_iter()
-            .map(|e| e.kind)
+            .map(|e| e.kind.to_string())
             .collect()
     }
 
@@ -223,7 +223,7 @@ fn every_sigkill_follows_a_committed_authorization_naming_exactly_its_targets() 
         })
         .expect("events")
         .into_iter()
-        .filter(|e| e.kind == "tree.state" && e.data["to"] == "killing")
+        .filter(|e| e.kind.as_str() == "tree.state" && e.data["to"] == "killing")
         .count();
     assert_eq!(killing, 1, "the state killing, recorded in the first round");
 }
@@ -714,10 +714,13 @@ fn a_sigkill_that_found_the_group_empty_is_recorded_as_skipped_not_as_a_signal()
         ]
     );
     assert!(
-        detail.events.iter().any(|e| e.kind == "kill.skipped"
-            && e.data["reason"]
-                .as_str()
-                .is_some_and(|r| r.starts_with(&format!("group {group}")))),
+        detail
+            .events
+            .iter()
+            .any(|e| e.kind.as_str() == "kill.skipped"
+                && e.data["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.starts_with(&format!("group {group}")))),
         "the group's SIGKILL is recorded as skipped"
     );
     assert!(
@@ -804,7 +807,7 @@ fn resumes_from_terminating_without_a_second_transition() {
         })
         .expect("events")
         .into_iter()
-        .filter(|e| e.kind == "tree.state" && e.data["to"] == "terminating")
+        .filter(|e| e.kind.as_str() == "tree.state" && e.data["to"] == "terminating")
         .count();
     assert_eq!(terminating, 1);
     assert_eq!(rig.host.sent()[0].sig, Sig::Term, "SIGTERM sent again");
@@ -1410,7 +1413,7 @@ fn a_trail_the_ledger_refused_mid_teardown_is_written_before_the_end() {
         })
         .expect("events")
         .into_iter()
-        .any(|e| e.kind == "tree.state" && e.data["to"] == "terminating");
+        .any(|e| e.kind.as_str() == "tree.state" && e.data["to"] == "terminating");
     assert!(terminating, "the refused state change is written late");
 }
 

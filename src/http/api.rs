@@ -619,16 +619,11 @@ pub async fn kill_tree(
     // kill does not wait on it: a ledger that refuses it still gets the
     // principal in the teardown's reason.
     let by = principal.requester();
-    let data = serde_json::json!({"by": by, "grace_ms": grace.map(|g| g.as_millis() as u64)});
-    if let Err(e) = s
-        .service
-        .record(
-            Some(TreeId(id)),
-            crate::ledger::EventKind::KillRequested,
-            data,
-        )
-        .await
-    {
+    let asked = crate::ledger::Event::KillRequested(crate::ledger::event::KillRequested {
+        by: by.clone(),
+        grace_ms: grace.map(|g| g.as_millis() as u64),
+    });
+    if let Err(e) = s.service.record(Some(TreeId(id)), asked).await {
         tracing::warn!(tree = id, error = %e, "kill.requested not recorded; the teardown's reason names the principal");
     }
     let r = s

@@ -435,11 +435,10 @@ impl Service {
     pub async fn record(
         &self,
         tree: Option<TreeId>,
-        kind: crate::ledger::EventKind,
-        data: serde_json::Value,
+        event: crate::ledger::Event,
     ) -> Result<i64, ServiceError> {
         let engine = self.engine.clone();
-        Ok(blocking(move || engine.ledger().append_event(tree, kind, data)).await??)
+        Ok(blocking(move || engine.ledger().append_event(tree, event)).await??)
     }
 
     /// Runs a blocking read against the engine (ledger reads, dispatch gate).
