@@ -162,6 +162,11 @@ pub struct ShowArgs {
     tree: i64,
     #[arg(long)]
     json: bool,
+    /// The members as a process tree, like pstree: parent -> child by the
+    /// ppid each had when first seen, marked escaped, exec, exited,
+    /// force-killed (with --json: the hierarchy as JSON).
+    #[arg(long = "tree", id = "tree_view")]
+    tree_view: bool,
 }
 
 #[derive(Args, Debug)]
@@ -1216,8 +1221,19 @@ pub fn show(config: &Config, args: ShowArgs) -> CliResult {
     if detail.resources.is_none() {
         detail.resources = treewarden::custody::live_resources(&detail.tree);
     }
+    if args.json && args.tree_view {
+        print_json(&detail.hierarchy())?;
+        return Ok(0);
+    }
     if args.json {
         print_json(&detail)?;
+        return Ok(0);
+    }
+    if args.tree_view {
+        print!(
+            "{}",
+            treewarden::ledger::hierarchy::draw(&detail.hierarchy())
+        );
         return Ok(0);
     }
     let t = &detail.tree;

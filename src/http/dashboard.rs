@@ -18,6 +18,7 @@ use super::api::parse_flag;
 use super::error::{ApiError, ApiQuery, TreePath};
 use crate::custody::Unsettled;
 use crate::ledger::event::TeardownTimeline;
+use crate::ledger::hierarchy::ProcessNode;
 use crate::ledger::{
     Event, EventFilter, EventRow, ExitRecord, MemberCounts, MemberRow, SignalRow, TreeId, TreeRow,
     TreeState,
@@ -499,9 +500,56 @@ pub fn timeline(tl: &TeardownTimeline) -> Option<Timeline> {
     })
 }
 
+/// One member in the tree page's process tree, in depth-first order, with
+/// what the nested list around it needs: `<li>` opens it, `<ul>` its
+/// children when it has some, and `closes` lists end after it.
+pub struct ProcessItem {
+    pub pid: i32,
+    pub name: String,
+    pub command: String,
+    pub marks: Vec<String>,
+    pub escaped: bool,
+    pub force_killed: bool,
+    pub has_children: bool,
+    pub closes: usize,
+}
+
+/// The hierarchy ([`crate::ledger::hierarchy`]) flattened for the template
+/// (askama has no recursion): nesting is rebuilt from `has_children` and
+/// `closes`.
+pub fn process_items(forest: &[ProcessNode]) -> Vec<ProcessItem> {
+    fn walk(n: &ProcessNode, out: &mut Vec<ProcessItem>) {
+        out.push(ProcessItem {
+            pid: n.pid,
+            name: n.name(),
+            command: n.cmdline.join(" "),
+            marks: n.marks(),
+            escaped: n.escaped,
+            force_killed: n.force_killed,
+            has_children: !n.children.is_empty(),
+            closes: 0,
+        });
+        for c in &n.children {
+            walk(c, out);
+        }
+        if !n.children.is_empty()
+            && let Some(last) = out.last_mut()
+        {
+            last.closes += 1;
+        }
+    }
+    let mut out = Vec::new();
+    for n in forest {
+        walk(n, &mut out);
+    }
+    out
+}
+
 #[derive(Template)]
 #[template(path = "tree.html")]
 pub struct TreePage {
+    /// The members as a process tree (parent -> child by first-seen ppid).
+    pub processes: Vec<ProcessItem>,
     pub tree: TreeRow,
     pub members: Vec<MemberRow>,
     pub escapes: Vec<MemberRow>,
@@ -686,6 +734,7 @@ pub async fn tree(
         .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
     let timeline = teardown.as_ref().and_then(timeline);
     render(&TreePage {
+        processes: process_items(&d.hierarchy()),
         output,
         live: !d.tree.state.is_terminal(),
         command: d.tree.argv.join(" "),

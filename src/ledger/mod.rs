@@ -69,6 +69,7 @@ mod db;
 mod error;
 pub mod event;
 mod export;
+pub mod hierarchy;
 mod prune;
 mod read;
 pub mod seal;
