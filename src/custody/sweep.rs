@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::policy::Grace;
 use super::teardown::{Origin, TeardownOptions};
 use super::{CustodyError, Engine};
 use crate::ledger::{Event, TreeId, TreeRow, TreeState, event};
@@ -309,16 +310,15 @@ impl Engine {
 
     /// Tears one orphan down with its recorded grace.
     fn sweep_one(&self, row: &TreeRow, opts: &SweepOptions) -> SweepOutcome {
-        let recorded = row.grace_ms.map(Duration::from_millis);
         let grace = match opts.failed_closed_grace {
-            Some(g) if self.failed_closed(row) => g,
-            _ => super::policy::grace(None, recorded, opts.default_grace, None),
+            Some(g) if self.failed_closed(row) => Grace::from(g),
+            _ => Grace::for_tree(row, None, opts.default_grace, None),
         };
         let mut outcome = SweepOutcome {
             tree: row.id,
             from: row.state,
             to: None,
-            grace_ms: u64::try_from(grace.as_millis()).unwrap_or(u64::MAX),
+            grace_ms: grace.as_millis(),
             error: None,
         };
         let count = |counter: fn(&SweepProgress) -> &AtomicUsize| {

@@ -61,8 +61,8 @@ impl Origin {
 #[derive(Clone, Debug)]
 pub struct TeardownOptions {
     /// Time between the first signal and the forced kill; ends early when
-    /// the tree is empty.
-    pub grace: Duration,
+    /// the tree is empty. Resolved by the policy ([`super::policy::Grace`]).
+    pub grace: super::policy::Grace,
     /// The first signal (SIGTERM unless told otherwise; one of
     /// [`Sig::FIRST`]).
     pub first_signal: Sig,
@@ -82,9 +82,13 @@ pub struct TeardownOptions {
 }
 
 impl TeardownOptions {
-    pub fn new(grace: Duration, reason: impl Into<String>, origin: Origin) -> Self {
+    pub fn new(
+        grace: impl Into<super::policy::Grace>,
+        reason: impl Into<String>,
+        origin: Origin,
+    ) -> Self {
         Self {
-            grace,
+            grace: grace.into(),
             first_signal: Sig::Term,
             reason: reason.into(),
             origin,
@@ -454,7 +458,7 @@ impl Engine {
             "teardown",
             tree = tree.0,
             origin = opts.origin.as_str(),
-            grace_ms = opts.grace.as_millis() as u64
+            grace_ms = opts.grace.as_millis()
         )
         .entered();
         let started = Instant::now();
@@ -695,7 +699,7 @@ impl Engine {
             group_ok,
         } = g;
         let g0 = self.host.now();
-        let deadline = g0 + run.opts.grace;
+        let deadline = g0 + run.opts.grace.duration();
         while !run.opts.grace.is_zero() {
             self.collect_exits(&mut run.exits);
             members = run.watch.tick_targeted(self, &run.exits).members;

@@ -631,6 +631,7 @@ pub async fn kill_tree(
         .teardown(
             id,
             grace,
+            None,
             // Who asked is in the reason the teardown records (tree.state,
             // kill.authorized).
             format!("killed through the API by {}", principal.requester()),

@@ -210,7 +210,6 @@ pub struct RunAs {
 
 /// A tree this service is responsible for.
 struct Owned {
-    grace: Duration,
     /// Held by a teardown of this tree; scans skip the tree while it is held.
     lock: Arc<Mutex<()>>,
     /// Cancelled when the tree has ended, to stop its watch task.
@@ -658,10 +657,8 @@ impl Service {
         if let Some(h) = &self.observer_handle {
             h.watch(tree, spawned.pgid, spawned.sid, &spawned.root);
         }
-        let grace = p.grace.unwrap_or(self.config.default_grace);
         self.adopt(
             tree.0,
-            grace,
             Some(spawned.root.clone()),
             owner_fd,
             p.timeout,
@@ -677,7 +674,6 @@ impl Service {
     fn adopt(
         self: &Arc<Self>,
         tree: i64,
-        grace: Duration,
         root: Option<Identity>,
         owner_fd: Option<OwnedFd>,
         timeout: Option<Duration>,
@@ -687,7 +683,6 @@ impl Service {
         self.lock_owned().insert(
             tree,
             Owned {
-                grace,
                 lock: Arc::new(Mutex::new(())),
                 done: done.clone(),
             },
@@ -759,7 +754,7 @@ impl Service {
             let mut backoff = Duration::from_secs(1);
             loop {
                 match this
-                    .teardown(tree, None, reason.clone(), why.cause(), root_exit)
+                    .teardown(tree, None, None, reason.clone(), why.cause(), root_exit)
                     .await
                 {
                     Ok(r) if r.state.is_terminal() => return,
@@ -804,23 +799,30 @@ impl Service {
     }
 
     /// Tears a tree down (any tree in the ledger, owned or not), with the
-    /// tree's grace unless one is given. One teardown per tree at a time.
+    /// grace asked for, else the one recorded with the tree (its row: the one
+    /// source of truth), never above `cap` (the drain's shutdown grace).
+    /// One teardown per tree at a time.
     pub async fn teardown(
         &self,
         tree: i64,
-        grace: Option<Duration>,
+        asked: Option<Duration>,
+        cap: Option<Duration>,
         reason: String,
         why: Why,
         root_exit: Option<ExitStatus>,
     ) -> Result<TeardownReport, ServiceError> {
         let origin = why.origin();
-        let owned_grace = self.lock_owned().get(&tree).map(|o| o.grace);
-        let grace = policy::grace(grace, owned_grace, self.config.default_grace, None);
         let lock = self.tree_lock(tree);
         let engine = self.engine.clone();
         let origin_label = why.label();
+        let default = self.config.default_grace;
         let result = blocking(move || {
             let _held = lock.lock().unwrap_or_else(|e| e.into_inner());
+            let row = engine
+                .ledger()
+                .tree(TreeId(tree))?
+                .ok_or(CustodyError::UnknownTree(tree))?;
+            let grace = policy::Grace::for_tree(&row, asked, default, cap);
             let mut opts = TeardownOptions::new(grace, reason, origin);
             opts.root_exit = root_exit;
             engine.teardown(TreeId(tree), &opts, &mut |_| {})
@@ -917,12 +919,6 @@ impl Service {
                     start_ticks: r.start_ticks,
                     boot_id: r.boot_id,
                 });
-                let grace = policy::grace(
-                    None,
-                    row.grace_ms.map(Duration::from_millis),
-                    self.config.default_grace,
-                    None,
-                );
                 let timeout = row.timeout().map(|t| {
                     let age = humantime::parse_rfc3339(&row.created_at)
                         .ok()
@@ -941,14 +937,14 @@ impl Service {
                 } else {
                     crate::custody::Lifetime::Root
                 };
-                self.adopt(row.id, grace, root, Some(fd), timeout, lifetime);
+                self.adopt(row.id, root, Some(fd), timeout, lifetime);
                 if interrupted {
                     let this = self.clone();
                     let tree = row.id;
                     self.tasks.spawn(async move {
                         let reason = EndCause::Resume.reason();
                         if let Err(e) = this
-                            .teardown(tree, Some(grace), reason, Why::Resume, None)
+                            .teardown(tree, None, None, reason, Why::Resume, None)
                             .await
                         {
                             // The watch task still tears it down when its owner exits.
@@ -1226,23 +1222,20 @@ impl Service {
         let deadline = Instant::now() + self.config.drain_timeout;
         let work = async {
             *self.draining.write().await = true;
-            let owned: Vec<(i64, Duration)> = self
-                .lock_owned()
-                .iter()
-                .map(|(id, o)| {
-                    let cap = Some(self.config.shutdown_grace);
-                    (*id, policy::grace(None, Some(o.grace), o.grace, cap))
-                })
-                .collect();
+            let owned: Vec<i64> = self.lock_owned().keys().copied().collect();
+            // Each tree's recorded grace, capped once by the policy inside
+            // the teardown.
+            let cap = Some(self.config.shutdown_grace);
             tracing::info!(trees = owned.len(), "shutdown: tearing down owned trees");
             let mut set = tokio::task::JoinSet::new();
-            for (tree, grace) in owned {
+            for tree in owned {
                 let this = self.clone();
                 set.spawn(async move {
                     let r = this
                         .teardown(
                             tree,
-                            Some(grace),
+                            None,
+                            cap,
                             EndCause::Shutdown.reason(),
                             Why::Shutdown,
                             None,

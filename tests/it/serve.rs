@@ -1386,3 +1386,43 @@ fn the_tree_page_nests_the_members_as_the_workload_printed_them() {
     );
     check(&String::from_utf8_lossy(&dom.stdout), "chromium");
 }
+
+/// An HTTP kill without `grace` of a tree this service does not own (a
+/// `run`'s, on the same ledger) waits the grace recorded with the tree
+/// (`--grace 400ms`); before issue 29 it waited the service's default.
+#[test]
+fn an_http_kill_of_a_tree_it_does_not_own_honours_its_recorded_grace() {
+    let s = Server::start(&["--grace", "30s"]);
+    let mut run = KillOnDrop(
+        Command::new(bin())
+            .env("TREEWARDEN_DATA_DIR", s.data_dir())
+            .env("TREEWARDEN_BOUNDARY", "session")
+            .args(["run", "--quiet", "--grace", "400ms", "--"])
+            .args(["env", &format!("TW_TEST_MARK={}", s.mark), "sh", "-c"])
+            .arg("trap '' TERM; sleep 300 & sleep 300 & wait")
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("run"),
+    );
+    let id = 1;
+    // The tree appears once run has recorded it (404 before).
+    let members = || {
+        let r = s.get(&format!("/api/trees/{id}"));
+        if r.status() != 200 {
+            return 0;
+        }
+        let v: Value = r.json().unwrap_or(Value::Null);
+        v["members"].as_array().map_or(0, |m| m.len())
+    };
+    assert!(
+        wait_until(Duration::from_secs(20), || members() >= 3),
+        "members did not appear: {}",
+        members()
+    );
+    let (status, r) = s.post(&format!("/api/trees/{id}/kill"), None);
+    assert_eq!(status, 200, "kill answered {r}");
+    assert_eq!(r["state"], "ended", "{r}");
+    let _ = crate::util::wait_child(&mut run.0, Duration::from_secs(20)).expect("run exits");
+    let waited = crate::custody::waited_grace_ms(&s.export(), id);
+    assert!((400..4000).contains(&waited), "waited {waited} ms");
+}
