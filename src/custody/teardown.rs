@@ -839,6 +839,7 @@ impl Engine {
         );
         // The first round's authorization also moves the tree to `killing`,
         // in its own transaction: no commit between it and the SIGKILL.
+        crate::testhook::crash_point("before-authorize");
         let auth = match self.ledger.authorize_kill_after_snapshot(
             run.tree,
             run.watch.journal(),
@@ -848,7 +849,11 @@ impl Engine {
             &reason,
             (round == 1).then_some(TreeState::Killing),
         ) {
-            Ok(auth) => auth,
+            Ok(auth) => {
+                // Committed (FULL); its SIGKILL not yet sent.
+                crate::testhook::crash_point("after-authorize");
+                auth
+            }
             Err(e) => {
                 return State::FailClosed(FailClosed {
                     survivors,

@@ -418,7 +418,6 @@ impl Ledger {
         let taken_at = humantime::format_rfc3339_millis(taken_at).to_string();
         let targets = targets.to_vec();
         let reason = reason.to_string();
-        crate::testhook::crash_point("before-authorize");
         let auth = self.write(Durability::Authority, move |w| {
             if !prior.is_empty() {
                 write::replay_deferred(w, id, &prior, &batch)?;
@@ -439,7 +438,6 @@ impl Ledger {
             Ok(auth)
         })?;
         // The authorization is committed; its SIGKILL is the caller's next step.
-        crate::testhook::crash_point("after-authorize");
         Ok(auth)
     }
 
