@@ -1673,3 +1673,50 @@ pub(crate) fn remove_cgroup(host: &dyn super::Host, dir: &std::path::Path) {
         Err(e) => tracing::warn!(cgroup = %dir.display(), error = %e, "cgroup not removed"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `Phase::as_str` (mutant: `""`): each phase's label is the name its
+    /// serialized form (the report, `--json`) gives it, and no two agree.
+    #[test]
+    fn each_phase_is_named_as_it_serializes() {
+        let all = [
+            Phase::Term,
+            Phase::Grace,
+            Phase::Freeze,
+            Phase::Snapshot,
+            Phase::Authorize,
+            Phase::Kill,
+            Phase::Verify,
+            Phase::Record,
+        ];
+        let names: HashSet<&str> = all.iter().map(|p| p.as_str()).collect();
+        assert_eq!(names.len(), all.len());
+        for p in all {
+            assert_eq!(
+                serde_json::to_value(p).expect("serializes"),
+                serde_json::Value::String(p.as_str().to_string())
+            );
+        }
+    }
+
+    /// `poll_interval`'s comparisons (mutants: `<` -> `<=`, `>`, `==`): 2 ms
+    /// below 50 ms, 10 ms from 50 ms below 1 s, 50 ms from 1 s; the bounds
+    /// themselves belong to the slower step.
+    #[test]
+    fn the_poll_interval_backs_off_at_50_ms_and_1_s() {
+        let ms = Duration::from_millis;
+        for (elapsed, poll) in [
+            (ms(0), ms(2)),
+            (ms(49), ms(2)),
+            (ms(50), ms(10)),
+            (ms(999), ms(10)),
+            (ms(1000), ms(50)),
+            (Duration::from_secs(60), ms(50)),
+        ] {
+            assert_eq!(poll_interval(elapsed), poll, "after {elapsed:?}");
+        }
+    }
+}

@@ -1646,3 +1646,143 @@ fn a_pid_recycled_within_the_tick_is_never_signalled_nor_authorized() {
     }
     assert_every_kill_authorized(&sent);
 }
+
+// Issue 29: the survivors of a whole-file mutation run of teardown.rs, each
+// a test that fails on its mutant (applied by hand once; docs/TESTING.md).
+
+/// The teardown lease (mutant: `teardown_lease*` -> `Ok(None)`, two
+/// teardowns of one tree at once): while one holder has it, a taker that
+/// will not wait is refused and one that waits gets it only after the
+/// holder lets go.
+#[test]
+fn the_teardown_lease_is_one_holder_at_a_time() {
+    let rig = rig(Boundary::Session, false, |_, _, _| {});
+    let held = rig
+        .engine
+        .teardown_lease_within(rig.tree, Duration::ZERO)
+        .expect("taken")
+        .expect("a lease");
+    match rig.engine.teardown_lease_within(rig.tree, Duration::ZERO) {
+        Err(CustodyError::Conflict(why)) => assert!(why.contains("being torn down"), "{why}"),
+        other => panic!(
+            "a second lease while one is held: {:?}",
+            other.map(|l| l.is_some())
+        ),
+    }
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| {
+            let lease = rig.engine.teardown_lease(rig.tree);
+            (std::time::Instant::now(), lease)
+        });
+        let let_go = std::time::Instant::now();
+        drop(held);
+        let (got_at, lease) = waiter.join().expect("waiter");
+        assert!(
+            matches!(lease, Ok(Some(_))),
+            "the waiter gets the lease once it is free"
+        );
+        assert!(got_at >= let_go, "not before the holder let go");
+    });
+}
+
+/// `refusal_event` (mutant: `()`): a group that is not provably the
+/// recorded one is refused, and the refusal is evidence: `kill.skipped`
+/// for a kill, `sweep.refused` for a sweep, each with the reason.
+#[test]
+fn a_refused_group_is_recorded_as_kill_skipped_or_sweep_refused() {
+    for (origin, kind) in [
+        (Origin::Kill, EventKind::KillSkipped),
+        (Origin::Sweep, EventKind::SweepRefused),
+    ] {
+        let rig = rig(Boundary::Session, false, |w, root, _| {
+            w.procs.get_mut(&root).expect("root").ignores_term = true;
+            w.spawn(FakeProc {
+                sid: root + 500,
+                ..stubborn(root, root, None)
+            });
+        });
+        let report = rig
+            .teardown_with(TeardownOptions::new(Duration::ZERO, "test", origin))
+            .expect("refused, closed");
+        assert_eq!(report.state, TreeState::Vanished);
+        let reasons: Vec<String> =
+            rig.detail()
+                .events
+                .iter()
+                .filter(|e| e.kind == kind)
+                .filter_map(|e| match e.event() {
+                    crate::ledger::Event::KillSkipped(r)
+                    | crate::ledger::Event::SweepRefused(r) => Some(r.reason),
+                    _ => None,
+                })
+                .collect();
+        assert!(
+            !reasons.is_empty() && reasons.iter().all(|r| !r.is_empty()),
+            "[{origin:?}] no {kind} with a reason: {:?}",
+            rig.kinds()
+        );
+    }
+}
+
+/// `record_final_exits` (mutant: `()`) and `finish`'s CPU time (mutant:
+/// the reaped CPU dropped): a `run` tree proven empty records every member
+/// exited, the root with the status and CPU time its reaper collected, and
+/// the tree's resources (no cgroup) carry that CPU time.
+#[test]
+fn a_proven_empty_tree_records_every_member_exited_and_the_reaped_cpu() {
+    let rig = run_rig(Boundary::Session, |w, _, root, _| {
+        w.cpu_usec.insert(root, 1_234);
+    });
+    // A scan saw the root while it ran.
+    rig.ledger
+        .observe_members(
+            rig.tree,
+            &[crate::ledger::MemberRecord {
+                identity: IdentityRecord {
+                    pid: rig.root.0,
+                    start_ticks: rig.root.1,
+                    boot_id: BOOT.into(),
+                },
+                ppid: std::process::id() as i32,
+                pgid: rig.root.0,
+                sid: rig.root.0,
+                cgroup: None,
+                uid: None,
+                exe: None,
+                cmdline: vec!["worker".into()],
+                cwd: None,
+            }],
+        )
+        .expect("sighting");
+    let opts = TeardownOptions::new(Duration::from_secs(5), "root exited", Origin::Run);
+    let report = rig.teardown_with(opts).expect("settled");
+    assert_eq!(report.state, TreeState::Ended);
+    assert_eq!(
+        report.resources.and_then(|r| r.cpu_usec),
+        Some(1_234),
+        "{report:?}"
+    );
+    let detail = rig.detail();
+    for m in &detail.members {
+        assert!(
+            m.exited_at.is_some(),
+            "member {} not recorded exited",
+            m.pid
+        );
+    }
+    let root = detail
+        .members
+        .iter()
+        .find(|m| m.pid == rig.root.0)
+        .expect("root member");
+    assert_eq!(root.exit.and_then(|e| e.code), Some(3));
+    let ended = detail
+        .events
+        .iter()
+        .find_map(|e| match e.event() {
+            crate::ledger::Event::TreeEnded(t) => Some(t),
+            _ => None,
+        })
+        .expect("tree.ended");
+    assert_eq!(ended.resources.and_then(|r| r.cpu_usec), Some(1_234));
+}
