@@ -28,6 +28,8 @@ pub enum EndCause {
     Signal(i32),
     /// `run`'s parent died (`--die-with-parent`).
     ParentDied,
+    /// A kill was asked for (`treewarden kill`, `POST /api/trees/{id}/kill`).
+    Kill,
     /// The service is shutting down (its drain).
     Shutdown,
     /// A teardown an earlier service instance had begun, resumed at start.
@@ -45,8 +47,32 @@ impl EndCause {
             EndCause::Timeout(t) => format!("timeout after {}", humantime::format_duration(*t)),
             EndCause::Signal(n) => format!("run received signal {n}"),
             EndCause::ParentDied => "run's parent died".to_string(),
+            EndCause::Kill => "kill requested".to_string(),
             EndCause::Shutdown => "service shutting down".to_string(),
             EndCause::Resume => "resuming a teardown interrupted by a service restart".to_string(),
+        }
+    }
+
+    /// The bounded `origin` label of `treewarden_teardown_duration_seconds`
+    /// (never a tree id or a pid), so timeouts, root exits and kills are
+    /// counted apart.
+    pub fn label(&self) -> &'static str {
+        match self {
+            EndCause::RootExited(_) => "root_exit",
+            EndCause::OwnerExited | EndCause::ParentDied => "owner_exit",
+            EndCause::Timeout(_) => "timeout",
+            EndCause::Signal(_) | EndCause::Kill => "kill",
+            EndCause::Shutdown => "shutdown",
+            EndCause::Resume => "resume",
+        }
+    }
+
+    /// Who runs the teardown for this cause in the service: a kill is the
+    /// requester's, every other end the service's own.
+    pub fn service_origin(&self) -> Origin {
+        match self {
+            EndCause::Kill => Origin::Kill,
+            _ => Origin::Service,
         }
     }
 
@@ -285,6 +311,7 @@ mod tests {
             ),
             (EndCause::Signal(15), "run received signal 15".into()),
             (EndCause::ParentDied, "run's parent died".into()),
+            (EndCause::Kill, "kill requested".into()),
             (EndCause::Shutdown, "service shutting down".into()),
             (
                 EndCause::Resume,
@@ -300,6 +327,29 @@ mod tests {
                 opts.root_exit,
                 (cause == EndCause::RootExited(Some(st))).then_some(st)
             );
+        }
+    }
+
+    /// The service's causes keep the metric labels and origins the
+    /// service's own enum (`service::Why`, before issue 29) gave them.
+    #[test]
+    fn each_cause_has_its_bounded_label_and_origin() {
+        let st = ExitStatus::Exited(0);
+        for (cause, label, origin) in [
+            (EndCause::RootExited(Some(st)), "root_exit", Origin::Service),
+            (EndCause::RootExited(None), "root_exit", Origin::Service),
+            (EndCause::OwnerExited, "owner_exit", Origin::Service),
+            (
+                EndCause::Timeout(Duration::from_secs(1)),
+                "timeout",
+                Origin::Service,
+            ),
+            (EndCause::Kill, "kill", Origin::Kill),
+            (EndCause::Shutdown, "shutdown", Origin::Service),
+            (EndCause::Resume, "resume", Origin::Service),
+        ] {
+            assert_eq!(cause.label(), label, "{cause:?}");
+            assert_eq!(cause.service_origin(), origin, "{cause:?}");
         }
     }
 }

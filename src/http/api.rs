@@ -634,9 +634,8 @@ pub async fn kill_tree(
             None,
             // Who asked is in the reason the teardown records (tree.state,
             // kill.authorized).
+            crate::custody::policy::EndCause::Kill,
             format!("killed through the API by {}", principal.requester()),
-            crate::service::Why::Kill,
-            None,
         )
         .await?;
     Ok(Json(KillResponse {

@@ -62,8 +62,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::custody::policy::{self, EndCause};
 use crate::custody::{
-    CustodyError, Engine, Origin, SpawnRequest, SweepCounts, SweepOptions, SweepProgress,
-    TeardownOptions, TeardownReport, TreeWatch,
+    CustodyError, Engine, SpawnRequest, SweepCounts, SweepOptions, SweepProgress, TeardownOptions,
+    TeardownReport, TreeWatch,
 };
 use crate::ledger::{EventFilter, LedgerError, OwnerKind, TreeId, TreeRow, TreeState};
 use crate::proc::{ExitStatus, Identity, Reaper, SpawnStdio};
@@ -114,43 +114,6 @@ pub struct ServiceConfig {
     /// Live trees one non-admin principal (a uid on the socket, a token)
     /// may hold at once (`serve --max-trees-per-user`).
     pub max_trees_per_principal: usize,
-}
-
-/// Why the service tears a tree down: chooses the engine's [`Origin`] and
-/// the bounded `origin` label of `treewarden_teardown_duration_seconds`, so
-/// timeouts, root exits and kills can be counted apart.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Why {
-    RootExit,
-    OwnerExit,
-    Timeout,
-    /// `POST /api/trees/{id}/kill`.
-    Kill,
-    Shutdown,
-    /// A teardown a crashed instance had begun, resumed at start.
-    Resume,
-}
-
-impl Why {
-    pub fn origin(self) -> Origin {
-        match self {
-            Why::Kill => Origin::Kill,
-            Why::RootExit | Why::OwnerExit | Why::Timeout | Why::Shutdown | Why::Resume => {
-                Origin::Service
-            }
-        }
-    }
-
-    pub fn label(self) -> &'static str {
-        match self {
-            Why::RootExit => "root_exit",
-            Why::OwnerExit => "owner_exit",
-            Why::Timeout => "timeout",
-            Why::Kill => "kill",
-            Why::Shutdown => "shutdown",
-            Why::Resume => "resume",
-        }
-    }
 }
 
 /// Errors of the service layer; the HTTP layer maps each to a status.
@@ -696,7 +659,7 @@ impl Service {
         self.tasks.spawn(async move {
             let owner = owner_fd.and_then(|fd| crate::proc::ExitWatch::new(fd).ok());
             let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
-            let why = watch_tree(&done, root_fd, root_gone, owner.as_ref(), deadline).await;
+            let why = watch_tree(&done, root_fd, root_gone, owner.as_ref(), deadline, timeout).await;
             let Some(mut why) = why else {
                 return;
             };
@@ -704,7 +667,7 @@ impl Service {
             // tree kept while anything of it runs, until its owner exits,
             // its timeout fires, or it is killed (`done`).
             let mut kept_root_exit = None;
-            if let (WatchEnd::RootExited, crate::custody::Lifetime::Owner, Some(r)) =
+            if let (EndCause::RootExited(_), crate::custody::Lifetime::Owner, Some(r)) =
                 (&why, lifetime, &root)
             {
                 let (engine, reaper, r) = (this.engine.clone(), this.reaper, r.clone());
@@ -719,16 +682,15 @@ impl Service {
                 .await;
                 if let Ok((status, false)) = kept {
                     kept_root_exit = status;
-                    let Some(end) = this.watch_kept(&done, tree, owner.as_ref(), deadline).await else {
+                    let Some(end) = this.watch_kept(&done, tree, owner.as_ref(), deadline, timeout).await else {
                         return;
                     };
                     why = end;
                 }
             }
-            let why = why;
             let root_exit = match (&why, &root) {
                 _ if kept_root_exit.is_some() => kept_root_exit,
-                (WatchEnd::RootExited, Some(r)) if this.reaper.is_some() => {
+                (EndCause::RootExited(_), Some(r)) if this.reaper.is_some() => {
                     let reaper = this.reaper;
                     let pid = r.pid;
                     blocking(move || {
@@ -740,12 +702,12 @@ impl Service {
                 }
                 _ => None,
             };
-            let reason = match &why {
-                WatchEnd::RootExited => EndCause::RootExited(root_exit),
-                WatchEnd::OwnerExited => EndCause::OwnerExited,
-                WatchEnd::Timeout => EndCause::Timeout(timeout.unwrap_or_default()),
+            // The root's status, now that it is known (or still not).
+            if let EndCause::RootExited(status) = &mut why {
+                *status = root_exit;
             }
-            .reason();
+            let why = why;
+            let reason = why.reason();
             // The sweep leaves owned trees alone, so this task is the one
             // that must see the teardown through: a ledger that refused a
             // write, a lease held elsewhere, survivors — try again, backing
@@ -754,7 +716,7 @@ impl Service {
             let mut backoff = Duration::from_secs(1);
             loop {
                 match this
-                    .teardown(tree, None, None, reason.clone(), why.cause(), root_exit)
+                    .teardown(tree, None, None, why.clone(), reason.clone())
                     .await
                 {
                     Ok(r) if r.state.is_terminal() => return,
@@ -780,20 +742,21 @@ impl Service {
         tree: i64,
         owner: Option<&crate::proc::ExitWatch>,
         deadline: Option<tokio::time::Instant>,
-    ) -> Option<WatchEnd> {
+        timeout: Option<Duration>,
+    ) -> Option<EndCause> {
         let mut every = tokio::time::interval(self.config.scan_interval);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         every.tick().await;
         loop {
             tokio::select! {
                 _ = done.cancelled() => return None,
-                _ = exited(owner) => return Some(WatchEnd::OwnerExited),
-                _ = until(deadline) => return Some(WatchEnd::Timeout),
+                _ = exited(owner) => return Some(EndCause::OwnerExited),
+                _ = until(deadline) => return Some(EndCause::Timeout(timeout.unwrap_or_default())),
                 _ = every.tick() => {}
             }
             let engine = self.engine.clone();
             if let Ok(true) = blocking(move || engine.tree_empty_now(TreeId(tree))).await {
-                return Some(WatchEnd::RootExited);
+                return Some(EndCause::RootExited(None));
             }
         }
     }
@@ -807,14 +770,14 @@ impl Service {
         tree: i64,
         asked: Option<Duration>,
         cap: Option<Duration>,
+        cause: EndCause,
         reason: String,
-        why: Why,
-        root_exit: Option<ExitStatus>,
     ) -> Result<TeardownReport, ServiceError> {
-        let origin = why.origin();
+        let origin = cause.service_origin();
+        let root_exit = cause.root_exit();
         let lock = self.tree_lock(tree);
         let engine = self.engine.clone();
-        let origin_label = why.label();
+        let origin_label = cause.label();
         let default = self.config.default_grace;
         let result = blocking(move || {
             let _held = lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -944,7 +907,7 @@ impl Service {
                     self.tasks.spawn(async move {
                         let reason = EndCause::Resume.reason();
                         if let Err(e) = this
-                            .teardown(tree, None, None, reason, Why::Resume, None)
+                            .teardown(tree, None, None, EndCause::Resume, reason)
                             .await
                         {
                             // The watch task still tears it down when its owner exits.
@@ -1236,9 +1199,8 @@ impl Service {
                             tree,
                             None,
                             cap,
+                            EndCause::Shutdown,
                             EndCause::Shutdown.reason(),
-                            Why::Shutdown,
-                            None,
                         )
                         .await;
                     (tree, r)
@@ -1395,23 +1357,6 @@ struct ScanState {
     after_seq: i64,
 }
 
-#[derive(Debug)]
-enum WatchEnd {
-    RootExited,
-    OwnerExited,
-    Timeout,
-}
-
-impl WatchEnd {
-    fn cause(&self) -> Why {
-        match self {
-            WatchEnd::RootExited => Why::RootExit,
-            WatchEnd::OwnerExited => Why::OwnerExit,
-            WatchEnd::Timeout => Why::Timeout,
-        }
-    }
-}
-
 /// Resolves when the watched process exits; never without a watch.
 async fn exited(w: Option<&crate::proc::ExitWatch>) {
     match w {
@@ -1436,16 +1381,18 @@ async fn watch_tree(
     root_gone: bool,
     owner: Option<&crate::proc::ExitWatch>,
     deadline: Option<tokio::time::Instant>,
-) -> Option<WatchEnd> {
+    timeout: Option<Duration>,
+) -> Option<EndCause> {
+    // The root's status is filled in by the caller, once known.
     if root_gone {
-        return Some(WatchEnd::RootExited);
+        return Some(EndCause::RootExited(None));
     }
     let root = root_fd.and_then(|fd| crate::proc::ExitWatch::new(fd).ok());
     tokio::select! {
         _ = done.cancelled() => None,
-        _ = exited(owner) => Some(WatchEnd::OwnerExited),
-        _ = exited(root.as_ref()) => Some(WatchEnd::RootExited),
-        _ = until(deadline) => Some(WatchEnd::Timeout),
+        _ = exited(owner) => Some(EndCause::OwnerExited),
+        _ = exited(root.as_ref()) => Some(EndCause::RootExited(None)),
+        _ = until(deadline) => Some(EndCause::Timeout(timeout.unwrap_or_default())),
     }
 }
 
