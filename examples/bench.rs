@@ -715,7 +715,7 @@ fn live_trees(plan: &Plan, dir: &Path) -> anyhow::Result<String> {
     let cgroup = BenchCgroup::create("live");
     let mark = format!("live-{}", std::process::id());
     let _marked = Marked(mark.clone());
-    let mut serve = start_serve(&bin, &data, &ready, cgroup.as_ref())?;
+    let serve = start_serve(&bin, &data, &ready, cgroup.as_ref())?;
     let pid = serve.0.id();
     let (_, addr) = until_healthy(&ready, Instant::now())?;
     let token = std::fs::read_to_string(data.join("api-token"))?;

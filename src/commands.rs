@@ -10,9 +10,11 @@ use std::time::Duration;
 use anyhow::anyhow;
 use clap::Args;
 use treewarden::config::Config;
+use treewarden::custody::policy::{self, Grace};
 use treewarden::custody::{
     CustodyError, Engine, Lifetime, Origin, Progress, RunOptions, SpawnRequest, TeardownOptions,
 };
+
 use treewarden::ledger::{Ledger, LedgerOptions, OwnerKind, TreeId, TreeRow};
 use treewarden::proc::{Reaper, Sig, SpawnStdio};
 
@@ -25,7 +27,7 @@ pub struct RunArgs {
     label: Option<String>,
     /// Time between the first signal and the forced kill (a bare number is
     /// seconds, as in timeout(1)).
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, default_value = policy::DEFAULT_GRACE, value_parser = parse_duration)]
     grace: Duration,
     /// Tear the tree down after this long (exit 124); a bare number is seconds.
     #[arg(long, value_parser = parse_duration)]
@@ -135,9 +137,10 @@ fn parse_env(s: &str) -> Result<(OsString, OsString), String> {
 pub struct KillArgs {
     /// Tree id.
     tree: i64,
-    /// Time between the first signal and the forced kill.
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
-    grace: Duration,
+    /// Time between the first signal and the forced kill (default: the
+    /// grace recorded with the tree, else 5s).
+    #[arg(long, value_parser = parse_duration)]
+    grace: Option<Duration>,
     /// The first signal (as for run).
     #[arg(short = 's', long = "signal", value_name = "SIG", default_value = "TERM", value_parser = parse_signal)]
     signal: Sig,
@@ -162,6 +165,11 @@ pub struct ShowArgs {
     tree: i64,
     #[arg(long)]
     json: bool,
+    /// The members as a process tree, like pstree: parent -> child by the
+    /// ppid each had when first seen, marked escaped, exec, exited,
+    /// force-killed (with --json: the hierarchy as JSON).
+    #[arg(long = "tree", id = "tree_view")]
+    tree_view: bool,
 }
 
 #[derive(Args, Debug)]
@@ -179,7 +187,7 @@ pub struct LogsArgs {
 pub struct SweepArgs {
     /// Grace of an orphan whose tree records none (trees recorded before
     /// grace was); every other orphan gets the grace it was spawned with.
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, default_value = policy::DEFAULT_GRACE, value_parser = parse_duration)]
     grace: Duration,
     /// Orphans torn down at once.
     #[arg(long, default_value_t = treewarden::custody::DEFAULT_SWEEP_CONCURRENCY, value_parser = parse_concurrency)]
@@ -207,7 +215,7 @@ pub struct ServeArgs {
     sweep_concurrency: usize,
     /// Grace of trees whose request names none, and of orphans whose tree
     /// records none (trees recorded before grace was).
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, default_value = policy::DEFAULT_GRACE, value_parser = parse_duration)]
     grace: Duration,
     /// Cap on each tree's grace during shutdown.
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
@@ -640,7 +648,7 @@ fn run_owned(
         timeout: args.timeout,
     };
     let opts = RunOptions {
-        grace: args.grace,
+        grace: Grace::resolve(Some(args.grace), None, policy::default_grace(), None),
         timeout: args.timeout,
         scan_interval: args.scan_interval,
         die_with_parent: args.die_with_parent,
@@ -982,7 +990,7 @@ pub struct CustodyArgs {
     owner_pid: i32,
     #[arg(long)]
     owner_start_ticks: u64,
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, default_value = policy::DEFAULT_GRACE, value_parser = parse_duration)]
     grace: Duration,
     #[arg(short = 's', long = "signal", default_value = "TERM", value_parser = parse_signal)]
     signal: Sig,
@@ -1008,7 +1016,8 @@ pub fn custody(config: &Config, args: CustodyArgs) -> CliResult {
         owner,
         deadline,
         scan_interval: args.scan_interval,
-        grace: args.grace,
+        // The grace its run resolved, handed over as it was.
+        grace: Grace::from(args.grace),
         first_signal: args.signal,
     };
     let (end, report) = engine
@@ -1116,7 +1125,10 @@ pub fn kill(config: &Config, args: KillArgs) -> CliResult {
     }
     // Who asked is in the reason the teardown records, as for the API.
     let reason = format!("treewarden kill by {}", cli_requester());
-    let mut opts = TeardownOptions::new(args.grace, reason, Origin::Kill);
+    // The grace recorded with the tree unless one is asked for (one hop to
+    // the policy, one to the teardown).
+    let grace = Grace::for_tree(&row, args.grace, policy::default_grace(), None);
+    let mut opts = TeardownOptions::new(grace, reason, Origin::Kill);
     opts.first_signal = args.signal;
     let mut progress = progress_printer(args.quiet || args.json);
     let report = engine.teardown(tree, &opts, &mut progress);
@@ -1222,8 +1234,19 @@ pub fn show(config: &Config, args: ShowArgs) -> CliResult {
     if detail.resources.is_none() {
         detail.resources = treewarden::custody::live_resources(&detail.tree);
     }
+    if args.json && args.tree_view {
+        print_json(&detail.hierarchy())?;
+        return Ok(0);
+    }
     if args.json {
         print_json(&detail)?;
+        return Ok(0);
+    }
+    if args.tree_view {
+        print!(
+            "{}",
+            treewarden::ledger::hierarchy::draw(&detail.hierarchy())
+        );
         return Ok(0);
     }
     let t = &detail.tree;

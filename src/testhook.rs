@@ -15,15 +15,30 @@
 //!   overwritten by the next one (`ledger/seal.rs`).
 //!
 //! It must never be set in production: a process that aborts in a teardown
-//! leaves the tree frozen in `terminating` for the next sweep.
+//! leaves the tree frozen in `terminating` for the next sweep. So it is not
+//! in release builds at all (issue 29): without `debug_assertions` every
+//! point is an empty function and the variable is never read. The
+//! integration tests run the debug binary, which keeps them.
+//!
+//! The teardown's points are at the step they name, in
+//! `custody/teardown.rs` (`Engine::authorize`); the seal's in the ledger's
+//! sealer (`ledger/seal.rs`), whose step it is.
 
-use std::sync::OnceLock;
-
-/// The environment variable that arms a crash point.
+/// The environment variable that arms a crash point (debug builds only).
 pub const CRASH_AT: &str = "TREEWARDEN_TEST_CRASH_AT";
 
+/// Whether this build has the crash points (debug builds only).
+pub const ENABLED: bool = cfg!(debug_assertions);
+
+/// Release builds: no crash point, nothing read.
+#[cfg(not(debug_assertions))]
+#[inline(always)]
+pub fn crash_point(_point: &str) {}
+
 /// Aborts the process if `point` is the armed crash point.
+#[cfg(debug_assertions)]
 pub fn crash_point(point: &str) {
+    use std::sync::OnceLock;
     static ARMED: OnceLock<Option<String>> = OnceLock::new();
     let armed = ARMED.get_or_init(|| std::env::var(CRASH_AT).ok().filter(|v| !v.is_empty()));
     if armed.as_deref() == Some(point) {

@@ -17,7 +17,7 @@
 use serde::Serialize;
 
 use super::{CustodyError, Engine};
-use crate::ledger::{EventKind, TreeRow, TreeState};
+use crate::ledger::{Event, TreeRow, TreeState, event};
 
 /// Whom an unsettled tree refuses new work to.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -180,15 +180,12 @@ impl Engine {
         let Some(first) = unsettled.first() else {
             return Ok(());
         };
-        let data = serde_json::json!({
-            "tree": first.tree,
-            "reason": first.reason,
-            "unsettled": unsettled.len(),
+        let refused = Event::DispatchRefused(event::DispatchRefused {
+            tree: first.tree,
+            reason: first.reason.clone(),
+            unsettled: unsettled.len() as u64,
         });
-        if let Err(e) = self
-            .ledger
-            .append_event(None, EventKind::DispatchRefused, data)
-        {
+        if let Err(e) = self.ledger.append_event(None, refused) {
             tracing::warn!(error = %e, "dispatch.refused not recorded");
         }
         Err(CustodyError::DispatchRefused {

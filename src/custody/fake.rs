@@ -143,6 +143,8 @@ pub(crate) struct World {
     /// `/proc`, its status is not collected yet. Only a caller that waits
     /// for orphans (`orphans_until`) gets one.
     late: HashMap<(i32, u64), ExitStatus>,
+    /// The CPU time (µs) the reaper's rusage gives for a reaped pid.
+    pub cpu_usec: HashMap<i32, u64>,
     /// Calls of each kind, for tests of bounded work.
     pub calls: HashMap<Call, usize>,
     /// The candidates each group signal was given to prove the group with
@@ -450,6 +452,7 @@ impl FakeHost {
                 children: HashSet::new(),
                 child_status: HashMap::new(),
                 late: HashMap::new(),
+                cpu_usec: HashMap::new(),
                 calls: HashMap::new(),
                 group_candidates: Vec::new(),
                 unreadable: None,
@@ -865,6 +868,11 @@ impl Host for FakeHost {
 
     fn unclaimed_exits(&self) -> Vec<(i32, ExitStatus)> {
         self.world().unclaimed.clone()
+    }
+
+    fn reaped_cpu_usec(&self, pid: i32) -> Option<u64> {
+        let w = self.world();
+        w.cpu_usec.get(&pid).copied().filter(|_| w.reaper)
     }
 
     fn reaped_exit(

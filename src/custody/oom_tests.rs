@@ -101,8 +101,11 @@ fn an_oom_kill_is_recorded_once_and_a_new_watch_does_not_record_it_again() {
     s.ledger
         .append_event(
             Some(s.tree),
-            crate::ledger::EventKind::SweepStarted,
-            serde_json::json!({"why": "an unrelated later event"}),
+            // An unrelated later event.
+            crate::ledger::Event::SweepStarted(crate::ledger::event::SweepStarted {
+                candidates: 0,
+                pid: std::process::id(),
+            }),
         )
         .expect("event");
     watch(&s).note_oom_kills(&s.engine);

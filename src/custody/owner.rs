@@ -25,7 +25,8 @@ use crate::proc::ExitStatus;
 /// How `run` owns its tree.
 #[derive(Clone, Debug)]
 pub struct RunOptions {
-    pub grace: Duration,
+    /// Resolved by the policy ([`super::policy::Grace::resolve`]).
+    pub grace: super::policy::Grace,
     pub timeout: Option<Duration>,
     pub scan_interval: Duration,
     /// End the tree when the parent *process* of `run` exits (never when
@@ -261,7 +262,7 @@ impl Engine {
         // The tree's grace and timeout are recorded with it: a sweep that
         // resumes its teardown after `run` died uses them.
         let req = SpawnRequest {
-            grace: req.grace.or(Some(opts.grace)),
+            grace: req.grace.or(Some(opts.grace.duration())),
             timeout: req.timeout.or(opts.timeout),
             first_signal: Some(opts.first_signal),
             ..req.clone()
@@ -442,7 +443,7 @@ pub struct KeepOptions {
     /// When the tree's timeout fires (`None`: no timeout).
     pub deadline: Option<Instant>,
     pub scan_interval: Duration,
-    pub grace: Duration,
+    pub grace: super::policy::Grace,
     pub first_signal: crate::proc::Sig,
 }
 

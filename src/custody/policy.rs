@@ -28,6 +28,8 @@ pub enum EndCause {
     Signal(i32),
     /// `run`'s parent died (`--die-with-parent`).
     ParentDied,
+    /// A kill was asked for (`treewarden kill`, `POST /api/trees/{id}/kill`).
+    Kill,
     /// The service is shutting down (its drain).
     Shutdown,
     /// A teardown an earlier service instance had begun, resumed at start.
@@ -45,8 +47,32 @@ impl EndCause {
             EndCause::Timeout(t) => format!("timeout after {}", humantime::format_duration(*t)),
             EndCause::Signal(n) => format!("run received signal {n}"),
             EndCause::ParentDied => "run's parent died".to_string(),
+            EndCause::Kill => "kill requested".to_string(),
             EndCause::Shutdown => "service shutting down".to_string(),
             EndCause::Resume => "resuming a teardown interrupted by a service restart".to_string(),
+        }
+    }
+
+    /// The bounded `origin` label of `treewarden_teardown_duration_seconds`
+    /// (never a tree id or a pid), so timeouts, root exits and kills are
+    /// counted apart.
+    pub fn label(&self) -> &'static str {
+        match self {
+            EndCause::RootExited(_) => "root_exit",
+            EndCause::OwnerExited | EndCause::ParentDied => "owner_exit",
+            EndCause::Timeout(_) => "timeout",
+            EndCause::Signal(_) | EndCause::Kill => "kill",
+            EndCause::Shutdown => "shutdown",
+            EndCause::Resume => "resume",
+        }
+    }
+
+    /// Who runs the teardown for this cause in the service: a kill is the
+    /// requester's, every other end the service's own.
+    pub fn service_origin(&self) -> Origin {
+        match self {
+            EndCause::Kill => Origin::Kill,
+            _ => Origin::Service,
         }
     }
 
@@ -59,26 +85,85 @@ impl EndCause {
     }
 
     /// The options of the owner's teardown for this cause.
-    pub fn teardown_options(&self, grace: Duration, origin: Origin) -> TeardownOptions {
+    pub fn teardown_options(&self, grace: Grace, origin: Origin) -> TeardownOptions {
         let mut opts = TeardownOptions::new(grace, self.reason(), origin);
         opts.root_exit = self.root_exit();
         opts
     }
 }
 
-/// The grace of a teardown: the one asked for, else the one recorded with
-/// the tree (or its owner), else the default; never more than `cap` when
-/// one is given (the service's shutdown).
-pub fn grace(
-    asked: Option<Duration>,
-    recorded: Option<Duration>,
-    default: Duration,
-    cap: Option<Duration>,
-) -> Duration {
-    let grace = asked.or(recorded).unwrap_or(default);
-    match cap {
-        Some(cap) => grace.min(cap),
-        None => grace,
+/// The default grace, as every `--grace` (run, kill's fallback, sweep,
+/// serve, the custodian) spells it: written once.
+pub const DEFAULT_GRACE: &str = "5s";
+
+/// [`DEFAULT_GRACE`] as a duration.
+pub fn default_grace() -> Duration {
+    humantime::parse_duration(DEFAULT_GRACE).unwrap_or_default()
+}
+
+/// A teardown's grace (the first signal to the forced kill), resolved once
+/// by [`Grace::resolve`] (or [`Grace::for_tree`]) and carried as this type
+/// into [`TeardownOptions`]: run, CLI kill, HTTP kill, sweep, recovery and
+/// the drain all make it here, from the same inputs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Grace(Duration);
+
+impl Grace {
+    /// None: a teardown that failed closed is finished at once.
+    pub const NONE: Grace = Grace(Duration::ZERO);
+
+    /// The one asked for (a request, a flag), else the one recorded with
+    /// the tree, else `default`; never more than `cap` when one is given
+    /// (the service's shutdown; an operator's `--max-grace`).
+    pub fn resolve(
+        asked: Option<Duration>,
+        recorded: Option<Duration>,
+        default: Duration,
+        cap: Option<Duration>,
+    ) -> Grace {
+        let grace = asked.or(recorded).unwrap_or(default);
+        Grace(match cap {
+            Some(cap) => grace.min(cap),
+            None => grace,
+        })
+    }
+
+    /// [`Grace::resolve`] with the tree's row as the recorded value (the
+    /// ledger is the one source of truth, owned tree or not).
+    pub fn for_tree(
+        row: &crate::ledger::TreeRow,
+        asked: Option<Duration>,
+        default: Duration,
+        cap: Option<Duration>,
+    ) -> Grace {
+        Grace::resolve(asked, row.grace_ms.map(Duration::from_millis), default, cap)
+    }
+
+    pub fn duration(self) -> Duration {
+        self.0
+    }
+
+    pub fn as_millis(self) -> u64 {
+        u64::try_from(self.0.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    pub fn is_zero(self) -> bool {
+        self.0.is_zero()
+    }
+}
+
+/// A grace asked for as it is, with no tree record and no cap (what
+/// [`Grace::resolve`] makes of `Some(d)` alone): a library caller's
+/// teardown, a test's.
+impl From<Duration> for Grace {
+    fn from(d: Duration) -> Grace {
+        Grace(d)
+    }
+}
+
+impl std::fmt::Display for Grace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", humantime::format_duration(self.0))
     }
 }
 
@@ -197,11 +282,17 @@ mod tests {
     #[test]
     fn grace_is_asked_then_recorded_then_default_and_capped() {
         let s = Duration::from_secs;
+        let grace = |a, r, d, c| Grace::resolve(a, r, d, c).duration();
         assert_eq!(grace(Some(s(1)), Some(s(2)), s(3), None), s(1));
         assert_eq!(grace(None, Some(s(2)), s(3), None), s(2));
         assert_eq!(grace(None, None, s(3), None), s(3));
         assert_eq!(grace(Some(s(9)), None, s(3), Some(s(4))), s(4));
         assert_eq!(grace(None, Some(s(2)), s(3), Some(s(4))), s(2));
+        // The cap bounds the recorded value and the default too.
+        assert_eq!(grace(None, Some(s(8)), s(3), Some(s(4))), s(4));
+        assert_eq!(grace(None, None, s(7), Some(s(4))), s(4));
+        assert_eq!(default_grace(), s(5));
+        assert_eq!(Grace::NONE.duration(), Duration::ZERO);
     }
 
     #[test]
@@ -220,6 +311,7 @@ mod tests {
             ),
             (EndCause::Signal(15), "run received signal 15".into()),
             (EndCause::ParentDied, "run's parent died".into()),
+            (EndCause::Kill, "kill requested".into()),
             (EndCause::Shutdown, "service shutting down".into()),
             (
                 EndCause::Resume,
@@ -228,13 +320,36 @@ mod tests {
         ];
         for (cause, reason) in causes {
             assert_eq!(cause.reason(), reason);
-            let opts = cause.teardown_options(Duration::from_secs(2), Origin::Service);
+            let opts = cause.teardown_options(Duration::from_secs(2).into(), Origin::Service);
             assert_eq!(opts.reason, reason);
-            assert_eq!(opts.grace, Duration::from_secs(2));
+            assert_eq!(opts.grace.duration(), Duration::from_secs(2));
             assert_eq!(
                 opts.root_exit,
                 (cause == EndCause::RootExited(Some(st))).then_some(st)
             );
+        }
+    }
+
+    /// The service's causes keep the metric labels and origins the
+    /// service's own enum (`service::Why`, before issue 29) gave them.
+    #[test]
+    fn each_cause_has_its_bounded_label_and_origin() {
+        let st = ExitStatus::Exited(0);
+        for (cause, label, origin) in [
+            (EndCause::RootExited(Some(st)), "root_exit", Origin::Service),
+            (EndCause::RootExited(None), "root_exit", Origin::Service),
+            (EndCause::OwnerExited, "owner_exit", Origin::Service),
+            (
+                EndCause::Timeout(Duration::from_secs(1)),
+                "timeout",
+                Origin::Service,
+            ),
+            (EndCause::Kill, "kill", Origin::Kill),
+            (EndCause::Shutdown, "shutdown", Origin::Service),
+            (EndCause::Resume, "resume", Origin::Service),
+        ] {
+            assert_eq!(cause.label(), label, "{cause:?}");
+            assert_eq!(cause.service_origin(), origin, "{cause:?}");
         }
     }
 }

@@ -27,9 +27,10 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::policy::Grace;
 use super::teardown::{Origin, TeardownOptions};
 use super::{CustodyError, Engine};
-use crate::ledger::{EventKind, TreeId, TreeRow, TreeState};
+use crate::ledger::{Event, TreeId, TreeRow, TreeState, event};
 
 /// Teardowns a sweep runs at once unless told otherwise (`--sweep-concurrency`).
 pub const DEFAULT_SWEEP_CONCURRENCY: usize = 64;
@@ -200,8 +201,10 @@ impl Engine {
         }
         self.ledger.append_event(
             None,
-            EventKind::SweepStarted,
-            serde_json::json!({ "candidates": report.examined, "pid": std::process::id() }),
+            Event::SweepStarted(event::SweepStarted {
+                candidates: report.examined as u64,
+                pid: std::process::id(),
+            }),
         )?;
         if let Some(p) = &opts.progress {
             p.found.fetch_add(orphans.len(), Ordering::SeqCst);
@@ -307,16 +310,15 @@ impl Engine {
 
     /// Tears one orphan down with its recorded grace.
     fn sweep_one(&self, row: &TreeRow, opts: &SweepOptions) -> SweepOutcome {
-        let recorded = row.grace_ms.map(Duration::from_millis);
         let grace = match opts.failed_closed_grace {
-            Some(g) if self.failed_closed(row) => g,
-            _ => super::policy::grace(None, recorded, opts.default_grace, None),
+            Some(g) if self.failed_closed(row) => Grace::from(g),
+            _ => Grace::for_tree(row, None, opts.default_grace, None),
         };
         let mut outcome = SweepOutcome {
             tree: row.id,
             from: row.state,
             to: None,
-            grace_ms: u64::try_from(grace.as_millis()).unwrap_or(u64::MAX),
+            grace_ms: grace.as_millis(),
             error: None,
         };
         let count = |counter: fn(&SweepProgress) -> &AtomicUsize| {
@@ -331,15 +333,15 @@ impl Engine {
             return outcome;
         }
         let tree = TreeId(row.id);
-        let found = serde_json::json!({
-            "owner": { "pid": row.owner.pid, "start": row.owner.start },
-            "state": row.state.as_str(),
-            "grace_ms": outcome.grace_ms,
+        let found = Event::SweepOrphanFound(event::OrphanFound {
+            owner: event::GoneOwner {
+                pid: row.owner.pid,
+                start: row.owner.start,
+            },
+            state: row.state,
+            grace_ms: outcome.grace_ms,
         });
-        if let Err(e) = self
-            .ledger
-            .append_event(Some(tree), EventKind::SweepOrphanFound, found)
-        {
+        if let Err(e) = self.ledger.append_event(Some(tree), found) {
             count(|p| &p.unsettled);
             outcome.error = Some(e.to_string());
             return outcome;

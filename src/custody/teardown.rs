@@ -28,8 +28,8 @@ use serde::Serialize;
 use super::watch::{TreeWatch, exit_record};
 use super::{CustodyError, Engine};
 use crate::ledger::{
-    AuthorizationId, Deferred, EventKind, IdentityRecord, KillTarget, SignalRecord, SurvivorRecord,
-    TreeId, TreeState,
+    AuthorizationId, Deferred, Event, IdentityRecord, KillTarget, SignalRecord, SurvivorRecord,
+    TreeId, TreeState, event,
 };
 use crate::proc::{Delivery, GroupDelivery, GroupRecord, Identity, Sig};
 use crate::scan::Member;
@@ -61,8 +61,8 @@ impl Origin {
 #[derive(Clone, Debug)]
 pub struct TeardownOptions {
     /// Time between the first signal and the forced kill; ends early when
-    /// the tree is empty.
-    pub grace: Duration,
+    /// the tree is empty. Resolved by the policy ([`super::policy::Grace`]).
+    pub grace: super::policy::Grace,
     /// The first signal (SIGTERM unless told otherwise; one of
     /// [`Sig::FIRST`]).
     pub first_signal: Sig,
@@ -82,9 +82,13 @@ pub struct TeardownOptions {
 }
 
 impl TeardownOptions {
-    pub fn new(grace: Duration, reason: impl Into<String>, origin: Origin) -> Self {
+    pub fn new(
+        grace: impl Into<super::policy::Grace>,
+        reason: impl Into<String>,
+        origin: Origin,
+    ) -> Self {
         Self {
-            grace,
+            grace: grace.into(),
             first_signal: Sig::Term,
             reason: reason.into(),
             origin,
@@ -279,6 +283,45 @@ struct Targets {
     cgroup_pids: HashSet<i32>,
 }
 
+/// What one signal step did to one target, typed; its `Display` is the
+/// `result` the ledger records (`signals.result`, `signal.sent`), spelled
+/// as it always was.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Sent {
+    /// Delivered (a cgroup's `cgroup.kill`, a held or checked pidfd).
+    Delivered,
+    /// `killpg` to the recorded group, which had this many live members.
+    ToMembers(usize),
+    /// The group had no live member: nothing sent.
+    GroupEmpty,
+    /// The process was already gone: nothing sent.
+    Gone,
+    /// Not sent: the target is not provably the recorded one.
+    Refused(String),
+    /// The syscall failed.
+    Failed(String),
+}
+
+impl Sent {
+    /// Whether the signal reached its target.
+    pub(crate) fn was_sent(&self) -> bool {
+        matches!(self, Sent::Delivered | Sent::ToMembers(_))
+    }
+}
+
+impl std::fmt::Display for Sent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Sent::Delivered => f.write_str("sent"),
+            Sent::ToMembers(n) => write!(f, "sent to {n} members"),
+            Sent::GroupEmpty => f.write_str("group empty"),
+            Sent::Gone => f.write_str("gone"),
+            Sent::Refused(why) => write!(f, "refused: {why}"),
+            Sent::Failed(e) => write!(f, "failed: {e}"),
+        }
+    }
+}
+
 impl Engine {
     /// Tears a tree down (or resumes a teardown from the state the ledger
     /// holds). Terminal trees are left as they are.
@@ -415,7 +458,7 @@ impl Engine {
             "teardown",
             tree = tree.0,
             origin = opts.origin.as_str(),
-            grace_ms = opts.grace.as_millis() as u64
+            grace_ms = opts.grace.as_millis()
         )
         .entered();
         let started = Instant::now();
@@ -656,7 +699,7 @@ impl Engine {
             group_ok,
         } = g;
         let g0 = self.host.now();
-        let deadline = g0 + run.opts.grace;
+        let deadline = g0 + run.opts.grace.duration();
         while !run.opts.grace.is_zero() {
             self.collect_exits(&mut run.exits);
             members = run.watch.tick_targeted(self, &run.exits).members;
@@ -796,6 +839,7 @@ impl Engine {
         );
         // The first round's authorization also moves the tree to `killing`,
         // in its own transaction: no commit between it and the SIGKILL.
+        crate::testhook::crash_point("before-authorize");
         let auth = match self.ledger.authorize_kill_after_snapshot(
             run.tree,
             run.watch.journal(),
@@ -805,7 +849,11 @@ impl Engine {
             &reason,
             (round == 1).then_some(TreeState::Killing),
         ) {
-            Ok(auth) => auth,
+            Ok(auth) => {
+                // Committed (FULL); its SIGKILL not yet sent.
+                crate::testhook::crash_point("after-authorize");
+                auth
+            }
             Err(e) => {
                 return State::FailClosed(FailClosed {
                     survivors,
@@ -1083,7 +1131,7 @@ impl Engine {
         let mut group_ok = true;
         // The step's signal records, written in one transaction at the end.
         let mut records: Vec<SignalRecord> = Vec::new();
-        let mut record = |kind: &str, target: &str, result: &str| {
+        let mut record = |kind: &str, target: &str, result: &Sent| {
             records.push(SignalRecord {
                 signal: sig.name().to_string(),
                 target_kind: kind.to_string(),
@@ -1094,8 +1142,8 @@ impl Engine {
         };
         if let Some(dir) = step.cgroup.as_deref() {
             let result = match self.host.cgroup_kill(dir) {
-                Ok(()) => "sent".to_string(),
-                Err(e) => format!("failed: {e}"),
+                Ok(()) => Sent::Delivered,
+                Err(e) => Sent::Failed(e.to_string()),
             };
             record("cgroup", &dir.display().to_string(), &result);
         }
@@ -1104,18 +1152,18 @@ impl Engine {
                 .host
                 .signal_group_known(&step.group, sig, &step.group_pids)
             {
-                Ok(GroupDelivery::Sent { members }) => format!("sent to {members} members"),
-                Ok(GroupDelivery::Empty) => "group empty".to_string(),
+                Ok(GroupDelivery::Sent { members }) => Sent::ToMembers(members),
+                Ok(GroupDelivery::Empty) => Sent::GroupEmpty,
                 Ok(GroupDelivery::NotRecorded(why)) => {
                     group_ok = false;
                     if watch.degraded().is_none() {
                         self.refusal_event(tree, opts, &why);
                     }
-                    format!("refused: {why}")
+                    Sent::Refused(why)
                 }
-                Err(e) => format!("failed: {e}"),
+                Err(e) => Sent::Failed(e.to_string()),
             };
-            if result.starts_with("sent") || sig != Sig::Kill {
+            if result.was_sent() || sig != Sig::Kill {
                 record("group", &step.group.pgid.to_string(), &result);
             } else if step.cgroup.is_none() {
                 // A SIGKILL that was not sent is recorded as skipped, not as a signal.
@@ -1139,12 +1187,12 @@ impl Engine {
                 None => self.host.signal_process(id, sig),
             };
             let result = match delivery {
-                Ok(Delivery::Sent) => "sent".to_string(),
-                Ok(Delivery::Gone) => "gone".to_string(),
-                Ok(Delivery::Recycled) => "refused: pid recycled".to_string(),
-                Err(e) => format!("failed: {e}"),
+                Ok(Delivery::Sent) => Sent::Delivered,
+                Ok(Delivery::Gone) => Sent::Gone,
+                Ok(Delivery::Recycled) => Sent::Refused("pid recycled".into()),
+                Err(e) => Sent::Failed(e.to_string()),
             };
-            if result == "sent" || sig != Sig::Kill {
+            if result.was_sent() || sig != Sig::Kill {
                 record("pid", &id.pid.to_string(), &result);
             }
         }
@@ -1260,10 +1308,11 @@ impl Engine {
     }
 
     fn refusal_event(&self, tree: TreeId, opts: &TeardownOptions, why: &str) {
-        let data = serde_json::json!({ "reason": why });
         let result = if opts.origin == Origin::Sweep {
-            self.ledger
-                .append_event(Some(tree), EventKind::SweepRefused, data)
+            let refused = Event::SweepRefused(event::Reason {
+                reason: why.to_string(),
+            });
+            self.ledger.append_event(Some(tree), refused)
         } else {
             self.ledger.kill_skipped(tree, why).map(|_| 0)
         };
@@ -1622,5 +1671,52 @@ pub(crate) fn remove_cgroup(host: &dyn super::Host, dir: &std::path::Path) {
             tracing::warn!(cgroup = %dir.display(), "cgroup still populated; left in place");
         }
         Err(e) => tracing::warn!(cgroup = %dir.display(), error = %e, "cgroup not removed"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `Phase::as_str` (mutant: `""`): each phase's label is the name its
+    /// serialized form (the report, `--json`) gives it, and no two agree.
+    #[test]
+    fn each_phase_is_named_as_it_serializes() {
+        let all = [
+            Phase::Term,
+            Phase::Grace,
+            Phase::Freeze,
+            Phase::Snapshot,
+            Phase::Authorize,
+            Phase::Kill,
+            Phase::Verify,
+            Phase::Record,
+        ];
+        let names: HashSet<&str> = all.iter().map(|p| p.as_str()).collect();
+        assert_eq!(names.len(), all.len());
+        for p in all {
+            assert_eq!(
+                serde_json::to_value(p).expect("serializes"),
+                serde_json::Value::String(p.as_str().to_string())
+            );
+        }
+    }
+
+    /// `poll_interval`'s comparisons (mutants: `<` -> `<=`, `>`, `==`): 2 ms
+    /// below 50 ms, 10 ms from 50 ms below 1 s, 50 ms from 1 s; the bounds
+    /// themselves belong to the slower step.
+    #[test]
+    fn the_poll_interval_backs_off_at_50_ms_and_1_s() {
+        let ms = Duration::from_millis;
+        for (elapsed, poll) in [
+            (ms(0), ms(2)),
+            (ms(49), ms(2)),
+            (ms(50), ms(10)),
+            (ms(999), ms(10)),
+            (ms(1000), ms(50)),
+            (Duration::from_secs(60), ms(50)),
+        ] {
+            assert_eq!(poll_interval(elapsed), poll, "after {elapsed:?}");
+        }
     }
 }

@@ -94,7 +94,7 @@ impl Rig {
             })
             .expect("events")
             .into_iter()
-            .map(|e| e.kind)
+            .map(|e| e.kind.to_string())
             .collect()
     }
 
@@ -223,7 +223,7 @@ fn every_sigkill_follows_a_committed_authorization_naming_exactly_its_targets() 
         })
         .expect("events")
         .into_iter()
-        .filter(|e| e.kind == "tree.state" && e.data["to"] == "killing")
+        .filter(|e| e.kind.as_str() == "tree.state" && e.data["to"] == "killing")
         .count();
     assert_eq!(killing, 1, "the state killing, recorded in the first round");
 }
@@ -714,10 +714,13 @@ fn a_sigkill_that_found_the_group_empty_is_recorded_as_skipped_not_as_a_signal()
         ]
     );
     assert!(
-        detail.events.iter().any(|e| e.kind == "kill.skipped"
-            && e.data["reason"]
-                .as_str()
-                .is_some_and(|r| r.starts_with(&format!("group {group}")))),
+        detail
+            .events
+            .iter()
+            .any(|e| e.kind.as_str() == "kill.skipped"
+                && e.data["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.starts_with(&format!("group {group}")))),
         "the group's SIGKILL is recorded as skipped"
     );
     assert!(
@@ -804,7 +807,7 @@ fn resumes_from_terminating_without_a_second_transition() {
         })
         .expect("events")
         .into_iter()
-        .filter(|e| e.kind == "tree.state" && e.data["to"] == "terminating")
+        .filter(|e| e.kind.as_str() == "tree.state" && e.data["to"] == "terminating")
         .count();
     assert_eq!(terminating, 1);
     assert_eq!(rig.host.sent()[0].sig, Sig::Term, "SIGTERM sent again");
@@ -1410,7 +1413,7 @@ fn a_trail_the_ledger_refused_mid_teardown_is_written_before_the_end() {
         })
         .expect("events")
         .into_iter()
-        .any(|e| e.kind == "tree.state" && e.data["to"] == "terminating");
+        .any(|e| e.kind.as_str() == "tree.state" && e.data["to"] == "terminating");
     assert!(terminating, "the refused state change is written late");
 }
 
@@ -1642,4 +1645,317 @@ fn a_pid_recycled_within_the_tick_is_never_signalled_nor_authorized() {
         );
     }
     assert_every_kill_authorized(&sent);
+}
+
+// Issue 29: the survivors of a whole-file mutation run of teardown.rs, each
+// a test that fails on its mutant (applied by hand once; docs/TESTING.md).
+
+/// The teardown lease (mutant: `teardown_lease*` -> `Ok(None)`, two
+/// teardowns of one tree at once): while one holder has it, a taker that
+/// will not wait is refused and one that waits gets it only after the
+/// holder lets go.
+#[test]
+fn the_teardown_lease_is_one_holder_at_a_time() {
+    let rig = rig(Boundary::Session, false, |_, _, _| {});
+    let held = rig
+        .engine
+        .teardown_lease_within(rig.tree, Duration::ZERO)
+        .expect("taken")
+        .expect("a lease");
+    match rig.engine.teardown_lease_within(rig.tree, Duration::ZERO) {
+        Err(CustodyError::Conflict(why)) => assert!(why.contains("being torn down"), "{why}"),
+        other => panic!(
+            "a second lease while one is held: {:?}",
+            other.map(|l| l.is_some())
+        ),
+    }
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| {
+            let lease = rig.engine.teardown_lease(rig.tree);
+            (std::time::Instant::now(), lease)
+        });
+        let let_go = std::time::Instant::now();
+        drop(held);
+        let (got_at, lease) = waiter.join().expect("waiter");
+        assert!(
+            matches!(lease, Ok(Some(_))),
+            "the waiter gets the lease once it is free"
+        );
+        assert!(got_at >= let_go, "not before the holder let go");
+    });
+}
+
+/// `refusal_event` (mutant: `()`): a group that is not provably the
+/// recorded one is refused, and the refusal is evidence: `kill.skipped`
+/// for a kill, `sweep.refused` for a sweep, each with the reason.
+#[test]
+fn a_refused_group_is_recorded_as_kill_skipped_or_sweep_refused() {
+    for (origin, kind) in [
+        (Origin::Kill, EventKind::KillSkipped),
+        (Origin::Sweep, EventKind::SweepRefused),
+    ] {
+        let rig = rig(Boundary::Session, false, |w, root, _| {
+            w.procs.get_mut(&root).expect("root").ignores_term = true;
+            w.spawn(FakeProc {
+                sid: root + 500,
+                ..stubborn(root, root, None)
+            });
+        });
+        let report = rig
+            .teardown_with(TeardownOptions::new(Duration::ZERO, "test", origin))
+            .expect("refused, closed");
+        assert_eq!(report.state, TreeState::Vanished);
+        let reasons: Vec<String> =
+            rig.detail()
+                .events
+                .iter()
+                .filter(|e| e.kind == kind)
+                .filter_map(|e| match e.event() {
+                    crate::ledger::Event::KillSkipped(r)
+                    | crate::ledger::Event::SweepRefused(r) => Some(r.reason),
+                    _ => None,
+                })
+                .collect();
+        assert!(
+            !reasons.is_empty() && reasons.iter().all(|r| !r.is_empty()),
+            "[{origin:?}] no {kind} with a reason: {:?}",
+            rig.kinds()
+        );
+    }
+}
+
+/// `record_final_exits` (mutant: `()`) and `finish`'s CPU time (mutant:
+/// the reaped CPU dropped): a `run` tree proven empty records every member
+/// exited, the root with the status and CPU time its reaper collected, and
+/// the tree's resources (no cgroup) carry that CPU time.
+#[test]
+fn a_proven_empty_tree_records_every_member_exited_and_the_reaped_cpu() {
+    let rig = run_rig(Boundary::Session, |w, _, root, _| {
+        w.cpu_usec.insert(root, 1_234);
+    });
+    // A scan saw the root while it ran.
+    rig.ledger
+        .observe_members(
+            rig.tree,
+            &[crate::ledger::MemberRecord {
+                identity: IdentityRecord {
+                    pid: rig.root.0,
+                    start_ticks: rig.root.1,
+                    boot_id: BOOT.into(),
+                },
+                ppid: std::process::id() as i32,
+                pgid: rig.root.0,
+                sid: rig.root.0,
+                cgroup: None,
+                uid: None,
+                exe: None,
+                cmdline: vec!["worker".into()],
+                cwd: None,
+            }],
+        )
+        .expect("sighting");
+    let opts = TeardownOptions::new(Duration::from_secs(5), "root exited", Origin::Run);
+    let report = rig.teardown_with(opts).expect("settled");
+    assert_eq!(report.state, TreeState::Ended);
+    assert_eq!(
+        report.resources.and_then(|r| r.cpu_usec),
+        Some(1_234),
+        "{report:?}"
+    );
+    let detail = rig.detail();
+    for m in &detail.members {
+        assert!(
+            m.exited_at.is_some(),
+            "member {} not recorded exited",
+            m.pid
+        );
+    }
+    let root = detail
+        .members
+        .iter()
+        .find(|m| m.pid == rig.root.0)
+        .expect("root member");
+    assert_eq!(root.exit.and_then(|e| e.code), Some(3));
+    let ended = detail
+        .events
+        .iter()
+        .find_map(|e| match e.event() {
+            crate::ledger::Event::TreeEnded(t) => Some(t),
+            _ => None,
+        })
+        .expect("tree.ended");
+    assert_eq!(ended.resources.and_then(|r| r.cpu_usec), Some(1_234));
+}
+
+/// `flush_journal` (mutant: `()`): the ledger refused the teardown's first
+/// writes (the SIGTERM row, `terminating`) and took writes again during
+/// the grace; the tree emptied without a kill, so no authorization carried
+/// the journal: the end writes it, before `tree.ended`.
+#[test]
+fn a_trail_the_ledger_refused_is_written_at_the_end_of_a_teardown_without_a_kill() {
+    let lock: Arc<Mutex<Option<WriteLock>>> = Arc::new(Mutex::new(None));
+    let rig = rig(Boundary::Session, false, |w, root, _| {
+        w.procs.get_mut(&root).expect("root").ignores_term = true;
+        let lock = lock.clone();
+        w.on(Call::Sleep, 1, move |_| {
+            lock.lock().expect("lock slot").take();
+        });
+        w.on(Call::Sleep, 2, move |w| w.exit(root, ExitStatus::Exited(0)));
+    });
+    *lock.lock().expect("lock slot") = Some(rig.hold_write_lock());
+    let report = rig.teardown(Duration::from_secs(5)).expect("settled");
+    assert_eq!(report.state, TreeState::Ended);
+    assert_eq!(report.authorizations, 0, "it emptied in the grace");
+    assert!(report.evidence_skipped > 0, "writes were refused at first");
+    let detail = rig.detail();
+    assert_eq!(
+        detail
+            .signals
+            .iter()
+            .filter(|s| s.signal == "SIGTERM")
+            .count(),
+        1,
+        "the refused SIGTERM row is written at the end"
+    );
+    let kinds = rig.kinds();
+    let term = kinds
+        .iter()
+        .position(|k| k == "tree.state")
+        .expect("the refused state change is written at the end");
+    let end = kinds.iter().position(|k| k == "tree.ended").expect("ended");
+    assert!(term < end, "{kinds:?}");
+}
+
+/// `collect_exits` (mutant: `()`): a member of a `run` tree that exited as
+/// an orphan of this process (its status among the reaper's unclaimed
+/// ones) and that no scan saw go is recorded at the end with that status.
+#[test]
+fn an_orphans_status_the_reaper_holds_is_recorded_at_the_end() {
+    let mut orphan = (0, 0);
+    let rig = run_rig(Boundary::Session, |w, _, root, _| {
+        orphan = w.spawn(member(0, root, root, None));
+        w.exit(orphan.0, ExitStatus::Exited(5));
+    });
+    rig.ledger
+        .observe_members(
+            rig.tree,
+            &[crate::ledger::MemberRecord {
+                identity: IdentityRecord {
+                    pid: orphan.0,
+                    start_ticks: orphan.1,
+                    boot_id: BOOT.into(),
+                },
+                ppid: rig.root.0,
+                pgid: rig.root.0,
+                sid: rig.root.0,
+                cgroup: None,
+                uid: None,
+                exe: None,
+                cmdline: vec!["worker".into()],
+                cwd: None,
+            }],
+        )
+        .expect("sighting");
+    let opts = TeardownOptions::new(Duration::from_secs(5), "root exited", Origin::Run);
+    let report = rig.teardown_with(opts).expect("settled");
+    assert_eq!(report.state, TreeState::Ended);
+    let detail = rig.detail();
+    let m = detail
+        .members
+        .iter()
+        .find(|m| m.pid == orphan.0)
+        .expect("the orphan is a member");
+    assert!(m.exited_at.is_some());
+    assert_eq!(m.exit.and_then(|e| e.code), Some(5), "{m:?}");
+}
+
+/// `flush_deferred_exits` (mutant: the body replaced by an empty map): a
+/// killed member of a `run` tree whose status reaches the reaper only after
+/// it left `/proc` (an orphan reaped late) is recorded with that status,
+/// which only the deferred exits' wait for orphans collects.
+#[test]
+fn a_killed_orphans_late_status_is_recorded_with_its_exit() {
+    let mut slow = (0, 0);
+    let rig = run_rig(Boundary::Session, |w, me, _, _| {
+        slow = w.spawn(FakeProc {
+            unkillable: true,
+            ..stubborn(me, PID_BASE, None)
+        });
+        let pid = slow.0;
+        w.on(Call::Sleep, 3, move |w| {
+            w.exit_reaped_late(pid, ExitStatus::Signaled(9))
+        });
+    });
+    let opts = TeardownOptions::new(Duration::ZERO, "root exited", Origin::Run);
+    let report = rig.teardown_with(opts).expect("settled");
+    assert_eq!(report.state, TreeState::Ended);
+    assert_eq!(report.authorizations, 1);
+    let detail = rig.detail();
+    let m = detail
+        .members
+        .iter()
+        .find(|m| m.pid == slow.0)
+        .expect("the killed member");
+    assert_eq!(m.exit.and_then(|e| e.signal), Some(9), "{m:?}");
+}
+
+/// A log sink for one test: what a `tracing` subscriber on this thread wrote.
+#[derive(Clone, Default)]
+struct LogSink(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("sink").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Runs `f` with warnings logged into a sink; returns the log.
+fn warnings_of(f: impl FnOnce()) -> String {
+    let sink = LogSink::default();
+    let writer = sink.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, f);
+    let bytes = sink.0.lock().expect("sink").clone();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// `log_skipped`'s comparison (mutants: `>` -> `>=`, `<`, `==`): an operator
+/// is told once when a teardown skipped evidence writes, and never when it
+/// skipped none.
+#[test]
+fn skipped_evidence_is_logged_once_and_only_when_there_was_some() {
+    const LINE: &str = "evidence writes skipped in this teardown";
+    let clean = rig(Boundary::Session, false, |_, _, _| {});
+    let log = warnings_of(|| {
+        clean.teardown(Duration::from_millis(50)).expect("settled");
+    });
+    assert!(!log.contains(LINE), "a clean teardown: {log}");
+
+    let lock: Arc<Mutex<Option<WriteLock>>> = Arc::new(Mutex::new(None));
+    let degraded = rig(Boundary::Session, false, |w, root, _| {
+        w.procs.get_mut(&root).expect("root").ignores_term = true;
+        let lock = lock.clone();
+        w.on(Call::Sleep, 1, move |_| {
+            lock.lock().expect("lock slot").take();
+        });
+    });
+    *lock.lock().expect("lock slot") = Some(degraded.hold_write_lock());
+    let mut report = None;
+    let log = warnings_of(|| {
+        report = Some(
+            degraded
+                .teardown(Duration::from_millis(50))
+                .expect("settled"),
+        );
+    });
+    assert!(report.expect("ran").evidence_skipped > 0);
+    assert_eq!(log.matches(LINE).count(), 1, "{log}");
 }

@@ -213,10 +213,10 @@ impl TreeWatch {
                     ..Default::default()
                 });
                 let Ok(last) = last else { return };
-                let n = last
-                    .first()
-                    .and_then(|e| e.data.get("total")?.as_u64())
-                    .unwrap_or(0);
+                let n = match last.first().map(|e| e.event()) {
+                    Some(crate::ledger::Event::TreeOomKill(o)) => o.total,
+                    _ => 0,
+                };
                 self.oom_recorded = Some(n);
                 n
             }
@@ -224,10 +224,11 @@ impl TreeWatch {
         if total <= recorded {
             return;
         }
-        let data = serde_json::json!({ "oom_kills": total - recorded, "total": total });
-        let written = self.evidence("oom kill", || {
-            ledger.append_event(Some(tree), crate::ledger::EventKind::TreeOomKill, data)
+        let oom = crate::ledger::Event::TreeOomKill(crate::ledger::event::OomKill {
+            oom_kills: total - recorded,
+            total,
         });
+        let written = self.evidence("oom kill", || ledger.append_event(Some(tree), oom));
         match written {
             Some(Ok(_)) => {
                 tracing::warn!(

@@ -924,32 +924,21 @@ pub async fn wait_tree(
     (status = 413, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn kill_tree(
     State(s): State<AppState>,
-    Extension(principal): Extension<Principal>,
-    TreePath(id): TreePath,
     ApiQuery(q): ApiQuery<KillQuery>,
+    super::auth::ActOnTree { row, principal }: super::auth::ActOnTree,
 ) -> Result<Json<KillResponse>, ApiError> {
     let grace = parse_grace(q.grace.as_deref(), s.service.config().max_grace)
         .map_err(ApiError::BadRequest)?;
-    let row = s
-        .service
-        .read(move |e| Ok(e.ledger().tree(TreeId(id))?))
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
-    principal.may_act_on(&row)?;
+    let id = row.id;
     // Who asked, as a structured event, before anything is signalled. The
     // kill does not wait on it: a ledger that refuses it still gets the
     // principal in the teardown's reason.
     let by = principal.requester();
-    let data = serde_json::json!({"by": by, "grace_ms": grace.map(|g| g.as_millis() as u64)});
-    if let Err(e) = s
-        .service
-        .record(
-            Some(TreeId(id)),
-            crate::ledger::EventKind::KillRequested,
-            data,
-        )
-        .await
-    {
+    let asked = crate::ledger::Event::KillRequested(crate::ledger::event::KillRequested {
+        by: by.clone(),
+        grace_ms: grace.map(|g| g.as_millis() as u64),
+    });
+    if let Err(e) = s.service.record(Some(TreeId(id)), asked).await {
         tracing::warn!(tree = id, error = %e, "kill.requested not recorded; the teardown's reason names the principal");
     }
     let r = s
@@ -957,11 +946,11 @@ pub async fn kill_tree(
         .teardown(
             id,
             grace,
+            None,
             // Who asked is in the reason the teardown records (tree.state,
             // kill.authorized).
+            crate::custody::policy::EndCause::Kill,
             format!("killed through the API by {}", principal.requester()),
-            crate::service::Why::Kill,
-            None,
         )
         .await?;
     Ok(Json(KillResponse {
@@ -991,16 +980,10 @@ pub async fn kill_tree(
     (status = 503, body = ErrorBody)))]
 pub async fn resolve_tree(
     State(s): State<AppState>,
-    Extension(principal): Extension<Principal>,
-    TreePath(id): TreePath,
+    super::auth::ActOnTree { row, principal }: super::auth::ActOnTree,
     ApiJson(body): ApiJson<ResolveBody>,
 ) -> Result<Json<TreeRow>, ApiError> {
-    let row = s
-        .service
-        .read(move |e| Ok(e.ledger().tree(TreeId(id))?))
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
-    principal.may_act_on(&row)?;
+    let id = row.id;
     if body
         .note
         .chars()
@@ -1039,19 +1022,13 @@ pub struct LogQuery {
     (status = 503, body = ErrorBody)))]
 pub async fn tree_log(
     State(s): State<AppState>,
-    Extension(principal): Extension<Principal>,
-    TreePath(id): TreePath,
     ApiQuery(q): ApiQuery<LogQuery>,
+    super::auth::SeeTree { row, .. }: super::auth::SeeTree,
 ) -> Result<impl IntoResponse, ApiError> {
     if q.tail.is_some_and(|t| t > 1_000_000) {
         return Err(ApiError::BadRequest("tail: at most 1000000 lines".into()));
     }
-    let row = s
-        .service
-        .read(move |e| Ok(e.ledger().tree(TreeId(id))?))
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
-    principal.may_see(&row)?;
+    let id = row.id;
     let bytes = s
         .service
         .read(move |e| {

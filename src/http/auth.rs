@@ -427,6 +427,71 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
     next.run(req).await
 }
 
+/// A tree from the path (`/api/trees/{id}/...`) that the request's principal
+/// may act on (kill, resolve): the row is read, then 404 unless the
+/// principal may see it and 403 unless it may act on it
+/// ([`Principal::may_act_on`]), before the handler runs. Written once for
+/// every handler that acts on a tree.
+pub struct ActOnTree {
+    pub row: TreeRow,
+    pub principal: Principal,
+}
+
+/// A tree from the path that the request's principal may read (404 else,
+/// [`Principal::may_see`]).
+pub struct SeeTree {
+    pub row: TreeRow,
+    pub principal: Principal,
+}
+
+/// The path's tree row and the request's principal (set by
+/// [`authenticate`] before any handler).
+async fn tree_and_principal(
+    parts: &mut axum::http::request::Parts,
+    state: &AppState,
+) -> Result<(TreeRow, Principal), ApiError> {
+    use axum::extract::FromRequestParts as _;
+    let super::error::TreePath(id) =
+        super::error::TreePath::from_request_parts(parts, state).await?;
+    let principal = parts
+        .extensions
+        .get::<Principal>()
+        .cloned()
+        .ok_or_else(|| ApiError::Internal("no principal on the request".into()))?;
+    let row = state
+        .service
+        .read(move |e| Ok(e.ledger().tree(crate::ledger::TreeId(id))?))
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
+    Ok((row, principal))
+}
+
+impl axum::extract::FromRequestParts<AppState> for ActOnTree {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let (row, principal) = tree_and_principal(parts, state).await?;
+        principal.may_act_on(&row)?;
+        Ok(ActOnTree { row, principal })
+    }
+}
+
+impl axum::extract::FromRequestParts<AppState> for SeeTree {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let (row, principal) = tree_and_principal(parts, state).await?;
+        principal.may_see(&row)?;
+        Ok(SeeTree { row, principal })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,9 +17,13 @@ use super::AppState;
 use super::api::parse_flag;
 use super::error::{ApiError, ApiQuery, TreePath};
 use crate::custody::Unsettled;
+use crate::ledger::event::TeardownTimeline;
+use crate::ledger::hierarchy::ProcessNode;
 use crate::ledger::{
-    EventFilter, EventRow, MemberCounts, MemberRow, SignalRow, TreeId, TreeRow, TreeState,
+    Event, EventFilter, EventRow, ExitRecord, MemberCounts, MemberRow, SignalRow, TreeId, TreeRow,
+    TreeState,
 };
+
 use crate::ledger::{PageAt, TreeFilter, parse_since};
 
 /// Trees shown on the index page at most (newest first).
@@ -425,30 +429,14 @@ pub struct Timeline {
 const SVG_LEFT: f64 = 10.0;
 const SVG_WIDTH: f64 = 580.0;
 
-/// Builds the picture: TERM -> grace -> (freeze, authorize) -> KILL -> verified.
-pub fn timeline(events: &[EventRow]) -> Option<Timeline> {
-    let find =
-        |pred: &dyn Fn(&EventRow) -> bool| events.iter().find(|e| pred(e)).and_then(|e| at(&e.at));
-    let signal = |e: &EventRow, name: &str| e.kind == "signal.sent" && e.data["signal"] == name;
-    let t_term = find(&|e| {
-        (e.kind == "tree.state" && e.data["to"] == "terminating") || signal(e, "SIGTERM")
-    })?;
-    // `taken_at` is when the survivors were read (frozen); the event itself
-    // is written in the authorization's transaction, a moment later.
-    let t_freeze = events
-        .iter()
-        .find(|e| e.kind == "survivors.recorded")
-        .and_then(|e| {
-            e.data["taken_at"]
-                .as_str()
-                .and_then(at)
-                .or_else(|| at(&e.at))
-        });
-    let t_auth = find(&|e| e.kind == "kill.authorized");
-    let t_kill = find(&|e| signal(e, "SIGKILL"));
-    let t_end = find(&|e| {
-        e.kind == "tree.ended" || (e.kind == "tree.state" && e.data["to"] == "ambiguous")
-    });
+/// Draws the ledger's typed read of a teardown ([`TeardownTimeline`]):
+/// TERM -> grace -> (freeze, authorize) -> KILL -> verified.
+pub fn timeline(tl: &TeardownTimeline) -> Option<Timeline> {
+    let t_term = at(&tl.term)?;
+    let t_freeze = tl.freeze.as_deref().and_then(at);
+    let t_auth = tl.authorized.as_deref().and_then(at);
+    let t_kill = tl.kill.as_deref().and_then(at);
+    let t_end = tl.end.as_deref().and_then(at);
     let ms = |a: SystemTime, b: SystemTime| {
         b.duration_since(a).unwrap_or(Duration::ZERO).as_millis() as u64
     };
@@ -512,9 +500,56 @@ pub fn timeline(events: &[EventRow]) -> Option<Timeline> {
     })
 }
 
+/// One member in the tree page's process tree, in depth-first order, with
+/// what the nested list around it needs: `<li>` opens it, `<ul>` its
+/// children when it has some, and `closes` lists end after it.
+pub struct ProcessItem {
+    pub pid: i32,
+    pub name: String,
+    pub command: String,
+    pub marks: Vec<String>,
+    pub escaped: bool,
+    pub force_killed: bool,
+    pub has_children: bool,
+    pub closes: usize,
+}
+
+/// The hierarchy ([`crate::ledger::hierarchy`]) flattened for the template
+/// (askama has no recursion): nesting is rebuilt from `has_children` and
+/// `closes`.
+pub fn process_items(forest: &[ProcessNode]) -> Vec<ProcessItem> {
+    fn walk(n: &ProcessNode, out: &mut Vec<ProcessItem>) {
+        out.push(ProcessItem {
+            pid: n.pid,
+            name: n.name(),
+            command: n.cmdline.join(" "),
+            marks: n.marks(),
+            escaped: n.escaped,
+            force_killed: n.force_killed,
+            has_children: !n.children.is_empty(),
+            closes: 0,
+        });
+        for c in &n.children {
+            walk(c, out);
+        }
+        if !n.children.is_empty()
+            && let Some(last) = out.last_mut()
+        {
+            last.closes += 1;
+        }
+    }
+    let mut out = Vec::new();
+    for n in forest {
+        walk(n, &mut out);
+    }
+    out
+}
+
 #[derive(Template)]
 #[template(path = "tree.html")]
 pub struct TreePage {
+    /// The members as a process tree (parent -> child by first-seen ppid).
+    pub processes: Vec<ProcessItem>,
     pub tree: TreeRow,
     pub members: Vec<MemberRow>,
     pub escapes: Vec<MemberRow>,
@@ -540,110 +575,76 @@ pub struct EventLine {
 }
 
 /// One line per event kind for a reader at 3 a.m.; the JSON stays one
-/// click away.
+/// click away. Read typed: an event this build does not type shows its JSON.
 pub fn summarize(e: &EventRow) -> String {
-    let d = &e.data;
-    let s = |v: &serde_json::Value| match v {
-        serde_json::Value::String(s) => s.clone(),
-        serde_json::Value::Null => "-".into(),
-        other => other.to_string(),
-    };
-    let argv = |v: &serde_json::Value| {
-        v.as_array()
-            .map(|a| a.iter().map(s).collect::<Vec<_>>().join(" "))
-            .unwrap_or_default()
-    };
-    let exit = |v: &serde_json::Value| match (v["code"].as_i64(), v["signal"].as_i64()) {
-        (_, Some(sig)) => format!("killed by signal {sig}"),
-        (Some(code), None) => format!("exit {code}"),
+    fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
+        v.as_ref().map_or_else(|| "-".into(), T::to_string)
+    }
+    let exit = |v: &Option<ExitRecord>| match v.map(|x| (x.code, x.signal)) {
+        Some((_, Some(sig))) => format!("killed by signal {sig}"),
+        Some((Some(code), None)) => format!("exit {code}"),
         _ => "no status".into(),
     };
-    match e.kind.as_str() {
-        "tree.created" => format!(
+    match e.event() {
+        Event::TreeCreated(d) => format!(
             "{} (owner {} {})",
-            argv(&d["argv"]),
-            s(&d["owner"]["kind"]),
-            s(&d["owner"]["pid"])
+            d.argv.join(" "),
+            d.owner.kind,
+            d.owner.pid
         ),
-        "tree.spawned" => format!(
-            "root pid {}, pgid {}, sid {}",
-            s(&d["root"]["pid"]),
-            s(&d["pgid"]),
-            s(&d["sid"])
-        ),
-        "tree.spawn_failed" => format!("exit {}: {}", s(&d["exit_code"]), s(&d["reason"])),
-        "tree.state" => format!("{} → {}: {}", s(&d["from"]), s(&d["to"]), s(&d["reason"])),
-        "tree.ended" => format!(
-            "{} → {}, root {}",
-            s(&d["from"]),
-            s(&d["to"]),
-            exit(&d["exit"])
-        ),
-        "tree.resolved" => format!("resolved: {}", s(&d["note"])),
-        "tree.oom_kill" => format!(
+        Event::TreeSpawned(d) => {
+            format!("root pid {}, pgid {}, sid {}", d.root.pid, d.pgid, d.sid)
+        }
+        Event::TreeSpawnFailed(d) => format!("exit {}: {}", d.exit_code, d.reason),
+        Event::TreeState(d) => format!("{} → {}: {}", d.from, d.to, opt(&d.reason)),
+        Event::TreeEnded(d) => format!("{} → {}, root {}", d.from, d.to, exit(&d.exit)),
+        Event::TreeResolved(d) => format!("resolved: {}", d.note),
+        Event::TreeOomKill(d) => format!(
             "the kernel's OOM killer ended {} process(es) ({} in all)",
-            s(&d["oom_kills"]),
-            s(&d["total"])
+            d.oom_kills, d.total
         ),
-        "member.observed" => format!("pid {}: {}", s(&d["identity"]["pid"]), argv(&d["cmdline"])),
-        "member.exec" => format!(
+        Event::MemberObserved(d) => format!("pid {}: {}", d.identity.pid, d.cmdline.join(" ")),
+        Event::MemberExec(d) => format!(
             "pid {} ran {} (was {})",
-            s(&d["identity"]["pid"]),
-            argv(&d["to"]["argv"]),
-            argv(&d["from"]["argv"])
+            d.identity.pid,
+            d.to.argv.join(" "),
+            d.from.argv.join(" ")
         ),
-        "member.exited" => format!(
+        Event::MemberExited(d) => format!(
             "pid {} {} (reaped by {})",
-            s(&d["identity"]["pid"]),
-            exit(&d["exit"]),
-            s(&d["reaped_by"])
+            d.identity.pid,
+            exit(&d.exit),
+            d.reaped_by
         ),
-        "escape.observed" => format!(
+        Event::EscapeObserved(d) => format!(
             "pid {} left to pgid {} sid {}",
-            s(&d["member"]["identity"]["pid"]),
-            s(&d["member"]["pgid"]),
-            s(&d["member"]["sid"])
+            d.member.identity.pid, d.member.pgid, d.member.sid
         ),
-        "signal.sent" => format!(
+        Event::SignalSent(d) => format!(
             "{} → {} {}: {}",
-            s(&d["signal"]),
-            s(&d["target_kind"]),
-            s(&d["target"]),
-            s(&d["result"])
+            d.signal, d.target_kind, d.target, d.result
         ),
-        "kill.authorized" => {
-            let pids: Vec<String> = d["targets"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .flat_map(|t| {
-                    t["identities"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .map(|i| s(&i["pid"]))
-                })
+        Event::KillAuthorized(d) => {
+            let pids: Vec<String> = d
+                .targets
+                .iter()
+                .flat_map(|t| t.identities.iter().map(|i| i.pid.to_string()))
                 .collect();
             format!(
                 "#{} for pid {}: {}",
-                s(&d["authorization"]),
+                d.authorization,
                 pids.join(" "),
-                s(&d["reason"])
+                d.reason
             )
         }
-        "kill.skipped" | "sweep.refused" => s(&d["reason"]),
-        "survivors.recorded" => format!(
-            "{} survivors snapshotted",
-            d["survivors"].as_array().map_or(0, Vec::len)
-        ),
-        "sweep.started" => format!("{} candidates", s(&d["candidates"])),
-        "sweep.orphan_found" => format!(
-            "owner pid {} gone; tree was {}",
-            s(&d["owner"]["pid"]),
-            s(&d["state"])
-        ),
-        "dispatch.refused" => format!("tree {} unsettled: {}", s(&d["tree"]), s(&d["reason"])),
-        _ => d.to_string(),
+        Event::KillSkipped(d) | Event::SweepRefused(d) => d.reason,
+        Event::SurvivorsRecorded(d) => format!("{} survivors snapshotted", d.survivors.len()),
+        Event::SweepStarted(d) => format!("{} candidates", d.candidates),
+        Event::SweepOrphanFound(d) => {
+            format!("owner pid {} gone; tree was {}", d.owner.pid, d.state)
+        }
+        Event::DispatchRefused(d) => format!("tree {} unsettled: {}", d.tree, d.reason),
+        _ => e.data.to_string(),
     }
 }
 
@@ -716,22 +717,24 @@ pub async fn tree(
     TreePath(id): TreePath,
 ) -> Result<Html<String>, ApiError> {
     principal.must_see_all("the dashboard")?;
-    let (d, output) = s
+    let (d, output, teardown) = s
         .service
         .read(move |e| {
             let detail = e.ledger().tree_detail(TreeId(id))?;
+            let timeline = e.ledger().teardown_timeline(TreeId(id))?;
             // The panel shows the tail; the whole output is at /api/trees/{id}/log.
             let output = crate::custody::read_log(e.data_dir(), TreeId(id), Some(OUTPUT_LINES))
                 .ok()
                 .flatten()
                 .map(|b| String::from_utf8_lossy(&b).into_owned())
                 .filter(|out| !out.is_empty());
-            Ok(detail.map(|d| (d, output)))
+            Ok(detail.map(|d| (d, output, timeline)))
         })
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
-    let timeline = timeline(&d.events);
+    let timeline = teardown.as_ref().and_then(timeline);
     render(&TreePage {
+        processes: process_items(&d.hierarchy()),
         output,
         live: !d.tree.state.is_terminal(),
         command: d.tree.argv.join(" "),
@@ -851,7 +854,7 @@ pub async fn events(
                 seq: e.seq,
                 at: e.at.clone(),
                 tree: e.tree,
-                kind: e.kind.clone(),
+                kind: e.kind.to_string(),
                 summary: summarize(e),
                 data: e.data.to_string(),
                 hash: e.hash.chars().take(12).collect(),

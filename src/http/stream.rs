@@ -280,7 +280,7 @@ pub async fn events_stream(
                         let data = serde_json::to_string(&e).unwrap_or_default();
                         let event = Event::default()
                             .id(e.seq.to_string())
-                            .event(e.kind.clone())
+                            .event(e.kind.to_string())
                             .data(data);
                         return Some((Ok(event), (last, queue, checked, scope)));
                     }

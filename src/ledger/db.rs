@@ -16,7 +16,8 @@ use rusqlite_migration::{M, Migrations};
 
 use super::chain;
 use super::error::{Fail, LedgerError};
-use super::types::{EventKind, TreeId};
+use super::event::Event;
+use super::types::TreeId;
 
 /// The schema, oldest first. Append only: a shipped migration never changes.
 const MIGRATIONS: &[M<'static>] = &[
@@ -616,12 +617,14 @@ impl Writer<'_> {
 
     /// Appends one event to the hash chain inside this transaction.
     /// `data` must be a JSON object; it is stored in canonical form.
-    pub(crate) fn event(
-        &mut self,
-        tree: Option<TreeId>,
-        kind: EventKind,
-        data: serde_json::Value,
-    ) -> Result<i64, Fail> {
+    pub(crate) fn event(&mut self, tree: Option<TreeId>, event: &Event) -> Result<i64, Fail> {
+        let Some(kind) = event.kind() else {
+            return Err(LedgerError::Invariant(
+                "an event of a kind this build does not know is never written".into(),
+            )
+            .into());
+        };
+        let data = event.to_data()?;
         if !data.is_object() {
             return Err(LedgerError::Invariant(format!(
                 "event data for {kind} must be a JSON object"

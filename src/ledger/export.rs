@@ -47,7 +47,7 @@ pub(crate) fn format(
                         row.seq.to_string(),
                         row.at.clone(),
                         row.tree.map(|t| t.to_string()).unwrap_or_default(),
-                        row.kind.clone(),
+                        row.kind.to_string(),
                         chain::canonical_string(&row.data),
                         row.prev_hash.clone(),
                         row.hash.clone(),

@@ -67,7 +67,9 @@ mod bound;
 mod chain;
 mod db;
 mod error;
+pub mod event;
 mod export;
+pub mod hierarchy;
 mod prune;
 mod read;
 pub mod seal;
@@ -85,6 +87,7 @@ use std::time::Duration;
 pub use bound::FIELD_MAX;
 pub use chain::{GENESIS, canonical_event, canonical_string, event_hash, event_hash_of_text};
 pub use error::LedgerError;
+pub use event::{Event, RowKind};
 pub use prune::{PruneReport, PruneRequest};
 pub use types::{
     AuthorizationId, AuthorizationRow, Deferred, EpochSeal, EventFilter, EventKind, EventRow,
@@ -425,7 +428,6 @@ impl Ledger {
         let taken_at = humantime::format_rfc3339_millis(taken_at).to_string();
         let targets = targets.to_vec();
         let reason = reason.to_string();
-        crate::testhook::crash_point("before-authorize");
         let auth = self.write(Durability::Authority, move |w| {
             if !prior.is_empty() {
                 write::replay_deferred(w, id, &prior, &batch)?;
@@ -446,7 +448,6 @@ impl Ledger {
             Ok(auth)
         })?;
         // The authorization is committed; its SIGKILL is the caller's next step.
-        crate::testhook::crash_point("after-authorize");
         Ok(auth)
     }
 
@@ -567,14 +568,9 @@ impl Ledger {
     /// Appends a free-standing event (`sweep.*`, `dispatch.refused`): kinds
     /// with rows of their own are written only by their typed method.
     /// `data` must be a JSON object. Returns the event's seq.
-    pub fn append_event(
-        &self,
-        tree: Option<TreeId>,
-        kind: EventKind,
-        data: serde_json::Value,
-    ) -> Result<i64, LedgerError> {
+    pub fn append_event(&self, tree: Option<TreeId>, event: Event) -> Result<i64, LedgerError> {
         self.write(Durability::Normal, move |w| {
-            write::append_event(w, tree, kind, data)
+            write::append_event(w, tree, &event)
         })
     }
 
@@ -594,6 +590,19 @@ impl Ledger {
 
     pub fn tree(&self, id: TreeId) -> Result<Option<TreeRow>, LedgerError> {
         self.read(move |tx| read::tree(tx, id))
+    }
+
+    /// The first teardown of a tree, step by step, from its events (`None`:
+    /// none has started).
+    pub fn teardown_timeline(
+        &self,
+        id: TreeId,
+    ) -> Result<Option<event::TeardownTimeline>, LedgerError> {
+        let events = self.events(&EventFilter {
+            tree: Some(id),
+            ..EventFilter::default()
+        })?;
+        Ok(event::TeardownTimeline::from_events(&events))
     }
 
     pub fn tree_detail(&self, id: TreeId) -> Result<Option<TreeDetail>, LedgerError> {

@@ -54,6 +54,7 @@ use sha2::{Digest, Sha256};
 use super::chain;
 use super::db::Writer;
 use super::error::{Fail, LedgerError};
+use super::event::{Checkpointed, Event, KeptEvents, PrunedEvents, RowKind};
 use super::types::{EventKind, EventRow, TreeId, VerifyBreak, VerifyReport};
 
 /// What to prune.
@@ -234,7 +235,10 @@ fn plan(
         let goes = seq <= limit
             && match tree {
                 Some(t) => set.contains(&t),
-                None => at.as_str() < before && row.get::<_, String>(3)? != "ledger.seal",
+                None => {
+                    at.as_str() < before
+                        && RowKind::parse(&row.get::<_, String>(3)?) != EventKind::LedgerSeal
+                }
             };
         if goes {
             if let Some(sink) = archive.as_mut() {
@@ -358,22 +362,29 @@ pub(crate) fn commit(
         )
         .into());
     }
-    let data = serde_json::json!({
-        "before": planned.before,
-        "pruned_through": planned.pruned_through,
-        "hash": planned.hash,
-        "pruned": {
-            "events": planned.events,
-            "trees": planned.trees.len(),
-            "first": planned.first,
-            "last": planned.last,
-            "digest": planned.digest,
+    let data = Checkpointed {
+        before: planned.before.clone(),
+        pruned_through: planned.pruned_through,
+        hash: planned.hash.clone(),
+        pruned: PrunedEvents {
+            events: planned.events,
+            trees: planned.trees.len() as u64,
+            first: planned.first,
+            last: planned.last,
+            digest: planned.digest.clone(),
         },
-        "kept_below": {"events": planned.kept, "digest": planned.kept_digest},
-        "archive": req.archive.as_ref().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()),
-        "previous": planned.previous,
-    });
-    let checkpoint = w.event(None, EventKind::LedgerCheckpoint, data)?;
+        kept_below: KeptEvents {
+            events: planned.kept,
+            digest: planned.kept_digest.clone(),
+        },
+        archive: req
+            .archive
+            .as_ref()
+            .and_then(|p| p.file_name())
+            .map(|n| n.to_string_lossy().into_owned()),
+        previous: planned.previous,
+    };
+    let checkpoint = w.event(None, &Event::LedgerCheckpoint(Box::new(data)))?;
     w.tx.execute_batch(
         "CREATE TEMP TABLE IF NOT EXISTS prune_trees (id INTEGER PRIMARY KEY);
          DELETE FROM temp.prune_trees;",
@@ -560,7 +571,7 @@ fn scan_archive(conn: &Connection, path: &Path) -> Result<ArchiveScan, Fail> {
             scan.first_break = broke(Some(e.seq), "data is not an object".into());
             return Ok(scan);
         }
-        let hash = chain::event_hash(&e.prev_hash, e.seq, &e.at, e.tree, &e.kind, &e.data);
+        let hash = chain::event_hash(&e.prev_hash, e.seq, &e.at, e.tree, e.kind.as_str(), &e.data);
         if hash != e.hash {
             scan.first_break = broke(
                 Some(e.seq),
@@ -615,7 +626,7 @@ fn scan_archive(conn: &Connection, path: &Path) -> Result<ArchiveScan, Fail> {
             );
             return Ok(scan);
         }
-        if e.kind == EventKind::LedgerCheckpoint.as_str()
+        if e.kind == EventKind::LedgerCheckpoint
             && let Some(cp) = Checkpoint::from_data(e.seq, &e.data)
         {
             scan.checkpoints.push(cp);

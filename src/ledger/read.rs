@@ -3,6 +3,7 @@
 use rusqlite::{Connection, OptionalExtension, Row, params, params_from_iter, types::Value};
 
 use super::error::{Fail, LedgerError};
+use super::event::{Event, RowKind};
 use super::types::{
     AuthorizationRow, EventFilter, EventRow, ExitRecord, IdentityRecord, MemberCounts, MemberRow,
     ObservationRow, OwnerRow, PageAt, Resources, SignalRow, TokenRow, TreeDetail, TreeFilter,
@@ -396,8 +397,11 @@ pub(crate) fn tree_detail(conn: &Connection, id: TreeId) -> Result<Option<TreeDe
     let resources = events
         .iter()
         .rev()
-        .find(|e| e.kind == "tree.ended")
-        .and_then(|e| serde_json::from_value(e.data.get("resources")?.clone()).ok());
+        .find_map(|e| match e.event() {
+            Event::TreeEnded(ended) => Some(ended.resources),
+            _ => None,
+        })
+        .flatten();
     Ok(Some(TreeDetail {
         tree,
         resources,
@@ -414,7 +418,7 @@ pub(crate) fn event_from_row(row: &Row<'_>) -> rusqlite::Result<EventRow> {
         seq: row.get(0)?,
         at: row.get(1)?,
         tree: row.get(2)?,
-        kind: row.get(3)?,
+        kind: RowKind::parse(&row.get::<_, String>(3)?),
         data: json_column(row, 4)?,
         prev_hash: row.get(5)?,
         hash: row.get(6)?,
@@ -656,7 +660,7 @@ mod tests {
     }
 
     use crate::ledger::{
-        EventFilter, EventKind, IdentityRecord, Ledger, LedgerOptions, MemberCounts, MemberRecord,
+        Event, EventFilter, IdentityRecord, Ledger, LedgerOptions, MemberCounts, MemberRecord,
         NewTree, OwnerKind, OwnerRecord, SignalRecord, TreeId,
     };
 
@@ -774,15 +778,20 @@ mod tests {
             ledger
                 .append_event(
                     Some(id),
-                    EventKind::SweepStarted,
-                    serde_json::json!({"i": i}),
+                    Event::SweepStarted(crate::ledger::event::SweepStarted {
+                        candidates: i,
+                        pid: 1,
+                    }),
                 )
                 .expect("event");
             ledger
                 .append_event(
                     None,
-                    EventKind::DispatchRefused,
-                    serde_json::json!({"i": i}),
+                    Event::DispatchRefused(crate::ledger::event::DispatchRefused {
+                        tree: id.0,
+                        reason: format!("{i}"),
+                        unsettled: 1,
+                    }),
                 )
                 .expect("event");
         }
@@ -791,7 +800,7 @@ mod tests {
             let want: Vec<i64> = all
                 .iter()
                 .rev()
-                .filter(|e| e.kind.starts_with(prefix))
+                .filter(|e| e.kind.as_str().starts_with(prefix))
                 .take(4)
                 .map(|e| e.seq)
                 .collect();

@@ -61,6 +61,7 @@ use super::Ledger;
 use super::chain;
 use super::db::Durability;
 use super::error::{Fail, LedgerError};
+use super::event::{Event, RowKind};
 use super::types::{EpochSeal, EventKind, SealData, SealReport, SealSetup, VerifyBreak};
 
 /// The key file's name in the data directory.
@@ -385,11 +386,7 @@ impl Ledger {
                     setup: setup.mac.clone(),
                 };
                 write_new_key_file(&path, &data_dir, &record)?;
-                let seq = w.event(
-                    None,
-                    EventKind::LedgerSeal,
-                    to_value(&SealData::Setup(setup.clone()))?,
-                )?;
+                let seq = w.event(None, &Event::LedgerSeal(SealData::Setup(setup.clone())))?;
                 Ok((seq, setup))
             })
         };
@@ -547,7 +544,7 @@ fn append_seal(
         }
     };
     seal.mac = mac_of(key, &to_value(&wrap(seal.clone()))?);
-    w.event(None, EventKind::LedgerSeal, to_value(&wrap(seal))?)
+    w.event(None, &Event::LedgerSeal(wrap(seal)))
 }
 
 /// `verify --seal-key`: fed every event in seq order by the chain walk.
@@ -594,13 +591,13 @@ impl SealCheck {
     pub(crate) fn step(
         &mut self,
         seq: i64,
-        kind: &str,
+        kind: &RowKind,
         data: &serde_json::Value,
         prev_hash: &str,
     ) -> Option<VerifyBreak> {
         self.events += 1;
         self.since_last += 1;
-        if kind != EventKind::LedgerSeal.as_str() {
+        if *kind != EventKind::LedgerSeal {
             return None;
         }
         let parsed: SealData = match serde_json::from_value(data.clone()) {

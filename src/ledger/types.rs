@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::event::{Event, RowKind};
+
 /// A tree's row id in the ledger.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
@@ -936,11 +938,23 @@ pub struct EventRow {
     pub seq: i64,
     pub at: String,
     pub tree: Option<i64>,
-    pub kind: String,
+    /// The kind's name (`tree.created`, ...); one this build does not know
+    /// reads as [`RowKind::Unknown`].
+    #[schema(value_type = String)]
+    pub kind: RowKind,
+    /// The data exactly as stored and hashed; [`EventRow::event`] reads it typed.
     #[schema(value_type = Object)]
     pub data: serde_json::Value,
     pub prev_hash: String,
     pub hash: String,
+}
+
+impl EventRow {
+    /// The event's data, typed (never fails: an unknown kind or data that
+    /// does not decode is [`Event::Other`]).
+    pub fn event(&self) -> Event {
+        Event::decode(&self.kind, &self.data)
+    }
 }
 
 /// Everything `show` displays about one tree.

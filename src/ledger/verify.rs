@@ -10,9 +10,10 @@ use sha2::{Digest, Sha256};
 
 use super::chain;
 use super::error::{Fail, LedgerError};
+use super::event::{Event, RowKind};
 use super::prune;
 use super::seal::SealCheck;
-use super::types::{EventRow, SealReport, VerifyBreak, VerifyReport};
+use super::types::{EventKind, EventRow, SealReport, VerifyBreak, VerifyReport};
 
 fn broke(seq: Option<i64>, what: impl Into<String>) -> Option<VerifyBreak> {
     Some(VerifyBreak {
@@ -201,7 +202,7 @@ pub(crate) fn verify_export(
             continue;
         }
         match serde_json::from_str::<EventRow>(&line) {
-            Ok(e) if e.kind == "ledger.checkpoint" => {
+            Ok(e) if e.kind == EventKind::LedgerCheckpoint => {
                 checkpoint = match prune::Checkpoint::from_data(e.seq, &e.data) {
                     Some(cp) => Some(cp),
                     None => {
@@ -272,7 +273,7 @@ pub(crate) struct WalkRow {
     pub(crate) seq: i64,
     pub(crate) at: String,
     pub(crate) tree: Option<i64>,
-    pub(crate) kind: String,
+    pub(crate) kind: RowKind,
     pub(crate) data_text: String,
     pub(crate) prev_hash: String,
     pub(crate) hash: String,
@@ -373,7 +374,8 @@ impl Walk {
             return broke(Some(seq), "data is not in canonical form (edited)");
         }
         // The text is canonical (checked above): hash it as it is stored.
-        let hash = chain::event_hash_of_text(&stored_prev, seq, &at, tree, &kind, &data_text);
+        let hash =
+            chain::event_hash_of_text(&stored_prev, seq, &at, tree, kind.as_str(), &data_text);
         if hash != stored_hash {
             return broke(
                 Some(seq),
@@ -381,15 +383,14 @@ impl Walk {
             );
         }
 
-        match kind.as_str() {
-            "kill.authorized" => {
-                if let Some(id) = data.get("authorization").and_then(|v| v.as_i64()) {
-                    self.authorized.insert(id, tree);
-                }
+        // The two payloads the chain's authority rule reads must decode;
+        // every other kind (an unknown one too) is proven by its hash alone.
+        match Event::decode(&kind, &data) {
+            Event::KillAuthorized(k) => {
+                self.authorized.insert(k.authorization, tree);
             }
-            "signal.sent" if data.get("signal").and_then(|v| v.as_str()) == Some("SIGKILL") => {
-                let auth = data.get("authorization").and_then(|v| v.as_i64());
-                match auth.and_then(|a| self.authorized.get(&a)) {
+            Event::SignalSent(s) if s.signal == "SIGKILL" => {
+                match s.authorization.and_then(|a| self.authorized.get(&a)) {
                     Some(auth_tree) if *auth_tree == tree => {}
                     Some(_) => {
                         return broke(Some(seq), "SIGKILL cites an authorization of another tree");
@@ -401,6 +402,14 @@ impl Walk {
                         );
                     }
                 }
+            }
+            Event::Other(o)
+                if matches!(
+                    o.kind.known(),
+                    Some(EventKind::KillAuthorized | EventKind::SignalSent)
+                ) =>
+            {
+                return broke(Some(seq), o.why.clone());
             }
             _ => {}
         }
@@ -453,7 +462,7 @@ fn walk_chain(
             seq: row.get(0)?,
             at: row.get(1)?,
             tree: row.get(2)?,
-            kind: row.get(3)?,
+            kind: RowKind::parse(&row.get::<_, String>(3)?),
             data_text: row.get(4)?,
             prev_hash: row.get(5)?,
             hash: row.get(6)?,

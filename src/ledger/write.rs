@@ -8,11 +8,12 @@ use serde_json::json;
 
 use super::db::Writer;
 use super::error::{Fail, LedgerError};
+use super::event::{self as ev, Event};
 use super::read;
 use super::types::{
-    AuthorizationId, Deferred, EventKind, ExitRecord, IdentityRecord, KillTarget, MemberRecord,
-    NewTree, OnBehalfRecord, OwnerId, OwnerRecord, Requester, SignalRecord, SpawnRecord,
-    SurvivorRecord, TokenScope, TreeId, TreeState,
+    AuthorizationId, Deferred, ExitRecord, IdentityRecord, KillTarget, MemberRecord, NewTree,
+    OnBehalfRecord, OwnerId, OwnerRecord, Requester, SignalRecord, SpawnRecord, SurvivorRecord,
+    TokenScope, TreeId, TreeState,
 };
 
 /// Clock ticks as SQLite stores them (an i64; ticks never come near its limit).
@@ -113,28 +114,29 @@ pub(crate) fn create_tree(
         [tree.owner.0],
         |r| Ok((r.get(0)?, r.get::<_, i64>(1)?, r.get(2)?)),
     )?;
-    let mut data = json!({
-            "label": label_kept,
-            "boundary": tree.boundary,
-            "owner": {"id": tree.owner.0, "pid": owner.0, "start": owner.1, "kind": owner.2},
-            "argv": argv_kept,
-            "cwd": tree.cwd,
-            "grace_ms": tree.grace_ms,
-            "timeout_ms": tree.timeout_ms,
-            "limits": tree.limits,
-            "first_signal": tree.first_signal,
-            "by": on_behalf.map(|b| &b.requester),
-            "run_uid": on_behalf.and_then(|b| b.run_uid),
-            "run_gid": on_behalf.and_then(|b| b.run_gid),
-    });
-    // Only where something was cut: every other event keeps its shape.
-    if let Some(c) = argv_cut {
-        data["argv_truncated"] = c;
-    }
-    if let Some(c) = label_cut {
-        data["label_truncated"] = c;
-    }
-    w.event(Some(id), EventKind::TreeCreated, data)?;
+    let data = ev::TreeCreated {
+        label: label_kept,
+        boundary: tree.boundary.clone(),
+        owner: ev::CreatedOwner {
+            id: tree.owner.0,
+            pid: owner.0,
+            start: owner.1,
+            kind: owner.2,
+        },
+        argv: argv_kept.into_owned(),
+        cwd: tree.cwd.clone(),
+        grace_ms: tree.grace_ms,
+        timeout_ms: tree.timeout_ms,
+        limits: tree.limits,
+        first_signal: tree.first_signal.clone(),
+        by: on_behalf.map(|b| b.requester.clone()),
+        run_uid: on_behalf.and_then(|b| b.run_uid),
+        run_gid: on_behalf.and_then(|b| b.run_gid),
+        // Only where something was cut: every other event keeps its shape.
+        argv_truncated: argv_cut,
+        label_truncated: label_cut,
+    };
+    w.event(Some(id), &Event::TreeCreated(Box::new(data)))?;
     Ok(id)
 }
 
@@ -165,8 +167,12 @@ pub(crate) fn tree_spawned(
     )?;
     w.event(
         Some(id),
-        EventKind::TreeSpawned,
-        json!({"root": spawn.root, "pgid": spawn.pgid, "sid": spawn.sid, "cgroup": spawn.cgroup}),
+        &Event::TreeSpawned(ev::TreeSpawned {
+            root: spawn.root.clone(),
+            pgid: spawn.pgid,
+            sid: spawn.sid,
+            cgroup: spawn.cgroup.clone(),
+        }),
     )?;
     Ok(())
 }
@@ -184,22 +190,29 @@ pub(crate) fn tree_spawn_failed(
     )?;
     w.event(
         Some(id),
-        EventKind::TreeSpawnFailed,
-        json!({"from": from, "reason": reason, "exit_code": exit_code}),
+        &Event::TreeSpawnFailed(ev::TreeSpawnFailed {
+            from,
+            reason: reason.to_string(),
+            exit_code,
+        }),
     )?;
     Ok(())
 }
 
-fn member_json(m: &MemberRecord) -> serde_json::Value {
+fn member_seen(m: &MemberRecord) -> ev::MemberSeen {
     let (m, cut) = super::bound::member(m);
-    let mut v = json!({
-        "identity": m.identity, "ppid": m.ppid, "pgid": m.pgid, "sid": m.sid,
-        "cgroup": m.cgroup, "uid": m.uid, "exe": m.exe, "cmdline": m.cmdline, "cwd": m.cwd,
-    });
-    if let Some(c) = cut {
-        v["cmdline_truncated"] = c;
+    ev::MemberSeen {
+        identity: m.identity.clone(),
+        ppid: m.ppid,
+        pgid: m.pgid,
+        sid: m.sid,
+        cgroup: m.cgroup.clone(),
+        uid: m.uid,
+        exe: m.exe.clone(),
+        cmdline: m.cmdline.clone(),
+        cwd: m.cwd.clone(),
+        cmdline_truncated: cut,
     }
-    v
 }
 
 /// Inserts the member row if this identity is new to the tree; returns whether it was.
@@ -280,7 +293,7 @@ pub(crate) fn observe_members(
             ],
         )? == 1;
         if !known && insert_member(w, id, m)? {
-            w.event(Some(id), EventKind::MemberObserved, member_json(m))?;
+            w.event(Some(id), &Event::MemberObserved(Box::new(member_seen(m))))?;
             new.push(m.identity.clone());
         } else if known {
             // A sighting with details of a member already recorded (by the
@@ -314,10 +327,12 @@ pub(crate) fn record_escape(
             |r| Ok((r.get(0)?, r.get(1)?)),
         )
         .optional()?;
-    let mut detail = json!({"member": member_json(m), "reason": reason});
-    if let Some((pgid, sid)) = before {
-        detail["before"] = json!({"pgid": pgid, "sid": sid});
-    }
+    let escape = Event::EscapeObserved(Box::new(ev::EscapeObserved {
+        member: member_seen(m),
+        reason: reason.to_string(),
+        before: before.map(|(pgid, sid)| ev::EscapedFrom { pgid, sid }),
+    }));
+    let detail = escape.to_data()?;
     if !insert_observation(w, id, "escape", &m.identity, &w.now, &detail)? {
         return Ok(false);
     }
@@ -339,7 +354,7 @@ pub(crate) fn record_escape(
     )?;
     // An escape read with details may also show an exec since the row.
     note_exec(w, id, m)?;
-    w.event(Some(id), EventKind::EscapeObserved, detail)?;
+    w.event(Some(id), &escape)?;
     Ok(true)
 }
 
@@ -356,7 +371,12 @@ pub(crate) fn record_exits(
         } else {
             unknown_reaper
         };
-        let detail = json!({"identity": identity, "exit": exit, "reaped_by": reaped_by});
+        let exited = Event::MemberExited(ev::MemberExited {
+            identity: identity.clone(),
+            exit: *exit,
+            reaped_by: reaped_by.to_string(),
+        });
+        let detail = exited.to_data()?;
         if !insert_observation(w, id, "exit", identity, &w.now, &detail)? {
             continue;
         }
@@ -373,7 +393,7 @@ pub(crate) fn record_exits(
                 exit.and_then(|e| e.signal)
             ],
         )?;
-        w.event(Some(id), EventKind::MemberExited, detail)?;
+        w.event(Some(id), &exited)?;
     }
     Ok(())
 }
@@ -462,8 +482,11 @@ pub(crate) fn set_state(
     }
     w.event(
         Some(id),
-        EventKind::TreeState,
-        json!({"from": from, "to": to, "reason": reason}),
+        &Event::TreeState(ev::StateChanged {
+            from,
+            to,
+            reason: reason.map(str::to_string),
+        }),
     )?;
     Ok(from)
 }
@@ -502,8 +525,10 @@ pub(crate) fn record_survivors(
     }
     w.event(
         Some(id),
-        EventKind::SurvivorsRecorded,
-        json!({"survivors": survivors, "taken_at": taken_at}),
+        &Event::SurvivorsRecorded(ev::SurvivorsRecorded {
+            survivors: survivors.to_vec(),
+            taken_at: taken_at.to_string(),
+        }),
     )?;
     Ok(())
 }
@@ -535,8 +560,11 @@ pub(crate) fn authorize_kill(
     let auth = AuthorizationId(w.tx.last_insert_rowid());
     w.event(
         Some(id),
-        EventKind::KillAuthorized,
-        json!({"authorization": auth.0, "targets": targets, "reason": reason}),
+        &Event::KillAuthorized(ev::KillAuthorized {
+            authorization: auth.0,
+            targets: targets.to_vec(),
+            reason: reason.to_string(),
+        }),
     )?;
     Ok(auth)
 }
@@ -566,14 +594,13 @@ fn insert_signal(w: &mut Writer<'_>, id: TreeId, s: &SignalRecord) -> Result<i64
     let signal_id = w.tx.last_insert_rowid();
     w.event(
         Some(id),
-        EventKind::SignalSent,
-        json!({
-            "id": signal_id,
-            "signal": s.signal,
-            "target_kind": s.target_kind,
-            "target": s.target,
-            "result": s.result,
-            "authorization": s.authorization.map(|a| a.0),
+        &Event::SignalSent(ev::SignalSent {
+            id: signal_id,
+            signal: s.signal.clone(),
+            target_kind: s.target_kind.clone(),
+            target: s.target.clone(),
+            result: s.result.clone(),
+            authorization: s.authorization.map(|a| a.0),
         }),
     )?;
     Ok(signal_id)
@@ -581,7 +608,12 @@ fn insert_signal(w: &mut Writer<'_>, id: TreeId, s: &SignalRecord) -> Result<i64
 
 pub(crate) fn kill_skipped(w: &mut Writer<'_>, id: TreeId, reason: &str) -> Result<(), Fail> {
     current_state(w, id)?;
-    w.event(Some(id), EventKind::KillSkipped, json!({"reason": reason}))?;
+    w.event(
+        Some(id),
+        &Event::KillSkipped(ev::Reason {
+            reason: reason.to_string(),
+        }),
+    )?;
     Ok(())
 }
 
@@ -613,11 +645,15 @@ pub(crate) fn end_tree(
             exit.and_then(|e| e.signal)
         ],
     )?;
-    let mut data = json!({"from": from, "to": state, "exit": exit});
-    if let Some(r) = resources {
-        data["resources"] = serde_json::to_value(r)?;
-    }
-    w.event(Some(id), EventKind::TreeEnded, data)?;
+    w.event(
+        Some(id),
+        &Event::TreeEnded(ev::TreeEnded {
+            from,
+            to: state,
+            exit,
+            resources,
+        }),
+    )?;
     Ok(())
 }
 
@@ -640,15 +676,16 @@ pub(crate) fn resolve(
         "UPDATE trees SET state = 'resolved', note = ?2, ended_at = coalesce(ended_at, ?3) WHERE id = ?1",
         params![id.0, note, w.now],
     )?;
-    let mut data = if left_alive.is_empty() {
-        json!({"note": note})
-    } else {
-        json!({"note": note, "forced": true, "survivors_left": left_alive})
-    };
-    if let (Some(by), Some(obj)) = (by, data.as_object_mut()) {
-        obj.insert("by".into(), serde_json::to_value(by)?);
-    }
-    w.event(Some(id), EventKind::TreeResolved, data)?;
+    let forced = !left_alive.is_empty();
+    w.event(
+        Some(id),
+        &Event::TreeResolved(ev::TreeResolved {
+            note: note.to_string(),
+            forced: forced.then_some(true),
+            survivors_left: forced.then(|| left_alive.to_vec()),
+            by: by.cloned(),
+        }),
+    )?;
     Ok(())
 }
 
@@ -665,18 +702,25 @@ pub(crate) fn add_flag(w: &mut Writer<'_>, id: TreeId, flag: &str) -> Result<boo
 pub(crate) fn append_event(
     w: &mut Writer<'_>,
     tree: Option<TreeId>,
-    kind: EventKind,
-    data: serde_json::Value,
+    event: &Event,
 ) -> Result<i64, Fail> {
-    if !kind.is_free_standing() {
-        return Err(invariant(format!(
-            "{kind} is written by its typed ledger method, not append_event"
-        )));
+    match event.kind() {
+        Some(kind) if kind.is_free_standing() => {}
+        Some(kind) => {
+            return Err(invariant(format!(
+                "{kind} is written by its typed ledger method, not append_event"
+            )));
+        }
+        None => {
+            return Err(invariant(
+                "an event of a kind this build does not know is never written",
+            ));
+        }
     }
     if let Some(id) = tree {
         current_state(w, id)?;
     }
-    w.event(tree, kind, data)
+    w.event(tree, event)
 }
 
 pub(crate) fn record_scan(
@@ -769,12 +813,17 @@ fn note_exec(w: &mut Writer<'_>, id: TreeId, m: &MemberRecord) -> Result<(), Fai
     )?;
     w.event(
         Some(id),
-        EventKind::MemberExec,
-        json!({
-            "identity": m.identity,
-            "from": {"exe": old_exe, "argv": old_argv},
-            "to": {"exe": m.exe, "argv": m.cmdline},
-        }),
+        &Event::MemberExec(Box::new(ev::MemberExec {
+            identity: m.identity.clone(),
+            from: ev::Program {
+                exe: old_exe,
+                argv: old_argv,
+            },
+            to: ev::Program {
+                exe: m.exe.clone(),
+                argv: m.cmdline.clone(),
+            },
+        })),
     )?;
     Ok(())
 }
@@ -843,8 +892,12 @@ pub(crate) fn create_token(
     let id = w.tx.last_insert_rowid();
     w.event(
         None,
-        EventKind::TokenCreated,
-        json!({"token": id, "name": name, "scope": scope.as_str(), "by": by}),
+        &Event::TokenCreated(ev::TokenCreated {
+            token: id,
+            name: name.to_string(),
+            scope,
+            by: by.clone(),
+        }),
     )?;
     Ok(id)
 }
@@ -901,8 +954,10 @@ pub(crate) fn revoke_token(w: &mut Writer<'_>, id: i64, by: &Requester) -> Resul
             )?;
             w.event(
                 None,
-                EventKind::TokenRevoked,
-                json!({"token": id, "by": by}),
+                &Event::TokenRevoked(ev::TokenRevoked {
+                    token: id,
+                    by: by.clone(),
+                }),
             )?;
             Ok(true)
         }

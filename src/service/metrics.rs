@@ -28,7 +28,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::custody::EngineStats;
-use crate::ledger::{EventRow, TreeState};
+use crate::ledger::{Event, EventRow, TreeState};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabel {
@@ -331,51 +331,38 @@ impl Metrics {
 
     /// Counts one ledger event into the families fed by events.
     pub fn count_event(&self, e: &EventRow) {
-        match e.kind.as_str() {
-            "tree.spawned" => {
+        match e.event() {
+            Event::TreeSpawned(_) => {
                 self.trees_spawned.inc();
             }
-            "escape.observed" => {
+            Event::EscapeObserved(_) => {
                 self.escapes.inc();
             }
-            "signal.sent" => {
-                let label = |k: &str| {
-                    e.data
-                        .get(k)
-                        .and_then(|v| v.as_str())
-                        .map(bounded)
-                        .unwrap_or("unknown")
-                        .to_string()
-                };
+            Event::SignalSent(s) => {
                 self.signals
                     .get_or_create(&SignalLabels {
-                        signal: label("signal"),
-                        target_kind: label("target_kind"),
+                        signal: bounded(&s.signal).to_string(),
+                        target_kind: bounded(&s.target_kind).to_string(),
                     })
                     .inc();
             }
-            "kill.authorized" => {
+            Event::KillAuthorized(_) => {
                 self.authorizations_written.inc();
             }
-            "kill.skipped" => {
+            Event::KillSkipped(_) => {
                 self.kills_skipped.inc();
             }
-            "sweep.started" => {
+            Event::SweepStarted(_) => {
                 self.sweeps.inc();
             }
-            "sweep.orphan_found" => {
+            Event::SweepOrphanFound(_) => {
                 self.orphans.inc();
             }
-            "dispatch.refused" => {
+            Event::DispatchRefused(_) => {
                 self.dispatch_refused.inc();
             }
-            "tree.oom_kill" => {
-                let n = e
-                    .data
-                    .get("oom_kills")
-                    .and_then(|v| v.as_u64())
-                    .unwrap_or(1);
-                self.oom_kills.inc_by(n);
+            Event::TreeOomKill(o) => {
+                self.oom_kills.inc_by(o.oom_kills);
             }
             _ => {}
         }

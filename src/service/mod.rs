@@ -64,8 +64,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::custody::policy::{self, EndCause};
 use crate::custody::{
-    CustodyError, Engine, Origin, SpawnRequest, SweepCounts, SweepOptions, SweepProgress,
-    TeardownOptions, TeardownReport, TreeWatch,
+    CustodyError, Engine, SpawnRequest, SweepCounts, SweepOptions, SweepProgress, TeardownOptions,
+    TeardownReport, TreeWatch,
 };
 use crate::ledger::{EventFilter, LedgerError, OwnerKind, TreeId, TreeRow, TreeState};
 use crate::proc::{ExitStatus, Identity, Reaper, SpawnStdio};
@@ -118,43 +118,6 @@ pub struct ServiceConfig {
     pub max_trees_per_principal: usize,
     /// The longest grace a request may ask for (`serve --max-grace`).
     pub max_grace: Duration,
-}
-
-/// Why the service tears a tree down: chooses the engine's [`Origin`] and
-/// the bounded `origin` label of `treewarden_teardown_duration_seconds`, so
-/// timeouts, root exits and kills can be counted apart.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Why {
-    RootExit,
-    OwnerExit,
-    Timeout,
-    /// `POST /api/trees/{id}/kill`.
-    Kill,
-    Shutdown,
-    /// A teardown a crashed instance had begun, resumed at start.
-    Resume,
-}
-
-impl Why {
-    pub fn origin(self) -> Origin {
-        match self {
-            Why::Kill => Origin::Kill,
-            Why::RootExit | Why::OwnerExit | Why::Timeout | Why::Shutdown | Why::Resume => {
-                Origin::Service
-            }
-        }
-    }
-
-    pub fn label(self) -> &'static str {
-        match self {
-            Why::RootExit => "root_exit",
-            Why::OwnerExit => "owner_exit",
-            Why::Timeout => "timeout",
-            Why::Kill => "kill",
-            Why::Shutdown => "shutdown",
-            Why::Resume => "resume",
-        }
-    }
 }
 
 /// Errors of the service layer; the HTTP layer maps each to a status.
@@ -219,7 +182,6 @@ pub struct RunAs {
 
 /// A tree this service is responsible for.
 struct Owned {
-    grace: Duration,
     /// The client process the tree runs for (`None`: the service's own
     /// tree). A tree whose client owner lives is left running by the drain.
     client_owner: Option<Identity>,
@@ -467,11 +429,10 @@ impl Service {
     pub async fn record(
         &self,
         tree: Option<TreeId>,
-        kind: crate::ledger::EventKind,
-        data: serde_json::Value,
+        event: crate::ledger::Event,
     ) -> Result<i64, ServiceError> {
         let engine = self.engine.clone();
-        Ok(blocking(move || engine.ledger().append_event(tree, kind, data)).await??)
+        Ok(blocking(move || engine.ledger().append_event(tree, event)).await??)
     }
 
     /// Runs a blocking read against the engine (ledger reads, dispatch gate).
@@ -695,11 +656,9 @@ impl Service {
         if let Some(h) = &self.observer_handle {
             h.watch(tree, spawned.pgid, spawned.sid, &spawned.root);
         }
-        let grace = p.grace.unwrap_or(self.config.default_grace);
         let client_owner = (kind == OwnerKind::Client).then(|| owner.clone());
         self.adopt(
             tree.0,
-            grace,
             client_owner,
             Some(spawned.root.clone()),
             owner_fd,
@@ -717,7 +676,6 @@ impl Service {
     fn adopt(
         self: &Arc<Self>,
         tree: i64,
-        grace: Duration,
         client_owner: Option<Identity>,
         root: Option<Identity>,
         owner_fd: Option<OwnedFd>,
@@ -728,7 +686,6 @@ impl Service {
         self.lock_owned().insert(
             tree,
             Owned {
-                grace,
                 client_owner,
                 lock: Arc::new(Mutex::new(())),
                 done: done.clone(),
@@ -743,7 +700,7 @@ impl Service {
         self.tasks.spawn(async move {
             let owner = owner_fd.and_then(|fd| crate::proc::ExitWatch::new(fd).ok());
             let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
-            let why = watch_tree(&done, root_fd, root_gone, owner.as_ref(), deadline).await;
+            let why = watch_tree(&done, root_fd, root_gone, owner.as_ref(), deadline, timeout).await;
             let Some(mut why) = why else {
                 return;
             };
@@ -751,7 +708,7 @@ impl Service {
             // tree kept while anything of it runs, until its owner exits,
             // its timeout fires, or it is killed (`done`).
             let mut kept_root_exit = None;
-            if let (WatchEnd::RootExited, crate::custody::Lifetime::Owner, Some(r)) =
+            if let (EndCause::RootExited(_), crate::custody::Lifetime::Owner, Some(r)) =
                 (&why, lifetime, &root)
             {
                 let (engine, reaper, r) = (this.engine.clone(), this.reaper, r.clone());
@@ -766,16 +723,15 @@ impl Service {
                 .await;
                 if let Ok((status, false)) = kept {
                     kept_root_exit = status;
-                    let Some(end) = this.watch_kept(&done, tree, owner.as_ref(), deadline).await else {
+                    let Some(end) = this.watch_kept(&done, tree, owner.as_ref(), deadline, timeout).await else {
                         return;
                     };
                     why = end;
                 }
             }
-            let why = why;
             let root_exit = match (&why, &root) {
                 _ if kept_root_exit.is_some() => kept_root_exit,
-                (WatchEnd::RootExited, Some(r)) if this.reaper.is_some() => {
+                (EndCause::RootExited(_), Some(r)) if this.reaper.is_some() => {
                     let reaper = this.reaper;
                     let pid = r.pid;
                     blocking(move || {
@@ -787,12 +743,12 @@ impl Service {
                 }
                 _ => None,
             };
-            let reason = match &why {
-                WatchEnd::RootExited => EndCause::RootExited(root_exit),
-                WatchEnd::OwnerExited => EndCause::OwnerExited,
-                WatchEnd::Timeout => EndCause::Timeout(timeout.unwrap_or_default()),
+            // The root's status, now that it is known (or still not).
+            if let EndCause::RootExited(status) = &mut why {
+                *status = root_exit;
             }
-            .reason();
+            let why = why;
+            let reason = why.reason();
             // The sweep leaves owned trees alone, so this task is the one
             // that must see the teardown through: a ledger that refused a
             // write, a lease held elsewhere, survivors — try again, backing
@@ -801,7 +757,7 @@ impl Service {
             let mut backoff = Duration::from_secs(1);
             loop {
                 match this
-                    .teardown(tree, None, reason.clone(), why.cause(), root_exit)
+                    .teardown(tree, None, None, why.clone(), reason.clone())
                     .await
                 {
                     Ok(r) if r.state.is_terminal() => return,
@@ -827,42 +783,50 @@ impl Service {
         tree: i64,
         owner: Option<&crate::proc::ExitWatch>,
         deadline: Option<tokio::time::Instant>,
-    ) -> Option<WatchEnd> {
+        timeout: Option<Duration>,
+    ) -> Option<EndCause> {
         let mut every = tokio::time::interval(self.config.scan_interval);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         every.tick().await;
         loop {
             tokio::select! {
                 _ = done.cancelled() => return None,
-                _ = exited(owner) => return Some(WatchEnd::OwnerExited),
-                _ = until(deadline) => return Some(WatchEnd::Timeout),
+                _ = exited(owner) => return Some(EndCause::OwnerExited),
+                _ = until(deadline) => return Some(EndCause::Timeout(timeout.unwrap_or_default())),
                 _ = every.tick() => {}
             }
             let engine = self.engine.clone();
             if let Ok(true) = blocking(move || engine.tree_empty_now(TreeId(tree))).await {
-                return Some(WatchEnd::RootExited);
+                return Some(EndCause::RootExited(None));
             }
         }
     }
 
     /// Tears a tree down (any tree in the ledger, owned or not), with the
-    /// tree's grace unless one is given. One teardown per tree at a time.
+    /// grace asked for, else the one recorded with the tree (its row: the one
+    /// source of truth), never above `cap` (the drain's shutdown grace).
+    /// One teardown per tree at a time.
     pub async fn teardown(
         &self,
         tree: i64,
-        grace: Option<Duration>,
+        asked: Option<Duration>,
+        cap: Option<Duration>,
+        cause: EndCause,
         reason: String,
-        why: Why,
-        root_exit: Option<ExitStatus>,
     ) -> Result<TeardownReport, ServiceError> {
-        let origin = why.origin();
-        let owned_grace = self.lock_owned().get(&tree).map(|o| o.grace);
-        let grace = policy::grace(grace, owned_grace, self.config.default_grace, None);
+        let origin = cause.service_origin();
+        let root_exit = cause.root_exit();
         let lock = self.tree_lock(tree);
         let engine = self.engine.clone();
-        let origin_label = why.label();
+        let origin_label = cause.label();
+        let default = self.config.default_grace;
         let result = blocking(move || {
             let _held = lock.lock().unwrap_or_else(|e| e.into_inner());
+            let row = engine
+                .ledger()
+                .tree(TreeId(tree))?
+                .ok_or(CustodyError::UnknownTree(tree))?;
+            let grace = policy::Grace::for_tree(&row, asked, default, cap);
             let mut opts = TeardownOptions::new(grace, reason, origin);
             opts.root_exit = root_exit;
             // The first signal the tree was given (`first_signal`), as the
@@ -970,12 +934,6 @@ impl Service {
                     start_ticks: r.start_ticks,
                     boot_id: r.boot_id,
                 });
-                let grace = policy::grace(
-                    None,
-                    row.grace_ms.map(Duration::from_millis),
-                    self.config.default_grace,
-                    None,
-                );
                 let timeout = row.timeout().map(|t| {
                     let age = humantime::parse_rfc3339(&row.created_at)
                         .ok()
@@ -996,7 +954,6 @@ impl Service {
                 };
                 self.adopt(
                     row.id,
-                    grace,
                     Some(owner.clone()),
                     root,
                     Some(fd),
@@ -1009,7 +966,7 @@ impl Service {
                     self.tasks.spawn(async move {
                         let reason = EndCause::Resume.reason();
                         if let Err(e) = this
-                            .teardown(tree, Some(grace), reason, Why::Resume, None)
+                            .teardown(tree, None, None, EndCause::Resume, reason)
                             .await
                         {
                             // The watch task still tears it down when its owner exits.
@@ -1278,8 +1235,13 @@ impl Service {
                         // A tree another process ended (a `run`, a `kill`,
                         // a sweep): its waiters are woken.
                         ended |= matches!(
-                            e.kind.as_str(),
-                            "tree.ended" | "tree.state" | "tree.resolved" | "tree.spawn_failed"
+                            e.kind,
+                            crate::ledger::RowKind::Known(
+                                crate::ledger::EventKind::TreeEnded
+                                    | crate::ledger::EventKind::TreeState
+                                    | crate::ledger::EventKind::TreeResolved
+                                    | crate::ledger::EventKind::TreeSpawnFailed
+                            )
                         );
                     }
                     if ended {
@@ -1315,9 +1277,10 @@ impl Service {
             // service's to end: it is left running (its owner still holds
             // it: its pipes, its work), and the next start adopts it and
             // watches its owner again. Only the trees the service owns
-            // itself, and those of owners gone, are torn down.
+            // itself, and those of owners gone, are torn down, each with its
+            // recorded grace, capped once by the policy inside the teardown.
             let mut left = Vec::new();
-            let owned: Vec<(i64, Duration)> = self
+            let owned: Vec<i64> = self
                 .lock_owned()
                 .iter()
                 .filter(|(id, o)| match &o.client_owner {
@@ -1327,11 +1290,9 @@ impl Service {
                     }
                     _ => true,
                 })
-                .map(|(id, o)| {
-                    let cap = Some(self.config.shutdown_grace);
-                    (*id, policy::grace(None, Some(o.grace), o.grace, cap))
-                })
+                .map(|(id, _)| *id)
                 .collect();
+            let cap = Some(self.config.shutdown_grace);
             left.sort_unstable();
             for (tree, owner) in &left {
                 tracing::info!(
@@ -1347,16 +1308,16 @@ impl Service {
                 "shutdown: tearing down owned trees"
             );
             let mut set = tokio::task::JoinSet::new();
-            for (tree, grace) in owned {
+            for tree in owned {
                 let this = self.clone();
                 set.spawn(async move {
                     let r = this
                         .teardown(
                             tree,
-                            Some(grace),
-                            EndCause::Shutdown.reason(),
-                            Why::Shutdown,
                             None,
+                            cap,
+                            EndCause::Shutdown,
+                            EndCause::Shutdown.reason(),
                         )
                         .await;
                     (tree, r)
@@ -1525,23 +1486,6 @@ struct ScanState {
     after_seq: i64,
 }
 
-#[derive(Debug)]
-enum WatchEnd {
-    RootExited,
-    OwnerExited,
-    Timeout,
-}
-
-impl WatchEnd {
-    fn cause(&self) -> Why {
-        match self {
-            WatchEnd::RootExited => Why::RootExit,
-            WatchEnd::OwnerExited => Why::OwnerExit,
-            WatchEnd::Timeout => Why::Timeout,
-        }
-    }
-}
-
 /// Resolves when the watched process exits; never without a watch.
 async fn exited(w: Option<&crate::proc::ExitWatch>) {
     match w {
@@ -1566,16 +1510,18 @@ async fn watch_tree(
     root_gone: bool,
     owner: Option<&crate::proc::ExitWatch>,
     deadline: Option<tokio::time::Instant>,
-) -> Option<WatchEnd> {
+    timeout: Option<Duration>,
+) -> Option<EndCause> {
+    // The root's status is filled in by the caller, once known.
     if root_gone {
-        return Some(WatchEnd::RootExited);
+        return Some(EndCause::RootExited(None));
     }
     let root = root_fd.and_then(|fd| crate::proc::ExitWatch::new(fd).ok());
     tokio::select! {
         _ = done.cancelled() => None,
-        _ = exited(owner) => Some(WatchEnd::OwnerExited),
-        _ = exited(root.as_ref()) => Some(WatchEnd::RootExited),
-        _ = until(deadline) => Some(WatchEnd::Timeout),
+        _ = exited(owner) => Some(EndCause::OwnerExited),
+        _ = exited(root.as_ref()) => Some(EndCause::RootExited(None)),
+        _ = until(deadline) => Some(EndCause::Timeout(timeout.unwrap_or_default())),
     }
 }
 

@@ -256,7 +256,7 @@ fn record(r: &mut SdkLogRecord, e: &EventRow, host: &str) {
     let body = serde_json::to_string(e).unwrap_or_default();
     r.set_body(AnyValue::from(body));
     r.add_attribute("seq", e.seq);
-    r.add_attribute("kind", e.kind.clone());
+    r.add_attribute("kind", e.kind.to_string());
     if let Some(tree) = e.tree {
         r.add_attribute("tree", tree);
     }

@@ -1609,3 +1609,44 @@ fn a_tree_empty_when_its_root_exits_has_a_complete_record_on_both_boundaries() {
         env.assert_verifies(boundary);
     }
 }
+
+/// Milliseconds from a tree's `terminating` to its `kill.authorized`: the
+/// grace its teardown waited (its members ignore SIGTERM).
+pub(crate) fn waited_grace_ms(events: &[Value], tree: i64) -> u64 {
+    let at = |pred: &dyn Fn(&Value) -> bool| {
+        events
+            .iter()
+            .find(|e| e["tree"] == tree && pred(e))
+            .and_then(|e| humantime::parse_rfc3339(e["at"].as_str()?).ok())
+            .unwrap_or_else(|| panic!("tree {tree}: no such event in {events:?}"))
+    };
+    let term = at(&|e| e["kind"] == "tree.state" && e["data"]["to"] == "terminating");
+    let auth = at(&|e| e["kind"] == "kill.authorized");
+    auth.duration_since(term)
+        .expect("authorized after TERM")
+        .as_millis() as u64
+}
+
+/// `kill` without `--grace` waits the grace recorded with the tree (its
+/// run's `--grace 400ms`), not a default of its own (before issue 29 it
+/// waited 5 s whatever the tree was given); `--grace` still overrides.
+#[test]
+fn kill_honours_the_grace_recorded_with_the_tree() {
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    let mut run = env.spawn_run(&["--quiet", "--grace", "400ms"], IGNORE_TERM_GRANDCHILDREN);
+    assert!(env.wait_marked(5), "{:?}", env.marked());
+    let out = env.output(&["kill", "1"]);
+    assert!(
+        out.status.success(),
+        "kill: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(env.wait_none_marked(), "survivors: {:?}", env.marked());
+    let _ = wait_child(&mut run, Duration::from_secs(20)).expect("run exits");
+    let waited = waited_grace_ms(&env.export(), 1);
+    // At least the recorded grace; far below the old 5 s default (bounded
+    // by 4 s so a loaded host cannot make it pass by accident either way).
+    assert!((400..4000).contains(&waited), "waited {waited} ms");
+}

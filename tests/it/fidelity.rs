@@ -634,3 +634,114 @@ fn an_orphan_closed_by_the_sweep_leaves_no_cgroup_behind() {
     assert_eq!(env.show(1)["tree"]["state"], "ended");
     assert!(tree_cgroups(&env).is_empty(), "{:?}", tree_cgroups(&env));
 }
+
+/// The workload of the process-tree tests: a root shell, a child shell
+/// that forks a grandchild `sleep` and then execs a `sleep` of its own, and
+/// the root's own `sleep`. Each writes `name pid ppid` to `truth` (the
+/// grandchild's line is written by its parent, the child: `$!` and `$$`).
+const HIERARCHY: &str = "\
+echo \"root $$ $PPID\" >> truth
+sh -c 'echo \"child $$ $PPID\" >> truth; sleep 311 & echo \"grandchild $! $$\" >> truth; exec sleep 312' &
+echo \"rootsleep $! $$\" >> truth
+wait";
+
+/// `name -> (pid, ppid)` as the workload wrote them.
+fn lineage(dir: &Path) -> HashMap<String, (i64, i64)> {
+    std::fs::read_to_string(dir.join("truth"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let name = w.next()?.to_string();
+            Some((name, (w.next()?.parse().ok()?, w.next()?.parse().ok()?)))
+        })
+        .collect()
+}
+
+/// `show --tree`: the members as the process tree the workload itself
+/// reports (each parent -> child pair it printed), on both boundaries; the
+/// child's exec is marked, and the pstree-like text nests them the same way.
+#[test]
+fn show_tree_is_the_hierarchy_the_workload_printed() {
+    for b in BOTH {
+        let Some(env) = Env::new(b) else { continue };
+        // The teardown comes on the timeout; every member has long been
+        // seen by then (a bounded wait below proves it first).
+        let mut run = env.spawn_run(&["--timeout", "3s", "--grace", "2s"], HIERARCHY);
+        assert!(
+            wait_until(Duration::from_secs(10), || lineage(env.dir.path()).len()
+                == 4),
+            "[{b}] the workload's truth: {:?}",
+            lineage(env.dir.path())
+        );
+        let status = wait_child(&mut run, Duration::from_secs(30)).expect("run exits");
+        assert_eq!(status.code(), Some(124), "[{b}] {}", env.stderr_of(&run));
+        assert!(env.wait_none_marked(), "[{b}] {:?}", env.marked());
+        let t = lineage(env.dir.path());
+        let out = env.output(&["show", "1", "--tree", "--json"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let forest: Value = serde_json::from_slice(&out.stdout).expect("hierarchy json");
+        let node = |pid: i64| -> Value {
+            fn find(v: &Value, pid: i64) -> Option<Value> {
+                if v["pid"].as_i64() == Some(pid) {
+                    return Some(v.clone());
+                }
+                v["children"].as_array()?.iter().find_map(|c| find(c, pid))
+            }
+            forest
+                .as_array()
+                .and_then(|f| f.iter().find_map(|n| find(n, pid)))
+                .unwrap_or_else(|| panic!("[{b}] pid {pid} not in {forest}"))
+        };
+        let children = |v: &Value| -> Vec<i64> {
+            v["children"]
+                .as_array()
+                .map(|c| c.iter().filter_map(|c| c["pid"].as_i64()).collect())
+                .unwrap_or_default()
+        };
+        let root = t["root"].0;
+        assert_eq!(
+            forest[0]["pid"].as_i64(),
+            Some(root),
+            "[{b}] the root first: {forest}"
+        );
+        for name in ["child", "rootsleep", "grandchild"] {
+            let (pid, ppid) = t[name];
+            assert!(
+                children(&node(ppid)).contains(&pid),
+                "[{b}] {name} {pid} is not under {ppid}: {forest}"
+            );
+            assert_eq!(node(pid)["ppid"].as_i64(), Some(ppid), "[{b}] {name}");
+        }
+        let child = node(t["child"].0);
+        assert!(
+            child["execs"].as_u64() >= Some(1),
+            "[{b}] the child exec'd: {child}"
+        );
+        for name in ["root", "child", "rootsleep", "grandchild"] {
+            assert_eq!(node(t[name].0)["exited"], true, "[{b}] {name} exited");
+        }
+        // The text: the grandchild two levels under the root, below the child.
+        let out = env.output(&["show", "1", "--tree"]);
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let line_of = |pid: i64| {
+            text.lines()
+                .position(|l| l.contains(&format!("({pid})")))
+                .unwrap_or_else(|| panic!("[{b}] {pid} not drawn:\n{text}"))
+        };
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[line_of(root)].starts_with("sh("), "[{b}]\n{text}");
+        let c = line_of(t["child"].0);
+        let g = line_of(t["grandchild"].0);
+        assert!(g > c, "[{b}]\n{text}");
+        assert!(lines[c].contains("[exec"), "[{b}]\n{text}");
+        assert!(
+            lines[g].starts_with("│ └─sleep(") || lines[g].starts_with("  └─sleep("),
+            "[{b}]\n{text}"
+        );
+    }
+}

@@ -13,9 +13,9 @@ use rusqlite::Connection;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use treewarden::ledger::{
-    EventFilter, EventKind, ExitRecord, ExportFormat, IdentityRecord, KillTarget, Ledger,
-    LedgerError, LedgerOptions, MemberRecord, NewTree, OwnerKind, OwnerRecord, SignalRecord,
-    SpawnRecord, SurvivorRecord, TreeId, TreeState,
+    EventFilter, ExitRecord, ExportFormat, IdentityRecord, KillTarget, Ledger, LedgerError,
+    LedgerOptions, MemberRecord, NewTree, OwnerKind, OwnerRecord, SignalRecord, SpawnRecord,
+    SurvivorRecord, TreeId, TreeState,
 };
 
 use crate::util;
@@ -259,12 +259,11 @@ fn ledger_writer_harness() {
         .ok()
         .map(|c| c.parse().expect("count"));
     println!("{STARTED}");
-    let me = std::process::id();
     match count {
         Some(n) => {
             for i in 0..n {
                 ledger
-                    .append_event(None, EventKind::SweepStarted, json!({"writer": me, "i": i}))
+                    .append_event(None, util::sweep_event(i as u64))
                     .expect("append");
             }
         }
@@ -272,7 +271,7 @@ fn ledger_writer_harness() {
             for round in 0.. {
                 tree_life(&ledger, 10 * (round % 1000) + 100);
                 ledger
-                    .append_event(None, EventKind::SweepStarted, json!({"round": round}))
+                    .append_event(None, util::sweep_event(round as u64))
                     .expect("append");
             }
         }
@@ -388,10 +387,14 @@ fn ledger_four_processes_500_events_each() {
     assert_eq!(seqs, (1..=2000).collect::<Vec<_>>());
     let mut per_writer = std::collections::BTreeMap::<u64, Vec<u64>>::new();
     for e in &events {
+        // The harness's sweep.started: its pid is the writer, candidates its count.
+        let treewarden::ledger::Event::SweepStarted(s) = e.event() else {
+            panic!("not a sweep.started: {e:?}");
+        };
         per_writer
-            .entry(e.data["writer"].as_u64().expect("writer"))
+            .entry(u64::from(s.pid))
             .or_default()
-            .push(e.data["i"].as_u64().expect("i"));
+            .push(s.candidates);
     }
     assert_eq!(per_writer.len(), 4);
     for is in per_writer.values() {
@@ -503,7 +506,14 @@ fn ledger_database_refuses_edits_and_unauthorized_sigkill() {
     assert!(ledger.ambiguous_trees().expect("gate").is_empty());
     // A typed kind cannot be forged through append_event.
     let err = ledger
-        .append_event(Some(live), EventKind::KillAuthorized, json!({}))
+        .append_event(
+            Some(live),
+            treewarden::ledger::Event::KillAuthorized(treewarden::ledger::event::KillAuthorized {
+                authorization: 1,
+                targets: vec![],
+                reason: "forged".into(),
+            }),
+        )
         .expect_err("typed kind");
     assert!(matches!(err, LedgerError::Invariant(_)), "{err:?}");
     assert!(matches!(
@@ -520,7 +530,7 @@ fn tampered_ledger() -> (tempfile::TempDir, PathBuf, Ledger, Connection) {
     let (dir, path, ledger) = fresh();
     for i in 0..12 {
         ledger
-            .append_event(None, EventKind::SweepStarted, json!({"i": i}))
+            .append_event(None, util::sweep_event(i))
             .expect("append");
     }
     let conn = raw(&path);
@@ -703,7 +713,7 @@ fn ledger_full_disk_fails_cleanly_and_recovers() {
         let mut full = None;
         for i in 0..200 {
             let head = ledger.head().expect("head while full");
-            match ledger.append_event(None, EventKind::SweepStarted, json!({"i": i, "pad": big})) {
+            match ledger.append_event(None, util::refused_event(&format!("{i} {big}"))) {
                 Ok(_) => continue,
                 Err(e) => {
                     assert_eq!(ledger.head().expect("head"), head, "half-written: {e}");
@@ -741,11 +751,7 @@ fn ledger_full_disk_fails_cleanly_and_recovers() {
         std::fs::remove_file(&filler).expect("free space");
         assert!(ledger.verify(None).expect("verify").is_ok());
         ledger
-            .append_event(
-                None,
-                EventKind::SweepStarted,
-                json!({"after": "space returned"}),
-            )
+            .append_event(None, util::refused_event("space returned"))
             .expect("write after space returns");
     }
     assert_sound(&path);
@@ -758,12 +764,20 @@ fn ledger_export_round_trip_reproduces_every_hash() {
     ledger
         .append_event(
             Some(tree),
-            EventKind::SweepRefused,
-            json!({"reason": "line\nbreak \"quotes\" \\ é 日本 \u{1}", "z": [1, -2, {"b": null, "a": true}]}),
+            util::refused_event("line\nbreak \"quotes\" \\ é 日本 \u{1}"),
         )
         .expect("append");
     ledger
-        .append_event(None, EventKind::DispatchRefused, json!({}))
+        .append_event(
+            None,
+            treewarden::ledger::Event::DispatchRefused(
+                treewarden::ledger::event::DispatchRefused {
+                    tree: tree.0,
+                    reason: "nested: {\"a\": [1, -2]}".into(),
+                    unsettled: 1,
+                },
+            ),
+        )
         .expect("append");
 
     let mut ndjson = Vec::new();
@@ -1002,11 +1016,55 @@ fn ledger_tokens_are_revoked_once_and_never_deleted_or_rewritten() {
         .events(&treewarden::ledger::EventFilter::default())
         .expect("events")
         .into_iter()
-        .map(|e| e.kind)
+        .map(|e| e.kind.to_string())
         .collect();
     assert_eq!(kinds, ["token.created", "token.revoked"]);
     assert!(
         ledger.verify(None).expect("verify").is_ok(),
         "the chain holds"
     );
+}
+
+/// A chain the code before typed events wrote (commit d6c0c6b: a `run`
+/// killed after its grace with an escaped member, one that exited 3, one
+/// that failed to spawn, a sweep, a token made and revoked), exported as
+/// NDJSON. This build verifies it, reads every event typed (no kind falls
+/// back to `Other`), and each typed payload re-encodes to the stored data
+/// byte for byte, so its hash recomputed from the typed value is the one
+/// the old writer stored, up to the golden head.
+#[test]
+fn a_chain_written_before_typed_events_verifies_and_reads_typed_byte_for_byte() {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/fixtures/ledger-d6c0c6b.ndjson");
+    let (report, _) = treewarden::ledger::verify_export(&path, None).expect("verify");
+    assert!(report.is_ok(), "{report:?}");
+    assert_eq!(report.events, 40);
+    let text = std::fs::read_to_string(&path).expect("fixture");
+    let mut prev = treewarden::ledger::GENESIS.to_string();
+    let mut kinds = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        let e: treewarden::ledger::EventRow = serde_json::from_str(line).expect("event row");
+        let typed = e.event();
+        let kind = typed
+            .kind()
+            .unwrap_or_else(|| panic!("seq {} read as Other: {typed:?}", e.seq));
+        assert_eq!(e.kind, kind);
+        kinds.insert(kind.as_str());
+        let data = typed.to_data().expect("to_data");
+        assert_eq!(
+            treewarden::ledger::canonical_string(&data),
+            treewarden::ledger::canonical_string(&e.data),
+            "seq {} ({kind})",
+            e.seq
+        );
+        let hash =
+            treewarden::ledger::event_hash(&prev, e.seq, &e.at, e.tree, kind.as_str(), &data);
+        assert_eq!(hash, e.hash, "seq {}", e.seq);
+        prev = hash;
+    }
+    assert_eq!(
+        prev,
+        "d997183f099458412e993aa3db03dd5b808156bd792ed3adb417c5ab158724bc"
+    );
+    assert_eq!(kinds.len(), 15, "{kinds:?}");
 }

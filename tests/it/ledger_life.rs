@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use treewarden::ledger::{EventKind, Ledger, LedgerOptions};
+use treewarden::ledger::{Ledger, LedgerOptions};
 
 use crate::util::{self, parse_ndjson};
 
@@ -26,11 +26,7 @@ fn ledger_with(dir: &Path, events: usize) {
     let pad = "x".repeat(400);
     for i in 0..events {
         ledger
-            .append_event(
-                None,
-                EventKind::SweepStarted,
-                serde_json::json!({"candidates": i, "pad": pad}),
-            )
+            .append_event(None, util::refused_event(&format!("{i} {pad}")))
             .expect("append");
     }
 }

@@ -11,8 +11,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use treewarden::ledger::{
-    EventKind, IdentityRecord, Ledger, LedgerOptions, NewTree, OwnerKind, OwnerRecord,
-    PruneRequest, TreeState,
+    IdentityRecord, Ledger, LedgerOptions, NewTree, OwnerKind, OwnerRecord, PruneRequest, TreeState,
 };
 
 use crate::custody::Env;
@@ -297,11 +296,7 @@ fn unsettled_trees_are_never_pruned() {
         .end_tree(marked, TreeState::Ended, None)
         .expect("end");
     ledger
-        .append_event(
-            None,
-            EventKind::SweepStarted,
-            serde_json::json!({"candidates": 0}),
-        )
+        .append_event(None, util::sweep_event(0))
         .expect("sweep");
     drop(ledger);
     // A marker on disk: evidence not yet in the ledger.
@@ -335,7 +330,7 @@ fn unsettled_trees_are_never_pruned() {
         .events(&Default::default())
         .expect("events")
         .into_iter()
-        .map(|e| e.kind)
+        .map(|e| e.kind.to_string())
         .collect();
     assert!(
         !kinds.contains("sweep.started"),
@@ -562,7 +557,7 @@ fn events_not_yet_shipped_are_never_pruned() {
     // The endpoint acknowledged the first three trees' events only.
     let third_end = events
         .iter()
-        .filter(|e| e.kind == "tree.ended")
+        .filter(|e| e.kind.as_str() == "tree.ended")
         .nth(2)
         .map(|e| e.seq)
         .expect("three trees ended");
@@ -584,7 +579,7 @@ fn events_not_yet_shipped_are_never_pruned() {
         .collect();
     let kept: Vec<i64> = left
         .iter()
-        .filter(|e| e.kind != "ledger.checkpoint")
+        .filter(|e| e.kind.as_str() != "ledger.checkpoint")
         .map(|e| e.seq)
         .collect();
     assert_eq!(kept, unshipped, "every event past the cursor is kept");

@@ -1280,3 +1280,149 @@ fn foreign_host_names_need_the_token_and_the_allowlist_cannot_be_bypassed() {
     );
     assert_eq!(status, 422, "{v}");
 }
+
+/// Where each `<li data-pid=N>` of the tree page's process tree sits: its
+/// pid and how many lists deep (the top list is 1), in document order.
+fn ptree_depths(html: &str) -> Vec<(i64, usize)> {
+    let start = html
+        .find("id=\"ptree\"")
+        .expect("a process tree on the page");
+    let start = html[..start].rfind('<').expect("its tag");
+    let mut depth = 0usize;
+    let mut out = Vec::new();
+    for tag in html[start..].split('<').skip(1) {
+        if tag.starts_with("ul") {
+            depth += 1;
+        } else if tag.starts_with("/ul") {
+            depth -= 1;
+            if depth == 0 {
+                break;
+            }
+        } else if let Some(rest) = tag.strip_prefix("li data-pid=\"") {
+            let pid = rest.split('"').next().and_then(|p| p.parse().ok());
+            out.push((pid.expect("a pid"), depth));
+        }
+    }
+    out
+}
+
+/// The tree page draws the members as the process tree the workload itself
+/// printed (root -> child -> grandchild, by their pids and ppids), as nested
+/// lists rendered by the server, and marks the forced kills; the same in
+/// headless Chromium's DOM.
+#[test]
+fn the_tree_page_nests_the_members_as_the_workload_printed_them() {
+    let s = Server::start(&["--open-reads"]);
+    // Every process ignores SIGTERM (inherited), so the kill forces them all.
+    let id = s.spawn(&s.body(
+        "trap '' TERM; echo \"root $$ $PPID\"; \
+         sh -c 'echo \"child $$ $PPID\"; sleep 300 & echo \"grandchild $! $$\"; wait' & wait",
+    ));
+    let lineage = || -> std::collections::HashMap<String, (i64, i64)> {
+        let log = s
+            .get(&format!("/api/trees/{id}/log"))
+            .text()
+            .unwrap_or_default();
+        log.lines()
+            .filter_map(|l| {
+                let mut w = l.split_whitespace();
+                let name = w.next()?.to_string();
+                Some((name, (w.next()?.parse().ok()?, w.next()?.parse().ok()?)))
+            })
+            .collect()
+    };
+    assert!(
+        wait_until(Duration::from_secs(20), || lineage().len() == 3
+            && s.tree(id)["members"].as_array().map_or(0, |m| m.len()) >= 3),
+        "the workload's lines: {:?}; tree {}",
+        lineage(),
+        s.tree(id)
+    );
+    let t = lineage();
+    let (status, r) = s.post(&format!("/api/trees/{id}/kill?grace=100ms"), None);
+    assert_eq!(status, 200, "kill answered {r}");
+    assert_eq!(r["state"], "ended", "{r}");
+    let (root, child, grandchild) = (t["root"].0, t["child"].0, t["grandchild"].0);
+    assert_eq!(t["child"].1, root);
+    assert_eq!(t["grandchild"].1, child);
+    let check = |html: &str, what: &str| {
+        let depths = ptree_depths(html);
+        let at = |pid: i64| {
+            depths
+                .iter()
+                .position(|(p, _)| *p == pid)
+                .unwrap_or_else(|| panic!("[{what}] {pid} not in the tree: {depths:?}"))
+        };
+        let (r, c, g) = (at(root), at(child), at(grandchild));
+        assert_eq!(depths[r].1, 1, "[{what}] {depths:?}");
+        assert_eq!(depths[c].1, 2, "[{what}] {depths:?}");
+        assert_eq!(depths[g].1, 3, "[{what}] {depths:?}");
+        // Each directly under the one before: nothing shallower between.
+        assert!(r < c && c < g, "[{what}] {depths:?}");
+        assert!(
+            depths[r + 1..c].iter().all(|(_, d)| *d >= 2),
+            "[{what}] {depths:?}"
+        );
+        assert!(
+            depths[c + 1..g].iter().all(|(_, d)| *d >= 3),
+            "[{what}] {depths:?}"
+        );
+        assert!(
+            html.contains("force-killed"),
+            "[{what}] no forced kill marked"
+        );
+    };
+    let page = s.get(&format!("/trees/{id}")).text().expect("tree page");
+    check(&page, "server");
+    if !Path::new("/usr/bin/chromium").exists() {
+        skip("chromium not installed (Debian package chromium)");
+        return;
+    }
+    let profile = tempfile::tempdir().expect("profile dir");
+    let dom = chromium(
+        profile.path(),
+        &["--dump-dom"],
+        &s.url(&format!("/trees/{id}")),
+    );
+    check(&String::from_utf8_lossy(&dom.stdout), "chromium");
+}
+
+/// An HTTP kill without `grace` of a tree this service does not own (a
+/// `run`'s, on the same ledger) waits the grace recorded with the tree
+/// (`--grace 400ms`); before issue 29 it waited the service's default.
+#[test]
+fn an_http_kill_of_a_tree_it_does_not_own_honours_its_recorded_grace() {
+    let s = Server::start(&["--grace", "30s"]);
+    let mut run = KillOnDrop(
+        Command::new(bin())
+            .env("TREEWARDEN_DATA_DIR", s.data_dir())
+            .env("TREEWARDEN_BOUNDARY", "session")
+            .args(["run", "--quiet", "--grace", "400ms", "--"])
+            .args(["env", &format!("TW_TEST_MARK={}", s.mark), "sh", "-c"])
+            .arg("trap '' TERM; sleep 300 & sleep 300 & wait")
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("run"),
+    );
+    let id = 1;
+    // The tree appears once run has recorded it (404 before).
+    let members = || {
+        let r = s.get(&format!("/api/trees/{id}"));
+        if r.status() != 200 {
+            return 0;
+        }
+        let v: Value = r.json().unwrap_or(Value::Null);
+        v["members"].as_array().map_or(0, |m| m.len())
+    };
+    assert!(
+        wait_until(Duration::from_secs(20), || members() >= 3),
+        "members did not appear: {}",
+        members()
+    );
+    let (status, r) = s.post(&format!("/api/trees/{id}/kill"), None);
+    assert_eq!(status, 200, "kill answered {r}");
+    assert_eq!(r["state"], "ended", "{r}");
+    let _ = crate::util::wait_child(&mut run.0, Duration::from_secs(20)).expect("run exits");
+    let waited = crate::custody::waited_grace_ms(&s.export(), id);
+    assert!((400..4000).contains(&waited), "waited {waited} ms");
+}

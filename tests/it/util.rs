@@ -244,3 +244,20 @@ pub fn test_cgroup_parent() -> Option<std::path::PathBuf> {
         None => own_cgroup(),
     }
 }
+
+/// A free-standing `sweep.started` event (`candidates` set to `n`), for
+/// tests that need events in a chain and nothing else of them.
+pub fn sweep_event(n: u64) -> treewarden::ledger::Event {
+    treewarden::ledger::Event::SweepStarted(treewarden::ledger::event::SweepStarted {
+        candidates: n,
+        pid: std::process::id(),
+    })
+}
+
+/// A free-standing `sweep.refused` event carrying `reason` (any text: a
+/// pad of a given size, escapes, non-ASCII).
+pub fn refused_event(reason: &str) -> treewarden::ledger::Event {
+    treewarden::ledger::Event::SweepRefused(treewarden::ledger::event::Reason {
+        reason: reason.to_string(),
+    })
+}
