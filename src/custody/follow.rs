@@ -57,36 +57,32 @@ impl LogFollower {
 
     /// What was appended since the last call (empty when nothing was).
     ///
-    /// The cap may collapse the log between the check that the tail is in
-    /// place and the read after it (the log-cap thread caps as bytes are
-    /// written), so the check is made again after the read, as a seqlock
-    /// reader does: a read that a collapse overlapped is dropped and made
-    /// again from the relocated offset.
+    /// The check that the tail is in place and the read after it are made
+    /// under a shared lock on the file (`flock`), which the cap takes
+    /// exclusively around each collapse (`proc::cap_log`): the log-cap
+    /// thread caps as bytes are written, and a collapse between the check
+    /// and the read would hand out a torn line. The tree that writes takes
+    /// no lock and is never held up.
     pub fn poll(&mut self) -> std::io::Result<Vec<u8>> {
         let mut file = match std::fs::File::open(&self.path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => return Err(e),
         };
-        let mut new = Vec::new();
-        loop {
-            let len = file.metadata()?.len();
-            if !self.still_in_place(&mut file, len)? {
-                self.offset = self.relocate(&mut file, len)?;
-            }
-            if len <= self.offset {
-                return Ok(Vec::new());
-            }
-            file.seek(SeekFrom::Start(self.offset))?;
-            new.clear();
-            file.by_ref()
-                .take(len - self.offset)
-                .read_to_end(&mut new)?;
-            let after = file.metadata()?.len();
-            if self.still_in_place(&mut file, after)? {
-                break;
-            }
+        file.lock_shared()?;
+        let len = file.metadata()?.len();
+        if !self.still_in_place(&mut file, len)? {
+            self.offset = self.relocate(&mut file, len)?;
         }
+        if len <= self.offset {
+            return Ok(Vec::new());
+        }
+        file.seek(SeekFrom::Start(self.offset))?;
+        let mut new = Vec::new();
+        file.by_ref()
+            .take(len - self.offset)
+            .read_to_end(&mut new)?;
+        drop(file);
         self.offset += new.len() as u64;
         self.tail.extend_from_slice(&new);
         let keep = self.tail.len().saturating_sub(TAIL);

@@ -75,6 +75,10 @@ pub fn cap_log(path: &Path, cap: u64) -> std::io::Result<u64> {
         return Ok(0);
     }
     let file = std::fs::OpenOptions::new().write(true).open(path)?;
+    // Followers (`logs --follow`) read under a shared lock: a collapse
+    // never moves the bytes between their check and their read. Released
+    // when `file` closes.
+    file.lock()?;
     let keep = cap / 4 * 3;
     let drop = (meta.len().saturating_sub(keep)) / block * block;
     if drop == 0 {
