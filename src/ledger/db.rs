@@ -5,7 +5,7 @@
 //! commit or vanish together (bookkeeping writes — owners, flags, scans,
 //! `last_seen`, exec refreshes — carry no event).
 
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use super::fsmode::Mode as _;
 use std::path::Path;
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
@@ -27,6 +27,7 @@ const MIGRATIONS: &[M<'static>] = &[
     M::up(include_str!("../../migrations/0005_retention.sql")),
     M::up(include_str!("../../migrations/0006_principals.sql")),
     M::up(include_str!("../../migrations/0007_seal.sql")),
+    M::up(include_str!("../../migrations/0009_job_boundary.sql")),
 ];
 
 /// How hard a commit must be on disk before it returns.
@@ -195,6 +196,7 @@ fn creation_error(path: &Path, e: std::io::Error) -> LedgerError {
 /// line: tightening it would break its other users, and leaving it so would
 /// show every tree's argv. An *empty* sticky directory of this user's (a
 /// tmpfs freshly mounted for the data dir: its root is 1777) is tightened.
+#[cfg(unix)]
 fn make_private(dir: &Path) -> Result<(), LedgerError> {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let meta = std::fs::metadata(dir).map_err(|e| creation_error(dir, e))?;
@@ -218,6 +220,12 @@ fn make_private(dir: &Path) -> Result<(), LedgerError> {
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
         .map_err(|e| creation_error(dir, e))?;
     tracing::info!(dir = %dir.display(), was = format!("{mode:04o}"), "data dir was open to others: made 0700");
+    Ok(())
+}
+
+/// Windows: the data dir's ACL is the user's (no mode bits to check).
+#[cfg(windows)]
+fn make_private(_dir: &Path) -> Result<(), LedgerError> {
     Ok(())
 }
 
@@ -712,6 +720,52 @@ mod tests {
             )
             .expect("tables");
         assert_eq!(tables, 3);
+    }
+
+    /// Migration 0009 (issue 27): a tree may record boundary `job` and a
+    /// signal target kind `job`, the CHECKs still refuse anything else, and
+    /// a TERMINATE_JOB / TERMINATE_PROCESS row without an authorization of
+    /// its tree is refused by the database, one with it accepted.
+    #[test]
+    fn migration_0009_takes_the_job_boundary_and_guards_its_terminate() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("ledger.db");
+        drop(start(&path, Duration::from_secs(1)).expect("opens"));
+        let conn = Connection::open(&path).expect("open");
+        conn.execute_batch(
+            "INSERT INTO owners (id, pid, start_ticks, boot_id, kind, created_at)
+             VALUES (1, 10, 1, 'b', 'run', 'now');",
+        )
+        .expect("an owner");
+        let tree = |boundary: &str| {
+            conn.execute(
+                "INSERT INTO trees (state, boundary, owner_id, argv, created_at) VALUES ('running', ?1, 1, '[]', 'now')",
+                [boundary],
+            )
+        };
+        tree("job").expect("boundary job accepted");
+        assert!(tree("jail").is_err(), "the boundary CHECK still holds");
+        let signal = |sig: &str, kind: &str, auth: Option<i64>| {
+            conn.execute(
+                "INSERT INTO signals (tree_id, signal, target_kind, target, result, authorization_id, at)
+                 VALUES (1, ?1, ?2, 'job:tw-1', 'sent', ?3, 'now')",
+                rusqlite::params![sig, kind, auth],
+            )
+        };
+        assert!(signal("TERMINATE_JOB", "job", None).is_err());
+        assert!(signal("TERMINATE_PROCESS", "pid", None).is_err());
+        assert!(
+            signal("CTRL_BREAK", "nowhere", None).is_err(),
+            "the target_kind CHECK still holds"
+        );
+        signal("CTRL_BREAK", "group", None).expect("a break needs no authorization");
+        conn.execute(
+            "INSERT INTO kill_authorizations (tree_id, reason, targets, at) VALUES (1, 'test', '[]', 'now')",
+            [],
+        )
+        .expect("an authorization");
+        let auth = conn.last_insert_rowid();
+        signal("TERMINATE_JOB", "job", Some(auth)).expect("an authorized terminate");
     }
 
     #[test]

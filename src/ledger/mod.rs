@@ -68,6 +68,7 @@ mod chain;
 mod db;
 mod error;
 mod export;
+mod fsmode;
 mod prune;
 mod read;
 pub mod seal;

@@ -387,7 +387,14 @@ impl Walk {
                     self.authorized.insert(id, tree);
                 }
             }
-            "signal.sent" if data.get("signal").and_then(|v| v.as_str()) == Some("SIGKILL") => {
+            // The forced kills: SIGKILL, and on Windows TerminateJobObject
+            // and TerminateProcess (issue 27).
+            "signal.sent"
+                if matches!(
+                    data.get("signal").and_then(|v| v.as_str()),
+                    Some("SIGKILL" | "TERMINATE_JOB" | "TERMINATE_PROCESS")
+                ) =>
+            {
                 let auth = data.get("authorization").and_then(|v| v.as_i64());
                 match auth.and_then(|a| self.authorized.get(&a)) {
                     Some(auth_tree) if *auth_tree == tree => {}
