@@ -73,9 +73,13 @@ pub(crate) struct JobLimits {
 /// `BREAKAWAY_OK`), and keeps it in the registry.
 pub(crate) fn create(name: &str, limits: JobLimits) -> Result<Arc<Owned>, ProcError> {
     let wname = wide(name);
-    // SAFETY: null security attributes; `wname` is NUL-terminated UTF-16
-    // that outlives the call.
-    let h = unsafe { CreateJobObjectW(std::ptr::null(), wname.as_ptr()) };
+    // SAFETY: sets this thread's last-error value (so ERROR_ALREADY_EXISTS
+    // below is CreateJobObjectW's); then null security attributes and
+    // `wname`, NUL-terminated UTF-16 that outlives the call.
+    let h = unsafe {
+        windows_sys::Win32::Foundation::SetLastError(0);
+        CreateJobObjectW(std::ptr::null(), wname.as_ptr())
+    };
     if h.is_null() {
         return Err(ProcError::Io(last_error()));
     }
