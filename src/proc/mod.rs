@@ -19,7 +19,10 @@
 //! is confined to `fork`/`execve` and the async-signal-safe child path in
 //! [`boundary`], and to registering a pidfd with tokio's reactor in
 //! [`pidfd`], and to taking a descriptor the caller handed over by number
-//! in [`fds`], each block with a `// SAFETY:` line.
+//! in [`fds`], each block with a `// SAFETY:` line. On Windows (issue 27)
+//! the same interface is `windows/`, whose Win32 calls (Job Objects,
+//! processes, toolhelp, the console) are its `unsafe` blocks, each with a
+//! `// SAFETY:` line too; the Linux files are declared for Linux only.
 
 #![allow(unsafe_code)]
 
