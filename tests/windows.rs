@@ -471,3 +471,24 @@ fn breakaway_from_the_job_is_refused() {
     assert_eq!(out.status.code(), Some(3), "{stdout}");
     env.verify();
 }
+
+/// Exit codes as on Linux: the command's own status, 127 for a program
+/// that is not there (the tree recorded spawn_failed), 124 on timeout
+/// (above).
+#[test]
+fn exit_codes_are_the_commands_own_and_127_for_no_such_program() {
+    let env = Env::new();
+    let out = env.output(&["run", "--quiet", "--", "cmd", "/c", "exit 7"]);
+    assert_eq!(
+        out.status.code(),
+        Some(7),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = env.output(&["run", "--quiet", "--", "no-such-program-tw27"]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(127), "{err}");
+    assert!(err.contains("command not found"), "{err}");
+    assert_eq!(env.show(2)["tree"]["state"], "spawn_failed");
+    env.verify();
+}

@@ -264,6 +264,11 @@ impl Engine {
         };
         let held = match crate::proc::spawn_held(&spec) {
             Ok(held) => held,
+            Err(crate::proc::ProcError::Exec(failure)) => {
+                let code = failure.exit_code();
+                self.record_spawn_failed(tree, &failure.to_string(), i32::from(code));
+                return Err(CustodyError::Exec(failure));
+            }
             Err(e) => {
                 self.record_spawn_failed(tree, &format!("fork into the boundary failed: {e}"), 125);
                 return Err(e.into());

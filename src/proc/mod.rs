@@ -153,6 +153,11 @@ pub enum ProcError {
         #[source]
         source: std::io::Error,
     },
+    /// The command could not be started at all, before anything ran (on
+    /// Windows `CreateProcess` finds no such program: 127, as exec's
+    /// failure after release is on Linux).
+    #[error("{0}")]
+    Exec(ExecFailure),
     /// `/proc` could not be read or parsed (other than "no such process").
     #[error("reading /proc: {0}")]
     Proc(String),

@@ -283,10 +283,16 @@ pub fn spawn_held(spec: &SpawnSpec) -> Result<HeldChild, ProcError> {
         Ok(c) => c,
         Err(e) => {
             job::forget(&path);
-            return Err(ProcError::Io(std::io::Error::new(
-                e.kind(),
-                format!("cannot execute {}: {e}", program.to_string_lossy()),
-            )));
+            let kind = match e.kind() {
+                std::io::ErrorKind::NotFound => ExecFailureKind::NotFound,
+                std::io::ErrorKind::PermissionDenied => ExecFailureKind::NotExecutable,
+                _ => ExecFailureKind::Other,
+            };
+            return Err(ProcError::Exec(ExecFailure {
+                program: program.to_string_lossy().into_owned(),
+                errno: e.raw_os_error().unwrap_or(0),
+                kind,
+            }));
         }
     };
     let pid = child.id() as i32;
