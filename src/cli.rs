@@ -360,7 +360,10 @@ fn run_command(command: Command, config: &Config) -> CliResult {
         Command::Resolve(args) => crate::commands::resolve(config, args),
         Command::Serve(args) => crate::commands::serve(config, args),
         Command::Token(cmd) => crate::commands::token(config, cmd),
+        #[cfg(unix)]
         Command::Doctor { json } => doctor(config, json),
+        #[cfg(windows)]
+        Command::Doctor { json } => crate::windows_cli::doctor(config, json),
         Command::Export {
             format,
             since,
@@ -404,6 +407,7 @@ fn run_command(command: Command, config: &Config) -> CliResult {
 }
 
 /// The boundary `run` would use with the configured `--boundary`.
+#[cfg(unix)]
 fn run_boundary_row(
     config: &Config,
     probe: &treewarden::proc::Probe,
@@ -425,6 +429,7 @@ fn run_boundary_row(
 
 /// Whether `run` would start the observer with the configured `--observer`,
 /// and why (not).
+#[cfg(unix)]
 fn observer_row(config: &Config, probe: &treewarden::proc::Probe) -> (bool, String, String) {
     let mode = config.observer;
     let cap = &probe.proc_connector;
@@ -449,6 +454,7 @@ fn observer_row(config: &Config, probe: &treewarden::proc::Probe) -> (bool, Stri
 }
 
 /// The cgroup root's layout: root / delegated / shared / not delegated.
+#[cfg(unix)]
 fn layout_row(probe: &treewarden::proc::Probe) -> (&'static str, String, String) {
     match &probe.cgroup_layout {
         Some(l) => ("cgroup_layout", l.layout.to_string(), l.note.clone()),
@@ -457,6 +463,7 @@ fn layout_row(probe: &treewarden::proc::Probe) -> (&'static str, String, String)
 }
 
 /// Whether limits (`--pids-max`, `--memory-max`, `--cpu-max`) will work.
+#[cfg(unix)]
 fn limits_row(probe: &treewarden::proc::Probe) -> (&'static str, String, String) {
     let layout_ok = probe.cgroup_layout.as_ref().is_some_and(|l| l.limits);
     let usable: Vec<&str> = ["pids", "memory", "cpu"]
@@ -485,6 +492,7 @@ fn limits_row(probe: &treewarden::proc::Probe) -> (&'static str, String, String)
 }
 
 /// `treewarden doctor [--json]`: the host probe, as a table or one JSON object.
+#[cfg(unix)]
 fn doctor(config: &Config, json: bool) -> CliResult {
     let probe = treewarden::proc::probe(config.cgroup_root.as_deref());
     let (observer_runs, observer_value, observer_note) = observer_row(config, &probe);

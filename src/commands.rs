@@ -288,11 +288,13 @@ pub struct ServeArgs {
     /// Connections served at once on each listener; more wait in the
     /// kernel's backlog. Accept also waits while fewer than 128 descriptors
     /// are free (they are custody's: /proc reads, pidfds, the ledger).
-    #[arg(long, default_value_t = treewarden::http::conn::ConnLimits::default().max_total)]
+    #[cfg_attr(unix, arg(long, default_value_t = treewarden::http::conn::ConnLimits::default().max_total))]
+    #[cfg_attr(windows, arg(long, default_value_t = 0))]
     max_connections: usize,
     /// Connections one local user (peer uid on the socket) may hold at
     /// once; past it, its new connections are closed at once.
-    #[arg(long, default_value_t = treewarden::http::conn::ConnLimits::default().max_per_uid)]
+    #[cfg_attr(unix, arg(long, default_value_t = treewarden::http::conn::ConnLimits::default().max_per_uid))]
+    #[cfg_attr(windows, arg(long, default_value_t = 0))]
     max_connections_per_uid: usize,
     /// How long a request's head may take to arrive, and a keep-alive
     /// connection may idle between requests, before it is closed.
@@ -339,6 +341,7 @@ fn cli_requester() -> treewarden::ledger::Requester {
     }
 }
 
+#[cfg(unix)]
 pub fn token(config: &Config, cmd: TokenCommand) -> CliResult {
     let ledger = open_ledger(config)?;
     let internal = |e: treewarden::ledger::LedgerError| CliError::internal(anyhow!(e));
@@ -775,6 +778,7 @@ fn run_owned(
 /// close another process's descriptors, and must not kill it without an
 /// authorization), so a caller waiting for EOF knows why it waits and
 /// what ends it.
+#[cfg(unix)]
 fn survivors_hold_pipes(engine: &Engine, tree: TreeId) -> Option<String> {
     use std::os::unix::fs::FileTypeExt;
     let survivors = engine.survivors_left(tree);
@@ -807,6 +811,7 @@ fn survivors_hold_pipes(engine: &Engine, tree: TreeId) -> Option<String> {
 /// terminal -> stdout, and SIGWINCH -> the terminal's size. Threads, as the
 /// rest of `run`; the stdin reader is left blocked in its read when run
 /// ends (the process exits).
+#[cfg(unix)]
 struct TtyRelay {
     master_in: Option<std::fs::File>,
     master_out: Option<std::fs::File>,
@@ -815,6 +820,7 @@ struct TtyRelay {
     winch: Option<signal_hook::iterator::Handle>,
 }
 
+#[cfg(unix)]
 impl TtyRelay {
     fn new(pty: &treewarden::proc::tty::Pty) -> std::io::Result<Self> {
         Ok(Self {
@@ -1460,6 +1466,7 @@ pub fn resolve(config: &Config, args: ResolveArgs) -> CliResult {
 /// what they started: SIGINT, SIGTERM and SIGHUP are noted and ignored.
 /// (SIGKILL cannot be; a tree left frozen by it is in state `killing` and
 /// the next sweep resumes it.)
+#[cfg(unix)]
 fn shield_from_interrupts() {
     let noted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     for sig in [
@@ -1481,6 +1488,7 @@ fn print_json(value: &impl serde::Serialize) -> Result<(), CliError> {
 
 /// `treewarden serve`: the service. Exit 0 after a clean shutdown (every
 /// owned tree torn down), 125 when it could not start or settle.
+#[cfg(unix)]
 pub fn serve(config: &Config, args: ServeArgs) -> CliResult {
     let telemetry = treewarden::telemetry::init(args.log_format, "info");
     let result = serve_inner(config, args);
@@ -1488,6 +1496,7 @@ pub fn serve(config: &Config, args: ServeArgs) -> CliResult {
     result
 }
 
+#[cfg(unix)]
 fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
     use treewarden::service::{Service, ServiceConfig};
     let reaper = Reaper::install()
@@ -1691,3 +1700,10 @@ fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
     }
     code
 }
+
+// The Windows bodies of what the Unix ones above do through Unix-only
+// parts (issue 27): see src/windows_cli.rs.
+#[cfg(windows)]
+use crate::windows_cli::{TtyRelay, shield_from_interrupts, survivors_hold_pipes};
+#[cfg(windows)]
+pub use crate::windows_cli::{serve, token};

@@ -153,7 +153,7 @@ impl Config {
     /// the error creating it names the path (`--data-dir` and
     /// `TREEWARDEN_DATA_DIR` choose another).
     pub fn default_data_dir() -> PathBuf {
-        if rustix::process::geteuid().is_root() {
+        if crate::proc::effective_uid() == 0 && cfg!(unix) {
             return PathBuf::from("/var/lib/treewarden");
         }
         let var = |name: &str| std::env::var_os(name).filter(|s| !s.is_empty());
@@ -165,7 +165,7 @@ impl Config {
         if let Some(home) = home.as_deref().filter(|h| h.is_dir()) {
             return state_in(home);
         }
-        let uid = rustix::process::getuid().as_raw();
+        let uid = crate::proc::current_uid();
         if let Some(home) = crate::proc::user_by_uid(uid)
             .ok()
             .flatten()

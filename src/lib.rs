@@ -17,10 +17,14 @@
 
 pub mod config;
 pub mod custody;
+// The service (HTTP over TCP and the Unix socket) is built on Unix only for
+// now (issue 27: `serve` on Windows is refused by the CLI).
+#[cfg(unix)]
 pub mod http;
 pub mod ledger;
 pub mod proc;
 pub mod scan;
+#[cfg(unix)]
 pub mod service;
 pub mod telemetry;
 pub mod testhook;

@@ -3,6 +3,8 @@
 
 mod cli;
 mod commands;
+#[cfg(windows)]
+mod windows_cli;
 
 use std::process::ExitCode;
 

@@ -91,6 +91,7 @@ impl Snapshot {
 /// Reads every process in `/proc`. Processes that vanish while being read are
 /// skipped: they are not there any more, which is what a snapshot says. A
 /// read that fails for any other reason makes the snapshot incomplete.
+#[cfg(target_os = "linux")]
 pub fn snapshot() -> Snapshot {
     let pids: Vec<i32> = match std::fs::read_dir("/proc") {
         Ok(dir) => {
@@ -122,6 +123,7 @@ pub fn snapshot() -> Snapshot {
 }
 
 /// Re-reads only the given pids (targeted refresh of known members).
+#[cfg(target_os = "linux")]
 pub fn snapshot_pids(pids: impl IntoIterator<Item = i32>) -> Snapshot {
     let pids: Vec<i32> = pids.into_iter().collect();
     let reads = read_in_parallel(&pids, |chunk| {
@@ -251,12 +253,14 @@ fn split_read<T: Send>(
 
 /// One process's `/proc/<pid>/stat`, read lean (`None`: gone, or not
 /// readable).
+#[cfg(target_os = "linux")]
 pub fn read_entry(pid: i32) -> Option<ProcEntry> {
     StatReader::new().read(pid).ok().flatten()
 }
 
 /// The first of `pids` that is alive (not a zombie) and in process group
 /// `pgid`, read now; stops reading at the first one found.
+#[cfg(target_os = "linux")]
 pub fn first_live_in_group(pids: impl IntoIterator<Item = i32>, pgid: i32) -> Option<ProcEntry> {
     let mut reader = StatReader::new();
     pids.into_iter()
@@ -276,10 +280,12 @@ pub fn first_live_in_group(pids: impl IntoIterator<Item = i32>, pgid: i32) -> Op
 /// join neither a tree's session nor its group, and a new child is a new pid),
 /// and [`HostView::full_refresh`], run at a slower cadence, re-reads everything.
 #[derive(Debug, Default)]
+#[cfg(target_os = "linux")]
 pub struct HostView {
     snap: Snapshot,
 }
 
+#[cfg(target_os = "linux")]
 impl HostView {
     /// A view filled by a full snapshot.
     pub fn new() -> Self {
@@ -363,12 +369,14 @@ impl HostView {
 }
 
 /// Reads `/proc/<pid>/stat` files into one reused buffer.
+#[cfg(target_os = "linux")]
 struct StatReader {
     page: u64,
     path: String,
     buf: Vec<u8>,
 }
 
+#[cfg(target_os = "linux")]
 impl StatReader {
     fn new() -> Self {
         Self {
@@ -455,6 +463,7 @@ fn ascii_num<T: std::str::FromStr>(field: &[u8]) -> Option<T> {
 /// The pids listed in a cgroup's `cgroup.procs` (empty if it is gone):
 /// [`crate::proc::cgroup_pids`] as a set. `Err` when the read failed for
 /// another reason: the members are then unknown, not none.
+#[cfg(target_os = "linux")]
 pub fn cgroup_pids(cgroup_dir: &Path) -> Result<HashSet<i32>, String> {
     let file = cgroup_dir.join("cgroup.procs");
     match std::fs::read_to_string(&file) {
@@ -479,6 +488,7 @@ pub struct MemberDetails {
 /// The argv of one process (empty if it exited or is a kernel thread).
 /// Only this one read, for the survivor snapshot of every forced kill:
 /// [`details`] costs five reads per process.
+#[cfg(target_os = "linux")]
 pub fn cmdline(pid: i32) -> Vec<String> {
     std::fs::read(format!("/proc/{pid}/cmdline"))
         .map(|raw| {
@@ -499,6 +509,7 @@ pub fn cmdlines(pids: &[i32]) -> Vec<Vec<String>> {
 
 /// Reads the forensic details of one process; fields that cannot be read
 /// (exited meanwhile, permission) are `None`.
+#[cfg(target_os = "linux")]
 pub fn details(pid: i32) -> MemberDetails {
     let Ok(proc) = procfs::process::Process::new(pid) else {
         return MemberDetails::default();
@@ -515,6 +526,71 @@ pub fn details(pid: i32) -> MemberDetails {
                 .map(|g| g.pathname)
         }),
     }
+}
+
+// The same readers on Windows (issue 27): a toolhelp snapshot and the
+// tree's job instead of /proc and cgroup.procs.
+
+/// Every process (one toolhelp snapshot).
+#[cfg(windows)]
+pub fn snapshot() -> Snapshot {
+    let (entries, incomplete) = crate::proc::snapshot_entries(None);
+    Snapshot {
+        entries: entries.into_iter().map(|e| (e.pid, e)).collect(),
+        incomplete,
+    }
+}
+
+/// Only these pids, re-read now.
+#[cfg(windows)]
+pub fn snapshot_pids(pids: impl IntoIterator<Item = i32>) -> Snapshot {
+    let pids: Vec<i32> = pids.into_iter().collect();
+    let (entries, incomplete) = crate::proc::snapshot_entries(Some(&pids));
+    Snapshot {
+        entries: entries.into_iter().map(|e| (e.pid, e)).collect(),
+        incomplete,
+    }
+}
+
+/// One process, read now.
+#[cfg(windows)]
+pub fn read_entry(pid: i32) -> Option<ProcEntry> {
+    crate::proc::snapshot_entries(Some(&[pid])).0.pop()
+}
+
+/// The pids in the tree's job (empty when it is gone).
+#[cfg(windows)]
+pub fn cgroup_pids(job: &Path) -> Result<HashSet<i32>, String> {
+    crate::proc::cgroup_pids(job)
+        .map(|p| p.into_iter().collect())
+        .map_err(|e| format!("{}: {e}", job.display()))
+}
+
+/// What Windows shows of a process's command line from outside: its image
+/// name (its argv lives in its own memory).
+#[cfg(windows)]
+pub fn cmdline(pid: i32) -> Vec<String> {
+    crate::proc::details_of(pid).1
+}
+
+#[cfg(windows)]
+pub fn details(pid: i32) -> MemberDetails {
+    let (exe, cmdline) = crate::proc::details_of(pid);
+    MemberDetails {
+        exe,
+        cmdline,
+        ..MemberDetails::default()
+    }
+}
+
+/// Outside the tree's group and session. A Windows process's console group
+/// cannot be read (its entry says pgid 0 and sid 0): the job, not the
+/// group, holds the tree there, so it is never judged an escape.
+fn escaped_from(entry: &ProcEntry, tree: &KnownTree) -> bool {
+    if cfg!(windows) && entry.pgid == 0 && entry.sid == 0 {
+        return false;
+    }
+    entry.pgid != tree.pgid && entry.sid != tree.sid
 }
 
 /// A tree as the classifier needs to know it: its recorded boundary and the
@@ -736,7 +812,7 @@ pub fn classify(snap: &Snapshot, trees: &[KnownTree], exclude: &HashSet<i32>) ->
         };
         if let Some((i, because)) = hit {
             let tree = &trees[i];
-            let escaped = entry.pgid != tree.pgid && entry.sid != tree.sid;
+            let escaped = escaped_from(entry, tree);
             out[i].members.push(Member {
                 entry: entry.clone(),
                 because,
@@ -867,7 +943,7 @@ pub fn classify_tree(
         .filter_map(|(pid, because)| {
             let entry = snap.entries.get(&pid)?;
             entry.is_live().then(|| Member {
-                escaped: entry.pgid != tree.pgid && entry.sid != tree.sid,
+                escaped: escaped_from(entry, tree),
                 entry: entry.clone(),
                 because,
             })

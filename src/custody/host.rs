@@ -39,7 +39,7 @@ pub struct Held {
 #[derive(Debug)]
 enum HeldToken {
     /// The kernel's handle: a verified pidfd.
-    Pidfd(std::os::fd::OwnedFd),
+    Pidfd(crate::proc::ExitHandle),
     /// A host's own name for one process (the fake host's serial).
     #[cfg_attr(not(test), allow(dead_code))]
     Serial(u64),

@@ -85,23 +85,22 @@ pub fn write(data_dir: &Path, tree: i64, marker: &Marker) {
 }
 
 /// The markers' folder, made 0700 (it names survivors and their argv).
+/// (On Windows the data dir's ACL, the user's own, is what keeps it private.)
 pub(crate) fn private_dir(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
+    let mut b = std::fs::DirBuilder::new();
+    b.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+    b.create(dir)
 }
 
 /// A file only its owner reads (0600), created or truncated.
 fn private_file(path: &Path) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .mode(0o600)
-        .open(path)
+    let mut o = std::fs::OpenOptions::new();
+    o.create(true).truncate(true).write(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+    o.open(path)
 }
 
 /// Removes the marker (the tree is settled).
@@ -152,7 +151,7 @@ pub fn all(data_dir: &Path) -> Vec<(i64, Marker)> {
     out
 }
 
-#[cfg(test)]
+#[cfg(all(test, unix))]
 mod tests {
     use std::os::unix::fs::PermissionsExt;
 

@@ -157,7 +157,7 @@ impl Engine {
         // tree cgroups next to it (proc/delegation.rs). Where the move
         // fails, trees still get cgroups (they need no controller) and
         // limits are refused, saying why (`check_limits_possible`).
-        if boundary == BoundaryKind::Cgroup
+        if boundary.contained()
             && let Some(root) = cgroup_root.as_deref()
             && let Err(e) = crate::proc::take_delegation(root)
         {
@@ -685,7 +685,8 @@ pub(crate) fn cgroup_prefix(instance_id: &str) -> String {
 
 /// Whether the process a ledger identity names still runs. An identity whose
 /// start time cannot be read counts as alive: a missed reap is recoverable,
-/// a wrong kill is not.
+/// a wrong kill is not. (Used by the dashboard, which Windows does not build.)
+#[cfg_attr(windows, allow(dead_code))]
 pub(crate) fn still_alive(id: &crate::ledger::IdentityRecord) -> bool {
     alive_on(&KernelHost::default(), id)
 }

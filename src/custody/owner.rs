@@ -123,7 +123,7 @@ impl RunOutcome {
             RunEnd::RootExited(status) => status.code_for_shell() as u8,
             RunEnd::Timeout => 124,
             RunEnd::Signal(n) => (128 + n) as u8,
-            RunEnd::ParentDied | RunEnd::OwnerDied => (128 + libc::SIGHUP) as u8,
+            RunEnd::ParentDied | RunEnd::OwnerDied => (128 + crate::proc::Sig::Hup.number()) as u8,
         }
     }
 }
@@ -561,6 +561,7 @@ impl Engine {
 /// SIGINT, SIGTERM and SIGHUP as [`Event::Signal`]s on `tx`, from a thread
 /// of their own (run's loop and the custodian's both end on them). The
 /// handle closes the iterator, which ends the thread.
+#[cfg(unix)]
 fn forward_signals(
     tx: &mpsc::Sender<Event>,
 ) -> Result<signal_hook::iterator::Handle, CustodyError> {
@@ -583,4 +584,15 @@ fn forward_signals(
         })
         .map_err(|e| CustodyError::Proc(crate::proc::ProcError::Io(e)))?;
     Ok(handle)
+}
+
+/// Windows: the console's Ctrl+C / Ctrl+Break / close reach `run` as
+/// SIGINT / SIGTERM / SIGHUP do on Unix (a console control handler).
+#[cfg(windows)]
+fn forward_signals(tx: &mpsc::Sender<Event>) -> Result<crate::proc::CtrlForward, CustodyError> {
+    let tx = tx.clone();
+    crate::proc::forward_console_ctrl(Box::new(move |sig| {
+        let _ = tx.send(Event::Signal(sig));
+    }))
+    .map_err(CustodyError::Proc)
 }

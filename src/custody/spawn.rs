@@ -214,7 +214,7 @@ impl Engine {
             on_behalf.as_ref(),
         )?;
         let cgroup = match (boundary, &self.cgroup_root) {
-            (BoundaryKind::Cgroup, Some(root)) => {
+            (b, Some(root)) if b.contained() => {
                 Some(root.join(format!("{}-{}", self.cgroup_prefix, tree.0)))
             }
             _ => None,
@@ -226,19 +226,9 @@ impl Engine {
             .unwrap_or_else(|| std::env::vars_os().collect());
         env.retain(|(k, _)| k != TREE_ID_VAR);
         env.push((TREE_ID_VAR.into(), tree.0.to_string().into()));
-        let logged = match &req.stdio {
-            SpawnStdio::Log => true,
-            SpawnStdio::Given(g) => g.needs_log(),
-            SpawnStdio::Inherit | SpawnStdio::Null => false,
-        };
-        let log_file = if logged {
+        let log_file = if req.stdio.needs_log() {
             let dir = self.data_dir.join("logs");
-            if let Err(e) = std::os::unix::fs::DirBuilderExt::mode(
-                std::fs::DirBuilder::new().recursive(true),
-                0o700,
-            )
-            .create(&dir)
-            {
+            if let Err(e) = super::markers::private_dir(&dir) {
                 self.record_spawn_failed(tree, &format!("cannot make {}: {e}", dir.display()), 125);
                 return Err(CustodyError::Proc(crate::proc::ProcError::Io(e)));
             }
@@ -269,6 +259,11 @@ impl Engine {
         };
         let held = match crate::proc::spawn_held(&spec) {
             Ok(held) => held,
+            Err(crate::proc::ProcError::Exec(failure)) => {
+                let code = failure.exit_code();
+                self.record_spawn_failed(tree, &failure.to_string(), i32::from(code));
+                return Err(CustodyError::Exec(failure));
+            }
             Err(e) => {
                 self.record_spawn_failed(tree, &format!("fork into the boundary failed: {e}"), 125);
                 return Err(e.into());
@@ -281,6 +276,18 @@ impl Engine {
             }
             self.record_spawn_failed(tree, &format!("could not record the spawn: {e}"), 125);
             return Err(e);
+        }
+        // A container that kills its members when its owner's handle closes
+        // (a Windows job's KILL_ON_JOB_CLOSE) is a standing kill: it is on
+        // the record before the root runs, or the root does not run.
+        if let Some(flag) = crate::proc::STANDING_KILL_FLAG
+            && let Err(e) = self.ledger.add_flag(tree, flag)
+        {
+            if let Err(cancel) = held.cancel() {
+                tracing::error!(tree = tree.0, error = %cancel, "cancelling the held child failed");
+            }
+            self.record_spawn_failed(tree, &format!("could not record {flag}: {e}"), 125);
+            return Err(e.into());
         }
         let root = held.identity.clone();
         let (pgid, sid, cg) = (held.pgid, held.sid, held.cgroup.clone());
@@ -322,7 +329,7 @@ impl Engine {
             return Ok(());
         }
         let root = match (boundary, &self.cgroup_root) {
-            (BoundaryKind::Cgroup, Some(root)) => root,
+            (b, Some(root)) if b.contained() => root,
             _ => {
                 // Why there is no cgroup boundary, when it is delegation.
                 let why = match self.cgroup_root.as_deref().map(crate::proc::layout) {

@@ -398,14 +398,11 @@ impl Engine {
         let mut logged = false;
         loop {
             let file = super::markers::private_dir(&dir).and_then(|()| {
-                std::os::unix::fs::OpenOptionsExt::mode(
-                    std::fs::OpenOptions::new()
-                        .create(true)
-                        .truncate(false)
-                        .write(true),
-                    0o600,
-                )
-                .open(&path)
+                let mut o = std::fs::OpenOptions::new();
+                o.create(true).truncate(false).write(true);
+                #[cfg(unix)]
+                std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+                o.open(&path)
             });
             let file = match file {
                 Ok(f) => f,
@@ -1131,9 +1128,9 @@ impl Engine {
         let mut group_ok = true;
         // The step's signal records, written in one transaction at the end.
         let mut records: Vec<SignalRecord> = Vec::new();
-        let mut record = |kind: &str, target: &str, result: &Sent| {
+        let mut record = |signal: &str, kind: &str, target: &str, result: &Sent| {
             records.push(SignalRecord {
-                signal: sig.name().to_string(),
+                signal: signal.to_string(),
                 target_kind: kind.to_string(),
                 target: target.to_string(),
                 result: result.to_string(),
@@ -1145,7 +1142,9 @@ impl Engine {
                 Ok(()) => Sent::Delivered,
                 Err(e) => Sent::Failed(e.to_string()),
             };
-            record("cgroup", &dir.display().to_string(), &result);
+            // SIGKILL on the cgroup; TERMINATE_JOB on a Windows job.
+            let (signal, kind) = crate::proc::CONTAINER_KILL;
+            record(signal, kind, &dir.display().to_string(), &result);
         }
         if step.in_group > 0 || step.cgroup.is_none() {
             let result = match self
@@ -1164,7 +1163,7 @@ impl Engine {
                 Err(e) => Sent::Failed(e.to_string()),
             };
             if result.was_sent() || sig != Sig::Kill {
-                record("group", &step.group.pgid.to_string(), &result);
+                record(sig.name(), "group", &step.group.pgid.to_string(), &result);
             } else if step.cgroup.is_none() {
                 // A SIGKILL that was not sent is recorded as skipped, not as a signal.
                 let why = format!("group {}: {result}", step.group.pgid);
@@ -1193,7 +1192,7 @@ impl Engine {
                 Err(e) => Sent::Failed(e.to_string()),
             };
             if result.was_sent() || sig != Sig::Kill {
-                record("pid", &id.pid.to_string(), &result);
+                record(sig.name(), "pid", &id.pid.to_string(), &result);
             }
         }
         if !records.is_empty()
@@ -1546,12 +1545,22 @@ pub(crate) struct Lease {
 
 impl Lease {
     /// Whether `file` is still the file at `path` (same device and inode).
+    #[cfg(unix)]
     fn still_at(file: &std::fs::File, path: &std::path::Path) -> bool {
         use std::os::unix::fs::MetadataExt;
         match (file.metadata(), std::fs::metadata(path)) {
             (Ok(held), Ok(named)) => held.dev() == named.dev() && held.ino() == named.ino(),
             _ => false,
         }
+    }
+}
+
+impl Lease {
+    /// On Windows a file removed while open is delete-pending: nobody can
+    /// open (and lock) it again, so the file held is the one at the path.
+    #[cfg(windows)]
+    fn still_at(_file: &std::fs::File, path: &std::path::Path) -> bool {
+        path.exists()
     }
 }
 
@@ -1619,7 +1628,8 @@ fn kill_targets(watch: &TreeWatch, step: &Targets, survivors: &[Member]) -> Vec<
     let mut targets = Vec::new();
     if let Some(dir) = step.cgroup.as_deref() {
         targets.push(KillTarget {
-            kind: "cgroup".into(),
+            // "cgroup" on Linux, "job" on Windows.
+            kind: crate::proc::CONTAINER_KILL.1.into(),
             target: dir.display().to_string(),
             identities: ids(&|m| step.cgroup_pids.contains(&m.entry.pid)),
         });

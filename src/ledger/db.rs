@@ -5,8 +5,8 @@
 //! commit or vanish together (bookkeeping writes — owners, flags, scans,
 //! `last_seen`, exec refreshes — carry no event).
 
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use super::fsmode::Mode as _;
+use std::path::Path;
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
@@ -28,6 +28,7 @@ const MIGRATIONS: &[M<'static>] = &[
     M::up(include_str!("../../migrations/0005_retention.sql")),
     M::up(include_str!("../../migrations/0006_principals.sql")),
     M::up(include_str!("../../migrations/0007_seal.sql")),
+    M::up(include_str!("../../migrations/0008_job_boundary.sql")),
 ];
 
 /// How hard a commit must be on disk before it returns.
@@ -201,6 +202,7 @@ fn creation_error(path: &Path, e: std::io::Error) -> LedgerError {
 /// line: tightening it would break its other users, and leaving it so would
 /// show every tree's argv. An *empty* sticky directory of this user's (a
 /// tmpfs freshly mounted for the data dir: its root is 1777) is tightened.
+#[cfg(unix)]
 fn make_private(dir: &Path) -> Result<(), LedgerError> {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let meta = std::fs::metadata(dir).map_err(|e| creation_error(dir, e))?;
@@ -224,6 +226,12 @@ fn make_private(dir: &Path) -> Result<(), LedgerError> {
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
         .map_err(|e| creation_error(dir, e))?;
     tracing::info!(dir = %dir.display(), was = format!("{mode:04o}"), "data dir was open to others: made 0700");
+    Ok(())
+}
+
+/// Windows: the data dir's ACL is the user's (no mode bits to check).
+#[cfg(windows)]
+fn make_private(_dir: &Path) -> Result<(), LedgerError> {
     Ok(())
 }
 
@@ -287,6 +295,11 @@ fn open_connection(path: &Path, busy_timeout: Duration) -> Result<Connection, Fa
     Ok(conn)
 }
 
+/// Elsewhere no reserve is made (no `fallocate` with `KEEP_SIZE`): a full
+/// disk fails the ledger's writes closed.
+#[cfg(not(target_os = "linux"))]
+fn reserve_wal(_conn: &Connection, _path: &Path, _bytes: u64) {}
+
 /// Preallocates `bytes` for the ledger's WAL (`fallocate` with
 /// `KEEP_SIZE`: blocks allocated past its end, its length unchanged), so
 /// that its next appends need no new blocks: a tree (or anything else)
@@ -303,6 +316,7 @@ fn open_connection(path: &Path, busy_timeout: Duration) -> Result<Connection, Fa
 /// `-shm`), so closing ours drops none of its locks. Best effort: a
 /// filesystem without `fallocate` or without the room is logged, and the
 /// ledger works as before (a full disk then fails its writes closed).
+#[cfg(target_os = "linux")]
 fn reserve_wal(conn: &Connection, path: &Path, bytes: u64) {
     if bytes == 0 {
         return;
@@ -318,7 +332,7 @@ fn reserve_wal(conn: &Connection, path: &Path, bytes: u64) {
     }
     let mut wal = path.as_os_str().to_owned();
     wal.push("-wal");
-    let wal = PathBuf::from(wal);
+    let wal = std::path::PathBuf::from(wal);
     let Ok(file) = std::fs::OpenOptions::new().write(true).open(&wal) else {
         return;
     };
@@ -763,7 +777,54 @@ mod tests {
         assert_eq!(tables, 3);
     }
 
+    /// Migration 0008 (issue 27): a tree may record boundary `job` and a
+    /// signal target kind `job`, the CHECKs still refuse anything else, and
+    /// a TERMINATE_JOB / TERMINATE_PROCESS row without an authorization of
+    /// its tree is refused by the database, one with it accepted.
     #[test]
+    fn migration_0008_takes_the_job_boundary_and_guards_its_terminate() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("ledger.db");
+        drop(start(&path, Duration::from_secs(1), 0).expect("opens"));
+        let conn = Connection::open(&path).expect("open");
+        conn.execute_batch(
+            "INSERT INTO owners (id, pid, start_ticks, boot_id, kind, created_at)
+             VALUES (1, 10, 1, 'b', 'run', 'now');",
+        )
+        .expect("an owner");
+        let tree = |boundary: &str| {
+            conn.execute(
+                "INSERT INTO trees (state, boundary, owner_id, argv, created_at) VALUES ('running', ?1, 1, '[]', 'now')",
+                [boundary],
+            )
+        };
+        tree("job").expect("boundary job accepted");
+        assert!(tree("jail").is_err(), "the boundary CHECK still holds");
+        let signal = |sig: &str, kind: &str, auth: Option<i64>| {
+            conn.execute(
+                "INSERT INTO signals (tree_id, signal, target_kind, target, result, authorization_id, at)
+                 VALUES (1, ?1, ?2, 'job:tw-1', 'sent', ?3, 'now')",
+                rusqlite::params![sig, kind, auth],
+            )
+        };
+        assert!(signal("TERMINATE_JOB", "job", None).is_err());
+        assert!(signal("TERMINATE_PROCESS", "pid", None).is_err());
+        assert!(
+            signal("CTRL_BREAK", "nowhere", None).is_err(),
+            "the target_kind CHECK still holds"
+        );
+        signal("CTRL_BREAK", "group", None).expect("a break needs no authorization");
+        conn.execute(
+            "INSERT INTO kill_authorizations (tree_id, reason, targets, at) VALUES (1, 'test', '[]', 'now')",
+            [],
+        )
+        .expect("an authorization");
+        let auth = conn.last_insert_rowid();
+        signal("TERMINATE_JOB", "job", Some(auth)).expect("an authorized terminate");
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
     fn the_reserve_is_allocated_past_the_wals_end_and_zero_is_none() {
         use std::os::unix::fs::MetadataExt;
         let allocated = |reserve: u64| {

@@ -290,7 +290,7 @@ fn write_archive(
     before: &str,
     keep: &HashSet<i64>,
 ) -> Result<Option<Plan>, LedgerError> {
-    use std::os::unix::fs::OpenOptionsExt;
+    use super::fsmode::Mode as _;
     let io = |what: &str, e: std::io::Error| {
         let msg = format!("archive {}: {what}: {e}", path.display());
         if e.kind() == std::io::ErrorKind::StorageFull {

@@ -49,7 +49,35 @@
 
 use std::fs::File;
 use std::io::Read;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+#[cfg(unix)]
+use std::os::unix::fs::FileExt;
+
+use super::fsmode::Mode as _;
+
+/// `write_all_at` on Windows: positioned writes until all is written.
+#[cfg(windows)]
+trait WriteAt {
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()>;
+}
+
+#[cfg(windows)]
+impl WriteAt for File {
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        let mut done = 0;
+        while done < buf.len() {
+            let n = std::os::windows::fs::FileExt::seek_write(
+                self,
+                &buf[done..],
+                offset + done as u64,
+            )?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            done += n;
+        }
+        Ok(())
+    }
+}
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -266,8 +294,11 @@ impl KeyFile {
             .write(true)
             .open(path)
             .map_err(|e| Self::io(path, "cannot open", e))?;
+        #[cfg(unix)]
         rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
             .map_err(|e| Self::io(path, "cannot lock", e.into()))?;
+        #[cfg(windows)]
+        file.lock().map_err(|e| Self::io(path, "cannot lock", e))?;
         let mut text = String::new();
         file.read_to_string(&mut text)
             .map_err(|e| Self::io(path, "cannot read", e))?;

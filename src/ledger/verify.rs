@@ -389,7 +389,14 @@ impl Walk {
             Event::KillAuthorized(k) => {
                 self.authorized.insert(k.authorization, tree);
             }
-            Event::SignalSent(s) if s.signal == "SIGKILL" => {
+            // The forced kills: SIGKILL, and on Windows TerminateJobObject
+            // and TerminateProcess (issue 27).
+            Event::SignalSent(s)
+                if matches!(
+                    s.signal.as_str(),
+                    "SIGKILL" | "TERMINATE_JOB" | "TERMINATE_PROCESS"
+                ) =>
+            {
                 match s.authorization.and_then(|a| self.authorized.get(&a)) {
                     Some(auth_tree) if *auth_tree == tree => {}
                     Some(_) => {

@@ -21,7 +21,8 @@ fn ticks(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
 
-const TARGET_KINDS: [&str; 3] = ["group", "cgroup", "pid"];
+// `job`: a Windows tree's Job Object (issue 27).
+const TARGET_KINDS: [&str; 4] = ["group", "cgroup", "pid", "job"];
 
 fn invariant(msg: impl Into<String>) -> Fail {
     LedgerError::Invariant(msg.into()).into()
@@ -62,9 +63,10 @@ pub(crate) fn create_tree(
     tree: &NewTree,
     on_behalf: Option<&OnBehalfRecord>,
 ) -> Result<TreeId, Fail> {
-    if tree.boundary != "cgroup" && tree.boundary != "session" {
+    // `job`: a Windows tree's Job Object (issue 27, migration 0008).
+    if !matches!(tree.boundary.as_str(), "cgroup" | "session" | "job") {
         return Err(invariant(format!(
-            "boundary must be cgroup or session, not {:?}",
+            "boundary must be cgroup, session or job, not {:?}",
             tree.boundary
         )));
     }
@@ -548,7 +550,7 @@ pub(crate) fn authorize_kill(
         .find(|t| !TARGET_KINDS.contains(&t.kind.as_str()))
     {
         return Err(invariant(format!(
-            "kill target kind must be group, cgroup or pid, not {:?}",
+            "kill target kind must be group, cgroup, pid or job, not {:?}",
             bad.kind
         )));
     }

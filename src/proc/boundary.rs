@@ -198,6 +198,18 @@ pub enum SpawnStdio {
     Given(GivenStdio),
 }
 
+impl SpawnStdio {
+    /// Whether the tree needs its log file (`Log`, or given descriptors
+    /// that leave stdout or stderr to it).
+    pub fn needs_log(&self) -> bool {
+        match self {
+            SpawnStdio::Log => true,
+            SpawnStdio::Given(g) => g.needs_log(),
+            SpawnStdio::Inherit | SpawnStdio::Null => false,
+        }
+    }
+}
+
 /// The descriptors of [`SpawnStdio::Given`], in the order 0, 1, 2. Shared
 /// (`Arc`) so a spec stays `Clone`; the child gets its own copy by `dup2`.
 #[derive(Clone, Debug, Default)]

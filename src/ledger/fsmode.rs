@@ -1,0 +1,30 @@
+//! File modes where the OS has them: the ledger's files and folders are
+//! made 0600/0700 on Unix; on Windows the data dir's ACL (the user's own
+//! profile by default) is what keeps them private (issue 27).
+
+/// `.mode(m)` on Unix, nothing elsewhere.
+pub(crate) trait Mode {
+    fn mode(&mut self, mode: u32) -> &mut Self;
+}
+
+impl Mode for std::fs::OpenOptions {
+    #[cfg(unix)]
+    fn mode(&mut self, mode: u32) -> &mut Self {
+        std::os::unix::fs::OpenOptionsExt::mode(self, mode)
+    }
+    #[cfg(not(unix))]
+    fn mode(&mut self, _mode: u32) -> &mut Self {
+        self
+    }
+}
+
+impl Mode for std::fs::DirBuilder {
+    #[cfg(unix)]
+    fn mode(&mut self, mode: u32) -> &mut Self {
+        std::os::unix::fs::DirBuilderExt::mode(self, mode)
+    }
+    #[cfg(not(unix))]
+    fn mode(&mut self, _mode: u32) -> &mut Self {
+        self
+    }
+}

@@ -1,0 +1,494 @@
+//! The Windows suite (issue 27): real Windows processes (cmd, ping, the
+//! `win_helper` example) in real Job Objects, a real ledger, under wine in
+//! CI (`tests/run`: `cargo test --target x86_64-pc-windows-gnu --test
+//! windows` with `tests/windows/wine-run` as the runner).
+//!
+//! Ground truth is what the workload says: each helper writes its pid to
+//! `<dir>/<marker>.pid`; a survivor is a pid whose process (same creation
+//! time) still runs. Every test ends what it started by its own pid.
+
+#![cfg(windows)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use treewarden::proc::{Identity, Liveness, Sig};
+
+/// Bounds scaled for a loaded CI machine under wine.
+const WAIT: Duration = Duration::from_secs(60);
+
+struct Env {
+    dir: tempfile::TempDir,
+    /// Processes to end (by identity) if a test fails half-way.
+    started: std::cell::RefCell<Vec<Identity>>,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        for id in self.started.borrow().iter() {
+            if id.check() == Liveness::Same {
+                let _ = treewarden::proc::signal_process(id, Sig::Kill);
+            }
+        }
+    }
+}
+
+fn helper() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    // target/<triple>/debug/deps/windows-*.exe -> target/<triple>/debug/examples/
+    let debug = exe.parent().and_then(Path::parent).expect("target dir");
+    let h = debug.join("examples").join("win_helper.exe");
+    assert!(
+        h.is_file(),
+        "{} missing: build it first (cargo build --target x86_64-pc-windows-gnu --example win_helper)",
+        h.display()
+    );
+    h
+}
+
+impl Env {
+    fn new() -> Self {
+        Env {
+            dir: tempfile::tempdir().expect("tempdir"),
+            started: std::cell::RefCell::new(Vec::new()),
+        }
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_treewarden"));
+        c.arg("--data-dir").arg(self.data()).args(args);
+        c
+    }
+
+    fn output(&self, args: &[&str]) -> Output {
+        self.cmd(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("treewarden runs")
+    }
+
+    /// A background treewarden, its output in files (a pipe nobody reads
+    /// could fill and stall it).
+    fn spawn(&self, args: &[&str]) -> Child {
+        let out = std::fs::File::create(self.dir.path().join("run.out")).expect("run.out");
+        let err = std::fs::File::create(self.dir.path().join("run.err")).expect("run.err");
+        self.cmd(args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("treewarden starts")
+    }
+
+    /// What the background treewarden wrote on stderr.
+    fn run_err(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("run.err")).unwrap_or_default()
+    }
+
+    fn pids(&self) -> String {
+        self.dir.path().display().to_string()
+    }
+
+    /// The identity of the helper that wrote `<marker>.pid`, once it did.
+    fn wait_marker(&self, marker: &str) -> Option<Identity> {
+        let file = self.dir.path().join(format!("{marker}.pid"));
+        let until = Instant::now() + WAIT;
+        while Instant::now() < until {
+            if let Ok(text) = std::fs::read_to_string(&file)
+                && let Ok(pid) = text.trim().parse::<i32>()
+            {
+                let id = treewarden::proc::identity_of(pid).ok().flatten();
+                if let Some(id) = &id {
+                    self.started.borrow_mut().push(id.clone());
+                }
+                return id;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    fn show(&self, tree: i64) -> Value {
+        let out = self.output(&["show", &tree.to_string(), "--json"]);
+        assert!(
+            out.status.success(),
+            "show: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("show --json is JSON")
+    }
+
+    fn verify(&self) {
+        let out = self.output(&["verify"]);
+        assert!(
+            out.status.success(),
+            "verify: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+fn gone_within(id: &Identity, wait: Duration) -> bool {
+    let until = Instant::now() + wait;
+    loop {
+        if id.check() != Liveness::Same {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn wait_child(child: &mut Child, wait: Duration) -> Option<std::process::ExitStatus> {
+    let until = Instant::now() + wait;
+    loop {
+        if let Ok(Some(s)) = child.try_wait() {
+            return Some(s);
+        }
+        if Instant::now() >= until {
+            let _ = child.kill();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Every `TERMINATE_JOB` (and `TERMINATE_PROCESS`) of the tree follows a
+/// committed `kill.authorized` it cites, in the event chain and in the
+/// signals table; returns how many `TERMINATE_JOB`s on target kind `job`.
+fn assert_terminations_authorized(detail: &Value) -> usize {
+    let events = detail["events"].as_array().expect("events");
+    let mut authorized = Vec::new();
+    let mut jobs = 0;
+    for e in events {
+        match e["kind"].as_str() {
+            Some("kill.authorized") => authorized.push(e["data"]["authorization"].as_i64()),
+            Some("signal.sent")
+                if matches!(
+                    e["data"]["signal"].as_str(),
+                    Some("TERMINATE_JOB" | "TERMINATE_PROCESS" | "SIGKILL")
+                ) =>
+            {
+                let auth = e["data"]["authorization"].as_i64();
+                assert!(auth.is_some(), "a forced kill without authorization: {e}");
+                assert!(
+                    authorized.contains(&auth),
+                    "a forced kill before its kill.authorized: {e}"
+                );
+                if e["data"]["signal"] == "TERMINATE_JOB" {
+                    assert_eq!(e["data"]["target_kind"], "job", "{e}");
+                    jobs += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    for s in detail["signals"].as_array().expect("signals") {
+        if s["signal"] == "TERMINATE_JOB" {
+            assert!(s["authorization"].as_i64().is_some(), "{s}");
+        }
+    }
+    jobs
+}
+
+/// The Done-when workload, with our helpers in place of ping (they ignore
+/// CTRL_BREAK, so only the job's terminate ends them): a background
+/// grandchild (`start /b`) and a foreground one, a 2 s timeout.
+#[test]
+fn timeout_with_a_background_grandchild_ends_the_whole_job() {
+    let env = Env::new();
+    let h = helper();
+    let line = format!(
+        "start /b {h} sleep bg-1 600 {d} & {h} sleep fg-1 600 {d}",
+        h = h.display(),
+        d = env.pids()
+    );
+    let mut run = env.spawn(&[
+        "run",
+        "--timeout",
+        "2s",
+        "--grace",
+        "500ms",
+        "--quiet",
+        "--",
+        "cmd",
+        "/c",
+        &line,
+    ]);
+    let bg = env
+        .wait_marker("bg-1")
+        .expect("the background grandchild started");
+    let fg = env
+        .wait_marker("fg-1")
+        .expect("the foreground grandchild started");
+    let status = wait_child(&mut run, WAIT).expect("run exits");
+    let err = env.run_err();
+    assert_eq!(status.code(), Some(124), "{err}");
+    assert!(
+        gone_within(&bg, Duration::from_secs(10)),
+        "background grandchild survived"
+    );
+    assert!(
+        gone_within(&fg, Duration::from_secs(10)),
+        "foreground grandchild survived"
+    );
+    let detail = env.show(1);
+    assert_eq!(detail["tree"]["boundary"], "job");
+    assert_eq!(assert_terminations_authorized(&detail), 1, "{detail}");
+    env.verify();
+}
+
+/// A root that exits at once leaving a child: run returns the root's code,
+/// and the child (in the job, ignoring the break) is terminated with
+/// authority.
+#[test]
+fn a_root_that_exits_leaving_a_child_is_followed_by_the_job_terminate() {
+    let env = Env::new();
+    let h = helper().display().to_string();
+    let mut run = env.spawn(&[
+        "run",
+        "--grace",
+        "300ms",
+        "--quiet",
+        "--",
+        &h,
+        "spawn-exit",
+        "root-2",
+        "600",
+        &env.pids(),
+    ]);
+    let child = env.wait_marker("root-2-child").expect("the child started");
+    let status = wait_child(&mut run, WAIT).expect("run exits");
+    let err = env.run_err();
+    assert_eq!(status.code(), Some(0), "the root's own status: {err}");
+    assert!(
+        gone_within(&child, Duration::from_secs(10)),
+        "the root's child survived"
+    );
+    let detail = env.show(1);
+    assert_eq!(assert_terminations_authorized(&detail), 1, "{detail}");
+    env.verify();
+}
+
+/// Authorization before every TerminateJobObject, across several trees,
+/// in the exported chain as verify reads it; and the database refuses a
+/// TERMINATE_JOB row without one.
+#[test]
+fn every_terminate_job_follows_its_committed_authorization() {
+    let env = Env::new();
+    let h = helper().display().to_string();
+    for i in 0..2 {
+        let marker = format!("auth-{i}");
+        let out = env.output(&[
+            "run",
+            "--timeout",
+            "1s",
+            "--grace",
+            "200ms",
+            "--quiet",
+            "--",
+            &h,
+            "sleep",
+            &marker,
+            "600",
+            &env.pids(),
+        ]);
+        assert_eq!(
+            out.status.code(),
+            Some(124),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let id = env.wait_marker(&marker).expect("helper started");
+        assert!(gone_within(&id, Duration::from_secs(10)));
+    }
+    for tree in 1..=2 {
+        assert_eq!(assert_terminations_authorized(&env.show(tree)), 1);
+    }
+    env.verify();
+    let conn = rusqlite::Connection::open(env.data().join("ledger.db")).expect("open ledger");
+    let refused = conn.execute(
+        "INSERT INTO signals (tree_id, signal, target_kind, target, result, authorization_id, at)
+         VALUES (1, 'TERMINATE_JOB', 'job', 'job:x', 'sent', NULL, 'now')",
+        [],
+    );
+    assert!(
+        refused.is_err(),
+        "TERMINATE_JOB without an authorization was accepted"
+    );
+}
+
+/// The ledger's write lock held by another connection when the teardown
+/// must authorize: no TerminateJobObject, exit 125, the tree ambiguous,
+/// and the survivor alive after run exits (the job's KILL_ON_JOB_CLOSE was
+/// cleared before the authorization, so run's exit does not kill it). Once
+/// the lock is gone, the sweep finishes the teardown with authority.
+#[test]
+fn a_held_ledger_lock_skips_the_terminate_and_leaves_the_survivor_alive() {
+    let env = Env::new();
+    let h = helper().display().to_string();
+    let mut run = env.spawn(&[
+        "run",
+        "--timeout",
+        "3s",
+        "--grace",
+        "300ms",
+        "--quiet",
+        "--",
+        &h,
+        "sleep",
+        "lock-4",
+        "600",
+        &env.pids(),
+    ]);
+    let survivor = env.wait_marker("lock-4").expect("helper started");
+    let lock = rusqlite::Connection::open(env.data().join("ledger.db")).expect("open ledger");
+    lock.execute_batch("BEGIN IMMEDIATE")
+        .expect("take the write lock");
+    let status = wait_child(&mut run, WAIT).expect("run exits");
+    let err = env.run_err();
+    assert_eq!(status.code(), Some(125), "{err}");
+    assert!(err.contains("forced kill skipped"), "{err}");
+    // run has exited and closed its job handle: the survivor lives on.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        survivor.check(),
+        Liveness::Same,
+        "the survivor was killed behind the ledger's back"
+    );
+    lock.execute_batch("ROLLBACK").expect("release the lock");
+    drop(lock);
+    let detail = env.show(1);
+    assert!(
+        !detail["signals"]
+            .as_array()
+            .expect("signals")
+            .iter()
+            .any(|s| s["signal"] == "TERMINATE_JOB"),
+        "{detail}"
+    );
+    let out = env.output(&["sweep"]);
+    assert!(
+        out.status.success(),
+        "sweep: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        gone_within(&survivor, Duration::from_secs(10)),
+        "the sweep did not end the survivor"
+    );
+    assert_terminations_authorized(&env.show(1));
+    env.verify();
+}
+
+/// The owner (run) dies without its teardown: the job's last handle closes
+/// and KILL_ON_JOB_CLOSE (recorded before the root ran) ends the tree; the
+/// sweep then settles the record.
+#[test]
+fn owner_death_closes_the_job_and_the_sweep_settles_the_tree() {
+    let env = Env::new();
+    let h = helper().display().to_string();
+    let mut run = env.spawn(&[
+        "run",
+        "--quiet",
+        "--",
+        &h,
+        "sleep",
+        "owner-5",
+        "600",
+        &env.pids(),
+    ]);
+    let member = env.wait_marker("owner-5").expect("helper started");
+    run.kill().expect("end the owner");
+    let _ = run.wait();
+    assert!(
+        gone_within(&member, Duration::from_secs(20)),
+        "the job's close did not end the tree"
+    );
+    let detail = env.show(1);
+    let flags = detail["tree"]["flags"].to_string();
+    assert!(
+        flags.contains("kill_on_job_close"),
+        "the standing kill is on the record: {flags}"
+    );
+    let out = env.output(&["sweep"]);
+    assert!(
+        out.status.success(),
+        "sweep: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let state = env.show(1)["tree"]["state"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        matches!(state.as_str(), "ended" | "vanished"),
+        "swept: {state}"
+    );
+    env.verify();
+}
+
+/// A member asking for CREATE_BREAKAWAY_FROM_JOB is refused (the job has
+/// no BREAKAWAY_OK).
+#[test]
+fn breakaway_from_the_job_is_refused() {
+    let env = Env::new();
+    let h = helper().display().to_string();
+    let out = env.output(&[
+        "run",
+        "--quiet",
+        "--",
+        &h,
+        "breakaway",
+        "brk-6",
+        &env.pids(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    if let Some(escaped) = env
+        .dir
+        .path()
+        .join("brk-6-escaped.pid")
+        .is_file()
+        .then(|| env.wait_marker("brk-6-escaped"))
+        .flatten()
+    {
+        let _ = treewarden::proc::signal_process(&escaped, Sig::Kill);
+    }
+    assert!(
+        stdout.contains("breakaway refused"),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(3), "{stdout}");
+    env.verify();
+}
+
+/// Exit codes as on Linux: the command's own status, 127 for a program
+/// that is not there (the tree recorded spawn_failed), 124 on timeout
+/// (above).
+#[test]
+fn exit_codes_are_the_commands_own_and_127_for_no_such_program() {
+    let env = Env::new();
+    let out = env.output(&["run", "--quiet", "--", "cmd", "/c", "exit 7"]);
+    assert_eq!(
+        out.status.code(),
+        Some(7),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = env.output(&["run", "--quiet", "--", "no-such-program-tw27"]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(127), "{err}");
+    assert!(err.contains("command not found"), "{err}");
+    assert_eq!(env.show(2)["tree"]["state"], "spawn_failed");
+    env.verify();
+}
