@@ -1922,7 +1922,12 @@ fn warnings_of(f: impl FnOnce()) -> String {
         .with_ansi(false)
         .with_writer(move || writer.clone())
         .finish();
-    tracing::subscriber::with_default(subscriber, f);
+    tracing::subscriber::with_default(subscriber, || {
+        // Callsites are global: one another test's thread reached first,
+        // with no subscriber, may have cached "never"; ask again.
+        tracing::callsite::rebuild_interest_cache();
+        f()
+    });
     let bytes = sink.0.lock().expect("sink").clone();
     String::from_utf8_lossy(&bytes).into_owned()
 }
