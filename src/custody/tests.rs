@@ -1899,13 +1899,22 @@ fn a_killed_orphans_late_status_is_recorded_with_its_exit() {
     assert_eq!(m.exit.and_then(|e| e.signal), Some(9), "{m:?}");
 }
 
-/// A log sink for one test: what a `tracing` subscriber on this thread wrote.
-#[derive(Clone, Default)]
-struct LogSink(Arc<Mutex<Vec<u8>>>);
+thread_local! {
+    /// What the capturing subscriber wrote on this thread while
+    /// [`warnings_of`] ran here (`None`: not capturing).
+    static CAPTURED: std::cell::RefCell<Option<Vec<u8>>> = const { std::cell::RefCell::new(None) };
+}
 
-impl std::io::Write for LogSink {
+/// The capturing subscriber's writer: into this thread's [`CAPTURED`].
+struct ThreadSink;
+
+impl std::io::Write for ThreadSink {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("sink").extend_from_slice(buf);
+        CAPTURED.with(|c| {
+            if let Some(v) = c.borrow_mut().as_mut() {
+                v.extend_from_slice(buf);
+            }
+        });
         Ok(buf.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -1913,22 +1922,24 @@ impl std::io::Write for LogSink {
     }
 }
 
-/// Runs `f` with warnings logged into a sink; returns the log.
+/// Runs `f` with warnings logged into a sink of this thread; returns the
+/// log. One global subscriber for the test binary (set once), writing per
+/// thread: a thread-local `with_default` lost lines when another test's
+/// thread had cached a callsite's interest as "never" (callsites are
+/// global), in full runs only.
 fn warnings_of(f: impl FnOnce()) -> String {
-    let sink = LogSink::default();
-    let writer = sink.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    tracing::subscriber::with_default(subscriber, || {
-        // Callsites are global: one another test's thread reached first,
-        // with no subscriber, may have cached "never"; ask again.
-        tracing::callsite::rebuild_interest_cache();
-        f()
+    static INIT: std::sync::Once = std::sync::Once::new();
+    INIT.call_once(|| {
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(|| ThreadSink)
+            .finish();
+        let _ = tracing::subscriber::set_global_default(subscriber);
     });
-    let bytes = sink.0.lock().expect("sink").clone();
+    CAPTURED.with(|c| *c.borrow_mut() = Some(Vec::new()));
+    f();
+    let bytes = CAPTURED.with(|c| c.borrow_mut().take()).unwrap_or_default();
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
