@@ -746,17 +746,26 @@ impl TreeWatch {
             // The comm is stored once per member and replaced only when it
             // changes (an exec): this runs for every member on every tick.
             match self.comms.get_mut(&key) {
-                Some((comm, stack)) if *comm == m.entry.comm && *stack == m.entry.start_stack => {}
                 Some((comm, stack)) => {
-                    comm.clone_from(&m.entry.comm);
-                    *stack = m.entry.start_stack;
-                    if details.is_none() {
-                        let d = engine.host().details(m.entry.pid);
-                        execd.push(MemberRecord {
-                            exe: d.exe,
-                            cmdline: d.cmdline,
-                            ..record.clone()
-                        });
+                    // A stack address of 0 is hidden (a process we may not
+                    // ptrace, or one without memory): no exec is read into
+                    // it, and the last one seen is kept.
+                    let new_stack = m.entry.start_stack;
+                    let execd_now = *comm != m.entry.comm
+                        || (*stack != 0 && new_stack != 0 && *stack != new_stack);
+                    if new_stack != 0 {
+                        *stack = new_stack;
+                    }
+                    if execd_now {
+                        comm.clone_from(&m.entry.comm);
+                        if details.is_none() {
+                            let d = engine.host().details(m.entry.pid);
+                            execd.push(MemberRecord {
+                                exe: d.exe,
+                                cmdline: d.cmdline,
+                                ..record.clone()
+                            });
+                        }
                     }
                 }
                 None => {

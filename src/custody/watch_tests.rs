@@ -238,6 +238,25 @@ fn a_member_that_execs_a_program_of_the_same_name_is_noticed_by_its_new_stack() 
 }
 
 #[test]
+fn a_stack_address_hidden_as_zero_is_no_exec() {
+    // The kernel shows 0 for a process the reader may not ptrace (one that
+    // made itself undumpable): that is no exec, and the row keeps its exe.
+    let rig = rig(false, false);
+    let child = rig.host.world().fork(rig.root.0).expect("the root runs");
+    let mut watch = rig.watch();
+    watch.tick(&rig.engine, &no_exits());
+    rig.host
+        .world()
+        .procs
+        .get_mut(&child.0)
+        .expect("the child")
+        .start_stack = 0;
+    watch.tick(&rig.engine, &no_exits());
+    assert!(rig.events("member.exec").is_empty());
+    assert_eq!(rig.row(child.0).exe.as_deref(), Some("/fake/bin/worker"));
+}
+
+#[test]
 fn a_known_member_costs_no_details_read_until_it_execs() {
     // The details (exe, argv, cwd, uid, cgroup) cost several reads per
     // process: a tick reads them at a first sighting and after an exec

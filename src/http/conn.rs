@@ -141,19 +141,27 @@ fn recv_with_fds(
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let mut iov = [std::io::IoSliceMut::new(buf)];
     let msg = rustix::net::recvmsg(fd, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC)?;
+    // The control buffer's alignment lets the kernel pass a few more than
+    // MAX_PENDING_FDS without truncating: they are counted, and a message
+    // with too many (or a connection holding too many) is refused whole,
+    // never cut to its last ones (which would land on the wrong slots).
+    let mut got: Vec<OwnedFd> = Vec::new();
     for m in control.drain() {
         if let RecvAncillaryMessage::ScmRights(fds) = m {
-            for fd in fds {
-                into.push(fd);
-            }
+            got.extend(fds);
         }
     }
-    if msg.flags.contains(rustix::net::ReturnFlags::CTRUNC) {
+    let held = into.0.lock().map_or(0, |q| q.len());
+    if held + got.len() > MAX_PENDING_FDS || msg.flags.contains(rustix::net::ReturnFlags::CTRUNC) {
+        drop(got);
         into.take_all();
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             format!("more than {MAX_PENDING_FDS} descriptors sent with one message"),
         ));
+    }
+    for fd in got {
+        into.push(fd);
     }
     Ok(msg.bytes)
 }

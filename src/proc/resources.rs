@@ -75,16 +75,30 @@ pub fn cap_log(path: &Path, cap: u64) -> std::io::Result<u64> {
         return Ok(0);
     }
     let file = std::fs::OpenOptions::new().write(true).open(path)?;
-    // Followers (`logs --follow`) read under a shared lock: a collapse
-    // never moves the bytes between their check and their read. Released
-    // when `file` closes.
-    file.lock()?;
+    use rustix::fs::FallocateFlags as F;
+    // Blocks allocated past the end (the tree called fallocate with
+    // KEEP_SIZE on its log) count against the cap too: freed.
+    let end = meta.len().div_ceil(block) * block;
+    if used > end {
+        // A truncate to the length drops every block past it (ext4, xfs,
+        // tmpfs), wherever the tree put them.
+        file.set_len(meta.len())?;
+    }
     let keep = cap / 4 * 3;
     let drop = (meta.len().saturating_sub(keep)) / block * block;
     if drop == 0 {
-        return Ok(0);
+        return Ok(used.saturating_sub(end));
     }
-    use rustix::fs::FallocateFlags as F;
+    // Followers (`logs --follow`) read under a shared lock, so a collapse
+    // never moves the bytes between their check and their read. Never
+    // waited for: the tree holds its log open and may lock it itself, and
+    // the cap must not stall on it; where the lock is not free the front
+    // is punched out instead (offsets stay, followers are safe).
+    if file.try_lock().is_err() {
+        rustix::fs::fallocate(&file, F::PUNCH_HOLE | F::KEEP_SIZE, 0, drop)
+            .map_err(std::io::Error::from)?;
+        return Ok(drop);
+    }
     match rustix::fs::fallocate(&file, F::COLLAPSE_RANGE, 0, drop) {
         Ok(()) => Ok(drop),
         Err(_) => {

@@ -144,9 +144,11 @@ pub fn credentials_of_peer(pid: Option<i32>, uid: u32, gid: u32) -> Result<Crede
     };
     let process = procfs::process::Process::new(pid).map_err(|e| gone("process", e))?;
     let status = process.status().map_err(|e| gone("status", e))?;
-    if status.ruid != uid {
+    // All four uids: a setuid program the requester ran (ruid kept, euid
+    // root) may have raised its own limits, which the tree must not get.
+    if [status.ruid, status.euid, status.suid, status.fuid] != [uid; 4] {
         return Err(format!(
-            "pid {pid} is no longer the requester's (uid {uid}): its limits cannot be read"
+            "pid {pid} is not (or no longer) the requester's alone (uid {uid}): its limits cannot be read"
         ));
     }
     let limits = process.limits().map_err(|e| gone("limits", e))?;
@@ -279,7 +281,7 @@ mod tests {
         // Another uid's pid (or a gone one) is refused, not read.
         let err = credentials_of_peer(Some(std::process::id() as i32), 4_000_000_001, 0)
             .expect_err("not this uid's process");
-        assert!(err.contains("no longer the requester's"), "{err}");
+        assert!(err.contains("no longer) the requester's"), "{err}");
         assert!(credentials_of_peer(None, 0, 0).is_err());
     }
 

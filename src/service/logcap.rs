@@ -167,6 +167,30 @@ mod tests {
     use std::io::Write;
     use std::os::unix::fs::MetadataExt;
 
+    /// A tree may lock its own log (it holds the descriptor) or allocate
+    /// past its end: neither stalls the cap nor escapes it.
+    #[test]
+    fn a_log_locked_or_preallocated_by_its_writer_is_capped_all_the_same() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("tree-2.log");
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .expect("log");
+        f.lock().expect("the writer's own exclusive lock");
+        f.write_all(&vec![b'y'; 4 << 20]).expect("write");
+        let dropped = crate::proc::cap_log(&path, 1 << 20).expect("capped, not blocked");
+        assert!(dropped > 0);
+        let used = std::fs::metadata(&path).expect("meta").blocks() * 512;
+        assert!(used <= 1 << 20, "punched out while locked: {used}");
+        rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::KEEP_SIZE, 0, 64 << 20)
+            .expect("fallocate past the end");
+        crate::proc::cap_log(&path, 1 << 20).expect("capped");
+        let used = std::fs::metadata(&path).expect("meta").blocks() * 512;
+        assert!(used <= 4 << 20, "the blocks past the end are freed: {used}");
+    }
+
     /// A writer far faster than the tick: the file stays near its cap while
     /// it writes, not a tick's output past it.
     #[test]
