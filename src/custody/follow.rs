@@ -18,6 +18,10 @@
 use std::io::{Read, Seek, SeekFrom};
 use std::path::PathBuf;
 
+/// How many times (1 ms apart) a poll tries for the shared lock before it
+/// reads without it (a lock held that long is the tree's, not the cap's).
+const LOCK_TRIES: usize = 50;
+
 /// How many of the last bytes handed out are remembered to find the place
 /// again after a collapse.
 const TAIL: usize = 256;
@@ -69,10 +73,16 @@ impl LogFollower {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => return Err(e),
         };
-        // Not waited for: a tree may hold an exclusive lock on its own log;
-        // the cap then punches holes instead of collapsing, which moves no
-        // offsets, so reading without the lock is safe.
-        let _ = file.try_lock_shared();
+        // Waited for briefly: the cap holds the lock only for one collapse.
+        // A tree may hold an exclusive lock on its own log for good; the
+        // cap then cannot collapse either (it punches holes, which move no
+        // offsets), so reading without the lock is safe.
+        for _ in 0..LOCK_TRIES {
+            if file.try_lock_shared().is_ok() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         let len = file.metadata()?.len();
         if !self.still_in_place(&mut file, len)? {
             self.offset = self.relocate(&mut file, len)?;
