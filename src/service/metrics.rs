@@ -420,8 +420,8 @@ fn catch_up(c: &C, now: u64) {
 /// else (a hand-edited ledger) becomes "other", so label sets stay bounded.
 fn bounded(v: &str) -> &str {
     match v {
-        "SIGTERM" | "SIGKILL" | "SIGSTOP" | "SIGCONT" | "SIGHUP" | "SIGINT" | "group"
-        | "cgroup" | "pid" => v,
+        "SIGTERM" | "SIGKILL" | "SIGSTOP" | "SIGCONT" | "SIGHUP" | "SIGINT" | "SIGQUIT"
+        | "SIGUSR1" | "SIGUSR2" | "group" | "cgroup" | "pid" => v,
         _ => "other",
     }
 }
@@ -453,6 +453,25 @@ fn openmetrics_to_text(om: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_signal_treewarden_sends_is_its_own_label_and_others_are_other() {
+        use crate::proc::Sig;
+        for sig in [
+            Sig::Term,
+            Sig::Kill,
+            Sig::Stop,
+            Sig::Cont,
+            Sig::Int,
+            Sig::Hup,
+            Sig::Quit,
+            Sig::Usr1,
+            Sig::Usr2,
+        ] {
+            assert_eq!(bounded(sig.name()), sig.name());
+        }
+        assert_eq!(bounded("SIGWINCH"), "other");
+    }
 
     #[test]
     fn counters_are_spelled_with_total_in_the_text_format() {
