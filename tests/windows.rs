@@ -98,20 +98,18 @@ impl Env {
     /// The identity of the helper that wrote `<marker>.pid`, once it did.
     fn wait_marker(&self, marker: &str) -> Option<Identity> {
         let file = self.dir.path().join(format!("{marker}.pid"));
-        let until = Instant::now() + WAIT;
-        while Instant::now() < until {
-            if let Ok(text) = std::fs::read_to_string(&file)
-                && let Ok(pid) = text.trim().parse::<i32>()
-            {
-                let id = treewarden::proc::identity_of(pid).ok().flatten();
-                if let Some(id) = &id {
-                    self.started.borrow_mut().push(id.clone());
-                }
-                return id;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let mut id = None;
+        wait_until(WAIT, || {
+            id = std::fs::read_to_string(&file)
+                .ok()
+                .and_then(|text| text.trim().parse::<i32>().ok())
+                .and_then(|pid| treewarden::proc::identity_of(pid).ok().flatten());
+            id.is_some()
+        });
+        if let Some(id) = &id {
+            self.started.borrow_mut().push(id.clone());
         }
-        None
+        id
     }
 
     fn show(&self, tree: i64) -> Value {
@@ -135,10 +133,11 @@ impl Env {
     }
 }
 
-fn gone_within(id: &Identity, wait: Duration) -> bool {
-    let until = Instant::now() + wait;
+/// Polls `cond` every 20 ms until it holds (`true`) or `limit` passes.
+fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let until = Instant::now() + limit;
     loop {
-        if id.check() != Liveness::Same {
+        if cond() {
             return true;
         }
         if Instant::now() >= until {
@@ -148,18 +147,20 @@ fn gone_within(id: &Identity, wait: Duration) -> bool {
     }
 }
 
+fn gone_within(id: &Identity, wait: Duration) -> bool {
+    wait_until(wait, || id.check() != Liveness::Same)
+}
+
 fn wait_child(child: &mut Child, wait: Duration) -> Option<std::process::ExitStatus> {
-    let until = Instant::now() + wait;
-    loop {
-        if let Ok(Some(s)) = child.try_wait() {
-            return Some(s);
-        }
-        if Instant::now() >= until {
-            let _ = child.kill();
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let mut status = None;
+    wait_until(wait, || {
+        status = child.try_wait().ok().flatten();
+        status.is_some()
+    });
+    if status.is_none() {
+        let _ = child.kill();
     }
+    status
 }
 
 /// Every `TERMINATE_JOB` (and `TERMINATE_PROCESS`) of the tree follows a
@@ -361,15 +362,10 @@ fn a_held_ledger_lock_skips_the_terminate_and_leaves_the_survivor_alive() {
     // run has exited and closed its job handle: the survivor lives on.
     // An absence has no event to wait for: it is watched for half a second
     // (KILL_ON_JOB_CLOSE, had it been left set, acts at the close).
-    let watched = Instant::now() + Duration::from_millis(500);
-    while Instant::now() < watched {
-        assert_eq!(
-            survivor.check(),
-            Liveness::Same,
-            "the survivor was killed behind the ledger's back"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert!(
+        !gone_within(&survivor, Duration::from_millis(500)),
+        "the survivor was killed behind the ledger's back"
+    );
     lock.execute_batch("ROLLBACK").expect("release the lock");
     drop(lock);
     let detail = env.show(1);

@@ -12,6 +12,7 @@ ended by pid at the end.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import signal
@@ -19,7 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional
+from typing import Awaitable, Callable, Dict, Iterator, List, Optional
 
 import pytest
 
@@ -53,6 +54,19 @@ def wait_until(cond: Callable[[], bool], limit: float, step: float = 0.005) -> b
         if time.monotonic() >= deadline:
             return False
         time.sleep(step)  # the poll interval of wait_until, not a wait for a condition
+
+
+async def wait_until_async(
+    cond: Callable[[], Awaitable[bool]], limit: float, step: float = 0.01
+) -> bool:
+    """``wait_until`` for a coroutine condition, without blocking the loop."""
+    deadline = time.monotonic() + limit * scale()
+    while True:
+        if await cond():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(step)  # the poll interval, not a wait for a condition
 
 
 def binary() -> Optional[str]:

@@ -21,7 +21,7 @@ import time
 import pytest
 
 import treewarden
-from conftest import Server, alive, marked, wait_until
+from conftest import Server, alive, marked, wait_until, wait_until_async
 
 
 def test_spawn_wait_gives_the_status_as_popen_does(server: Server) -> None:
@@ -171,10 +171,10 @@ def test_asyncio_client_has_the_same_methods(server: Server) -> None:
         assert line == b"ping\n"
         assert [x.id for x in await c.trees(label=label, alive=True)] == [t.id]
         # Members are recorded by the service's scans (every 100 ms here).
-        deadline = time.monotonic() + 10
-        while t.info["root_pid"] not in [m["pid"] for m in await t.members()]:
-            assert time.monotonic() < deadline, "root never recorded as a member"
-            await asyncio.sleep(0.01)
+        async def root_recorded() -> bool:
+            return t.info["root_pid"] in [m["pid"] for m in await t.members()]
+
+        assert await wait_until_async(root_recorded, 10), "root never recorded as a member"
         waiting = asyncio.ensure_future(t.wait(timeout=30))
         r = await t.kill()
         assert r.state == "ended"
