@@ -71,6 +71,31 @@ fn rig(
 }
 
 impl Rig {
+    /// An earlier scan's sighting of `(pid, start)` in the root's group and
+    /// session, child of `ppid`, running `worker`.
+    fn sighted(&self, (pid, start_ticks): (i32, u64), ppid: i32) {
+        self.ledger
+            .observe_members(
+                self.tree,
+                &[crate::ledger::MemberRecord {
+                    identity: IdentityRecord {
+                        pid,
+                        start_ticks,
+                        boot_id: BOOT.into(),
+                    },
+                    ppid,
+                    pgid: self.root.0,
+                    sid: self.root.0,
+                    cgroup: None,
+                    uid: None,
+                    exe: None,
+                    cmdline: vec!["worker".into()],
+                    cwd: None,
+                }],
+            )
+            .expect("sighting");
+    }
+
     fn teardown(&self, grace: Duration) -> Result<TeardownReport, CustodyError> {
         self.teardown_with(TeardownOptions::new(grace, "test", Origin::Kill))
     }
@@ -674,26 +699,7 @@ fn a_sigkill_that_found_the_group_empty_is_recorded_as_skipped_not_as_a_signal()
         w.exit(root, ExitStatus::Exited(0));
     });
     // An earlier scan saw it in the tree (before it left the session).
-    rig.ledger
-        .observe_members(
-            rig.tree,
-            &[crate::ledger::MemberRecord {
-                identity: IdentityRecord {
-                    pid: loner.0,
-                    start_ticks: loner.1,
-                    boot_id: BOOT.into(),
-                },
-                ppid: rig.root.0,
-                pgid: rig.root.0,
-                sid: rig.root.0,
-                cgroup: None,
-                uid: None,
-                exe: None,
-                cmdline: vec!["worker".into()],
-                cwd: None,
-            }],
-        )
-        .expect("sighting");
+    rig.sighted(loner, rig.root.0);
     let report = rig.teardown(Duration::ZERO).expect("settled");
     assert_eq!(report.state, TreeState::Ended);
     let detail = rig.detail();
@@ -1734,26 +1740,7 @@ fn a_proven_empty_tree_records_every_member_exited_and_the_reaped_cpu() {
         w.cpu_usec.insert(root, 1_234);
     });
     // A scan saw the root while it ran.
-    rig.ledger
-        .observe_members(
-            rig.tree,
-            &[crate::ledger::MemberRecord {
-                identity: IdentityRecord {
-                    pid: rig.root.0,
-                    start_ticks: rig.root.1,
-                    boot_id: BOOT.into(),
-                },
-                ppid: std::process::id() as i32,
-                pgid: rig.root.0,
-                sid: rig.root.0,
-                cgroup: None,
-                uid: None,
-                exe: None,
-                cmdline: vec!["worker".into()],
-                cwd: None,
-            }],
-        )
-        .expect("sighting");
+    rig.sighted(rig.root, std::process::id() as i32);
     let opts = TeardownOptions::new(Duration::from_secs(5), "root exited", Origin::Run);
     let report = rig.teardown_with(opts).expect("settled");
     assert_eq!(report.state, TreeState::Ended);
@@ -1836,26 +1823,7 @@ fn an_orphans_status_the_reaper_holds_is_recorded_at_the_end() {
         orphan = w.spawn(member(0, root, root, None));
         w.exit(orphan.0, ExitStatus::Exited(5));
     });
-    rig.ledger
-        .observe_members(
-            rig.tree,
-            &[crate::ledger::MemberRecord {
-                identity: IdentityRecord {
-                    pid: orphan.0,
-                    start_ticks: orphan.1,
-                    boot_id: BOOT.into(),
-                },
-                ppid: rig.root.0,
-                pgid: rig.root.0,
-                sid: rig.root.0,
-                cgroup: None,
-                uid: None,
-                exe: None,
-                cmdline: vec!["worker".into()],
-                cwd: None,
-            }],
-        )
-        .expect("sighting");
+    rig.sighted(orphan, rig.root.0);
     let opts = TeardownOptions::new(Duration::from_secs(5), "root exited", Origin::Run);
     let report = rig.teardown_with(opts).expect("settled");
     assert_eq!(report.state, TreeState::Ended);
