@@ -86,8 +86,8 @@ pub use pidfd::{ExitWatch, open_exit_watch, wait_exits};
 pub use probe::{Capability, Probe, probe};
 #[cfg(target_os = "linux")]
 pub use reaper::{
-    ExitStatus, Reaper, has_no_children, parent_pid, reap_child, set_parent_death_signal,
-    set_subreaper,
+    ExitCallback, ExitStatus, Reaper, has_no_children, parent_pid, reap_child,
+    set_parent_death_signal, set_subreaper,
 };
 #[cfg(target_os = "linux")]
 pub use resources::{CgroupUsage, cap_log, cgroup_controllers, cgroup_usage, oom_kills};

@@ -90,7 +90,12 @@ struct State {
     /// children it waited for. Bounded: the newest [`CPU_KEPT`] are kept.
     cpu: HashMap<i32, u64>,
     cpu_order: std::collections::VecDeque<i32>,
+    /// Called once with the exit of an announced child ([`Reaper::on_exit`]).
+    on_exit: HashMap<i32, ExitCallback>,
 }
+
+/// What [`Reaper::on_exit`] calls, on the reaper thread: it must not block.
+pub type ExitCallback = Box<dyn FnOnce(ExitStatus) + Send>;
 
 /// How many unclaimed exits the reaper keeps for its readers.
 const UNCLAIMED_KEPT: usize = 4096;
@@ -176,13 +181,40 @@ impl Reaper {
                 state.cpu.remove(&old);
             }
         }
+        let mut call = None;
         if state.expected.remove(&pid) {
             state.exits.insert(pid, (exit, false));
+            call = state.on_exit.remove(&pid);
         } else {
             Self::keep_unclaimed(&mut state, pid, exit);
         }
         drop(state);
         self.exited.notify_all();
+        if let Some(f) = call {
+            f(exit);
+        }
+    }
+
+    /// Calls `f` with the exit of `pid`, a child a spawner announced, once it
+    /// is reaped — at once when it has been already. No descriptor is held
+    /// per child (issue 30: a service with 2,000 live trees held 2,000 root
+    /// pidfds): an announced child's pid cannot name another process until
+    /// this reaper has reaped it, and reaping it is what calls `f`. The exit
+    /// stays available to [`Reaper::wait_exit`] and [`Reaper::exit_of`] (it
+    /// is not claimed). `Err(f)` when `pid` is no announced child of ours:
+    /// the caller watches it some other way (a pidfd).
+    pub fn on_exit(&self, pid: i32, f: ExitCallback) -> Result<(), ExitCallback> {
+        let mut state = self.lock();
+        if let Some((exit, _)) = state.exits.get(&pid).copied() {
+            drop(state);
+            f(exit);
+            return Ok(());
+        }
+        if !state.expected.contains(&pid) {
+            return Err(f);
+        }
+        state.on_exit.insert(pid, f);
+        Ok(())
     }
 
     /// Announces a new child `pid`. Spawners call this (spawn_held does, under
@@ -198,6 +230,8 @@ impl Reaper {
     }
 
     fn register(state: &mut State, pid: i32) {
+        // A callback left for an earlier child of this pid is stale.
+        state.on_exit.remove(&pid);
         if let Some((old, claimed)) = state.exits.remove(&pid)
             && !claimed
         {

@@ -691,16 +691,14 @@ impl Service {
                 done: done.clone(),
             },
         );
-        let root_fd = root
-            .as_ref()
-            .and_then(|r| crate::proc::open_exit_watch(r).ok().flatten());
-        let root_gone = root.is_some() && root_fd.is_none();
+        let root_watch = root.as_ref().map(|r| RootWatch::open(self.reaper, r));
+        let root_gone = matches!(root_watch, Some(RootWatch::Gone));
         let this = self.clone();
         let settled = done.clone();
         self.tasks.spawn(async move {
             let owner = owner_fd.and_then(|fd| crate::proc::ExitWatch::new(fd).ok());
             let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
-            let why = watch_tree(&done, root_fd, root_gone, owner.as_ref(), deadline, timeout).await;
+            let why = watch_tree(&done, root_watch, root_gone, owner.as_ref(), deadline, timeout).await;
             let Some(mut why) = why else {
                 return;
             };
@@ -1494,6 +1492,59 @@ async fn exited(w: Option<&crate::proc::ExitWatch>) {
     }
 }
 
+/// How a tree's watch learns that its root exited.
+enum RootWatch {
+    /// The root is this service's announced child: the reaper says when it
+    /// is reaped, and no descriptor is held for it (issue 30: one pidfd per
+    /// live tree was 2,000 descriptors for 2,000 trees).
+    Reaped(tokio::sync::oneshot::Receiver<()>),
+    /// Any other root (a tree adopted after a restart): an identity-checked
+    /// pidfd.
+    Pidfd(crate::proc::ExitWatch),
+    /// Not watchable (pidfd_open refused it, or no pidfd): gone already.
+    Gone,
+}
+
+impl RootWatch {
+    fn open(reaper: Option<&'static Reaper>, root: &Identity) -> RootWatch {
+        if let Some(reaper) = reaper {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let notify: crate::proc::ExitCallback = Box::new(move |_| {
+                let _ = tx.send(());
+            });
+            // The pid the reaper announced is this root only while its
+            // start time says so (the spawn recorded both): a recycled pid
+            // is watched by its pidfd below, which checks the identity.
+            if root.check() != crate::proc::Liveness::Recycled
+                && reaper.on_exit(root.pid, notify).is_ok()
+            {
+                return RootWatch::Reaped(rx);
+            }
+        }
+        match crate::proc::open_exit_watch(root)
+            .ok()
+            .flatten()
+            .and_then(|fd| crate::proc::ExitWatch::new(fd).ok())
+        {
+            Some(w) => RootWatch::Pidfd(w),
+            None => RootWatch::Gone,
+        }
+    }
+}
+
+async fn root_exited(root: Option<RootWatch>) {
+    match root {
+        Some(RootWatch::Reaped(rx)) => {
+            // A dropped sender (the reaper never calls back) is no exit.
+            if rx.await.is_err() {
+                std::future::pending::<()>().await
+            }
+        }
+        Some(RootWatch::Pidfd(w)) => w.exited().await,
+        Some(RootWatch::Gone) | None => std::future::pending::<()>().await,
+    }
+}
+
 /// Resolves at the deadline; never without one.
 async fn until(deadline: Option<tokio::time::Instant>) {
     match deadline {
@@ -1506,7 +1557,7 @@ async fn until(deadline: Option<tokio::time::Instant>) {
 /// otherwise (or the service is shutting down: the drain tears it down).
 async fn watch_tree(
     done: &CancellationToken,
-    root_fd: Option<OwnedFd>,
+    root: Option<RootWatch>,
     root_gone: bool,
     owner: Option<&crate::proc::ExitWatch>,
     deadline: Option<tokio::time::Instant>,
@@ -1516,11 +1567,10 @@ async fn watch_tree(
     if root_gone {
         return Some(EndCause::RootExited(None));
     }
-    let root = root_fd.and_then(|fd| crate::proc::ExitWatch::new(fd).ok());
     tokio::select! {
         _ = done.cancelled() => None,
         _ = exited(owner) => Some(EndCause::OwnerExited),
-        _ = exited(root.as_ref()) => Some(EndCause::RootExited(None)),
+        _ = root_exited(root) => Some(EndCause::RootExited(None)),
         _ = until(deadline) => Some(EndCause::Timeout(timeout.unwrap_or_default())),
     }
 }

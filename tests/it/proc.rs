@@ -426,6 +426,41 @@ fn reaper_keeps_exits(reaper: &Reaper) -> Result<(), String> {
     assert_eq!(ExitStatus::Exited(3).code_for_shell(), 3);
     assert_eq!(ExitStatus::Signaled(15).code_for_shell(), 143);
 
+    // `on_exit` (issue 30: a root watched without a descriptor): a callback
+    // left for an exit already reaped is called at once, one left before the
+    // exit when it is reaped, each with that child's own status; a pid that
+    // is no announced child of ours is refused (the caller uses a pidfd).
+    let (tx, rx) = std::sync::mpsc::channel();
+    let sent = tx.clone();
+    let early = reaper.on_exit(root.pid, Box::new(move |e| sent.send(e).unwrap_or(())));
+    assert!(early.is_ok(), "an announced, reaped child is accepted");
+    assert_eq!(rx.recv_timeout(Duration::ZERO), Ok(ExitStatus::Exited(3)));
+    let live = spawn_tree(
+        "exec sleep 1000",
+        dir.path(),
+        BoundaryKind::Session,
+        &mut cleanup,
+    )?;
+    let sent = tx.clone();
+    let before = reaper.on_exit(live.pid, Box::new(move |e| sent.send(e).unwrap_or(())));
+    assert!(before.is_ok(), "an announced, live child is accepted");
+    assert!(rx.try_recv().is_err(), "no call before the exit");
+    let id = proc::identity_of(live.pid)
+        .expect("read")
+        .expect("live child");
+    assert_eq!(
+        proc::signal_process(&id, Sig::Term).expect("term"),
+        Delivery::Sent
+    );
+    assert_eq!(rx.recv_timeout(LIMIT), Ok(ExitStatus::Signaled(15)));
+    assert_eq!(
+        reaper.exit_of(live.pid),
+        Some(ExitStatus::Signaled(15)),
+        "the callback does not take the status from its owner"
+    );
+    let stranger = reaper.on_exit(1, Box::new(move |e| tx.send(e).unwrap_or(())));
+    assert!(stranger.is_err(), "pid 1 is no announced child");
+
     let root = spawn_tree(
         "sleep 1000 & echo $! > orphan",
         dir.path(),
