@@ -1421,9 +1421,11 @@ impl Bench {
             snapshot.extend(std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default());
             snapshot.push(b'\n');
         }
+        let listed = t.elapsed();
         let mut f = std::fs::File::create(file)?;
         f.write_all(&snapshot)?;
         f.sync_data()?;
+        let synced = t.elapsed();
         let gone = match &spawned.cgroup {
             Some(dir) => {
                 std::fs::write(dir.join("cgroup.kill"), "1")?;
@@ -1437,6 +1439,15 @@ impl Bench {
             }
         };
         let d = t.elapsed();
+        if self.phases {
+            eprintln!(
+                "bench:   {n} evidence floor: {} ms = stop and list {}, snapshot and fdatasync {}, kill and wait {}",
+                ms(d),
+                ms(listed),
+                ms(synced - listed),
+                ms(d - synced)
+            );
+        }
         anyhow::ensure!(gone, "evidence floor of {n} did not finish");
         anyhow::ensure!(pids.len() >= n, "evidence floor saw {} of {n}", pids.len());
         let _ =
