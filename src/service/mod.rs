@@ -7,8 +7,9 @@
 //! async side only waits, selects and serves HTTP (`crate::http`).
 //!
 //! What runs, and why:
-//! - one **watch task per owned tree** selects over the root's exit (a
-//!   pidfd), the client owner's exit (a pidfd: the tree is torn down within a
+//! - one **watch task per owned tree** selects over the root's exit (the
+//!   reaper's notice for a root this service spawned, which holds no
+//!   descriptor; a pidfd for one adopted after a restart), the client owner's exit (a pidfd: the tree is torn down within a
 //!   second of it), the tree's timeout, and its end; whichever comes first
 //!   starts the one teardown;
 //! - the **scan loop** keeps a [`HostView`] current cheaply and ticks every
