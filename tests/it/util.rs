@@ -109,14 +109,21 @@ pub fn marked_processes(mark: &str) -> Vec<i32> {
 }
 
 /// Ends every live process carrying `TW_TEST_MARK=<mark>` by its pid
-/// (SIGKILL), then waits (bounded) until none is left.
-pub fn end_marked(mark: &str) {
-    for pid in marked_processes(mark) {
-        if let Some(pid) = rustix::process::Pid::from_raw(pid) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+/// (SIGKILL), again for each one found after a pass (a member forked while
+/// the pass ran), until none is left or a bounded while has passed.
+/// Returns what is still alive (empty: all ended).
+pub fn end_marked(mark: &str) -> Vec<i32> {
+    let mut left = Vec::new();
+    wait_until(Duration::from_secs(10), || {
+        left = marked_processes(mark);
+        for pid in &left {
+            if let Some(pid) = rustix::process::Pid::from_raw(*pid) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
         }
-    }
-    wait_until(Duration::from_secs(5), || marked_processes(mark).is_empty());
+        left.is_empty()
+    });
+    left
 }
 
 /// Waits for a child with a bound; kills it (by pid) and reaps it if the
