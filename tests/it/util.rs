@@ -32,6 +32,23 @@ pub fn scaled(limit: Duration) -> Duration {
     limit.mul_f64(poll_scale())
 }
 
+/// How much busier than its CPUs the host is now: the 1-minute load
+/// average over the CPUs, at least 1 (an idle host) and at most 5. A bound
+/// on how fast shared work finishes (the figure, met on a quiet
+/// host) is multiplied by it, and the measured figure printed either way.
+pub fn load_factor() -> f64 {
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| {
+            l.split_whitespace()
+                .next()
+                .and_then(|x| x.parse::<f64>().ok())
+        })
+        .unwrap_or(0.0);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    (load / cpus).clamp(1.0, 5.0)
+}
+
 /// Polls `cond` every few milliseconds until it holds or `limit` (scaled
 /// by [`poll_scale`]) passes. Returns whether it held. Waits on a
 /// condition, never a fixed sleep.
