@@ -24,7 +24,13 @@
 //! through the socket"). So the socket is read with `recvmsg`
 //! ([`FdStream`]); what arrives is kept per connection ([`ReceivedFds`],
 //! at most [`MAX_PENDING_FDS`], close-on-exec) until a handler takes it or
-//! the connection ends.
+//! the response is given: what a request's handler did not take (any
+//! request but a spawn) is closed once it is answered, never kept for the
+//! connection's life. While the descriptor reserve is short (as accept
+//! sees it, [`ConnLimits::reserve_fds`]) descriptors that arrive are closed
+//! at once and their request is answered 503 `unavailable` without being
+//! served: a peer on a connection accepted earlier cannot spend the reserve
+//! by sending them.
 //!
 //! This module never reads the ledger and never signals; it only decides
 //! which connections are served.
@@ -39,6 +45,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::ConnectInfo;
+use axum::response::IntoResponse as _;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::sync::Semaphore;
@@ -89,24 +96,59 @@ pub trait Accept: Send + 'static {
 pub const MAX_PENDING_FDS: usize = 3;
 
 /// The descriptors a Unix-socket peer sent on one connection, in the order
-/// they came, until a handler takes them (each request's extension).
+/// they came, until a handler takes them (each request's extension) or the
+/// request is answered.
 #[derive(Clone, Debug, Default)]
-pub struct ReceivedFds(Arc<Mutex<VecDeque<OwnedFd>>>);
+pub struct ReceivedFds(Arc<Mutex<Held>>);
+
+#[derive(Debug, Default)]
+struct Held {
+    fds: VecDeque<OwnedFd>,
+    /// Descriptors came while the reserve was short (closed at once): the
+    /// request they came with is refused.
+    refused: bool,
+    /// [`ConnLimits::reserve_fds`] (0: not checked).
+    reserve: u64,
+}
 
 impl ReceivedFds {
+    fn held(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Takes every descriptor held now.
     pub fn take_all(&self) -> Vec<OwnedFd> {
-        let mut q = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        q.drain(..).collect()
+        self.held().fds.drain(..).collect()
     }
 
     fn push(&self, fd: OwnedFd) {
-        let mut q = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if q.len() >= MAX_PENDING_FDS {
+        let mut h = self.held();
+        if h.fds.len() >= MAX_PENDING_FDS {
             tracing::debug!("more descriptors than a request passes: the oldest closed");
-            q.pop_front();
+            h.fds.pop_front();
         }
-        q.push_back(fd);
+        h.fds.push_back(fd);
+    }
+
+    fn set_reserve(&self, reserve: u64) {
+        self.held().reserve = reserve;
+    }
+
+    /// Whether descriptors were refused since the last answer (and clears it).
+    fn take_refused(&self) -> bool {
+        std::mem::take(&mut self.held().refused)
+    }
+
+    /// After a request is answered: what its handler did not take is closed.
+    fn answered(&self) {
+        let left = self.take_all();
+        if !left.is_empty() {
+            tracing::debug!(
+                count = left.len(),
+                "descriptors the request did not use: closed"
+            );
+        }
+        self.held().refused = false;
     }
 }
 
@@ -151,7 +193,20 @@ fn recv_with_fds(
             got.extend(fds);
         }
     }
-    let held = into.0.lock().map_or(0, |q| q.len());
+    if !got.is_empty() {
+        let reserve = into.held().reserve;
+        if reserve > 0 && !descriptors_to_spare(reserve) {
+            drop(got);
+            into.take_all();
+            into.held().refused = true;
+            tracing::warn!(
+                reserve,
+                "descriptors low: those sent with a request are closed and the request refused"
+            );
+            return Ok(msg.bytes);
+        }
+    }
+    let held = into.held().fds.len();
     if held + got.len() > MAX_PENDING_FDS || msg.flags.contains(rustix::net::ReturnFlags::CTRUNC) {
         drop(got);
         into.take_all();
@@ -368,14 +423,33 @@ pub async fn serve<L: Accept>(
         };
         let router = router.clone();
         let fds = L::received(&io);
-        let service =
-            hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+        if let Some(fds) = &fds {
+            fds.set_reserve(limits.reserve_fds);
+        }
+        let service = hyper::service::service_fn(
+            move |mut req: hyper::Request<hyper::body::Incoming>| {
                 req.extensions_mut().insert(ConnectInfo(peer));
+                let fds = fds.clone();
                 if let Some(fds) = &fds {
                     req.extensions_mut().insert(fds.clone());
                 }
-                router.clone().oneshot(req.map(axum::body::Body::new))
-            });
+                let router = router.clone();
+                async move {
+                    if let Some(fds) = fds.as_ref().filter(|f| f.take_refused()) {
+                        fds.answered();
+                        return Ok(super::error::ApiError::Unavailable(
+                            "descriptors are short: descriptors sent with a request are refused for now; retry later".into(),
+                        )
+                        .into_response());
+                    }
+                    let answer = router.oneshot(req.map(axum::body::Body::new)).await;
+                    if let Some(fds) = &fds {
+                        fds.answered();
+                    }
+                    answer
+                }
+            },
+        );
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_read)

@@ -518,29 +518,39 @@ pub struct ProcessItem {
 /// (askama has no recursion): nesting is rebuilt from `has_children` and
 /// `closes`.
 pub fn process_items(forest: &[ProcessNode]) -> Vec<ProcessItem> {
-    fn walk(n: &ProcessNode, out: &mut Vec<ProcessItem>) {
-        out.push(ProcessItem {
-            pid: n.pid,
-            name: n.name(),
-            command: n.cmdline.join(" "),
-            marks: n.marks(),
-            escaped: n.escaped,
-            force_killed: n.force_killed,
-            has_children: !n.children.is_empty(),
-            closes: 0,
-        });
-        for c in &n.children {
-            walk(c, out);
-        }
-        if !n.children.is_empty()
-            && let Some(last) = out.last_mut()
-        {
-            last.closes += 1;
-        }
+    // Iterative, depth first: each node is entered (its item pushed) and,
+    // once its children are done, left (the item then last closes its
+    // `<ul>`).
+    enum Step<'a> {
+        Enter(&'a ProcessNode),
+        Leave,
     }
     let mut out = Vec::new();
-    for n in forest {
-        walk(n, &mut out);
+    let mut stack: Vec<Step<'_>> = forest.iter().rev().map(Step::Enter).collect();
+    while let Some(step) = stack.pop() {
+        match step {
+            Step::Enter(n) => {
+                out.push(ProcessItem {
+                    pid: n.pid,
+                    name: n.name(),
+                    command: n.cmdline.join(" "),
+                    marks: n.marks(),
+                    escaped: n.escaped,
+                    force_killed: n.force_killed,
+                    has_children: !n.children.is_empty(),
+                    closes: 0,
+                });
+                if !n.children.is_empty() {
+                    stack.push(Step::Leave);
+                    stack.extend(n.children.iter().rev().map(Step::Enter));
+                }
+            }
+            Step::Leave => {
+                if let Some(last) = out.last_mut() {
+                    last.closes += 1;
+                }
+            }
+        }
     }
     out
 }
@@ -717,7 +727,7 @@ pub async fn tree(
     TreePath(id): TreePath,
 ) -> Result<Html<String>, ApiError> {
     principal.must_see_all("the dashboard")?;
-    let (d, output, teardown) = s
+    let (d, output, teardown, processes) = s
         .service
         .read(move |e| {
             let detail = e.ledger().tree_detail(TreeId(id))?;
@@ -728,13 +738,18 @@ pub async fn tree(
                 .flatten()
                 .map(|b| String::from_utf8_lossy(&b).into_owned())
                 .filter(|out| !out.is_empty());
-            Ok(detail.map(|d| (d, output, timeline)))
+            // The hierarchy is built here, on the blocking read path, not
+            // on an async worker (its size is the tree's to choose).
+            Ok(detail.map(|d| {
+                let processes = process_items(&d.hierarchy());
+                (d, output, timeline, processes)
+            }))
         })
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
     let timeline = teardown.as_ref().and_then(timeline);
     render(&TreePage {
-        processes: process_items(&d.hierarchy()),
+        processes,
         output,
         live: !d.tree.state.is_terminal(),
         command: d.tree.argv.join(" "),

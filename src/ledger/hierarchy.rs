@@ -1,15 +1,28 @@
 //! A tree's members as a process hierarchy (issue 29): parent -> child by
 //! the ppid each member had when first seen, each member marked with what
-//! the ledger recorded of it (escaped, exec'd, exited, force-killed). Pure:
-//! built from a [`TreeDetail`] (its member rows and typed events), drawn by
-//! the dashboard (nested HTML) and `show --tree` (like `pstree`).
+//! the ledger recorded of it (escaped, exec'd, exited, force-killed or kill
+//! authorized). Pure: built from a [`TreeDetail`] (its member rows, signal
+//! and authorization rows and typed events), drawn by the dashboard (nested
+//! HTML) and `show --tree` (like `pstree`).
+//!
+//! The depth is the process chain's, which the tree controls: the build is
+//! an index (pid -> members, member -> children) and an iterative walk, and
+//! nesting stops at [`MAX_DEPTH`]: a member that deep is drawn with every
+//! member below it as its direct children, flat, in the order they started
+//! (each keeps its `ppid`), and says how many it holds so
+//! ([`ProcessNode::flattened`]). So nothing that walks the forest (drawing,
+//! JSON, drop) goes deeper than `MAX_DEPTH + 1`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use serde::Serialize;
 
 use super::event::Event;
 use super::types::{ExitRecord, MemberRow, TreeDetail};
+
+/// Levels of nesting drawn; deeper members are drawn flat under the member
+/// at this depth (the root is depth 0).
+pub const MAX_DEPTH: usize = 64;
 
 /// One member and the members whose first-seen parent it is.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -29,14 +42,25 @@ pub struct ProcessNode {
     pub exited: bool,
     /// Its exit status, where this process reaped it.
     pub exit: Option<ExitRecord>,
-    /// Named in a committed kill authorization (a forced kill's target).
+    /// A forced signal reached it, as the record shows: a `signal.sent` row
+    /// of a kill authorization naming it, delivered to the target that
+    /// names it, and nothing recorded that says it ended otherwise (an exit
+    /// found before that signal, or an exit status other than SIGKILL's).
     pub force_killed: bool,
+    /// Named in a committed kill authorization where the record does not
+    /// show the forced signal reaching it (none sent or delivered for its
+    /// target, or it had exited first).
+    pub kill_authorized: bool,
+    /// Members deeper than [`MAX_DEPTH`] drawn flat as this node's
+    /// children (0: its children are its own).
+    pub flattened: usize,
     pub children: Vec<ProcessNode>,
 }
 
 impl ProcessNode {
     /// The marks as words, in a fixed order (`escaped`, `exec x2`,
-    /// `exited 3` / `killed by signal 9` / `exited`, `force-killed`).
+    /// `exited 3` / `killed by signal 9` / `exited`, `force-killed` /
+    /// `kill authorized`, `N deeper members drawn flat`).
     pub fn marks(&self) -> Vec<String> {
         let mut v = Vec::new();
         if self.escaped {
@@ -58,6 +82,14 @@ impl ProcessNode {
         }
         if self.force_killed {
             v.push("force-killed".to_string());
+        } else if self.kill_authorized {
+            v.push("kill authorized".to_string());
+        }
+        if self.flattened > 0 {
+            v.push(format!(
+                "{} deeper members drawn flat (depth cap {MAX_DEPTH})",
+                self.flattened
+            ));
         }
         v
     }
@@ -72,28 +104,74 @@ impl ProcessNode {
             .unwrap_or_else(|| "?".into())
     }
 
-    /// Every node under (and with) this one, depth first.
+    /// Every node under (and with) this one, depth first (iterative).
     pub fn walk(&self) -> Vec<&ProcessNode> {
-        let mut out = vec![self];
-        for c in &self.children {
-            out.extend(c.walk());
+        let mut out = Vec::new();
+        let mut stack = vec![self];
+        while let Some(n) = stack.pop() {
+            out.push(n);
+            stack.extend(n.children.iter().rev());
         }
         out
     }
 }
 
+/// A `signal.sent` result that says the signal went out to something
+/// (`sent`, `sent to N members` with N > 0), as the teardown writes it.
+fn delivered(result: &str) -> bool {
+    result == "sent"
+        || result
+            .strip_prefix("sent to ")
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .is_some_and(|n| n > 0)
+}
+
+type Key = (i32, u64);
+
 impl TreeDetail {
+    /// For each identity a kill authorization named, when the first forced
+    /// signal delivered to a target naming it was recorded (`None`: named,
+    /// but no such signal is recorded).
+    fn forced_reach(&self) -> HashMap<Key, Option<&str>> {
+        let mut reach: HashMap<Key, Option<&str>> = HashMap::new();
+        for a in &self.authorizations {
+            for t in &a.targets {
+                let sent = self
+                    .signals
+                    .iter()
+                    .filter(|s| {
+                        s.authorization == Some(a.id)
+                            && s.target_kind == t.kind
+                            && s.target == t.target
+                            && delivered(&s.result)
+                    })
+                    .map(|s| s.at.as_str())
+                    .min();
+                for i in &t.identities {
+                    let e = reach.entry((i.pid, i.start_ticks)).or_insert(None);
+                    *e = match (*e, sent) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
+            }
+        }
+        reach
+    }
+
     /// The members as a forest: the root first, then members whose
     /// first-seen parent is no member (reparented before first seen), each
     /// with its children in the order of their start. A member's parent is
     /// the member with its ppid that started no later than it (the newest
-    /// such, where a pid was recycled).
+    /// such, where a pid was recycled). Linear in the members (plus a
+    /// binary search per member among those sharing its parent's pid);
+    /// nesting capped at [`MAX_DEPTH`].
     pub fn hierarchy(&self) -> Vec<ProcessNode> {
-        let mut execs: HashMap<(i32, u64), u32> = HashMap::new();
+        let mut execs: HashMap<Key, u32> = HashMap::new();
         // The ppid as first seen is the `member.observed` event's: the
         // member row's is rewritten when the member escapes.
-        let mut first_ppid: HashMap<(i32, u64), i32> = HashMap::new();
-        let mut authorized: HashSet<(i32, u64)> = HashSet::new();
+        let mut first_ppid: HashMap<Key, i32> = HashMap::new();
         for e in &self.events {
             match e.event() {
                 Event::MemberObserved(m) => {
@@ -106,65 +184,71 @@ impl TreeDetail {
                         .entry((x.identity.pid, x.identity.start_ticks))
                         .or_default() += 1;
                 }
-                Event::KillAuthorized(k) => {
-                    for t in &k.targets {
-                        authorized.extend(t.identities.iter().map(|i| (i.pid, i.start_ticks)));
-                    }
-                }
                 _ => {}
             }
         }
+        let reach = self.forced_reach();
         let mut members: Vec<&MemberRow> = self.members.iter().collect();
         members.sort_by_key(|m| (m.start_ticks, m.pid));
-        let ppid_of = |m: &MemberRow| first_ppid.get(&(m.pid, m.start_ticks)).copied().or(m.ppid);
-        let parent_of = |m: &MemberRow| -> Option<usize> {
-            let ppid = ppid_of(m)?;
-            members
-                .iter()
-                .enumerate()
-                .filter(|(_, p)| {
-                    p.pid == ppid
-                        && p.start_ticks <= m.start_ticks
-                        && (p.pid, p.start_ticks) != (m.pid, m.start_ticks)
-                })
-                .max_by_key(|(_, p)| p.start_ticks)
-                .map(|(i, _)| i)
-        };
-        let parents: Vec<Option<usize>> = members.iter().map(|m| parent_of(m)).collect();
-        let ppids: Vec<Option<i32>> = members.iter().map(|m| ppid_of(m)).collect();
-        struct Known<'a> {
-            members: &'a [&'a MemberRow],
-            parents: &'a [Option<usize>],
-            ppids: &'a [Option<i32>],
-            execs: &'a HashMap<(i32, u64), u32>,
-            authorized: &'a HashSet<(i32, u64)>,
+        let n = members.len();
+        let ppids: Vec<Option<i32>> = members
+            .iter()
+            .map(|m| first_ppid.get(&(m.pid, m.start_ticks)).copied().or(m.ppid))
+            .collect();
+        // pid -> the members with it, in the order they started.
+        let mut by_pid: HashMap<i32, Vec<usize>> = HashMap::new();
+        for (i, m) in members.iter().enumerate() {
+            by_pid.entry(m.pid).or_default().push(i);
         }
-        fn build(i: usize, k: &Known<'_>) -> ProcessNode {
-            let (members, parents, execs, authorized) =
-                (k.members, k.parents, k.execs, k.authorized);
+        let parents: Vec<Option<usize>> = (0..n)
+            .map(|i| {
+                let m = members[i];
+                let same = by_pid.get(&ppids[i]?)?;
+                // The newest with that pid that started no later than it
+                // (and is not itself).
+                let upto = same.partition_point(|&p| members[p].start_ticks <= m.start_ticks);
+                same[..upto].iter().rev().copied().find(|&p| p != i)
+            })
+            .collect();
+        let mut children: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (i, p) in parents.iter().enumerate() {
+            if let Some(p) = p {
+                children[*p].push(i);
+            }
+        }
+        let leaf = |i: usize| -> ProcessNode {
             let m = members[i];
             let key = (m.pid, m.start_ticks);
+            let (force_killed, kill_authorized) = match reach.get(&key) {
+                None => (false, false),
+                Some(sent) => {
+                    let exited_first = match (sent, m.exited_at.as_deref()) {
+                        (Some(at), Some(gone)) => gone < *at,
+                        _ => false,
+                    };
+                    let ended_otherwise = m.exit.is_some_and(|e| e.signal != Some(9));
+                    let reached = sent.is_some() && !exited_first && !ended_otherwise;
+                    (reached, !reached)
+                }
+            };
             ProcessNode {
                 pid: m.pid,
                 start_ticks: m.start_ticks,
-                ppid: k.ppids[i],
+                ppid: ppids[i],
                 cmdline: m.cmdline.clone(),
                 exe: m.exe.clone(),
                 escaped: m.escaped_at.is_some(),
                 execs: execs.get(&key).copied().unwrap_or(0),
                 exited: m.exited_at.is_some(),
                 exit: m.exit,
-                force_killed: authorized.contains(&key),
-                children: (0..members.len())
-                    .filter(|c| parents[*c] == Some(i))
-                    .map(|c| build(c, k))
-                    .collect(),
+                force_killed,
+                kill_authorized,
+                flattened: 0,
+                children: Vec::new(),
             }
-        }
+        };
         let root = self.tree.root();
-        let mut tops: Vec<usize> = (0..members.len())
-            .filter(|i| parents[*i].is_none())
-            .collect();
+        let mut tops: Vec<usize> = (0..n).filter(|i| parents[*i].is_none()).collect();
         // The root first; the rest as they started.
         tops.sort_by_key(|i| {
             let m = members[*i];
@@ -173,19 +257,69 @@ impl TreeDetail {
                 .is_some_and(|r| r.pid == m.pid && r.start_ticks == m.start_ticks);
             (!is_root, m.start_ticks, m.pid)
         });
-        let known = Known {
-            members: &members,
-            parents: &parents,
-            ppids: &ppids,
-            execs: &execs,
-            authorized: &authorized,
-        };
-        tops.into_iter().map(|i| build(i, &known)).collect()
+        // Members no top reaches (a parent cycle, which only equal start
+        // times allow) are tops too, after the rest.
+        let mut visited = vec![false; n];
+        let mut order: Vec<usize> = Vec::with_capacity(n);
+        let mut flat: HashMap<usize, Vec<usize>> = HashMap::new();
+        let mut forest_tops = Vec::new();
+        let candidates: Vec<usize> = tops.into_iter().chain(0..n).collect();
+        for top in candidates {
+            if visited[top] {
+                continue;
+            }
+            forest_tops.push(top);
+            let mut stack = vec![(top, 0usize)];
+            while let Some((i, depth)) = stack.pop() {
+                if visited[i] {
+                    continue;
+                }
+                visited[i] = true;
+                order.push(i);
+                if depth < MAX_DEPTH {
+                    stack.extend(children[i].iter().rev().map(|&c| (c, depth + 1)));
+                    continue;
+                }
+                // At the cap: every member below, flat, as they started.
+                let mut below = Vec::new();
+                let mut pending: Vec<usize> = children[i].iter().rev().copied().collect();
+                while let Some(c) = pending.pop() {
+                    if visited[c] {
+                        continue;
+                    }
+                    visited[c] = true;
+                    below.push(c);
+                    pending.extend(children[c].iter().rev());
+                }
+                below.sort_by_key(|&c| (members[c].start_ticks, members[c].pid));
+                flat.insert(i, below);
+            }
+        }
+        // Bottom up: a node is built after everything below it.
+        let mut built: Vec<Option<ProcessNode>> = (0..n).map(|_| None).collect();
+        for &i in order.iter().rev() {
+            let mut node = leaf(i);
+            if let Some(below) = flat.remove(&i) {
+                node.flattened = below.len();
+                node.children = below.into_iter().map(leaf).collect();
+            } else {
+                node.children = children[i]
+                    .iter()
+                    .filter_map(|&c| built[c].take())
+                    .collect();
+            }
+            built[i] = Some(node);
+        }
+        forest_tops
+            .into_iter()
+            .filter_map(|i| built[i].take())
+            .collect()
     }
 }
 
 /// The forest as `pstree` draws it: one line per member, `├─`/`└─` under
-/// its parent, `name(pid)` then its marks in brackets.
+/// its parent, `name(pid)` then its marks in brackets (iterative: the
+/// forest's depth is the tree's to choose, up to [`MAX_DEPTH`]).
 pub fn draw(forest: &[ProcessNode]) -> String {
     fn line(n: &ProcessNode) -> String {
         let marks = n.marks();
@@ -195,22 +329,31 @@ pub fn draw(forest: &[ProcessNode]) -> String {
         }
         s
     }
-    fn under(n: &ProcessNode, prefix: &str, out: &mut String) {
-        for (i, c) in n.children.iter().enumerate() {
-            let last = i + 1 == n.children.len();
-            out.push_str(prefix);
-            out.push_str(if last { "└─" } else { "├─" });
-            out.push_str(&line(c));
-            out.push('\n');
-            let deeper = format!("{prefix}{}", if last { "  " } else { "│ " });
-            under(c, &deeper, out);
+    fn push_children<'a>(
+        stack: &mut Vec<(&'a ProcessNode, String, bool)>,
+        n: &'a ProcessNode,
+        prefix: &str,
+    ) {
+        let k = n.children.len();
+        for (i, c) in n.children.iter().enumerate().rev() {
+            stack.push((c, prefix.to_string(), i + 1 == k));
         }
     }
     let mut out = String::new();
     for top in forest {
         out.push_str(&line(top));
         out.push('\n');
-        under(top, "", &mut out);
+        // (node, the prefix of its line, whether it is its parent's last)
+        let mut stack: Vec<(&ProcessNode, String, bool)> = Vec::new();
+        push_children(&mut stack, top, "");
+        while let Some((n, prefix, last)) = stack.pop() {
+            out.push_str(&prefix);
+            out.push_str(if last { "└─" } else { "├─" });
+            out.push_str(&line(n));
+            out.push('\n');
+            let deeper = format!("{prefix}{}", if last { "  " } else { "│ " });
+            push_children(&mut stack, n, &deeper);
+        }
     }
     out
 }

@@ -28,6 +28,10 @@ pub struct Env {
     cgroup_root: Option<PathBuf>,
     pub mark: String,
     stderr_files: std::sync::Mutex<std::collections::HashMap<u32, PathBuf>>,
+    /// Every `run` [`Env::spawn_run`] started: (pid, start time in ticks),
+    /// so that the drop can end one a failed test left running (by its
+    /// checked identity, never a recycled pid).
+    runs: std::sync::Mutex<Vec<(u32, u64)>>,
 }
 
 /// The cgroup v2 directory the tests make their cgroups in
@@ -66,6 +70,7 @@ impl Env {
             cgroup_root,
             mark,
             stderr_files: Default::default(),
+            runs: Default::default(),
         })
     }
 
@@ -119,6 +124,12 @@ impl Env {
             .lock()
             .expect("lock")
             .insert(child.id(), err_path);
+        if let Some(start) = start_ticks(child.id()) {
+            self.runs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((child.id(), start));
+        }
         child
     }
 
@@ -243,13 +254,37 @@ impl Env {
     }
 
     /// Ends every marked process by pid (cleanup, and the last line of defence).
+    /// Ends what a test left: every `run` it started that still runs (a
+    /// test that failed before its `run` exited: its teardown would go on
+    /// after the test, and a run that failed closed leaves its tree at ppid
+    /// 1), then every marked process, until none is left (a tree forking
+    /// while it is ended gets new members after the first pass).
     pub fn end_leftovers(&self) {
-        crate::util::end_marked(&self.mark);
+        let runs = std::mem::take(&mut *self.runs.lock().unwrap_or_else(|e| e.into_inner()));
+        for (pid, start) in runs {
+            // Only while it is the process spawned (same start time), and
+            // not a zombie: a reaped pid may belong to someone else now.
+            if start_ticks(pid) == Some(start) && crate::util::pid_alive(pid as i32) {
+                signal(pid, rustix::process::Signal::KILL);
+            }
+        }
+        let left = crate::util::end_marked(&self.mark);
+        if !left.is_empty() {
+            crate::util::say(&format!("marked processes left behind: {left:?}"));
+        }
     }
 
     pub fn cgroup_root(&self) -> Option<&Path> {
         self.cgroup_root.as_deref()
     }
+}
+
+/// A process's start time (`/proc/<pid>/stat` field 22), its identity
+/// beside the pid.
+fn start_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(19)?.parse().ok()
 }
 
 impl Drop for Env {
@@ -617,6 +652,7 @@ fn owner_killed_then_sweep_ends_the_orphan_and_spares_live_owners() {
             cgroup_root: None,
             mark: format!("{}-live", env.mark),
             stderr_files: Default::default(),
+            runs: Default::default(),
         };
         let mut live = {
             let mut c = env.cmd();
@@ -1649,4 +1685,32 @@ fn kill_honours_the_grace_recorded_with_the_tree() {
     // At least the recorded grace; far below the old 5 s default (bounded
     // by 4 s so a loaded host cannot make it pass by accident either way).
     assert!((400..4000).contains(&waited), "waited {waited} ms");
+}
+
+/// The test world's own cleanup, on the path a failed test takes (the env
+/// dropped while its `run` still runs): the `run` is ended by its checked
+/// identity, and every marked process with it — also members a tree forks
+/// while the first pass runs (a loop forking, a double fork into a new
+/// session), which one pass over the marked pids left alive at ppid 1.
+#[test]
+fn a_dropped_env_ends_its_run_and_every_marked_process() {
+    use std::os::unix::process::ExitStatusExt as _;
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    let mark = env.mark.clone();
+    let mut run = env.spawn_run(
+        &["--quiet"],
+        "trap '' TERM; (while :; do sleep 0.01; done) & \
+         (setsid sh -c 'trap \"\" TERM; exec sleep 600' &); sleep 600 & wait",
+    );
+    assert!(env.wait_marked(4), "{:?}", env.marked());
+    drop(env);
+    let status = wait_child(&mut run, Duration::from_secs(10)).expect("run ended by the drop");
+    assert_eq!(status.signal(), Some(9), "{status:?}");
+    assert!(
+        crate::util::marked_processes(&mark).is_empty(),
+        "left: {:?}",
+        crate::util::marked_processes(&mark)
+    );
 }

@@ -745,3 +745,90 @@ fn show_tree_is_the_hierarchy_the_workload_printed() {
         );
     }
 }
+
+/// One member that ends on the SIGTERM (a plain `sleep`) and one that
+/// ignores it (`trap '' TERM`, then `exec sleep`): each prints its pid.
+const GRACE_AND_KILL: &str = "\
+echo \"root $$\" >> truth
+sleep 321 & echo \"yields $!\" >> truth
+sh -c 'trap \"\" TERM; echo \"holds $$\" >> truth; exec sleep 322' &
+wait";
+
+/// `show --tree`'s force-killed mark against what the workload did: the
+/// member that ended on the SIGTERM during the grace and the root are not
+/// marked, the one that ignored it and lived to the kill is, on both
+/// boundaries (the record: its `signal.sent` SIGKILL, delivered to the
+/// target the authorization named it in).
+#[test]
+fn show_tree_marks_force_killed_only_what_the_kill_reached() {
+    for b in BOTH {
+        let Some(env) = Env::new(b) else { continue };
+        let mut run = env.spawn_run(&["--timeout", "2s", "--grace", "1s"], GRACE_AND_KILL);
+        assert!(
+            wait_until(Duration::from_secs(10), || lineage_pids(env.dir.path())
+                .len()
+                == 3),
+            "[{b}] the workload's truth: {:?}",
+            lineage_pids(env.dir.path())
+        );
+        let status = wait_child(&mut run, Duration::from_secs(30)).expect("run exits");
+        assert_eq!(status.code(), Some(124), "[{b}] {}", env.stderr_of(&run));
+        assert!(env.wait_none_marked(), "[{b}] {:?}", env.marked());
+        let t = lineage_pids(env.dir.path());
+        let out = env.output(&["show", "1", "--tree", "--json"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let forest: Value = serde_json::from_slice(&out.stdout).expect("hierarchy json");
+        let mut all = Vec::new();
+        let mut stack: Vec<Value> = forest.as_array().cloned().unwrap_or_default();
+        while let Some(n) = stack.pop() {
+            stack.extend(n["children"].as_array().cloned().unwrap_or_default());
+            all.push(n);
+        }
+        let node = |pid: i64| -> &Value {
+            all.iter()
+                .find(|n| n["pid"].as_i64() == Some(pid))
+                .unwrap_or_else(|| panic!("[{b}] pid {pid} not in {forest}"))
+        };
+        assert_eq!(node(t["holds"])["force_killed"], true, "[{b}] {forest}");
+        for name in ["root", "yields"] {
+            let n = node(t[name]);
+            assert_eq!(n["force_killed"], false, "[{b}] {name}: {n}");
+            assert_eq!(n["kill_authorized"], false, "[{b}] {name}: {n}");
+            assert_eq!(n["exited"], true, "[{b}] {name}: {n}");
+        }
+        let killed: Vec<i64> = all
+            .iter()
+            .filter(|n| n["force_killed"] == true)
+            .filter_map(|n| n["pid"].as_i64())
+            .collect();
+        assert_eq!(killed, vec![t["holds"]], "[{b}] only the holdout: {forest}");
+        // The text marks the same line.
+        let text =
+            String::from_utf8_lossy(&env.output(&["show", "1", "--tree"]).stdout).to_string();
+        let marked: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("force-killed"))
+            .collect();
+        assert_eq!(marked.len(), 1, "[{b}]\n{text}");
+        assert!(
+            marked[0].contains(&format!("({})", t["holds"])),
+            "[{b}]\n{text}"
+        );
+    }
+}
+
+/// `name -> pid` as the workload wrote them.
+fn lineage_pids(dir: &Path) -> HashMap<String, i64> {
+    std::fs::read_to_string(dir.join("truth"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            Some((w.next()?.to_string(), w.next()?.parse().ok()?))
+        })
+        .collect()
+}

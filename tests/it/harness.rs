@@ -441,6 +441,163 @@ fn descriptors_sent_on_the_socket_become_the_trees_stdio() {
     assert_eq!(trees.as_array().map(Vec::len), Some(1), "{trees}");
 }
 
+/// One request on a kept-alive Unix-socket connection, its first bytes
+/// sent with `fds`; the answer's status line and body (read by its
+/// `Content-Length`, so the connection stays open for the next).
+fn keepalive_request(
+    stream: &mut std::os::unix::net::UnixStream,
+    head: &str,
+    fds: &[std::os::fd::BorrowedFd<'_>],
+) -> (String, String) {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    use std::io::Write;
+    let request = format!("{head}\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n");
+    let bytes = request.as_bytes();
+    let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(4))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() {
+        assert!(control.push(SendAncillaryMessage::ScmRights(fds)));
+    }
+    let sent = rustix::net::sendmsg(
+        &*stream,
+        &[std::io::IoSlice::new(bytes)],
+        &mut control,
+        SendFlags::empty(),
+    )
+    .expect("sendmsg");
+    stream.write_all(&bytes[sent..]).expect("the rest");
+    let mut got = Vec::new();
+    let mut byte = [0u8; 1];
+    while !got.ends_with(b"\r\n\r\n") {
+        let n = stream.read(&mut byte).expect("read the head");
+        assert!(
+            n > 0,
+            "the connection closed: {}",
+            String::from_utf8_lossy(&got)
+        );
+        got.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&got).to_string();
+    let len: usize = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().parse().expect("a length"))
+        })
+        .expect("a content-length");
+    let mut body = vec![0u8; len];
+    stream.read_exact(&mut body).expect("the body");
+    (
+        head.lines().next().unwrap_or_default().to_string(),
+        String::from_utf8_lossy(&body).to_string(),
+    )
+}
+
+/// Whether the pipe whose read end this is has no writer left (a read
+/// gives end of file), polled: `false` while some process holds its write
+/// end.
+fn writers_gone(r: &std::os::fd::OwnedFd, within: Duration) -> bool {
+    rustix::fs::fcntl_setfl(r, rustix::fs::OFlags::NONBLOCK).expect("nonblock");
+    wait_until(within, || {
+        let mut b = [0u8; 8];
+        matches!(rustix::io::read(r, &mut b), Ok(0))
+    })
+}
+
+/// The review's finding: a descriptor sent with a request other than a
+/// spawn was kept until the connection closed. Now it is closed once the
+/// request is answered — seen from the pipe it belongs to (end of file once
+/// our own write end is closed) while the connection stays open and
+/// serves the next request.
+#[test]
+fn a_descriptor_sent_with_a_request_other_than_a_spawn_is_closed_once_answered() {
+    // An idle connection outlives the poll below (the header timeout would
+    // otherwise close it, and with it the descriptor, at 10 s).
+    let s = Server::start(&["--header-timeout", "120s"]);
+    let mut stream =
+        std::os::unix::net::UnixStream::connect(s.data_dir().join("api.sock")).expect("connect");
+    stream
+        .set_read_timeout(Some(scaled(Duration::from_secs(30))))
+        .expect("timeout");
+    let (r, w) = rustix::pipe::pipe().expect("pipe");
+    let (status, body) = keepalive_request(&mut stream, "GET /api/trees HTTP/1.1", &[w.as_fd()]);
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}: {body}");
+    drop(w);
+    assert!(
+        writers_gone(&r, Duration::from_secs(5)),
+        "the service still holds the descriptor after the answer"
+    );
+    // The same connection, still open, serves the next request.
+    let (status, body) = keepalive_request(&mut stream, "GET /api/trees HTTP/1.1", &[]);
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}: {body}");
+}
+
+/// While the service has fewer descriptors free than its reserve (its soft
+/// `nofile` lowered under it), descriptors sent on a connection accepted
+/// before are closed at once and their request refused, 503 with its
+/// `code`; a request without descriptors on the same connection is still
+/// served, and once the limit is back, descriptors are taken again.
+#[test]
+fn descriptors_sent_while_the_reserve_is_short_are_refused_with_a_code() {
+    use rustix::process::{Pid, Resource, Rlimit, prlimit};
+    let s = Server::start(&["--header-timeout", "120s"]);
+    let pid = s.pid().expect("serve runs");
+    let mut stream =
+        std::os::unix::net::UnixStream::connect(s.data_dir().join("api.sock")).expect("connect");
+    stream
+        .set_read_timeout(Some(scaled(Duration::from_secs(30))))
+        .expect("timeout");
+    // Accepted and served while descriptors are plenty.
+    let (status, _) = keepalive_request(&mut stream, "GET /api/trees HTTP/1.1", &[]);
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    let target = Pid::from_raw(pid as i32).expect("a pid");
+    // Its hard limit as it is (lowering the soft one only), from /proc.
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
+    let hard = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(4))
+        .and_then(|h| h.parse::<u64>().ok());
+    let open = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("the service's fds")
+        .count() as u64;
+    // 64 free: under the reserve (128), room enough to serve.
+    let old = prlimit(
+        Some(target),
+        Resource::Nofile,
+        Rlimit {
+            current: Some(open + 64),
+            maximum: hard,
+        },
+    )
+    .expect("lower nofile");
+    let (r, w) = rustix::pipe::pipe().expect("pipe");
+    let refused = keepalive_request(&mut stream, "GET /api/trees HTTP/1.1", &[w.as_fd()]);
+    let plain = keepalive_request(&mut stream, "GET /api/trees HTTP/1.1", &[]);
+    prlimit(Some(target), Resource::Nofile, old).expect("restore nofile");
+    let (status, body) = refused;
+    assert!(status.starts_with("HTTP/1.1 503"), "{status}: {body}");
+    let v: Value = serde_json::from_str(&body).expect("a json body");
+    assert_eq!(v["code"], "Unavailable", "{v}");
+    assert!(
+        v["error"].as_str().unwrap_or("").contains("descriptors"),
+        "{v}"
+    );
+    drop(w);
+    assert!(
+        writers_gone(&r, Duration::from_secs(5)),
+        "the refused descriptor is closed"
+    );
+    assert!(plain.0.starts_with("HTTP/1.1 200"), "{plain:?}");
+    // The limit back: a descriptor is taken (and closed after) again.
+    let (r, w) = rustix::pipe::pipe().expect("pipe");
+    let (status, body) = keepalive_request(&mut stream, "GET /api/trees HTTP/1.1", &[w.as_fd()]);
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}: {body}");
+    drop(w);
+    assert!(writers_gone(&r, Duration::from_secs(5)));
+}
+
 #[test]
 fn a_label_stream_carries_only_the_events_of_that_labels_trees() {
     let s = Server::start(&[]);

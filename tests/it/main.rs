@@ -8,6 +8,7 @@ mod delegation;
 mod docs;
 mod fidelity;
 mod harness;
+mod hierarchy;
 mod hostile;
 mod ledger;
 mod ledger_life;

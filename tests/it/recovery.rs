@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::custody::Env;
-use crate::util::{KillOnDrop, say, signal, wait_child, wait_until};
+use crate::util::{KillOnDrop, say, scaled, signal, wait_child, wait_until};
 
 /// A tree that ignores SIGTERM (sh and its sleep): only the forced kill ends it.
 const STUBBORN: &str = "trap '' TERM; sleep 300 & wait";
@@ -314,23 +314,42 @@ fn fifty_orphans_after_a_crash(boundary: &'static str) {
         env.marked().is_empty()
     });
     let all_gone = next.started.elapsed();
+    // The bounds (2 s to /healthz, 6 s to the last orphan, 1 s for
+    // the slowest /healthz while 50 teardowns share the ledger) hold on a
+    // quiet host. Each is a wait on work the service does on shared cores:
+    // a /healthz read queues on the ledger's one owner thread behind the
+    // teardowns' writes (FULL commits among them), so its latency grows
+    // with the host's load (1.35 and 1.59 s measured at a load average of
+    // 12 on 2 cores). So the bounds are scaled (an emulated host,
+    // TREEWARDEN_TEST_POLL_SCALE) and, past the start-up one, multiplied
+    // by the load over the CPUs (`util::load_factor`, 1 on a quiet host, at
+    // most 5) as the wrapper's "within a second" is.
+    let load = crate::util::load_factor();
+    let (up_bound, gone_bound, slow_bound) = (
+        scaled(Duration::from_secs(2)),
+        scaled(Duration::from_secs(6)).mul_f64(load),
+        scaled(Duration::from_secs(1)).mul_f64(load),
+    );
     say(&format!(
-        "recovery [{boundary}]: 50 orphans, grace 1s: /healthz after {:.0} ms, all gone after {:.0} ms (bounds 2000 / 6000), slowest /healthz during recovery {:.0} ms",
+        "recovery [{boundary}]: 50 orphans, grace 1s: /healthz after {:.0} ms, all gone after {:.0} ms (bounds {:.0} / {:.0}), slowest /healthz during recovery {:.0} ms (bound {:.0}; load factor {load:.1})",
         up.as_secs_f64() * 1e3,
         all_gone.as_secs_f64() * 1e3,
-        slowest.as_secs_f64() * 1e3
+        up_bound.as_secs_f64() * 1e3,
+        gone_bound.as_secs_f64() * 1e3,
+        slowest.as_secs_f64() * 1e3,
+        slow_bound.as_secs_f64() * 1e3
     ));
     assert!(
-        slowest < Duration::from_secs(1),
+        slowest < slow_bound,
         "[{boundary}] /healthz took {slowest:?} during the recovery"
     );
     assert!(gone, "[{boundary}] survivors: {:?}", env.marked());
     assert!(
-        up <= Duration::from_secs(2),
+        up <= up_bound,
         "[{boundary}] /healthz answered after {up:?}"
     );
     assert!(
-        all_gone <= Duration::from_secs(6),
+        all_gone <= gone_bound,
         "[{boundary}] orphans gone only after {all_gone:?}; log: {}",
         next.stderr()
     );

@@ -32,6 +32,23 @@ pub fn scaled(limit: Duration) -> Duration {
     limit.mul_f64(poll_scale())
 }
 
+/// How much busier than its CPUs the host is now: the 1-minute load
+/// average over the CPUs, at least 1 (an idle host) and at most 5. A bound
+/// on how fast shared work finishes (the figure, met on a quiet
+/// host) is multiplied by it, and the measured figure printed either way.
+pub fn load_factor() -> f64 {
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| {
+            l.split_whitespace()
+                .next()
+                .and_then(|x| x.parse::<f64>().ok())
+        })
+        .unwrap_or(0.0);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    (load / cpus).clamp(1.0, 5.0)
+}
+
 /// Polls `cond` every few milliseconds until it holds or `limit` (scaled
 /// by [`poll_scale`]) passes. Returns whether it held. Waits on a
 /// condition, never a fixed sleep.
@@ -109,14 +126,21 @@ pub fn marked_processes(mark: &str) -> Vec<i32> {
 }
 
 /// Ends every live process carrying `TW_TEST_MARK=<mark>` by its pid
-/// (SIGKILL), then waits (bounded) until none is left.
-pub fn end_marked(mark: &str) {
-    for pid in marked_processes(mark) {
-        if let Some(pid) = rustix::process::Pid::from_raw(pid) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+/// (SIGKILL), again for each one found after a pass (a member forked while
+/// the pass ran), until none is left or a bounded while has passed.
+/// Returns what is still alive (empty: all ended).
+pub fn end_marked(mark: &str) -> Vec<i32> {
+    let mut left = Vec::new();
+    wait_until(Duration::from_secs(10), || {
+        left = marked_processes(mark);
+        for pid in &left {
+            if let Some(pid) = rustix::process::Pid::from_raw(*pid) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
         }
-    }
-    wait_until(Duration::from_secs(5), || marked_processes(mark).is_empty());
+        left.is_empty()
+    });
+    left
 }
 
 /// Waits for a child with a bound; kills it (by pid) and reaps it if the

@@ -27,16 +27,7 @@ fn timed() -> std::sync::RwLockReadGuard<'static, ()> {
 /// bound scales with the load (at most 5 s), and the measured figure is
 /// printed either way.
 fn a_second() -> Duration {
-    let load = std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|l| {
-            l.split_whitespace()
-                .next()
-                .and_then(|x| x.parse::<f64>().ok())
-        })
-        .unwrap_or(0.0);
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-    Duration::from_secs_f64((load / cpus).clamp(1.0, 5.0))
+    Duration::from_secs_f64(crate::util::load_factor())
 }
 
 /// Waits until no marked process lives; returns how long that took.
