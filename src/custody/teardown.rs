@@ -612,30 +612,12 @@ impl Engine {
         // exits of the members seen alive; anything it finds after all
         // gets the full walk.
         let proven = self.proven_empty(&run.watch);
-        // At grace 0 on a cgroup boundary the first signal buys no time that
-        // a walk could spend: the cgroup and the known members are re-read
-        // (`cgroup.procs`: every member but one moved out by a privileged
-        // write), the freeze follows at once, and the verifying full walk at
-        // the end finds any member outside the cgroup (a next round kills
-        // it, authorized like the first). Issue 30: the walk was a sixth of
-        // a 10-process teardown. With a grace, the walk finds every member
-        // the first signal should reach.
-        let quick = run.opts.grace.is_zero() && run.watch.cgroup().is_some();
-        let mut members = Vec::new();
-        let mut walk = !(proven || quick);
-        if !walk {
-            let tick = run.watch.tick_targeted(self, &run.exits);
-            // Proven empty: anything found after all needs the walk. Quick:
-            // an empty or incomplete re-read proves nothing; only a full
-            // walk may end a teardown.
-            walk = if proven {
-                !tick.members.is_empty()
-            } else {
-                tick.members.is_empty() || tick.incomplete.is_some()
-            };
-            members = tick.members;
-        }
-        if walk {
+        let mut members = if proven {
+            run.watch.tick_targeted(self, &run.exits).members
+        } else {
+            Vec::new()
+        };
+        if !proven || !members.is_empty() {
             members = self.full_walk(run)?;
         }
         run.report.members_at_start = members.len();
