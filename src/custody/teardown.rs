@@ -660,6 +660,29 @@ impl Engine {
         }
     }
 
+    /// The verify's [`Self::proven_empty`]: the killed members are the
+    /// reaper's to reap, so their zombies are given a millisecond to go
+    /// before the `/proc` walk decides instead (issue 30: the walk was a
+    /// sixth of a 10-process teardown; `run`, and the service's own trees
+    /// when it has no other child, end without it).
+    fn reaped_empty(&self, watch: &TreeWatch) -> bool {
+        if !self.was_spawned_here(watch.tree()) || !self.host.has_reaper() {
+            return false;
+        }
+        for _ in 0..REAP_TRIES {
+            if self.proven_empty(watch) {
+                return true;
+            }
+            if self.host.has_no_children() != Some(false) {
+                // No reaper answer, or none left but the cgroup says
+                // populated: not provable without the walk.
+                return false;
+            }
+            self.host.sleep(REAP_PAUSE);
+        }
+        false
+    }
+
     /// GRACE: targeted re-reads until the members are gone or the grace is
     /// over (none at grace 0: the freeze's scan is the first chance
     /// anything had to exit; an extra scan cost a full walk, issue 6).
@@ -951,7 +974,7 @@ impl Engine {
             // Re-read the known members until they are gone, then one full
             // walk verifies that nothing else of the tree lives.
             members = run.watch.tick_targeted(self, &run.exits).members;
-            if members.is_empty() {
+            if members.is_empty() && !self.reaped_empty(&run.watch) {
                 members = self.full_walk(run)?;
             }
             let now = self.host.now();
@@ -1661,6 +1684,11 @@ fn kill_targets(watch: &TreeWatch, step: &Targets, survivors: &[Member]) -> Vec<
 /// incomplete evidence ([`Engine::full_walk`]): reads that failed on
 /// descriptors usually succeed once a connection or a pidfd is closed.
 const INCOMPLETE_TRIES: u32 = 5;
+
+/// How often, and how long apart, the verify asks whether the reaper has
+/// reaped every child ([`Engine::reaped_empty`]): a millisecond in all.
+const REAP_TRIES: usize = 5;
+const REAP_PAUSE: Duration = Duration::from_micros(200);
 
 fn poll_interval(elapsed: Duration) -> Duration {
     if elapsed < Duration::from_millis(50) {

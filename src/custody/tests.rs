@@ -32,7 +32,7 @@ struct Rig {
     cgroup: Option<PathBuf>,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Boundary {
     Session,
     Cgroup,
@@ -1503,6 +1503,79 @@ fn an_orphan_of_the_tree_alive_under_the_subreaper_denies_the_proof() {
         assert_eq!(report.members_at_start, 1, "the orphan is found");
         assert_eq!(report.state, TreeState::Ended);
         assert!(rig.host.world().live().is_empty(), "and ended");
+    }
+}
+
+/// A live tree this process spawned and reaps (a `run` killed at its
+/// timeout): the root is this process's child, its members ignore SIGTERM.
+fn killed_run_rig(boundary: Boundary, setup: impl FnOnce(&mut World, i32, i32)) -> Rig {
+    let me = std::process::id() as i32;
+    let rig = rig(boundary, true, |w, root, cg| {
+        w.subreaper = Some(me);
+        let r = w.procs.get_mut(&root).expect("root");
+        r.ppid = me;
+        r.ignores_term = true;
+        w.spawn(stubborn(root, root, cg));
+        w.spawn(stubborn(root, root, cg));
+        setup(w, me, root);
+    });
+    rig.engine.note_spawned_here(rig.tree);
+    rig
+}
+
+#[test]
+fn a_killed_tree_the_reaper_emptied_is_verified_without_a_second_walk() {
+    // Issue 30: after the SIGKILL, "no child of this subreaper and the
+    // cgroup empty" proves the tree empty as at the start of a `run`
+    // teardown: one walk (the first signal's), not two.
+    for boundary in [Boundary::Session, Boundary::Cgroup] {
+        let rig = killed_run_rig(boundary, |_, _, _| {});
+        let opts = TeardownOptions::new(Duration::ZERO, "timeout", Origin::Run);
+        let report = rig.teardown_with(opts).expect("settled");
+        assert_eq!(report.state, TreeState::Ended, "{boundary:?}");
+        assert_eq!(report.members_at_start, 3);
+        assert_eq!(report.authorizations, 1);
+        // (On the session boundary the frozen re-read is a walk too.)
+        let before_kill = if boundary == Boundary::Session { 2 } else { 1 };
+        assert_eq!(
+            full_walks(&rig),
+            before_kill,
+            "{boundary:?}: no verifying walk"
+        );
+        assert!(
+            rig.host.world().live().is_empty(),
+            "{boundary:?}: all ended"
+        );
+        assert_every_kill_authorized(&rig.kills());
+    }
+}
+
+#[test]
+fn another_child_of_the_subreaper_sends_the_verify_to_the_walk() {
+    // A child of this process that is no member (another tree's root in
+    // the service; `run` adopts its children as members, so a kill): the
+    // reaper's answer proves nothing, so the walk decides, and the stranger
+    // is left alone.
+    for boundary in [Boundary::Session, Boundary::Cgroup] {
+        let mut other = (0, 0);
+        let rig = killed_run_rig(boundary, |w, me, _| {
+            other = w.spawn(FakeProc {
+                ppid: me,
+                ..stranger(0)
+            });
+        });
+        let opts = TeardownOptions::new(Duration::ZERO, "kill", Origin::Kill);
+        let report = rig.teardown_with(opts).expect("settled");
+        assert_eq!(report.state, TreeState::Ended, "{boundary:?}");
+        let with_verify = if boundary == Boundary::Session { 3 } else { 2 };
+        assert_eq!(
+            full_walks(&rig),
+            with_verify,
+            "{boundary:?}: the verify walked"
+        );
+        let live = rig.host.world().live();
+        assert_eq!(live.len(), 1, "{boundary:?}: {live:?}");
+        assert!(live.contains(&other.0), "{boundary:?}: the stranger lives");
     }
 }
 
