@@ -611,12 +611,13 @@ impl Host for FakeHost {
         &self,
         rec: &GroupRecord,
         sig: Sig,
-        candidates: &[i32],
+        candidates: &[crate::proc::ProcKey],
     ) -> Result<GroupDelivery, ProcError> {
         self.step(Call::SignalGroup, sig);
         let authorized = self.authority(sig);
         let mut w = self.world();
-        w.group_candidates.push(candidates.to_vec());
+        w.group_candidates
+            .push(candidates.iter().map(|k| k.pid).collect());
         let record = |w: &mut World, hit: Vec<(i32, u64)>, outcome: String| {
             w.push(Sent {
                 sig,
