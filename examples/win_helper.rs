@@ -109,7 +109,9 @@ mod windows {
                     eprintln!("win_helper: end <pid> <start_ticks>");
                     return 2;
                 };
-                let boot_id = treewarden::proc::boot_id().map(str::to_owned).unwrap_or_default();
+                let boot_id = treewarden::proc::boot_id()
+                    .map(str::to_owned)
+                    .unwrap_or_default();
                 let id = Identity {
                     pid,
                     start_ticks,
