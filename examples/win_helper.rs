@@ -10,6 +10,9 @@
 //!                                               pid file, exits 0 (a root leaving a child)
 //! win_helper breakaway <marker> <dir>           asks for a child outside the job: exit 3 if
 //!                                               refused, 0 (and the child's pid) if allowed
+//! win_helper end <pid> <start_ticks>            ends that process only if its creation time is
+//!                                               still <start_ticks> (a member the ledger names):
+//!                                               prints ended/gone/recycled, exit 0 (1 on error)
 //! ```
 //!
 //! On other systems it says so and exits 2.
@@ -98,6 +101,33 @@ mod windows {
                         3
                     }
                 }
+            }
+            "end" => {
+                use treewarden::proc::{Delivery, Identity, Sig};
+                let (Ok(pid), Ok(start_ticks)) = (arg(1).parse::<i32>(), arg(2).parse::<u64>())
+                else {
+                    eprintln!("win_helper: end <pid> <start_ticks>");
+                    return 2;
+                };
+                let boot_id = treewarden::proc::boot_id()
+                    .map(str::to_owned)
+                    .unwrap_or_default();
+                let id = Identity {
+                    pid,
+                    start_ticks,
+                    boot_id,
+                };
+                // The identity is checked after the process is opened.
+                match treewarden::proc::signal_process(&id, Sig::Kill) {
+                    Ok(Delivery::Recycled) => println!("{pid}: recycled, left alone"),
+                    Ok(Delivery::Gone) => println!("{pid}: gone"),
+                    Ok(_) => println!("{pid}: ended"),
+                    Err(e) => {
+                        eprintln!("win_helper: end {pid}: {e}");
+                        return 1;
+                    }
+                }
+                0
             }
             other => {
                 eprintln!("win_helper: unknown mode {other:?}");

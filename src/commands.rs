@@ -1496,209 +1496,54 @@ pub fn serve(config: &Config, args: ServeArgs) -> CliResult {
     result
 }
 
+/// `serve`'s flags as the library's options.
 #[cfg(unix)]
 fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
-    use treewarden::service::{Service, ServiceConfig};
-    let reaper = Reaper::install()
-        .map_err(|e| CliError::internal(anyhow!("cannot become a subreaper: {e}")))?;
-    let mut engine = engine(config, Some(reaper))?;
-    engine.set_dispatch_scope(args.dispatch_scope);
-    let token = treewarden::http::auth::ensure_token(&config.data_dir)
-        .map_err(|e| CliError::internal(anyhow!("api token: {e}")))?;
-    let svc_config = ServiceConfig {
-        listen: args.listen,
-        scan_interval: args.scan_interval,
-        full_scan_interval: args.full_scan_interval,
-        sweep_interval: args.sweep_interval,
-        sweep_concurrency: args.sweep_concurrency,
-        default_grace: args.grace,
-        shutdown_grace: args.shutdown_grace,
-        drain_timeout: args.drain_timeout,
-        ready_file: args.ready_file,
-        allow_commands: args.allow_commands,
-        allow_env: args.allow_env,
-        observer: config.observer,
-        observer_rcvbuf: config.observer_rcvbuf,
-        log_max: args.log_max,
-        min_free: args.min_free,
-        max_trees_per_principal: args.max_trees_per_user,
-        max_grace: args.max_grace,
-    };
-    let service =
-        Service::new(engine, reaper, svc_config).map_err(|e| CliError::internal(anyhow!(e)))?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .max_blocking_threads(64)
-        .thread_name("tw-serve")
-        .enable_all()
-        .build()
-        .map_err(|e| CliError::internal(anyhow!("tokio runtime: {e}")))?;
-    let retention = match args.retain {
-        None => None,
-        Some(retain) => {
-            if let Some(dir) = &args.retain_archive {
-                use std::os::unix::fs::DirBuilderExt;
-                std::fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(0o700)
-                    .create(dir)
-                    .map_err(|e| {
-                        CliError::internal(anyhow!("--retain-archive {}: {e}", dir.display()))
-                    })?;
-            }
-            let ledger = treewarden::ledger::Ledger::open(
-                &config.ledger_path(),
-                treewarden::ledger::LedgerOptions::from_config(config),
-            )
-            .map_err(|e| CliError::internal(anyhow!("retention: {e}")))?;
-            Some(
-                treewarden::service::retain::Retention::start(
-                    ledger,
-                    treewarden::service::retain::RetainConfig {
-                        data_dir: config.data_dir.clone(),
-                        retain,
-                        every: args.retain_every,
-                        archive_dir: args.retain_archive.clone(),
-                    },
-                )
-                .map_err(|e| CliError::internal(anyhow!("retention: {e}")))?,
-            )
-        }
-    };
-    let shipper =
-        match treewarden::service::ship::ShipConfig::from_flag_or_env(args.ship_otlp.as_deref()) {
-            None => None,
-            Some(ship) => {
-                let ledger = treewarden::ledger::Ledger::open(
-                    &config.ledger_path(),
-                    treewarden::ledger::LedgerOptions::from_config(config),
-                )
-                .map_err(|e| CliError::internal(anyhow!("OTLP shipping: {e}")))?;
-                tracing::info!(endpoint = %ship.logs_url(), "shipping ledger events as OTLP logs");
-                Some(
-                    treewarden::service::ship::Shipper::start(ledger, ship)
-                        .map_err(|e| CliError::internal(anyhow!(e)))?,
-                )
-            }
-        };
-    // Sealing (issue 28): seals every epoch where `seal setup` was run. Its
-    // own handle waits longer for the write lock than custody writes do: a
-    // seal is due once an epoch, and the wait blocks only its thread.
-    let sealing = treewarden::ledger::Ledger::open(
-        &config.ledger_path(),
-        treewarden::ledger::LedgerOptions {
-            busy_timeout: config
-                .busy_timeout
-                .max(treewarden::service::seal::BUSY_TIMEOUT),
-            reserve: config.ledger_reserve,
+    use treewarden::service::ServiceConfig;
+    use treewarden::service::serve::{ServeOptions, serve};
+    let opts = ServeOptions {
+        service: ServiceConfig {
+            listen: args.listen,
+            scan_interval: args.scan_interval,
+            full_scan_interval: args.full_scan_interval,
+            sweep_interval: args.sweep_interval,
+            sweep_concurrency: args.sweep_concurrency,
+            default_grace: args.grace,
+            shutdown_grace: args.shutdown_grace,
+            drain_timeout: args.drain_timeout,
+            ready_file: args.ready_file,
+            allow_commands: args.allow_commands,
+            allow_env: args.allow_env,
+            observer: config.observer,
+            observer_rcvbuf: config.observer_rcvbuf,
+            log_max: args.log_max,
+            min_free: args.min_free,
+            max_trees_per_principal: args.max_trees_per_user,
+            max_grace: args.max_grace,
         },
-    )
-    .map_err(|e| e.to_string())
-    .and_then(|ledger| treewarden::service::seal::Sealing::start(ledger, config.data_dir.clone()))
-    .map_err(|e| CliError::internal(anyhow!(e)))?;
-    let admin_gid = match &args.admin_group {
-        None => None,
-        Some(g) => Some(
-            treewarden::proc::group_by_name(g)
-                .map_err(|e| CliError::internal(anyhow!("group database: {e}")))?
-                .ok_or_else(|| CliError::usage(anyhow!("--admin-group {g}: no such group")))?,
-        ),
-    };
-    // The api-token file is the first admin token: current setups keep
-    // working. A replaced file's old token is revoked.
-    service
-        .engine()
-        .ledger()
-        .import_token(
-            "api-token file",
-            &treewarden::http::auth::token_hash(&token),
-            &cli_requester(),
-        )
-        .map_err(|e| CliError::internal(anyhow!("api token: {e}")))?;
-    let socket_path = args
-        .socket
-        .clone()
-        .unwrap_or_else(|| config.data_dir.join("api.sock"));
-    let open_reads = args.open_reads;
-    let code = rt.block_on(async move {
-        // Signals first: from here on SIGTERM drains, whatever start-up is
-        // doing. Then the listeners, which answer before the recovery sweep
-        // (started by `run`, in the background) has torn anything down.
-        let shutdown = service.shutdown_token();
-        treewarden::http::shutdown_on_signals(shutdown.clone())
-            .map_err(|e| CliError::internal(anyhow!("start-up: cannot listen for signals: {e}")))?;
-        // Descriptors are custody's: the soft limit goes up to the hard one,
-        // and the serving loop keeps a reserve of them (src/http/conn.rs).
-        let nofile = treewarden::proc::raise_nofile_soft_limit();
-        tracing::debug!(?nofile, "soft RLIMIT_NOFILE");
-        let listen = service.config().listen;
-        let listener = tokio::net::TcpListener::bind(listen)
-            .await
-            .map_err(|e| CliError::internal(anyhow!("cannot listen on {listen}: {e}")))?;
-        let bound = listener
-            .local_addr()
-            .map_err(|e| CliError::internal(anyhow!(e)))?;
-        let unix = treewarden::http::bind_unix(&socket_path).map_err(|e| {
-            CliError::internal(anyhow!("cannot listen on {}: {e}", socket_path.display()))
-        })?;
-        let auth =
-            treewarden::http::auth::Auth::new(!bound.ip().is_loopback(), open_reads, admin_gid);
-        let app = treewarden::http::router(treewarden::http::AppState {
-            service: service.clone(),
-            auth: std::sync::Arc::new(auth),
-        });
-        let limits = treewarden::http::conn::ConnLimits {
+        retain: args.retain,
+        retain_every: args.retain_every,
+        retain_archive: args.retain_archive,
+        ship_otlp: args.ship_otlp,
+        socket: args.socket,
+        admin_group: args.admin_group,
+        open_reads: args.open_reads,
+        limits: treewarden::http::conn::ConnLimits {
             max_total: args.max_connections,
             max_per_uid: args.max_connections_per_uid,
             header_read: args.header_timeout,
             ..treewarden::http::conn::ConnLimits::default()
-        };
-        let servers = vec![
-            tokio::spawn(treewarden::http::conn::serve(
-                listener,
-                app.clone(),
-                shutdown.clone(),
-                limits,
-            )),
-            tokio::spawn(treewarden::http::conn::serve(
-                unix,
-                app,
-                shutdown.clone(),
-                limits,
-            )),
-        ];
-        if let Some(path) = &service.config().ready_file {
-            let tmp = path.with_extension("tmp");
-            std::fs::write(&tmp, bound.to_string())
-                .and_then(|_| std::fs::rename(&tmp, path))
-                .map_err(|e| CliError::internal(anyhow!("{}: {e}", path.display())))?;
+        },
+        dispatch_scope: args.dispatch_scope,
+        shutdown_on_signals: true,
+    };
+    serve(config, opts, tokio_util::sync::CancellationToken::new()).map_err(|e| {
+        if e.usage {
+            CliError::usage(anyhow!(e))
+        } else {
+            CliError::internal(anyhow!(e))
         }
-        eprintln!(
-            "treewarden: listening on http://{bound}/ and {}",
-            socket_path.display()
-        );
-        tracing::info!(%bound, socket = %socket_path.display(), "listening");
-        let settled = service.run(servers).await;
-        if let Err(e) = std::fs::remove_file(&socket_path) {
-            tracing::warn!(error = %e, "the socket file was not removed");
-        }
-        Ok(if settled { 0 } else { EXIT_INTERNAL })
-    });
-    // The drain is bounded by --drain-timeout; a teardown still running on
-    // the blocking pool after it (a long grace started before the SIGTERM)
-    // must not hold the process past a supervisor's SIGKILL window. It is
-    // abandoned; its tree is resumed by the next start's sweep (the ledger
-    // holds where it stopped; a frozen cgroup is thawed by that teardown).
-    rt.shutdown_timeout(Duration::from_secs(1));
-    // The clean close, after the drain's last writes (shipped below).
-    sealing.stop();
-    if let Some(retention) = retention {
-        retention.stop();
-    }
-    if let Some(shipper) = shipper {
-        shipper.stop();
-    }
-    code
+    })
 }
 
 // The Windows bodies of what the Unix ones above do through Unix-only

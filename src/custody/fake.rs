@@ -154,6 +154,10 @@ pub(crate) struct World {
     /// (EMFILE): every `/proc` read of these pids (all pids when empty)
     /// and every `cgroup.procs` read. The processes live on regardless.
     pub unreadable: Option<HashSet<i32>>,
+    /// Standing-kill disarms asked for, and how many of the next ones fail
+    /// (Windows' `KILL_ON_JOB_CLOSE` that cannot be cleared).
+    pub disarms: usize,
+    pub disarm_fails: usize,
 }
 
 impl World {
@@ -456,6 +460,8 @@ impl FakeHost {
                 calls: HashMap::new(),
                 group_candidates: Vec::new(),
                 unreadable: None,
+                disarms: 0,
+                disarm_fails: 0,
             }),
             base: Instant::now(),
             ledger: Mutex::new(None),
@@ -611,12 +617,13 @@ impl Host for FakeHost {
         &self,
         rec: &GroupRecord,
         sig: Sig,
-        candidates: &[i32],
+        candidates: &[crate::proc::ProcKey],
     ) -> Result<GroupDelivery, ProcError> {
         self.step(Call::SignalGroup, sig);
         let authorized = self.authority(sig);
         let mut w = self.world();
-        w.group_candidates.push(candidates.to_vec());
+        w.group_candidates
+            .push(candidates.iter().map(|k| k.pid).collect());
         let record = |w: &mut World, hit: Vec<(i32, u64)>, outcome: String| {
             w.push(Sent {
                 sig,
@@ -793,6 +800,16 @@ impl Host for FakeHost {
         w.step(Call::CgroupFreeze);
         w.cgroups.insert(dir.to_path_buf(), true);
         Ok(true)
+    }
+
+    fn disarm_standing_kill(&self, _dir: &Path) -> Result<(), ProcError> {
+        let mut w = self.world();
+        w.disarms += 1;
+        if w.disarm_fails > 0 {
+            w.disarm_fails -= 1;
+            return Err(ProcError::Proc("KILL_ON_JOB_CLOSE still set".into()));
+        }
+        Ok(())
     }
 
     fn cgroup_thaw(&self, dir: &Path, _wait: Duration) -> Result<bool, ProcError> {

@@ -99,7 +99,7 @@ pub trait Host: Send + Sync {
         &self,
         rec: &GroupRecord,
         sig: Sig,
-        candidates: &[i32],
+        candidates: &[crate::proc::ProcKey],
     ) -> Result<GroupDelivery, ProcError>;
     /// One process, through a pidfd checked against `id` after it was opened
     /// ([`crate::proc::signal_process`]).
@@ -116,6 +116,12 @@ pub trait Host: Send + Sync {
     fn cgroup_kill(&self, dir: &Path) -> Result<(), ProcError>;
     /// `cgroup.freeze` 1; whether `frozen 1` was reported within `wait`.
     fn cgroup_freeze(&self, dir: &Path, wait: Duration) -> Result<bool, ProcError>;
+    /// Clears the container's standing kill (Windows: the job's
+    /// `KILL_ON_JOB_CLOSE`) and checks it is clear; `Ok` where there is
+    /// none ([`crate::proc::disarm_standing_kill`]).
+    fn disarm_standing_kill(&self, _dir: &Path) -> Result<(), ProcError> {
+        Ok(())
+    }
     /// `cgroup.freeze` 0; whether `frozen 0` was reported within `wait`.
     fn cgroup_thaw(&self, dir: &Path, wait: Duration) -> Result<bool, ProcError>;
     /// Waits for `populated 0` of `cgroup.events` until `deadline` (the
@@ -222,7 +228,7 @@ impl Host for KernelHost {
         &self,
         rec: &GroupRecord,
         sig: Sig,
-        candidates: &[i32],
+        candidates: &[crate::proc::ProcKey],
     ) -> Result<GroupDelivery, ProcError> {
         crate::proc::signal_group_known(rec, sig, candidates)
     }
@@ -262,6 +268,10 @@ impl Host for KernelHost {
 
     fn cgroup_freeze(&self, dir: &Path, wait: Duration) -> Result<bool, ProcError> {
         crate::proc::cgroup_freeze(dir, wait)
+    }
+
+    fn disarm_standing_kill(&self, dir: &Path) -> Result<(), ProcError> {
+        crate::proc::disarm_standing_kill(dir)
     }
 
     fn cgroup_thaw(&self, dir: &Path, wait: Duration) -> Result<bool, ProcError> {

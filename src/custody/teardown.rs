@@ -214,6 +214,9 @@ enum State {
     FailClosed(FailClosed),
     /// Members outlived every round.
     Survived(Vec<Member>),
+    /// The container's standing kill could not be cleared (Windows: the
+    /// job's `KILL_ON_JOB_CLOSE`): no forced kill, the members left alive.
+    Armed(Vec<Member>, String),
 }
 
 struct Grace {
@@ -269,9 +272,10 @@ struct FailClosed {
 struct Targets {
     group: GroupRecord,
     cgroup: Option<std::path::PathBuf>,
-    /// Pids of live members in the recorded group, as just classified: the
-    /// group check re-reads these instead of walking all of `/proc`.
-    group_pids: Vec<i32>,
+    /// Live members in the recorded group (pid + start), as just
+    /// classified: the group check re-reads these instead of walking all of
+    /// `/proc`.
+    group_pids: Vec<crate::proc::ProcKey>,
     /// Live members outside the recorded group (and, for a cgroup kill,
     /// outside the cgroup): signalled one by one through pidfds.
     loose: Vec<Identity>,
@@ -564,13 +568,21 @@ impl Engine {
         let mut state = State::Term;
         loop {
             state = match state {
-                State::Term => self.term(&mut run)?,
-                State::Grace(g) => self.grace(&mut run, g)?,
+                State::Term => self
+                    .term(&mut run)
+                    .inspect_err(|_| self.disarm_again(&run))?,
+                State::Grace(g) => self
+                    .grace(&mut run, g)
+                    .inspect_err(|_| self.disarm_again(&run))?,
                 State::Freeze(f) => self.freeze_round(&mut run, f),
                 State::Snapshot(s) => self.snapshot(&mut run, s),
                 State::Authorize(a) => self.authorize(&mut run, a),
-                State::Kill(k) => self.kill(&mut run, k)?,
-                State::Verify(v) => self.verify(&mut run, v)?,
+                State::Kill(k) => self
+                    .kill(&mut run, k)
+                    .inspect_err(|_| self.disarm_again(&run))?,
+                State::Verify(v) => self
+                    .verify(&mut run, v)
+                    .inspect_err(|_| self.disarm_again(&run))?,
                 State::Finish => {
                     let Run {
                         tree,
@@ -594,8 +606,21 @@ impl Engine {
                         run.started,
                     );
                 }
-                State::FailClosed(f) => return Err(self.fail_closed(&mut run, f)),
-                State::Survived(members) => return Err(self.survived(&mut run, members)),
+                State::FailClosed(f) => {
+                    let e = self.fail_closed(&mut run, f);
+                    self.disarm_again(&run);
+                    return Err(e);
+                }
+                State::Survived(members) => {
+                    let e = self.survived(&mut run, members, None);
+                    self.disarm_again(&run);
+                    return Err(e);
+                }
+                State::Armed(members, why) => {
+                    let e = self.survived(&mut run, members, Some(why));
+                    self.disarm_again(&run);
+                    return Err(e);
+                }
             };
         }
     }
@@ -767,7 +792,9 @@ impl Engine {
         }
         let t0 = Instant::now();
         let span = tracing::info_span!("teardown.phase", phase = "freeze").entered();
-        self.freeze(run.tree, &mut run.watch, &run.group, &members, run.opts);
+        if let Err(why) = self.freeze(run.tree, &mut run.watch, &run.group, &members, run.opts) {
+            return State::Armed(members, why);
+        }
         self.collect_exits(&mut run.exits);
         // A frozen cgroup forks nothing: its `cgroup.procs` and the known
         // members are all there is to re-read. Without a cgroup, a process
@@ -1052,9 +1079,22 @@ impl Engine {
     }
 
     /// Members outlived every round: the tree is not provably gone.
-    fn survived(&self, run: &mut Run<'_>, members: Vec<Member>) -> CustodyError {
+    /// `armed`: why no forced kill was tried (the standing kill could not
+    /// be cleared), flagged `disarm_failed` instead of `survivors`.
+    fn survived(
+        &self,
+        run: &mut Run<'_>,
+        members: Vec<Member>,
+        armed: Option<String>,
+    ) -> CustodyError {
         let tree = run.tree;
-        let why = format!("{} members survived the forced kill", members.len());
+        let flag = if armed.is_some() {
+            "disarm_failed"
+        } else {
+            "survivors"
+        };
+        let why =
+            armed.unwrap_or_else(|| format!("{} members survived the forced kill", members.len()));
         self.stats.survivors(members.len());
         let named: Vec<IdentityRecord> = members.iter().map(|m| run.watch.identity(m)).collect();
         self.mark_ambiguous(tree.0, &why, &named, run.watch.journal());
@@ -1063,7 +1103,7 @@ impl Engine {
             &self.ledger,
             "flag",
             Deferred::Flag {
-                flag: "survivors".into(),
+                flag: flag.into(),
                 at: now(),
             },
         );
@@ -1352,14 +1392,36 @@ impl Engine {
         group: &GroupRecord,
         members: &[Member],
         opts: &TeardownOptions,
-    ) {
+    ) -> Result<(), String> {
         if let Some(dir) = watch.cgroup() {
+            // From here on only the authorized kill may end the tree: a
+            // standing kill still set would end it, unrecorded, when the
+            // container's last handle closes (a `run` that exits 125).
+            if let Err(e) = self.host.disarm_standing_kill(dir) {
+                return Err(format!(
+                    "forced kill skipped: the container's standing kill could not be cleared ({e}); {} members not killed",
+                    members.len()
+                ));
+            }
             if let Err(e) = self.host.cgroup_freeze(dir, Duration::from_secs(1)) {
                 tracing::warn!(tree = tree.0, error = %e, "cgroup freeze failed");
             }
-            return;
+            return Ok(());
         }
         self.group_step(tree, watch, group, members, Sig::Stop, opts);
+        Ok(())
+    }
+
+    /// On every error exit of a teardown: the container's standing kill is
+    /// cleared (again), so the survivors the record calls alive are not
+    /// killed behind its back when this process's exit closes the
+    /// container (Windows' `KILL_ON_JOB_CLOSE`; nothing on Linux).
+    fn disarm_again(&self, run: &Run<'_>) {
+        if let Some(dir) = run.watch.cgroup()
+            && let Err(e) = self.host.disarm_standing_kill(dir)
+        {
+            tracing::error!(tree = run.tree.0, error = %e, "standing kill not cleared on the teardown's error exit: the container's close may end its members");
+        }
     }
 
     /// Undoes [`Engine::freeze`]: thaws the cgroup, or SIGCONT to the group
@@ -1579,11 +1641,12 @@ impl Lease {
 }
 
 impl Lease {
-    /// On Windows a file removed while open is delete-pending: nobody can
-    /// open (and lock) it again, so the file held is the one at the path.
+    /// Whether `file` is still the file at `path` (same volume and file
+    /// index), not only whether the path exists (NTFS with POSIX delete
+    /// semantics frees the name of a file removed while open).
     #[cfg(windows)]
-    fn still_at(_file: &std::fs::File, path: &std::path::Path) -> bool {
-        path.exists()
+    fn still_at(file: &std::fs::File, path: &std::path::Path) -> bool {
+        crate::proc::same_file(file, path)
     }
 }
 
@@ -1619,12 +1682,13 @@ fn now() -> String {
 /// How long a teardown waits for another one of the same tree to finish.
 pub const LEASE_WAIT: Duration = Duration::from_secs(60);
 
-/// Pids of the members in the recorded group (the group check's candidates).
-fn group_pids(members: &[Member], pgid: i32) -> Vec<i32> {
+/// The members in the recorded group, by pid and start (the group check's
+/// candidates).
+fn group_pids(members: &[Member], pgid: i32) -> Vec<crate::proc::ProcKey> {
     members
         .iter()
         .filter(|m| m.entry.pgid == pgid)
-        .map(|m| m.entry.pid)
+        .map(|m| crate::proc::ProcKey::new(m.entry.pid, m.entry.start_ticks))
         .collect()
 }
 

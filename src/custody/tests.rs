@@ -351,6 +351,43 @@ fn a_refused_authorization_sends_no_sigkill_thaws_and_closes_dispatch() {
 }
 
 #[test]
+fn a_standing_kill_that_cannot_be_cleared_skips_the_forced_kill_and_is_cleared_again_on_the_way_out()
+ {
+    let rig = rig(Boundary::Cgroup, false, |w, root, cg| {
+        w.procs.get_mut(&root).expect("root").ignores_term = true;
+        w.spawn(stubborn(root, root, cg));
+        w.disarm_fails = 1;
+    });
+    let err = rig
+        .teardown(Duration::from_millis(50))
+        .expect_err("ambiguous");
+    let CustodyError::Ambiguous { reason, .. } = &err else {
+        panic!("not ambiguous: {err}");
+    };
+    assert!(
+        reason.contains("standing kill could not be cleared"),
+        "{reason}"
+    );
+    assert!(rig.kills().is_empty(), "no forced kill while armed");
+    assert!(
+        rig.detail().authorizations.is_empty(),
+        "no authorization either"
+    );
+    let w = rig.host.world();
+    assert_eq!(w.live().len(), 2, "the members are left alive");
+    // The freeze round's disarm, then the error exit's.
+    assert_eq!(w.disarms, 2);
+    drop(w);
+    let detail = rig.detail();
+    assert_eq!(detail.tree.state, TreeState::Ambiguous);
+    assert!(
+        detail.tree.flags.iter().any(|f| f == "disarm_failed"),
+        "{:?}",
+        detail.tree.flags
+    );
+}
+
+#[test]
 fn a_refused_authorization_on_the_session_boundary_is_thawed_by_a_recorded_sigcont() {
     let rig = rig(Boundary::Session, false, |w, root, _| {
         w.procs.get_mut(&root).expect("root").ignores_term = true;

@@ -111,6 +111,13 @@ pub const CONTAINER_KILL: (&str, &str) = ("SIGKILL", "cgroup");
 /// its owner's exit: none on Linux (a cgroup outlives its owner).
 #[cfg(target_os = "linux")]
 pub const STANDING_KILL_FLAG: Option<&str> = None;
+/// Clears the standing kill of a tree's container before the teardown's
+/// forced-kill round: nothing to clear on Linux (a cgroup kills nothing on
+/// its own).
+#[cfg(target_os = "linux")]
+pub fn disarm_standing_kill(_dir: &std::path::Path) -> Result<(), ProcError> {
+    Ok(())
+}
 /// The handle an exit watch holds (a pidfd).
 #[cfg(target_os = "linux")]
 pub type ExitHandle = std::os::fd::OwnedFd;

@@ -293,7 +293,7 @@ pub fn signal_group(rec: &GroupRecord, sig: Sig) -> Result<GroupDelivery, ProcEr
 pub fn signal_group_known(
     rec: &GroupRecord,
     sig: Sig,
-    candidates: &[i32],
+    candidates: &[super::ProcKey],
 ) -> Result<GroupDelivery, ProcError> {
     signal_group_via(rec, sig, candidates).map(|(delivery, _)| delivery)
 }
@@ -386,7 +386,7 @@ fn signal_group_by_pidfd(rec: &GroupRecord, sig: Sig) -> Option<Result<GroupDeli
 pub fn signal_group_via(
     rec: &GroupRecord,
     sig: Sig,
-    candidates: &[i32],
+    candidates: &[super::ProcKey],
 ) -> Result<(GroupDelivery, GroupPath), ProcError> {
     guard(rec.pgid, "process group")?;
     guard(rec.sid, "session")?;
@@ -402,7 +402,7 @@ pub fn signal_group_via(
     // One live member re-read now is proof enough of the group's session
     // (see above); the count reported is the caller's classification.
     let (members, count) =
-        match crate::scan::first_live_in_group(candidates.iter().copied(), rec.pgid) {
+        match crate::scan::first_live_in_group(candidates.iter().map(|k| k.pid), rec.pgid) {
             Some(e) => (vec![e], candidates.len()),
             None => {
                 let walked = group_members(rec.pgid)?;

@@ -47,6 +47,7 @@ mod logcap;
 pub mod metrics;
 pub mod retain;
 pub mod seal;
+pub mod serve;
 pub mod ship;
 
 pub use export::ExportChunks;

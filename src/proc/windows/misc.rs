@@ -507,6 +507,16 @@ type CtrlCallback = Box<dyn Fn(i32) + Send + Sync>;
 /// The callback the console control handler calls (one at a time).
 static CTRL: std::sync::Mutex<Option<CtrlCallback>> = std::sync::Mutex::new(None);
 
+/// Whether the work the handler's callback started is over ([`CtrlForward::close`]):
+/// what a `CTRL_CLOSE_EVENT` waits for.
+static DONE: (std::sync::Mutex<bool>, std::sync::Condvar) =
+    (std::sync::Mutex::new(false), std::sync::Condvar::new());
+
+/// How long the close handler waits for [`CtrlForward::close`]. Windows
+/// ends the process ~5 s after a console closes whatever the handler does;
+/// the bound only keeps a handler from waiting for good where it does not.
+const CLOSE_WAIT: Duration = Duration::from_secs(30);
+
 unsafe extern "system" fn on_ctrl(kind: u32) -> windows_sys::core::BOOL {
     use windows_sys::Win32::System::Console::{CTRL_BREAK_EVENT, CTRL_C_EVENT, CTRL_CLOSE_EVENT};
     let sig = match kind {
@@ -515,16 +525,39 @@ unsafe extern "system" fn on_ctrl(kind: u32) -> windows_sys::core::BOOL {
         CTRL_CLOSE_EVENT => 1,
         _ => return 0,
     };
-    match CTRL.lock() {
+    let handled = match CTRL.lock() {
         Ok(g) => match g.as_ref() {
             Some(f) => {
                 f(sig);
-                1
+                true
             }
-            None => 0,
+            None => false,
         },
-        Err(_) => 0,
+        Err(_) => false,
+    };
+    // A closed console ends the process as soon as this handler returns:
+    // wait (outside the callback's lock) until the teardown the callback
+    // started is done, or this process exits under it.
+    if handled && kind == CTRL_CLOSE_EVENT {
+        wait_done(CLOSE_WAIT);
     }
+    handled.into()
+}
+
+/// Waits until [`CtrlForward::close`] says the work is over, or `wait`.
+fn wait_done(wait: Duration) {
+    let (lock, cv) = &DONE;
+    if let Ok(g) = lock.lock() {
+        let _ = cv.wait_timeout_while(g, wait, |done| !*done);
+    }
+}
+
+fn set_done(v: bool) {
+    let (lock, cv) = &DONE;
+    if let Ok(mut g) = lock.lock() {
+        *g = v;
+    }
+    cv.notify_all();
 }
 
 /// The console control handler registered by [`forward_console_ctrl`];
@@ -532,10 +565,13 @@ unsafe extern "system" fn on_ctrl(kind: u32) -> windows_sys::core::BOOL {
 pub struct CtrlForward(());
 
 impl CtrlForward {
+    /// Also ends a `CTRL_CLOSE_EVENT` handler's wait: call it once what the
+    /// event started (the teardown) is over.
     pub fn close(&self) {
         if let Ok(mut g) = CTRL.lock() {
             *g = None;
         }
+        set_done(true);
         // SAFETY: removes the handler this module registered.
         unsafe {
             windows_sys::Win32::System::Console::SetConsoleCtrlHandler(Some(on_ctrl), 0);
@@ -545,10 +581,16 @@ impl CtrlForward {
 
 /// Calls `f` with 2 (Ctrl+C), 15 (Ctrl+Break) or 1 (console closed) when
 /// the console sends this process a control event.
+///
+/// On a console close the handler returns only after [`CtrlForward::close`]
+/// (Windows ends the process when it returns, and gives it ~5 s): so `run`
+/// tears its tree down first. A handler never closed (`kill`, `sweep`)
+/// waits until the process exits under it.
 pub fn forward_console_ctrl(f: CtrlCallback) -> Result<CtrlForward, ProcError> {
     if let Ok(mut g) = CTRL.lock() {
         *g = Some(f);
     }
+    set_done(false);
     // SAFETY: `on_ctrl` is a plain `extern "system"` function that lives
     // for the whole program.
     let ok =
@@ -557,4 +599,30 @@ pub fn forward_console_ctrl(f: CtrlCallback) -> Result<CtrlForward, ProcError> {
         return Err(ProcError::Io(super::last_error()));
     }
     Ok(CtrlForward(()))
+}
+
+/// Whether `held` is the file at `path` now: the same volume serial and
+/// file index (`GetFileInformationByHandle`), as a device and inode compare
+/// on Unix. A path that cannot be opened (gone, or delete-pending) is not.
+pub fn same_file(held: &std::fs::File, path: &Path) -> bool {
+    fn id(f: &std::fs::File) -> Option<(u32, u64)> {
+        use windows_sys::Win32::Storage::FileSystem::{
+            BY_HANDLE_FILE_INFORMATION, GetFileInformationByHandle,
+        };
+        // SAFETY: a plain C struct of integers for which all-zero is valid.
+        let mut info: BY_HANDLE_FILE_INFORMATION = unsafe { std::mem::zeroed() };
+        // SAFETY: `f` is an open file, its handle valid while it lives; the
+        // struct is writable and of the type the call fills.
+        let ok = unsafe { GetFileInformationByHandle(f.as_raw_handle(), &raw mut info) };
+        (ok != 0).then(|| {
+            (
+                info.dwVolumeSerialNumber,
+                (u64::from(info.nFileIndexHigh) << 32) | u64::from(info.nFileIndexLow),
+            )
+        })
+    }
+    let Ok(named) = std::fs::File::open(path) else {
+        return false;
+    };
+    matches!((id(held), id(&named)), (Some(a), Some(b)) if a == b)
 }

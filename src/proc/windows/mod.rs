@@ -43,8 +43,8 @@ pub use reaper::{
 };
 pub use signal::{
     CgroupEvent, Delivery, GroupDelivery, GroupRecord, Sig, cgroup_freeze, cgroup_kill,
-    cgroup_pids, cgroup_populated, cgroup_thaw, cgroup_wait_event, default_sigpipe, may_signal,
-    signal_group_known, signal_process,
+    cgroup_pids, cgroup_populated, cgroup_thaw, cgroup_wait_event, default_sigpipe,
+    disarm_standing_kill, may_signal, signal_group_known, signal_process,
 };
 pub use spawn::{
     BoundaryKind, CgroupSetting, ExecFailure, ExecFailureKind, HeldChild, SpawnSpec, SpawnStdio,

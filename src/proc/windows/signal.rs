@@ -170,7 +170,7 @@ pub fn signal_process(id: &Identity, sig: Sig) -> Result<Delivery, ProcError> {
 pub fn signal_group_known(
     rec: &GroupRecord,
     sig: Sig,
-    candidates: &[i32],
+    candidates: &[super::ProcKey],
 ) -> Result<GroupDelivery, ProcError> {
     guard(rec.pgid)?;
     if sig != Sig::Term {
@@ -179,10 +179,14 @@ pub fn signal_group_known(
             sig.name()
         )));
     }
+    // A candidate counts only while its pid still holds the process that
+    // was read in the group (same creation time), not any live pid.
     let live = candidates
         .iter()
-        .filter(|&&p| p != rec.leader.pid)
-        .filter(|&&p| matches!(super::identity::identity_of(p), Ok(Some(_))))
+        .filter(|k| k.pid != rec.leader.pid)
+        .filter(|k| {
+            matches!(super::identity::identity_of(k.pid), Ok(Some(id)) if id.start_ticks == k.start_ticks)
+        })
         .count();
     let members = match rec.leader.check() {
         Liveness::Same => 1 + live,
@@ -224,14 +228,30 @@ pub fn cgroup_kill(path: &Path) -> Result<(), ProcError> {
     }
 }
 
-/// Jobs cannot be frozen (`Ok(false)`). What the freeze stands for in the
-/// teardown, the start of its forced-kill round, disarms the job's
-/// `KILL_ON_JOB_CLOSE`: from here on only the authorized terminate kills.
-pub fn cgroup_freeze(path: &Path, _wait: Duration) -> Result<bool, ProcError> {
-    if let Some(j) = job::open(path)? {
-        job::disarm(&j)?;
-    }
+/// Jobs cannot be frozen (`Ok(false)`). The start of the teardown's
+/// forced-kill round disarms the job first ([`disarm_standing_kill`]).
+pub fn cgroup_freeze(_path: &Path, _wait: Duration) -> Result<bool, ProcError> {
     Ok(false)
+}
+
+/// Clears the job's `KILL_ON_JOB_CLOSE` and checks it is clear: from here
+/// on only the authorized terminate kills. The teardown calls it at the
+/// start of its forced-kill round (and fails closed when it errs) and again
+/// on every error exit, so a `run` that ends with survivors left as
+/// evidence does not kill them when its exit closes the job. A job whose
+/// every handle closed is gone with its flag: nothing to clear.
+pub fn disarm_standing_kill(path: &Path) -> Result<(), ProcError> {
+    let Some(j) = job::open(path)? else {
+        return Ok(());
+    };
+    job::disarm(&j)?;
+    if job::armed(&j)? {
+        return Err(ProcError::Proc(format!(
+            "{}: KILL_ON_JOB_CLOSE still set after clearing it",
+            path.display()
+        )));
+    }
+    Ok(())
 }
 
 /// Nothing was frozen: nothing to thaw.

@@ -1,0 +1,288 @@
+//! `treewarden serve` as a library call (issue 27, issue 29):
+//! [`serve`] opens the ledger, makes the [`Service`], binds the TCP and
+//! Unix listeners, and runs until `shutdown` (or SIGTERM/SIGINT, with
+//! [`ServeOptions::shutdown_on_signals`]) drains it. The binary is a thin
+//! shell: it parses `serve`'s flags into [`ServeOptions`] and maps
+//! [`ServeError`] to its exit code, as mini-redis and ripgrep keep their
+//! `main`s.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::custody::{CustodyError, DispatchScope, Engine};
+use crate::ledger::{Ledger, LedgerOptions};
+use crate::proc::Reaper;
+
+use super::{Service, ServiceConfig};
+
+/// The exit code of a serve that shut down but could not settle every
+/// owned tree (or could not start): treewarden's own failure.
+pub const EXIT_UNSETTLED: u8 = 125;
+
+/// Everything `serve` takes beyond the [`Config`].
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    pub service: ServiceConfig,
+    /// Prune trees ended longer ago than this (`None`: nothing pruned).
+    pub retain: Option<Duration>,
+    pub retain_every: Duration,
+    pub retain_archive: Option<PathBuf>,
+    /// OTLP/HTTP endpoint for the ledger's events (else the environment's).
+    pub ship_otlp: Option<String>,
+    /// The Unix socket (default `<data-dir>/api.sock`).
+    pub socket: Option<PathBuf>,
+    /// Members of this group act on every tree over the socket.
+    pub admin_group: Option<String>,
+    /// Reads on loopback need no token.
+    pub open_reads: bool,
+    pub limits: crate::http::conn::ConnLimits,
+    pub dispatch_scope: DispatchScope,
+    /// Whether SIGTERM and SIGINT start the drain (the binary: yes; an
+    /// embedder with signal handling of its own cancels `shutdown`).
+    pub shutdown_on_signals: bool,
+}
+
+/// Why `serve` could not start: bad input (`usage`, the CLI's exit 2) or
+/// treewarden's own failure (exit 125). One line.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct ServeError {
+    pub usage: bool,
+    pub message: String,
+}
+
+impl ServeError {
+    fn internal(message: impl Into<String>) -> Self {
+        Self {
+            usage: false,
+            message: message.into(),
+        }
+    }
+
+    fn usage(message: impl Into<String>) -> Self {
+        Self {
+            usage: true,
+            message: message.into(),
+        }
+    }
+}
+
+/// Runs the service until it is shut down (`shutdown` cancelled, or a
+/// signal) and drained. `Ok(0)` after a clean shutdown (every owned tree
+/// torn down), `Ok(`[`EXIT_UNSETTLED`]`)` when the drain could not settle.
+pub fn serve(
+    config: &Config,
+    opts: ServeOptions,
+    external: CancellationToken,
+) -> Result<u8, ServeError> {
+    let reaper = Reaper::install()
+        .map_err(|e| ServeError::internal(format!("cannot become a subreaper: {e}")))?;
+    let ledger =
+        Ledger::open(&config.ledger_path(), LedgerOptions::from_config(config)).map_err(|e| {
+            ServeError::internal(format!(
+                "cannot open the ledger {}: {e}",
+                config.ledger_path().display()
+            ))
+        })?;
+    let mut engine = Engine::new(config, ledger, Some(reaper)).map_err(|e| match e {
+        CustodyError::UnknownTree(_) | CustodyError::Conflict(_) => {
+            ServeError::usage(e.to_string())
+        }
+        e => ServeError::internal(e.to_string()),
+    })?;
+    engine.set_dispatch_scope(opts.dispatch_scope);
+    let token = crate::http::auth::ensure_token(&config.data_dir)
+        .map_err(|e| ServeError::internal(format!("api token: {e}")))?;
+    let svc_config = opts.service.clone();
+    let service = Service::new(engine, reaper, svc_config)
+        .map_err(|e| ServeError::internal(e.to_string()))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(64)
+        .thread_name("tw-serve")
+        .enable_all()
+        .build()
+        .map_err(|e| ServeError::internal(format!("tokio runtime: {e}")))?;
+    let retention = match opts.retain {
+        None => None,
+        Some(retain) => {
+            if let Some(dir) = &opts.retain_archive {
+                use std::os::unix::fs::DirBuilderExt;
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(dir)
+                    .map_err(|e| {
+                        ServeError::internal(format!("--retain-archive {}: {e}", dir.display()))
+                    })?;
+            }
+            let ledger = crate::ledger::Ledger::open(
+                &config.ledger_path(),
+                crate::ledger::LedgerOptions::from_config(config),
+            )
+            .map_err(|e| ServeError::internal(format!("retention: {e}")))?;
+            Some(
+                crate::service::retain::Retention::start(
+                    ledger,
+                    crate::service::retain::RetainConfig {
+                        data_dir: config.data_dir.clone(),
+                        retain,
+                        every: opts.retain_every,
+                        archive_dir: opts.retain_archive.clone(),
+                    },
+                )
+                .map_err(|e| ServeError::internal(format!("retention: {e}")))?,
+            )
+        }
+    };
+    let shipper =
+        match crate::service::ship::ShipConfig::from_flag_or_env(opts.ship_otlp.as_deref()) {
+            None => None,
+            Some(ship) => {
+                let ledger = crate::ledger::Ledger::open(
+                    &config.ledger_path(),
+                    crate::ledger::LedgerOptions::from_config(config),
+                )
+                .map_err(|e| ServeError::internal(format!("OTLP shipping: {e}")))?;
+                tracing::info!(endpoint = %ship.logs_url(), "shipping ledger events as OTLP logs");
+                Some(
+                    crate::service::ship::Shipper::start(ledger, ship)
+                        .map_err(|e| ServeError::internal(e.to_string()))?,
+                )
+            }
+        };
+    // Sealing (issue 28): seals every epoch where `seal setup` was run. Its
+    // own handle waits longer for the write lock than custody writes do: a
+    // seal is due once an epoch, and the wait blocks only its thread.
+    let sealing = crate::ledger::Ledger::open(
+        &config.ledger_path(),
+        crate::ledger::LedgerOptions {
+            busy_timeout: config.busy_timeout.max(crate::service::seal::BUSY_TIMEOUT),
+            reserve: config.ledger_reserve,
+        },
+    )
+    .map_err(|e| e.to_string())
+    .and_then(|ledger| crate::service::seal::Sealing::start(ledger, config.data_dir.clone()))
+    .map_err(|e| ServeError::internal(e.to_string()))?;
+    let admin_gid = match &opts.admin_group {
+        None => None,
+        Some(g) => Some(
+            crate::proc::group_by_name(g)
+                .map_err(|e| ServeError::internal(format!("group database: {e}")))?
+                .ok_or_else(|| ServeError::usage(format!("--admin-group {g}: no such group")))?,
+        ),
+    };
+    // The api-token file is the first admin token: current setups keep
+    // working. A replaced file's old token is revoked.
+    service
+        .engine()
+        .ledger()
+        .import_token(
+            "api-token file",
+            &crate::http::auth::token_hash(&token),
+            &requester(),
+        )
+        .map_err(|e| ServeError::internal(format!("api token: {e}")))?;
+    let socket_path = opts
+        .socket
+        .clone()
+        .unwrap_or_else(|| config.data_dir.join("api.sock"));
+    let open_reads = opts.open_reads;
+    let code = rt.block_on(async move {
+        // Signals first: from here on SIGTERM drains, whatever start-up is
+        // doing. Then the listeners, which answer before the recovery sweep
+        // (started by `run`, in the background) has torn anything down.
+        let shutdown = service.shutdown_token();
+        if opts.shutdown_on_signals {
+            crate::http::shutdown_on_signals(shutdown.clone()).map_err(|e| {
+                ServeError::internal(format!("start-up: cannot listen for signals: {e}"))
+            })?;
+        }
+        // The caller's token starts the same drain.
+        let own = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = external.cancelled() => own.cancel(),
+                _ = own.cancelled() => {}
+            }
+        });
+        // Descriptors are custody's: the soft limit goes up to the hard one,
+        // and the serving loop keeps a reserve of them (src/http/conn.rs).
+        let nofile = crate::proc::raise_nofile_soft_limit();
+        tracing::debug!(?nofile, "soft RLIMIT_NOFILE");
+        let listen = service.config().listen;
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .map_err(|e| ServeError::internal(format!("cannot listen on {listen}: {e}")))?;
+        let bound = listener
+            .local_addr()
+            .map_err(|e| ServeError::internal(e.to_string()))?;
+        let unix = crate::http::bind_unix(&socket_path).map_err(|e| {
+            ServeError::internal(format!("cannot listen on {}: {e}", socket_path.display()))
+        })?;
+        let auth = crate::http::auth::Auth::new(!bound.ip().is_loopback(), open_reads, admin_gid);
+        let app = crate::http::router(crate::http::AppState {
+            service: service.clone(),
+            auth: std::sync::Arc::new(auth),
+        });
+        let limits = opts.limits;
+        let servers = vec![
+            tokio::spawn(crate::http::conn::serve(
+                listener,
+                app.clone(),
+                shutdown.clone(),
+                limits,
+            )),
+            tokio::spawn(crate::http::conn::serve(
+                unix,
+                app,
+                shutdown.clone(),
+                limits,
+            )),
+        ];
+        if let Some(path) = &service.config().ready_file {
+            let tmp = path.with_extension("tmp");
+            std::fs::write(&tmp, bound.to_string())
+                .and_then(|_| std::fs::rename(&tmp, path))
+                .map_err(|e| ServeError::internal(format!("{}: {e}", path.display())))?;
+        }
+        eprintln!(
+            "treewarden: listening on http://{bound}/ and {}",
+            socket_path.display()
+        );
+        tracing::info!(%bound, socket = %socket_path.display(), "listening");
+        let settled = service.run(servers).await;
+        if let Err(e) = std::fs::remove_file(&socket_path) {
+            tracing::warn!(error = %e, "the socket file was not removed");
+        }
+        Ok(if settled { 0 } else { EXIT_UNSETTLED })
+    });
+    // The drain is bounded by --drain-timeout; a teardown still running on
+    // the blocking pool after it (a long grace started before the SIGTERM)
+    // must not hold the process past a supervisor's SIGKILL window. It is
+    // abandoned; its tree is resumed by the next start's sweep (the ledger
+    // holds where it stopped; a frozen cgroup is thawed by that teardown).
+    rt.shutdown_timeout(Duration::from_secs(1));
+    // The clean close, after the drain's last writes (shipped below).
+    sealing.stop();
+    if let Some(retention) = retention {
+        retention.stop();
+    }
+    if let Some(shipper) = shipper {
+        shipper.stop();
+    }
+    code
+}
+
+/// Who imported the api-token file: this process, as the CLI records itself.
+fn requester() -> crate::ledger::Requester {
+    crate::ledger::Requester {
+        via: "cli".into(),
+        uid: Some(crate::proc::current_uid()),
+        pid: Some(std::process::id() as i32),
+        ..Default::default()
+    }
+}
