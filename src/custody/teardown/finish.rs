@@ -134,7 +134,7 @@ impl Engine {
         // (their rusage, each with its waited-for children's), where any.
         watch.note_oom_kills(self);
         let resources = match watch.cgroup() {
-            Some(dir) => Some(resources_of(dir)),
+            Some(dir) => Some(resources_of(self.host(), dir)),
             None => self
                 .reaped_cpu(tree, watch.root_pid(), exit.as_ref())
                 .map(|cpu| crate::ledger::Resources {
@@ -249,9 +249,16 @@ impl Engine {
     }
 }
 
-/// A cgroup's usage, in the ledger's terms.
-pub(crate) fn resources_of(dir: &std::path::Path) -> crate::ledger::Resources {
-    let u = crate::proc::cgroup_usage(dir);
+/// A cgroup's usage, read through the host, in the ledger's terms.
+pub(crate) fn resources_of(
+    host: &dyn crate::custody::Host,
+    dir: &std::path::Path,
+) -> crate::ledger::Resources {
+    resources_from(host.cgroup_usage(dir))
+}
+
+/// [`crate::proc::CgroupUsage`] in the ledger's terms.
+pub(crate) fn resources_from(u: crate::proc::CgroupUsage) -> crate::ledger::Resources {
     crate::ledger::Resources {
         cpu_usec: u.cpu_usec,
         memory_peak_bytes: u.memory_peak_bytes,

@@ -36,7 +36,7 @@ mod lease;
 mod phases;
 mod signal;
 
-pub(crate) use finish::{remove_cgroup, resources_of};
+pub(crate) use finish::{remove_cgroup, resources_from};
 
 /// Who asked for the teardown; chooses the event that records a refusal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
