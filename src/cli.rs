@@ -840,13 +840,35 @@ fn verify(
             )));
         }
     };
+    print_verify(
+        &report,
+        sealed,
+        archives.len(),
+        export.is_some(),
+        unchecked_seals,
+        json,
+    )
+}
+
+/// `verify`'s answer: the JSON object, or one line (`ok: …`), or the first
+/// break as the error (exit 1).
+fn print_verify(
+    report: &treewarden::ledger::VerifyReport,
+    sealed: Option<treewarden::ledger::SealReport>,
+    archives: usize,
+    export: bool,
+    unchecked_seals: bool,
+    json: bool,
+) -> CliResult {
+    let broken =
+        |what: String| CliError::with_code(EXIT_BROKEN, anyhow::anyhow!("verify failed: {what}"));
     if json {
         let text = serde_json::to_string(&serde_json::json!({
             "ok": report.first_break.is_none(),
             "events": report.events,
             "head": report.head.as_ref().map(|(seq, hash)| serde_json::json!({"seq": seq, "hash": hash})),
             "checkpoint": report.checkpoint,
-            "archives": archives.len(),
+            "archives": archives,
             "seal": sealed,
             "first_break": report.first_break.as_ref().map(|b| b.to_string()),
         }))
@@ -869,16 +891,12 @@ fn verify(
                 .checkpoint
                 .map(|seq| format!(", from checkpoint seq {seq}"))
                 .unwrap_or_default();
-            let archived = if archives.is_empty() {
+            let archived = if archives == 0 {
                 String::new()
             } else {
-                format!(", {} archive(s) chain in", archives.len())
+                format!(", {archives} archive(s) chain in")
             };
-            let integrity = if export.is_some() {
-                "export"
-            } else {
-                "integrity ok"
-            };
+            let integrity = if export { "export" } else { "integrity ok" };
             let sealed = sealed
                 .map(|s| {
                     format!(

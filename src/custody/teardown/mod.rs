@@ -21,6 +21,7 @@
 //! and counted), authority is not.
 
 use std::collections::{HashMap, HashSet};
+use std::ops::ControlFlow;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
@@ -169,6 +170,40 @@ pub struct TeardownReport {
     /// The tree was settled already (another teardown ended it first):
     /// nothing was done.
     pub already_settled: bool,
+}
+
+impl TeardownReport {
+    /// The report of a teardown that has done nothing yet.
+    fn nothing_yet(tree: TreeId, state: TreeState) -> Self {
+        TeardownReport {
+            tree: tree.0,
+            state,
+            members_at_start: 0,
+            force_killed: 0,
+            authorizations: 0,
+            phases: Vec::new(),
+            elapsed: Duration::ZERO,
+            verified: None,
+            evidence_skipped: 0,
+            resources: None,
+            already_settled: false,
+        }
+    }
+}
+
+/// The group the tree's row recorded, led by its root (the group's leader
+/// when the root is not recorded).
+fn recorded_group(row: &crate::ledger::TreeRow, watch: &TreeWatch) -> GroupRecord {
+    let leader = Identity {
+        pid: row.root_pid.unwrap_or(watch.pgid()),
+        start_ticks: row.root_start_ticks.unwrap_or(0),
+        boot_id: row.boot_id.clone().unwrap_or_default(),
+    };
+    GroupRecord {
+        pgid: watch.pgid(),
+        sid: watch.sid(),
+        leader,
+    }
 }
 
 /// Whom a signal step reaches.
@@ -391,6 +426,24 @@ impl Engine {
         )
         .entered();
         let started = Instant::now();
+        match self.begin(tree, opts, progress, started)? {
+            ControlFlow::Break(report) => Ok(report),
+            ControlFlow::Continue(run) => self.drive(run),
+        }
+    }
+
+    /// Everything before the first signal: the deferred evidence replayed,
+    /// the row and its members read, the watch made, the tree marked
+    /// `terminating`. `Break` when the teardown ends before the machine
+    /// starts: already settled, recorded in another boot (refused, closed
+    /// as vanished), or never released (vanished).
+    fn begin<'a>(
+        &self,
+        tree: TreeId,
+        opts: &'a TeardownOptions,
+        progress: &'a mut dyn FnMut(&Progress),
+        started: Instant,
+    ) -> Result<ControlFlow<TeardownReport, Run<'a>>, CustodyError> {
         // Evidence an earlier teardown could not write goes first, so the
         // trail keeps the order things happened in.
         self.replay_deferred_leased(tree);
@@ -400,26 +453,14 @@ impl Engine {
             .ledger
             .tree_members(tree)?
             .ok_or(CustodyError::UnknownTree(tree.0))?;
-        let mut report = TeardownReport {
-            tree: tree.0,
-            state: row.state,
-            members_at_start: 0,
-            force_killed: 0,
-            authorizations: 0,
-            phases: Vec::new(),
-            elapsed: Duration::ZERO,
-            verified: None,
-            evidence_skipped: 0,
-            resources: None,
-            already_settled: false,
-        };
+        let mut report = TeardownReport::nothing_yet(tree, row.state);
         // A terminal tree is done, unless an operator resolved it leaving
         // survivors (`resolve --force`): those are still killed with the
         // same authority rules; its state stays `resolved` (terminal states
         // are final), and the teardown ends by flagging `survivors_ended`.
         if row.state.is_terminal() && !row.has_survivors_left() {
             report.already_settled = true;
-            return Ok(report);
+            return Ok(ControlFlow::Break(report));
         }
         // A tree recorded in another boot has no process left: its ids now
         // name strangers. Nothing is signalled; it is closed as vanished.
@@ -430,7 +471,9 @@ impl Engine {
                 "recorded in boot {recorded}, this is boot {now}: nothing of it can be running"
             );
             let cgroup = row.cgroup.as_ref().map(std::path::PathBuf::from);
-            return self.refuse(tree, cgroup.as_deref(), opts, &why, report, started);
+            return self
+                .refuse(tree, cgroup.as_deref(), opts, &why, report, started)
+                .map(ControlFlow::Break);
         }
         let exclude = self.exclude.as_ref().clone();
         let adopted_by = (opts.origin == Origin::Run).then_some(std::process::id() as i32);
@@ -441,7 +484,7 @@ impl Engine {
                 remove_cgroup(self.host(), std::path::Path::new(dir));
             }
             report.state = TreeState::Vanished;
-            return Ok(report);
+            return Ok(ControlFlow::Break(report));
         };
         if let Some(pid) = adopted_by {
             watch.adopt_children_of(pid);
@@ -449,16 +492,7 @@ impl Engine {
         watch.degrade_on_refusal();
         watch.remember(&self.marked_survivors(tree.0));
         watch.set_observer(opts.observer.clone());
-        let leader = Identity {
-            pid: row.root_pid.unwrap_or(watch.pgid()),
-            start_ticks: row.root_start_ticks.unwrap_or(0),
-            boot_id: row.boot_id.clone().unwrap_or_default(),
-        };
-        let group = GroupRecord {
-            pgid: watch.pgid(),
-            sid: watch.sid(),
-            leader,
-        };
+        let group = recorded_group(&row, &watch);
         let mut exits: HashMap<i32, crate::proc::ExitStatus> = HashMap::new();
         self.collect_exits(&mut exits);
 
@@ -481,7 +515,7 @@ impl Engine {
             }
         }
 
-        let mut run = Run {
+        Ok(ControlFlow::Continue(Run {
             tree,
             opts,
             progress,
@@ -490,7 +524,12 @@ impl Engine {
             exits,
             report,
             started,
-        };
+        }))
+    }
+
+    /// The machine's loop, from [`State::Term`] to a terminal state.
+    fn drive(&self, mut run: Run<'_>) -> Result<TeardownReport, CustodyError> {
+        let (tree, opts) = (run.tree, run.opts);
         // The machine: each phase is a function from the run and the host's
         // answers to the next state; the terminal states end it.
         let mut state = State::Term;
