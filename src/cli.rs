@@ -13,43 +13,8 @@ use clap::{Parser, Subcommand};
 use treewarden::config::{BoundaryChoice, Config, ObserverMode};
 use treewarden::ledger::{EventFilter, ExportFormat, Ledger, LedgerError, LedgerOptions, TreeId};
 
-/// Exit code for bad input: unknown tree, malformed duration, empty command.
-pub const EXIT_USAGE: u8 = 2;
-/// Exit code of `verify` when the ledger is broken (the first break is printed).
-pub const EXIT_BROKEN: u8 = 1;
-/// Exit code when treewarden itself failed (cannot record, ambiguous, refused).
-pub const EXIT_INTERNAL: u8 = 125;
-
-/// An error that knows which exit code it maps to.
-#[derive(Debug)]
-pub struct CliError {
-    pub code: u8,
-    pub error: anyhow::Error,
-}
-
-impl CliError {
-    pub fn usage(error: impl Into<anyhow::Error>) -> Self {
-        Self {
-            code: EXIT_USAGE,
-            error: error.into(),
-        }
-    }
-    pub fn internal(error: impl Into<anyhow::Error>) -> Self {
-        Self {
-            code: EXIT_INTERNAL,
-            error: error.into(),
-        }
-    }
-    pub fn with_code(code: u8, error: impl Into<anyhow::Error>) -> Self {
-        Self {
-            code,
-            error: error.into(),
-        }
-    }
-}
-
-/// Result of a subcommand: the exit code on success.
-pub type CliResult = Result<u8, CliError>;
+use crate::commands::open_existing_ledger;
+use crate::exit::{CliError, CliResult, EXIT_BROKEN, EXIT_INTERNAL, EXIT_USAGE};
 
 #[derive(Parser, Debug)]
 #[command(name = "treewarden", version, about = "Takes custody of process trees")]
@@ -579,29 +544,6 @@ fn doctor(config: &Config, json: bool) -> CliResult {
     Ok(0)
 }
 
-/// The ledger's path, when a ledger is there: a missing file is a usage
-/// error (usually a wrong --data-dir); no command but `run` and `serve`
-/// creates one.
-fn existing_ledger_path(config: &Config) -> Result<std::path::PathBuf, CliError> {
-    let path = config.ledger_path();
-    if !path.is_file() {
-        return Err(CliError::usage(anyhow::anyhow!(
-            "no ledger at {} (check --data-dir)",
-            path.display()
-        )));
-    }
-    Ok(path)
-}
-
-/// Opens an existing ledger for every command but `run` and `serve`. A
-/// missing file is a usage error (usually a wrong --data-dir), and these
-/// commands never create one.
-pub fn open_existing_ledger(config: &Config) -> Result<Ledger, CliError> {
-    let path = existing_ledger_path(config)?;
-    Ledger::open(&path, LedgerOptions::from_config(config))
-        .map_err(|e| CliError::internal(anyhow::anyhow!("{}: {e}", path.display())))
-}
-
 /// `--expect-head SEQ:HASH`.
 fn parse_head(s: &str) -> Result<(i64, String), String> {
     let bad = || format!("malformed --expect-head {s:?}: expected SEQ:HASH (64 hex digits)");
@@ -857,7 +799,7 @@ fn verify(
             }
             file.to_path_buf()
         }
-        None => existing_ledger_path(config)?,
+        None => crate::commands::existing_ledger_path(config)?,
     };
     for archive in archives {
         if !archive.is_file() {
@@ -898,13 +840,35 @@ fn verify(
             )));
         }
     };
+    print_verify(
+        &report,
+        sealed,
+        archives.len(),
+        export.is_some(),
+        unchecked_seals,
+        json,
+    )
+}
+
+/// `verify`'s answer: the JSON object, or one line (`ok: …`), or the first
+/// break as the error (exit 1).
+fn print_verify(
+    report: &treewarden::ledger::VerifyReport,
+    sealed: Option<treewarden::ledger::SealReport>,
+    archives: usize,
+    export: bool,
+    unchecked_seals: bool,
+    json: bool,
+) -> CliResult {
+    let broken =
+        |what: String| CliError::with_code(EXIT_BROKEN, anyhow::anyhow!("verify failed: {what}"));
     if json {
         let text = serde_json::to_string(&serde_json::json!({
             "ok": report.first_break.is_none(),
             "events": report.events,
             "head": report.head.as_ref().map(|(seq, hash)| serde_json::json!({"seq": seq, "hash": hash})),
             "checkpoint": report.checkpoint,
-            "archives": archives.len(),
+            "archives": archives,
             "seal": sealed,
             "first_break": report.first_break.as_ref().map(|b| b.to_string()),
         }))
@@ -927,16 +891,12 @@ fn verify(
                 .checkpoint
                 .map(|seq| format!(", from checkpoint seq {seq}"))
                 .unwrap_or_default();
-            let archived = if archives.is_empty() {
+            let archived = if archives == 0 {
                 String::new()
             } else {
-                format!(", {} archive(s) chain in", archives.len())
+                format!(", {archives} archive(s) chain in")
             };
-            let integrity = if export.is_some() {
-                "export"
-            } else {
-                "integrity ok"
-            };
+            let integrity = if export { "export" } else { "integrity ok" };
             let sealed = sealed
                 .map(|s| {
                     format!(

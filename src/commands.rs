@@ -18,7 +18,32 @@ use treewarden::custody::{
 use treewarden::ledger::{Ledger, LedgerOptions, OwnerKind, TreeId, TreeRow};
 use treewarden::proc::{Reaper, Sig, SpawnStdio};
 
-use crate::cli::{CliError, CliResult, EXIT_INTERNAL, EXIT_USAGE, parse_duration};
+use treewarden::config::parse_duration;
+
+use crate::exit::{CliError, CliResult, EXIT_INTERNAL, EXIT_USAGE};
+
+/// The ledger's path, when a ledger is there: a missing file is a usage
+/// error (usually a wrong --data-dir); no command but `run` and `serve`
+/// creates one.
+pub fn existing_ledger_path(config: &Config) -> Result<std::path::PathBuf, CliError> {
+    let path = config.ledger_path();
+    if !path.is_file() {
+        return Err(CliError::usage(anyhow::anyhow!(
+            "no ledger at {} (check --data-dir)",
+            path.display()
+        )));
+    }
+    Ok(path)
+}
+
+/// Opens an existing ledger for every command but `run` and `serve`. A
+/// missing file is a usage error (usually a wrong --data-dir), and these
+/// commands never create one.
+pub fn open_existing_ledger(config: &Config) -> Result<Ledger, CliError> {
+    let path = existing_ledger_path(config)?;
+    Ledger::open(&path, LedgerOptions::from_config(config))
+        .map_err(|e| CliError::internal(anyhow::anyhow!("{}: {e}", path.display())))
+}
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -447,7 +472,7 @@ fn engine(config: &Config, reaper: Option<&'static Reaper>) -> Result<Engine, Cl
 fn signal_engine(config: &Config) -> Result<Engine, CliError> {
     Ok(Engine::signal_only(
         config,
-        crate::cli::open_existing_ledger(config)?,
+        open_existing_ledger(config)?,
         None,
     ))
 }

@@ -3,6 +3,7 @@
 
 mod cli;
 mod commands;
+mod exit;
 #[cfg(windows)]
 mod windows_cli;
 

@@ -7,8 +7,8 @@ use treewarden::config::Config;
 use treewarden::custody::Engine;
 use treewarden::ledger::TreeId;
 
-use crate::cli::{CliError, CliResult};
 use crate::commands::{ServeArgs, TokenCommand};
+use crate::exit::{CliError, CliResult};
 
 /// `treewarden doctor [--json]` on Windows: what the Job Object boundary
 /// needs, probed by making a job.

@@ -514,18 +514,23 @@ impl FakeHost {
     }
 }
 
+/// The fake process as the kernel would show it: its `/proc/<pid>/stat`
+/// line, read back through the one parser of it ([`crate::proc::parse_stat`],
+/// with 4 KiB pages: one page resident).
 fn entry(p: &FakeProc) -> ProcEntry {
-    ProcEntry {
-        pid: p.pid,
-        ppid: p.ppid,
-        pgid: p.pgid,
-        sid: p.sid,
-        start_ticks: p.start_ticks,
-        state: p.state,
-        comm: p.comm.clone(),
-        rss_bytes: 4096,
-        start_stack: p.start_stack,
-    }
+    let line = format!(
+        "{pid} ({comm}) {state} {ppid} {pgid} {sid} 0 -1 4194304 0 0 0 0 0 0 0 0 20 0 1 0 \
+         {start} 0 1 18446744073709551615 0 0 {stack} 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0\n",
+        pid = p.pid,
+        comm = p.comm,
+        state = p.state,
+        ppid = p.ppid,
+        pgid = p.pgid,
+        sid = p.sid,
+        start = p.start_ticks,
+        stack = p.start_stack,
+    );
+    crate::proc::parse_stat(line.as_bytes(), 4096).expect("a fake process's stat line parses")
 }
 
 fn refused(pid: i32, reason: &str) -> ProcError {

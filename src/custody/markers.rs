@@ -37,15 +37,9 @@ pub struct Marker {
     pub batch: String,
 }
 
-/// A fresh batch name: the time and this process, unique enough for one
-/// tree's journal (hex).
-pub fn new_batch() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    format!("{nanos:x}-{:x}", std::process::id())
-}
+/// A fresh batch name ([`crate::ledger::new_batch`]: the ledger names the
+/// batches of deferred writes it replays).
+pub use crate::ledger::new_batch;
 
 fn dir(data_dir: &Path) -> PathBuf {
     data_dir.join("unsettled")

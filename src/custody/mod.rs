@@ -673,7 +673,7 @@ pub fn live_resources(row: &crate::ledger::TreeRow) -> Option<crate::ledger::Res
     }
     row.cgroup
         .as_deref()
-        .map(|dir| teardown::resources_of(std::path::Path::new(dir)))
+        .map(|dir| teardown::resources_from(crate::proc::cgroup_usage(std::path::Path::new(dir))))
 }
 
 /// The prefix of a ledger's per-tree cgroup names: `tw-` and the first 8

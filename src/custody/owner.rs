@@ -241,6 +241,9 @@ impl Engine {
 
     /// [`Engine::run`], calling `recorded` with the tree's id after its
     /// spawn is committed and before the command runs.
+    // Over 100 lines on purpose: from the spawn on no error may return without a teardown: the
+    // spawn, the watches, the loop and the teardown in one frame keep every way out of it in
+    // sight.
     pub fn run_with(
         &self,
         req: &SpawnRequest,

@@ -155,6 +155,9 @@ impl Engine {
 
     /// [`Engine::spawn_with`], the root's stdio and controlling terminal
     /// being the pseudo-terminal slave `tty` when given (`run --tty`).
+    // Over 100 lines on purpose: the spawn protocol (record -> fork held -> record -> commit ->
+    // release, DESIGN) in its order, each failure killing the held child before it returns; one
+    // frame shows the order.
     pub(crate) fn spawn_on(
         &self,
         req: &SpawnRequest,

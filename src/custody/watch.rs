@@ -715,10 +715,44 @@ impl TreeWatch {
         };
         let ledger = engine.ledger();
 
+        let Sighted {
+            sightings,
+            fresh,
+            execd,
+        } = self.sight(engine, &members);
+        self.write_sightings(engine, &mut report, &sightings, fresh, bump_last_seen);
+        self.write_escapes(engine, &mut report, &members, &sightings);
+        let now = self.unread_as_seen(engine, &mut report, &mut members, &incomplete);
+        self.write_exits(engine, &mut report, exits, &now, &incomplete);
+        if !execd.is_empty() {
+            let tree = self.tree;
+            if let Some(Err(e)) =
+                self.evidence("member execs", || ledger.refresh_members(tree, &execd))
+            {
+                report.write_errors += 1;
+                tracing::warn!(tree = self.tree.0, error = %e, "member execs not recorded");
+            }
+        }
+        self.comms.retain(|k, _| now.contains(k));
+        self.held.retain(|k, _| now.contains(k));
+        self.last_read.clear();
+        self.last_read
+            .extend(members.iter().map(|m| (m.entry.key(), m.clone())));
+        self.alive = now;
+        engine.stats().write_errors(report.write_errors);
+        report.members = members;
+        report.duration = started.elapsed();
+        report
+    }
+
+    /// The tick's members as sightings (details read for the first-seen
+    /// ones), and the execs among the known: a new `comm`, or a new stack
+    /// address (`start_stack` 0 means unknown).
+    fn sight(&mut self, engine: &Engine, members: &[Member]) -> Sighted {
         let mut fresh = HashSet::new();
         let mut execd = Vec::new();
         let mut sightings = Vec::with_capacity(members.len());
-        for m in &members {
+        for m in members {
             let key = m.entry.key();
             let details = if self.known.seen.contains(&key) {
                 None
@@ -775,11 +809,28 @@ impl TreeWatch {
             }
             sightings.push(record);
         }
+        Sighted {
+            sightings,
+            fresh,
+            execd,
+        }
+    }
+
+    /// Writes the first sightings (every sighting when `bump_last_seen`).
+    fn write_sightings(
+        &mut self,
+        engine: &Engine,
+        report: &mut TickReport,
+        sightings: &[MemberRecord],
+        fresh: HashSet<ProcKey>,
+        bump_last_seen: bool,
+    ) {
+        let ledger = engine.ledger();
         if !sightings.is_empty() && (bump_last_seen || !fresh.is_empty()) {
             // Without a bump only the new sightings are written: a known
             // member's row is already there.
             let to_write: Vec<MemberRecord> = if bump_last_seen {
-                sightings.clone()
+                sightings.to_vec()
             } else {
                 sightings
                     .iter()
@@ -809,7 +860,18 @@ impl TreeWatch {
                 None => self.known.seen.extend(fresh),
             }
         }
-        for (m, record) in members.iter().zip(&sightings) {
+    }
+
+    /// Records each member's escape, once.
+    fn write_escapes(
+        &mut self,
+        engine: &Engine,
+        report: &mut TickReport,
+        members: &[Member],
+        sightings: &[MemberRecord],
+    ) {
+        let ledger = engine.ledger();
+        for (m, record) in members.iter().zip(sightings) {
             let key = m.entry.key();
             if !m.escaped || self.escapes.contains(&key) {
                 continue;
@@ -831,9 +893,19 @@ impl TreeWatch {
                 None => {}
             }
         }
+    }
 
+    /// The keys alive now. On an incomplete tick the members it could not
+    /// read are added as last seen (to `members` too).
+    fn unread_as_seen(
+        &mut self,
+        engine: &Engine,
+        report: &mut TickReport,
+        members: &mut Vec<Member>,
+        incomplete: &Option<String>,
+    ) -> HashSet<ProcKey> {
         let mut now: HashSet<ProcKey> = members.iter().map(|m| m.entry.key()).collect();
-        if let Some(why) = &incomplete {
+        if let Some(why) = incomplete {
             // Unknown is not exited: a member this tick could not read is
             // reported as last seen, and no exit is concluded from its
             // absence. The next tick tries again.
@@ -849,6 +921,20 @@ impl TreeWatch {
             tracing::warn!(tree = self.tree.0, why = %why, "scan incomplete: no exit concluded");
             report.incomplete = incomplete.clone();
         }
+        now
+    }
+
+    /// The exits of the members alive at the last tick and not now: written
+    /// (or, past a kill authorization, deferred). None on an incomplete tick.
+    fn write_exits(
+        &mut self,
+        engine: &Engine,
+        report: &mut TickReport,
+        exits: &HashMap<i32, ExitStatus>,
+        now: &HashSet<ProcKey>,
+        incomplete: &Option<String>,
+    ) {
+        let ledger = engine.ledger();
         // Deferred exits (a teardown past its authorization) take only the
         // statuses already collected: the rest are looked up once, after
         // the tree is verified empty ([`TreeWatch::take_deferred_exits`]),
@@ -901,26 +987,16 @@ impl TreeWatch {
                 tracing::warn!(tree = self.tree.0, error = %e, "member exits not recorded");
             }
         }
-        if !execd.is_empty() {
-            let tree = self.tree;
-            if let Some(Err(e)) =
-                self.evidence("member execs", || ledger.refresh_members(tree, &execd))
-            {
-                report.write_errors += 1;
-                tracing::warn!(tree = self.tree.0, error = %e, "member execs not recorded");
-            }
-        }
-        self.comms.retain(|k, _| now.contains(k));
-        self.held.retain(|k, _| now.contains(k));
-        self.last_read.clear();
-        self.last_read
-            .extend(members.iter().map(|m| (m.entry.key(), m.clone())));
-        self.alive = now;
-        engine.stats().write_errors(report.write_errors);
-        report.members = members;
-        report.duration = started.elapsed();
-        report
     }
+}
+
+/// What [`TreeWatch::sight`] made of a tick's members.
+struct Sighted {
+    sightings: Vec<MemberRecord>,
+    /// The members seen for the first time (details read).
+    fresh: HashSet<ProcKey>,
+    /// Known members that exec'd since the last tick.
+    execd: Vec<MemberRecord>,
 }
 
 pub(crate) fn exit_record(status: ExitStatus) -> ExitRecord {

@@ -153,6 +153,17 @@ impl std::fmt::Debug for Ledger {
     }
 }
 
+/// A fresh batch name for a replay of deferred writes (`deferred_batch` in
+/// each replayed event's data, so a replay is never written twice): the time
+/// and this process, unique enough for one tree's journal (hex).
+pub fn new_batch() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!("{nanos:x}-{:x}", std::process::id())
+}
+
 impl Ledger {
     /// Opens the ledger at `path`, creating the file and its parent directory
     /// if needed, in WAL mode with foreign keys on, and applies migrations.
@@ -424,7 +435,7 @@ impl Ledger {
         then: Option<TreeState>,
     ) -> Result<AuthorizationId, LedgerError> {
         let prior = prior.to_vec();
-        let batch = crate::custody::markers::new_batch();
+        let batch = new_batch();
         let survivors = survivors.to_vec();
         let taken_at = humantime::format_rfc3339_millis(taken_at).to_string();
         let targets = targets.to_vec();

@@ -163,6 +163,9 @@ const TERMINAL: &str = "('ended', 'vanished', 'spawn_failed', 'resolved')";
 /// Plans a prune on `conn` (a snapshot); `archive` receives each removed
 /// event as it is found. `limit`: the seq bound fixed by an earlier plan
 /// (phase 2), or `None` to read it now.
+// Over 100 lines on purpose: one read-only snapshot's plan: the bound, the trees that go, then
+// one ordered pass over the events that hashes what goes and what stays (the kept digest at two
+// bounds) and feeds the archive; the pass's running state is local to it.
 fn plan(
     conn: &Connection,
     before: &str,
@@ -535,6 +538,8 @@ impl ArchiveScan {
     }
 }
 
+// Over 100 lines on purpose: one pass over an archive file, each line checked (order, chain,
+// trailer) as it is read, with the pass's state local to it.
 fn scan_archive(conn: &Connection, path: &Path) -> Result<ArchiveScan, Fail> {
     let mut scan = ArchiveScan {
         events: 0,

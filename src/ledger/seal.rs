@@ -619,6 +619,8 @@ impl SealCheck {
     }
 
     /// One event of the chain (already proven to hash right).
+    // Over 100 lines on purpose: the seal rules for one event (epoch order, the seal's MAC, the
+    // key's evolution) in the order they are checked, which is the contract.
     pub(crate) fn step(
         &mut self,
         seq: i64,

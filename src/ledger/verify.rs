@@ -154,6 +154,8 @@ pub(crate) struct ExportTrailer {
 /// NDJSON export alone, in two passes over the file (the newest checkpoint
 /// first, as the ledger's walk reads it first). Without SQLite there is no
 /// integrity check and no `signals` table: the chain's own SIGKILL rule holds.
+// Over 100 lines on purpose: two passes over one export file (the newest checkpoint first, then
+// the walk), the first pass's findings carried into the second.
 pub(crate) fn verify_export(
     path: &std::path::Path,
     seals: Option<SealCheck>,
@@ -320,6 +322,9 @@ impl Walk {
         }
     }
 
+    // Over 100 lines on purpose: the chain's rules for one event (hash, seq, checkpoint,
+    // authority, seals) in the order verify applies them, which is the contract; each rule is a
+    // few lines.
     pub(crate) fn step(&mut self, row: WalkRow, report: &mut VerifyReport) -> Option<VerifyBreak> {
         let WalkRow {
             seq,

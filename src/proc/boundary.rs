@@ -469,6 +469,10 @@ fn exec_candidates(name: &OsStr, path_var: Option<&OsStr>) -> Result<Vec<CString
         .collect()
 }
 
+// Over 100 lines on purpose: every allocation the held child needs (program paths, argv, env,
+// credentials, descriptors, cgroup) is made here, before the fork, as a flat list of
+// independent steps of a few lines each; split, they would pass one half-filled `Prepared`
+// around.
 fn prepare(spec: &SpawnSpec) -> Result<Prepared, ProcError> {
     let Some(argv0) = spec.argv.first() else {
         return Err(ProcError::Io(std::io::Error::new(
@@ -680,6 +684,9 @@ unsafe fn clone_into_cgroup(dir: libc::c_int) -> libc::pid_t {
 /// # Safety
 /// Must be called only in the child of `fork`, once, with descriptors that
 /// are open in the child.
+// Over 100 lines on purpose: the child's whole life between fork and exec is one async-signal-
+// safe sequence on memory prepared before the fork, under the one SAFETY contract above; split,
+// that contract would be spread over functions nothing else may call.
 unsafe fn child_after_fork(p: &Prepared, release_r: libc::c_int, status_w: libc::c_int) -> ! {
     // SAFETY (whole body): every call below is async-signal-safe (signal(7)
     // lists sigaction, sigprocmask, setsid, dup2, chdir, read, write, execve,
@@ -898,6 +905,9 @@ pub fn spawn_held(spec: &SpawnSpec) -> Result<HeldChild, ProcError> {
     result
 }
 
+// Over 100 lines on purpose: the parent's side of the held spawn (the two pipes, clone3 or
+// fork, the cgroup join, the child's status read) is one sequence in which every failure reaps
+// the child it made; one frame keeps every such path in sight.
 fn fork_held(spec: &SpawnSpec, p: &Prepared, program: String) -> Result<HeldChild, ProcError> {
     let (release_r, release_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
     let (status_r, status_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;

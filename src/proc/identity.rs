@@ -3,13 +3,14 @@
 //! A bare pid names whatever process holds that number *now*; an [`Identity`]
 //! names one process for the lifetime of the host. Every signal in treewarden
 //! is aimed at an identity (or at a group record holding one), never at a pid.
-//! This module reads `/proc/<pid>/stat` through `procfs` (comm may contain
-//! spaces and parentheses; parsing it is procfs's job) and must never answer
-//! "same process" for a pid that was recycled.
+//! This module reads `/proc/<pid>/stat` through the one parser of it
+//! ([`super::stat`]) and must never answer "same process" for a pid that
+//! was recycled.
 
 use std::sync::OnceLock;
 
 use super::ProcError;
+use super::stat::{ProcEntry, parse_stat};
 
 /// One process, named so that a recycled pid can never be mistaken for it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -63,27 +64,31 @@ pub enum Liveness {
     Unreadable,
 }
 
-/// The fields of `/proc/<pid>/stat` (and the owner uid) that treewarden uses.
+/// A process's `/proc/<pid>/stat` ([`ProcEntry`], the one model of it) and
+/// the owner of `/proc/<pid>`, read through one directory handle. Derefs to
+/// its entry (`stat.start_ticks`, `stat.ppid`), as Windows's flat
+/// `ProcStat` reads, so the code over the seam reads both alike.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct ProcStat {
-    pub pid: i32,
-    pub ppid: i32,
-    pub pgid: i32,
-    pub sid: i32,
-    pub start_ticks: u64,
-    /// `R`, `S`, `D`, `T`, `Z`, `X`, ...
-    pub state: char,
-    pub comm: String,
+    #[serde(flatten)]
+    pub entry: ProcEntry,
     /// Owner of `/proc/<pid>` (the real uid of the process).
     pub uid: u32,
 }
 
+impl std::ops::Deref for ProcStat {
+    type Target = ProcEntry;
+
+    fn deref(&self) -> &ProcEntry {
+        &self.entry
+    }
+}
+
 impl ProcStat {
-    /// A zombie (`Z`) or dead (`X`) process: it runs no code any more.
+    /// A zombie (`Z`) or dead (`X`) process: it runs no code any more
+    /// ([`ProcEntry::is_live`]'s letters).
     pub fn is_dead(&self) -> bool {
-        // The same letters as `scan::ProcEntry::is_live` (`x`: dead, on
-        // kernels before 4.14).
-        matches!(self.state, 'Z' | 'X' | 'x')
+        !self.entry.is_live()
     }
 }
 
@@ -131,42 +136,58 @@ pub fn boot_id() -> Result<&'static str, ProcError> {
 }
 
 /// Reads `/proc/<pid>/stat` and the owner of `/proc/<pid>` through one
-/// directory handle. `Ok(None)` means no such process (including pid <= 0).
+/// directory handle (the stat file is opened relative to it, so both are of
+/// the process that held the pid at the open). `Ok(None)` means no such
+/// process (including pid <= 0).
 pub fn read_stat(pid: i32) -> Result<Option<ProcStat>, ProcError> {
+    use rustix::fs::{Mode, OFlags};
+    use std::io::Read as _;
+    use std::os::unix::fs::MetadataExt as _;
     if pid <= 0 {
         return Ok(None);
     }
-    let process = match procfs::process::Process::new(pid) {
-        Ok(p) => p,
+    let dir = match std::fs::File::open(format!("/proc/{pid}")) {
+        Ok(d) => d,
         Err(e) => return not_found_as_none(e, pid),
     };
-    let stat = match process.stat() {
-        Ok(s) => s,
+    let uid = match dir.metadata() {
+        Ok(m) => m.uid(),
         Err(e) => return not_found_as_none(e, pid),
     };
-    let uid = match process.uid() {
-        Ok(u) => u,
-        Err(e) => return not_found_as_none(e, pid),
+    let mut file = match rustix::fs::openat(
+        &dir,
+        "stat",
+        OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => std::fs::File::from(fd),
+        Err(e) => return not_found_as_none(e.into(), pid),
     };
-    Ok(Some(ProcStat {
-        pid: stat.pid,
-        ppid: stat.ppid,
-        pgid: stat.pgrp,
-        sid: stat.session,
-        start_ticks: stat.starttime,
-        state: stat.state,
-        comm: stat.comm,
-        uid,
-    }))
+    let mut buf = Vec::with_capacity(512);
+    if let Err(e) = file.read_to_end(&mut buf) {
+        return not_found_as_none(e, pid);
+    }
+    match parse_stat(&buf, page_size()) {
+        Some(entry) => Ok(Some(ProcStat { entry, uid })),
+        None => Err(ProcError::Proc(format!(
+            "pid {pid}: /proc/{pid}/stat: malformed or short read"
+        ))),
+    }
 }
 
-/// procfs reports a vanished process as NotFound (or, mid-exit, as an I/O
-/// error with ESRCH); both mean "no such process".
-fn not_found_as_none<T>(e: procfs::ProcError, pid: i32) -> Result<Option<T>, ProcError> {
-    match e {
-        procfs::ProcError::NotFound(_) => Ok(None),
-        procfs::ProcError::Io(ref io, _) if io.raw_os_error() == Some(libc::ESRCH) => Ok(None),
-        other => Err(ProcError::Proc(format!("pid {pid}: {other}"))),
+/// The page size, read once (the stat file's `rss` is in pages).
+fn page_size() -> u64 {
+    static PAGE: OnceLock<u64> = OnceLock::new();
+    *PAGE.get_or_init(procfs::page_size)
+}
+
+/// A vanished process reads as ENOENT (no such directory) or, mid-exit, as
+/// ESRCH; both mean "no such process". Any other error is unknown, not gone.
+fn not_found_as_none<T>(e: std::io::Error, pid: i32) -> Result<Option<T>, ProcError> {
+    match e.raw_os_error() {
+        Some(libc::ENOENT | libc::ESRCH) => Ok(None),
+        _ if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        _ => Err(ProcError::Proc(format!("pid {pid}: {e}"))),
     }
 }
 
@@ -193,8 +214,6 @@ pub fn self_identity() -> Result<Identity, ProcError> {
 mod tests {
     use std::io::Read;
     use std::process::{Command, Stdio};
-
-    use procfs::FromRead;
 
     use super::*;
 
@@ -230,18 +249,19 @@ mod tests {
     }
 
     /// The stat file of a process that died and was reaped after it was
-    /// opened: the read fails with ESRCH, a real answer of the kernel, and
-    /// procfs hands it on as a bare I/O error (no path to map it by).
+    /// opened: the read fails with ESRCH, a real answer of the kernel.
     #[test]
     fn an_identity_read_failing_with_esrch_means_no_such_process() {
         let mut child = sleeper();
         let pid = child.0.id() as i32;
-        let stat = std::fs::File::open(format!("/proc/{pid}/stat")).expect("open stat");
+        let mut stat = std::fs::File::open(format!("/proc/{pid}/stat")).expect("open stat");
         child.0.kill().expect("kill the child");
         child.0.wait().expect("reap the child");
-        let err = procfs::process::Stat::from_read(stat).expect_err("read of a reaped process");
+        let err = stat
+            .read_to_end(&mut Vec::new())
+            .expect_err("read of a reaped process");
         assert!(
-            matches!(&err, procfs::ProcError::Io(io, _) if io.raw_os_error() == Some(libc::ESRCH)),
+            err.raw_os_error() == Some(libc::ESRCH),
             "precondition: ESRCH as an I/O error, got {err:?}"
         );
         assert!(matches!(not_found_as_none::<ProcStat>(err, pid), Ok(None)));
@@ -252,14 +272,16 @@ mod tests {
     #[test]
     fn an_identity_read_failing_otherwise_is_an_error_not_gone() {
         // Reading a directory: EISDIR, a real I/O error that is not ESRCH.
-        let dir = std::fs::File::open("/proc/self").expect("open /proc/self");
-        let err = procfs::process::Stat::from_read(dir).expect_err("read of a directory");
+        let mut dir = std::fs::File::open("/proc/self").expect("open /proc/self");
+        let err = dir
+            .read_to_end(&mut Vec::new())
+            .expect_err("read of a directory");
         assert!(
-            matches!(&err, procfs::ProcError::Io(io, _) if io.raw_os_error() == Some(libc::EISDIR)),
+            err.raw_os_error() == Some(libc::EISDIR),
             "precondition: EISDIR as an I/O error, got {err:?}"
         );
         assert!(not_found_as_none::<ProcStat>(err, 1).is_err());
-        let denied = procfs::ProcError::PermissionDenied(None);
+        let denied = std::io::Error::from_raw_os_error(libc::EACCES);
         assert!(not_found_as_none::<ProcStat>(denied, 1).is_err());
     }
 

@@ -53,6 +53,7 @@ pub mod reaper;
 mod resources;
 #[cfg(target_os = "linux")]
 pub mod signal;
+pub mod stat;
 #[cfg(target_os = "linux")]
 pub mod tty;
 #[cfg(target_os = "linux")]
@@ -98,6 +99,11 @@ pub use signal::{
     may_signal, pidfd_group_signals_supported, signal_group, signal_group_known, signal_group_via,
     signal_process,
 };
+#[cfg(target_os = "linux")]
+pub(crate) use stat::StatReader;
+pub use stat::{ProcEntry, parse_stat};
+#[cfg(target_os = "linux")]
+pub use stat::{first_live_in_group, read_entry};
 #[cfg(target_os = "linux")]
 pub use users::{
     Credentials, UserInfo, credentials_for, credentials_of_peer, current_uid, effective_uid,

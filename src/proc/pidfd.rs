@@ -34,7 +34,7 @@ pub fn open_exit_watch(id: &Identity) -> Result<Option<OwnedFd>, ProcError> {
     // the open, and this read proves that was the recorded process. The
     // lean stat read: a teardown opens one watch per killed survivor while
     // the kernel is still killing them, and shares the CPU with it.
-    let Some(stat) = crate::scan::read_entry(id.pid) else {
+    let Some(stat) = super::stat::read_entry(id.pid) else {
         return Ok(None);
     };
     if stat.start_ticks != id.start_ticks || boot_id()? != id.boot_id || !stat.is_live() {

@@ -37,7 +37,7 @@ use rustix::process::{Pid, PidfdFlags, Signal};
 
 use super::ProcError;
 use super::identity::{Identity, boot_id, read_stat};
-use crate::scan::ProcEntry;
+use super::stat::ProcEntry;
 
 /// The signals treewarden sends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -402,7 +402,7 @@ pub fn signal_group_via(
     // One live member re-read now is proof enough of the group's session
     // (see above); the count reported is the caller's classification.
     let (members, count) =
-        match crate::scan::first_live_in_group(candidates.iter().map(|k| k.pid), rec.pgid) {
+        match super::stat::first_live_in_group(candidates.iter().map(|k| k.pid), rec.pgid) {
             Some(e) => (vec![e], candidates.len()),
             None => {
                 let walked = group_members(rec.pgid)?;

@@ -1,0 +1,552 @@
+//! The phases: term, grace, the freeze round, snapshot, authorize, kill,
+//! verify, and the two ends that are not a verified empty tree (fail
+//! closed, survived). Each is a function from one [`State`] to the next.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use super::super::watch::TreeWatch;
+use super::super::{CustodyError, Engine};
+use super::finish::log_skipped;
+use super::signal::kill_targets;
+use super::{
+    Authorize, FailClosed, Freeze, Grace, Kill, Phase, Progress, Reach, Run, Snapshot, State,
+    Verify, now,
+};
+use crate::ledger::{Deferred, IdentityRecord, SurvivorRecord, TreeState};
+use crate::proc::{Identity, Sig};
+use crate::scan::Member;
+
+impl Engine {
+    /// TERM: one full walk (it finds members by descent: escapees in
+    /// sessions of their own; later scans re-read what it and
+    /// `cgroup.procs` name, until one verifying full walk at the end), then
+    /// the first signal to every live member.
+    pub(super) fn term(&self, run: &mut Run<'_>) -> Result<State, CustodyError> {
+        let t0 = Instant::now();
+        let _span = tracing::info_span!("teardown.phase", phase = "term").entered();
+        // A tree proven empty without a walk (`run -- true` after its root
+        // exited) is checked by a targeted tick, which still records the
+        // exits of the members seen alive; anything it finds after all
+        // gets the full walk.
+        let proven = self.proven_empty(&run.watch);
+        let mut members = if proven {
+            run.watch.tick_targeted(self, &run.exits).members
+        } else {
+            Vec::new()
+        };
+        if !proven || !members.is_empty() {
+            members = self.full_walk(run)?;
+        }
+        run.report.members_at_start = members.len();
+        if members.is_empty() {
+            return Ok(match run.watch.recycled_leader(self) {
+                Some(why) => State::Refuse(why),
+                None => State::Finish,
+            });
+        }
+        let targets = self.targets(&run.watch, &run.group, &members, Reach::Signal);
+        let group_ok = self.send(
+            run.tree,
+            &mut run.watch,
+            &targets,
+            run.opts.first_signal,
+            None,
+            run.opts,
+        )?;
+        run.report.phases.push((Phase::Term, t0.elapsed()));
+        Ok(State::Grace(Grace { members, group_ok }))
+    }
+
+    /// Whether nothing of the tree can be alive, known without a walk of
+    /// `/proc`: this process spawned the root and is the subreaper of the
+    /// tree, it has no child at all (live or zombie), and the tree's cgroup,
+    /// where it has one, reports `populated 0`. Every member is in the
+    /// root's session or group (so descended from the root, which made
+    /// both), in its cgroup, or descended from a member; a live descendant
+    /// whose ancestors up to the root are dead has been re-parented to its
+    /// nearest live subreaper ancestor, this process, so with no child here
+    /// no descendant lives; and the one way into the tree that is not
+    /// descent, a privileged write to `cgroup.procs`, shows in the cgroup.
+    pub(super) fn proven_empty(&self, watch: &TreeWatch) -> bool {
+        if !self.was_spawned_here(watch.tree()) || self.host.has_no_children() != Some(true) {
+            return false;
+        }
+        match watch.cgroup() {
+            Some(dir) => matches!(self.host.cgroup_wait_empty(dir, self.host.now()), Ok(true)),
+            None => true,
+        }
+    }
+
+    /// The verify's [`Self::proven_empty`]: the killed members are the
+    /// reaper's to reap, so their zombies are given a millisecond to go
+    /// before the `/proc` walk decides instead (issue 30: the walk was a
+    /// sixth of a 10-process teardown; `run`, and the service's own trees
+    /// when it has no other child, end without it).
+    fn reaped_empty(&self, watch: &TreeWatch) -> bool {
+        if !self.was_spawned_here(watch.tree()) || !self.host.has_reaper() {
+            return false;
+        }
+        for _ in 0..REAP_TRIES {
+            if self.proven_empty(watch) {
+                return true;
+            }
+            if self.host.has_no_children() != Some(false) {
+                // No reaper answer, or none left but the cgroup says
+                // populated: not provable without the walk.
+                return false;
+            }
+            self.host.sleep(REAP_PAUSE);
+        }
+        false
+    }
+
+    /// GRACE: targeted re-reads until the members are gone or the grace is
+    /// over (none at grace 0: the freeze's scan is the first chance
+    /// anything had to exit; an extra scan cost a full walk, issue 6).
+    /// One full walk whose evidence is complete, tried a bounded number of
+    /// times: a walk whose reads failed (out of descriptors, I/O) proves
+    /// nothing gone, so no phase decides on one. Still incomplete after
+    /// the tries: the teardown stops undecided, the tree left as it stands
+    /// in the ledger (not ended), to be tried again by its caller.
+    pub(super) fn full_walk(&self, run: &mut Run<'_>) -> Result<Vec<Member>, CustodyError> {
+        let w0 = self.host.now();
+        let mut tries = 0;
+        loop {
+            let report = run.watch.tick_full(self, &run.exits, false);
+            let Some(reason) = report.incomplete else {
+                return Ok(report.members);
+            };
+            tries += 1;
+            if tries >= INCOMPLETE_TRIES {
+                return Err(CustodyError::Incomplete {
+                    tree: run.tree.0,
+                    reason,
+                });
+            }
+            self.host
+                .sleep(poll_interval(self.host.now().saturating_duration_since(w0)));
+        }
+    }
+
+    pub(super) fn grace(&self, run: &mut Run<'_>, g: Grace) -> Result<State, CustodyError> {
+        let t0 = Instant::now();
+        let span = tracing::info_span!("teardown.phase", phase = "grace").entered();
+        let Grace {
+            mut members,
+            group_ok,
+        } = g;
+        let g0 = self.host.now();
+        let deadline = g0 + run.opts.grace.duration();
+        while !run.opts.grace.is_zero() {
+            self.collect_exits(&mut run.exits);
+            members = run.watch.tick_targeted(self, &run.exits).members;
+            let now = self.host.now();
+            if members.is_empty() || now >= deadline {
+                break;
+            }
+            (run.progress)(&Progress {
+                phase: Phase::Grace,
+                alive: members.len(),
+                grace_left: Some(deadline - now),
+                elapsed: run.started.elapsed(),
+            });
+            self.host.sleep(poll_interval(now - g0));
+        }
+        run.report.phases.push((Phase::Grace, t0.elapsed()));
+        drop(span);
+        if members.is_empty() {
+            // Targeted polls found the known members gone: one full walk
+            // says whether anything else of the tree is left.
+            members = self.full_walk(run)?;
+        }
+        if members.is_empty() {
+            return Ok(State::Finish);
+        }
+        if !group_ok
+            && run.watch.cgroup().is_none()
+            && members.iter().all(|m| m.entry.pgid == run.group.pgid)
+        {
+            // Nothing provably ours to signal: refuse, close as vanished.
+            return Ok(State::Refuse(
+                "process group is not provably the recorded one".into(),
+            ));
+        }
+        Ok(State::Freeze(Freeze { round: 1, members }))
+    }
+
+    /// FREEZE (one round of the forced kill): freeze what the kill will
+    /// reach and re-read the survivors. A round past the bound ends in
+    /// [`State::Survived`].
+    pub(super) fn freeze_round(&self, run: &mut Run<'_>, f: Freeze) -> State {
+        let Freeze { round, members } = f;
+        if round > run.opts.rounds.max(1) {
+            return State::Survived(members);
+        }
+        let t0 = Instant::now();
+        let span = tracing::info_span!("teardown.phase", phase = "freeze").entered();
+        if let Err(why) = self.freeze(run.tree, &mut run.watch, &run.group, &members, run.opts) {
+            return State::Armed(members, why);
+        }
+        self.collect_exits(&mut run.exits);
+        // A frozen cgroup forks nothing: its `cgroup.procs` and the known
+        // members are all there is to re-read. Without a cgroup, a process
+        // forked since the first walk and gone to a session of its own is
+        // found only by descent: walk.
+        let survivors = if run.watch.cgroup().is_some() {
+            run.watch.tick_targeted(self, &run.exits).members
+        } else {
+            run.watch.tick_full(self, &run.exits, false).members
+        };
+        let taken_at = SystemTime::now();
+        run.report.phases.push((Phase::Freeze, t0.elapsed()));
+        drop(span);
+        if survivors.is_empty() {
+            self.thaw(run.tree, &mut run.watch, &run.group, &members, run.opts);
+            // Only a full walk may end a teardown: the targeted re-read of
+            // a frozen cgroup cannot see a member outside it.
+            let rest = run.watch.tick_full(self, &run.exits, false).members;
+            if rest.is_empty() {
+                return State::Finish;
+            }
+            return State::Freeze(Freeze {
+                round: round + 1,
+                members: rest,
+            });
+        }
+        (run.progress)(&Progress {
+            phase: Phase::Authorize,
+            alive: survivors.len(),
+            grace_left: None,
+            elapsed: run.started.elapsed(),
+        });
+        State::Snapshot(Snapshot {
+            round,
+            survivors,
+            taken_at,
+        })
+    }
+
+    /// SNAPSHOT: the frozen survivors as evidence (their command lines).
+    pub(super) fn snapshot(&self, run: &mut Run<'_>, s: Snapshot) -> State {
+        let t0 = Instant::now();
+        let _span = tracing::info_span!("teardown.phase", phase = "snapshot").entered();
+        let pids: Vec<i32> = s.survivors.iter().map(|m| m.entry.pid).collect();
+        let argvs = self.host.cmdlines(&pids);
+        let forensic: Vec<SurvivorRecord> = s
+            .survivors
+            .iter()
+            // (a host that answers for fewer pids leaves the rest empty:
+            // their `comm` stands in, below; no survivor is dropped)
+            .zip(argvs.into_iter().chain(std::iter::repeat_with(Vec::new)))
+            .map(|(m, argv)| SurvivorRecord {
+                identity: run.watch.identity(m),
+                state: m.entry.state.to_string(),
+                rss_bytes: m.entry.rss_bytes,
+                cmdline: if argv.is_empty() {
+                    vec![m.entry.comm.clone()]
+                } else {
+                    argv
+                },
+            })
+            .collect();
+        run.report.phases.push((Phase::Snapshot, t0.elapsed()));
+        State::Authorize(Authorize {
+            round: s.round,
+            survivors: s.survivors,
+            forensic,
+            taken_at: s.taken_at,
+        })
+    }
+
+    /// AUTHORIZE: the snapshot and `kill.authorized` naming every target,
+    /// in one FULL transaction. Refused: [`State::FailClosed`].
+    pub(super) fn authorize(&self, run: &mut Run<'_>, a: Authorize) -> State {
+        let since = Instant::now();
+        let _span = tracing::info_span!("teardown.phase", phase = "authorize").entered();
+        let Authorize {
+            round,
+            survivors,
+            forensic,
+            taken_at,
+        } = a;
+        let targets = self.targets(&run.watch, &run.group, &survivors, Reach::Kill);
+        let named = kill_targets(&run.watch, &targets, &survivors);
+        let reason = format!(
+            "{} (round {round}: {} survivors after grace)",
+            run.opts.reason,
+            survivors.len()
+        );
+        // The first round's authorization also moves the tree to `killing`,
+        // in its own transaction: no commit between it and the SIGKILL.
+        crate::testhook::crash_point("before-authorize");
+        let auth = match self.ledger.authorize_kill_after_snapshot(
+            run.tree,
+            run.watch.journal(),
+            &forensic,
+            taken_at,
+            &named,
+            &reason,
+            (round == 1).then_some(TreeState::Killing),
+        ) {
+            Ok(auth) => {
+                // Committed (FULL); its SIGKILL not yet sent.
+                crate::testhook::crash_point("after-authorize");
+                auth
+            }
+            Err(e) => {
+                return State::FailClosed(FailClosed {
+                    survivors,
+                    forensic,
+                    taken_at,
+                    error: e.to_string(),
+                });
+            }
+        };
+        run.report.authorizations += 1;
+        // The ledger took the authorization, and with it the journal:
+        // evidence is written directly again, in order.
+        run.watch.ledger_writable_again();
+        // Exits found from here on are written once the tree is verified
+        // empty, in one transaction, not per scan while it dies.
+        run.watch.defer_exits();
+        run.report.phases.push((Phase::Authorize, since.elapsed()));
+        State::Kill(Kill {
+            round,
+            survivors,
+            targets,
+            auth,
+        })
+    }
+
+    /// KILL: SIGKILL to exactly the authorized targets.
+    pub(super) fn kill(&self, run: &mut Run<'_>, k: Kill) -> Result<State, CustodyError> {
+        let t0 = Instant::now();
+        let _span = tracing::info_span!("teardown.phase", phase = "kill").entered();
+        let Kill {
+            round,
+            survivors,
+            targets,
+            auth,
+        } = k;
+        self.send(
+            run.tree,
+            &mut run.watch,
+            &targets,
+            Sig::Kill,
+            Some(auth),
+            run.opts,
+        )?;
+        run.report.force_killed += survivors.len();
+        if let Some(dir) = run.watch.cgroup() {
+            // Thaw: one write, not waited for (`cgroup.kill` ends frozen
+            // tasks too, and the verify waits for `populated 0`); a member
+            // the kill did not reach must not stay frozen.
+            if let Err(e) = self.host.cgroup_thaw(dir, Duration::ZERO) {
+                tracing::warn!(tree = run.tree.0, error = %e, "cgroup thaw failed");
+            }
+        }
+        // On the session boundary SIGKILL ends stopped processes too: the
+        // SIGCONT (a group check and a signal) is sent by the verify only
+        // if members outlive the kill.
+        run.report.phases.push((Phase::Kill, t0.elapsed()));
+        Ok(State::Verify(Verify {
+            round,
+            survivors,
+            targets,
+        }))
+    }
+
+    /// VERIFY: the kernel's notifications first (`populated 0` of the
+    /// cgroup; the survivors' pidfds: scanning `/proc` before that only
+    /// finds the dying), then targeted re-reads and one full walk, which
+    /// decide. Members left: the next round.
+    pub(super) fn verify(&self, run: &mut Run<'_>, v: Verify) -> Result<State, CustodyError> {
+        let t0 = Instant::now();
+        let span = tracing::info_span!("teardown.phase", phase = "verify").entered();
+        let Verify {
+            round,
+            survivors,
+            targets,
+        } = v;
+        let v0 = self.host.now();
+        let deadline = v0 + run.opts.verify_timeout;
+        if targets.cgroup.is_some() {
+            self.wait_cgroup_empty(&run.watch, deadline);
+        }
+        let outside: Vec<Identity> = survivors
+            .iter()
+            .filter(|m| !targets.cgroup_pids.contains(&m.entry.pid))
+            .map(|m| Identity {
+                pid: m.entry.pid,
+                start_ticks: m.entry.start_ticks,
+                boot_id: run.group.leader.boot_id.clone(),
+            })
+            .collect();
+        if !outside.is_empty()
+            && let Err(e) = self.host.wait_exits(&outside, deadline)
+        {
+            tracing::debug!(tree = run.tree.0, error = %e, "exit watches not opened");
+        }
+        let mut members;
+        loop {
+            self.collect_exits(&mut run.exits);
+            // Re-read the known members until they are gone, then one full
+            // walk verifies that nothing else of the tree lives.
+            members = run.watch.tick_targeted(self, &run.exits).members;
+            if members.is_empty() && !self.reaped_empty(&run.watch) {
+                members = self.full_walk(run)?;
+            }
+            let now = self.host.now();
+            if members.is_empty() || now >= deadline {
+                break;
+            }
+            (run.progress)(&Progress {
+                phase: Phase::Verify,
+                alive: members.len(),
+                grace_left: None,
+                elapsed: run.started.elapsed(),
+            });
+            self.host.sleep(poll_interval(now - v0));
+        }
+        run.report.phases.push((Phase::Verify, t0.elapsed()));
+        drop(span);
+        if members.is_empty() {
+            return Ok(State::Finish);
+        }
+        if run.watch.cgroup().is_none() {
+            // Members outlived the kill: none stays stopped.
+            self.thaw(run.tree, &mut run.watch, &run.group, &members, run.opts);
+        }
+        Ok(State::Freeze(Freeze {
+            round: round + 1,
+            members,
+        }))
+    }
+
+    /// FAIL-CLOSED: the authorization was not committed. No SIGKILL; the
+    /// survivors are thawed and left as evidence, the tree is ambiguous and
+    /// dispatch closes. A kill we cannot prove we were authorized to send is
+    /// worse than survivors we can still inspect.
+    pub(super) fn fail_closed(&self, run: &mut Run<'_>, f: FailClosed) -> CustodyError {
+        let tree = run.tree;
+        let FailClosed {
+            survivors,
+            forensic,
+            taken_at,
+            error,
+        } = f;
+        self.stats.authorization_failed();
+        let why = format!(
+            "forced kill skipped: its authority could not be written ({error}); {} survivors left alive as evidence",
+            survivors.len()
+        );
+        let named: Vec<IdentityRecord> = survivors.iter().map(|m| run.watch.identity(m)).collect();
+        // In memory at once; the thaw (a recorded SIGCONT on the session
+        // boundary) and evidence writes after, each of which may wait out
+        // the busy timeout.
+        self.mark_ambiguous(tree.0, &why, &named, run.watch.journal());
+        self.thaw(tree, &mut run.watch, &run.group, &survivors, run.opts);
+        if let Some(Err(e)) = run.watch.record(
+            &self.ledger,
+            "survivor snapshot",
+            Deferred::Survivors {
+                survivors: forensic,
+                taken_at: crate::ledger::timestamp(taken_at),
+            },
+        ) {
+            tracing::warn!(tree = tree.0, error = %e, "survivor snapshot not recorded");
+        }
+        let _ = self.flush_deferred_exits(tree, &mut run.watch, &run.exits);
+        // The marker holds the ambiguity for good; these are attempted
+        // unless the ledger already refused evidence, and kept in the
+        // marker's journal if not written (the next process that finds the
+        // ledger writable replays it).
+        self.fail_closed_trail(&mut run.watch, &why, "authority_write_failed");
+        self.mark_ambiguous(tree.0, &why, &named, run.watch.journal());
+        log_skipped(&run.watch);
+        CustodyError::Ambiguous {
+            tree: tree.0,
+            reason: why,
+        }
+    }
+
+    /// Members outlived every round: the tree is not provably gone.
+    /// `armed`: why no forced kill was tried (the standing kill could not
+    /// be cleared), flagged `disarm_failed` instead of `survivors`.
+    pub(super) fn survived(
+        &self,
+        run: &mut Run<'_>,
+        members: Vec<Member>,
+        armed: Option<String>,
+    ) -> CustodyError {
+        let tree = run.tree;
+        let flag = if armed.is_some() {
+            "disarm_failed"
+        } else {
+            "survivors"
+        };
+        let why =
+            armed.unwrap_or_else(|| format!("{} members survived the forced kill", members.len()));
+        self.stats.survivors(members.len());
+        let named: Vec<IdentityRecord> = members.iter().map(|m| run.watch.identity(m)).collect();
+        self.mark_ambiguous(tree.0, &why, &named, run.watch.journal());
+        let _ = self.flush_deferred_exits(tree, &mut run.watch, &run.exits);
+        let _ = run.watch.record(
+            &self.ledger,
+            "flag",
+            Deferred::Flag {
+                flag: flag.into(),
+                at: now(),
+            },
+        );
+        if let Some(Err(e)) = run.watch.record(
+            &self.ledger,
+            "state ambiguous",
+            Deferred::State {
+                to: TreeState::Ambiguous,
+                reason: Some(why.clone()),
+                at: now(),
+            },
+        ) {
+            tracing::error!(tree = tree.0, error = %e, "ambiguous state not recorded");
+        }
+        self.mark_ambiguous(tree.0, &why, &named, run.watch.journal());
+        log_skipped(&run.watch);
+        CustodyError::Ambiguous {
+            tree: tree.0,
+            reason: why,
+        }
+    }
+
+    /// Waits for the kernel's `populated 0` of the tree's cgroup, or
+    /// `deadline`. Only a hint: the caller verifies by scan whatever this
+    /// says.
+    pub(super) fn wait_cgroup_empty(&self, watch: &TreeWatch, deadline: Instant) {
+        let Some(dir) = watch.cgroup() else { return };
+        if let Err(e) = self.host.cgroup_wait_empty(dir, deadline) {
+            tracing::debug!(tree = watch.tree().0, error = %e, "cgroup.events not readable");
+        }
+    }
+}
+
+/// How many full walks a phase tries before it stops undecided on
+/// incomplete evidence ([`Engine::full_walk`]): reads that failed on
+/// descriptors usually succeed once a connection or a pidfd is closed.
+const INCOMPLETE_TRIES: u32 = 5;
+
+/// How often, and how long apart, the verify asks whether the reaper has
+/// reaped every child ([`Engine::reaped_empty`]): a millisecond in all.
+const REAP_TRIES: usize = 5;
+const REAP_PAUSE: Duration = Duration::from_micros(200);
+
+/// Polls fast at first (most trees die within milliseconds of their
+/// signal), then backs off to keep a long grace cheap.
+pub(super) fn poll_interval(elapsed: Duration) -> Duration {
+    if elapsed < Duration::from_millis(50) {
+        Duration::from_millis(2)
+    } else if elapsed < Duration::from_secs(1) {
+        Duration::from_millis(10)
+    } else {
+        Duration::from_millis(50)
+    }
+}

@@ -1,0 +1,314 @@
+//! The signal steps: whom a step reaches ([`Targets`]), the one `send`
+//! that signals and records, the freeze and thaw, and the targets the kill
+//! authorization names.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use super::super::CustodyError;
+use super::super::Engine;
+use super::super::watch::TreeWatch;
+use super::{Origin, Reach, Sent, Targets, TeardownOptions, now};
+use crate::ledger::{
+    AuthorizationId, Deferred, Event, IdentityRecord, KillTarget, SignalRecord, TreeId, event,
+};
+use crate::proc::{Delivery, GroupDelivery, GroupRecord, Identity, Sig};
+use crate::scan::Member;
+
+impl Engine {
+    /// Builds the targets of one signal step from the live members.
+    pub(super) fn targets(
+        &self,
+        watch: &TreeWatch,
+        group: &GroupRecord,
+        members: &[Member],
+        reach: Reach,
+    ) -> Targets {
+        let kill = reach == Reach::Kill;
+        let cgroup = watch.cgroup();
+        // The tick that classified `members` read `cgroup.procs` (frozen,
+        // for a kill): the same set decides who the cgroup kill reaches.
+        let cgroup_pids = if kill && cgroup.is_some() {
+            watch.cgroup_pids().clone()
+        } else {
+            HashSet::new()
+        };
+        let mut loose = Vec::new();
+        let mut in_group = 0;
+        for m in members {
+            if m.entry.pgid == group.pgid {
+                // With a cgroup kill, only group members outside the cgroup
+                // need the group signal.
+                if !(kill && cgroup_pids.contains(&m.entry.pid)) {
+                    in_group += 1;
+                }
+                continue;
+            }
+            if kill && cgroup_pids.contains(&m.entry.pid) {
+                continue; // cgroup.kill reaches it
+            }
+            loose.push(Identity {
+                pid: m.entry.pid,
+                start_ticks: m.entry.start_ticks,
+                boot_id: group.leader.boot_id.clone(),
+            });
+        }
+        Targets {
+            group: group.clone(),
+            cgroup: if kill {
+                cgroup.map(std::path::Path::to_path_buf)
+            } else {
+                None
+            },
+            group_pids: group_pids(members, group.pgid),
+            loose,
+            in_group,
+            cgroup_pids,
+        }
+    }
+
+    /// Sends `sig` to a step's targets and records each signal. Returns
+    /// whether the group was provably the recorded one (or empty).
+    pub(super) fn send(
+        &self,
+        tree: TreeId,
+        watch: &mut TreeWatch,
+        step: &Targets,
+        sig: Sig,
+        authorization: Option<AuthorizationId>,
+        opts: &TeardownOptions,
+    ) -> Result<bool, CustodyError> {
+        let mut group_ok = true;
+        // The step's signal records, written in one transaction at the end.
+        let mut records: Vec<SignalRecord> = Vec::new();
+        let mut record = |signal: &str, kind: &str, target: &str, result: &Sent| {
+            records.push(SignalRecord {
+                signal: signal.to_string(),
+                target_kind: kind.to_string(),
+                target: target.to_string(),
+                result: result.to_string(),
+                authorization,
+            })
+        };
+        if let Some(dir) = step.cgroup.as_deref() {
+            let result = match self.host.cgroup_kill(dir) {
+                Ok(()) => Sent::Delivered,
+                Err(e) => Sent::Failed(e.to_string()),
+            };
+            // SIGKILL on the cgroup; TERMINATE_JOB on a Windows job.
+            let (signal, kind) = crate::proc::CONTAINER_KILL;
+            record(signal, kind, &dir.display().to_string(), &result);
+        }
+        if step.in_group > 0 || step.cgroup.is_none() {
+            let result = match self
+                .host
+                .signal_group_known(&step.group, sig, &step.group_pids)
+            {
+                Ok(GroupDelivery::Sent { members }) => Sent::ToMembers(members),
+                Ok(GroupDelivery::Empty) => Sent::GroupEmpty,
+                Ok(GroupDelivery::NotRecorded(why)) => {
+                    group_ok = false;
+                    if watch.degraded().is_none() {
+                        self.refusal_event(tree, opts, &why);
+                    }
+                    Sent::Refused(why)
+                }
+                Err(e) => Sent::Failed(e.to_string()),
+            };
+            if result.was_sent() || sig != Sig::Kill {
+                record(sig.name(), "group", &step.group.pgid.to_string(), &result);
+            } else if step.cgroup.is_none() {
+                // A SIGKILL that was not sent is recorded as skipped, not as a signal.
+                let why = format!("group {}: {result}", step.group.pgid);
+                let _ = watch.record(
+                    &self.ledger,
+                    "kill skipped",
+                    Deferred::KillSkipped {
+                        reason: why,
+                        at: now(),
+                    },
+                );
+            }
+        }
+        for id in &step.loose {
+            // Through the handle held since the member was first found
+            // loose, where there is one: it reaches that process or none,
+            // whoever lists with its identity now.
+            let delivery = match watch.held(&id.key()) {
+                Some(held) => self.host.signal_held(held, sig),
+                None => self.host.signal_process(id, sig),
+            };
+            let result = match delivery {
+                Ok(Delivery::Sent) => Sent::Delivered,
+                Ok(Delivery::Gone) => Sent::Gone,
+                Ok(Delivery::Recycled) => Sent::Refused("pid recycled".into()),
+                Err(e) => Sent::Failed(e.to_string()),
+            };
+            if result.was_sent() || sig != Sig::Kill {
+                record(sig.name(), "pid", &id.pid.to_string(), &result);
+            }
+        }
+        if !records.is_empty()
+            && let Some(Err(e)) = watch.record(
+                &self.ledger,
+                "signals",
+                Deferred::Signals {
+                    signals: records,
+                    at: now(),
+                },
+            )
+        {
+            tracing::error!(
+                tree = tree.0,
+                signal = sig.name(),
+                error = %e,
+                "signals not recorded"
+            );
+        }
+        Ok(group_ok)
+    }
+
+    pub(super) fn refusal_event(&self, tree: TreeId, opts: &TeardownOptions, why: &str) {
+        let result = if opts.origin == Origin::Sweep {
+            let refused = Event::SweepRefused(event::Reason {
+                reason: why.to_string(),
+            });
+            self.ledger.append_event(Some(tree), refused)
+        } else {
+            self.ledger.kill_skipped(tree, why).map(|_| 0)
+        };
+        if let Err(e) = result {
+            tracing::warn!(tree = tree.0, error = %e, "refusal not recorded");
+        }
+    }
+
+    /// Freezes what the next step will kill: the cgroup, or SIGSTOP to the
+    /// group and the loose members.
+    pub(super) fn freeze(
+        &self,
+        tree: TreeId,
+        watch: &mut TreeWatch,
+        group: &GroupRecord,
+        members: &[Member],
+        opts: &TeardownOptions,
+    ) -> Result<(), String> {
+        if let Some(dir) = watch.cgroup() {
+            // From here on only the authorized kill may end the tree: a
+            // standing kill still set would end it, unrecorded, when the
+            // container's last handle closes (a `run` that exits 125).
+            if let Err(e) = self.host.disarm_standing_kill(dir) {
+                return Err(format!(
+                    "forced kill skipped: the container's standing kill could not be cleared ({e}); {} members not killed",
+                    members.len()
+                ));
+            }
+            if let Err(e) = self.host.cgroup_freeze(dir, Duration::from_secs(1)) {
+                tracing::warn!(tree = tree.0, error = %e, "cgroup freeze failed");
+            }
+            return Ok(());
+        }
+        self.group_step(tree, watch, group, members, Sig::Stop, opts);
+        Ok(())
+    }
+
+    /// On every error exit of a teardown: the container's standing kill is
+    /// cleared (again), so the survivors the record calls alive are not
+    /// killed behind its back when this process's exit closes the
+    /// container (Windows' `KILL_ON_JOB_CLOSE`; nothing on Linux).
+    pub(super) fn disarm_again(&self, run: &super::Run<'_>) {
+        if let Some(dir) = run.watch.cgroup()
+            && let Err(e) = self.host.disarm_standing_kill(dir)
+        {
+            tracing::error!(tree = run.tree.0, error = %e, "standing kill not cleared on the teardown's error exit: the container's close may end its members");
+        }
+    }
+
+    /// Undoes [`Engine::freeze`]: thaws the cgroup, or SIGCONT to the group
+    /// and the loose members.
+    pub(super) fn thaw(
+        &self,
+        tree: TreeId,
+        watch: &mut TreeWatch,
+        group: &GroupRecord,
+        members: &[Member],
+        opts: &TeardownOptions,
+    ) {
+        if let Some(dir) = watch.cgroup() {
+            if let Err(e) = self.host.cgroup_thaw(dir, Duration::from_secs(1)) {
+                tracing::warn!(tree = tree.0, error = %e, "cgroup thaw failed");
+            }
+            return;
+        }
+        self.group_step(tree, watch, group, members, Sig::Cont, opts);
+    }
+
+    /// SIGSTOP/SIGCONT are signals like the others: sent and recorded by
+    /// the same step as SIGTERM (DESIGN: the ledger holds every signal).
+    pub(super) fn group_step(
+        &self,
+        tree: TreeId,
+        watch: &mut TreeWatch,
+        group: &GroupRecord,
+        members: &[Member],
+        sig: Sig,
+        opts: &TeardownOptions,
+    ) {
+        let targets = self.targets(watch, group, members, Reach::Signal);
+        if let Err(e) = self.send(tree, watch, &targets, sig, None, opts) {
+            tracing::warn!(tree = tree.0, error = %e, signal = sig.name(), "freeze step failed");
+        }
+    }
+}
+
+/// The members in the recorded group, by pid and start (the group check's
+/// candidates).
+pub(super) fn group_pids(members: &[Member], pgid: i32) -> Vec<crate::proc::ProcKey> {
+    members
+        .iter()
+        .filter(|m| m.entry.pgid == pgid)
+        .map(|m| crate::proc::ProcKey::new(m.entry.pid, m.entry.start_ticks))
+        .collect()
+}
+
+/// The authorization names every target with the identities it will reach.
+pub(super) fn kill_targets(
+    watch: &TreeWatch,
+    step: &Targets,
+    survivors: &[Member],
+) -> Vec<KillTarget> {
+    let ids = |filter: &dyn Fn(&Member) -> bool| -> Vec<IdentityRecord> {
+        survivors
+            .iter()
+            .filter(|m| filter(m))
+            .map(|m| watch.identity(m))
+            .collect()
+    };
+    let mut targets = Vec::new();
+    if let Some(dir) = step.cgroup.as_deref() {
+        targets.push(KillTarget {
+            // "cgroup" on Linux, "job" on Windows.
+            kind: crate::proc::CONTAINER_KILL.1.into(),
+            target: dir.display().to_string(),
+            identities: ids(&|m| step.cgroup_pids.contains(&m.entry.pid)),
+        });
+    }
+    if step.in_group > 0 || step.cgroup.is_none() {
+        targets.push(KillTarget {
+            kind: "group".into(),
+            target: step.group.pgid.to_string(),
+            identities: ids(&|m| m.entry.pgid == step.group.pgid),
+        });
+    }
+    for id in &step.loose {
+        targets.push(KillTarget {
+            kind: "pid".into(),
+            target: id.pid.to_string(),
+            identities: vec![IdentityRecord {
+                pid: id.pid,
+                start_ticks: id.start_ticks,
+                boot_id: id.boot_id.clone(),
+            }],
+        });
+    }
+    targets
+}
