@@ -295,6 +295,20 @@ mod tests {
         assert_eq!(Grace::NONE.duration(), Duration::ZERO);
     }
 
+    /// What a grace reports of itself: the milliseconds the sweep and the
+    /// teardown's log record, whether it is none (the teardown's grace loop
+    /// runs only while it is not), and the operator's spelling.
+    #[test]
+    fn a_grace_reports_its_millis_its_zero_and_its_spelling() {
+        let g = Grace::from(Duration::from_millis(1500));
+        assert_eq!(g.as_millis(), 1500);
+        assert!(!g.is_zero());
+        assert!(Grace::NONE.is_zero());
+        assert_eq!(Grace::NONE.as_millis(), 0);
+        assert_eq!(g.to_string(), "1s 500ms");
+        assert_eq!(Grace::from(Duration::MAX).as_millis(), u64::MAX);
+    }
+
     #[test]
     fn each_cause_has_its_reason_and_only_a_root_exit_a_status() {
         let st = ExitStatus::Exited(3);
@@ -345,6 +359,8 @@ mod tests {
                 Origin::Service,
             ),
             (EndCause::Kill, "kill", Origin::Kill),
+            (EndCause::Signal(15), "kill", Origin::Service),
+            (EndCause::ParentDied, "owner_exit", Origin::Service),
             (EndCause::Shutdown, "shutdown", Origin::Service),
             (EndCause::Resume, "resume", Origin::Service),
         ] {
