@@ -295,6 +295,34 @@ mod tests {
         assert_eq!(Grace::NONE.duration(), Duration::ZERO);
     }
 
+    /// The tree's row is the recorded grace: what an orphan's sweep and a
+    /// kill of a tree this process does not own resolve from.
+    #[test]
+    fn a_trees_grace_is_the_one_its_row_records() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = (super::super::fake::PID_BASE, 1);
+        let (_config, ledger, tree) = super::super::fake::recorded_tree(
+            dir.path(),
+            root,
+            None,
+            "worker",
+            2500,
+            Duration::from_millis(40),
+        );
+        let row = ledger.tree(tree).expect("readable").expect("recorded");
+        let ms = Duration::from_millis;
+        let five = Duration::from_secs(5);
+        assert_eq!(Grace::for_tree(&row, None, five, None).duration(), ms(2500));
+        assert_eq!(
+            Grace::for_tree(&row, Some(ms(100)), five, None).duration(),
+            ms(100)
+        );
+        assert_eq!(
+            Grace::for_tree(&row, None, five, Some(ms(900))).duration(),
+            ms(900)
+        );
+    }
+
     /// What a grace reports of itself: the milliseconds the sweep and the
     /// teardown's log record, whether it is none (the teardown's grace loop
     /// runs only while it is not), and the operator's spelling.
