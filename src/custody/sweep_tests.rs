@@ -440,3 +440,28 @@ fn an_orphan_its_teardown_cannot_settle_counts_as_unsettled() {
     );
     assert_eq!(c.pending(), 0);
 }
+
+/// The operator's one line per sweep that tears orphans down, with how
+/// many and how many at once; none when there is nothing to tear down.
+#[test]
+fn a_sweep_logs_its_orphans_and_concurrency_only_when_it_has_some() {
+    const LINE: &str = "sweep: tearing orphans down";
+    let mut s = sweep_rig();
+    let log = super::tests::warnings_of(|| {
+        s.engine.sweep(Duration::ZERO).expect("sweep");
+    });
+    assert!(!log.contains(LINE), "no orphan, no line: {log}");
+    s.tree(0);
+    s.tree(0);
+    let mut opts = SweepOptions::new(Duration::ZERO);
+    opts.concurrency = 1;
+    let log = super::tests::warnings_of(|| {
+        s.engine.sweep_with(&opts).expect("sweep");
+    });
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains(LINE)).collect();
+    assert_eq!(lines.len(), 1, "{log}");
+    assert!(
+        lines[0].contains("orphans=2") && lines[0].contains("concurrency=1"),
+        "{log}"
+    );
+}

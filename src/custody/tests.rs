@@ -1890,16 +1890,17 @@ impl std::io::Write for ThreadSink {
     }
 }
 
-/// Runs `f` with warnings logged into a sink of this thread; returns the
-/// log. One global subscriber for the test binary (set once), writing per
-/// thread: a thread-local `with_default` lost lines when another test's
-/// thread had cached a callsite's interest as "never" (callsites are
-/// global), in full runs only.
-fn warnings_of(f: impl FnOnce()) -> String {
+/// Runs `f` with warnings (and the operator's info lines) logged into a
+/// sink of this thread; returns the log. One global subscriber for the test
+/// binary (set once), writing per thread: a thread-local `with_default`
+/// lost lines when another test's thread had cached a callsite's interest
+/// as "never" (callsites are global), in full runs only. The sweep's tests
+/// (`sweep_tests`) read their info line through it too.
+pub(super) fn warnings_of(f: impl FnOnce()) -> String {
     static INIT: std::sync::Once = std::sync::Once::new();
     INIT.call_once(|| {
         let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::WARN)
+            .with_max_level(tracing::Level::INFO)
             .with_ansi(false)
             .with_writer(|| ThreadSink)
             .finish();
