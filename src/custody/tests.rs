@@ -1944,3 +1944,60 @@ fn skipped_evidence_is_logged_once_and_only_when_there_was_some() {
     assert!(report.expect("ran").evidence_skipped > 0);
     assert_eq!(log.matches(LINE).count(), 1, "{log}");
 }
+
+/// The operator's one line per teardown (mutants: `teardown`'s
+/// `r.already_settled` guard -> true, false): a teardown that ends the tree
+/// logs "teardown done" once; a second teardown of the ended tree (another
+/// ended it first) logs no such line.
+#[test]
+fn a_teardown_logs_done_once_and_an_already_settled_one_does_not() {
+    const LINE: &str = "teardown done";
+    let rig = rig(Boundary::Session, false, |_, _, _| {});
+    let mut first = None;
+    let log = warnings_of(|| first = Some(rig.teardown(Duration::ZERO).expect("settled")));
+    let first = first.expect("ran");
+    assert!(!first.already_settled);
+    assert_eq!(log.matches(LINE).count(), 1, "{log}");
+    let mut second = None;
+    let log = warnings_of(|| second = Some(rig.teardown(Duration::ZERO).expect("settled")));
+    assert!(second.expect("ran").already_settled);
+    assert!(!log.contains(LINE), "{log}");
+}
+
+/// A taker waits for the holder (mutant: the lease's deadline `now + wait`
+/// -> `now - wait`, which gives up at the first try): while the holder
+/// keeps the lease, the waiter is still waiting; once it lets go, the
+/// waiter has it.
+#[test]
+fn a_teardown_lease_taker_waits_for_the_holder_within_its_wait() {
+    let rig = rig(Boundary::Session, false, |_, _, _| {});
+    let held = rig
+        .engine
+        .teardown_lease_within(rig.tree, Duration::ZERO)
+        .expect("taken")
+        .expect("a lease");
+    std::thread::scope(|s| {
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let waiter = s.spawn(move || {
+            started_tx.send(()).expect("main listens");
+            rig.engine
+                .teardown_lease_within(rig.tree, Duration::from_secs(30))
+                .map(|l| l.is_some())
+        });
+        started_rx.recv().expect("the waiter started");
+        // A window in which a taker that gives up at once has given up.
+        let window = std::time::Instant::now() + Duration::from_millis(300);
+        while std::time::Instant::now() < window {
+            assert!(
+                !waiter.is_finished(),
+                "the waiter gave up while the holder held the lease"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        drop(held);
+        match waiter.join().expect("waiter") {
+            Ok(true) => {}
+            other => panic!("the waiter gets the lease once it is free: {other:?}"),
+        }
+    });
+}
