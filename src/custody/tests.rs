@@ -1964,8 +1964,9 @@ fn a_teardown_logs_done_once_and_an_already_settled_one_does_not() {
     assert!(!log.contains(LINE), "{log}");
 }
 
-/// A taker waits for the holder (mutant: the lease's deadline `now + wait`
-/// -> `now - wait`, which gives up at the first try): while the holder
+/// A taker waits for the holder (mutants: the lease's deadline `now + wait`
+/// -> `now - wait`, which gives up at the first try; `!logged` deleted, its
+/// waiting line never written): while the holder
 /// keeps the lease, the waiter is still waiting; once it lets go, the
 /// waiter has it.
 #[test]
@@ -1980,9 +1981,16 @@ fn a_teardown_lease_taker_waits_for_the_holder_within_its_wait() {
         let (started_tx, started_rx) = std::sync::mpsc::channel();
         let waiter = s.spawn(move || {
             started_tx.send(()).expect("main listens");
-            rig.engine
-                .teardown_lease_within(rig.tree, Duration::from_secs(30))
-                .map(|l| l.is_some())
+            let mut got = None;
+            let before = std::time::Instant::now();
+            let log = warnings_of(|| {
+                got = Some(
+                    rig.engine
+                        .teardown_lease_within(rig.tree, Duration::from_secs(30))
+                        .map(|l| l.is_some()),
+                );
+            });
+            (got.expect("ran"), log, before)
         });
         started_rx.recv().expect("the waiter started");
         // A window in which a taker that gives up at once has given up.
@@ -1994,10 +2002,21 @@ fn a_teardown_lease_taker_waits_for_the_holder_within_its_wait() {
             );
             std::thread::sleep(Duration::from_millis(10));
         }
+        let let_go = std::time::Instant::now();
         drop(held);
-        match waiter.join().expect("waiter") {
+        let (got, log, before) = waiter.join().expect("waiter");
+        match got {
             Ok(true) => {}
             other => panic!("the waiter gets the lease once it is free: {other:?}"),
+        }
+        // One line however many 20 ms tries it took (mutant: `!logged`
+        // deleted: no line at all). A waiter that began its wait well before
+        // the holder let go tried while it was held.
+        let waited = log.matches("waiting for its lease").count();
+        if before + Duration::from_millis(100) < let_go {
+            assert_eq!(waited, 1, "{log}");
+        } else {
+            assert!(waited <= 1, "{log}");
         }
     });
 }
