@@ -5,8 +5,11 @@
 use super::CustodyError;
 use super::fake::{BOOT, PID_BASE, stranger};
 use super::watch_tests::{Rig, rig};
-use crate::ledger::{IdentityRecord, TreeState};
-use crate::proc::ExitStatus;
+use crate::ledger::{
+    EventFilter, IdentityRecord, NewTree, OnBehalfRecord, OwnerKind, OwnerRecord, Requester,
+    SpawnRecord, TreeId, TreeState,
+};
+use crate::proc::{ExitStatus, Identity};
 
 /// The gate's unsettled trees, as `(tree, reason)`.
 fn unsettled(rig: &Rig) -> Vec<(i64, String)> {
@@ -119,4 +122,242 @@ fn a_marker_of_an_ended_tree_closes_dispatch_while_a_survivor_it_names_lives() {
         "the stale marker is removed"
     );
     rig.engine.check_dispatch().expect("dispatch open");
+}
+
+#[test]
+fn the_dispatch_scope_is_spelled_owner_or_host() {
+    use super::DispatchScope;
+    assert_eq!("owner".parse::<DispatchScope>(), Ok(DispatchScope::Owner));
+    assert_eq!("host".parse::<DispatchScope>(), Ok(DispatchScope::Host));
+    assert_eq!(
+        "tree".parse::<DispatchScope>(),
+        Err("unknown dispatch scope \"tree\": expected owner or host".to_string())
+    );
+}
+
+/// The identity of the rig's owner record (pid `PID_BASE - 1`, tick 1).
+fn rig_owner() -> Identity {
+    Identity {
+        pid: PID_BASE - 1,
+        start_ticks: 1,
+        boot_id: BOOT.into(),
+    }
+}
+
+/// A second tree, of another owner, asked for by `requester`, left
+/// ambiguous (the rig's own tree stays running).
+fn ambiguous_tree_of(rig: &Rig, requester: Requester) -> TreeId {
+    let owner = rig
+        .ledger
+        .register_owner(&OwnerRecord {
+            identity: IdentityRecord {
+                pid: PID_BASE - 2,
+                start_ticks: 2,
+                boot_id: BOOT.into(),
+            },
+            kind: OwnerKind::Client,
+        })
+        .expect("owner");
+    let tree = rig
+        .ledger
+        .create_tree_for(
+            &NewTree {
+                label: None,
+                boundary: "session".into(),
+                owner,
+                argv: vec!["api".into()],
+                cwd: None,
+                grace_ms: Some(0),
+                timeout_ms: None,
+                limits: Default::default(),
+                first_signal: None,
+            },
+            Some(&OnBehalfRecord {
+                requester,
+                run_uid: None,
+                run_gid: None,
+            }),
+        )
+        .expect("tree");
+    let root = (PID_BASE + 50, 1);
+    rig.ledger
+        .tree_spawned(
+            tree,
+            &SpawnRecord {
+                root: IdentityRecord {
+                    pid: root.0,
+                    start_ticks: root.1,
+                    boot_id: BOOT.into(),
+                },
+                pgid: root.0,
+                sid: root.0,
+                cgroup: None,
+            },
+        )
+        .expect("spawned");
+    rig.ledger
+        .set_state(tree, TreeState::Ambiguous, Some("api survivors"))
+        .expect("ambiguous");
+    tree
+}
+
+fn requester(via: &str, uid: Option<u32>, token_id: Option<i64>) -> Requester {
+    Requester {
+        via: via.into(),
+        uid,
+        pid: None,
+        token_id,
+        token_name: None,
+    }
+}
+
+/// `check_dispatch_for`'s verdict: `Some(tree)` refused naming it.
+fn refused_for(rig: &Rig, owner: &Identity, by: Option<&Requester>) -> Option<i64> {
+    match rig.engine.check_dispatch_for(owner, by) {
+        Ok(()) => None,
+        Err(CustodyError::DispatchRefused { tree, .. }) => Some(tree),
+        Err(e) => panic!("refused for another cause: {e}"),
+    }
+}
+
+#[test]
+fn owner_scope_refuses_the_same_owner_record_only_host_scope_everyone() {
+    let mut rig = rig(false, false);
+    rig.ledger
+        .set_state(rig.tree, TreeState::Ambiguous, Some("survivors left"))
+        .expect("ambiguous");
+    let same = rig_owner();
+    assert_eq!(refused_for(&rig, &same, None), Some(rig.tree.0));
+    // Each of pid, start and boot makes another owner.
+    let other_pid = Identity {
+        pid: PID_BASE - 3,
+        ..rig_owner()
+    };
+    let other_start = Identity {
+        start_ticks: 7,
+        ..rig_owner()
+    };
+    let other_boot = Identity {
+        boot_id: "another-boot".into(),
+        ..rig_owner()
+    };
+    for other in [&other_pid, &other_start, &other_boot] {
+        assert_eq!(refused_for(&rig, other, None), None, "{other:?}");
+    }
+    // The host-wide gate ignores whose the tree is.
+    rig.engine.set_dispatch_scope(super::DispatchScope::Host);
+    assert_eq!(refused_for(&rig, &other_pid, None), Some(rig.tree.0));
+    rig.engine.check_dispatch().expect_err("host: closed");
+}
+
+#[test]
+fn owner_scope_refuses_the_same_token_or_socket_uid_never_a_cli_uid() {
+    let rig = rig(false, false);
+    let stranger = Identity {
+        pid: PID_BASE - 3,
+        ..rig_owner()
+    };
+    let tcp = ambiguous_tree_of(&rig, requester("tcp", Some(5), Some(7)));
+    let by = |via, uid, token| Some(requester(via, uid, token));
+    assert_eq!(
+        refused_for(&rig, &stranger, by("tcp", None, Some(7)).as_ref()),
+        Some(tcp.0)
+    );
+    for other in [
+        by("tcp", Some(5), Some(8)),
+        by("tcp", Some(5), None),
+        // Same uid, through the socket: the via differs.
+        by("socket", Some(5), Some(7)),
+        None,
+    ] {
+        assert_eq!(
+            refused_for(&rig, &stranger, other.as_ref()),
+            None,
+            "{other:?}"
+        );
+    }
+
+    let rig = rig_with_one(requester("socket", Some(5), None));
+    assert_eq!(
+        refused_for(&rig.0, &stranger, by("socket", Some(5), None).as_ref()),
+        Some(rig.1.0)
+    );
+    for other in [by("socket", Some(6), None), by("tcp", Some(5), None)] {
+        assert_eq!(
+            refused_for(&rig.0, &stranger, other.as_ref()),
+            None,
+            "{other:?}"
+        );
+    }
+
+    // No token on either side (a TCP request without one), no uid on
+    // either side: nothing names a scope.
+    let rig = rig_with_one(requester("tcp", None, None));
+    assert_eq!(
+        refused_for(&rig.0, &stranger, by("tcp", None, None).as_ref()),
+        None
+    );
+    let rig = rig_with_one(requester("socket", None, None));
+    assert_eq!(
+        refused_for(&rig.0, &stranger, by("socket", None, None).as_ref()),
+        None
+    );
+    // A CLI wrapper's uid is no scope.
+    let rig = rig_with_one(requester("cli", Some(5), None));
+    assert_eq!(
+        refused_for(&rig.0, &stranger, by("cli", Some(5), None).as_ref()),
+        None
+    );
+}
+
+/// A fresh rig holding one ambiguous tree asked for by `requester`.
+fn rig_with_one(by: Requester) -> (Rig, TreeId) {
+    let rig = rig(false, false);
+    let tree = ambiguous_tree_of(&rig, by);
+    (rig, tree)
+}
+
+#[test]
+fn a_marker_the_ledger_never_took_closes_every_scope_and_each_refusal_is_recorded() {
+    let rig = rig(false, false);
+    let unknown = rig.tree.0 + 100;
+    // The empty reason of a teardown that had none to give.
+    rig.engine.mark_ambiguous(unknown, "", &[], &[]);
+    rig.ledger
+        .set_state(rig.tree, TreeState::Ambiguous, None)
+        .expect("ambiguous");
+    assert_eq!(
+        unsettled(&rig),
+        [
+            (rig.tree.0, "ambiguous teardown".to_string()),
+            (
+                unknown,
+                "ambiguous teardown (not yet in the ledger)".to_string()
+            ),
+        ]
+    );
+    let stranger = Identity {
+        pid: PID_BASE - 3,
+        ..rig_owner()
+    };
+    assert_eq!(refused_for(&rig, &stranger, None), Some(unknown));
+    // Refused twice: by the whole gate (two trees), by the owner's (one).
+    assert_eq!(refused_for(&rig, &rig_owner(), None), Some(rig.tree.0));
+    let refusals: Vec<_> = rig
+        .ledger
+        .events(&EventFilter {
+            kind_prefix: Some("dispatch.refused".into()),
+            ..EventFilter::default()
+        })
+        .expect("events")
+        .into_iter()
+        .map(|e| e.data)
+        .collect();
+    assert_eq!(
+        refusals,
+        [
+            serde_json::json!({"tree": unknown, "reason": "ambiguous teardown (not yet in the ledger)", "unsettled": 1}),
+            serde_json::json!({"tree": rig.tree.0, "reason": "ambiguous teardown", "unsettled": 2}),
+        ]
+    );
 }

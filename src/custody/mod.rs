@@ -30,6 +30,8 @@ pub mod policy;
 mod spawn;
 mod stats;
 mod sweep;
+#[cfg(test)]
+mod sweep_tests;
 mod teardown;
 #[cfg(test)]
 mod tests;

@@ -295,6 +295,48 @@ mod tests {
         assert_eq!(Grace::NONE.duration(), Duration::ZERO);
     }
 
+    /// The tree's row is the recorded grace: what an orphan's sweep and a
+    /// kill of a tree this process does not own resolve from.
+    #[test]
+    fn a_trees_grace_is_the_one_its_row_records() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = (super::super::fake::PID_BASE, 1);
+        let (_config, ledger, tree) = super::super::fake::recorded_tree(
+            dir.path(),
+            root,
+            None,
+            "worker",
+            2500,
+            Duration::from_millis(40),
+        );
+        let row = ledger.tree(tree).expect("readable").expect("recorded");
+        let ms = Duration::from_millis;
+        let five = Duration::from_secs(5);
+        assert_eq!(Grace::for_tree(&row, None, five, None).duration(), ms(2500));
+        assert_eq!(
+            Grace::for_tree(&row, Some(ms(100)), five, None).duration(),
+            ms(100)
+        );
+        assert_eq!(
+            Grace::for_tree(&row, None, five, Some(ms(900))).duration(),
+            ms(900)
+        );
+    }
+
+    /// What a grace reports of itself: the milliseconds the sweep and the
+    /// teardown's log record, whether it is none (the teardown's grace loop
+    /// runs only while it is not), and the operator's spelling.
+    #[test]
+    fn a_grace_reports_its_millis_its_zero_and_its_spelling() {
+        let g = Grace::from(Duration::from_millis(1500));
+        assert_eq!(g.as_millis(), 1500);
+        assert!(!g.is_zero());
+        assert!(Grace::NONE.is_zero());
+        assert_eq!(Grace::NONE.as_millis(), 0);
+        assert_eq!(g.to_string(), "1s 500ms");
+        assert_eq!(Grace::from(Duration::MAX).as_millis(), u64::MAX);
+    }
+
     #[test]
     fn each_cause_has_its_reason_and_only_a_root_exit_a_status() {
         let st = ExitStatus::Exited(3);
@@ -345,6 +387,8 @@ mod tests {
                 Origin::Service,
             ),
             (EndCause::Kill, "kill", Origin::Kill),
+            (EndCause::Signal(15), "kill", Origin::Service),
+            (EndCause::ParentDied, "owner_exit", Origin::Service),
             (EndCause::Shutdown, "shutdown", Origin::Service),
             (EndCause::Resume, "resume", Origin::Service),
         ] {

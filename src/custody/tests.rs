@@ -2000,16 +2000,17 @@ impl std::io::Write for ThreadSink {
     }
 }
 
-/// Runs `f` with warnings logged into a sink of this thread; returns the
-/// log. One global subscriber for the test binary (set once), writing per
-/// thread: a thread-local `with_default` lost lines when another test's
-/// thread had cached a callsite's interest as "never" (callsites are
-/// global), in full runs only.
-fn warnings_of(f: impl FnOnce()) -> String {
+/// Runs `f` with warnings (and the operator's info lines) logged into a
+/// sink of this thread; returns the log. One global subscriber for the test
+/// binary (set once), writing per thread: a thread-local `with_default`
+/// lost lines when another test's thread had cached a callsite's interest
+/// as "never" (callsites are global), in full runs only. The sweep's tests
+/// (`sweep_tests`) read their info line through it too.
+pub(super) fn warnings_of(f: impl FnOnce()) -> String {
     static INIT: std::sync::Once = std::sync::Once::new();
     INIT.call_once(|| {
         let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::WARN)
+            .with_max_level(tracing::Level::INFO)
             .with_ansi(false)
             .with_writer(|| ThreadSink)
             .finish();
@@ -2052,4 +2053,80 @@ fn skipped_evidence_is_logged_once_and_only_when_there_was_some() {
     });
     assert!(report.expect("ran").evidence_skipped > 0);
     assert_eq!(log.matches(LINE).count(), 1, "{log}");
+}
+
+/// The operator's one line per teardown (mutants: `teardown`'s
+/// `r.already_settled` guard -> true, false): a teardown that ends the tree
+/// logs "teardown done" once; a second teardown of the ended tree (another
+/// ended it first) logs no such line.
+#[test]
+fn a_teardown_logs_done_once_and_an_already_settled_one_does_not() {
+    const LINE: &str = "teardown done";
+    let rig = rig(Boundary::Session, false, |_, _, _| {});
+    let mut first = None;
+    let log = warnings_of(|| first = Some(rig.teardown(Duration::ZERO).expect("settled")));
+    let first = first.expect("ran");
+    assert!(!first.already_settled);
+    assert_eq!(log.matches(LINE).count(), 1, "{log}");
+    let mut second = None;
+    let log = warnings_of(|| second = Some(rig.teardown(Duration::ZERO).expect("settled")));
+    assert!(second.expect("ran").already_settled);
+    assert!(!log.contains(LINE), "{log}");
+}
+
+/// A taker waits for the holder (mutants: the lease's deadline `now + wait`
+/// -> `now - wait`, which gives up at the first try; `!logged` deleted, its
+/// waiting line never written): while the holder
+/// keeps the lease, the waiter is still waiting; once it lets go, the
+/// waiter has it.
+#[test]
+fn a_teardown_lease_taker_waits_for_the_holder_within_its_wait() {
+    let rig = rig(Boundary::Session, false, |_, _, _| {});
+    let held = rig
+        .engine
+        .teardown_lease_within(rig.tree, Duration::ZERO)
+        .expect("taken")
+        .expect("a lease");
+    std::thread::scope(|s| {
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let waiter = s.spawn(move || {
+            started_tx.send(()).expect("main listens");
+            let mut got = None;
+            let before = std::time::Instant::now();
+            let log = warnings_of(|| {
+                got = Some(
+                    rig.engine
+                        .teardown_lease_within(rig.tree, Duration::from_secs(30))
+                        .map(|l| l.is_some()),
+                );
+            });
+            (got.expect("ran"), log, before)
+        });
+        started_rx.recv().expect("the waiter started");
+        // A window in which a taker that gives up at once has given up.
+        let window = std::time::Instant::now() + Duration::from_millis(300);
+        while std::time::Instant::now() < window {
+            assert!(
+                !waiter.is_finished(),
+                "the waiter gave up while the holder held the lease"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let let_go = std::time::Instant::now();
+        drop(held);
+        let (got, log, before) = waiter.join().expect("waiter");
+        match got {
+            Ok(true) => {}
+            other => panic!("the waiter gets the lease once it is free: {other:?}"),
+        }
+        // One line however many 20 ms tries it took (mutant: `!logged`
+        // deleted: no line at all). A waiter that began its wait well before
+        // the holder let go tried while it was held.
+        let waited = log.matches("waiting for its lease").count();
+        if before + Duration::from_millis(100) < let_go {
+            assert_eq!(waited, 1, "{log}");
+        } else {
+            assert!(waited <= 1, "{log}");
+        }
+    });
 }

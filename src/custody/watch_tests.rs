@@ -786,3 +786,52 @@ fn a_stranger_with_a_members_identity_but_not_its_uid_is_not_a_member() {
     let r = rig.watch().tick(&rig.engine, &no_exits());
     assert_eq!(pids(&r), [rig.root.0, esc.0]);
 }
+
+/// What a watch says of the tree it watches, as the ledger recorded it:
+/// the tree, its root (pid and start), group, session and cgroup, and a
+/// scanned member's identity in the ledger's terms (this boot's id).
+#[test]
+fn a_watch_reports_the_recorded_root_group_session_and_cgroup() {
+    let rig = rig(false, false);
+    let child = rig.host.world().fork(rig.root.0).expect("the root runs");
+    let mut watch = rig.watch();
+    assert_eq!(watch.tree(), rig.tree);
+    assert_eq!(watch.root_pid(), Some(rig.root.0));
+    assert_eq!(watch.root_start_ticks(), rig.root.1);
+    assert_eq!((watch.pgid(), watch.sid()), (rig.root.0, rig.root.0));
+    assert_eq!(watch.cgroup(), None);
+    assert!(watch.is_root(rig.root.0, rig.root.1));
+    assert!(!watch.is_root(rig.root.0, rig.root.1 + 1), "another start");
+    assert!(!watch.is_root(child.0, rig.root.1), "another pid");
+    assert!(!watch.is_root(child.0, child.1));
+    let report = watch.tick(&rig.engine, &no_exits());
+    let ids: Vec<IdentityRecord> = report.members.iter().map(|m| watch.identity(m)).collect();
+    assert_eq!(ids, [identity(rig.root), identity(child)]);
+
+    let cg = self::rig(false, true);
+    let watch = cg.watch();
+    assert_eq!(watch.cgroup(), cg.cgroup.as_deref());
+    assert!(watch.cgroup().is_some());
+}
+
+/// The recorded group and session leader's pid, now another process's:
+/// the watch says which id was recycled; while the root leads them, or
+/// once the pid is free, it says nothing.
+#[test]
+fn a_recycled_leader_pid_is_named_and_a_live_or_gone_root_is_not() {
+    let rig = rig(false, false);
+    let watch = rig.watch();
+    assert_eq!(watch.recycled_leader(&rig.engine), None, "the root leads");
+    rig.host.world().exit(rig.root.0, ExitStatus::Exited(0));
+    assert_eq!(watch.recycled_leader(&rig.engine), None, "gone, not reused");
+    let (pid, start) = rig.host.world().recycle(rig.root.0).expect("recycled");
+    assert_eq!(pid, rig.root.0);
+    let why = watch.recycled_leader(&rig.engine).expect("recycled");
+    assert_eq!(
+        why,
+        format!(
+            "pgid {pid} now belongs to a process started at tick {start} (recorded root started at tick {}): recycled",
+            rig.root.1
+        )
+    );
+}
