@@ -798,10 +798,24 @@ fn live_trees(plan: &Plan, dir: &Path) -> anyhow::Result<String> {
         marked(&mark).is_empty()
     });
     let cleared = t.elapsed();
-    anyhow::ensure!(
-        exited && gone,
-        "shutdown: serve exited {exited}, trees gone {gone}"
-    );
+    anyhow::ensure!(exited, "shutdown: serve did not exit within 300 s");
+    // A drain that left trees running (its bound cut it off: they stay
+    // `terminating` for the next start) is a miss of this row, reported
+    // with what was left; the bench's marker guard ends them.
+    let left = marked(&mark).len();
+    let shutdown = if gone {
+        format!(
+            "SIGTERM → exit {:.2} s, all {} trees gone {:.2} s",
+            down.as_secs_f64(),
+            n + 50,
+            cleared.as_secs_f64()
+        )
+    } else {
+        format!(
+            "SIGTERM → exit {:.2} s, {left} of {total} processes still running 60 s later",
+            down.as_secs_f64()
+        )
+    };
     eprintln!(
         "bench:   serve with {} live trees: {cpu_pct:.2} % core over {:.1} s, RSS {rss:.1} MiB, {fds} fds; healthz p99 {} ms, spawn p99 {} ms; SIGTERM → exit {} ms, → no process left {} ms",
         n + 50,
@@ -811,13 +825,15 @@ fn live_trees(plan: &Plan, dir: &Path) -> anyhow::Result<String> {
         ms(down),
         ms(cleared)
     );
-    let ok = cpu_pct <= 1.0 && rss <= 100.0 && healthz.p99 <= Duration::from_millis(10) && fds < n;
+    let ok = gone
+        && cpu_pct <= 1.0
+        && rss <= 100.0
+        && healthz.p99 <= Duration::from_millis(10)
+        && fds < n;
     Ok(format!(
-        "| 30 | live trees: serve with {n} trees × 5 processes | {cpu_pct:.2} % core idle, RSS {rss:.1} MiB, {fds} fds, healthz p99 {} ms, spawn p99 {} ms, SIGTERM → all {} trees gone {:.2} s | ≤ 1 % core, ≤ 100 MiB, healthz p99 ≤ 10 ms, fds < trees | {} |",
+        "| 30 | live trees: serve with {n} trees × 5 processes | {cpu_pct:.2} % core idle, RSS {rss:.1} MiB, {fds} fds, healthz p99 {} ms, spawn p99 {} ms, {shutdown} | ≤ 1 % core, ≤ 100 MiB, healthz p99 ≤ 10 ms, fds < trees, every tree gone on SIGTERM | {} |",
         ms(healthz.p99),
         ms(spawns.p99),
-        n + 50,
-        cleared.as_secs_f64(),
         if ok { "yes" } else { "NO" }
     ))
 }
