@@ -350,8 +350,10 @@ fn descriptors_to_spare(reserve: u64) -> bool {
     let Some(limit) = crate::proc::nofile_soft_limit() else {
         return true;
     };
+    // Not readable (opening the directory takes a descriptor: EMFILE is
+    // the very case): no room to spare.
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
-        return true;
+        return false;
     };
     let open = dir.count() as u64;
     limit.saturating_sub(open) > reserve

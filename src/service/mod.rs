@@ -1517,8 +1517,12 @@ impl RootWatch {
             // The pid the reaper announced is this root only while its
             // start time says so (the spawn recorded both): a recycled pid
             // is watched by its pidfd below, which checks the identity.
+            // Checked again once registered: a root reaped and its pid given
+            // to a new child of ours between the check and the registration
+            // would have the stranger's exit stand for the root's.
             if root.check() != crate::proc::Liveness::Recycled
                 && reaper.on_exit(root.pid, notify).is_ok()
+                && root.check() != crate::proc::Liveness::Recycled
             {
                 return RootWatch::Reaped(rx);
             }

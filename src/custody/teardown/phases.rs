@@ -78,7 +78,7 @@ impl Engine {
     }
 
     /// The verify's [`Self::proven_empty`]: the killed members are the
-    /// reaper's to reap, so their zombies are given a millisecond to go
+    /// reaper's to reap, so their zombies are given a moment to go
     /// before the `/proc` walk decides instead (issue 30: the walk was a
     /// sixth of a 10-process teardown; `run`, and the service's own trees
     /// when it has no other child, end without it).
@@ -535,8 +535,9 @@ impl Engine {
 const INCOMPLETE_TRIES: u32 = 5;
 
 /// How often, and how long apart, the verify asks whether the reaper has
-/// reaped every child ([`Engine::reaped_empty`]): a millisecond in all.
-const REAP_TRIES: usize = 5;
+/// reaped every child ([`Engine::reaped_empty`]): one pause of 200 µs,
+/// all a service with other live trees (always a child left) pays.
+const REAP_TRIES: usize = 2;
 const REAP_PAUSE: Duration = Duration::from_micros(200);
 
 /// Polls fast at first (most trees die within milliseconds of their
