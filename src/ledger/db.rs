@@ -64,9 +64,6 @@ pub(crate) struct Store {
     /// yet published there (see [`HEAD_LOG_EVERY`]).
     head_logged: Option<std::time::Instant>,
     head_pending: Option<(i64, String)>,
-    /// A NORMAL commit is in the WAL that no fsync has covered yet: the
-    /// owner thread syncs the WAL when it ends (see [`sync_wal`]).
-    unsynced: bool,
 }
 
 /// How often the chain head is published at INFO (`ledger head seq=N
@@ -138,9 +135,7 @@ pub(crate) fn start(
         sync: Durability::Normal,
         head_logged: None,
         head_pending: None,
-        unsynced: false,
     };
-    let wal = wal_path(path);
     let (jobs, inbox) = mpsc::channel::<Job>();
     let thread = std::thread::Builder::new()
         .name("ledger".into())
@@ -156,9 +151,6 @@ pub(crate) fn start(
                 {
                     tracing::error!("a ledger job panicked; its transaction was rolled back");
                 }
-            }
-            if store.unsynced {
-                sync_wal(&wal);
             }
         })
         .map_err(|e| LedgerError::Other(format!("cannot start ledger thread: {e}")))?;
@@ -272,20 +264,6 @@ fn open_connection(path: &Path, busy_timeout: Duration) -> Result<Connection, Fa
     }
     create_private(path).map_err(|e| creation_error(path, e))?;
     let mut conn = Connection::open(path)?;
-    // No checkpoint when a connection closes: the WAL (and its reserve) stays
-    // for the next process instead of being checkpointed (two fsyncs),
-    // deleted (freeing the reserve's blocks) and created again (a directory
-    // fsync and a header fsync) by every `run` (issue 30). What the close's
-    // checkpoint synced, the owner thread syncs with one `fdatasync` of the
-    // WAL when it ends after NORMAL commits ([`sync_wal`]). The automatic
-    // checkpoint still runs every `WAL_AUTOCHECKPOINT` pages, so the WAL
-    // stays bounded; the next process to open the ledger alone rebuilds its
-    // index from it (SQLite's recovery: reading up to those pages). A copy
-    // of the ledger is `ledger.db` with its `-wal` (RUNBOOK: backups).
-    conn.set_db_config(
-        rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
-        true,
-    )?;
     conn.busy_timeout(busy_timeout)?;
     // Every write goes through `Writer::exec`/`Writer::row`, which keep their
     // statements prepared: re-preparing was 40% of the owner thread's time in
@@ -317,26 +295,6 @@ fn open_connection(path: &Path, busy_timeout: Duration) -> Result<Connection, Fa
     Ok(conn)
 }
 
-/// The WAL file of the ledger at `path`.
-fn wal_path(path: &Path) -> std::path::PathBuf {
-    let mut wal = path.as_os_str().to_owned();
-    wal.push("-wal");
-    std::path::PathBuf::from(wal)
-}
-
-/// One `fdatasync` of the WAL when the ledger closes after NORMAL commits.
-/// Closing checkpoints nothing (`SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE`), and
-/// the checkpoint was what synced them: without this, a power loss after a
-/// clean exit could lose a `run`'s last records (its exits, `tree.ended`)
-/// until some later commit's sync. A separate descriptor of the WAL, which
-/// SQLite does not lock (its locks are on the database and the `-shm`).
-fn sync_wal(wal: &Path) {
-    let synced = std::fs::File::open(wal).and_then(|f| f.sync_data());
-    if let Err(e) = synced {
-        tracing::warn!(wal = %wal.display(), error = %e, "the ledger's last NORMAL commits were not synced at close");
-    }
-}
-
 /// Elsewhere no reserve is made (no `fallocate` with `KEEP_SIZE`): a full
 /// disk fails the ledger's writes closed.
 #[cfg(not(target_os = "linux"))]
@@ -347,9 +305,9 @@ fn reserve_wal(_conn: &Connection, _path: &Path, _bytes: u64) {}
 /// that its next appends need no new blocks: a tree (or anything else)
 /// that fills the filesystem cannot take the room the next kill's
 /// authorization needs (issue 24, finding 3). SQLite never truncates the
-/// WAL here (no `journal_size_limit`, no TRUNCATE checkpoint), and no
-/// connection removes it when it closes (no checkpoint on close), so the
-/// room stays; every open makes it again (a no-op where it is there). Checkpoints that
+/// WAL here (no `journal_size_limit`, no TRUNCATE checkpoint), so the
+/// room lasts until the last connection closes and removes the WAL; every
+/// open makes it again (a no-op where it is there). Checkpoints that
 /// cannot grow the database file on a full disk leave their frames in the
 /// WAL, which then lives on its reserve.
 ///
@@ -372,7 +330,9 @@ fn reserve_wal(conn: &Connection, path: &Path, bytes: u64) {
     {
         return;
     }
-    let wal = wal_path(path);
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    let wal = std::path::PathBuf::from(wal);
     let Ok(file) = std::fs::OpenOptions::new().write(true).open(&wal) else {
         return;
     };
@@ -585,8 +545,6 @@ impl Store {
             Ok((value, head))
         })();
         let (value, head) = result.map_err(|fail: Fail| fail.into_ledger(busy_timeout))?;
-        // A FULL commit fsyncs the WAL, and with it every earlier frame.
-        self.unsynced = durability == Durability::Normal;
         if let Some((seq, hash)) = head {
             self.publish_head(seq, hash);
         }
