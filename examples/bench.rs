@@ -1206,14 +1206,20 @@ impl BenchCgroup {
 impl Drop for BenchCgroup {
     fn drop(&mut self) {
         // Tree cgroups below were removed by their teardowns; the floors' too.
+        // Those a cut-off drain left (the live-trees row's miss) hold
+        // processes the marker guard has just killed: each is waited for
+        // until the kernel lets go of it (bounded), so none outlives the run.
         if let Ok(d) = std::fs::read_dir(&self.0) {
             for e in d.flatten() {
                 if e.path().is_dir() {
-                    let _ = std::fs::remove_dir(e.path());
+                    let _ = treewarden::proc::remove_cgroup_when_empty(
+                        &e.path(),
+                        Duration::from_secs(5),
+                    );
                 }
             }
         }
-        let _ = std::fs::remove_dir(&self.0);
+        let _ = treewarden::proc::remove_cgroup_when_empty(&self.0, Duration::from_secs(5));
     }
 }
 
