@@ -68,13 +68,7 @@ impl Engine {
     /// no descendant lives; and the one way into the tree that is not
     /// descent, a privileged write to `cgroup.procs`, shows in the cgroup.
     pub(super) fn proven_empty(&self, watch: &TreeWatch) -> bool {
-        if !self.was_spawned_here(watch.tree()) || self.host.has_no_children() != Some(true) {
-            return false;
-        }
-        match watch.cgroup() {
-            Some(dir) => matches!(self.host.cgroup_wait_empty(dir, self.host.now()), Ok(true)),
-            None => true,
-        }
+        self.proven_empty_after(watch, 1)
     }
 
     /// The verify's [`Self::proven_empty`]: the killed members are the
@@ -83,19 +77,29 @@ impl Engine {
     /// sixth of a 10-process teardown; `run`, and the service's own trees
     /// when it has no other child, end without it).
     fn reaped_empty(&self, watch: &TreeWatch) -> bool {
-        if !self.was_spawned_here(watch.tree()) || !self.host.has_reaper() {
+        self.proven_empty_after(watch, REAP_TRIES)
+    }
+
+    /// [`Self::proven_empty`], asking the reaper up to `tries` times,
+    /// [`REAP_PAUSE`] apart, while a child (a zombie not yet reaped, or any
+    /// other) is left. No reaper, or the cgroup still populated: no proof.
+    fn proven_empty_after(&self, watch: &TreeWatch, tries: usize) -> bool {
+        if !self.was_spawned_here(watch.tree()) {
             return false;
         }
-        for _ in 0..REAP_TRIES {
-            if self.proven_empty(watch) {
-                return true;
+        for i in 0..tries {
+            match self.host.has_no_children() {
+                Some(true) => {
+                    return match watch.cgroup() {
+                        Some(dir) => {
+                            matches!(self.host.cgroup_wait_empty(dir, self.host.now()), Ok(true))
+                        }
+                        None => true,
+                    };
+                }
+                Some(false) if i + 1 < tries => self.host.sleep(REAP_PAUSE),
+                Some(false) | None => return false,
             }
-            if self.host.has_no_children() != Some(false) {
-                // No reaper answer, or none left but the cgroup says
-                // populated: not provable without the walk.
-                return false;
-            }
-            self.host.sleep(REAP_PAUSE);
         }
         false
     }
