@@ -176,6 +176,19 @@ impl Env {
         })
     }
 
+    /// Waits until at least `n` marked processes are alive and returns the
+    /// pids of the poll that saw them (None: not within the bound of
+    /// [`Env::wait_marked`]).
+    pub fn marked_at_least(&self, n: usize) -> Option<Vec<i32>> {
+        let per_process = Duration::from_millis(100) * u32::try_from(n).unwrap_or(u32::MAX);
+        let mut seen = Vec::new();
+        wait_until(Duration::from_secs(20).max(per_process), || {
+            seen = self.marked();
+            seen.len() >= n
+        })
+        .then_some(seen)
+    }
+
     /// Waits until no marked process is alive.
     pub fn wait_none_marked(&self) -> bool {
         wait_until(Duration::from_secs(10), || self.marked().is_empty())

@@ -65,6 +65,15 @@ pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// Whether every one of `pids` stays alive for all of `span` (polled, as
+/// [`wait_until`]). The negative checks ("the tree is left alone") name
+/// the pids they saw instead of recounting markers: a marked process in
+/// the middle of an `execve` shows an empty `/proc/<pid>/environ` for a
+/// moment, so a recount can miss a live process (CI saw it once).
+pub fn stay_alive(pids: &[i32], span: Duration) -> bool {
+    !pids.is_empty() && !wait_until(span, || pids.iter().any(|p| !pid_alive(*p)))
+}
+
 /// Whether a process with this pid exists and is not a zombie.
 pub fn pid_alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

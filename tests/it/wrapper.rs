@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::custody::Env;
-use crate::util::{KillOnDrop, bin, say, signal, skip, wait_child, wait_until};
+use crate::util::{KillOnDrop, bin, say, signal, skip, stay_alive, wait_child, wait_until};
 
 /// The forty-process burst takes this exclusively; the tests that measure
 /// "within a second" take it shared, so the burst of this module is never
@@ -85,7 +85,9 @@ while True:
             .spawn()
             .expect("python owner"),
     );
-    assert!(env.wait_marked(2), "the tree started: {:?}", env.marked());
+    let tree = env
+        .marked_at_least(2)
+        .unwrap_or_else(|| panic!("the tree started: {:?}", env.marked()));
     assert!(wait_until(Duration::from_secs(20), || env
         .dir()
         .join("thread-gone")
@@ -93,8 +95,8 @@ while True:
     // The spawning thread is gone: the old PR_SET_PDEATHSIG fired at once.
     // A second of the owner process living must leave the tree alone.
     assert!(
-        !wait_until(Duration::from_secs(1), || env.marked().len() < 2),
-        "the tree was torn down while its owner process lives: {:?}",
+        stay_alive(&tree, Duration::from_secs(1)),
+        "the tree {tree:?} was torn down while its owner process lives: {:?}",
         env.marked()
     );
     let show = env.show(1);
@@ -499,9 +501,9 @@ fn lifetime_owner_case(env: &Env, label: &str) {
     );
     assert!(returned < a_second(), "returned after {returned:?}");
     // The job lives on while its owner does.
-    assert!(env.wait_marked(1));
+    let job = env.marked_at_least(1).expect("the background job lives");
     assert!(
-        !wait_until(Duration::from_millis(800), || env.marked().is_empty()),
+        stay_alive(&job, Duration::from_millis(800)),
         "the background job died with its root"
     );
     let show = env.show(1);
@@ -582,8 +584,13 @@ fn api_lifetime_owner_keeps_what_the_root_left_until_the_owner_dies() {
     assert!(reported < a_second(), "{reported:?}");
     let t = tree(id);
     assert_eq!(t["tree"]["state"], "running", "{t}");
+    let mut job = Vec::new();
+    assert!(wait_until(Duration::from_secs(10), || {
+        job = s.marked();
+        !job.is_empty()
+    }));
     assert!(
-        !wait_until(Duration::from_millis(800), || s.marked().is_empty()),
+        stay_alive(&job, Duration::from_millis(800)),
         "the background job died with its root"
     );
     // The owner dies: torn down within a second, with its authorization.
