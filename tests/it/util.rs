@@ -123,7 +123,7 @@ pub fn marked_processes(mark: &str) -> Vec<i32> {
         else {
             continue;
         };
-        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+        let Some(environ) = read_environ(pid) else {
             continue;
         };
         if environ.split(|b| *b == 0).any(|v| v == needle.as_bytes()) && pid_alive(pid) {
@@ -132,6 +132,33 @@ pub fn marked_processes(mark: &str) -> Vec<i32> {
     }
     out.sort_unstable();
     out
+}
+
+/// A process's environment. A user process in the middle of an `execve`
+/// shows an empty one for a moment (the new image's is not laid out yet):
+/// an empty read of a live process that is not a kernel thread is read
+/// again, a bounded few times, so a marked process is not missed (nor
+/// "gone") because it was exec'ing.
+fn read_environ(pid: i32) -> Option<Vec<u8>> {
+    const PF_KTHREAD: u64 = 0x0020_0000;
+    let path = format!("/proc/{pid}/environ");
+    for _ in 0..20 {
+        let environ = std::fs::read(&path).ok()?;
+        if !environ.is_empty() {
+            return Some(environ);
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // Fields after the comm: state ppid pgrp session tty tpgid flags.
+        let flags = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(6))
+            .and_then(|f| f.parse::<u64>().ok())?;
+        if flags & PF_KTHREAD != 0 || !pid_alive(pid) {
+            return Some(environ);
+        }
+        std::thread::sleep(Duration::from_millis(1)); // an execve lays out the new environment within this
+    }
+    Some(Vec::new())
 }
 
 /// Ends every live process carrying `TW_TEST_MARK=<mark>` by its pid
