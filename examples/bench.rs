@@ -90,7 +90,7 @@ impl Plan {
     fn from_args() -> anyhow::Result<Plan> {
         let mut smoke = false;
         let mut dir = std::env::temp_dir();
-        let (mut only, mut phases, mut sizes) = (None, false, None);
+        let (mut only, mut phases, mut sizes, mut live) = (None, false, None, None);
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
             match a.as_str() {
@@ -98,6 +98,7 @@ impl Plan {
                 "--dir" => dir = args.next().map(PathBuf::from).unwrap_or(dir),
                 "--only" => only = args.next(),
                 "--phases" => phases = true,
+                "--live-trees" => live = args.next().and_then(|n| n.parse::<usize>().ok()),
                 "--sizes" => {
                     sizes = args.next().map(|s| {
                         s.split(',')
@@ -106,7 +107,7 @@ impl Plan {
                     })
                 }
                 other => anyhow::bail!(
-                    "unknown argument {other:?} (expected --smoke, --dir DIR, --only SECTION, --sizes N,N, --phases)"
+                    "unknown argument {other:?} (expected --smoke, --dir DIR, --only SECTION, --sizes N,N, --phases, --live-trees N)"
                 ),
             }
         }
@@ -159,6 +160,9 @@ impl Plan {
                 scale_growth_trees: 1_000,
             }
         };
+        if let Some(n) = live {
+            plan.live_trees = n;
+        }
         if let Some(sizes) = sizes {
             plan.scan_extra = sizes.clone();
             plan.tree_sizes = sizes;
