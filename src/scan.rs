@@ -422,6 +422,65 @@ pub fn read_entry(pid: i32) -> Option<ProcEntry> {
     crate::proc::snapshot_entries(Some(&[pid])).0.pop()
 }
 
+/// The service's scan-loop view on Windows: a toolhelp snapshot lists
+/// every process in one call (there is no cheaper listing to keep current,
+/// as Linux's `/proc` names are), so a refresh is a full re-read; only
+/// [`HostView::reread`] reads just the pids it is given.
+#[derive(Debug, Default)]
+#[cfg(windows)]
+pub struct HostView {
+    snap: Snapshot,
+}
+
+#[cfg(windows)]
+impl HostView {
+    /// A view filled by a full snapshot.
+    pub fn new() -> Self {
+        Self { snap: snapshot() }
+    }
+
+    pub fn snapshot(&self) -> &Snapshot {
+        &self.snap
+    }
+
+    /// Re-reads every process.
+    pub fn full_refresh(&mut self) {
+        self.snap = snapshot();
+    }
+
+    /// Re-reads only `pids` (found ones replaced, gone ones forgotten); a
+    /// failed read keeps what the view had and marks it incomplete.
+    /// Returns how many pids were asked for.
+    pub fn reread(&mut self, pids: impl IntoIterator<Item = i32>) -> usize {
+        let mut wanted: Vec<i32> = pids.into_iter().collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        let mut fresh = snapshot_pids(wanted.iter().copied());
+        if let Some(why) = fresh.incomplete {
+            self.snap.incomplete = Some(why);
+            return wanted.len();
+        }
+        self.snap.incomplete = None;
+        for pid in &wanted {
+            match fresh.entries.remove(pid) {
+                Some(entry) => {
+                    self.snap.entries.insert(*pid, entry);
+                }
+                None => {
+                    self.snap.entries.remove(pid);
+                }
+            }
+        }
+        wanted.len()
+    }
+
+    /// A full re-read (see the type); returns how many processes it holds.
+    pub fn refresh(&mut self, _reread: impl IntoIterator<Item = i32>) -> usize {
+        self.full_refresh();
+        self.snap.entries.len()
+    }
+}
+
 /// The pids in the tree's job (empty when it is gone).
 #[cfg(windows)]
 pub fn cgroup_pids(job: &Path) -> Result<HashSet<i32>, String> {

@@ -493,3 +493,254 @@ fn exit_codes_are_the_commands_own_and_127_for_no_such_program() {
     assert_eq!(env.show(2)["tree"]["state"], "spawn_failed");
     env.verify();
 }
+
+/// One HTTP/1.1 request to the service on 127.0.0.1 (a fresh connection,
+/// `Connection: close`): its status and body. No client crate builds for
+/// this target's suite; this is all the tests need.
+fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&Value>,
+) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to the service");
+    s.set_read_timeout(Some(WAIT)).expect("read timeout");
+    let body = body.map(Value::to_string).unwrap_or_default();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    if let Some(t) = token {
+        req.push_str(&format!("Authorization: Bearer {t}\r\n"));
+    }
+    if !body.is_empty() || method == "POST" {
+        req.push_str(&format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            body.len()
+        ));
+    }
+    req.push_str("\r\n");
+    req.push_str(&body);
+    s.write_all(req.as_bytes()).expect("send the request");
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("read the answer");
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    // A chunked body (the streaming answers) is de-chunked crudely: the
+    // JSON answers the tests read are sent whole.
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        let mut out = String::new();
+        let mut left = rest;
+        while let Some((size, tail)) = left.split_once("\r\n") {
+            let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+            if n == 0 || tail.len() < n {
+                break;
+            }
+            out.push_str(&tail[..n]);
+            left = tail[n..].trim_start_matches("\r\n");
+        }
+        out
+    } else {
+        rest.to_string()
+    };
+    (status, body)
+}
+
+/// The live `ping.exe` members the ledger names for `tree`, by identity
+/// (pid + creation time, re-checked now), once there are `want` of them.
+fn live_pings(env: &Env, tree: i64, want: usize) -> Vec<Identity> {
+    let mut found = Vec::new();
+    wait_until(WAIT, || {
+        found = env.show(tree)["members"]
+            .as_array()
+            .map(|ms| {
+                ms.iter()
+                    .filter(|m| m["exited_at"].is_null())
+                    .filter(|m| {
+                        let exe = format!("{} {}", m["exe"], m["cmdline"]).to_ascii_lowercase();
+                        exe.contains("ping")
+                    })
+                    .filter_map(|m| {
+                        let id = Identity {
+                            pid: m["pid"].as_i64()? as i32,
+                            start_ticks: m["start_ticks"].as_u64()?,
+                            boot_id: m["boot_id"].as_str()?.to_string(),
+                        };
+                        (id.check() == Liveness::Same).then_some(id)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        found.len() >= want
+    });
+    env.started.borrow_mut().extend(found.iter().cloned());
+    found
+}
+
+/// The brief's ping workload: a background grandchild (`start /b`) and a
+/// foreground one.
+const PINGS: &str = "start /b ping -n 600 127.0.0.1 & ping -n 600 127.0.0.1";
+
+/// `serve` on Windows (issue 27): TCP on 127.0.0.1:0, a token for every
+/// request but the open ones (401 without), a spawn of the ping workload
+/// with a background grandchild, a kill over HTTP whose `TERMINATE_JOB`
+/// follows its committed `kill.authorized`, and a shutdown through the API
+/// (`POST /api/shutdown`, admins only: wine's console-less CI cannot
+/// deliver the Ctrl+Break serve also drains on) whose drain ends the tree
+/// it owns the same way. No ping of either tree
+/// is left (checked by each ping's own pid and creation time); `verify`
+/// passes after.
+#[test]
+fn serve_over_tcp_spawns_kills_and_drains_with_authority() {
+    let env = Env::new();
+    // `token` works on Windows: a spawn-scoped token made before serve runs.
+    let out = env.output(&[
+        "token", "create", "--scope", "spawn", "--name", "wine", "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "token create: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let made: Value = serde_json::from_slice(&out.stdout).expect("token create --json");
+    let token = made["token"].as_str().expect("token").to_string();
+    let ready = env.dir.path().join("ready");
+    let err = std::fs::File::create(env.dir.path().join("serve.err")).expect("serve.err");
+    let mut serve = env
+        .cmd(&[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--ready-file",
+            &ready.display().to_string(),
+            "--scan-interval",
+            "200ms",
+            "--grace",
+            "500ms",
+            "--shutdown-grace",
+            "500ms",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(err)
+        .spawn()
+        .expect("serve starts");
+    let serve_err =
+        || std::fs::read_to_string(env.dir.path().join("serve.err")).unwrap_or_default();
+    let serve_id = treewarden::proc::identity_of(serve.id() as i32)
+        .ok()
+        .flatten()
+        .expect("serve's identity");
+    env.started.borrow_mut().push(serve_id.clone());
+    let mut addr = String::new();
+    assert!(
+        wait_until(WAIT, || {
+            addr = std::fs::read_to_string(&ready).unwrap_or_default();
+            !addr.is_empty()
+        }),
+        "serve never became ready: {}",
+        serve_err()
+    );
+    assert!(addr.starts_with("127.0.0.1:"), "{addr}");
+
+    let (status, _) = http(&addr, "GET", "/healthz", None, None);
+    assert_eq!(status, 200, "/healthz answers without a token");
+    let (status, body) = http(&addr, "GET", "/api/trees", None, None);
+    assert_eq!(status, 401, "a read without a token: {body}");
+    let spawn = serde_json::json!({ "argv": ["cmd", "/c", PINGS], "grace": "500ms" });
+    let (status, body) = http(&addr, "POST", "/api/trees", None, Some(&spawn));
+    assert_eq!(status, 401, "a spawn without a token: {body}");
+    let (status, body) = http(
+        &addr,
+        "POST",
+        "/api/trees",
+        Some(&token),
+        Some(&serde_json::json!({ "argv": ["cmd", "/c", "exit 0"], "user": "someone" })),
+    );
+    assert_eq!(status, 422, "another user is refused on Windows: {body}");
+
+    // A spawn, its pings found by the scans, then a kill over HTTP.
+    let (status, body) = http(&addr, "POST", "/api/trees", Some(&token), Some(&spawn));
+    assert_eq!(status, 201, "spawn: {body}");
+    let first = serde_json::from_str::<Value>(&body).expect("tree row")["id"]
+        .as_i64()
+        .expect("tree id");
+    let pings = live_pings(&env, first, 2);
+    assert_eq!(pings.len(), 2, "both pings seen: {}", env.show(first));
+    let (status, body) = http(
+        &addr,
+        "POST",
+        &format!("/api/trees/{first}/kill?grace=500ms"),
+        Some(&token),
+        None,
+    );
+    assert_eq!(status, 200, "kill: {body}");
+    for p in &pings {
+        assert!(
+            gone_within(p, Duration::from_secs(20)),
+            "{p} survived the kill"
+        );
+    }
+    let detail = env.show(first);
+    assert!(assert_terminations_authorized(&detail) >= 1, "{detail}");
+    assert!(
+        detail["events"]
+            .as_array()
+            .is_some_and(|es| es.iter().any(|e| e["kind"] == "kill.requested")),
+        "who asked is on the record: {detail}"
+    );
+
+    // A second tree, left running; the API's shutdown starts the drain
+    // (only an admin's: the spawn token is refused).
+    let (status, body) = http(&addr, "POST", "/api/trees", Some(&token), Some(&spawn));
+    assert_eq!(status, 201, "spawn: {body}");
+    let second = serde_json::from_str::<Value>(&body).expect("tree row")["id"]
+        .as_i64()
+        .expect("tree id");
+    let pings = live_pings(&env, second, 2);
+    assert_eq!(pings.len(), 2, "both pings seen: {}", env.show(second));
+    let (status, body) = http(&addr, "POST", "/api/shutdown", Some(&token), None);
+    assert_eq!(status, 403, "a spawn token may not shut down: {body}");
+    let admin = std::fs::read_to_string(env.data().join("api-token")).expect("the api-token file");
+    let (status, body) = http(&addr, "POST", "/api/shutdown", Some(admin.trim()), None);
+    assert_eq!(status, 202, "shutdown: {body}");
+    let status = wait_child(&mut serve, WAIT).expect("serve exits after its drain");
+    assert_eq!(status.code(), Some(0), "serve settled: {}", serve_err());
+    for p in &pings {
+        assert!(
+            gone_within(p, Duration::from_secs(20)),
+            "{p} survived the drain"
+        );
+    }
+    let detail = env.show(second);
+    assert!(
+        matches!(detail["tree"]["state"].as_str(), Some("ended" | "vanished")),
+        "{detail}"
+    );
+    assert!(assert_terminations_authorized(&detail) >= 1, "{detail}");
+    env.verify();
+}
+
+/// `serve --socket` is Unix-only: refused on Windows with one line (exit 2).
+#[test]
+fn serve_with_a_unix_socket_is_refused_on_windows() {
+    let env = Env::new();
+    let out = env.output(&["serve", "--listen", "127.0.0.1:0", "--socket", "api.sock"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--socket") && err.trim().lines().count() == 1,
+        "{err}"
+    );
+    let out = env.output(&["serve", "--listen", "0.0.0.0:0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("loopback"), "{err}");
+}

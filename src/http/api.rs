@@ -288,6 +288,16 @@ impl Recovery {
     }
 }
 
+/// What `POST /api/shutdown` answers.
+#[derive(Serialize, ToSchema)]
+pub struct ShutdownAnswer {
+    /// Always true: the drain has begun (the owned trees are being torn
+    /// down; the process exits once it is over).
+    pub draining: bool,
+    /// Trees this service owned when the drain began.
+    pub owned_trees: usize,
+}
+
 /// What `/readyz` answers.
 #[derive(Serialize, ToSchema)]
 pub struct Readiness {
@@ -354,6 +364,7 @@ pub(super) fn parse_flag(what: &str, v: Option<&str>) -> Result<bool, ApiError> 
 /// body's `user`. Non-root socket principals run as themselves; root (and
 /// admin tokens) as the named user, or as the service; anyone else naming
 /// another user is refused (403).
+#[cfg(unix)]
 fn run_as(
     principal: &Principal,
     user: Option<&str>,
@@ -443,6 +454,22 @@ fn run_as(
         Principal::Anonymous => Err(ApiError::Unauthorized(
             "missing bearer token (Authorization: Bearer <token>)",
         )),
+    }
+}
+
+/// Windows: every tree runs as the service's own user. There is no other
+/// user to start one as yet (no `CreateProcessAsUser`, no logon tokens),
+/// so a `user` is refused (422) rather than ignored.
+#[cfg(windows)]
+fn run_as(
+    _principal: &Principal,
+    user: Option<&str>,
+) -> Result<Option<crate::service::RunAs>, ApiError> {
+    match user {
+        None => Ok(None),
+        Some(u) => Err(ApiError::Unprocessable(format!(
+            "user {u:?}: on Windows every tree runs as the service's own user (running as another user is not built there)"
+        ))),
     }
 }
 
@@ -1133,6 +1160,41 @@ pub async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
     (status, Json(Readiness { ready, recovery }))
 }
 
+/// Start the bounded shutdown drain, as SIGTERM does (on Windows, as the
+/// console's Ctrl+Break does): no new work, every owned tree torn down with
+/// its grace capped at `--shutdown-grace`, then the process exits. For a
+/// supervisor that cannot signal the process (a Windows service host, a
+/// container runtime's API). Admins only: an admin token (or an admin on
+/// the Unix socket). Answered 202 before the drain closes the listener.
+#[utoipa::path(post, path = "/api/shutdown", security(("bearer" = [])),
+    responses((status = 202, body = ShutdownAnswer), (status = 401, body = ErrorBody),
+    (status = 403, body = ErrorBody), (status = 413, body = ErrorBody)))]
+pub async fn shutdown(
+    State(s): State<AppState>,
+    Extension(principal): Extension<Principal>,
+) -> Result<impl IntoResponse, ApiError> {
+    let admin = match &principal {
+        Principal::Token { scope, .. } => *scope == crate::ledger::TokenScope::Admin,
+        Principal::Local { admin, .. } => *admin,
+        Principal::Anonymous => false,
+    };
+    if !admin {
+        return Err(ApiError::Forbidden(
+            "only an admin may shut the service down".into(),
+        ));
+    }
+    let owned_trees = s.service.owned_trees().len();
+    tracing::info!(by = %principal.requester(), owned_trees, "shutdown asked for through the API");
+    s.service.shutdown_token().cancel();
+    Ok((
+        axum::http::StatusCode::ACCEPTED,
+        Json(ShutdownAnswer {
+            draining: true,
+            owned_trees,
+        }),
+    ))
+}
+
 pub async fn not_found() -> ApiError {
     ApiError::NotFound("no such endpoint".into())
 }
@@ -1154,7 +1216,7 @@ impl utoipa::Modify for BearerAuth {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "treewarden", description = "Custody of process trees: spawn, inspect, kill, audit."),
-    components(schemas(ErrorBody, super::error::ErrorCode, super::stream::StreamEvent, SpawnBody, crate::ledger::Requester, LimitsBody, ResolveBody, KillResponse, PhaseJson, Health, Recovery, Readiness,
+    components(schemas(ErrorBody, super::error::ErrorCode, super::stream::StreamEvent, SpawnBody, crate::ledger::Requester, LimitsBody, ResolveBody, KillResponse, PhaseJson, Health, Recovery, Readiness, ShutdownAnswer,
         TreeRow, TreeDetail, TreeState, OwnerRow, ExitRecord, MemberRow, ObservationRow,
         SignalRow, AuthorizationRow, KillTarget, IdentityRecord, EventRow)),
     modifiers(&BearerAuth)

@@ -21,7 +21,6 @@
 //! comparison of its hash. The secret itself is never stored.
 
 use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 use axum::extract::{ConnectInfo, Request, State};
@@ -33,6 +32,7 @@ use sha2::{Digest, Sha256};
 use super::AppState;
 use super::error::ApiError;
 use super::peer::{Peer, PeerCred};
+use crate::ledger::fsmode::Mode as _;
 use crate::ledger::{Requester, TokenScope, TreeRow};
 
 /// The name of the dashboard's cookie (HttpOnly, SameSite=Strict).
@@ -202,8 +202,11 @@ pub fn token_hash(token: &str) -> String {
 /// A new token's secret: 32 random bytes as hex.
 pub fn new_secret() -> std::io::Result<String> {
     let mut bytes = [0u8; 32];
+    #[cfg(unix)]
     std::fs::File::open("/dev/urandom")
         .and_then(|mut r| std::io::Read::read_exact(&mut r, &mut bytes))?;
+    #[cfg(windows)]
+    crate::proc::fill_random(&mut bytes)?;
     Ok(hex::encode(bytes))
 }
 
@@ -227,8 +230,13 @@ fn is_loopback_host(host: &str) -> bool {
 }
 
 /// Reads the token, creating it (0600, 32 random bytes as hex) on first start.
+/// On Windows there are no mode bits: the file is as private as the data
+/// dir's ACL (by default the user's own profile's: the user, SYSTEM and
+/// Administrators), which is what keeps the ledger private there too.
 pub fn ensure_token(data_dir: &Path) -> std::io::Result<String> {
-    std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
         .create(data_dir)?;
     let path = data_dir.join("api-token");
     match std::fs::OpenOptions::new()
@@ -244,17 +252,8 @@ pub fn ensure_token(data_dir: &Path) -> std::io::Result<String> {
             Ok(token)
         }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            let mode = std::fs::metadata(&path)?.permissions().mode();
-            if mode & 0o077 != 0 {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::PermissionDenied,
-                    format!(
-                        "{} is readable by others (mode {:o}); run `chmod 600` on it",
-                        path.display(),
-                        mode & 0o777
-                    ),
-                ));
-            }
+            #[cfg(unix)]
+            refuse_if_open_to_others(&path)?;
             let token = std::fs::read_to_string(&path)?.trim().to_string();
             if token.is_empty() {
                 return Err(std::io::Error::new(
@@ -266,6 +265,24 @@ pub fn ensure_token(data_dir: &Path) -> std::io::Result<String> {
         }
         Err(e) => Err(e),
     }
+}
+
+/// A token file others may read is refused (Unix: its mode).
+#[cfg(unix)]
+fn refuse_if_open_to_others(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path)?.permissions().mode();
+    if mode & 0o077 != 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "{} is readable by others (mode {:o}); run `chmod 600` on it",
+                path.display(),
+                mode & 0o777
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Paths that answer without a token on loopback: no per-tree data.
@@ -495,6 +512,7 @@ impl axum::extract::FromRequestParts<AppState> for SeeTree {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn loopback_host_names_only() {

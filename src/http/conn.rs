@@ -37,9 +37,12 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
-use std::os::fd::{AsFd, OwnedFd};
+#[cfg(unix)]
+use std::os::fd::AsFd;
+#[cfg(unix)]
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+#[cfg(unix)]
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -47,11 +50,15 @@ use axum::Router;
 use axum::extract::ConnectInfo;
 use axum::response::IntoResponse as _;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
+#[cfg(unix)]
+use tokio::io::{Interest, ReadBuf};
 use tokio::sync::Semaphore;
 use tower::ServiceExt as _;
 
-use super::peer::{Peer, PeerCred};
+use super::peer::Peer;
+#[cfg(unix)]
+use super::peer::PeerCred;
 
 /// What the serving loop allows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,6 +98,14 @@ pub trait Accept: Send + 'static {
     }
 }
 
+/// A descriptor a peer handed over: on Unix a file descriptor
+/// (`SCM_RIGHTS`); on Windows, where only TCP is served, none ever comes
+/// (the type keeps the handlers' signatures one).
+#[cfg(unix)]
+pub type Fd = std::os::fd::OwnedFd;
+#[cfg(windows)]
+pub type Fd = std::os::windows::io::OwnedHandle;
+
 /// Descriptors held for one connection at most: a request passes 0, 1
 /// and 2 at most; one sent past this closes the oldest held.
 pub const MAX_PENDING_FDS: usize = 3;
@@ -103,7 +118,7 @@ pub struct ReceivedFds(Arc<Mutex<Held>>);
 
 #[derive(Debug, Default)]
 struct Held {
-    fds: VecDeque<OwnedFd>,
+    fds: VecDeque<Fd>,
     /// Descriptors came while the reserve was short (closed at once): the
     /// request they came with is refused.
     refused: bool,
@@ -117,11 +132,12 @@ impl ReceivedFds {
     }
 
     /// Takes every descriptor held now.
-    pub fn take_all(&self) -> Vec<OwnedFd> {
+    pub fn take_all(&self) -> Vec<Fd> {
         self.held().fds.drain(..).collect()
     }
 
-    fn push(&self, fd: OwnedFd) {
+    #[cfg_attr(windows, allow(dead_code))]
+    fn push(&self, fd: Fd) {
         let mut h = self.held();
         if h.fds.len() >= MAX_PENDING_FDS {
             tracing::debug!("more descriptors than a request passes: the oldest closed");
@@ -155,11 +171,13 @@ impl ReceivedFds {
 /// A Unix-socket connection read with `recvmsg`, so descriptors sent with
 /// its bytes (`SCM_RIGHTS`) are kept ([`ReceivedFds`]) rather than closed
 /// by the kernel as a plain `read` would.
+#[cfg(unix)]
 pub struct FdStream {
     io: tokio::net::UnixStream,
     fds: ReceivedFds,
 }
 
+#[cfg(unix)]
 impl FdStream {
     pub fn new(io: tokio::net::UnixStream) -> Self {
         Self {
@@ -172,6 +190,7 @@ impl FdStream {
 /// One `recvmsg` into `buf`, keeping what `SCM_RIGHTS` brought
 /// (close-on-exec). A message whose descriptors did not fit is refused:
 /// the kernel closed some, and a request must not run with part of them.
+#[cfg(unix)]
 fn recv_with_fds(
     fd: std::os::fd::BorrowedFd<'_>,
     buf: &mut [u8],
@@ -187,7 +206,7 @@ fn recv_with_fds(
     // MAX_PENDING_FDS without truncating: they are counted, and a message
     // with too many (or a connection holding too many) is refused whole,
     // never cut to its last ones (which would land on the wrong slots).
-    let mut got: Vec<OwnedFd> = Vec::new();
+    let mut got: Vec<Fd> = Vec::new();
     for m in control.drain() {
         if let RecvAncillaryMessage::ScmRights(fds) = m {
             got.extend(fds);
@@ -221,6 +240,7 @@ fn recv_with_fds(
     Ok(msg.bytes)
 }
 
+#[cfg(unix)]
 impl AsyncRead for FdStream {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -247,6 +267,7 @@ impl AsyncRead for FdStream {
     }
 }
 
+#[cfg(unix)]
 impl AsyncWrite for FdStream {
     fn poll_write(
         self: Pin<&mut Self>,
@@ -285,6 +306,7 @@ impl Accept for tokio::net::TcpListener {
     }
 }
 
+#[cfg(unix)]
 impl Accept for tokio::net::UnixListener {
     type Io = FdStream;
 

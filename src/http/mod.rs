@@ -68,6 +68,7 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(export::export))
         .routes(routes!(api::healthz))
         .routes(routes!(api::readyz))
+        .routes(routes!(api::shutdown))
         .split_for_parts();
     let doc = Arc::new(doc);
     Router::new()
@@ -100,7 +101,7 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// Serves `router` on `listener` (TCP or Unix) until `shutdown` is
+/// Serves `router` on `listener` (TCP, or the Unix socket on Unix) until `shutdown` is
 /// cancelled, then lets the requests in flight finish, within the default
 /// [`conn::ConnLimits`]. Every request sees its connection's [`Peer`]
 /// (axum's `ConnectInfo`), which the auth layer turns into the request's
@@ -117,6 +118,7 @@ pub async fn serve<L: conn::Accept>(
 /// opens and before any teardown can start, so a signal at any moment of
 /// start-up (recovery included) starts the bounded drain instead of ending
 /// the process where it stands.
+#[cfg(unix)]
 pub fn shutdown_on_signals(shutdown: tokio_util::sync::CancellationToken) -> std::io::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate())?;
@@ -132,11 +134,35 @@ pub fn shutdown_on_signals(shutdown: tokio_util::sync::CancellationToken) -> std
     Ok(())
 }
 
+/// Windows: the console's Ctrl+C, Ctrl+Break and close (the window closed,
+/// or `GenerateConsoleCtrlEvent` from a supervisor) start the same bounded
+/// drain. A console close gives the process only a few seconds before
+/// Windows ends it (and with it the jobs it holds: their standing
+/// authorization, `kill_on_job_close`).
+#[cfg(windows)]
+pub fn shutdown_on_signals(shutdown: tokio_util::sync::CancellationToken) -> std::io::Result<()> {
+    use tokio::signal::windows::{ctrl_break, ctrl_c, ctrl_close};
+    let mut c = ctrl_c()?;
+    let mut brk = ctrl_break()?;
+    let mut close = ctrl_close()?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = c.recv() => tracing::info!("Ctrl+C: shutting down"),
+            _ = brk.recv() => tracing::info!("Ctrl+Break: shutting down"),
+            _ = close.recv() => tracing::info!("console closed: shutting down"),
+            _ = shutdown.cancelled() => return,
+        }
+        shutdown.cancel();
+    });
+    Ok(())
+}
+
 /// Binds the Unix socket at `path`: its directory made (0755) if missing, a
 /// stale socket left by a killed instance removed (one that still answers
 /// is in use: refused), and the socket made 0666 — any local user may
 /// connect; who they are comes from `SO_PEERCRED`, not from the file mode
-/// (docs/THREAT-MODEL.md).
+/// (docs/THREAT-MODEL.md). Unix only: Windows serves TCP on loopback.
+#[cfg(unix)]
 pub fn bind_unix(path: &std::path::Path) -> std::io::Result<tokio::net::UnixListener> {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     if let Some(dir) = path.parent()

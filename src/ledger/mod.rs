@@ -69,7 +69,7 @@ mod db;
 mod error;
 pub mod event;
 mod export;
-mod fsmode;
+pub(crate) mod fsmode;
 pub mod hierarchy;
 mod prune;
 mod read;

@@ -1070,6 +1070,9 @@ def before_call(context, case, kwargs):
             // The live stream never ends by itself; it has a test of its own.
             "--exclude-path",
             "/api/events/stream",
+            // Nor is the drain one (it ends the service under test).
+            "--exclude-path",
+            "/api/shutdown",
         ])
         .stdin(Stdio::null())
         .output()

@@ -626,3 +626,48 @@ pub fn same_file(held: &std::fs::File, path: &Path) -> bool {
     };
     matches!((id(held), id(&named)), (Some(a), Some(b)) if a == b)
 }
+
+/// Fills `buf` from the system's preferred random generator
+/// (`BCryptGenRandom`): the service's API tokens.
+pub fn fill_random(buf: &mut [u8]) -> std::io::Result<()> {
+    use windows_sys::Win32::Security::Cryptography::{
+        BCRYPT_USE_SYSTEM_PREFERRED_RNG, BCryptGenRandom,
+    };
+    for chunk in buf.chunks_mut(u32::MAX as usize) {
+        // SAFETY: no algorithm handle with the system-preferred flag; the
+        // buffer is writable for the length given.
+        let status = unsafe {
+            BCryptGenRandom(
+                std::ptr::null_mut(),
+                chunk.as_mut_ptr(),
+                chunk.len() as u32,
+                BCRYPT_USE_SYSTEM_PREFERRED_RNG,
+            )
+        };
+        if status != 0 {
+            return Err(std::io::Error::other(format!(
+                "BCryptGenRandom failed: NTSTATUS {status:#x}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Bytes free to this user on the volume of `dir` (`GetDiskFreeSpaceExW`;
+/// `None` where it cannot be read).
+pub fn free_bytes(dir: &Path) -> Option<u64> {
+    use windows_sys::Win32::Storage::FileSystem::GetDiskFreeSpaceExW;
+    let path = super::wide(&dir.to_string_lossy());
+    let mut free = 0u64;
+    // SAFETY: `path` is NUL-terminated UTF-16 living across the call;
+    // `free` is a u64 on this frame; the other outputs may be null.
+    let ok = unsafe {
+        GetDiskFreeSpaceExW(
+            path.as_ptr(),
+            &mut free,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    };
+    (ok != 0).then_some(free)
+}

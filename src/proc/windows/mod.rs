@@ -17,7 +17,9 @@
 //!   boots, so the boot id is a constant).
 //! - **signals**: the graceful first signal is `CTRL_BREAK_EVENT` to the
 //!   tree's process group; a single process has no graceful signal.
-//! - **exits**: the process handles this process holds (its spawned roots).
+//! - **exits**: the process handles this process holds (its spawned roots),
+//!   and for the service's watches a thread-pool wait on a process handle
+//!   ([`ExitWatch`], [`Reaper::on_exit`]).
 //!
 //! What it must never do: terminate a job or a process without the caller
 //! having passed the teardown's authorization (the only terminating calls
@@ -31,6 +33,7 @@ mod misc;
 mod reaper;
 mod signal;
 mod spawn;
+mod watch;
 
 pub use identity::{
     Identity, Liveness, ProcKey, ProcStat, boot_id, identity_of, read_stat, self_identity,
@@ -38,8 +41,8 @@ pub use identity::{
 pub use job::{JOB_PREFIX, KILL_ON_CLOSE_FLAG, job_name_of};
 pub use misc::*;
 pub use reaper::{
-    ExitStatus, Reaper, has_no_children, parent_pid, reap_child, set_parent_death_signal,
-    set_subreaper,
+    ExitCallback, ExitStatus, Reaper, has_no_children, parent_pid, reap_child,
+    set_parent_death_signal, set_subreaper,
 };
 pub use signal::{
     CgroupEvent, Delivery, GroupDelivery, GroupRecord, Sig, cgroup_freeze, cgroup_kill,
@@ -47,10 +50,12 @@ pub use signal::{
     disarm_standing_kill, may_signal, signal_group_known, signal_process,
 };
 pub use spawn::{
-    BoundaryKind, CgroupSetting, ExecFailure, ExecFailureKind, HeldChild, SpawnSpec, SpawnStdio,
-    Spawned, cgroup_root, remove_cgroup_if_empty, remove_cgroup_when_empty, resolve_boundary,
-    spawn_held,
+    BoundaryKind, CgroupSetting, ExecFailure, ExecFailureKind, GivenStdio, HeldChild, SpawnSpec,
+    SpawnStdio, Spawned, cgroup_root, remove_cgroup_if_empty, remove_cgroup_when_empty,
+    resolve_boundary, spawn_held,
 };
+
+pub use watch::ExitWatch;
 
 /// A kernel handle this layer owns (closed on drop).
 pub(crate) type Owned = std::os::windows::io::OwnedHandle;

@@ -52,7 +52,13 @@ impl std::fmt::Display for ExitStatus {
 struct Child {
     handle: std::sync::Arc<Owned>,
     claimed: bool,
+    /// The wait that calls [`Reaper::on_exit`]'s callback, while registered.
+    on_exit: Option<super::watch::Wait>,
 }
+
+/// Called with a spawned root's exit ([`Reaper::on_exit`]), on a thread of
+/// the system's pool.
+pub type ExitCallback = Box<dyn FnOnce(ExitStatus) + Send>;
 
 /// The roots this process spawned, by pid.
 pub struct Reaper {
@@ -80,6 +86,7 @@ impl Reaper {
             Child {
                 handle,
                 claimed: false,
+                on_exit: None,
             },
         );
     }
@@ -94,6 +101,52 @@ impl Reaper {
 
     /// Nothing to do on Windows (kept for the shared interface).
     pub fn notify_spawned(&self, _pid: i32) {}
+
+    /// Calls `f` with the exit of `pid`, a root this process spawned, once
+    /// it exits — at once when it has already. The handle kept since its
+    /// creation is what is waited for (a thread-pool wait, no thread of its
+    /// own), so the pid cannot name another process meanwhile: Windows
+    /// does not reuse a pid while a handle to its process is open. The exit
+    /// stays available to [`Reaper::wait_exit`] (it is not claimed).
+    /// `Err(f)` when `pid` is no root of ours (or the wait cannot be
+    /// registered): the caller watches it some other way.
+    pub fn on_exit(&self, pid: i32, f: ExitCallback) -> Result<(), ExitCallback> {
+        let Some(handle) = self.handle(pid) else {
+            return Err(f);
+        };
+        let slot = std::sync::Arc::new(Mutex::new(Some(f)));
+        let (theirs, of) = (slot.clone(), handle.clone());
+        let then: Box<dyn FnOnce() + Send> = Box::new(move || {
+            // Signalled: the process has exited, so its code is final (a
+            // process may exit with STILL_ACTIVE's value itself).
+            let status = exit_code(&of).unwrap_or(ExitStatus::Exited(STILL_ACTIVE));
+            let f = theirs.lock().map(|mut f| f.take()).unwrap_or(None);
+            if let Some(f) = f {
+                f(status);
+            }
+        });
+        let taken_back = || {
+            slot.lock()
+                .map(|mut f| f.take())
+                .unwrap_or(None)
+                .unwrap_or_else(|| Box::new(|_| {}))
+        };
+        match super::watch::Wait::register(handle, Some(then)) {
+            Ok(wait) => {
+                // The old wait (if any) is dropped outside the table's lock.
+                let old = self
+                    .lock()
+                    .get_mut(&pid)
+                    .and_then(|c| c.on_exit.replace(wait));
+                drop(old);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::debug!(pid, error = %e, "no exit wait for the root");
+                Err(taken_back())
+            }
+        }
+    }
 
     /// Waits for the exit of the spawned `pid` (`None` timeout: forever).
     pub fn wait_exit(&self, pid: i32, timeout: Option<Duration>) -> Option<ExitStatus> {

@@ -84,12 +84,59 @@ pub enum SpawnStdio {
     Inherit,
     Null,
     Log,
+    /// Handles for 0, 1 and 2 (a slot left `None` is as with `Log`). The
+    /// service's Unix socket is what brings them on Linux; Windows serves
+    /// only TCP, so nothing fills them there yet (kept so the shared
+    /// service code reads one type).
+    Given(GivenStdio),
 }
 
 impl SpawnStdio {
     /// Whether the tree needs its log file.
     pub fn needs_log(&self) -> bool {
-        matches!(self, SpawnStdio::Log)
+        match self {
+            SpawnStdio::Log => true,
+            SpawnStdio::Given(g) => g.needs_log(),
+            SpawnStdio::Inherit | SpawnStdio::Null => false,
+        }
+    }
+}
+
+/// The handles of [`SpawnStdio::Given`], in the order 0, 1, 2.
+#[derive(Clone, Debug, Default)]
+pub struct GivenStdio(pub [Option<std::sync::Arc<std::os::windows::io::OwnedHandle>>; 3]);
+
+impl PartialEq for GivenStdio {
+    /// The same handles, by value.
+    fn eq(&self, other: &Self) -> bool {
+        use std::os::windows::io::AsRawHandle;
+        let raw = |g: &Self| {
+            g.0.each_ref()
+                .map(|h| h.as_ref().map(|h| h.as_raw_handle() as usize))
+        };
+        raw(self) == raw(other)
+    }
+}
+
+impl Eq for GivenStdio {}
+
+impl GivenStdio {
+    /// Whether slot `i` (0, 1, 2) is given.
+    pub fn has(&self, i: usize) -> bool {
+        self.0.get(i).is_some_and(Option::is_some)
+    }
+
+    /// Whether the log file is needed (stdout or stderr not given).
+    pub fn needs_log(&self) -> bool {
+        !(self.has(1) && self.has(2))
+    }
+
+    /// Slot `i` as the child's handle (its own duplicate).
+    fn stdio(&self, i: usize) -> std::io::Result<Option<std::process::Stdio>> {
+        match self.0.get(i).and_then(Option::as_ref) {
+            Some(h) => Ok(Some(std::process::Stdio::from(h.try_clone()?))),
+            None => Ok(None),
+        }
     }
 }
 
@@ -265,7 +312,7 @@ pub fn spawn_held(spec: &SpawnSpec) -> Result<HeldChild, ProcError> {
         cmd.env_clear();
         cmd.envs(env.iter().map(|(k, v)| (k, v)));
     }
-    match spec.stdio {
+    match &spec.stdio {
         SpawnStdio::Inherit => {}
         SpawnStdio::Null => {
             cmd.stdin(std::process::Stdio::null())
@@ -284,6 +331,27 @@ pub fn spawn_held(spec: &SpawnSpec) -> Result<HeldChild, ProcError> {
             cmd.stdin(std::process::Stdio::null())
                 .stdout(out)
                 .stderr(err);
+        }
+        SpawnStdio::Given(given) => {
+            let log = || -> Result<std::fs::File, ProcError> {
+                let Some(log) = &spec.log_file else {
+                    return Err(ProcError::Proc("no log file for a logged tree".into()));
+                };
+                Ok(std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(log)?)
+            };
+            let stdin = given.stdio(0)?.unwrap_or_else(std::process::Stdio::null);
+            let stdout = match given.stdio(1)? {
+                Some(s) => s,
+                None => log()?.into(),
+            };
+            let stderr = match given.stdio(2)? {
+                Some(s) => s,
+                None => log()?.into(),
+            };
+            cmd.stdin(stdin).stdout(stdout).stderr(stderr);
         }
     }
     let child = match cmd.spawn() {
