@@ -495,3 +495,34 @@ async fn a_users_page_and_its_link_name_only_its_own_trees() {
     assert_eq!(link, None, "no next page: nothing else is its own");
     assert!(r.roots_tree > r.users_tree, "root's tree is the newer one");
 }
+
+#[tokio::test]
+async fn only_an_admin_starts_the_drain_through_the_api() {
+    let r = rig(false);
+    let token = r.state.service.shutdown_token();
+    let by = Requester {
+        via: "cli".into(),
+        uid: Some(0),
+        ..Requester::default()
+    };
+    let spawner = "s".repeat(64);
+    r.ledger
+        .create_token("spawner", TokenScope::Spawn, &token_hash(&spawner), &by)
+        .expect("spawn token");
+    assert_eq!(
+        call(&r, Via::Tcp(None), "POST", "/api/shutdown", None)
+            .await
+            .0,
+        401
+    );
+    for t in [r.reader.1.as_str(), spawner.as_str()] {
+        let (s, v) = call(&r, Via::Tcp(Some(t)), "POST", "/api/shutdown", None).await;
+        assert_eq!(s, 403, "{v}");
+    }
+    let (s, v) = call(&r, Via::Socket(1000), "POST", "/api/shutdown", None).await;
+    assert_eq!(s, 403, "a socket user that is no admin: {v}");
+    assert!(!token.is_cancelled(), "no refused request started it");
+    let (s, v) = call(&r, Via::Tcp(Some(&r.admin)), "POST", "/api/shutdown", None).await;
+    assert_eq!((s, &v["draining"]), (202, &json!(true)), "{v}");
+    assert!(token.is_cancelled(), "the drain has begun");
+}
