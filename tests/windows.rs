@@ -584,6 +584,69 @@ fn live_pings(env: &Env, tree: i64, want: usize) -> Vec<Identity> {
     found
 }
 
+/// `serve` on 127.0.0.1:0 in `env`'s data dir (its stderr in
+/// `serve.err`), once it wrote its address: the child and the address.
+fn start_serve(env: &Env) -> (Child, String) {
+    let ready = env.dir.path().join("ready");
+    let err = std::fs::File::create(env.dir.path().join("serve.err")).expect("serve.err");
+    let serve = env
+        .cmd(&[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--ready-file",
+            &ready.display().to_string(),
+            "--scan-interval",
+            "200ms",
+            "--grace",
+            "500ms",
+            "--shutdown-grace",
+            "500ms",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(err)
+        .spawn()
+        .expect("serve starts");
+    let serve_id = treewarden::proc::identity_of(serve.id() as i32)
+        .ok()
+        .flatten()
+        .expect("serve's identity");
+    env.started.borrow_mut().push(serve_id);
+    let mut addr = String::new();
+    assert!(
+        wait_until(WAIT, || {
+            addr = std::fs::read_to_string(&ready).unwrap_or_default();
+            !addr.is_empty()
+        }),
+        "serve never became ready: {}",
+        std::fs::read_to_string(env.dir.path().join("serve.err")).unwrap_or_default()
+    );
+    assert!(addr.starts_with("127.0.0.1:"), "{addr}");
+    (serve, addr)
+}
+
+/// The service's admin token (the api-token file serve made).
+fn admin_token(env: &Env) -> String {
+    std::fs::read_to_string(env.data().join("api-token"))
+        .expect("the api-token file")
+        .trim()
+        .to_string()
+}
+
+/// Polls `show TREE --json` until the tree is in a terminal state.
+fn settled(env: &Env, tree: i64) -> Value {
+    let mut detail = Value::Null;
+    wait_until(WAIT, || {
+        detail = env.show(tree);
+        matches!(
+            detail["tree"]["state"].as_str(),
+            Some("ended" | "vanished" | "spawn_failed" | "resolved")
+        )
+    });
+    detail
+}
+
 /// The brief's ping workload: a background grandchild (`start /b`) and a
 /// foreground one.
 const PINGS: &str = "start /b ping -n 600 127.0.0.1 & ping -n 600 127.0.0.1";
@@ -611,44 +674,9 @@ fn serve_over_tcp_spawns_kills_and_drains_with_authority() {
     );
     let made: Value = serde_json::from_slice(&out.stdout).expect("token create --json");
     let token = made["token"].as_str().expect("token").to_string();
-    let ready = env.dir.path().join("ready");
-    let err = std::fs::File::create(env.dir.path().join("serve.err")).expect("serve.err");
-    let mut serve = env
-        .cmd(&[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--ready-file",
-            &ready.display().to_string(),
-            "--scan-interval",
-            "200ms",
-            "--grace",
-            "500ms",
-            "--shutdown-grace",
-            "500ms",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(err)
-        .spawn()
-        .expect("serve starts");
+    let (mut serve, addr) = start_serve(&env);
     let serve_err =
         || std::fs::read_to_string(env.dir.path().join("serve.err")).unwrap_or_default();
-    let serve_id = treewarden::proc::identity_of(serve.id() as i32)
-        .ok()
-        .flatten()
-        .expect("serve's identity");
-    env.started.borrow_mut().push(serve_id.clone());
-    let mut addr = String::new();
-    assert!(
-        wait_until(WAIT, || {
-            addr = std::fs::read_to_string(&ready).unwrap_or_default();
-            !addr.is_empty()
-        }),
-        "serve never became ready: {}",
-        serve_err()
-    );
-    assert!(addr.starts_with("127.0.0.1:"), "{addr}");
 
     let (status, _) = http(&addr, "GET", "/healthz", None, None);
     assert_eq!(status, 200, "/healthz answers without a token");
@@ -708,8 +736,8 @@ fn serve_over_tcp_spawns_kills_and_drains_with_authority() {
     assert_eq!(pings.len(), 2, "both pings seen: {}", env.show(second));
     let (status, body) = http(&addr, "POST", "/api/shutdown", Some(&token), None);
     assert_eq!(status, 403, "a spawn token may not shut down: {body}");
-    let admin = std::fs::read_to_string(env.data().join("api-token")).expect("the api-token file");
-    let (status, body) = http(&addr, "POST", "/api/shutdown", Some(admin.trim()), None);
+    let admin = admin_token(&env);
+    let (status, body) = http(&addr, "POST", "/api/shutdown", Some(&admin), None);
     assert_eq!(status, 202, "shutdown: {body}");
     let status = wait_child(&mut serve, WAIT).expect("serve exits after its drain");
     assert_eq!(status.code(), Some(0), "serve settled: {}", serve_err());
@@ -743,4 +771,79 @@ fn serve_with_a_unix_socket_is_refused_on_windows() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("loopback"), "{err}");
+}
+
+/// The service's exit watches on Windows: a root's exit (the reaper's
+/// thread-pool wait on the handle kept since its creation) ends its tree
+/// with the root's own code; a client owner's exit (an `ExitWatch` on the
+/// owner's identity-checked handle) tears its tree down, the
+/// `TERMINATE_JOB` after its committed authorization.
+#[test]
+fn serve_ends_a_tree_at_its_roots_exit_and_at_its_owners_exit() {
+    let env = Env::new();
+    let (mut serve, addr) = start_serve(&env);
+    let token = admin_token(&env);
+    let (status, body) = http(
+        &addr,
+        "POST",
+        "/api/trees",
+        Some(&token),
+        Some(&serde_json::json!({ "argv": ["cmd", "/c", "exit 3"] })),
+    );
+    assert_eq!(status, 201, "spawn: {body}");
+    let quick = serde_json::from_str::<Value>(&body).expect("tree row")["id"]
+        .as_i64()
+        .expect("tree id");
+    let detail = settled(&env, quick);
+    assert_eq!(detail["tree"]["state"], "ended", "{detail}");
+    assert_eq!(
+        detail["tree"]["exit"]["code"], 3,
+        "the root's own code: {detail}"
+    );
+
+    // A client owner: a helper that runs until ended (by its identity).
+    let h = helper().display().to_string();
+    let mut owner = Command::new(&h)
+        .args(["sleep", "owner-7", "600", &env.pids()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("the owner starts");
+    let owner_id = env.wait_marker("owner-7").expect("the owner wrote its pid");
+    let (status, body) = http(
+        &addr,
+        "POST",
+        "/api/trees",
+        Some(&token),
+        Some(&serde_json::json!({
+            "argv": ["cmd", "/c", PINGS],
+            "owner_pid": owner_id.pid,
+            "owner_start_ticks": owner_id.start_ticks,
+        })),
+    );
+    assert_eq!(status, 201, "spawn for a client: {body}");
+    let owned = serde_json::from_str::<Value>(&body).expect("tree row")["id"]
+        .as_i64()
+        .expect("tree id");
+    let pings = live_pings(&env, owned, 2);
+    assert_eq!(pings.len(), 2, "both pings seen: {}", env.show(owned));
+    assert_eq!(
+        treewarden::proc::signal_process(&owner_id, Sig::Kill).expect("end the owner"),
+        treewarden::proc::Delivery::Sent
+    );
+    let _ = wait_child(&mut owner, WAIT);
+    for p in &pings {
+        assert!(
+            gone_within(p, Duration::from_secs(20)),
+            "{p} survived its owner's exit"
+        );
+    }
+    let detail = settled(&env, owned);
+    assert_eq!(detail["tree"]["state"], "ended", "{detail}");
+    assert!(assert_terminations_authorized(&detail) >= 1, "{detail}");
+    let (status, body) = http(&addr, "POST", "/api/shutdown", Some(&token), None);
+    assert_eq!(status, 202, "shutdown: {body}");
+    let status = wait_child(&mut serve, WAIT).expect("serve exits after its drain");
+    assert_eq!(status.code(), Some(0));
+    env.verify();
 }
