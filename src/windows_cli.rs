@@ -1,13 +1,13 @@
 //! The Windows bodies of the commands whose Unix bodies need Unix-only
-//! parts (issue 27): `doctor` (the job-object probe), `serve` and `token`
-//! (refused: the service is built on Unix only for now), and `run`'s
-//! helpers for a terminal relay (none: no ConPTY) and its interrupts.
+//! parts (issue 27): `doctor` (the job-object probe), and `run`'s helpers
+//! for a terminal relay (none: no ConPTY) and its interrupts. `serve` and
+//! `token` are the shared bodies (src/commands/): the service is built on
+//! Windows too, over TCP on loopback only.
 
 use treewarden::config::Config;
 use treewarden::custody::Engine;
 use treewarden::ledger::TreeId;
 
-use crate::commands::{ServeArgs, TokenCommand};
 use crate::exit::{CliError, CliResult};
 
 /// `treewarden doctor [--json]` on Windows: what the Job Object boundary
@@ -60,8 +60,8 @@ pub fn doctor(config: &Config, json: bool) -> CliResult {
         ),
         (
             "serve",
-            "no".into(),
-            "the service is built on Unix only (issue 27)".into(),
+            "yes".into(),
+            "TCP on loopback with tokens (the Unix socket is Unix-only)".into(),
         ),
     ];
     let name_w = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
@@ -71,22 +71,6 @@ pub fn doctor(config: &Config, json: bool) -> CliResult {
         println!("{}", line.trim_end());
     }
     Ok(if probe.job_object.available { 0 } else { 1 })
-}
-
-fn not_built(what: &str) -> CliError {
-    CliError::usage(anyhow::anyhow!(
-        "{what} is not available on Windows yet: the service (HTTP API, tokens) is built on Unix only"
-    ))
-}
-
-/// `serve` on Windows: refused with one line.
-pub fn serve(_config: &Config, _args: ServeArgs) -> CliResult {
-    Err(not_built("serve"))
-}
-
-/// `token` on Windows: refused with one line (tokens are the service's).
-pub fn token(_config: &Config, _cmd: TokenCommand) -> CliResult {
-    Err(not_built("token"))
 }
 
 /// `run --tty` has no relay on Windows (no pseudo-terminal is ever opened,

@@ -58,12 +58,12 @@ use run::RunStatus;
 pub use run::{RunArgs, run};
 pub use seal::{SealCommand, seal};
 pub use serve::ServeArgs;
-#[cfg(unix)]
+#[cfg(any(target_os = "linux", windows))]
 pub use serve::serve;
 pub use show::{ShowArgs, show};
 pub use sweep::{SweepArgs, sweep};
 pub use token::TokenCommand;
-#[cfg(unix)]
+#[cfg(any(target_os = "linux", windows))]
 pub use token::token;
 #[cfg(unix)]
 use tty::TtyRelay;
@@ -245,5 +245,3 @@ fn shield_from_interrupts() {
 // parts (issue 27): see src/windows_cli.rs.
 #[cfg(windows)]
 use crate::windows_cli::{TtyRelay, shield_from_interrupts, survivors_hold_pipes};
-#[cfg(windows)]
-pub use crate::windows_cli::{serve, token};

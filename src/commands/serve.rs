@@ -6,6 +6,7 @@ use super::*;
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     /// Address to listen on. Beyond loopback, every request needs the token.
+    /// On Windows a loopback address only (nothing beyond it is served).
     #[arg(long, default_value = "127.0.0.1:7878")]
     listen: std::net::SocketAddr,
     /// Targeted scans of the trees the service watches.
@@ -82,7 +83,8 @@ pub struct ServeArgs {
     ship_otlp: Option<String>,
     /// The Unix socket (the same API; the principal is the peer's uid, no
     /// token). Default: <data-dir>/api.sock. Made 0666: who connects is
-    /// known from SO_PEERCRED, not from the file mode.
+    /// known from SO_PEERCRED, not from the file mode. Unix only: refused
+    /// on Windows, which serves TCP on loopback.
     #[arg(long, value_name = "PATH")]
     socket: Option<std::path::PathBuf>,
     /// Members of this group act on every tree over the socket, as root does.
@@ -116,7 +118,7 @@ pub struct ServeArgs {
 
 /// `treewarden serve`: the service. Exit 0 after a clean shutdown (every
 /// owned tree torn down), 125 when it could not start or settle.
-#[cfg(unix)]
+#[cfg(any(target_os = "linux", windows))]
 pub fn serve(config: &Config, args: ServeArgs) -> CliResult {
     let telemetry = treewarden::telemetry::init(args.log_format, "info");
     let result = serve_inner(config, args);
@@ -125,7 +127,7 @@ pub fn serve(config: &Config, args: ServeArgs) -> CliResult {
 }
 
 /// `serve`'s flags as the library's options.
-#[cfg(unix)]
+#[cfg(any(target_os = "linux", windows))]
 pub(super) fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
     use treewarden::service::ServiceConfig;
     use treewarden::service::serve::{ServeOptions, serve};

@@ -41,10 +41,32 @@
 //! itself; teardowns go through `Engine::teardown`, exits through the
 //! process-wide [`Reaper`]. Two teardowns of one tree never run at once in
 //! this process (a per-tree lock).
+//!
+//! On Windows (issue 27) the same code runs over the `proc` seam: the exit
+//! watches are thread-pool waits on process handles (`proc::ExitWatch`,
+//! `Reaper::on_exit`) where Linux has pidfds and the reaper, the scan
+//! loop's `HostView` is a toolhelp snapshot, free space is
+//! `GetDiskFreeSpaceExW`; no inotify log cap (the tick's cap), no systemd
+//! notify, no observer. `serve` listens on TCP on loopback only there.
 
 mod drain;
 mod export;
+#[cfg(target_os = "linux")]
 mod logcap;
+/// Windows: no inotify; the scan tick caps the logs (`proc::cap_log`).
+#[cfg(windows)]
+mod logcap {
+    pub(crate) struct LogCap;
+    impl LogCap {
+        /// Never a thread there: the tick's cap applies.
+        pub(crate) fn start(_dir: &std::path::Path, _cap: u64) -> Option<LogCap> {
+            None
+        }
+        pub(crate) fn running(&self) -> bool {
+            false
+        }
+    }
+}
 pub mod metrics;
 mod recovery;
 pub mod retain;
@@ -62,7 +84,6 @@ use watch::{RootWatch, owner_alive, watch_tree};
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::net::SocketAddr;
-use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -280,8 +301,15 @@ async fn blocking<T: Send + 'static>(
 /// Bytes free to an unprivileged writer on the filesystem of `dir`
 /// (`None` where it cannot be read: the spawn is not refused on a guess).
 fn free_bytes(dir: &std::path::Path) -> Option<u64> {
-    let st = rustix::fs::statvfs(dir).ok()?;
-    Some(st.f_bavail.saturating_mul(st.f_frsize))
+    #[cfg(unix)]
+    {
+        let st = rustix::fs::statvfs(dir).ok()?;
+        Some(st.f_bavail.saturating_mul(st.f_frsize))
+    }
+    #[cfg(windows)]
+    {
+        crate::proc::free_bytes(dir)
+    }
 }
 
 /// What of the environment a tree started under `serve --allow-command`
@@ -729,6 +757,25 @@ impl Service {
         }
         tracing::info!(settled, "shutdown complete");
         settled
+    }
+}
+
+/// Windows has no systemd: the notify calls are no-ops there (the same
+/// names, so the call sites are one).
+#[cfg(windows)]
+mod sd_notify {
+    #[allow(dead_code)] // the states are named, never read
+    pub enum NotifyState<'a> {
+        Ready,
+        Stopping,
+        Watchdog,
+        Status(&'a str),
+    }
+    pub fn watchdog_enabled() -> Option<std::time::Duration> {
+        None
+    }
+    pub fn notify(_state: &[NotifyState<'_>]) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

@@ -1,6 +1,6 @@
 //! `treewarden serve` as a library call (issue 27, issue 29):
 //! [`serve`] opens the ledger, makes the [`Service`], binds the TCP and
-//! Unix listeners, and runs until `shutdown` (or SIGTERM/SIGINT, with
+//! Unix listeners (on Windows TCP on loopback only: no Unix socket), and runs until `shutdown` (or SIGTERM/SIGINT, with
 //! [`ServeOptions::shutdown_on_signals`]) drains it. The binary is a thin
 //! shell: it parses `serve`'s flags into [`ServeOptions`] and maps
 //! [`ServeError`] to its exit code, as mini-redis and ripgrep keep their
@@ -32,7 +32,8 @@ pub struct ServeOptions {
     pub retain_archive: Option<PathBuf>,
     /// OTLP/HTTP endpoint for the ledger's events (else the environment's).
     pub ship_otlp: Option<String>,
-    /// The Unix socket (default `<data-dir>/api.sock`).
+    /// The Unix socket (default `<data-dir>/api.sock`). Unix only: on
+    /// Windows a socket named here is refused.
     pub socket: Option<PathBuf>,
     /// Members of this group act on every tree over the socket.
     pub admin_group: Option<String>,
@@ -78,6 +79,24 @@ pub fn serve(
     opts: ServeOptions,
     external: CancellationToken,
 ) -> Result<u8, ServeError> {
+    // Windows serves TCP on loopback only: no Unix socket (its peer
+    // credentials and SCM_RIGHTS are Unix's), and nothing beyond loopback
+    // (refused before anything is opened).
+    #[cfg(windows)]
+    {
+        if let Some(path) = &opts.socket {
+            return Err(ServeError::usage(format!(
+                "--socket {}: the Unix socket is Unix-only; on Windows serve listens on TCP on loopback (--listen 127.0.0.1:PORT)",
+                path.display()
+            )));
+        }
+        if !opts.service.listen.ip().is_loopback() {
+            return Err(ServeError::usage(format!(
+                "--listen {}: on Windows serve listens on loopback only (127.0.0.1 or ::1)",
+                opts.service.listen
+            )));
+        }
+    }
     let reaper = Reaper::install()
         .map_err(|e| ServeError::internal(format!("cannot become a subreaper: {e}")))?;
     let ledger =
@@ -110,7 +129,7 @@ pub fn serve(
         None => None,
         Some(retain) => {
             if let Some(dir) = &opts.retain_archive {
-                use std::os::unix::fs::DirBuilderExt;
+                use crate::ledger::fsmode::Mode as _;
                 std::fs::DirBuilder::new()
                     .recursive(true)
                     .mode(0o700)
@@ -186,6 +205,7 @@ pub fn serve(
             &requester(),
         )
         .map_err(|e| ServeError::internal(format!("api token: {e}")))?;
+    #[cfg(unix)]
     let socket_path = opts
         .socket
         .clone()
@@ -220,6 +240,7 @@ pub fn serve(
         let bound = listener
             .local_addr()
             .map_err(|e| ServeError::internal(e.to_string()))?;
+        #[cfg(unix)]
         let unix = crate::http::bind_unix(&socket_path).map_err(|e| {
             ServeError::internal(format!("cannot listen on {}: {e}", socket_path.display()))
         })?;
@@ -229,32 +250,41 @@ pub fn serve(
             auth: std::sync::Arc::new(auth),
         });
         let limits = opts.limits;
-        let servers = vec![
-            tokio::spawn(crate::http::conn::serve(
-                listener,
-                app.clone(),
-                shutdown.clone(),
-                limits,
-            )),
-            tokio::spawn(crate::http::conn::serve(
-                unix,
-                app,
-                shutdown.clone(),
-                limits,
-            )),
-        ];
+        #[cfg_attr(windows, allow(unused_mut))]
+        let mut servers = vec![tokio::spawn(crate::http::conn::serve(
+            listener,
+            app.clone(),
+            shutdown.clone(),
+            limits,
+        ))];
+        #[cfg(unix)]
+        servers.push(tokio::spawn(crate::http::conn::serve(
+            unix,
+            app,
+            shutdown.clone(),
+            limits,
+        )));
         if let Some(path) = &service.config().ready_file {
             let tmp = path.with_extension("tmp");
             std::fs::write(&tmp, bound.to_string())
                 .and_then(|_| std::fs::rename(&tmp, path))
                 .map_err(|e| ServeError::internal(format!("{}: {e}", path.display())))?;
         }
-        eprintln!(
-            "treewarden: listening on http://{bound}/ and {}",
-            socket_path.display()
-        );
-        tracing::info!(%bound, socket = %socket_path.display(), "listening");
+        #[cfg(unix)]
+        {
+            eprintln!(
+                "treewarden: listening on http://{bound}/ and {}",
+                socket_path.display()
+            );
+            tracing::info!(%bound, socket = %socket_path.display(), "listening");
+        }
+        #[cfg(windows)]
+        {
+            eprintln!("treewarden: listening on http://{bound}/");
+            tracing::info!(%bound, "listening");
+        }
         let settled = service.run(servers).await;
+        #[cfg(unix)]
         if let Err(e) = std::fs::remove_file(&socket_path) {
             tracing::warn!(error = %e, "the socket file was not removed");
         }

@@ -54,6 +54,21 @@ pub struct ShipConfig {
     pub timeout: Duration,
 }
 
+/// This host's name, as the shipped records carry it.
+#[cfg(unix)]
+fn host_name() -> String {
+    rustix::system::uname()
+        .nodename()
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// This host's name on Windows (`COMPUTERNAME`).
+#[cfg(windows)]
+fn host_name() -> String {
+    std::env::var("COMPUTERNAME").unwrap_or_else(|_| "localhost".into())
+}
+
 impl ShipConfig {
     /// The endpoint `--ship-otlp URL` gives, else `OTEL_EXPORTER_OTLP_ENDPOINT`;
     /// `None`: shipping is off.
@@ -64,10 +79,7 @@ impl ShipConfig {
             .filter(|s| !s.trim().is_empty())?;
         Some(ShipConfig {
             endpoint: endpoint.trim().trim_end_matches('/').to_string(),
-            host: rustix::system::uname()
-                .nodename()
-                .to_string_lossy()
-                .into_owned(),
+            host: host_name(),
             batch: 512,
             poll: Duration::from_millis(500),
             timeout: Duration::from_secs(5),

@@ -217,7 +217,7 @@ impl Service {
         tree: i64,
         client_owner: Option<Identity>,
         root: Option<Identity>,
-        owner_fd: Option<OwnedFd>,
+        owner_fd: Option<crate::proc::ExitHandle>,
         timeout: Option<Duration>,
         lifetime: crate::custody::Lifetime,
     ) {
