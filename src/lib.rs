@@ -17,14 +17,14 @@
 
 pub mod config;
 pub mod custody;
-// The service (HTTP over TCP and the Unix socket) is built on Unix only for
-// now (issue 27: `serve` on Windows is refused by the CLI).
-#[cfg(unix)]
+// The service (HTTP over TCP and the Unix socket) is built on Linux and
+// Windows; not on macOS yet (issue 27: `serve` there is refused by the CLI).
+#[cfg(any(target_os = "linux", windows))]
 pub mod http;
 pub mod ledger;
 pub mod proc;
 pub mod scan;
-#[cfg(unix)]
+#[cfg(any(target_os = "linux", windows))]
 pub mod service;
 pub mod telemetry;
 pub mod testhook;
