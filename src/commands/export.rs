@@ -1,0 +1,51 @@
+//! `treewarden export`: the ledger as NDJSON or CSV, streamed.
+
+use super::*;
+
+use treewarden::config::Config;
+use treewarden::ledger::{EventFilter, ExportFormat, TreeId};
+
+use crate::exit::{CliError, CliResult};
+
+pub fn export(
+    config: &Config,
+    format: ExportFormat,
+    since: Option<&str>,
+    tree: Option<&str>,
+    after: Option<i64>,
+) -> CliResult {
+    if after.is_some_and(|a| a < 0) {
+        return Err(CliError::usage(anyhow::anyhow!(
+            "malformed --after: a seq is 0 or more"
+        )));
+    }
+    let since = since
+        .map(|v| treewarden::ledger::parse_since(v).map_err(|e| format!("--since: {e}")))
+        .transpose()
+        .map_err(|e| CliError::usage(anyhow::anyhow!(e)))?;
+    let tree = tree
+        .map(|t| {
+            t.parse::<i64>()
+                .map(TreeId)
+                .map_err(|_| format!("malformed --tree {t:?}: expected a tree id"))
+        })
+        .transpose()
+        .map_err(|e| CliError::usage(anyhow::anyhow!(e)))?;
+    let ledger = open_existing_ledger(config)?;
+    if let Some(id) = tree
+        && ledger.tree(id).map_err(CliError::internal)?.is_none()
+    {
+        return Err(CliError::usage(anyhow::anyhow!("unknown tree {}", id.0)));
+    }
+    let filter = EventFilter {
+        since,
+        tree,
+        after_seq: after,
+        ..EventFilter::default()
+    };
+    let stdout = std::io::stdout();
+    ledger
+        .export(&filter, format, &mut stdout.lock())
+        .map_err(CliError::internal)?;
+    Ok(0)
+}

@@ -1,0 +1,101 @@
+//! `treewarden seal`: set up, rotate and check the sealed epochs.
+
+use super::*;
+use std::time::Duration;
+
+use treewarden::config::Config;
+use treewarden::ledger::LedgerError;
+
+use crate::exit::{CliError, CliResult};
+
+#[derive(clap::Subcommand, Debug)]
+pub enum SealCommand {
+    /// Make a seed, print the verification key once on stdout (keep it off
+    /// this host), record the interval in the ledger and keep only epoch
+    /// 0's key, in <data-dir>/seal.key (0600). Refused when set up before.
+    ///
+    /// Exit 0 with the key on stdout; 2 when sealing is set up already, on a
+    /// bad interval, or when no ledger exists; 125 when it cannot be recorded.
+    Setup {
+        /// How long an epoch is (every epoch is sealed; at least 1s).
+        #[arg(long, default_value = "15m", value_parser = parse_duration)]
+        interval: Duration,
+    },
+    /// Seal every ended epoch not sealed yet, at once (those past their
+    /// next epoch marked late): for a host without `serve`, e.g. from cron.
+    ///
+    /// Exit 0; 2 when sealing is not set up; 125 when a seal cannot be made.
+    Now,
+    /// A clean stop: seal the ended epochs and the current one, marked as a
+    /// close, so `verify --seal-key` asks for no fresher seal. (`serve`
+    /// does this at its shutdown.)
+    Close,
+}
+
+/// `treewarden seal setup|now|close`.
+pub fn seal(config: &Config, cmd: SealCommand) -> CliResult {
+    use treewarden::ledger::seal::MIN_INTERVAL;
+    if let SealCommand::Setup { interval } = &cmd
+        && *interval < MIN_INTERVAL
+    {
+        return Err(CliError::usage(anyhow::anyhow!(
+            "--interval {}: at least 1s",
+            humantime::format_duration(*interval)
+        )));
+    }
+    let ledger = open_existing_ledger(config)?;
+    match cmd {
+        SealCommand::Setup { interval } => {
+            let report = ledger
+                .seal_setup(&config.data_dir, interval)
+                .map_err(|e| match e {
+                    LedgerError::Invariant(m) => {
+                        CliError::usage(anyhow::anyhow!("seal setup: {m}"))
+                    }
+                    e => CliError::internal(anyhow::anyhow!("seal setup: {e}")),
+                })?;
+            println!("{}", report.key.to_hex());
+            eprintln!(
+                "treewarden: sealing set up (seq {}, epoch 0 from {}, interval {}); the verification key above is shown once: keep it off this host. {} holds only the current epoch's key.",
+                report.seq,
+                report.start,
+                humantime::format_duration(report.interval),
+                report.key_file.display()
+            );
+            Ok(0)
+        }
+        SealCommand::Now | SealCommand::Close => {
+            let close = matches!(cmd, SealCommand::Close);
+            let run = ledger
+                .seal_due(&config.data_dir, close)
+                .map_err(|e| CliError::internal(anyhow::anyhow!("seal: {e}")))?
+                .ok_or_else(|| {
+                    CliError::usage(anyhow::anyhow!(
+                        "sealing is not set up in this ledger (treewarden seal setup)"
+                    ))
+                })?;
+            let next = run
+                .next_due
+                .map(treewarden::ledger::timestamp)
+                .unwrap_or_default();
+            match (run.sealed.first(), run.sealed.last()) {
+                (Some(first), Some(last)) if first == last => println!(
+                    "sealed epoch {first}{}{}; next seal due at {next}",
+                    if run.late > 0 { " (late)" } else { "" },
+                    if run.closed { ", as a clean close" } else { "" }
+                ),
+                (Some(first), Some(last)) => println!(
+                    "sealed epochs {first} to {last} ({} late){}; next seal due at {next}",
+                    run.late,
+                    if run.closed {
+                        ", the last as a clean close"
+                    } else {
+                        ""
+                    }
+                ),
+                _ => println!("no epoch to seal; next seal due at {next}"),
+            }
+            Ok(0)
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! `treewarden serve`: its flags, and the call into the library's
+//! `service::serve::serve`.
+
+use super::*;
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on. Beyond loopback, every request needs the token.
+    #[arg(long, default_value = "127.0.0.1:7878")]
+    listen: std::net::SocketAddr,
+    /// Targeted scans of the trees the service watches.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    scan_interval: Duration,
+    /// Full /proc re-reads (catches what targeted scans cannot).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    full_scan_interval: Duration,
+    /// Orphan sweeps.
+    #[arg(long, default_value = "1m", value_parser = parse_duration)]
+    sweep_interval: Duration,
+    /// Orphans a sweep (the start-up recovery included) tears down at once.
+    #[arg(long, default_value_t = treewarden::custody::DEFAULT_SWEEP_CONCURRENCY, value_parser = parse_concurrency)]
+    sweep_concurrency: usize,
+    /// Grace of trees whose request names none, and of orphans whose tree
+    /// records none (trees recorded before grace was).
+    #[arg(long, default_value = policy::DEFAULT_GRACE, value_parser = parse_duration)]
+    grace: Duration,
+    /// Cap on each tree's grace during shutdown.
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    shutdown_grace: Duration,
+    /// The longest grace an API request may ask for (spawn, kill); over
+    /// it, the request is refused (422 on spawn, 400 on kill, code
+    /// BadRequest). A kill request waits for its teardown, so its timeout
+    /// grows with it.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    max_grace: Duration,
+    /// Bound on the whole shutdown (keep it under the supervisor's kill timeout).
+    #[arg(long, default_value = "20s", value_parser = parse_duration)]
+    drain_timeout: Duration,
+    /// text or json (logs on stderr).
+    #[arg(long, default_value = "text")]
+    log_format: treewarden::telemetry::LogFormat,
+    /// Write the bound address (e.g. 127.0.0.1:40123) to this file once
+    /// requests are accepted (useful with --listen 127.0.0.1:0).
+    #[arg(long, value_name = "PATH")]
+    ready_file: Option<std::path::PathBuf>,
+    /// Cap on each API tree's captured output (stdout and stderr in
+    /// `<data-dir>/logs/`); the oldest bytes are dropped past it.
+    #[arg(long, default_value = "10M", value_name = "SIZE", value_parser = treewarden::ledger::parse_size)]
+    log_max: u64,
+    /// Free space the data dir keeps for the ledger: below it, new API
+    /// trees (which log into the data dir) are refused with 503.
+    #[arg(long, default_value = "64M", value_name = "SIZE", value_parser = treewarden::ledger::parse_size)]
+    min_free: u64,
+    /// Live trees one local user (or one token) may hold at once through
+    /// the API; admins are not capped.
+    #[arg(long = "max-trees-per-user", default_value_t = 256)]
+    max_trees_per_user: usize,
+    /// Only these commands (exact argv[0]) may be spawned through the API.
+    /// Repeatable; default: any.
+    #[arg(long = "allow-command", value_name = "CMD")]
+    allow_commands: Vec<String>,
+    /// With --allow-command: a variable a request's `env` may set
+    /// (repeatable). Nothing else is taken from the request, and the tree
+    /// inherits only PATH, the locale, TZ, HOME, USER, LOGNAME and SHELL.
+    #[arg(long = "allow-env", value_name = "NAME", requires = "allow_commands")]
+    allow_env: Vec<String>,
+    /// Prune trees that ended longer ago than this (and tree-less events
+    /// as old), as `prune --before` does. Off by default: nothing is pruned.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    retain: Option<Duration>,
+    /// How often --retain looks for trees to prune.
+    #[arg(long, default_value = "10m", value_parser = parse_duration, requires = "retain")]
+    retain_every: Duration,
+    /// Archive what --retain prunes here first (one `archive-<ms>.ndjson`
+    /// per prune, fsynced); without it pruned events are gone.
+    #[arg(long, value_name = "DIR", requires = "retain")]
+    retain_archive: Option<std::path::PathBuf>,
+    /// Ship every ledger event as an OTLP log record to URL/v1/logs
+    /// (OTLP/HTTP protobuf), from a durable cursor in the ledger. Default:
+    /// OTEL_EXPORTER_OTLP_ENDPOINT when set; otherwise off.
+    #[arg(long, value_name = "URL")]
+    ship_otlp: Option<String>,
+    /// The Unix socket (the same API; the principal is the peer's uid, no
+    /// token). Default: <data-dir>/api.sock. Made 0666: who connects is
+    /// known from SO_PEERCRED, not from the file mode.
+    #[arg(long, value_name = "PATH")]
+    socket: Option<std::path::PathBuf>,
+    /// Members of this group act on every tree over the socket, as root does.
+    #[arg(long, value_name = "GROUP")]
+    admin_group: Option<String>,
+    /// Reads on loopback need no token: every local user then reads every
+    /// tree's argv, cwd and the whole export. Only for a single-tenant host.
+    #[arg(long)]
+    open_reads: bool,
+    /// Connections served at once on each listener; more wait in the
+    /// kernel's backlog. Accept also waits while fewer than 128 descriptors
+    /// are free (they are custody's: /proc reads, pidfds, the ledger).
+    #[cfg_attr(unix, arg(long, default_value_t = treewarden::http::conn::ConnLimits::default().max_total))]
+    #[cfg_attr(windows, arg(long, default_value_t = 0))]
+    max_connections: usize,
+    /// Connections one local user (peer uid on the socket) may hold at
+    /// once; past it, its new connections are closed at once.
+    #[cfg_attr(unix, arg(long, default_value_t = treewarden::http::conn::ConnLimits::default().max_per_uid))]
+    #[cfg_attr(windows, arg(long, default_value_t = 0))]
+    max_connections_per_uid: usize,
+    /// How long a request's head may take to arrive, and a keep-alive
+    /// connection may idle between requests, before it is closed.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    header_timeout: Duration,
+    /// Whom an unsettled tree refuses new work to: `owner` (the same owner
+    /// record, or the same requester: socket uid, token; default) or `host`
+    /// (every spawn, as before issue 26).
+    #[arg(long, value_name = "SCOPE", default_value = "owner")]
+    dispatch_scope: treewarden::custody::DispatchScope,
+}
+
+/// `treewarden serve`: the service. Exit 0 after a clean shutdown (every
+/// owned tree torn down), 125 when it could not start or settle.
+#[cfg(unix)]
+pub fn serve(config: &Config, args: ServeArgs) -> CliResult {
+    let telemetry = treewarden::telemetry::init(args.log_format, "info");
+    let result = serve_inner(config, args);
+    telemetry.shutdown();
+    result
+}
+
+/// `serve`'s flags as the library's options.
+#[cfg(unix)]
+pub(super) fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
+    use treewarden::service::ServiceConfig;
+    use treewarden::service::serve::{ServeOptions, serve};
+    let opts = ServeOptions {
+        service: ServiceConfig {
+            listen: args.listen,
+            scan_interval: args.scan_interval,
+            full_scan_interval: args.full_scan_interval,
+            sweep_interval: args.sweep_interval,
+            sweep_concurrency: args.sweep_concurrency,
+            default_grace: args.grace,
+            shutdown_grace: args.shutdown_grace,
+            drain_timeout: args.drain_timeout,
+            ready_file: args.ready_file,
+            allow_commands: args.allow_commands,
+            allow_env: args.allow_env,
+            observer: config.observer,
+            observer_rcvbuf: config.observer_rcvbuf,
+            log_max: args.log_max,
+            min_free: args.min_free,
+            max_trees_per_principal: args.max_trees_per_user,
+            max_grace: args.max_grace,
+        },
+        retain: args.retain,
+        retain_every: args.retain_every,
+        retain_archive: args.retain_archive,
+        ship_otlp: args.ship_otlp,
+        socket: args.socket,
+        admin_group: args.admin_group,
+        open_reads: args.open_reads,
+        limits: treewarden::http::conn::ConnLimits {
+            max_total: args.max_connections,
+            max_per_uid: args.max_connections_per_uid,
+            header_read: args.header_timeout,
+            ..treewarden::http::conn::ConnLimits::default()
+        },
+        dispatch_scope: args.dispatch_scope,
+        shutdown_on_signals: true,
+    };
+    serve(config, opts, tokio_util::sync::CancellationToken::new()).map_err(|e| {
+        if e.usage {
+            CliError::usage(anyhow!(e))
+        } else {
+            CliError::internal(anyhow!(e))
+        }
+    })
+}

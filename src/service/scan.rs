@@ -1,0 +1,238 @@
+//! The scan loop: the cheap targeted tick over the watched trees, the full
+//! `/proc` re-read every `full_scan_interval`, the ledger tail into the
+//! metrics, and the observer's start.
+
+use super::*;
+
+impl Service {
+    pub(super) async fn scan_loop(self: Arc<Self>) {
+        let mut every = tokio::time::interval(self.config.scan_interval);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let first_seq = self.start_seq.load(std::sync::atomic::Ordering::Relaxed);
+        let fresh = |after_seq: i64| ScanState {
+            host: None,
+            relist: false,
+            watches: HashMap::new(),
+            exits: HashMap::new(),
+            last_full: None,
+            after_seq,
+        };
+        let mut state = fresh(first_seq);
+        let mut tailed = first_seq;
+        // `WatchdogSec=`: each completed scan tick says the service lives
+        // (a hung blocking pool or ledger stops the pings, and systemd
+        // restarts the service; its orphans are then recovered).
+        let watchdog = sd_notify::watchdog_enabled().is_some();
+        loop {
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                _ = every.tick() => {}
+            }
+            if watchdog {
+                sd_notify_state(&[sd_notify::NotifyState::Watchdog]);
+            }
+            // Trees being torn down are skipped: the teardown scans them.
+            let wanted: Vec<i64> = self
+                .lock_owned()
+                .iter()
+                .filter(|(_, o)| o.lock.try_lock().is_ok())
+                .map(|(id, _)| *id)
+                .collect();
+            let this = self.clone();
+            match blocking(move || {
+                this.scan_once(&mut state, &wanted);
+                state
+            })
+            .await
+            {
+                Ok(s) => {
+                    tailed = s.after_seq;
+                    state = s;
+                }
+                Err(e) => {
+                    // A panicking tick loses its state, not the loop: the
+                    // next tick starts over (a full scan; event tailing
+                    // resumes where the last good tick left it).
+                    tracing::error!(error = %e, "scan task failed; starting the scan state over");
+                    state = fresh(tailed);
+                }
+            }
+        }
+    }
+
+    /// One scan-loop tick (blocking).
+    pub(super) fn scan_once(&self, st: &mut ScanState, wanted: &[i64]) {
+        let ledger = self.engine.ledger();
+        // Captured output stays under its cap: capped as it is written by
+        // the log-cap thread; here (one stat per owned tree) only when that
+        // thread does not run.
+        let capping = self
+            .log_cap
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(logcap::LogCap::running);
+        for id in wanted.iter().filter(|_| !capping) {
+            let path = crate::custody::log_path(self.engine.data_dir(), TreeId(*id));
+            match crate::proc::cap_log(&path, self.config.log_max) {
+                Ok(0) => {}
+                Ok(dropped) => {
+                    tracing::debug!(tree = id, dropped, "oldest captured output dropped")
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => tracing::warn!(tree = id, error = %e, "captured output not capped"),
+            }
+        }
+        st.watches.retain(|id, _| wanted.contains(id));
+        for id in wanted {
+            if st.watches.contains_key(id) {
+                continue;
+            }
+            let Ok(Some((tree, members))) = ledger.tree_members(TreeId(*id)) else {
+                continue;
+            };
+            let exclude = HashSet::from([self.me.pid]);
+            if let Some(mut w) = TreeWatch::new(&tree, &members, &exclude) {
+                w.set_observer(self.observer_handle.clone());
+                st.watches.insert(*id, w);
+            }
+        }
+        // The reaper keeps the unclaimed exits (the last 4,096) until they
+        // are claimed: each tick reads them as they are now.
+        if let Some(reaper) = self.reaper {
+            st.exits = reaper.unclaimed().into_iter().collect();
+        }
+        let started = Instant::now();
+        let forced = self
+            .force_full
+            .swap(false, std::sync::atomic::Ordering::SeqCst);
+        let full = forced
+            || st
+                .last_full
+                .is_none_or(|t: Instant| t.elapsed() >= self.config.full_scan_interval);
+        let mut reread = Vec::new();
+        for w in st.watches.values_mut() {
+            reread.extend(w.pids_to_reread());
+        }
+        // While the observer follows every watched tree and missed nothing
+        // (no overflow: that forces a full scan; no member a scan found
+        // first), a new member is a fork it attributed: re-reading the
+        // members, leaders, cgroup members and the observer's members finds
+        // every member a listing would, without listing `/proc`.
+        let observed = self.observer_handle.as_ref().filter(|h| {
+            !st.relist && h.healthy() && st.watches.keys().all(|id| h.is_watching(TreeId(*id)))
+        });
+        if let Some(h) = observed {
+            for id in st.watches.keys() {
+                reread.extend(h.members(TreeId(*id)).into_iter().map(|k| k.pid));
+            }
+        }
+        let host = st.host.get_or_insert_with(HostView::default);
+        if full {
+            host.full_refresh();
+            st.last_full = Some(Instant::now());
+        } else if observed.is_some() {
+            host.reread(reread);
+        } else if !st.watches.is_empty() {
+            host.refresh(reread);
+        }
+        // One index of the host for every tree; each keeps its own
+        // exclusions (the owner of one may be a member of another).
+        let mut members = 0usize;
+        let mut unobserved = 0u64;
+        if !st.watches.is_empty() {
+            let index = crate::scan::SnapshotIndex::new(host.snapshot());
+            for w in st.watches.values_mut() {
+                let report = w.tick_indexed(&self.engine, &st.exits, host.snapshot(), &index, full);
+                members += report.members.len();
+                unobserved += report.unobserved;
+            }
+        }
+        st.relist = unobserved > 0;
+        if !st.watches.is_empty() || full {
+            self.metrics
+                .scan_duration
+                .get_or_create(&metrics::ModeLabel {
+                    mode: if full { "full" } else { "targeted" }.into(),
+                })
+                .observe(started.elapsed().as_secs_f64());
+        }
+        self.metrics.members.set(members as i64);
+        // Tail the ledger into the event-fed metrics.
+        loop {
+            let filter = EventFilter {
+                after_seq: Some(st.after_seq),
+                limit: Some(1000),
+                ..EventFilter::default()
+            };
+            match ledger.events(&filter) {
+                Ok(events) => {
+                    let mut ended = false;
+                    for e in &events {
+                        self.metrics.count_event(e);
+                        st.after_seq = e.seq;
+                        // A tree another process ended (a `run`, a `kill`,
+                        // a sweep): its waiters are woken.
+                        ended |= matches!(
+                            e.kind,
+                            crate::ledger::RowKind::Known(
+                                crate::ledger::EventKind::TreeEnded
+                                    | crate::ledger::EventKind::TreeState
+                                    | crate::ledger::EventKind::TreeResolved
+                                    | crate::ledger::EventKind::TreeSpawnFailed
+                            )
+                        );
+                    }
+                    if ended {
+                        self.note_ended();
+                    }
+                    if events.len() < 1000 {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "tailing the ledger failed");
+                    break;
+                }
+            }
+        }
+        // EngineStats and the ledger head are synced at scrape time (GET /metrics).
+        if forced && let Some(h) = &self.observer_handle {
+            tracing::warn!("forced full scan after observer overflow");
+            h.forced_scan_done();
+        }
+    }
+}
+
+/// The scan loop's state, moved into the blocking pool for each tick.
+pub(super) struct ScanState {
+    pub(super) host: Option<HostView>,
+    /// The last tick found members the observer did not know: this one
+    /// lists `/proc` (their children are found by descent).
+    pub(super) relist: bool,
+    pub(super) watches: HashMap<i64, TreeWatch>,
+    pub(super) exits: HashMap<i32, ExitStatus>,
+    pub(super) last_full: Option<Instant>,
+    pub(super) after_seq: i64,
+}
+
+/// Starts the observer per the configuration
+/// ([`crate::custody::policy::start_observer`]); overflows set `force_full`
+/// for the scan loop. Returns it and why there is none.
+pub(super) fn start_observer(
+    engine: &Engine,
+    config: &ServiceConfig,
+    force_full: Arc<std::sync::atomic::AtomicBool>,
+) -> Result<(Option<crate::custody::Observer>, String), ServiceError> {
+    let on_overflow = Box::new(move || {
+        force_full.store(true, std::sync::atomic::Ordering::SeqCst);
+    });
+    let started = crate::custody::policy::start_observer(
+        engine.ledger(),
+        config.observer,
+        config.observer_rcvbuf,
+        on_overflow,
+    )
+    .map_err(ServiceError::Invalid)?;
+    Ok((started.observer, started.off_because))
+}

@@ -1,0 +1,143 @@
+//! The watch task of an owned tree: what it waits on (the root's exit, the
+//! client owner's exit, the timeout, the tree's end) and the futures that
+//! resolve on each.
+
+use super::*;
+
+impl Service {
+    /// A kept tree (`"lifetime": "owner"`) after its root exited: waits
+    /// for its owner's exit or its timeout, checking every scan interval
+    /// whether anything of it still runs (an empty tree ends, as
+    /// `RootExited`). `None` when it ended otherwise (killed, shutdown).
+    pub(super) async fn watch_kept(
+        &self,
+        done: &CancellationToken,
+        tree: i64,
+        owner: Option<&crate::proc::ExitWatch>,
+        deadline: Option<tokio::time::Instant>,
+        timeout: Option<Duration>,
+    ) -> Option<EndCause> {
+        let mut every = tokio::time::interval(self.config.scan_interval);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        every.tick().await;
+        loop {
+            tokio::select! {
+                _ = done.cancelled() => return None,
+                _ = exited(owner) => return Some(EndCause::OwnerExited),
+                _ = until(deadline) => return Some(EndCause::Timeout(timeout.unwrap_or_default())),
+                _ = every.tick() => {}
+            }
+            let engine = self.engine.clone();
+            if let Ok(true) = blocking(move || engine.tree_empty_now(TreeId(tree))).await {
+                return Some(EndCause::RootExited(None));
+            }
+        }
+    }
+}
+
+/// Whether a client owner is still the process it was (pid, start time,
+/// boot): one that cannot be read counts as alive (its tree is left to the
+/// next start, which checks again), as an owner whose start time cannot be
+/// read does everywhere.
+pub(super) fn owner_alive(owner: &Identity) -> bool {
+    match crate::proc::identity_of(owner.pid) {
+        Ok(Some(now)) => now.start_ticks == owner.start_ticks && now.boot_id == owner.boot_id,
+        Ok(None) => false,
+        Err(_) => true,
+    }
+}
+
+/// Resolves when the watched process exits; never without a watch.
+pub(super) async fn exited(w: Option<&crate::proc::ExitWatch>) {
+    match w {
+        Some(w) => w.exited().await,
+        None => std::future::pending::<()>().await,
+    }
+}
+
+/// How a tree's watch learns that its root exited.
+pub(super) enum RootWatch {
+    /// The root is this service's announced child: the reaper says when it
+    /// is reaped, and no descriptor is held for it (issue 30: one pidfd per
+    /// live tree was 2,000 descriptors for 2,000 trees).
+    Reaped(tokio::sync::oneshot::Receiver<()>),
+    /// Any other root (a tree adopted after a restart): an identity-checked
+    /// pidfd.
+    Pidfd(crate::proc::ExitWatch),
+    /// Not watchable (pidfd_open refused it, or no pidfd): gone already.
+    Gone,
+}
+
+impl RootWatch {
+    pub(super) fn open(reaper: Option<&'static Reaper>, root: &Identity) -> RootWatch {
+        if let Some(reaper) = reaper {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let notify: crate::proc::ExitCallback = Box::new(move |_| {
+                let _ = tx.send(());
+            });
+            // The pid the reaper announced is this root only while its
+            // start time says so (the spawn recorded both): a recycled pid
+            // is watched by its pidfd below, which checks the identity.
+            // Checked again once registered: a root reaped and its pid given
+            // to a new child of ours between the check and the registration
+            // would have the stranger's exit stand for the root's.
+            if root.check() != crate::proc::Liveness::Recycled
+                && reaper.on_exit(root.pid, notify).is_ok()
+                && root.check() != crate::proc::Liveness::Recycled
+            {
+                return RootWatch::Reaped(rx);
+            }
+        }
+        match crate::proc::open_exit_watch(root)
+            .ok()
+            .flatten()
+            .and_then(|fd| crate::proc::ExitWatch::new(fd).ok())
+        {
+            Some(w) => RootWatch::Pidfd(w),
+            None => RootWatch::Gone,
+        }
+    }
+}
+
+pub(super) async fn root_exited(root: Option<RootWatch>) {
+    match root {
+        Some(RootWatch::Reaped(rx)) => {
+            // A dropped sender (the reaper never calls back) is no exit.
+            if rx.await.is_err() {
+                std::future::pending::<()>().await
+            }
+        }
+        Some(RootWatch::Pidfd(w)) => w.exited().await,
+        Some(RootWatch::Gone) | None => std::future::pending::<()>().await,
+    }
+}
+
+/// Resolves at the deadline; never without one.
+pub(super) async fn until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending::<()>().await,
+    }
+}
+
+/// Waits for the first reason to end a tree; `None` when the tree ended
+/// otherwise (or the service is shutting down: the drain tears it down).
+pub(super) async fn watch_tree(
+    done: &CancellationToken,
+    root: Option<RootWatch>,
+    root_gone: bool,
+    owner: Option<&crate::proc::ExitWatch>,
+    deadline: Option<tokio::time::Instant>,
+    timeout: Option<Duration>,
+) -> Option<EndCause> {
+    // The root's status is filled in by the caller, once known.
+    if root_gone {
+        return Some(EndCause::RootExited(None));
+    }
+    tokio::select! {
+        _ = done.cancelled() => None,
+        _ = exited(owner) => Some(EndCause::OwnerExited),
+        _ = root_exited(root) => Some(EndCause::RootExited(None)),
+        _ = until(deadline) => Some(EndCause::Timeout(timeout.unwrap_or_default())),
+    }
+}
