@@ -58,16 +58,19 @@ use run::RunStatus;
 pub use run::{RunArgs, run};
 pub use seal::{SealCommand, seal};
 pub use serve::ServeArgs;
-#[cfg(unix)]
+#[cfg(any(target_os = "linux", windows))]
 pub use serve::serve;
 pub use show::{ShowArgs, show};
 pub use sweep::{SweepArgs, sweep};
 pub use token::TokenCommand;
-#[cfg(unix)]
+#[cfg(any(target_os = "linux", windows))]
 pub use token::token;
 #[cfg(unix)]
 use tty::TtyRelay;
 pub use verify::verify;
+// `serve` and `token` refuse on macOS (issue 27): src/macos_cli.rs.
+#[cfg(target_os = "macos")]
+pub use crate::macos_cli::{serve, token};
 
 /// The ledger's path, when a ledger is there: a missing file is a usage
 /// error (usually a wrong --data-dir); no command but `run` and `serve`

@@ -95,13 +95,15 @@ pub struct ServeArgs {
     /// Connections served at once on each listener; more wait in the
     /// kernel's backlog. Accept also waits while fewer than 128 descriptors
     /// are free (they are custody's: /proc reads, pidfds, the ledger).
-    #[cfg_attr(unix, arg(long, default_value_t = treewarden::http::conn::ConnLimits::default().max_total))]
+    #[cfg_attr(target_os = "linux", arg(long, default_value_t = treewarden::http::conn::ConnLimits::default().max_total))]
     #[cfg_attr(windows, arg(long, default_value_t = 0))]
+    #[cfg_attr(target_os = "macos", arg(long, default_value_t = 0))]
     max_connections: usize,
     /// Connections one local user (peer uid on the socket) may hold at
     /// once; past it, its new connections are closed at once.
-    #[cfg_attr(unix, arg(long, default_value_t = treewarden::http::conn::ConnLimits::default().max_per_uid))]
+    #[cfg_attr(target_os = "linux", arg(long, default_value_t = treewarden::http::conn::ConnLimits::default().max_per_uid))]
     #[cfg_attr(windows, arg(long, default_value_t = 0))]
+    #[cfg_attr(target_os = "macos", arg(long, default_value_t = 0))]
     max_connections_per_uid: usize,
     /// How long a request's head may take to arrive, and a keep-alive
     /// connection may idle between requests, before it is closed.
@@ -116,7 +118,7 @@ pub struct ServeArgs {
 
 /// `treewarden serve`: the service. Exit 0 after a clean shutdown (every
 /// owned tree torn down), 125 when it could not start or settle.
-#[cfg(unix)]
+#[cfg(any(target_os = "linux", windows))]
 pub fn serve(config: &Config, args: ServeArgs) -> CliResult {
     let telemetry = treewarden::telemetry::init(args.log_format, "info");
     let result = serve_inner(config, args);
@@ -125,7 +127,7 @@ pub fn serve(config: &Config, args: ServeArgs) -> CliResult {
 }
 
 /// `serve`'s flags as the library's options.
-#[cfg(unix)]
+#[cfg(any(target_os = "linux", windows))]
 pub(super) fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
     use treewarden::service::ServiceConfig;
     use treewarden::service::serve::{ServeOptions, serve};

@@ -1,6 +1,6 @@
 //! `treewarden token create|list|revoke`.
 
-#[cfg(unix)]
+#[cfg(any(target_os = "linux", windows))]
 use super::*;
 
 #[derive(clap::Subcommand, Debug)]
@@ -27,7 +27,7 @@ pub enum TokenCommand {
     Revoke { id: i64 },
 }
 
-#[cfg(unix)]
+#[cfg(any(target_os = "linux", windows))]
 pub fn token(config: &Config, cmd: TokenCommand) -> CliResult {
     let ledger = open_ledger(config)?;
     let internal = |e: treewarden::ledger::LedgerError| CliError::internal(anyhow!(e));
