@@ -17,8 +17,8 @@
 
 pub mod config;
 pub mod custody;
-// The service (HTTP over TCP and the Unix socket) is built on Linux and
-// Windows; not on macOS yet (issue 27: `serve` there is refused by the CLI).
+// The service: HTTP over TCP (both) and the Unix socket (Linux), built on
+// Linux and Windows (issue 27).
 #[cfg(any(target_os = "linux", windows))]
 pub mod http;
 pub mod ledger;
