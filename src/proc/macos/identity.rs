@@ -133,11 +133,15 @@ pub(crate) fn bsdinfo(pid: i32) -> Result<Option<libc::proc_bsdinfo>, ProcError>
     if n == size {
         return Ok(Some(info));
     }
+    if n > 0 {
+        // Unknown is not gone: a short answer says nothing of the process.
+        return Err(ProcError::Proc(format!(
+            "pid {pid}: proc_pidinfo returned {n} of {size} bytes"
+        )));
+    }
     let e = std::io::Error::last_os_error();
     match e.raw_os_error() {
         Some(libc::ESRCH) => Ok(None),
-        // A short read without an error: the process went away mid-read.
-        Some(0) | None => Ok(None),
         _ => Err(ProcError::Io(e)),
     }
 }
