@@ -185,6 +185,9 @@ pub(super) fn take_run_fds(
     Ok((id, status))
 }
 
+// Over 100 lines on purpose: the tree's terminal (pty, relay, raw mode) is set up before the run
+// and undone after it in order (relay finished, raw mode left, then the output), and the `recorded`
+// closure borrows the relay and the id file; one frame keeps that order.
 pub(super) fn run_owned(
     config: &Config,
     args: RunArgs,

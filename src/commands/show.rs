@@ -38,6 +38,13 @@ pub fn show(config: &Config, args: ShowArgs) -> CliResult {
         );
         return Ok(0);
     }
+    print_detail(&detail);
+    Ok(0)
+}
+
+/// The text view: the tree row, then its members, observations, signals,
+/// authorizations and events, one section each.
+fn print_detail(detail: &treewarden::ledger::TreeDetail) {
     let t = &detail.tree;
     let state = if root_exited_members_alive(t) {
         format!("{} (root exited, members alive)", t.state.as_str())
@@ -129,7 +136,6 @@ pub fn show(config: &Config, args: ShowArgs) -> CliResult {
     for e in &detail.events {
         println!("  {:>6} {} {:<18} {}", e.seq, e.at, e.kind, e.data);
     }
-    Ok(0)
 }
 
 pub(super) fn opt(v: Option<i32>) -> String {

@@ -490,27 +490,7 @@ impl SpawnBody {
             env.push((k, v));
         }
         let grace = parse_grace(self.grace.as_deref(), max_grace).map_err(bad)?;
-        // Names only, as the document says (`INT`, `SIGINT`): the CLI's
-        // numbers and lower case are not part of this contract.
-        let first_signal = match self.first_signal.as_deref() {
-            None => None,
-            Some(n)
-                if matches!(
-                    n.strip_prefix("SIG").unwrap_or(n),
-                    "TERM" | "INT" | "HUP" | "QUIT" | "USR1" | "USR2"
-                ) =>
-            {
-                Some(
-                    crate::proc::Sig::parse_first(n)
-                        .map_err(|e| bad(format!("first_signal: {e}")))?,
-                )
-            }
-            Some(n) => {
-                return Err(bad(format!(
-                    "first_signal {n:?}: expected TERM, INT, HUP, QUIT, USR1 or USR2 (KILL comes only with its authorization)"
-                )));
-            }
-        };
+        let first_signal = parse_first_signal(self.first_signal.as_deref()).map_err(bad)?;
         let timeout = self
             .timeout
             .as_deref()
@@ -525,27 +505,7 @@ impl SpawnBody {
         {
             return Err(bad(format!("owner_pid {pid} is not a client process")));
         }
-        let limits = match self.limits {
-            None => crate::ledger::Limits::default(),
-            Some(l) => crate::ledger::Limits {
-                memory_max: l
-                    .memory_max
-                    .as_deref()
-                    .map(crate::ledger::parse_size)
-                    .transpose()
-                    .map_err(bad)?,
-                pids_max: match l.pids_max {
-                    Some(0) => return Err(bad("pids_max must be 1 or more".into())),
-                    n => n,
-                },
-                cpu_max_pct: l
-                    .cpu_max
-                    .as_deref()
-                    .map(crate::ledger::parse_cpu_pct)
-                    .transpose()
-                    .map_err(bad)?,
-            },
-        };
+        let limits = parse_limits(self.limits).map_err(bad)?;
         let lifetime = match self.lifetime.as_deref() {
             None => crate::custody::Lifetime::Root,
             Some(l) => l.parse().map_err(bad)?,
@@ -569,6 +529,65 @@ impl SpawnBody {
     }
 }
 
+/// A spawn's `first_signal`: names only, as the document says (`INT`,
+/// `SIGINT`): the CLI's numbers and lower case are not part of this
+/// contract.
+fn parse_first_signal(name: Option<&str>) -> Result<Option<crate::proc::Sig>, String> {
+    match name {
+        None => Ok(None),
+        Some(n)
+            if matches!(
+                n.strip_prefix("SIG").unwrap_or(n),
+                "TERM" | "INT" | "HUP" | "QUIT" | "USR1" | "USR2"
+            ) =>
+        {
+            crate::proc::Sig::parse_first(n)
+                .map(Some)
+                .map_err(|e| format!("first_signal: {e}"))
+        }
+        Some(n) => Err(format!(
+            "first_signal {n:?}: expected TERM, INT, HUP, QUIT, USR1 or USR2 (KILL comes only with its authorization)"
+        )),
+    }
+}
+
+/// A spawn's `limits` (none given: no limits).
+fn parse_limits(limits: Option<LimitsBody>) -> Result<crate::ledger::Limits, String> {
+    let Some(l) = limits else {
+        return Ok(crate::ledger::Limits::default());
+    };
+    Ok(crate::ledger::Limits {
+        memory_max: l
+            .memory_max
+            .as_deref()
+            .map(crate::ledger::parse_size)
+            .transpose()?,
+        pids_max: match l.pids_max {
+            Some(0) => return Err("pids_max must be 1 or more".into()),
+            n => n,
+        },
+        cpu_max_pct: l
+            .cpu_max
+            .as_deref()
+            .map(crate::ledger::parse_cpu_pct)
+            .transpose()?,
+    })
+}
+
+/// `?state=a,b`: the tree states named, each by its name.
+fn parse_states(list: &str) -> Result<Vec<TreeState>, ApiError> {
+    list.split(',')
+        .map(|name| {
+            TreeState::ALL
+                .into_iter()
+                .find(|st| st.as_str() == name)
+                .ok_or_else(|| {
+                    ApiError::BadRequest(format!("malformed state {name:?}: not a tree state"))
+                })
+        })
+        .collect()
+}
+
 /// List trees: live ones, or all with `?all=1`; newest first, a page of
 /// at most `limit` (1000), with `Link: <…>; rel="next"` when there are more.
 #[utoipa::path(get, path = "/api/trees", params(ListQuery), security(("bearer" = [])), responses(
@@ -585,23 +604,7 @@ pub async fn list_trees(
         None => None,
         v => Some(parse_flag("alive", v)?),
     };
-    let states = match q.state.as_deref() {
-        None => None,
-        Some(list) => Some(
-            list.split(',')
-                .map(|name| {
-                    TreeState::ALL
-                        .into_iter()
-                        .find(|st| st.as_str() == name)
-                        .ok_or_else(|| {
-                            ApiError::BadRequest(format!(
-                                "malformed state {name:?}: not a tree state"
-                            ))
-                        })
-                })
-                .collect::<Result<Vec<_>, _>>()?,
-        ),
-    };
+    let states = q.state.as_deref().map(parse_states).transpose()?;
     if let Some(l) = &q.label
         && l.chars().count() > MAX_LABEL
     {

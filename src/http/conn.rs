@@ -363,6 +363,9 @@ fn descriptors_to_spare(reserve: u64) -> bool {
 /// the connections in flight finish (each asked to close once its request
 /// is answered). Every request sees its connection's [`Peer`] as axum's
 /// `ConnectInfo`, which the auth layer turns into its principal.
+// Over 100 lines on purpose: each accept turn takes a connection's limits in order (a total permit,
+// spare descriptors, a per-uid slot), each wait raced against shutdown (`break 'accept`), and hands
+// them to the connection's task; split, the labelled breaks and held permits would cross functions.
 pub async fn serve<L: Accept>(
     mut listener: L,
     router: Router,

@@ -285,6 +285,9 @@ fn query_string(parts: &[(&str, String)]) -> String {
 }
 
 /// `GET /`: the trees, with a banner while dispatch is closed.
+// Over 100 lines on purpose: one page from one parsed query: the filter, one ledger read for the
+// page and its counts, then the pager links, each built by the `base` closure over the same query
+// strings the form shows again.
 pub async fn index(
     State(s): State<AppState>,
     axum::Extension(principal): axum::Extension<super::auth::Principal>,

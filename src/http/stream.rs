@@ -136,6 +136,9 @@ enum Scope {
         content_type = "text/event-stream", body = StreamEvent),
     (status = 400, body = super::api::ErrorBody), (status = 401, body = super::api::ErrorBody), (status = 403, body = super::api::ErrorBody),
     (status = 404, body = super::api::ErrorBody), (status = 503, body = super::api::ErrorBody)))]
+// Over 100 lines on purpose: the request's checks (scope, the two stream caps, the start seq) and
+// the stream built on them: the `unfold` loop holds the permit and slot taken above and carries the
+// state made from them (seq, queue, recheck time, scope) from one event to the next.
 pub async fn events_stream(
     State(s): State<AppState>,
     axum::Extension(principal): axum::Extension<super::auth::Principal>,

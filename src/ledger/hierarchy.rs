@@ -167,6 +167,9 @@ impl TreeDetail {
     /// such, where a pid was recycled). Linear in the members (plus a
     /// binary search per member among those sharing its parent's pid);
     /// nesting capped at [`MAX_DEPTH`].
+    // Over 100 lines on purpose: one algorithm on index vectors local to it (members by start,
+    // first-seen ppids, parents, children, the `leaf` closure over them): index, walk capped at
+    // MAX_DEPTH, build bottom up; split, those vectors would be passed between the steps.
     pub fn hierarchy(&self) -> Vec<ProcessNode> {
         let mut execs: HashMap<Key, u32> = HashMap::new();
         // The ppid as first seen is the `member.observed` event's: the

@@ -7,6 +7,9 @@ impl Service {
     /// The shutdown drain: close the spawn gate, tear down every owned tree
     /// (graces capped), stop the loops. Returns whether every owned tree
     /// reached a terminal state within the bound.
+    // Over 100 lines on purpose: the whole drain is one future under one bound (`drain_timeout`,
+    // and its `deadline` for the loops): the gate closed, the owned trees torn down, the loops
+    // waited on, the observer stopped; split, the bound would cover pieces instead of the drain.
     pub async fn drain(self: &Arc<Self>) -> bool {
         // Sweeps (recovery included) start no further teardown.
         self.sweep_stop.store(true, Ordering::SeqCst);

@@ -61,6 +61,9 @@ impl Service {
     }
 
     /// One scan-loop tick (blocking).
+    // Over 100 lines on purpose: one scan tick in its order (logs capped, watches synced, the host
+    // read full, observed or targeted, every tree ticked on one index, the ledger tailed), on one
+    // `ScanState`; `forced` and `full`, decided at its start, are used again at its end.
     pub(super) fn scan_once(&self, st: &mut ScanState, wanted: &[i64]) {
         let ledger = self.engine.ledger();
         // Captured output stays under its cap: capped as it is written by

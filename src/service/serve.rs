@@ -73,6 +73,9 @@ impl ServeError {
 /// Runs the service until it is shut down (`shutdown` cancelled, or a
 /// signal) and drained. `Ok(0)` after a clean shutdown (every owned tree
 /// torn down), `Ok(`[`EXIT_UNSETTLED`]`)` when the drain could not settle.
+// Over 100 lines on purpose: start-up and shutdown in their order around one runtime: the side
+// services opened before `rt.block_on` (retention, shipping, sealing) are stopped after it, sealing
+// first, once the drain's last writes are made; one frame keeps both ends of each in sight.
 pub fn serve(
     config: &Config,
     opts: ServeOptions,

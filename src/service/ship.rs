@@ -140,6 +140,9 @@ fn nap(d: Duration, stop: &AtomicBool) -> bool {
     !stop.load(Ordering::SeqCst)
 }
 
+// Over 100 lines on purpose: one loop whose state (the backoff, `failing_since`) carries from turn
+// to turn; each failure naps, then continues, or returns once stopped; split, every
+// `continue`/`return` would become a result for the caller to interpret.
 fn run(
     ledger: &Ledger,
     exporter: &opentelemetry_otlp::LogExporter,

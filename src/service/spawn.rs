@@ -17,6 +17,9 @@ impl Service {
             .map_err(|e| ServiceError::Task(e.to_string()))?
     }
 
+    // Over 100 lines on purpose: the drain gate read on the first line is held through every check,
+    // the owner's exit watch, the spawn and the adoption (dropped only after `adopt`), so a drain
+    // never misses a tree; one frame shows the gate's whole span.
     pub(super) async fn spawn_and_adopt(
         self: &Arc<Self>,
         p: SpawnParams,

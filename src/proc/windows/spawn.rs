@@ -227,6 +227,9 @@ fn limits_of(settings: &[CgroupSetting]) -> Result<JobLimits, ProcError> {
 /// Creates the tree's job (with `KILL_ON_JOB_CLOSE` and its limits), then
 /// the root suspended in a new console group, puts it into the job, and
 /// returns it held (its first instruction waits for [`HeldChild::release`]).
+// Over 100 lines on purpose: the held spawn in its order (the checks, the job, the suspended root,
+// its assignment to the job, its identity); a failure to assign it or read its creation time ends
+// the root unstarted through the `kill_unstarted` closure over this frame's handle and job path.
 pub fn spawn_held(spec: &SpawnSpec) -> Result<HeldChild, ProcError> {
     let unsupported = |what: &str| {
         ProcError::Io(std::io::Error::new(
