@@ -4,6 +4,8 @@
 mod cli;
 mod commands;
 mod exit;
+#[cfg(target_os = "macos")]
+mod macos_cli;
 #[cfg(windows)]
 mod windows_cli;
 

@@ -30,6 +30,8 @@ use crate::proc::StatReader;
 pub use crate::proc::{ProcEntry, parse_stat};
 #[cfg(target_os = "linux")]
 pub use crate::proc::{first_live_in_group, read_entry};
+#[cfg(target_os = "macos")]
+pub use crate::proc::{first_live_in_group, read_entry};
 
 /// A full `/proc` snapshot, keyed by pid.
 ///
@@ -500,6 +502,53 @@ pub fn cmdline(pid: i32) -> Vec<String> {
 pub fn details(pid: i32) -> MemberDetails {
     let (exe, cmdline) = crate::proc::details_of(pid);
     MemberDetails {
+        exe,
+        cmdline,
+        ..MemberDetails::default()
+    }
+}
+
+// The same readers on macOS (issue 27): libproc's process listing
+// (`proc_listallpids`, `proc_pidinfo`) instead of /proc; no cgroups.
+
+/// Every process (one `proc_listallpids`, each read with `proc_pidinfo`).
+#[cfg(target_os = "macos")]
+pub fn snapshot() -> Snapshot {
+    let (entries, incomplete) = crate::proc::snapshot_entries(None);
+    Snapshot {
+        entries: entries.into_iter().map(|e| (e.pid, e)).collect(),
+        incomplete,
+    }
+}
+
+/// Only these pids, re-read now.
+#[cfg(target_os = "macos")]
+pub fn snapshot_pids(pids: impl IntoIterator<Item = i32>) -> Snapshot {
+    let pids: Vec<i32> = pids.into_iter().collect();
+    let (entries, incomplete) = crate::proc::snapshot_entries(Some(&pids));
+    Snapshot {
+        entries: entries.into_iter().map(|e| (e.pid, e)).collect(),
+        incomplete,
+    }
+}
+
+/// No cgroups on macOS: nobody is in one.
+#[cfg(target_os = "macos")]
+pub fn cgroup_pids(_cgroup_dir: &Path) -> Result<HashSet<i32>, String> {
+    Ok(HashSet::new())
+}
+
+/// The process's name (its argv, `KERN_PROCARGS2`, is not read yet).
+#[cfg(target_os = "macos")]
+pub fn cmdline(pid: i32) -> Vec<String> {
+    crate::proc::details_of(pid).1
+}
+
+#[cfg(target_os = "macos")]
+pub fn details(pid: i32) -> MemberDetails {
+    let (exe, cmdline) = crate::proc::details_of(pid);
+    MemberDetails {
+        uid: crate::proc::read_stat(pid).ok().flatten().map(|s| s.uid),
         exe,
         cmdline,
         ..MemberDetails::default()

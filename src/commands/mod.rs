@@ -68,6 +68,9 @@ pub use token::token;
 #[cfg(unix)]
 use tty::TtyRelay;
 pub use verify::verify;
+// `serve` and `token` refuse on macOS (issue 27): src/macos_cli.rs.
+#[cfg(target_os = "macos")]
+pub use crate::macos_cli::{serve, token};
 
 /// The ledger's path, when a ledger is there: a missing file is a usage
 /// error (usually a wrong --data-dir); no command but `run` and `serve`

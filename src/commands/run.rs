@@ -104,6 +104,12 @@ pub struct RunArgs {
 }
 
 pub fn run(config: &Config, args: RunArgs) -> CliResult {
+    // No tree is spawned on macOS yet (issue 27): refused before anything.
+    if cfg!(target_os = "macos") {
+        return Err(CliError::internal(anyhow!(
+            "run: macOS is not supported yet: no tree is spawned there (the process layer is compile-checked only; docs/RESIDUALS.md, \"macOS\")"
+        )));
+    }
     // The caller's descriptors first, before anything else opens one.
     let (id_file, status_file) = take_run_fds(args.id_fd, args.status_fd)?;
     let mut status = RunStatus::default();

@@ -97,13 +97,15 @@ pub struct ServeArgs {
     /// Connections served at once on each listener; more wait in the
     /// kernel's backlog. Accept also waits while fewer than 128 descriptors
     /// are free (they are custody's: /proc reads, pidfds, the ledger).
-    #[cfg_attr(unix, arg(long, default_value_t = treewarden::http::conn::ConnLimits::default().max_total))]
+    #[cfg_attr(target_os = "linux", arg(long, default_value_t = treewarden::http::conn::ConnLimits::default().max_total))]
     #[cfg_attr(windows, arg(long, default_value_t = 0))]
+    #[cfg_attr(target_os = "macos", arg(long, default_value_t = 0))]
     max_connections: usize,
     /// Connections one local user (peer uid on the socket) may hold at
     /// once; past it, its new connections are closed at once.
-    #[cfg_attr(unix, arg(long, default_value_t = treewarden::http::conn::ConnLimits::default().max_per_uid))]
+    #[cfg_attr(target_os = "linux", arg(long, default_value_t = treewarden::http::conn::ConnLimits::default().max_per_uid))]
     #[cfg_attr(windows, arg(long, default_value_t = 0))]
+    #[cfg_attr(target_os = "macos", arg(long, default_value_t = 0))]
     max_connections_per_uid: usize,
     /// How long a request's head may take to arrive, and a keep-alive
     /// connection may idle between requests, before it is closed.

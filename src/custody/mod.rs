@@ -689,6 +689,7 @@ pub(crate) fn cgroup_prefix(instance_id: &str) -> String {
 /// start time cannot be read counts as alive: a missed reap is recoverable,
 /// a wrong kill is not. (Used by the dashboard, which Windows does not build.)
 #[cfg_attr(windows, allow(dead_code))]
+#[cfg_attr(target_os = "macos", allow(dead_code))]
 pub(crate) fn still_alive(id: &crate::ledger::IdentityRecord) -> bool {
     alive_on(&KernelHost::default(), id)
 }

@@ -142,6 +142,13 @@ mod windows;
 #[cfg(windows)]
 pub use windows::*;
 
+// The macOS implementation of the same interface (issue 27): libproc,
+// kqueue, kill/killpg; compile-checked only.
+#[cfg(target_os = "macos")]
+mod macos;
+#[cfg(target_os = "macos")]
+pub use macos::*;
+
 use std::path::PathBuf;
 
 /// Errors of the process layer. A variant exists only where a caller branches
@@ -192,6 +199,7 @@ impl From<rustix::io::Errno> for ProcError {
 
 impl ProcError {
     #[cfg_attr(windows, allow(dead_code))]
+    #[cfg_attr(target_os = "macos", allow(dead_code))]
     pub(crate) fn cgroup(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         ProcError::Cgroup {
             path: path.into(),

@@ -1,0 +1,333 @@
+//! The rest of the shared process interface on macOS: the user database
+//! (through nix, as on Linux), the host probe (Linux's fields, answered
+//! for macOS), and honest answers for what macOS has not: cgroups and
+//! their accounting, the proc connector.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::unistd::{Group, Uid, User};
+
+use super::exits::unsupported;
+use crate::proc::ProcError;
+
+/// How the teardown would record a container kill. Never recorded on
+/// macOS: no boundary there is contained ([`super::BoundaryKind::contained`]).
+pub const CONTAINER_KILL: (&str, &str) = ("SIGKILL", "cgroup");
+
+/// No container kills on its owner's exit on macOS.
+pub const STANDING_KILL_FLAG: Option<&str> = None;
+
+/// The credentials a tree's child would take (a tree as another user is
+/// not spawned on macOS yet).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Credentials {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+/// One user as the user database knows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UserInfo {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub home: PathBuf,
+    pub shell: PathBuf,
+}
+
+impl UserInfo {
+    /// A uid the user database does not know: no name, its uid as its gid.
+    pub fn unnamed(uid: u32) -> Self {
+        Self {
+            name: String::new(),
+            uid,
+            gid: uid,
+            home: "/".into(),
+            shell: "/bin/sh".into(),
+        }
+    }
+}
+
+fn io(e: nix::Error) -> std::io::Error {
+    std::io::Error::from_raw_os_error(e as i32)
+}
+
+fn info(u: User) -> UserInfo {
+    UserInfo {
+        name: u.name,
+        uid: u.uid.as_raw(),
+        gid: u.gid.as_raw(),
+        home: u.dir,
+        shell: u.shell,
+    }
+}
+
+pub fn user_by_name(name: &str) -> std::io::Result<Option<UserInfo>> {
+    Ok(User::from_name(name).map_err(io)?.map(info))
+}
+
+pub fn user_by_uid(uid: u32) -> std::io::Result<Option<UserInfo>> {
+    Ok(User::from_uid(Uid::from_raw(uid)).map_err(io)?.map(info))
+}
+
+pub fn group_by_name(name: &str) -> std::io::Result<Option<u32>> {
+    Ok(Group::from_name(name).map_err(io)?.map(|g| g.gid.as_raw()))
+}
+
+/// The groups `user` belongs to, its primary `gid` included.
+pub fn groups_of(user: &UserInfo, gid: u32) -> std::io::Result<Vec<u32>> {
+    let name = std::ffi::CString::new(user.name.as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    // macOS's getgrouplist takes and fills `int`s; nix offers it only
+    // elsewhere. Grown until the list fits (-1: too small).
+    let mut n: libc::c_int = 64;
+    loop {
+        let mut groups: Vec<libc::c_int> = vec![0; n as usize];
+        let mut got = n;
+        // SAFETY: `name` is NUL-terminated; `groups` is writable for `got`
+        // entries, and the call writes at most `got` and sets `got`.
+        let rc = unsafe {
+            libc::getgrouplist(
+                name.as_ptr(),
+                gid as libc::c_int,
+                groups.as_mut_ptr(),
+                &raw mut got,
+            )
+        };
+        if rc == 0 {
+            groups.truncate(got.max(0) as usize);
+            return Ok(groups.into_iter().map(|g| g as u32).collect());
+        }
+        if n >= 65_536 {
+            return Err(std::io::Error::other("getgrouplist: too many groups"));
+        }
+        n *= 4;
+    }
+}
+
+pub fn credentials_for(uid: u32, gid: u32) -> std::io::Result<Credentials> {
+    let groups = match user_by_uid(uid)? {
+        Some(user) => groups_of(&user, gid)?,
+        None => vec![gid],
+    };
+    Ok(Credentials { uid, gid, groups })
+}
+
+pub fn current_uid() -> u32 {
+    Uid::current().as_raw()
+}
+
+pub fn effective_uid() -> u32 {
+    Uid::effective().as_raw()
+}
+
+/// One probed capability.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Capability {
+    pub available: bool,
+    pub note: String,
+}
+
+impl Capability {
+    fn yes(note: impl Into<String>) -> Self {
+        Capability {
+            available: true,
+            note: note.into(),
+        }
+    }
+    fn no(note: impl Into<String>) -> Self {
+        Capability {
+            available: false,
+            note: note.into(),
+        }
+    }
+}
+
+/// The host's capabilities: Linux's fields (the `doctor` table is one),
+/// each answered for macOS.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Probe {
+    pub kernel_release: String,
+    pub boot_id: Option<String>,
+    pub pid_max: Option<i32>,
+    pub cgroup_v2: Capability,
+    pub cgroup2_mount: Option<PathBuf>,
+    pub cgroup_root: Option<PathBuf>,
+    pub cgroup_writable: Capability,
+    pub cgroup_kill: Capability,
+    pub cgroup_freeze: Capability,
+    /// The exit watch: kqueue `EVFILT_PROC` (probed on this process).
+    pub pidfd: Capability,
+    pub pidfd_group_signal: Capability,
+    pub subreaper: Capability,
+    pub proc_connector: Capability,
+    pub cgroup_layout: Option<LayoutReport>,
+    pub cgroup_controllers: Vec<String>,
+    pub auto_boundary: super::BoundaryKind,
+    pub auto_reason: String,
+}
+
+/// Probes the host: an exit watch on this very process is tried; the rest
+/// macOS does not have.
+pub fn probe(_cgroup_root_override: Option<&Path>) -> Probe {
+    let none = || Capability::no("macOS has no cgroups");
+    let watch = match super::self_identity().and_then(|me| super::open_exit_watch(&me)) {
+        Ok(Some(_)) => Capability::yes("kqueue EVFILT_PROC/NOTE_EXIT (no pidfd on macOS)"),
+        Ok(None) => Capability::no("kqueue found no process to watch"),
+        Err(e) => Capability::no(format!("kqueue EVFILT_PROC: {e}")),
+    };
+    let release = nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_default();
+    Probe {
+        kernel_release: format!("Darwin {release}"),
+        boot_id: super::boot_id().ok().map(str::to_owned),
+        pid_max: Some(99_998),
+        cgroup_v2: none(),
+        cgroup2_mount: None,
+        cgroup_root: None,
+        cgroup_writable: none(),
+        cgroup_kill: none(),
+        cgroup_freeze: none(),
+        pidfd: watch,
+        pidfd_group_signal: Capability::no("no pidfd: a group is signalled by the checked killpg"),
+        subreaper: Capability::no("macOS has no subreaper"),
+        proc_connector: Capability::no("the proc connector is Linux's"),
+        cgroup_layout: None,
+        cgroup_controllers: Vec::new(),
+        auto_boundary: super::BoundaryKind::Session,
+        auto_reason: "macOS has no cgroups: session + process group".into(),
+    }
+}
+
+/// Usage of one tree's container: none on macOS.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CgroupUsage {
+    pub cpu_usec: Option<u64>,
+    pub memory_peak_bytes: Option<u64>,
+    pub pids_peak: Option<u64>,
+    pub io_read_bytes: Option<u64>,
+    pub io_write_bytes: Option<u64>,
+    pub oom_kills: Option<u64>,
+}
+
+pub fn oom_kills(_dir: &Path) -> Option<u64> {
+    None
+}
+
+pub fn cgroup_usage(_dir: &Path) -> CgroupUsage {
+    CgroupUsage::default()
+}
+
+/// The log cap: macOS cannot punch the oldest bytes out of a file here;
+/// the file is left as it is (0 bytes dropped).
+pub fn cap_log(_path: &Path, _cap: u64) -> std::io::Result<u64> {
+    Ok(0)
+}
+
+pub fn cgroup_controllers(_dir: &Path) -> Result<Vec<String>, ProcError> {
+    Ok(Vec::new())
+}
+
+/// Where the cgroup root sits: on macOS there is none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Layout {
+    Root,
+    Delegated,
+    Shared,
+    NotDelegated,
+}
+
+impl std::fmt::Display for Layout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("no cgroups")
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct LayoutReport {
+    pub layout: Layout,
+    pub limits: bool,
+    pub note: String,
+    pub supervisor: Option<PathBuf>,
+}
+
+pub fn layout(_root: &Path) -> LayoutReport {
+    LayoutReport {
+        layout: Layout::NotDelegated,
+        limits: false,
+        note: "macOS has no cgroups".into(),
+        supervisor: None,
+    }
+}
+
+pub fn take_delegation(root: &Path) -> Result<LayoutReport, ProcError> {
+    Ok(layout(root))
+}
+
+pub fn check_limits_possible(_root: &Path) -> Result<(), String> {
+    Err("limits (--pids-max, --memory-max, --cpu-max) need cgroups, which macOS has not".into())
+}
+
+/// One process event (the proc connector is Linux's; never produced here).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProcEvent {
+    Fork {
+        parent: i32,
+        child: i32,
+        at_ns: u64,
+    },
+    Exec {
+        pid: i32,
+        at_ns: u64,
+    },
+    Sid {
+        pid: i32,
+        at_ns: u64,
+    },
+    Exit {
+        pid: i32,
+        status: super::ExitStatus,
+        at_ns: u64,
+    },
+    Overflow,
+}
+
+/// The proc connector: Linux only. [`Connector::open`] is refused, so the
+/// observer never starts (`--observer auto` goes on with scans).
+#[derive(Debug)]
+pub struct Connector(());
+
+#[derive(Clone, Debug)]
+pub struct ConnectorWaker(());
+
+impl ConnectorWaker {
+    pub fn wake(&self) {}
+}
+
+impl Connector {
+    pub fn open(_rcvbuf: usize) -> Result<Connector, ProcError> {
+        Err(unsupported("proc connector (it is Linux's)"))
+    }
+    pub fn recv(&mut self, _timeout: Duration) -> Result<Vec<ProcEvent>, ProcError> {
+        Ok(Vec::new())
+    }
+    pub fn waker(&self) -> ConnectorWaker {
+        ConnectorWaker(())
+    }
+    pub fn filter_to(&self, _interest: &[i32]) -> Result<(), ProcError> {
+        Ok(())
+    }
+    pub fn rcvbuf(&self) -> Result<usize, ProcError> {
+        Ok(0)
+    }
+}
+
+/// A monotonic clock in ns (this process's; only compared with itself).
+pub fn monotonic_ns() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}

@@ -1,0 +1,299 @@
+//! Signals on macOS: `kill` to one process, `killpg` to a tree's recorded
+//! process group, each only after the identity check that proves the
+//! target is the recorded one (DESIGN rules 3 and 4).
+//!
+//! Residual: macOS has no pidfd, so between the check and the `kill` a
+//! process could exit and its pid be taken by a new process within
+//! microseconds (pids are allocated upwards and wrap at 99,999: very
+//! unlikely, not impossible). The same window is Linux's `killpg` path's.
+//! macOS has no cgroups: the `cgroup_*` calls answer "no container".
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use super::identity::{Identity, boot_id, first_live_in_group, group_members, read_stat};
+use crate::proc::ProcError;
+
+/// The signals treewarden sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Sig {
+    Term,
+    Kill,
+    Stop,
+    Cont,
+    Int,
+    Hup,
+    Quit,
+    Usr1,
+    Usr2,
+}
+
+impl Sig {
+    /// The signals a teardown may send first: never SIGKILL (that needs its
+    /// authorization) nor SIGSTOP/SIGCONT.
+    pub const FIRST: [Sig; 6] = [
+        Sig::Term,
+        Sig::Int,
+        Sig::Hup,
+        Sig::Quit,
+        Sig::Usr1,
+        Sig::Usr2,
+    ];
+
+    /// `TERM`, `SIGTERM`, `term` or its number (`15`).
+    pub fn parse_first(s: &str) -> Result<Sig, String> {
+        let upper = s.trim().to_ascii_uppercase();
+        let name = upper.strip_prefix("SIG").unwrap_or(&upper);
+        Sig::FIRST
+            .into_iter()
+            .find(|sig| {
+                sig.name().strip_prefix("SIG") == Some(name)
+                    || name.parse::<i32>().ok() == Some(sig.number())
+            })
+            .ok_or_else(|| {
+                format!(
+                    "unknown or refused signal {s:?}: expected one of TERM, INT, HUP, QUIT, USR1, USR2 (a name or its number; KILL comes only with its authorization)"
+                )
+            })
+    }
+
+    /// "SIGTERM", "SIGKILL", ... (the ledger's `signal` field).
+    pub fn name(self) -> &'static str {
+        match self {
+            Sig::Term => "SIGTERM",
+            Sig::Kill => "SIGKILL",
+            Sig::Stop => "SIGSTOP",
+            Sig::Cont => "SIGCONT",
+            Sig::Int => "SIGINT",
+            Sig::Hup => "SIGHUP",
+            Sig::Quit => "SIGQUIT",
+            Sig::Usr1 => "SIGUSR1",
+            Sig::Usr2 => "SIGUSR2",
+        }
+    }
+
+    /// The signal number (macOS's own: SIGUSR1 is 30, SIGSTOP 17).
+    pub fn number(self) -> i32 {
+        match self {
+            Sig::Term => libc::SIGTERM,
+            Sig::Kill => libc::SIGKILL,
+            Sig::Stop => libc::SIGSTOP,
+            Sig::Cont => libc::SIGCONT,
+            Sig::Int => libc::SIGINT,
+            Sig::Hup => libc::SIGHUP,
+            Sig::Quit => libc::SIGQUIT,
+            Sig::Usr1 => libc::SIGUSR1,
+            Sig::Usr2 => libc::SIGUSR2,
+        }
+    }
+}
+
+impl std::fmt::Display for Sig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What happened to a signal aimed at one identity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Delivery {
+    Sent,
+    Gone,
+    Recycled,
+}
+
+/// A tree's process group and session, recorded once at spawn.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GroupRecord {
+    pub pgid: i32,
+    pub sid: i32,
+    pub leader: Identity,
+}
+
+/// What happened to a signal aimed at a recorded group.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GroupDelivery {
+    Sent { members: usize },
+    Empty,
+    NotRecorded(String),
+}
+
+fn own_pid() -> i32 {
+    std::process::id() as i32
+}
+
+/// The sentinel guard: pid <= 1, this process, its own group or session.
+fn guard(target: i32, what: &str) -> Result<(), ProcError> {
+    let refuse = |reason: String| {
+        Err(ProcError::Refused {
+            pid: target,
+            reason,
+        })
+    };
+    if target <= 1 {
+        return refuse(format!("{what} {target} is init or every process"));
+    }
+    if target == own_pid() {
+        return refuse(format!("{what} {target} is treewarden itself"));
+    }
+    // SAFETY: getpgrp and getsid(0) take nothing and cannot fail for the
+    // caller itself.
+    let (own_pgid, own_sid) = unsafe { (libc::getpgrp(), libc::getsid(0)) };
+    if target == own_pgid {
+        return refuse(format!("{what} {target} is treewarden's own process group"));
+    }
+    if target == own_sid {
+        return refuse(format!("{what} {target} is treewarden's own session"));
+    }
+    Ok(())
+}
+
+/// Whether this process may signal `pid` (`kill(pid, 0)`).
+pub fn may_signal(pid: i32) -> bool {
+    // SAFETY: signal 0 sends nothing; it only checks existence and permission.
+    pid > 1 && unsafe { libc::kill(pid, 0) } == 0
+}
+
+/// Signals one process only if it still is `id` (start time re-read just
+/// before the `kill`; see the module doc for the window that leaves).
+pub fn signal_process(id: &Identity, sig: Sig) -> Result<Delivery, ProcError> {
+    guard(id.pid, "pid")?;
+    let Some(stat) = read_stat(id.pid)? else {
+        return Ok(Delivery::Gone);
+    };
+    if stat.start_ticks != id.start_ticks || boot_id()? != id.boot_id {
+        return Ok(Delivery::Recycled);
+    }
+    if stat.is_dead() {
+        return Ok(Delivery::Gone);
+    }
+    // SAFETY: plain values; the pid was checked to hold `id` just now.
+    if unsafe { libc::kill(id.pid, sig.number()) } == 0 {
+        return Ok(Delivery::Sent);
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::ESRCH) => Ok(Delivery::Gone),
+        _ => Err(ProcError::Io(e)),
+    }
+}
+
+/// Signals the recorded group with `killpg(rec.pgid)`, only while it
+/// provably is the recorded one: a live member (one of `candidates` re-read
+/// now, else every member `proc_listpgrppids` lists) is in the recorded
+/// session, and a live process holding the pgid's number is the recorded
+/// leader. Call it again before every escalation step: nothing is cached.
+pub fn signal_group_known(
+    rec: &GroupRecord,
+    sig: Sig,
+    candidates: &[super::ProcKey],
+) -> Result<GroupDelivery, ProcError> {
+    guard(rec.pgid, "process group")?;
+    guard(rec.sid, "session")?;
+    if rec.leader.pid != rec.pgid {
+        return Ok(GroupDelivery::NotRecorded(format!(
+            "record is inconsistent: leader pid {} is not pgid {}",
+            rec.leader.pid, rec.pgid
+        )));
+    }
+    let (members, count) = match first_live_in_group(candidates.iter().map(|k| k.pid), rec.pgid) {
+        Some(e) => (vec![e], candidates.len()),
+        None => {
+            let listed = group_members(rec.pgid)?;
+            let n = listed.len();
+            (listed, n)
+        }
+    };
+    if members.is_empty() {
+        return Ok(GroupDelivery::Empty);
+    }
+    if let Some(stranger) = members.iter().find(|m| m.sid != rec.sid) {
+        return Ok(GroupDelivery::NotRecorded(format!(
+            "member pid {} is in session {}, not the recorded session {}",
+            stranger.pid, stranger.sid, rec.sid
+        )));
+    }
+    if let Some(leader) = read_stat(rec.pgid)?
+        && !leader.is_dead()
+        && leader.start_ticks != rec.leader.start_ticks
+    {
+        return Ok(GroupDelivery::NotRecorded(format!(
+            "pid {} now belongs to a process started at {} µs, not the recorded leader ({} µs)",
+            rec.pgid, leader.start_ticks, rec.leader.start_ticks
+        )));
+    }
+    // SAFETY: plain values; the group was proven the recorded one just now.
+    if unsafe { libc::killpg(rec.pgid, sig.number()) } == 0 {
+        return Ok(GroupDelivery::Sent { members: count });
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::ESRCH) => Ok(GroupDelivery::Empty),
+        _ => Err(ProcError::Io(e)),
+    }
+}
+
+/// Which state of a container to wait for (the shared interface's names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CgroupEvent {
+    Populated,
+    Frozen,
+}
+
+fn no_container(path: &Path) -> ProcError {
+    ProcError::NoCgroup(format!(
+        "{}: macOS has no cgroups (a tree's boundary is its session and process group)",
+        path.display()
+    ))
+}
+
+/// No container to kill on macOS (no boundary is contained, so the
+/// teardown never asks).
+pub fn cgroup_kill(path: &Path) -> Result<(), ProcError> {
+    Err(no_container(path))
+}
+
+/// Nothing can be frozen (`Ok(false)`).
+pub fn cgroup_freeze(_path: &Path, _wait: Duration) -> Result<bool, ProcError> {
+    Ok(false)
+}
+
+/// Nothing was frozen: nothing to thaw.
+pub fn cgroup_thaw(_path: &Path, _wait: Duration) -> Result<bool, ProcError> {
+    Ok(true)
+}
+
+/// No container: no pids in it.
+pub fn cgroup_pids(_path: &Path) -> Result<Vec<i32>, ProcError> {
+    Ok(Vec::new())
+}
+
+/// No container: never populated.
+pub fn cgroup_populated(_path: &Path) -> Result<bool, ProcError> {
+    Ok(false)
+}
+
+/// No container: "populated" is never true, "frozen" never.
+pub fn cgroup_wait_event(
+    _path: &Path,
+    _key: CgroupEvent,
+    want: bool,
+    _deadline: Instant,
+) -> Result<bool, ProcError> {
+    Ok(!want)
+}
+
+/// Nothing to clear: no container kills on its own.
+pub fn disarm_standing_kill(_path: &Path) -> Result<(), ProcError> {
+    Ok(())
+}
+
+/// Restores SIGPIPE's default action (Rust ignores it at start).
+pub fn default_sigpipe() {
+    // SAFETY: setting a standard signal's disposition to SIG_DFL.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
