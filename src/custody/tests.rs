@@ -2130,3 +2130,34 @@ fn a_teardown_lease_taker_waits_for_the_holder_within_its_wait() {
         }
     });
 }
+
+/// `full_walk`'s bound of `INCOMPLETE_TRIES` walks (mutants: `tries >=
+/// INCOMPLETE_TRIES` -> `<`, which gives up after the first incomplete walk,
+/// and -> `>`, one walk more): a walk whose reads failed is tried again, so
+/// four failed walks and a fifth that reads are a teardown that settles;
+/// reads that keep failing stop it after exactly five walks.
+#[test]
+fn an_incomplete_walk_is_tried_again_up_to_five_times() {
+    const INCOMPLETE_TRIES: usize = 5;
+    // The first four walks fail; the fifth reads.
+    let read = rig(Boundary::Session, false, |w, root, _| {
+        w.spawn(member(0, root, root, None));
+        w.unreadable = Some(std::collections::HashSet::new());
+        w.on(Call::Snapshot, INCOMPLETE_TRIES, |w| w.unreadable = None);
+    });
+    let report = read.teardown(Duration::from_millis(100)).expect("settled");
+    assert_eq!(report.state, TreeState::Ended);
+    assert_eq!(report.members_at_start, 2, "the fifth walk found both");
+    assert!(read.host.world().live().is_empty());
+
+    // Every walk fails: exactly five, then undecided.
+    let failing = rig(Boundary::Session, false, |w, root, _| {
+        w.spawn(member(0, root, root, None));
+        w.unreadable = Some(std::collections::HashSet::new());
+    });
+    let err = failing
+        .teardown(Duration::from_millis(100))
+        .expect_err("no decision on incomplete evidence");
+    assert!(matches!(err, CustodyError::Incomplete { .. }), "{err}");
+    assert_eq!(full_walks(&failing), INCOMPLETE_TRIES, "walks tried");
+}
