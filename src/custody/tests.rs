@@ -2161,3 +2161,58 @@ fn an_incomplete_walk_is_tried_again_up_to_five_times() {
     assert!(matches!(err, CustodyError::Incomplete { .. }), "{err}");
     assert_eq!(full_walks(&failing), INCOMPLETE_TRIES, "walks tried");
 }
+
+/// The verify asks the reaper again after one pause when a child is left
+/// (mutants in `proven_empty_after`: the retry guard `i + 1 < tries` ->
+/// `false`, `==`, `>`, which give up at the first answer; -> `true`, `<=`,
+/// `i * 1`, one pause more; `i - 1`): a zombie child of this process that
+/// is reaped during the pause does not send the verify to a walk; one that
+/// stays costs exactly one pause (none at the first signal's proof), then
+/// the walk decides.
+#[test]
+fn the_verify_asks_the_reaper_again_after_one_pause() {
+    fn zombie(me: i32) -> FakeProc {
+        FakeProc {
+            ppid: me,
+            state: 'Z',
+            ..stranger(0)
+        }
+    }
+    for boundary in [Boundary::Session, Boundary::Cgroup] {
+        // A zombie child appears as the verify re-reads the killed members
+        // and is reaped at the next pause.
+        let rig = killed_run_rig(boundary, |w, me, _| {
+            w.on(Call::KillAny, 1, move |w| {
+                let next = w.calls.get(&Call::SnapshotPids).copied().unwrap_or(0) + 1;
+                w.on(Call::SnapshotPids, next, move |w| {
+                    let (z, _) = w.spawn(zombie(me));
+                    let pause = w.calls.get(&Call::Sleep).copied().unwrap_or(0) + 1;
+                    w.on(Call::Sleep, pause, move |w| {
+                        w.procs.remove(&z);
+                    });
+                });
+            });
+        });
+        let opts = TeardownOptions::new(Duration::ZERO, "kill", Origin::Kill);
+        let report = rig.teardown_with(opts).expect("settled");
+        assert_eq!(report.state, TreeState::Ended, "{boundary:?}");
+        let before_kill = if boundary == Boundary::Session { 2 } else { 1 };
+        assert_eq!(
+            full_walks(&rig),
+            before_kill,
+            "{boundary:?}: the second answer proved it empty, no verifying walk"
+        );
+    }
+
+    // A zombie child that stays: one pause in the verify, none at the
+    // first signal's proof, and the walk decides.
+    let rig = killed_run_rig(Boundary::Session, |w, me, _| {
+        w.spawn(zombie(me));
+    });
+    let opts = TeardownOptions::new(Duration::ZERO, "kill", Origin::Kill);
+    let report = rig.teardown_with(opts).expect("settled");
+    assert_eq!(report.state, TreeState::Ended);
+    assert_eq!(full_walks(&rig), 3, "the verify walked");
+    let sleeps = rig.host.world().calls.get(&Call::Sleep).copied();
+    assert_eq!(sleeps, Some(1), "one pause for the reaper");
+}
