@@ -2216,3 +2216,42 @@ fn the_verify_asks_the_reaper_again_after_one_pause() {
     let sleeps = rig.host.world().calls.get(&Call::Sleep).copied();
     assert_eq!(sleeps, Some(1), "one pause for the reaper");
 }
+
+/// A refused write of the trail keeps the time it happened (mutants: the
+/// teardown's `now` -> `""`, `"xyzzy"`): the late `tree.state terminating`
+/// carries it as `deferred_from`, an RFC 3339 time within the teardown and
+/// no later than the event's own.
+#[test]
+fn a_trail_write_written_late_keeps_the_time_it_happened() {
+    let lock: Arc<Mutex<Option<WriteLock>>> = Arc::new(Mutex::new(None));
+    let rig = rig(Boundary::Session, false, |w, root, _| {
+        w.procs.get_mut(&root).expect("root").ignores_term = true;
+        let lock = lock.clone();
+        w.on(Call::Sleep, 1, move |_| {
+            lock.lock().expect("lock slot").take();
+        });
+    });
+    *lock.lock().expect("lock slot") = Some(rig.hold_write_lock());
+    let before = std::time::SystemTime::now() - Duration::from_secs(1);
+    rig.teardown(Duration::from_millis(50)).expect("settled");
+    let after = std::time::SystemTime::now() + Duration::from_secs(1);
+    let late = rig
+        .ledger
+        .events(&EventFilter {
+            tree: Some(rig.tree),
+            ..EventFilter::default()
+        })
+        .expect("events")
+        .into_iter()
+        .find(|e| e.kind.as_str() == "tree.state" && e.data["to"] == "terminating")
+        .expect("the refused state change is written late");
+    let from = late.data["deferred_from"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a late write says when it happened: {:?}", late.data));
+    let at = |s: &str| {
+        humantime::parse_rfc3339(s).unwrap_or_else(|e| panic!("{s:?} is no time: {e}"))
+    };
+    let (from, written) = (at(from), at(&late.at));
+    assert!(before <= from && from <= after, "{from:?} within the teardown");
+    assert!(from <= written, "it happened before it was written");
+}
