@@ -2248,10 +2248,46 @@ fn a_trail_write_written_late_keeps_the_time_it_happened() {
     let from = late.data["deferred_from"]
         .as_str()
         .unwrap_or_else(|| panic!("a late write says when it happened: {:?}", late.data));
-    let at = |s: &str| {
-        humantime::parse_rfc3339(s).unwrap_or_else(|e| panic!("{s:?} is no time: {e}"))
-    };
+    let at =
+        |s: &str| humantime::parse_rfc3339(s).unwrap_or_else(|e| panic!("{s:?} is no time: {e}"));
     let (from, written) = (at(from), at(&late.at));
-    assert!(before <= from && from <= after, "{from:?} within the teardown");
+    assert!(
+        before <= from && from <= after,
+        "{from:?} within the teardown"
+    );
     assert!(from <= written, "it happened before it was written");
+}
+
+/// The reaper's status kept by pid for a child this process spawned is the
+/// root's only in a tree this process spawned (mutant: `flush_deferred_exits`'
+/// `is_root && was_spawned_here` -> `||`): in a tree spawned elsewhere, the
+/// killed root's exit is recorded without the status the reaper holds for
+/// its pid (another child of this process may have had that pid).
+#[test]
+fn a_killed_roots_exit_takes_the_reapers_child_status_only_in_a_tree_spawned_here() {
+    for spawned_here in [false, true] {
+        let rig = rig(Boundary::Session, true, |w, root, _| {
+            w.procs.get_mut(&root).expect("root").ignores_term = true;
+            w.own_child(root);
+        });
+        if spawned_here {
+            rig.engine.note_spawned_here(rig.tree);
+        }
+        let report = rig.teardown(Duration::ZERO).expect("settled");
+        assert_eq!(report.state, TreeState::Ended);
+        assert_eq!(report.authorizations, 1);
+        let detail = rig.detail();
+        let root = detail
+            .members
+            .iter()
+            .find(|m| m.pid == rig.root.0)
+            .expect("the root is a member");
+        assert!(root.exited_at.is_some(), "{root:?}");
+        let signal = root.exit.and_then(|e| e.signal);
+        if spawned_here {
+            assert_eq!(signal, Some(9), "{root:?}");
+        } else {
+            assert_eq!(signal, None, "{root:?}");
+        }
+    }
 }
