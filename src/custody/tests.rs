@@ -2291,3 +2291,26 @@ fn a_killed_roots_exit_takes_the_reapers_child_status_only_in_a_tree_spawned_her
         }
     }
 }
+
+/// No lock file outlives its teardown (mutant: `Lease::drop` -> `()`): the
+/// lease's file is at `<data-dir>/teardown/tree-<id>.lock` while it is held
+/// and gone once it is dropped, and after a whole teardown.
+#[test]
+fn the_teardown_lease_file_lives_only_as_long_as_its_lease() {
+    let rig = rig(Boundary::Session, false, |_, _, _| {});
+    let path = rig
+        .dir
+        .path()
+        .join("teardown")
+        .join(format!("tree-{}.lock", rig.tree.0));
+    let lease = rig
+        .engine
+        .teardown_lease_within(rig.tree, Duration::ZERO)
+        .expect("taken")
+        .expect("a lease");
+    assert!(path.exists(), "{} while held", path.display());
+    drop(lease);
+    assert!(!path.exists(), "{} after the lease", path.display());
+    rig.teardown(Duration::ZERO).expect("settled");
+    assert!(!path.exists(), "{} after a teardown", path.display());
+}
