@@ -2314,3 +2314,33 @@ fn the_teardown_lease_file_lives_only_as_long_as_its_lease() {
     rig.teardown(Duration::ZERO).expect("settled");
     assert!(!path.exists(), "{} after a teardown", path.display());
 }
+
+/// A lease whose file is already gone says nothing when it drops; one whose
+/// file cannot be removed says so (mutant: `Lease::drop`'s `!= NotFound` ->
+/// `==`).
+#[test]
+fn a_lease_file_not_removed_is_logged_and_one_already_gone_is_not() {
+    const LINE: &str = "teardown lease file not removed";
+    let rig = rig(Boundary::Session, false, |_, _, _| {});
+    let path = rig
+        .dir
+        .path()
+        .join("teardown")
+        .join(format!("tree-{}.lock", rig.tree.0));
+    let take = || {
+        rig.engine
+            .teardown_lease_within(rig.tree, Duration::ZERO)
+            .expect("taken")
+            .expect("a lease")
+    };
+    let lease = take();
+    std::fs::remove_file(&path).expect("removed under the lease");
+    let log = warnings_of(|| drop(lease));
+    assert!(!log.contains(LINE), "{log}");
+    // The path is a directory now: `remove_file` fails.
+    let lease = take();
+    std::fs::remove_file(&path).expect("removed under the lease");
+    std::fs::create_dir(&path).expect("a directory in its place");
+    let log = warnings_of(|| drop(lease));
+    assert_eq!(log.matches(LINE).count(), 1, "{log}");
+}
