@@ -172,3 +172,23 @@ fn each_tree_counts_from_its_own_recorded_total() {
     let theirs = Setup { tree: other, ..s };
     assert_eq!(oom_events(&theirs), [(2, 2)]);
 }
+
+/// The ledger's total is looked up only once the cgroup reports more kills
+/// than this watch knows of (mutant: `note_oom_kills`' guard
+/// `n > self.oom_recorded.unwrap_or(0)` -> `true`, which looks it up at
+/// `oom_kill 0` and keeps that 0): a kill another watch of the tree (a
+/// sweep, a second service) recorded after this watch's first read is not
+/// recorded again.
+#[test]
+fn a_kill_another_watch_recorded_after_this_ones_first_read_is_not_recorded_twice() {
+    let s = setup();
+    let mut mine = watch(&s);
+    write_events(&s.cgroup, 0);
+    mine.note_oom_kills(&s.engine);
+    // Another watch of the tree records the kill first.
+    write_events(&s.cgroup, 1);
+    watch(&s).note_oom_kills(&s.engine);
+    assert_eq!(oom_events(&s), [(1, 1)]);
+    mine.note_oom_kills(&s.engine);
+    assert_eq!(oom_events(&s), [(1, 1)], "recorded once");
+}

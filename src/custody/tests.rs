@@ -2130,3 +2130,217 @@ fn a_teardown_lease_taker_waits_for_the_holder_within_its_wait() {
         }
     });
 }
+
+/// `full_walk`'s bound of `INCOMPLETE_TRIES` walks (mutants: `tries >=
+/// INCOMPLETE_TRIES` -> `<`, which gives up after the first incomplete walk,
+/// and -> `>`, one walk more): a walk whose reads failed is tried again, so
+/// four failed walks and a fifth that reads are a teardown that settles;
+/// reads that keep failing stop it after exactly five walks.
+#[test]
+fn an_incomplete_walk_is_tried_again_up_to_five_times() {
+    const INCOMPLETE_TRIES: usize = 5;
+    // The first four walks fail; the fifth reads.
+    let read = rig(Boundary::Session, false, |w, root, _| {
+        w.spawn(member(0, root, root, None));
+        w.unreadable = Some(std::collections::HashSet::new());
+        w.on(Call::Snapshot, INCOMPLETE_TRIES, |w| w.unreadable = None);
+    });
+    let report = read.teardown(Duration::from_millis(100)).expect("settled");
+    assert_eq!(report.state, TreeState::Ended);
+    assert_eq!(report.members_at_start, 2, "the fifth walk found both");
+    assert!(read.host.world().live().is_empty());
+
+    // Every walk fails: exactly five, then undecided.
+    let failing = rig(Boundary::Session, false, |w, root, _| {
+        w.spawn(member(0, root, root, None));
+        w.unreadable = Some(std::collections::HashSet::new());
+    });
+    let err = failing
+        .teardown(Duration::from_millis(100))
+        .expect_err("no decision on incomplete evidence");
+    assert!(matches!(err, CustodyError::Incomplete { .. }), "{err}");
+    assert_eq!(full_walks(&failing), INCOMPLETE_TRIES, "walks tried");
+}
+
+/// The verify asks the reaper again after one pause when a child is left
+/// (mutants in `proven_empty_after`: the retry guard `i + 1 < tries` ->
+/// `false`, `==`, `>`, which give up at the first answer; -> `true`, `<=`,
+/// `i * 1`, one pause more; `i - 1`): a zombie child of this process that
+/// is reaped during the pause does not send the verify to a walk; one that
+/// stays costs exactly one pause (none at the first signal's proof), then
+/// the walk decides.
+#[test]
+fn the_verify_asks_the_reaper_again_after_one_pause() {
+    fn zombie(me: i32) -> FakeProc {
+        FakeProc {
+            ppid: me,
+            state: 'Z',
+            ..stranger(0)
+        }
+    }
+    for boundary in [Boundary::Session, Boundary::Cgroup] {
+        // A zombie child appears as the verify re-reads the killed members
+        // and is reaped at the next pause.
+        let rig = killed_run_rig(boundary, |w, me, _| {
+            w.on(Call::KillAny, 1, move |w| {
+                let next = w.calls.get(&Call::SnapshotPids).copied().unwrap_or(0) + 1;
+                w.on(Call::SnapshotPids, next, move |w| {
+                    let (z, _) = w.spawn(zombie(me));
+                    let pause = w.calls.get(&Call::Sleep).copied().unwrap_or(0) + 1;
+                    w.on(Call::Sleep, pause, move |w| {
+                        w.procs.remove(&z);
+                    });
+                });
+            });
+        });
+        let opts = TeardownOptions::new(Duration::ZERO, "kill", Origin::Kill);
+        let report = rig.teardown_with(opts).expect("settled");
+        assert_eq!(report.state, TreeState::Ended, "{boundary:?}");
+        let before_kill = if boundary == Boundary::Session { 2 } else { 1 };
+        assert_eq!(
+            full_walks(&rig),
+            before_kill,
+            "{boundary:?}: the second answer proved it empty, no verifying walk"
+        );
+    }
+
+    // A zombie child that stays: one pause in the verify, none at the
+    // first signal's proof, and the walk decides.
+    let rig = killed_run_rig(Boundary::Session, |w, me, _| {
+        w.spawn(zombie(me));
+    });
+    let opts = TeardownOptions::new(Duration::ZERO, "kill", Origin::Kill);
+    let report = rig.teardown_with(opts).expect("settled");
+    assert_eq!(report.state, TreeState::Ended);
+    assert_eq!(full_walks(&rig), 3, "the verify walked");
+    let sleeps = rig.host.world().calls.get(&Call::Sleep).copied();
+    assert_eq!(sleeps, Some(1), "one pause for the reaper");
+}
+
+/// A refused write of the trail keeps the time it happened (mutants: the
+/// teardown's `now` -> `""`, `"xyzzy"`): the late `tree.state terminating`
+/// carries it as `deferred_from`, an RFC 3339 time within the teardown and
+/// no later than the event's own.
+#[test]
+fn a_trail_write_written_late_keeps_the_time_it_happened() {
+    let lock: Arc<Mutex<Option<WriteLock>>> = Arc::new(Mutex::new(None));
+    let rig = rig(Boundary::Session, false, |w, root, _| {
+        w.procs.get_mut(&root).expect("root").ignores_term = true;
+        let lock = lock.clone();
+        w.on(Call::Sleep, 1, move |_| {
+            lock.lock().expect("lock slot").take();
+        });
+    });
+    *lock.lock().expect("lock slot") = Some(rig.hold_write_lock());
+    let before = std::time::SystemTime::now() - Duration::from_secs(1);
+    rig.teardown(Duration::from_millis(50)).expect("settled");
+    let after = std::time::SystemTime::now() + Duration::from_secs(1);
+    let late = rig
+        .ledger
+        .events(&EventFilter {
+            tree: Some(rig.tree),
+            ..EventFilter::default()
+        })
+        .expect("events")
+        .into_iter()
+        .find(|e| e.kind.as_str() == "tree.state" && e.data["to"] == "terminating")
+        .expect("the refused state change is written late");
+    let from = late.data["deferred_from"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a late write says when it happened: {:?}", late.data));
+    let at =
+        |s: &str| humantime::parse_rfc3339(s).unwrap_or_else(|e| panic!("{s:?} is no time: {e}"));
+    let (from, written) = (at(from), at(&late.at));
+    assert!(
+        before <= from && from <= after,
+        "{from:?} within the teardown"
+    );
+    assert!(from <= written, "it happened before it was written");
+}
+
+/// The reaper's status kept by pid for a child this process spawned is the
+/// root's only in a tree this process spawned (mutant: `flush_deferred_exits`'
+/// `is_root && was_spawned_here` -> `||`): in a tree spawned elsewhere, the
+/// killed root's exit is recorded without the status the reaper holds for
+/// its pid (another child of this process may have had that pid).
+#[test]
+fn a_killed_roots_exit_takes_the_reapers_child_status_only_in_a_tree_spawned_here() {
+    for spawned_here in [false, true] {
+        let rig = rig(Boundary::Session, true, |w, root, _| {
+            w.procs.get_mut(&root).expect("root").ignores_term = true;
+            w.own_child(root);
+        });
+        if spawned_here {
+            rig.engine.note_spawned_here(rig.tree);
+        }
+        let report = rig.teardown(Duration::ZERO).expect("settled");
+        assert_eq!(report.state, TreeState::Ended);
+        assert_eq!(report.authorizations, 1);
+        let detail = rig.detail();
+        let root = detail
+            .members
+            .iter()
+            .find(|m| m.pid == rig.root.0)
+            .expect("the root is a member");
+        assert!(root.exited_at.is_some(), "{root:?}");
+        let signal = root.exit.and_then(|e| e.signal);
+        if spawned_here {
+            assert_eq!(signal, Some(9), "{root:?}");
+        } else {
+            assert_eq!(signal, None, "{root:?}");
+        }
+    }
+}
+
+/// No lock file outlives its teardown (mutant: `Lease::drop` -> `()`): the
+/// lease's file is at `<data-dir>/teardown/tree-<id>.lock` while it is held
+/// and gone once it is dropped, and after a whole teardown.
+#[test]
+fn the_teardown_lease_file_lives_only_as_long_as_its_lease() {
+    let rig = rig(Boundary::Session, false, |_, _, _| {});
+    let path = rig
+        .dir
+        .path()
+        .join("teardown")
+        .join(format!("tree-{}.lock", rig.tree.0));
+    let lease = rig
+        .engine
+        .teardown_lease_within(rig.tree, Duration::ZERO)
+        .expect("taken")
+        .expect("a lease");
+    assert!(path.exists(), "{} while held", path.display());
+    drop(lease);
+    assert!(!path.exists(), "{} after the lease", path.display());
+    rig.teardown(Duration::ZERO).expect("settled");
+    assert!(!path.exists(), "{} after a teardown", path.display());
+}
+
+/// A lease whose file is already gone says nothing when it drops; one whose
+/// file cannot be removed says so (mutant: `Lease::drop`'s `!= NotFound` ->
+/// `==`).
+#[test]
+fn a_lease_file_not_removed_is_logged_and_one_already_gone_is_not() {
+    const LINE: &str = "teardown lease file not removed";
+    let rig = rig(Boundary::Session, false, |_, _, _| {});
+    let path = rig
+        .dir
+        .path()
+        .join("teardown")
+        .join(format!("tree-{}.lock", rig.tree.0));
+    let take = || {
+        rig.engine
+            .teardown_lease_within(rig.tree, Duration::ZERO)
+            .expect("taken")
+            .expect("a lease")
+    };
+    let lease = take();
+    std::fs::remove_file(&path).expect("removed under the lease");
+    let log = warnings_of(|| drop(lease));
+    assert!(!log.contains(LINE), "{log}");
+    // The path is a directory now: `remove_file` fails.
+    let lease = take();
+    std::fs::remove_file(&path).expect("removed under the lease");
+    std::fs::create_dir(&path).expect("a directory in its place");
+    let log = warnings_of(|| drop(lease));
+    assert_eq!(log.matches(LINE).count(), 1, "{log}");
+}

@@ -128,3 +128,36 @@ impl Drop for Lease {
 
 /// How long a teardown waits for another one of the same tree to finish.
 pub const LEASE_WAIT: Duration = Duration::from_secs(60);
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::Lease;
+
+    /// `Lease::still_at` (mutants: -> true, -> false, its `&&` -> `||`, each
+    /// `==` -> `!=`): a file open at its path is still there; once the path
+    /// names another file (the holder unlinked it and a taker made a new
+    /// one: same device, another inode), or nothing, it is not.
+    #[test]
+    fn a_lock_file_is_still_at_its_path_only_while_the_path_names_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("tree-1.lock");
+        let open = || {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+                .expect("opened")
+        };
+        let held = open();
+        assert!(Lease::still_at(&held, &path), "the file at its path");
+        std::fs::remove_file(&path).expect("unlinked");
+        assert!(!Lease::still_at(&held, &path), "the path names nothing");
+        let other = open();
+        assert!(Lease::still_at(&other, &path), "the new file is there");
+        assert!(
+            !Lease::still_at(&held, &path),
+            "the unlinked file is not the one the path names now"
+        );
+    }
+}
