@@ -817,7 +817,13 @@ pub async fn spawn_tree(
     let user = body.user.clone();
     let mut params = body.validate(s.service.config().max_grace)?;
     params.stdio = stdio;
-    params.run_as = run_as(&principal, user.as_deref())?;
+    // The user database (NSS: files, but also LDAP or sssd) and the peer's
+    // /proc files are blocking reads: they run on the blocking pool, never
+    // on an async worker that serves other connections meanwhile.
+    let asking = principal.clone();
+    params.run_as = tokio::task::spawn_blocking(move || run_as(&asking, user.as_deref()))
+        .await
+        .map_err(|e| ApiError::Internal(format!("the user lookup failed: {e}")))??;
     // A tree that runs as the service: its cwd is the service's to check.
     if params.run_as.is_none()
         && let Some(c) = &params.cwd
