@@ -51,6 +51,8 @@ pub mod probe;
 pub mod reaper;
 #[cfg(target_os = "linux")]
 mod resources;
+#[cfg(unix)]
+pub mod sig;
 #[cfg(target_os = "linux")]
 pub mod signal;
 pub mod stat;

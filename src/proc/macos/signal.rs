@@ -14,64 +14,9 @@ use std::time::{Duration, Instant};
 use super::identity::{Identity, boot_id, first_live_in_group, group_members, read_stat};
 use crate::proc::ProcError;
 
-/// The signals treewarden sends.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub enum Sig {
-    Term,
-    Kill,
-    Stop,
-    Cont,
-    Int,
-    Hup,
-    Quit,
-    Usr1,
-    Usr2,
-}
+pub use crate::proc::sig::Sig;
 
 impl Sig {
-    /// The signals a teardown may send first: never SIGKILL (that needs its
-    /// authorization) nor SIGSTOP/SIGCONT.
-    pub const FIRST: [Sig; 6] = [
-        Sig::Term,
-        Sig::Int,
-        Sig::Hup,
-        Sig::Quit,
-        Sig::Usr1,
-        Sig::Usr2,
-    ];
-
-    /// `TERM`, `SIGTERM`, `term` or its number (`15`).
-    pub fn parse_first(s: &str) -> Result<Sig, String> {
-        let upper = s.trim().to_ascii_uppercase();
-        let name = upper.strip_prefix("SIG").unwrap_or(&upper);
-        Sig::FIRST
-            .into_iter()
-            .find(|sig| {
-                sig.name().strip_prefix("SIG") == Some(name)
-                    || name.parse::<i32>().ok() == Some(sig.number())
-            })
-            .ok_or_else(|| {
-                format!(
-                    "unknown or refused signal {s:?}: expected one of TERM, INT, HUP, QUIT, USR1, USR2 (a name or its number; KILL comes only with its authorization)"
-                )
-            })
-    }
-
-    /// "SIGTERM", "SIGKILL", ... (the ledger's `signal` field).
-    pub fn name(self) -> &'static str {
-        match self {
-            Sig::Term => "SIGTERM",
-            Sig::Kill => "SIGKILL",
-            Sig::Stop => "SIGSTOP",
-            Sig::Cont => "SIGCONT",
-            Sig::Int => "SIGINT",
-            Sig::Hup => "SIGHUP",
-            Sig::Quit => "SIGQUIT",
-            Sig::Usr1 => "SIGUSR1",
-            Sig::Usr2 => "SIGUSR2",
-        }
-    }
-
     /// The signal number (macOS's own: SIGUSR1 is 30, SIGSTOP 17).
     pub fn number(self) -> i32 {
         match self {
@@ -85,12 +30,6 @@ impl Sig {
             Sig::Usr1 => libc::SIGUSR1,
             Sig::Usr2 => libc::SIGUSR2,
         }
-    }
-}
-
-impl std::fmt::Display for Sig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
     }
 }
 
