@@ -34,7 +34,7 @@
 //! adopted). It never signals anything.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -106,6 +106,13 @@ struct Tracked {
     escaped: HashSet<ProcKey>,
     /// Kernel time of each member's fork, for the latency.
     forked_at: HashMap<i32, u64>,
+    /// Moves whenever the observer learns something of this tree's members
+    /// (a fork attributed, a member's exec, setsid or exit, a member a
+    /// scan handed over, a registration): a scan that read the tree at one
+    /// generation has nothing new to find by re-reading the same pids until
+    /// it moves. Drawn from [`Shared::generations`], so a tree registered
+    /// again never repeats a value an earlier registration had.
+    generation: u64,
 }
 
 #[derive(Default)]
@@ -119,6 +126,21 @@ struct Shared {
     failed: AtomicBool,
     /// Wakes the thread (stop, a new tree, members a scan added).
     waker: Option<ConnectorWaker>,
+    /// The source of every tree's [`Tracked::generation`].
+    generations: AtomicU64,
+}
+
+impl Shared {
+    fn next_generation(&self) -> u64 {
+        self.generations.fetch_add(1, Ordering::SeqCst) + 1
+    }
+}
+
+impl Tracked {
+    /// Something of this tree's members changed: its generation moves.
+    fn moved(&mut self, shared: &Shared) {
+        self.generation = shared.next_generation();
+    }
 }
 
 /// A cheap handle to a running observer: register trees, read members and
@@ -219,6 +241,7 @@ impl ObserverHandle {
                     members,
                     escaped: HashSet::new(),
                     forked_at: HashMap::new(),
+                    generation: self.shared.next_generation(),
                 },
             );
         }
@@ -235,6 +258,19 @@ impl ObserverHandle {
             .trees
             .lock()
             .is_ok_and(|t| t.contains_key(&tree.0))
+    }
+
+    /// The tree's generation (`None`: not watched). While it stays the same,
+    /// the observer saw no fork, exec, setsid or exit of the tree's members
+    /// and no scan handed it a member it did not know; what it cannot see
+    /// (a process moved into the tree's cgroup from outside, a lost event:
+    /// that forces a full scan) is the scans' to find.
+    pub fn generation(&self, tree: TreeId) -> Option<u64> {
+        self.shared
+            .trees
+            .lock()
+            .ok()
+            .and_then(|t| t.get(&tree.0).map(|t| t.generation))
     }
 
     /// Whether the observer still reads the kernel's events (false once
@@ -299,6 +335,9 @@ impl ObserverHandle {
                     t.members.insert(pid, start_ticks);
                     unknown += 1;
                 }
+            }
+            if unknown > 0 {
+                t.moved(&self.shared);
             }
         }
         if unknown > 0 {
@@ -465,13 +504,15 @@ impl Worker {
     /// A member ran a new program: noted by identity, its details read at
     /// the end of the batch.
     fn on_exec(&mut self, pid: i32, execs: &mut Vec<(i64, IdentityRecord)>) {
-        let Ok(trees) = self.shared.trees.lock() else {
+        let Ok(mut trees) = self.shared.trees.lock() else {
             return;
         };
-        for (id, t) in trees.iter() {
-            if let Some(&start) = t.members.get(&pid)
-                && start != UNKNOWN_START
-            {
+        for (id, t) in trees.iter_mut() {
+            let Some(&start) = t.members.get(&pid) else {
+                continue;
+            };
+            t.moved(&self.shared);
+            if start != UNKNOWN_START {
                 execs.push((
                     *id,
                     IdentityRecord {
@@ -598,6 +639,7 @@ impl Worker {
         match crate::proc::read_stat(parent) {
             Ok(Some(p)) if p.start_ticks != parent_start => {
                 t.members.remove(&parent);
+                t.moved(&self.shared);
                 return;
             }
             Ok(Some(_)) => {}
@@ -614,6 +656,7 @@ impl Worker {
             // still ours. It stays a member by pid alone (start unknown,
             // never handed to a teardown) until its exit event.
             t.members.insert(child, UNKNOWN_START);
+            t.moved(&self.shared);
             return;
         };
         if stat.start_ticks < parent_start {
@@ -637,6 +680,7 @@ impl Worker {
         }
         t.members.insert(child, stat.start_ticks);
         t.forked_at.insert(child, at_ns);
+        t.moved(&self.shared);
         let escaped = stat.pgid != t.pgid && stat.sid != t.sid;
         tracing::debug!(tree, parent, child, escaped, "observer: fork attributed");
         if escaped {
@@ -664,6 +708,9 @@ impl Worker {
             let Some(&start) = t.members.get(&pid) else {
                 continue;
             };
+            // A member's setsid (or one found late): its group and session
+            // changed, whether or not it escaped.
+            t.moved(&self.shared);
             let Ok(Some(stat)) = crate::proc::read_stat(pid) else {
                 continue;
             };
@@ -691,9 +738,13 @@ impl Worker {
     fn prune(&mut self) {
         if let Ok(mut trees) = self.shared.trees.lock() {
             for t in trees.values_mut() {
+                let before = t.members.len();
                 t.members.retain(|pid, start| {
                     matches!(crate::proc::read_stat(*pid), Ok(Some(s)) if s.start_ticks == *start && !s.is_dead())
                 });
+                if t.members.len() != before {
+                    t.moved(&self.shared);
+                }
             }
         }
     }
@@ -703,6 +754,7 @@ impl Worker {
             for t in trees.values_mut() {
                 if t.members.remove(&pid).is_some() {
                     t.forked_at.remove(&pid);
+                    t.moved(&self.shared);
                 }
             }
         }
@@ -794,5 +846,52 @@ fn record_of(stat: &crate::proc::ProcStat, boot_id: &str) -> MemberRecord {
         exe: None,
         cmdline: Vec::new(),
         cwd: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proc::Identity;
+
+    fn root(pid: i32) -> Identity {
+        Identity {
+            pid,
+            start_ticks: 100,
+            boot_id: "boot".into(),
+        }
+    }
+
+    /// The scan loop skips a tree while its generation stays: the value
+    /// moves for a member the observer did not know, never for one it
+    /// knew, and a tree registered again never repeats an earlier value.
+    #[test]
+    fn a_trees_generation_moves_for_news_only_and_never_repeats() {
+        let h = ObserverHandle::detached();
+        let tree = TreeId(7);
+        assert_eq!(h.generation(tree), None, "not watched");
+        h.watch(tree, 40, 40, &root(40));
+        let first = h.generation(tree).expect("watched");
+        assert_eq!(h.scanned(tree, [ProcKey::new(40, 100)]), 0);
+        assert_eq!(h.generation(tree), Some(first), "the root it knew");
+        assert_eq!(h.scanned(tree, [ProcKey::new(41, 101)]), 1);
+        let second = h.generation(tree).expect("watched");
+        assert_ne!(second, first, "a member it did not know");
+        // Another tree's news does not move this one.
+        h.watch(TreeId(8), 50, 50, &root(50));
+        assert_eq!(h.scanned(TreeId(8), [ProcKey::new(51, 1)]), 1);
+        assert_eq!(h.generation(tree), Some(second));
+        // The same pid with another start time is another process.
+        assert_eq!(h.scanned(tree, [ProcKey::new(41, 999)]), 1);
+        let third = h.generation(tree).expect("watched");
+        assert_ne!(third, second);
+        h.unwatch(tree);
+        assert_eq!(h.generation(tree), None);
+        h.watch(tree, 40, 40, &root(40));
+        let again = h.generation(tree).expect("watched again");
+        assert!(
+            ![first, second, third].contains(&again),
+            "a registration repeated a value: {again}"
+        );
     }
 }

@@ -84,6 +84,10 @@ pub struct Metrics {
     pub orphans: C,
     /// `treewarden_scan_duration_seconds{mode}`: the scan loop's ticks.
     pub scan_duration: Family<ModeLabel, Histogram>,
+    /// `treewarden_scan_trees_skipped_total`: trees a targeted tick did not
+    /// re-read, the observer having seen no change of their members since
+    /// their last complete tick (service/scan.rs `quiet_trees`).
+    pub scan_skipped: C,
     /// `treewarden_teardown_duration_seconds{origin}`: teardowns this
     /// service ran, from the call to their return.
     pub teardown_duration: Family<OriginLabel, Histogram>,
@@ -165,6 +169,7 @@ impl Metrics {
             sweeps: C::default(),
             orphans: C::default(),
             scan_duration: Family::new_with_constructor(scan_buckets),
+            scan_skipped: C::default(),
             teardown_duration: Family::new_with_constructor(teardown_buckets),
             ledger_write_errors: C::default(),
             scans_incomplete: C::default(),
@@ -234,6 +239,11 @@ impl Metrics {
             "Duration of one scan of the trees this service watches, by mode",
             Unit::Seconds,
             m.scan_duration.clone(),
+        );
+        registry.register(
+            "scan_trees_skipped",
+            "Watched trees a targeted scan tick skipped: no change of their members since their last complete tick",
+            m.scan_skipped.clone(),
         );
         registry.register_with_unit(
             "teardown_duration",

@@ -16,6 +16,7 @@ impl Service {
             exits: HashMap::new(),
             last_full: None,
             after_seq,
+            quiet: HashMap::new(),
         };
         let mut state = fresh(first_seq);
         let mut tailed = first_seq;
@@ -87,6 +88,7 @@ impl Service {
             }
         }
         st.watches.retain(|id, _| wanted.contains(id));
+        st.quiet.retain(|id, _| wanted.contains(id));
         for id in wanted {
             if st.watches.contains_key(id) {
                 continue;
@@ -113,10 +115,6 @@ impl Service {
             || st
                 .last_full
                 .is_none_or(|t: Instant| t.elapsed() >= self.config.full_scan_interval);
-        let mut reread = Vec::new();
-        for w in st.watches.values_mut() {
-            reread.extend(w.pids_to_reread());
-        }
         // While the observer follows every watched tree and missed nothing
         // (no overflow: that forces a full scan; no member a scan found
         // first), a new member is a fork it attributed: re-reading the
@@ -125,8 +123,28 @@ impl Service {
         let observed = self.observer_handle.as_ref().filter(|h| {
             !st.relist && h.healthy() && st.watches.keys().all(|id| h.is_watching(TreeId(*id)))
         });
+        // Each tree's generation, read before any of its pids: a change
+        // after this read moves it past what this tick records as seen.
+        let generations: HashMap<i64, u64> = observed
+            .map(|h| {
+                st.watches
+                    .keys()
+                    .filter_map(|id| h.generation(TreeId(*id)).map(|g| (*id, g)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let quiet = match observed {
+            Some(h) if !full => st.quiet_trees(h, &generations, Instant::now()),
+            _ => HashSet::new(),
+        };
+        let mut reread = Vec::new();
+        for (id, w) in &mut st.watches {
+            if !quiet.contains(id) {
+                reread.extend(w.pids_to_reread());
+            }
+        }
         if let Some(h) = observed {
-            for id in st.watches.keys() {
+            for id in st.watches.keys().filter(|id| !quiet.contains(id)) {
                 reread.extend(h.members(TreeId(*id)).into_iter().map(|k| k.pid));
             }
         }
@@ -145,11 +163,39 @@ impl Service {
         let mut unobserved = 0u64;
         if !st.watches.is_empty() {
             let index = crate::scan::SnapshotIndex::new(host.snapshot());
-            for w in st.watches.values_mut() {
+            let ticked_at = Instant::now();
+            for (id, w) in &mut st.watches {
+                if quiet.contains(id) {
+                    members += st.quiet.get(id).map_or(0, |q| q.members);
+                    continue;
+                }
                 let report = w.tick_indexed(&self.engine, &st.exits, host.snapshot(), &index, full);
                 members += report.members.len();
                 unobserved += report.unobserved;
+                // Quiet from here while its generation stays, if this tick
+                // read and wrote all it found (an incomplete read or a
+                // refused write is tried again at the next tick).
+                match generations.get(id) {
+                    Some(&generation)
+                        if report.incomplete.is_none() && report.write_errors == 0 =>
+                    {
+                        st.quiet.insert(
+                            *id,
+                            Quiet {
+                                generation,
+                                checked: ticked_at,
+                                members: report.members.len(),
+                            },
+                        );
+                    }
+                    _ => {
+                        st.quiet.remove(id);
+                    }
+                }
             }
+        }
+        if !quiet.is_empty() {
+            self.metrics.scan_skipped.inc_by(quiet.len() as u64);
         }
         st.relist = unobserved > 0;
         if !st.watches.is_empty() || full {
@@ -217,6 +263,70 @@ pub(super) struct ScanState {
     pub(super) exits: HashMap<i32, ExitStatus>,
     pub(super) last_full: Option<Instant>,
     pub(super) after_seq: i64,
+    /// Trees whose last tick found everything and wrote it, with the
+    /// observer's generation of each then: see [`ScanState::quiet_trees`].
+    pub(super) quiet: HashMap<i64, Quiet>,
+}
+
+/// A tree as its last complete tick left it.
+pub(super) struct Quiet {
+    /// The observer's generation of the tree, read before that tick.
+    generation: u64,
+    /// When its members were last checked: that tick, or the last
+    /// [`QUIET_RECHECK`] of its cgroup.
+    checked: Instant,
+    /// Live members that tick found (for the members gauge).
+    members: usize,
+}
+
+/// How often a quiet tree's `cgroup.procs` is compared with the members
+/// the observer knows. A process moved into the tree's cgroup from outside
+/// (no fork the observer could attribute) is found this late at worst, a
+/// change of group without `setsid` at the next full scan; one read of a
+/// small file, where a tick re-reads every member's `stat`.
+pub(super) const QUIET_RECHECK: Duration = Duration::from_secs(5);
+
+impl ScanState {
+    /// The watched trees this targeted tick can skip: the last tick read
+    /// each completely at the generation the observer still reports (so no
+    /// fork, exec, setsid or exit of a member happened since, and no scan
+    /// handed it a member it did not know), and its cgroup, if checked
+    /// again now ([`QUIET_RECHECK`]), lists no pid the observer does not
+    /// know. Re-reading such a tree's members would find what the last
+    /// tick found; the full scan (`full_scan_interval`) still reads every
+    /// tree.
+    fn quiet_trees(
+        &mut self,
+        observer: &crate::custody::ObserverHandle,
+        generations: &HashMap<i64, u64>,
+        now: Instant,
+    ) -> HashSet<i64> {
+        let mut quiet = HashSet::new();
+        for (id, w) in &self.watches {
+            let Some(q) = self.quiet.get_mut(id) else {
+                continue;
+            };
+            if generations.get(id) != Some(&q.generation) {
+                continue;
+            }
+            if now.saturating_duration_since(q.checked) >= QUIET_RECHECK {
+                if let Some(dir) = w.cgroup() {
+                    let known: HashSet<i32> = observer
+                        .members(TreeId(*id))
+                        .into_iter()
+                        .map(|k| k.pid)
+                        .collect();
+                    match crate::scan::cgroup_pids(dir) {
+                        Ok(pids) if pids.iter().all(|p| known.contains(p)) => {}
+                        _ => continue,
+                    }
+                }
+                q.checked = now;
+            }
+            quiet.insert(*id);
+        }
+        quiet
+    }
 }
 
 /// Starts the observer per the configuration

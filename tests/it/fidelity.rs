@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -639,11 +640,43 @@ fn an_orphan_closed_by_the_sweep_leaves_no_cgroup_behind() {
 /// that forks a grandchild `sleep` and then execs a `sleep` of its own, and
 /// the root's own `sleep`. Each writes `name pid ppid` to `truth` (the
 /// grandchild's line is written by its parent, the child: `$!` and `$$`).
+/// The child execs only once a line arrives on the fifo `go`: the test
+/// sends it after the ledger has the child as `sh`, so the exec is one the
+/// record can show (under load both the observer and the scan may first
+/// read a child that has already exec'd, and then there is no exec to see).
 const HIERARCHY: &str = "\
 echo \"root $$ $PPID\" >> truth
-sh -c 'echo \"child $$ $PPID\" >> truth; sleep 311 & echo \"grandchild $! $$\" >> truth; exec sleep 312' &
+sh -c 'echo \"child $$ $PPID\" >> truth; sleep 311 & echo \"grandchild $! $$\" >> truth; read x < go; exec sleep 312' &
 echo \"rootsleep $! $$\" >> truth
 wait";
+
+/// Lets the hierarchy's child exec (see [`HIERARCHY`]) once the ledger
+/// records it running `sh`; bounded, and never blocking on a fifo without
+/// its reader.
+fn release_child_once_recorded(env: &Env, b: &str) {
+    let child = lineage(env.dir.path())["child"].0;
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            env.show(1)["members"].as_array().is_some_and(|m| {
+                m.iter()
+                    .any(|m| m["pid"].as_i64() == Some(child) && m["cmdline"][0] == "sh")
+            })
+        }),
+        "[{b}] the child {child} was never recorded as sh: {}",
+        env.show(1)
+    );
+    let fifo = env.dir.path().join("go");
+    let sent = wait_until(Duration::from_secs(10), || {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, b"go\n"))
+            .is_ok()
+    });
+    assert!(sent, "[{b}] the child never opened the fifo");
+}
 
 /// `name -> (pid, ppid)` as the workload wrote them.
 fn lineage(dir: &Path) -> HashMap<String, (i64, i64)> {
@@ -667,13 +700,19 @@ fn show_tree_is_the_hierarchy_the_workload_printed() {
         let Some(env) = Env::new(b) else { continue };
         // The teardown comes on the timeout; every member has long been
         // seen by then (a bounded wait below proves it first).
-        let mut run = env.spawn_run(&["--timeout", "3s", "--grace", "2s"], HIERARCHY);
+        let made = Command::new("mkfifo")
+            .arg(env.dir.path().join("go"))
+            .status()
+            .expect("mkfifo");
+        assert!(made.success(), "[{b}] mkfifo");
+        let mut run = env.spawn_run(&["--timeout", "6s", "--grace", "2s"], HIERARCHY);
         assert!(
             wait_until(Duration::from_secs(10), || lineage(env.dir.path()).len()
                 == 4),
             "[{b}] the workload's truth: {:?}",
             lineage(env.dir.path())
         );
+        release_child_once_recorded(&env, b);
         let status = wait_child(&mut run, Duration::from_secs(30)).expect("run exits");
         assert_eq!(status.code(), Some(124), "[{b}] {}", env.stderr_of(&run));
         assert!(env.wait_none_marked(), "[{b}] {:?}", env.marked());

@@ -1222,7 +1222,10 @@ fn a_member_the_observer_missed_makes_the_next_scan_list_proc() {
     assert!(!members(&s).contains(&i64::from(child)));
     std::fs::write(dir.join("cgroup.procs"), outsider.id().to_string())
         .expect("move into the tree");
-    let found = wait_until(Duration::from_secs(10), || {
+    // A quiet tree's cgroup is compared with the observer's members every
+    // 5 s (service/scan.rs `QUIET_RECHECK`): the move is seen by then, and
+    // the listing follows at the next tick.
+    let found = wait_until(Duration::from_secs(20), || {
         let m = members(&s);
         m.contains(&i64::from(outsider.id())) && m.contains(&i64::from(child))
     });
@@ -1236,6 +1239,102 @@ fn a_member_the_observer_missed_makes_the_next_scan_list_proc() {
     let (status, r) = s.post(&format!("/api/trees/{id}/kill?grace=100ms"), None);
     assert_eq!(status, 200, "kill answered {r}");
     drop(outsider);
+    assert!(
+        wait_until(Duration::from_secs(10), || s.marked().is_empty()),
+        "left running: {:?}",
+        s.marked()
+    );
+}
+
+/// The value of an unlabelled counter in `/metrics` (0 if absent).
+fn counter(s: &Server, name: &str) -> u64 {
+    let text = s.get("/metrics").text().unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Issue 30: an idle tree the observer follows is not re-read at every
+/// targeted tick (it is "quiet": the observer saw no change of its
+/// members), yet a member's exit still reaches the ledger at the next
+/// tick — the exit moves the tree's generation. The session boundary has
+/// no cgroup to re-check, and the full scan is an hour away: only the
+/// generation can make the tick look again.
+#[test]
+fn a_quiet_tree_is_skipped_by_the_scan_until_a_member_exits() {
+    let s = Server::start_with_env(
+        &["--full-scan-interval", "1h"],
+        &[("TREEWARDEN_BOUNDARY", "session")],
+    );
+    if !s
+        .get("/metrics")
+        .text()
+        .unwrap_or_default()
+        .contains("treewarden_observer_up 1")
+    {
+        skip("the proc connector is unavailable here: every tick re-reads every tree");
+        return;
+    }
+    let id = s.spawn(&s.body("sleep 600 & echo $! > child.pid; exec sleep 600"));
+    let pid_file = s.dir.path().join("child.pid");
+    let child: Option<i64> = {
+        let mut child = None;
+        wait_until(Duration::from_secs(20), || {
+            child = std::fs::read_to_string(&pid_file)
+                .ok()
+                .and_then(|t| t.trim().parse().ok());
+            child.is_some()
+        });
+        child
+    };
+    let child = child.expect("the workload printed its child's pid");
+    let members = |s: &Server| -> Vec<i64> {
+        s.tree(id)["members"]
+            .as_array()
+            .map(|m| m.iter().filter_map(|m| m["pid"].as_i64()).collect())
+            .unwrap_or_default()
+    };
+    assert!(
+        wait_until(Duration::from_secs(20), || members(&s).contains(&child)),
+        "the child {child} was never recorded: {:?}; log: {}",
+        members(&s),
+        s.stderr()
+    );
+    // Quiet: the ticks (every 100 ms) skip it, again and again.
+    let skipped = "treewarden_scan_trees_skipped_total";
+    assert!(
+        wait_until(Duration::from_secs(20), || counter(&s, skipped) > 0),
+        "no tick skipped the idle tree; log: {}",
+        s.stderr()
+    );
+    let before = counter(&s, skipped);
+    assert!(
+        wait_until(Duration::from_secs(20), || counter(&s, skipped)
+            >= before + 5),
+        "the idle tree was skipped once, then ticked again"
+    );
+    let exited = |s: &Server| {
+        s.export().iter().any(|e| {
+            e["tree"] == id
+                && e["kind"] == "member.exited"
+                && e["data"]["identity"]["pid"].as_i64() == Some(child)
+        })
+    };
+    assert!(!exited(&s), "the child's exit recorded while it lives");
+    signal(child as u32, rustix::process::Signal::KILL);
+    assert!(
+        wait_until(Duration::from_secs(20), || exited(&s)),
+        "the exit of {child} in a quiet tree was never recorded; log: {}",
+        s.stderr()
+    );
+    // And quiet again afterwards.
+    let after = counter(&s, skipped);
+    assert!(
+        wait_until(Duration::from_secs(20), || counter(&s, skipped) > after),
+        "the tree was never quiet again after the exit"
+    );
+    let (status, r) = s.post(&format!("/api/trees/{id}/kill?grace=100ms"), None);
+    assert_eq!(status, 200, "kill answered {r}");
     assert!(
         wait_until(Duration::from_secs(10), || s.marked().is_empty()),
         "left running: {:?}",
