@@ -62,31 +62,12 @@ impl Service {
     }
 
     /// One scan-loop tick (blocking).
-    // Over 100 lines on purpose: one scan tick in its order (logs capped, watches synced, the host
-    // read full, observed or targeted, every tree ticked on one index, the ledger tailed), on one
+    // Over 100 lines on purpose: one scan tick in its order (watches synced, the host read full,
+    // observed or targeted, the quiet trees skipped, every other tree ticked on one index), on one
     // `ScanState`; `forced` and `full`, decided at its start, are used again at its end.
     pub(super) fn scan_once(&self, st: &mut ScanState, wanted: &[i64]) {
         let ledger = self.engine.ledger();
-        // Captured output stays under its cap: capped as it is written by
-        // the log-cap thread; here (one stat per owned tree) only when that
-        // thread does not run.
-        let capping = self
-            .log_cap
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .as_ref()
-            .is_some_and(logcap::LogCap::running);
-        for id in wanted.iter().filter(|_| !capping) {
-            let path = crate::custody::log_path(self.engine.data_dir(), TreeId(*id));
-            match crate::proc::cap_log(&path, self.config.log_max) {
-                Ok(0) => {}
-                Ok(dropped) => {
-                    tracing::debug!(tree = id, dropped, "oldest captured output dropped")
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => tracing::warn!(tree = id, error = %e, "captured output not capped"),
-            }
-        }
+        self.cap_logs(wanted);
         st.watches.retain(|id, _| wanted.contains(id));
         st.quiet.retain(|id, _| wanted.contains(id));
         for id in wanted {
@@ -207,6 +188,40 @@ impl Service {
                 .observe(started.elapsed().as_secs_f64());
         }
         self.metrics.members.set(members as i64);
+        self.tail_ledger(st);
+        // EngineStats and the ledger head are synced at scrape time (GET /metrics).
+        if forced && let Some(h) = &self.observer_handle {
+            tracing::warn!("forced full scan after observer overflow");
+            h.forced_scan_done();
+        }
+    }
+
+    /// Captured output stays under its cap: capped as it is written by the
+    /// log-cap thread; here (one stat per owned tree) only when that thread
+    /// does not run.
+    fn cap_logs(&self, wanted: &[i64]) {
+        let capping = self
+            .log_cap
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(logcap::LogCap::running);
+        for id in wanted.iter().filter(|_| !capping) {
+            let path = crate::custody::log_path(self.engine.data_dir(), TreeId(*id));
+            match crate::proc::cap_log(&path, self.config.log_max) {
+                Ok(0) => {}
+                Ok(dropped) => {
+                    tracing::debug!(tree = id, dropped, "oldest captured output dropped")
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => tracing::warn!(tree = id, error = %e, "captured output not capped"),
+            }
+        }
+    }
+
+    /// Tails the ledger into the event-fed metrics, from where the last
+    /// tick left off; a tree another process ended wakes its waiters.
+    fn tail_ledger(&self, st: &mut ScanState) {
         // Tail the ledger into the event-fed metrics.
         loop {
             let filter = EventFilter {
@@ -214,7 +229,7 @@ impl Service {
                 limit: Some(1000),
                 ..EventFilter::default()
             };
-            match ledger.events(&filter) {
+            match self.engine.ledger().events(&filter) {
                 Ok(events) => {
                     let mut ended = false;
                     for e in &events {
@@ -244,11 +259,6 @@ impl Service {
                     break;
                 }
             }
-        }
-        // EngineStats and the ledger head are synced at scrape time (GET /metrics).
-        if forced && let Some(h) = &self.observer_handle {
-            tracing::warn!("forced full scan after observer overflow");
-            h.forced_scan_done();
         }
     }
 }
