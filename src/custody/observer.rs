@@ -126,7 +126,9 @@ struct Shared {
     failed: AtomicBool,
     /// Wakes the thread (stop, a new tree, members a scan added).
     waker: Option<ConnectorWaker>,
-    /// The source of every tree's [`Tracked::generation`].
+    /// The source of every tree's [`Tracked::generation`]; it also moves
+    /// when a tree is unwatched, so an unchanged value means no tree's
+    /// member pids changed (what [`Worker::refilter`] checks first).
     generations: AtomicU64,
 }
 
@@ -186,6 +188,7 @@ impl Observer {
             on_overflow,
             strict: false,
             filtered: None,
+            filtered_at: None,
             filter_off: false,
         };
         let thread = std::thread::Builder::new()
@@ -299,7 +302,10 @@ impl ObserverHandle {
     /// Stops watching a tree (it ended).
     pub fn unwatch(&self, tree: TreeId) {
         if let Ok(mut trees) = self.shared.trees.lock() {
-            trees.remove(&tree.0);
+            if trees.remove(&tree.0).is_some() {
+                // The member pids changed: the socket filter is rebuilt.
+                self.shared.next_generation();
+            }
         }
     }
 
@@ -390,6 +396,11 @@ struct Worker {
     /// The member pids the socket filter names now (sorted); `None` before
     /// the first filter.
     filtered: Option<Vec<i32>>,
+    /// [`Shared::generations`] when `filtered` was computed: while it has
+    /// not moved, no member pid changed and the filter stands. Without
+    /// it, every batch of events collected and sorted every member pid of
+    /// every tree (most of an idle service's CPU on a busy host).
+    filtered_at: Option<u64>,
     /// The filter could not be attached: every event arrives, as without.
     filter_off: bool,
 }
@@ -473,6 +484,13 @@ impl Worker {
         if self.filter_off {
             return;
         }
+        // Read before the pids: a change while they are collected moves it
+        // past this value, and the next batch collects them again.
+        let at = self.shared.generations.load(Ordering::SeqCst);
+        if self.filtered.is_some() && self.filtered_at == Some(at) {
+            return;
+        }
+        self.filtered_at = Some(at);
         let mut pids: Vec<i32> = self
             .shared
             .trees
@@ -594,7 +612,24 @@ impl Worker {
         }
     }
 
+    /// Whether `pid` is certainly no tree's member: the socket filter's
+    /// pids are exactly the members' while no generation moved since they
+    /// were collected. Spares every fork and exit of the host a look at
+    /// every tree; after any change (this batch's own attributions too)
+    /// the trees are looked at as before.
+    fn surely_not_member(&self, pid: i32) -> bool {
+        !self.filter_off
+            && self.filtered_at == Some(self.shared.generations.load(Ordering::SeqCst))
+            && self
+                .filtered
+                .as_ref()
+                .is_some_and(|f| f.binary_search(&pid).is_err())
+    }
+
     fn on_fork(&mut self, parent: i32, child: i32, at_ns: u64, findings: &mut Vec<Finding>) {
+        if self.surely_not_member(parent) {
+            return;
+        }
         let trees: Vec<i64> = self
             .shared
             .trees
@@ -750,6 +785,9 @@ impl Worker {
     }
 
     fn on_exit(&mut self, pid: i32) {
+        if self.surely_not_member(pid) {
+            return;
+        }
         if let Ok(mut trees) = self.shared.trees.lock() {
             for t in trees.values_mut() {
                 if t.members.remove(&pid).is_some() {
