@@ -142,12 +142,18 @@ impl Service {
         // exclusions (the owner of one may be a member of another).
         let mut members = 0usize;
         let mut unobserved = 0u64;
-        if !st.watches.is_empty() {
+        // Only trees to tick need the index (at 1,000 quiet trees, building
+        // it was most of what an idle tick cost).
+        members += quiet
+            .iter()
+            .filter_map(|id| st.quiet.get(id))
+            .map(|q| q.members)
+            .sum::<usize>();
+        if st.watches.keys().any(|id| !quiet.contains(id)) {
             let index = crate::scan::SnapshotIndex::new(host.snapshot());
             let ticked_at = Instant::now();
             for (id, w) in &mut st.watches {
                 if quiet.contains(id) {
-                    members += st.quiet.get(id).map_or(0, |q| q.members);
                     continue;
                 }
                 let report = w.tick_indexed(&self.engine, &st.exits, host.snapshot(), &index, full);
@@ -294,7 +300,7 @@ pub(super) struct Quiet {
 /// (no fork the observer could attribute) is found this late at worst, a
 /// change of group without `setsid` at the next full scan; one read of a
 /// small file, where a tick re-reads every member's `stat`.
-pub(super) const QUIET_RECHECK: Duration = Duration::from_secs(5);
+pub(super) const QUIET_RECHECK: Duration = Duration::from_secs(10);
 
 impl ScanState {
     /// The watched trees this targeted tick can skip: the last tick read

@@ -1223,7 +1223,7 @@ fn a_member_the_observer_missed_makes_the_next_scan_list_proc() {
     std::fs::write(dir.join("cgroup.procs"), outsider.id().to_string())
         .expect("move into the tree");
     // A quiet tree's cgroup is compared with the observer's members every
-    // 5 s (service/scan.rs `QUIET_RECHECK`): the move is seen by then, and
+    // 10 s (service/scan.rs `QUIET_RECHECK`): the move is seen by then, and
     // the listing follows at the next tick.
     let found = wait_until(Duration::from_secs(20), || {
         let m = members(&s);
