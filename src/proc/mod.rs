@@ -37,6 +37,8 @@ pub mod fds;
 #[cfg(target_os = "linux")]
 #[doc(hidden)]
 pub mod floor;
+#[cfg(unix)]
+mod guard;
 #[cfg(target_os = "linux")]
 pub mod held;
 #[cfg(target_os = "linux")]

@@ -66,36 +66,15 @@ fn own_pid() -> i32 {
     rustix::process::getpid().as_raw_nonzero().get()
 }
 
-/// The sentinel guard for a pid or pgid about to be signalled.
+/// The sentinel guard for a pid or pgid about to be signalled
+/// ([`super::guard::check`]).
 fn guard(target: i32, what: &str) -> Result<(), ProcError> {
-    let refuse = |reason: String| {
-        Err(ProcError::Refused {
-            pid: target,
-            reason,
-        })
+    let own = super::guard::Own {
+        pid: own_pid(),
+        pgrp: own_pgrp(),
+        sid: own_sid(),
     };
-    if target == 0 {
-        return refuse(format!("{what} 0 means the caller's own process group"));
-    }
-    if target == -1 {
-        return refuse(format!("{what} -1 means every process we may signal"));
-    }
-    if target < 0 {
-        return refuse(format!("negative {what} {target} names a process group"));
-    }
-    if target == 1 {
-        return refuse(format!("{what} 1 is init"));
-    }
-    if target == own_pid() {
-        return refuse(format!("{what} {target} is treewarden itself"));
-    }
-    if own_pgrp() == Some(target) {
-        return refuse(format!("{what} {target} is treewarden's own process group"));
-    }
-    if own_sid() == Some(target) {
-        return refuse(format!("{what} {target} is treewarden's own session"));
-    }
-    Ok(())
+    super::guard::check(target, what, &own)
 }
 
 /// Our own process group, or `None` when it lies outside our pid namespace:

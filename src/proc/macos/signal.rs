@@ -63,30 +63,18 @@ fn own_pid() -> i32 {
     std::process::id() as i32
 }
 
-/// The sentinel guard: pid <= 1, this process, its own group or session.
+/// The sentinel guard ([`crate::proc::guard::check`]): pid <= 1, this
+/// process, its own group or session.
 fn guard(target: i32, what: &str) -> Result<(), ProcError> {
-    let refuse = |reason: String| {
-        Err(ProcError::Refused {
-            pid: target,
-            reason,
-        })
-    };
-    if target <= 1 {
-        return refuse(format!("{what} {target} is init or every process"));
-    }
-    if target == own_pid() {
-        return refuse(format!("{what} {target} is treewarden itself"));
-    }
     // SAFETY: getpgrp and getsid(0) take nothing and cannot fail for the
     // caller itself.
-    let (own_pgid, own_sid) = unsafe { (libc::getpgrp(), libc::getsid(0)) };
-    if target == own_pgid {
-        return refuse(format!("{what} {target} is treewarden's own process group"));
-    }
-    if target == own_sid {
-        return refuse(format!("{what} {target} is treewarden's own session"));
-    }
-    Ok(())
+    let (pgrp, sid) = unsafe { (libc::getpgrp(), libc::getsid(0)) };
+    let own = crate::proc::guard::Own {
+        pid: own_pid(),
+        pgrp: (pgrp > 0).then_some(pgrp),
+        sid: (sid > 0).then_some(sid),
+    };
+    crate::proc::guard::check(target, what, &own)
 }
 
 /// Whether this process may signal `pid` (`kill(pid, 0)`).
