@@ -835,3 +835,58 @@ fn a_recycled_leader_pid_is_named_and_a_live_or_gone_root_is_not() {
         )
     );
 }
+
+#[test]
+fn only_a_member_outside_both_the_group_and_the_cgroup_is_held() {
+    // `vet` holds a member by a handle only when the group signal and the
+    // cgroup both miss it (it is signalled by itself): one that changed
+    // its group inside the cgroup, or left the cgroup inside the group, is
+    // reached by cgroup.kill or killpg and is not held; one outside both is.
+    let rig = rig(false, true);
+    let (pgid_changed, left_cgroup, outside_both) = {
+        let mut w = rig.host.world();
+        let a = w.fork(rig.root.0).expect("the root runs");
+        let b = w.fork(rig.root.0).expect("the root runs");
+        let c = w.fork(rig.root.0).expect("the root runs");
+        // Its own group, same session, still in the cgroup.
+        w.procs.get_mut(&a.0).expect("forked").pgid = a.0;
+        // The tree's group, moved out of the cgroup.
+        w.procs.get_mut(&b.0).expect("forked").cgroup = None;
+        // Its own group and session (an escape), out of the cgroup.
+        let p = w.procs.get_mut(&c.0).expect("forked");
+        (p.pgid, p.sid, p.cgroup) = (c.0, c.0, None);
+        (a, b, c)
+    };
+    rig.write_cgroup_procs();
+    let mut watch = rig.watch();
+    let report = watch.tick(&rig.engine, &no_exits());
+    let found = pids(&report);
+    for (name, m) in [
+        ("group changed in the cgroup", pgid_changed),
+        ("left the cgroup in the group", left_cgroup),
+        ("outside both", outside_both),
+    ] {
+        assert!(
+            found.contains(&m.0),
+            "{name}: {m:?} not a member: {found:?}"
+        );
+    }
+    assert!(
+        watch
+            .held(&ProcKey::new(pgid_changed.0, pgid_changed.1))
+            .is_none(),
+        "a member the cgroup reaches is not held"
+    );
+    assert!(
+        watch
+            .held(&ProcKey::new(left_cgroup.0, left_cgroup.1))
+            .is_none(),
+        "a member the group signal reaches is not held"
+    );
+    assert!(
+        watch
+            .held(&ProcKey::new(outside_both.0, outside_both.1))
+            .is_some(),
+        "a member only its own signal reaches is held"
+    );
+}
