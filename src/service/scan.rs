@@ -142,13 +142,13 @@ impl Service {
         // exclusions (the owner of one may be a member of another).
         let mut members = 0usize;
         let mut unobserved = 0u64;
-        // Only trees to tick need the index (at 1,000 quiet trees, building
-        // it was most of what an idle tick cost).
         members += quiet
             .iter()
             .filter_map(|id| st.quiet.get(id))
             .map(|q| q.members)
             .sum::<usize>();
+        // Only trees to tick need the index (at 1,000 quiet trees, building
+        // it was most of what an idle tick cost).
         if st.watches.keys().any(|id| !quiet.contains(id)) {
             let index = crate::scan::SnapshotIndex::new(host.snapshot());
             let ticked_at = Instant::now();
@@ -228,7 +228,6 @@ impl Service {
     /// Tails the ledger into the event-fed metrics, from where the last
     /// tick left off; a tree another process ended wakes its waiters.
     fn tail_ledger(&self, st: &mut ScanState) {
-        // Tail the ledger into the event-fed metrics.
         loop {
             let filter = EventFilter {
                 after_seq: Some(st.after_seq),
