@@ -538,6 +538,11 @@ fn a_member_only_the_observer_attributed_joins_the_tick_and_the_scan_feeds_the_o
             .contains(&ProcKey::new(child.0, child.1)),
         "the scan's members go back to the observer"
     );
+    // The child was the one member the observer did not know: the report
+    // says so (the service's next tick lists /proc), and says nothing once
+    // the observer knows every member.
+    assert_eq!(report.unobserved, 1, "the child the observer never saw");
+    assert_eq!(watch.tick(&rig.engine, &no_exits()).unobserved, 0);
 }
 
 #[test]
