@@ -235,6 +235,12 @@ fn a_member_that_execs_a_program_of_the_same_name_is_noticed_by_its_new_stack() 
     watch.tick(&rig.engine, &no_exits());
     assert_eq!(rig.row(child.0).cmdline, ["worker", "-c", "exit 7"]);
     assert_eq!(rig.events("member.exec").len(), 1);
+    // The new stack is remembered: the next tick sees no exec, and reads
+    // no member's details again.
+    let read = rig.details_read();
+    watch.tick(&rig.engine, &no_exits());
+    assert_eq!(rig.details_read(), read, "an exec noticed twice");
+    assert_eq!(rig.events("member.exec").len(), 1);
 }
 
 #[test]
