@@ -301,11 +301,11 @@ impl ObserverHandle {
 
     /// Stops watching a tree (it ended).
     pub fn unwatch(&self, tree: TreeId) {
-        if let Ok(mut trees) = self.shared.trees.lock() {
-            if trees.remove(&tree.0).is_some() {
-                // The member pids changed: the socket filter is rebuilt.
-                self.shared.next_generation();
-            }
+        if let Ok(mut trees) = self.shared.trees.lock()
+            && trees.remove(&tree.0).is_some()
+        {
+            // The member pids changed: the socket filter is rebuilt.
+            self.shared.next_generation();
         }
     }
 
