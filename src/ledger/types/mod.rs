@@ -22,3 +22,7 @@ pub use names::*;
 pub use records::*;
 pub use reports::*;
 pub use rows::*;
+
+// `super::Ledger` in records.rs's docs.
+#[cfg(doc)]
+use super::Ledger;

@@ -7,6 +7,8 @@ use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
+#[cfg(doc)]
+use super::fork::child_after_fork;
 use super::types::{GivenStdio, SpawnSpec, SpawnStdio};
 use crate::proc::ProcError;
 
