@@ -1,7 +1,7 @@
 //! The spawn interface on macOS: its types, and a refusal. No tree is
 //! spawned on macOS yet (`run` and `serve` refuse before they get here):
 //! the held spawn (fork, new session and group, held on a pipe until
-//! recorded) is Linux's `boundary.rs` and has not been run on macOS.
+//! recorded) is Linux's `boundary/` and has not been run on macOS.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};

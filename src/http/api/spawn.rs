@@ -1,0 +1,171 @@
+//! `POST /api/trees`: a spawn, from its body and the descriptors the Unix
+//! socket brought (`Treewarden-Stdio`), through the principal's checks and
+//! caps to the service.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::{Extension, Json};
+
+use super::bodies::{ErrorBody, SpawnBody};
+use super::run_as::run_as;
+use crate::http::AppState;
+use crate::http::auth::Principal;
+use crate::http::error::{ApiError, ApiJson};
+use crate::ledger::TreeRow;
+
+/// The header naming which of the tree's descriptors 0, 1, 2 the
+/// descriptors sent with the request become, in the order they were sent.
+pub const STDIO_HEADER: &str = "treewarden-stdio";
+
+/// The descriptors a spawn passes to its tree: `Treewarden-Stdio` names the
+/// slots (`stdin,stdout`), the connection holds what `SCM_RIGHTS` brought;
+/// both must agree. No header and nothing sent: the captured log.
+fn given_stdio(
+    headers: &axum::http::HeaderMap,
+    received: Option<&super::conn::ReceivedFds>,
+) -> Result<crate::proc::GivenStdio, ApiError> {
+    let fds = received.map(|r| r.take_all()).unwrap_or_default();
+    let Some(value) = headers.get(STDIO_HEADER) else {
+        if !fds.is_empty() {
+            return Err(ApiError::BadRequest(format!(
+                "{} descriptors came with the request, but no Treewarden-Stdio header names them",
+                fds.len()
+            )));
+        }
+        return Ok(crate::proc::GivenStdio::default());
+    };
+    if received.is_none() {
+        return Err(ApiError::BadRequest(
+            "Treewarden-Stdio: descriptors pass only over the Unix socket".into(),
+        ));
+    }
+    let value = value
+        .to_str()
+        .map_err(|_| ApiError::BadRequest("Treewarden-Stdio: not ASCII".into()))?;
+    let mut slots = Vec::new();
+    for name in value.split(',').map(str::trim) {
+        let slot = match name {
+            "stdin" | "0" => 0,
+            "stdout" | "1" => 1,
+            "stderr" | "2" => 2,
+            other => {
+                return Err(ApiError::BadRequest(format!(
+                    "Treewarden-Stdio: {other:?} is not stdin, stdout or stderr"
+                )));
+            }
+        };
+        if slots.contains(&slot) {
+            return Err(ApiError::BadRequest(format!(
+                "Treewarden-Stdio: {name} named twice"
+            )));
+        }
+        slots.push(slot);
+    }
+    if slots.len() != fds.len() {
+        return Err(ApiError::BadRequest(format!(
+            "Treewarden-Stdio names {} descriptors, but {} came with the request (send them with its first bytes)",
+            slots.len(),
+            fds.len()
+        )));
+    }
+    let mut given = crate::proc::GivenStdio::default();
+    for (slot, fd) in slots.into_iter().zip(fds) {
+        given.0[slot] = Some(std::sync::Arc::new(fd));
+    }
+    Ok(given)
+}
+
+/// Spawn a tree. Needs the bearer token.
+///
+/// On the Unix socket, the tree may get the client's own descriptors as
+/// its stdin, stdout and stderr instead of `/dev/null` and the captured
+/// log: send them (`SCM_RIGHTS`, at most three) with the request's first
+/// bytes, and name them in order with the `Treewarden-Stdio` header
+/// (`stdin,stdout,stderr`, or any of them). They go to the tree, never
+/// through the service: a tree keeps its pipes when the service ends. The
+/// header is not a parameter of this document, which the TCP face serves
+/// too: there it is always refused (400), descriptors cannot cross TCP.
+#[utoipa::path(post, path = "/api/trees", request_body = SpawnBody, security(("bearer" = [])),
+    responses((status = 201, body = TreeRow), (status = 400, body = ErrorBody),
+    (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
+    (status = 415, body = ErrorBody), (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub async fn spawn_tree(
+    State(s): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    received: Option<Extension<super::conn::ReceivedFds>>,
+    headers: axum::http::HeaderMap,
+    ApiJson(body): ApiJson<SpawnBody>,
+) -> Result<impl IntoResponse, ApiError> {
+    // Taken first: whatever else is wrong, descriptors sent with this
+    // request are not left for the next one.
+    let stdio = given_stdio(&headers, received.as_ref().map(|Extension(r)| r))?;
+    let user = body.user.clone();
+    let mut params = body.validate(s.service.config().max_grace)?;
+    params.stdio = stdio;
+    // The user database (NSS: files, but also LDAP or sssd) and the peer's
+    // /proc files are blocking reads: they run on the blocking pool, never
+    // on an async worker that serves other connections meanwhile.
+    let asking = principal.clone();
+    params.run_as = tokio::task::spawn_blocking(move || run_as(&asking, user.as_deref()))
+        .await
+        .map_err(|e| ApiError::Internal(format!("the user lookup failed: {e}")))??;
+    // A tree that runs as the service: its cwd is the service's to check.
+    if params.run_as.is_none()
+        && let Some(c) = &params.cwd
+        && !c.is_dir()
+    {
+        return Err(ApiError::Unprocessable(format!(
+            "cwd {:?} is not an absolute path of an existing directory",
+            c.display().to_string()
+        )));
+    }
+    params.requester = Some(principal.requester());
+    // On the socket the requester is known by its peer credentials: a
+    // client may bind the tree to its own life (`owner_pid` = itself), not
+    // to another process's.
+    if let Principal::Local { cred, .. } = &principal
+        && let Some(pid) = params.owner_pid
+        && Some(pid) != cred.pid
+    {
+        return Err(ApiError::Forbidden(format!(
+            "owner_pid {pid} is not the requesting process: on the socket a tree may be bound only to its requester's life (owner_pid = your own pid, or none)"
+        )));
+    }
+    // One principal may not hold every tree the host can run: a cap on
+    // its live trees (admins are not capped). Counted in the ledger, as the
+    // principal's own page is read.
+    if !principal.acts_on_all() {
+        let cap = s.service.config().max_trees_per_principal;
+        let filter = crate::ledger::TreeFilter {
+            states: Some(
+                crate::ledger::TreeState::ALL
+                    .into_iter()
+                    .filter(|st| !st.is_terminal())
+                    .collect(),
+            ),
+            owner: Some(principal.own_trees()),
+            ..Default::default()
+        };
+        let live = s
+            .service
+            .read(move |e| {
+                Ok(e.ledger()
+                    .tree_page(filter, crate::ledger::PageAt::Newest, cap + 1)?
+                    .len())
+            })
+            .await?;
+        if live >= cap {
+            return Err(ApiError::Unavailable(format!(
+                "you hold {live} live trees, the most one principal may (serve --max-trees-per-user {cap}); end one first"
+            )));
+        }
+    }
+    let row = s.service.spawn(params).await?;
+    let location = format!("/api/trees/{}", row.id);
+    Ok((
+        StatusCode::CREATED,
+        [(axum::http::header::LOCATION, location)],
+        Json(row),
+    ))
+}

@@ -1,0 +1,28 @@
+//! The typed records callers write and the rows they read back. Plain data:
+//! no SQL here, and no rusqlite type ever appears in these shapes.
+
+//!
+//! One file a job (issue 29): names.rs the row ids and the closed
+//! vocabularies (tree states, event kinds), records.rs what writers hand
+//! in, limits.rs a tree's cgroup limits and the resources it used,
+//! filters.rs what readers ask for, rows.rs what they read back, reports.rs
+//! what `verify` and the sealer report and the export formats. Every item
+//! is re-exported here, as `ledger::types::*`.
+
+mod filters;
+mod limits;
+mod names;
+mod records;
+mod reports;
+mod rows;
+
+pub use filters::*;
+pub use limits::*;
+pub use names::*;
+pub use records::*;
+pub use reports::*;
+pub use rows::*;
+
+// `super::Ledger` in records.rs's docs.
+#[cfg(doc)]
+use super::Ledger;
