@@ -522,7 +522,32 @@ async fn only_an_admin_starts_the_drain_through_the_api() {
     let (s, v) = call(&r, Via::Socket(1000), "POST", "/api/shutdown", None).await;
     assert_eq!(s, 403, "a socket user that is no admin: {v}");
     assert!(!token.is_cancelled(), "no refused request started it");
+    let asked = |r: &Rig| {
+        r.ledger
+            .events(&crate::ledger::EventFilter {
+                kind_prefix: Some(crate::ledger::EventKind::ShutdownRequested.as_str().into()),
+                ..Default::default()
+            })
+            .expect("events")
+    };
+    assert!(
+        asked(&r).is_empty(),
+        "no refused request is recorded as one"
+    );
     let (s, v) = call(&r, Via::Tcp(Some(&r.admin)), "POST", "/api/shutdown", None).await;
     assert_eq!((s, &v["draining"]), (202, &json!(true)), "{v}");
     assert!(token.is_cancelled(), "the drain has begun");
+    // Who asked is in the record, before the drain: the admin token, by
+    // its id, over TCP, and the trees the service owned then.
+    let rows = asked(&r);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].tree, None);
+    match rows[0].event() {
+        crate::ledger::Event::ShutdownRequested(e) => {
+            assert_eq!(e.by.via, "tcp", "{e:?}");
+            assert!(e.by.token_id.is_some(), "{e:?}");
+            assert_eq!(e.owned_trees, v["owned_trees"].as_u64().expect("a count"));
+        }
+        other => panic!("not a shutdown request: {other:?}"),
+    }
 }

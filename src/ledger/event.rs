@@ -289,6 +289,14 @@ pub struct KillRequested {
     pub grace_ms: Option<u64>,
 }
 
+/// `service.shutdown_requested`: who asked for the shutdown through the
+/// API, and how many trees the service owned then, before the drain starts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShutdownRequested {
+    pub by: Requester,
+    pub owned_trees: u64,
+}
+
 /// `sweep.started`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SweepStarted {
@@ -386,6 +394,7 @@ pub enum Event {
     TokenCreated(TokenCreated),
     TokenRevoked(TokenRevoked),
     KillRequested(KillRequested),
+    ShutdownRequested(ShutdownRequested),
     LedgerCheckpoint(Box<Checkpointed>),
     LedgerSeal(SealData),
     Other(Box<OtherEvent>),
@@ -417,6 +426,7 @@ impl Event {
             Event::TokenCreated(_) => EventKind::TokenCreated,
             Event::TokenRevoked(_) => EventKind::TokenRevoked,
             Event::KillRequested(_) => EventKind::KillRequested,
+            Event::ShutdownRequested(_) => EventKind::ShutdownRequested,
             Event::LedgerCheckpoint(_) => EventKind::LedgerCheckpoint,
             Event::LedgerSeal(_) => EventKind::LedgerSeal,
             Event::Other(_) => return None,
@@ -448,6 +458,7 @@ impl Event {
             Event::TokenCreated(p) => v(p),
             Event::TokenRevoked(p) => v(p),
             Event::KillRequested(p) => v(p),
+            Event::ShutdownRequested(p) => v(p),
             Event::LedgerCheckpoint(p) => v(p),
             Event::LedgerSeal(p) => v(p),
             Event::Other(o) => Ok(o.data.clone()),
@@ -489,6 +500,7 @@ impl Event {
             EventKind::TokenCreated => p(data).map(Event::TokenCreated),
             EventKind::TokenRevoked => p(data).map(Event::TokenRevoked),
             EventKind::KillRequested => p(data).map(Event::KillRequested),
+            EventKind::ShutdownRequested => p(data).map(Event::ShutdownRequested),
             EventKind::LedgerCheckpoint => p(data).map(|x| Event::LedgerCheckpoint(Box::new(x))),
             EventKind::LedgerSeal => p(data).map(Event::LedgerSeal),
         };
@@ -854,6 +866,13 @@ mod tests {
                 json!({"by": req(), "grace_ms": grace}),
             );
         }
+        same(
+            Event::ShutdownRequested(ShutdownRequested {
+                by: req(),
+                owned_trees: 3,
+            }),
+            json!({"by": req(), "owned_trees": 3}),
+        );
         same(
             Event::SweepStarted(SweepStarted {
                 candidates: 4,

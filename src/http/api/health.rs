@@ -71,6 +71,16 @@ pub async fn shutdown(
     }
     let owned_trees = s.service.owned_trees().len();
     tracing::info!(by = %principal.requester(), owned_trees, "shutdown asked for through the API");
+    // Who asked, as a structured event, before the drain starts. The
+    // shutdown does not wait on it: a ledger that refuses it still has the
+    // log line above.
+    let asked = crate::ledger::Event::ShutdownRequested(crate::ledger::event::ShutdownRequested {
+        by: principal.requester(),
+        owned_trees: owned_trees as u64,
+    });
+    if let Err(e) = s.service.record(None, asked).await {
+        tracing::warn!(error = %e, "service.shutdown_requested not recorded");
+    }
     s.service.shutdown_token().cancel();
     Ok((
         axum::http::StatusCode::ACCEPTED,

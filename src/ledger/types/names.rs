@@ -133,6 +133,10 @@ pub enum EventKind {
     /// A kill was asked for through the API, and by whom (`by`), written
     /// before its teardown starts. Addition to DESIGN.md (issue 17).
     KillRequested,
+    /// The service's shutdown was asked for through the API
+    /// (`POST /api/shutdown`), by whom and with how many owned trees,
+    /// written before the drain starts. Addition to DESIGN.md.
+    ShutdownRequested,
     /// A prune removed ended trees' events up to `pruned_through`; the
     /// remaining chain is proven from here (`ledger/prune.rs`). Written
     /// only by [`crate::ledger::Ledger::prune`].
@@ -144,7 +148,7 @@ pub enum EventKind {
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 24] = [
+    pub const ALL: [EventKind; 25] = [
         Self::TreeCreated,
         Self::TreeSpawned,
         Self::TreeSpawnFailed,
@@ -167,6 +171,7 @@ impl EventKind {
         Self::TokenCreated,
         Self::TokenRevoked,
         Self::KillRequested,
+        Self::ShutdownRequested,
         Self::LedgerCheckpoint,
         Self::LedgerSeal,
     ];
@@ -195,6 +200,7 @@ impl EventKind {
             Self::TokenCreated => "token.created",
             Self::TokenRevoked => "token.revoked",
             Self::KillRequested => "kill.requested",
+            Self::ShutdownRequested => "service.shutdown_requested",
             Self::LedgerCheckpoint => "ledger.checkpoint",
             Self::LedgerSeal => "ledger.seal",
         }
@@ -211,6 +217,7 @@ impl EventKind {
                 | Self::SweepRefused
                 | Self::DispatchRefused
                 | Self::KillRequested
+                | Self::ShutdownRequested
                 | Self::TreeOomKill
         )
     }
