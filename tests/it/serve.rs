@@ -1246,6 +1246,70 @@ fn a_member_the_observer_missed_makes_the_next_scan_list_proc() {
     );
 }
 
+/// `POST /api/shutdown` on Linux: the admin's request is recorded (who,
+/// and the trees owned then) before the drain, which ends the service's
+/// tree and exits 0; the ledger verifies afterwards.
+#[test]
+fn an_admins_shutdown_over_http_is_recorded_then_drains_every_tree() {
+    let mut s = Server::start(&[]);
+    let id = s.spawn(&s.body("sleep 600 & exec sleep 600"));
+    assert!(
+        wait_until(Duration::from_secs(20), || s.marked().len() == 2),
+        "the tree's two processes: {:?}",
+        s.marked()
+    );
+    let (status, v) = s.post("/api/shutdown", None);
+    assert_eq!((status, &v["draining"]), (202, &json!(true)), "{v}");
+    let mut child = s.child.take().expect("serve runs");
+    let status = wait_child(&mut child, Duration::from_secs(40)).expect("serve exits");
+    assert_eq!(status.code(), Some(0), "{}", s.stderr());
+    assert!(
+        wait_until(Duration::from_secs(10), || s.marked().is_empty()),
+        "left running after the drain: {:?}",
+        s.marked()
+    );
+    let export = Command::new(bin())
+        .env("TREEWARDEN_DATA_DIR", s.data_dir())
+        .args(["export", "--format", "ndjson"])
+        .output()
+        .expect("export");
+    assert!(
+        export.status.success(),
+        "{}",
+        String::from_utf8_lossy(&export.stderr)
+    );
+    let events = crate::util::parse_ndjson(&String::from_utf8_lossy(&export.stdout));
+    let asked: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["kind"] == "service.shutdown_requested")
+        .collect();
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert_eq!(asked[0]["tree"], Value::Null);
+    assert_eq!(asked[0]["data"]["by"]["via"], "tcp", "{}", asked[0]);
+    assert!(asked[0]["data"]["by"]["token_id"].is_i64(), "{}", asked[0]);
+    assert_eq!(asked[0]["data"]["owned_trees"], 1, "{}", asked[0]);
+    // Written before the drain's teardown of the tree began.
+    let ended = events
+        .iter()
+        .position(|e| e["tree"] == id && e["kind"] == "tree.ended")
+        .expect("the tree ended");
+    let at = events
+        .iter()
+        .position(|e| e["kind"] == "service.shutdown_requested")
+        .expect("recorded");
+    assert!(at < ended, "the request after the tree's end");
+    let verify = Command::new(bin())
+        .env("TREEWARDEN_DATA_DIR", s.data_dir())
+        .arg("verify")
+        .output()
+        .expect("verify");
+    assert!(
+        verify.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verify.stdout)
+    );
+}
+
 /// The value of an unlabelled counter in `/metrics` (0 if absent).
 fn counter(s: &Server, name: &str) -> u64 {
     let text = s.get("/metrics").text().unwrap_or_default();
