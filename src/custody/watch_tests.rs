@@ -901,3 +901,44 @@ fn only_a_member_outside_both_the_group_and_the_cgroup_is_held() {
         "a member only its own signal reaches is held"
     );
 }
+
+#[test]
+fn one_last_seen_bump_moves_only_the_named_live_members() {
+    // The service's full scan bumps `last_seen` of every watched tree in one
+    // ledger write (`Ledger::bump_last_seen`): a member that exited keeps
+    // the time it was last seen, and an identity that is no member row
+    // adds nothing.
+    let rig = rig(false, false);
+    let child = rig.host.world().fork(rig.root.0).expect("the root runs");
+    let mut watch = rig.watch();
+    watch.tick(&rig.engine, &no_exits());
+    rig.host.world().exit(child.0, ExitStatus::Exited(0));
+    watch.tick(&rig.engine, &no_exits());
+    assert!(rig.row(child.0).exited_at.is_some());
+    let (root_before, child_before) = (rig.row(rig.root.0).last_seen, rig.row(child.0).last_seen);
+    let stranger = (PID_BASE + 999, 5);
+    let named = vec![identity(rig.root), identity(child), identity(stranger)];
+    // The ledger's clock has millisecond steps: bumped until it moved
+    // (bounded), each bump naming the same three.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let bumped = loop {
+        let n = rig
+            .ledger
+            .bump_last_seen(vec![(rig.tree, named.clone())])
+            .expect("the ledger takes writes");
+        if rig.row(rig.root.0).last_seen != root_before {
+            break n;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the root's last_seen never moved"
+        );
+        std::thread::yield_now();
+    };
+    assert_eq!(bumped, 1, "only the live member's row");
+    assert_eq!(rig.row(child.0).last_seen, child_before, "an exited member");
+    assert!(
+        rig.members().iter().all(|m| m.pid != stranger.0),
+        "no row for an identity that was none"
+    );
+}

@@ -324,6 +324,16 @@ impl Ledger {
         })
     }
 
+    /// Bumps `last_seen` of the named live members of many trees in one
+    /// write (see [`write::bump_last_seen`]); no event. Returns how many
+    /// rows were bumped.
+    pub fn bump_last_seen(
+        &self,
+        seen: Vec<(TreeId, Vec<IdentityRecord>)>,
+    ) -> Result<usize, LedgerError> {
+        self.write(Durability::Normal, move |w| write::bump_last_seen(w, &seen))
+    }
+
     /// Updates what known members run now (exe, argv) after an exec: a
     /// member first seen between its fork and its exec would otherwise show
     /// its parent's command line. Rows only; the events keep the first sighting.

@@ -749,6 +749,28 @@ pub(crate) fn record_scan(
     Ok(())
 }
 
+/// `last_seen` of each named live member set to now, every tree in this one
+/// transaction (the service's full scan: one write for all its trees, not
+/// one each). An identity that is no member row, or one already exited,
+/// is left alone. Returns how many rows were bumped.
+pub(crate) fn bump_last_seen(
+    w: &mut Writer<'_>,
+    seen: &[(TreeId, Vec<IdentityRecord>)],
+) -> Result<usize, Fail> {
+    let mut bumped = 0;
+    for (id, members) in seen {
+        for m in members {
+            bumped += w.exec(
+                "UPDATE members SET last_seen = ?5
+                 WHERE tree_id = ?1 AND pid = ?2 AND start_ticks = ?3 AND boot_id = ?4
+                   AND exited_at IS NULL",
+                params![id.0, m.pid, ticks(m.start_ticks), m.boot_id, w.now],
+            )?;
+        }
+    }
+    Ok(bumped)
+}
+
 /// Members whose `comm` changed (an exec) since the watch last saw them:
 /// each is compared with its row and, where it runs something new, the row
 /// is updated and `member.exec` appended (see [`note_exec`]).

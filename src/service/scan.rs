@@ -142,6 +142,8 @@ impl Service {
         // exclusions (the owner of one may be a member of another).
         let mut members = 0usize;
         let mut unobserved = 0u64;
+        // The full scan's members of each tree, for one `last_seen` write.
+        let mut seen = Vec::new();
         members += quiet
             .iter()
             .filter_map(|id| st.quiet.get(id))
@@ -156,7 +158,15 @@ impl Service {
                 if quiet.contains(id) {
                     continue;
                 }
-                let report = w.tick_indexed(&self.engine, &st.exits, host.snapshot(), &index, full);
+                // `last_seen` is bumped below, for every tree in one write.
+                let report =
+                    w.tick_indexed(&self.engine, &st.exits, host.snapshot(), &index, false);
+                if full && report.incomplete.is_none() {
+                    seen.push((
+                        TreeId(*id),
+                        report.members.iter().map(|m| w.identity(m)).collect(),
+                    ));
+                }
                 members += report.members.len();
                 unobserved += report.unobserved;
                 // Quiet from here while its generation stays, if this tick
@@ -180,6 +190,13 @@ impl Service {
                     }
                 }
             }
+        }
+        if !seen.is_empty()
+            && let Err(e) = ledger.bump_last_seen(seen)
+        {
+            // A liveness hint, not evidence: the next full scan tries again.
+            self.metrics.ledger_write_errors.inc();
+            tracing::warn!(error = %e, "last_seen of the watched trees not bumped");
         }
         if !quiet.is_empty() {
             self.metrics.scan_skipped.inc_by(quiet.len() as u64);

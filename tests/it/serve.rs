@@ -1310,6 +1310,41 @@ fn an_admins_shutdown_over_http_is_recorded_then_drains_every_tree() {
     );
 }
 
+/// The full scan bumps `last_seen` of every watched tree's live members
+/// (in one ledger write for all the trees), quiet trees included.
+#[test]
+fn the_full_scan_bumps_last_seen_of_a_quiet_trees_members() {
+    let s = Server::start(&["--full-scan-interval", "1s"]);
+    let id = s.spawn(&s.body("exec sleep 600"));
+    let last_seen = |s: &Server| -> Option<String> {
+        s.tree(id)["members"]
+            .as_array()
+            .and_then(|m| m.first())
+            .and_then(|m| m["last_seen"].as_str().map(str::to_owned))
+    };
+    let mut first = None;
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            first = last_seen(&s);
+            first.is_some()
+        }),
+        "the root was never recorded: {}",
+        s.tree(id)
+    );
+    assert!(
+        wait_until(Duration::from_secs(20), || last_seen(&s) > first),
+        "last_seen stayed {first:?}; log: {}",
+        s.stderr()
+    );
+    let (status, r) = s.post(&format!("/api/trees/{id}/kill?grace=100ms"), None);
+    assert_eq!(status, 200, "kill answered {r}");
+    assert!(
+        wait_until(Duration::from_secs(10), || s.marked().is_empty()),
+        "left running: {:?}",
+        s.marked()
+    );
+}
+
 /// The value of an unlabelled counter in `/metrics` (0 if absent).
 fn counter(s: &Server, name: &str) -> u64 {
     let text = s.get("/metrics").text().unwrap_or_default();
