@@ -22,13 +22,14 @@
 
 use std::collections::HashSet;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::walks::Walks;
 use crate::proc::{
     Delivery, ExitStatus, GroupDelivery, GroupRecord, Identity, Liveness, ProcError, Reaper, Sig,
 };
-use crate::scan::{MemberDetails, Snapshot};
+use crate::scan::{MemberDetails, SharedSnapshot, Snapshot};
 
 /// A process held from first sight (see [`Host::hold`]): signals and the
 /// exit check reach that process or nothing, however its pid is reused.
@@ -76,8 +77,10 @@ impl Held {
 /// What custody needs of the kernel: reads of `/proc` and cgroup files,
 /// guarded signals, cgroup control, the reaper's exit statuses and a clock.
 pub trait Host: Send + Sync {
-    /// Every process (a full `/proc` walk).
-    fn snapshot(&self) -> Snapshot;
+    /// Every process (a full `/proc` walk), shared: the callers a walk
+    /// serves at once hold one copy ([`super::walks`]) and one index of it
+    /// ([`crate::scan::SharedSnapshot`]).
+    fn snapshot(&self) -> Arc<SharedSnapshot>;
     /// Only these pids, re-read now (a targeted refresh).
     fn snapshot_pids(&self, pids: Vec<i32>) -> Snapshot;
     /// The pids in a cgroup's `cgroup.procs` (empty if it is gone).
@@ -205,13 +208,13 @@ impl KernelHost {
 
 /// The process's one coalescer of full `/proc` walks: every
 /// [`KernelHost`] shares it, since every caller walks the same `/proc`.
-static WALKS: Walks<Snapshot> = Walks::new();
+static WALKS: Walks<Arc<SharedSnapshot>> = Walks::new();
 
 impl Host for KernelHost {
     /// A walk that started after this call, shared with every caller
     /// asking meanwhile (issue 30: a drain's thousands of teardowns).
-    fn snapshot(&self) -> Snapshot {
-        WALKS.get(crate::scan::snapshot)
+    fn snapshot(&self) -> Arc<SharedSnapshot> {
+        WALKS.get(|| crate::scan::share(crate::scan::snapshot()))
     }
 
     fn snapshot_pids(&self, pids: Vec<i32>) -> Snapshot {
