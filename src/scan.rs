@@ -69,8 +69,9 @@ impl Snapshot {
 /// Why it exists: each of a drain's teardowns classifies the same walk for
 /// its own tree, and [`classify`] of one tree costs the whole host (every
 /// process hashed into its maps: 15,000 of them for each of 2,000 trees).
-/// Shared, the walk is indexed once ([`SnapshotIndex`], on the first
-/// classification that asks) and each tree then costs its own members
+/// Shared, the walk is indexed once ([`SnapshotIndex`], at its second
+/// classification: a walk one caller had alone is classified as before)
+/// and each further tree then costs its own members
 /// ([`classify_tree`], held equal to `classify` by a property test).
 ///
 /// `classify` finds the index from the plain `&Snapshot` it is given: the
@@ -85,6 +86,10 @@ impl Snapshot {
 pub struct SharedSnapshot {
     snap: Snapshot,
     index: std::sync::OnceLock<SnapshotIndex>,
+    /// Classifications asked of it so far: the first is the full pass (a
+    /// walk nobody else shares, a lone teardown's, costs what it did
+    /// before); the index is built for the second and serves the rest.
+    classified: std::sync::atomic::AtomicUsize,
 }
 
 impl std::ops::Deref for SharedSnapshot {
@@ -106,6 +111,7 @@ pub fn share(snap: Snapshot) -> std::sync::Arc<SharedSnapshot> {
     let shared = std::sync::Arc::new(SharedSnapshot {
         snap,
         index: std::sync::OnceLock::new(),
+        classified: std::sync::atomic::AtomicUsize::new(0),
     });
     let mut live = SHARED.lock().unwrap_or_else(|e| e.into_inner());
     live.retain(|w| w.strong_count() > 0);
@@ -113,8 +119,10 @@ pub fn share(snap: Snapshot) -> std::sync::Arc<SharedSnapshot> {
     shared
 }
 
-/// The index of `snap` if it is a live [`SharedSnapshot`] (built now by the
-/// first caller that asks; the others wait for it, then share it).
+/// The index of `snap` if it is a live [`SharedSnapshot`] classified
+/// before (built now by the first caller that asks; the others wait for
+/// it, then share it). `None` for its first classification, which is the
+/// plain pass: a walk with one taker is never indexed.
 fn shared_index<R>(snap: &Snapshot, with: impl FnOnce(&SnapshotIndex) -> R) -> Option<R> {
     let shared = {
         let live = SHARED.lock().unwrap_or_else(|e| e.into_inner());
@@ -122,6 +130,13 @@ fn shared_index<R>(snap: &Snapshot, with: impl FnOnce(&SnapshotIndex) -> R) -> O
             .filter_map(std::sync::Weak::upgrade)
             .find(|s| std::ptr::eq(&s.snap, snap))?
     };
+    if shared
+        .classified
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        == 0
+    {
+        return None;
+    }
     Some(with(
         shared
             .index
@@ -1465,9 +1480,16 @@ mod tests {
         let x = HashSet::from([50]);
         let full = classify(&s, std::slice::from_ref(&t), &x);
         let shared = share(s.clone());
-        assert!(shared.index.get().is_none(), "indexed on first need only");
         assert_eq!(classify(&shared, std::slice::from_ref(&t), &x), full);
-        assert!(shared.index.get().is_some(), "the walk's index was built");
+        assert!(
+            shared.index.get().is_none(),
+            "the first classification is the plain pass"
+        );
+        assert_eq!(classify(&shared, std::slice::from_ref(&t), &x), full);
+        assert!(
+            shared.index.get().is_some(),
+            "the second built the walk's index"
+        );
         assert_eq!(classify(&shared, std::slice::from_ref(&t), &x), full);
         let copy: Snapshot = (*shared).clone();
         assert!(
