@@ -1052,6 +1052,11 @@ fn start_serve(
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
+    // Serve's log (its per-teardown "teardown done" lines with their
+    // phases) kept where `TW_BENCH_SERVE_LOG` says, for a profile.
+    if let Some(path) = std::env::var_os("TW_BENCH_SERVE_LOG") {
+        c.stderr(std::fs::File::create(path)?);
+    }
     match cgroup {
         Some(root) => c
             .env("TREEWARDEN_BOUNDARY", "cgroup")

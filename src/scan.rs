@@ -63,6 +63,87 @@ impl Snapshot {
     }
 }
 
+/// A full walk handed to many callers at once (the custody host's coalesced
+/// walks, issue 30): immutable, and indexed once for all of them.
+///
+/// Why it exists: each of a drain's teardowns classifies the same walk for
+/// its own tree, and [`classify`] of one tree costs the whole host (every
+/// process hashed into its maps: 15,000 of them for each of 2,000 trees).
+/// Shared, the walk is indexed once ([`SnapshotIndex`], at its second
+/// classification: a walk one caller had alone is classified as before)
+/// and each further tree then costs its own members
+/// ([`classify_tree`], held equal to `classify` by a property test).
+///
+/// `classify` finds the index from the plain `&Snapshot` it is given: the
+/// live shared snapshots are registered (weakly), and one whose address is
+/// the given reference is that very snapshot. That is sound because a
+/// shared snapshot can never change: its `Snapshot` is private and reached
+/// only through `Deref` (no `&mut` to it exists, even through
+/// `Arc::get_mut`), and while the registry's upgraded reference is held its
+/// address cannot be reused. A snapshot not registered (a crafted one, the
+/// service's own view, a targeted re-read) is classified as before.
+#[derive(Debug)]
+pub struct SharedSnapshot {
+    snap: Snapshot,
+    index: std::sync::OnceLock<SnapshotIndex>,
+    /// Classifications asked of it so far: the first is the full pass (a
+    /// walk nobody else shares, a lone teardown's, costs what it did
+    /// before); the index is built for the second and serves the rest.
+    classified: std::sync::atomic::AtomicUsize,
+}
+
+impl std::ops::Deref for SharedSnapshot {
+    type Target = Snapshot;
+
+    fn deref(&self) -> &Snapshot {
+        &self.snap
+    }
+}
+
+/// The shared snapshots alive (weakly held: a dropped one is pruned at the
+/// next share). A few at most: one a walk still held by a caller.
+static SHARED: std::sync::Mutex<Vec<std::sync::Weak<SharedSnapshot>>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Makes `snap` a [`SharedSnapshot`]: immutable from here on, and known to
+/// [`classify`] for its index.
+pub fn share(snap: Snapshot) -> std::sync::Arc<SharedSnapshot> {
+    let shared = std::sync::Arc::new(SharedSnapshot {
+        snap,
+        index: std::sync::OnceLock::new(),
+        classified: std::sync::atomic::AtomicUsize::new(0),
+    });
+    let mut live = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    live.retain(|w| w.strong_count() > 0);
+    live.push(std::sync::Arc::downgrade(&shared));
+    shared
+}
+
+/// The index of `snap` if it is a live [`SharedSnapshot`] classified
+/// before (built now by the first caller that asks; the others wait for
+/// it, then share it). `None` for its first classification, which is the
+/// plain pass: a walk with one taker is never indexed.
+fn shared_index<R>(snap: &Snapshot, with: impl FnOnce(&SnapshotIndex) -> R) -> Option<R> {
+    let shared = {
+        let live = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+        live.iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .find(|s| std::ptr::eq(&s.snap, snap))?
+    };
+    if shared
+        .classified
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        == 0
+    {
+        return None;
+    }
+    Some(with(
+        shared
+            .index
+            .get_or_init(|| SnapshotIndex::new(&shared.snap)),
+    ))
+}
+
 /// Reads every process in `/proc`. Processes that vanish while being read are
 /// skipped: they are not there any more, which is what a snapshot says. A
 /// read that fails for any other reason makes the snapshot incomplete.
@@ -713,8 +794,17 @@ impl TreeFindings {
 /// owner and their helpers: never members, and never a link of descent (a
 /// subreaper's adopted children are not its descendants in the tree sense).
 /// When a process matches several trees, the first direct match wins, in the
-/// order of `trees`.
+/// order of `trees`. One tree of a [`SharedSnapshot`] is classified through
+/// the walk's shared index ([`classify_tree`]: the same findings).
 pub fn classify(snap: &Snapshot, trees: &[KnownTree], exclude: &HashSet<i32>) -> Vec<TreeFindings> {
+    // One tree of a shared walk: through the walk's index, at the cost of
+    // the tree's members (the same findings: `classify_tree`).
+    if let [tree] = trees
+        && let Some(findings) =
+            shared_index(snap, |index| classify_tree(snap, index, tree, exclude))
+    {
+        return vec![findings];
+    }
     // Direct matches first.
     let mut owner_of: HashMap<i32, (usize, Because)> = HashMap::new();
     let trusted: Vec<bool> = trees.iter().map(|t| t.ids_are_ours(snap)).collect();
@@ -1370,6 +1460,45 @@ mod tests {
         let entry = s.entries.get(&me).expect("own process is in /proc");
         assert!(entry.start_ticks > 0);
         assert!(entry.is_live());
+    }
+
+    /// A shared walk (the custody host's coalesced walks): one tree is
+    /// classified through the walk's index, built once and kept, with the
+    /// findings of the full pass; a copy of it is no shared walk.
+    #[test]
+    fn a_shared_walk_is_classified_through_its_one_index_with_the_same_findings() {
+        let s = snap(vec![
+            p(1, 0, 1, 1),
+            p(50, 1, 50, 50),
+            p(100, 50, 100, 100),
+            p(101, 100, 100, 100),
+            p(102, 101, 102, 102), // escaped by its own session
+            p(103, 102, 103, 103), // found by descent only
+            p(300, 1, 300, 300),
+        ]);
+        let t = tree(7, 100);
+        let x = HashSet::from([50]);
+        let full = classify(&s, std::slice::from_ref(&t), &x);
+        let shared = share(s.clone());
+        assert_eq!(classify(&shared, std::slice::from_ref(&t), &x), full);
+        assert!(
+            shared.index.get().is_none(),
+            "the first classification is the plain pass"
+        );
+        assert_eq!(classify(&shared, std::slice::from_ref(&t), &x), full);
+        assert!(
+            shared.index.get().is_some(),
+            "the second built the walk's index"
+        );
+        assert_eq!(classify(&shared, std::slice::from_ref(&t), &x), full);
+        let copy: Snapshot = (*shared).clone();
+        assert!(
+            shared_index(&copy, |_| ()).is_none(),
+            "a copy is not the shared walk"
+        );
+        assert_eq!(classify(&copy, std::slice::from_ref(&t), &x), full);
+        let pids: Vec<i32> = full[0].members.iter().map(|m| m.entry.pid).collect();
+        assert_eq!(pids, vec![100, 101, 102, 103]);
     }
 
     /// The service's case: two trees, the owner of the second a member of

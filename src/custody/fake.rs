@@ -541,11 +541,11 @@ fn refused(pid: i32, reason: &str) -> ProcError {
 }
 
 impl Host for FakeHost {
-    fn snapshot(&self) -> Snapshot {
+    fn snapshot(&self) -> std::sync::Arc<crate::scan::SharedSnapshot> {
         let mut w = self.world();
         w.step(Call::Snapshot);
         let pids: Vec<i32> = w.procs.keys().copied().collect();
-        w.read(pids)
+        crate::scan::share(w.read(pids))
     }
 
     fn snapshot_pids(&self, pids: Vec<i32>) -> Snapshot {

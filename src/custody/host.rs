@@ -12,7 +12,9 @@
 //! The guards stay where they were: `proc` still refuses pid <= 1, its own
 //! group, a recycled pid, a group that is not provably the recorded one.
 //! `proc` knows nothing of this trait (no arrow from `src/proc` to
-//! `src/custody`).
+//! `src/custody`). The one thing it adds: full walks are coalesced across
+//! the process ([`super::walks`]), each still as fresh as a walk of the
+//! caller's own.
 //!
 //! What it must never do: grow a method the teardown or the watches do not
 //! call, or hand out a raw pid signal (`kill(2)` on a bare pid): single
@@ -20,12 +22,14 @@
 
 use std::collections::HashSet;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::walks::Walks;
 use crate::proc::{
     Delivery, ExitStatus, GroupDelivery, GroupRecord, Identity, Liveness, ProcError, Reaper, Sig,
 };
-use crate::scan::{MemberDetails, Snapshot};
+use crate::scan::{MemberDetails, SharedSnapshot, Snapshot};
 
 /// A process held from first sight (see [`Host::hold`]): signals and the
 /// exit check reach that process or nothing, however its pid is reused.
@@ -73,8 +77,10 @@ impl Held {
 /// What custody needs of the kernel: reads of `/proc` and cgroup files,
 /// guarded signals, cgroup control, the reaper's exit statuses and a clock.
 pub trait Host: Send + Sync {
-    /// Every process (a full `/proc` walk).
-    fn snapshot(&self) -> Snapshot;
+    /// Every process (a full `/proc` walk), shared: the callers a walk
+    /// serves at once hold one copy ([`super::walks`]) and one index of it
+    /// ([`crate::scan::SharedSnapshot`]).
+    fn snapshot(&self) -> Arc<SharedSnapshot>;
     /// Only these pids, re-read now (a targeted refresh).
     fn snapshot_pids(&self, pids: Vec<i32>) -> Snapshot;
     /// The pids in a cgroup's `cgroup.procs` (empty if it is gone).
@@ -191,11 +197,24 @@ impl KernelHost {
     pub fn new(reaper: Option<&'static Reaper>) -> Self {
         Self { reaper }
     }
+
+    /// How many full `/proc` walks [`Host::snapshot`] has made in this
+    /// process: fewer than its callers when they asked at once (see
+    /// [`super::walks`]).
+    pub fn walks() -> u64 {
+        WALKS.walks()
+    }
 }
 
+/// The process's one coalescer of full `/proc` walks: every
+/// [`KernelHost`] shares it, since every caller walks the same `/proc`.
+static WALKS: Walks<Arc<SharedSnapshot>> = Walks::new();
+
 impl Host for KernelHost {
-    fn snapshot(&self) -> Snapshot {
-        crate::scan::snapshot()
+    /// A walk that started after this call, shared with every caller
+    /// asking meanwhile (issue 30: a drain's thousands of teardowns).
+    fn snapshot(&self) -> Arc<SharedSnapshot> {
+        WALKS.get(|| crate::scan::share(crate::scan::snapshot()))
     }
 
     fn snapshot_pids(&self, pids: Vec<i32>) -> Snapshot {

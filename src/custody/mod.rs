@@ -35,6 +35,9 @@ mod sweep_tests;
 mod teardown;
 #[cfg(test)]
 mod tests;
+mod walks;
+#[cfg(test)]
+mod walks_tests;
 mod watch;
 #[cfg(test)]
 mod watch_tests;

@@ -100,6 +100,13 @@ pub type ExitCallback = Box<dyn FnOnce(ExitStatus) + Send>;
 /// How many unclaimed exits the reaper keeps for its readers.
 const UNCLAIMED_KEPT: usize = 4096;
 
+/// How many exits the reaper records under one lock and one wake-up.
+const BATCH_MAX: usize = 256;
+
+/// One reaped child: its pid, how it ended (`None`: a status that is no
+/// exit), its CPU time in microseconds.
+type Reaped = (i32, Option<ExitStatus>, u64);
+
 /// How many reaped processes' CPU times the reaper keeps for their
 /// recorders (who ask within a scan interval or a teardown of the exit).
 const CPU_KEPT: usize = 8192;
@@ -149,9 +156,8 @@ impl Reaper {
     fn run(&self) {
         loop {
             let generation = self.lock().spawn_generation;
-            match wait_any() {
-                Ok(Some((pid, Some(exit), cpu_usec))) => self.record(pid, exit, cpu_usec),
-                Ok(Some((_, None, _))) => {}
+            match wait_any(false) {
+                Ok(Some(first)) => self.record_batch(first),
                 Ok(None) | Err(Errno::INTR) => {}
                 Err(e) => {
                     if e != Errno::CHILD {
@@ -171,8 +177,42 @@ impl Reaper {
         }
     }
 
-    fn record(&self, pid: i32, exit: ExitStatus, cpu_usec: u64) {
+    /// Records `first` and every other child already ended (reaped without
+    /// blocking, up to [`BATCH_MAX`]) under one lock, then wakes the waiters
+    /// once and runs the exits' callbacks. One wake a batch, not one a
+    /// child (issue 30: a drain's 10,000 exits woke each of 512 waiting
+    /// teardowns 10,000 times, and the reaper waited for the lock behind
+    /// them while the zombies stayed).
+    fn record_batch(&self, first: Reaped) {
+        let mut reaped = vec![first];
+        while reaped.len() < BATCH_MAX {
+            match wait_any(true) {
+                Ok(Some(r)) => reaped.push(r),
+                Ok(None) | Err(_) => break,
+            }
+        }
         let mut state = self.lock();
+        let mut calls = Vec::new();
+        for (pid, exit, cpu_usec) in reaped {
+            let Some(exit) = exit else { continue };
+            if let Some(f) = Self::record(&mut state, pid, exit, cpu_usec) {
+                calls.push((f, exit));
+            }
+        }
+        drop(state);
+        self.exited.notify_all();
+        for (f, exit) in calls {
+            f(exit);
+        }
+    }
+
+    /// Records one exit; the callback an announced child left, to call.
+    fn record(
+        state: &mut State,
+        pid: i32,
+        exit: ExitStatus,
+        cpu_usec: u64,
+    ) -> Option<ExitCallback> {
         if state.cpu.insert(pid, cpu_usec).is_none() {
             state.cpu_order.push_back(pid);
             if state.cpu_order.len() > CPU_KEPT
@@ -181,17 +221,12 @@ impl Reaper {
                 state.cpu.remove(&old);
             }
         }
-        let mut call = None;
         if state.expected.remove(&pid) {
             state.exits.insert(pid, (exit, false));
-            call = state.on_exit.remove(&pid);
+            state.on_exit.remove(&pid)
         } else {
-            Self::keep_unclaimed(&mut state, pid, exit);
-        }
-        drop(state);
-        self.exited.notify_all();
-        if let Some(f) = call {
-            f(exit);
+            Self::keep_unclaimed(state, pid, exit);
+            None
         }
     }
 
@@ -352,12 +387,14 @@ impl Reaper {
 /// signal is not SIGCHLD), how it ended and its CPU time in microseconds
 /// (rusage: user + system, its own and its waited-for children's). rustix
 /// has no wait with rusage, hence libc.
-fn wait_any() -> Result<Option<(i32, Option<ExitStatus>, u64)>, Errno> {
+/// `nohang`: `WNOHANG`, `Ok(None)` when no child has ended yet.
+fn wait_any(nohang: bool) -> Result<Option<Reaped>, Errno> {
     let mut status: libc::c_int = 0;
     let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    let flags = libc::__WALL | if nohang { libc::WNOHANG } else { 0 };
     // SAFETY: wait4 writes only an int and a `struct rusage` through two
     // pointers to live locals of exactly those types.
-    let pid = unsafe { libc::wait4(-1, &mut status, libc::__WALL, usage.as_mut_ptr()) };
+    let pid = unsafe { libc::wait4(-1, &mut status, flags, usage.as_mut_ptr()) };
     if pid < 0 {
         return Err(Errno::from_io_error(&std::io::Error::last_os_error()).unwrap_or(Errno::IO));
     }

@@ -22,6 +22,17 @@ use super::{Service, ServiceConfig};
 /// owned tree (or could not start): treewarden's own failure.
 pub const EXIT_UNSETTLED: u8 = 125;
 
+/// The blocking pool's bound: every call into the engine or the ledger
+/// runs there, and a teardown holds one thread from its first walk through
+/// its grace to its end. The shutdown drain starts every owned tree's
+/// teardown at once, so this bounds how many run together; their full
+/// walks are shared ([`crate::custody::KernelHost`]'s coalescer), so a
+/// teardown's time is about three walks however many are in flight, and
+/// the drain's rate is this bound over that time (issue 30: 64 threads
+/// ended about 50 trees a second with 15,000 processes on the host).
+/// Tokio's own default; a thread's stack is address space until touched.
+const BLOCKING_THREADS: usize = 512;
+
 /// Everything `serve` takes beyond the [`Config`].
 #[derive(Clone, Debug)]
 pub struct ServeOptions {
@@ -123,7 +134,7 @@ pub fn serve(
         .map_err(|e| ServeError::internal(e.to_string()))?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
-        .max_blocking_threads(64)
+        .max_blocking_threads(BLOCKING_THREADS)
         .thread_name("tw-serve")
         .enable_all()
         .build()

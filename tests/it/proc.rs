@@ -487,6 +487,54 @@ fn reaper_keeps_exits(reaper: &Reaper) -> Result<(), String> {
         exits.contains(&(orphan, ExitStatus::Signaled(15))),
         "{exits:?}"
     );
+
+    // A burst (issue 30: a drain's exits, recorded in batches, one lock and
+    // one wake-up a batch): forty adopted orphans ended at once, each with
+    // a waiter of its own, and every waiter gets its own orphan's status.
+    let root = spawn_tree(
+        "for i in $(seq 40); do sleep 1000 & echo $! >> burst; done",
+        dir.path(),
+        BoundaryKind::Session,
+        &mut cleanup,
+    )?;
+    assert_eq!(
+        reaper.wait_exit(root.pid, Some(LIMIT)),
+        Some(ExitStatus::Exited(0))
+    );
+    let burst = read_pids(&dir.path().join("burst"), 40);
+    for &p in &burst {
+        cleanup.pid(p);
+    }
+    assert!(wait_until(LIMIT, || burst.iter().all(|&p| {
+        proc::read_stat(p)
+            .ok()
+            .flatten()
+            .is_some_and(|s| s.ppid == own_pid())
+    })));
+    let ids: Vec<_> = burst
+        .iter()
+        .map(|&p| proc::identity_of(p).expect("read").expect("orphan"))
+        .collect();
+    let got: Vec<Option<ExitStatus>> = std::thread::scope(|s| {
+        let waiters: Vec<_> = burst
+            .iter()
+            .map(|&p| s.spawn(move || reaper.wait_unclaimed(p, LIMIT)))
+            .collect();
+        for id in &ids {
+            assert_eq!(
+                proc::signal_process(id, Sig::Kill).expect("kill"),
+                Delivery::Sent
+            );
+        }
+        waiters
+            .into_iter()
+            .map(|w| w.join().expect("a waiter"))
+            .collect()
+    });
+    assert!(
+        got.iter().all(|e| *e == Some(ExitStatus::Signaled(9))),
+        "{got:?}"
+    );
     cleanup.finish();
     Ok(())
 }
