@@ -60,6 +60,8 @@ pub mod signal;
 pub mod stat;
 #[cfg(target_os = "linux")]
 pub mod tty;
+#[cfg(unix)]
+mod userdb;
 #[cfg(target_os = "linux")]
 pub mod users;
 #[cfg(target_os = "linux")]

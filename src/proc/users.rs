@@ -7,8 +7,6 @@
 //! runs with its peer's gid and no supplementary groups, never with the
 //! service's.
 
-use nix::unistd::{Gid, Group, Uid, User};
-
 /// The credentials set in a tree's child before exec: supplementary groups
 /// first, then the gid, then the uid (real, effective and saved alike), so
 /// nothing of the service's identity is left to regain.
@@ -36,69 +34,9 @@ pub struct Rlimit {
     pub hard: u64,
 }
 
-/// One user as the user database knows it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UserInfo {
-    pub name: String,
-    pub uid: u32,
-    /// The primary group.
-    pub gid: u32,
-    pub home: std::path::PathBuf,
-    pub shell: std::path::PathBuf,
-}
-
-impl UserInfo {
-    /// A uid the user database does not know (named by number, as
-    /// `systemd-run --uid` takes it): no name, its uid as its gid, `/` as
-    /// its home.
-    pub fn unnamed(uid: u32) -> Self {
-        Self {
-            name: String::new(),
-            uid,
-            gid: uid,
-            home: "/".into(),
-            shell: "/bin/sh".into(),
-        }
-    }
-}
-
-fn io(e: nix::Error) -> std::io::Error {
-    std::io::Error::from_raw_os_error(e as i32)
-}
-
-fn info(u: User) -> UserInfo {
-    UserInfo {
-        name: u.name,
-        uid: u.uid.as_raw(),
-        gid: u.gid.as_raw(),
-        home: u.dir,
-        shell: u.shell,
-    }
-}
-
-/// The user named `name`, if the user database has one.
-pub fn user_by_name(name: &str) -> std::io::Result<Option<UserInfo>> {
-    Ok(User::from_name(name).map_err(io)?.map(info))
-}
-
-/// The user with this uid, if the user database has one.
-pub fn user_by_uid(uid: u32) -> std::io::Result<Option<UserInfo>> {
-    Ok(User::from_uid(Uid::from_raw(uid)).map_err(io)?.map(info))
-}
-
-/// The gid of the group named `name`.
-pub fn group_by_name(name: &str) -> std::io::Result<Option<u32>> {
-    Ok(Group::from_name(name).map_err(io)?.map(|g| g.gid.as_raw()))
-}
-
-/// The groups `user` belongs to, its primary `gid` included
-/// (`getgrouplist`, as `initgroups` would set them at login).
-pub fn groups_of(user: &UserInfo, gid: u32) -> std::io::Result<Vec<u32>> {
-    let name = std::ffi::CString::new(user.name.as_bytes())
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    let groups = nix::unistd::getgrouplist(&name, Gid::from_raw(gid)).map_err(io)?;
-    Ok(groups.into_iter().map(Gid::as_raw).collect())
-}
+pub use super::userdb::{
+    UserInfo, current_uid, effective_uid, group_by_name, groups_of, user_by_name, user_by_uid,
+};
 
 /// The credentials a tree asked for by a principal with `uid` (and, from
 /// its peer credentials, `gid`) runs with: the user database's groups of
@@ -232,16 +170,6 @@ fn v1_procs_files(groups: &procfs::ProcessCGroups) -> Vec<std::path::PathBuf> {
         }
     }
     files
-}
-
-/// The real uid of this process.
-pub fn current_uid() -> u32 {
-    rustix::process::getuid().as_raw()
-}
-
-/// The effective uid of this process (whether it may set another's).
-pub fn effective_uid() -> u32 {
-    rustix::process::geteuid().as_raw()
 }
 
 #[cfg(test)]

@@ -6,8 +6,6 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use nix::unistd::{Group, Uid, User};
-
 use super::exits::unsupported;
 use crate::proc::ProcError;
 
@@ -27,85 +25,9 @@ pub struct Credentials {
     pub groups: Vec<u32>,
 }
 
-/// One user as the user database knows it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UserInfo {
-    pub name: String,
-    pub uid: u32,
-    pub gid: u32,
-    pub home: PathBuf,
-    pub shell: PathBuf,
-}
-
-impl UserInfo {
-    /// A uid the user database does not know: no name, its uid as its gid.
-    pub fn unnamed(uid: u32) -> Self {
-        Self {
-            name: String::new(),
-            uid,
-            gid: uid,
-            home: "/".into(),
-            shell: "/bin/sh".into(),
-        }
-    }
-}
-
-fn io(e: nix::Error) -> std::io::Error {
-    std::io::Error::from_raw_os_error(e as i32)
-}
-
-fn info(u: User) -> UserInfo {
-    UserInfo {
-        name: u.name,
-        uid: u.uid.as_raw(),
-        gid: u.gid.as_raw(),
-        home: u.dir,
-        shell: u.shell,
-    }
-}
-
-pub fn user_by_name(name: &str) -> std::io::Result<Option<UserInfo>> {
-    Ok(User::from_name(name).map_err(io)?.map(info))
-}
-
-pub fn user_by_uid(uid: u32) -> std::io::Result<Option<UserInfo>> {
-    Ok(User::from_uid(Uid::from_raw(uid)).map_err(io)?.map(info))
-}
-
-pub fn group_by_name(name: &str) -> std::io::Result<Option<u32>> {
-    Ok(Group::from_name(name).map_err(io)?.map(|g| g.gid.as_raw()))
-}
-
-/// The groups `user` belongs to, its primary `gid` included.
-pub fn groups_of(user: &UserInfo, gid: u32) -> std::io::Result<Vec<u32>> {
-    let name = std::ffi::CString::new(user.name.as_bytes())
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    // macOS's getgrouplist takes and fills `int`s; nix offers it only
-    // elsewhere. Grown until the list fits (-1: too small).
-    let mut n: libc::c_int = 64;
-    loop {
-        let mut groups: Vec<libc::c_int> = vec![0; n as usize];
-        let mut got = n;
-        // SAFETY: `name` is NUL-terminated; `groups` is writable for `got`
-        // entries, and the call writes at most `got` and sets `got`.
-        let rc = unsafe {
-            libc::getgrouplist(
-                name.as_ptr(),
-                gid as libc::c_int,
-                groups.as_mut_ptr(),
-                &raw mut got,
-            )
-        };
-        if rc == 0 {
-            groups.truncate(got.max(0) as usize);
-            return Ok(groups.into_iter().map(|g| g as u32).collect());
-        }
-        if n >= 65_536 {
-            return Err(std::io::Error::other("getgrouplist: too many groups"));
-        }
-        n *= 4;
-    }
-}
+pub use crate::proc::userdb::{
+    UserInfo, current_uid, effective_uid, group_by_name, groups_of, user_by_name, user_by_uid,
+};
 
 pub fn credentials_for(uid: u32, gid: u32) -> std::io::Result<Credentials> {
     let groups = match user_by_uid(uid)? {
@@ -113,14 +35,6 @@ pub fn credentials_for(uid: u32, gid: u32) -> std::io::Result<Credentials> {
         None => vec![gid],
     };
     Ok(Credentials { uid, gid, groups })
-}
-
-pub fn current_uid() -> u32 {
-    Uid::current().as_raw()
-}
-
-pub fn effective_uid() -> u32 {
-    Uid::effective().as_raw()
 }
 
 /// One probed capability.
