@@ -74,14 +74,10 @@ impl Snapshot {
 /// and each further tree then costs its own members
 /// ([`classify_tree`], held equal to `classify` by a property test).
 ///
-/// `classify` finds the index from the plain `&Snapshot` it is given: the
-/// live shared snapshots are registered (weakly), and one whose address is
-/// the given reference is that very snapshot. That is sound because a
-/// shared snapshot can never change: its `Snapshot` is private and reached
-/// only through `Deref` (no `&mut` to it exists, even through
-/// `Arc::get_mut`), and while the registry's upgraded reference is held its
-/// address cannot be reused. A snapshot not registered (a crafted one, the
-/// service's own view, a targeted re-read) is classified as before.
+/// A caller classifies its tree of a shared walk with
+/// [`SharedSnapshot::classify_one`]; the snapshot cannot change once
+/// shared (its `Snapshot` is private and reached only through `Deref`), so
+/// one index serves every caller.
 #[derive(Debug)]
 pub struct SharedSnapshot {
     snap: Snapshot,
@@ -100,48 +96,33 @@ impl std::ops::Deref for SharedSnapshot {
     }
 }
 
-/// The shared snapshots alive (weakly held: a dropped one is pruned at the
-/// next share). A few at most: one a walk still held by a caller.
-static SHARED: std::sync::Mutex<Vec<std::sync::Weak<SharedSnapshot>>> =
-    std::sync::Mutex::new(Vec::new());
-
-/// Makes `snap` a [`SharedSnapshot`]: immutable from here on, and known to
-/// [`classify`] for its index.
+/// Makes `snap` a [`SharedSnapshot`]: immutable from here on.
 pub fn share(snap: Snapshot) -> std::sync::Arc<SharedSnapshot> {
-    let shared = std::sync::Arc::new(SharedSnapshot {
+    std::sync::Arc::new(SharedSnapshot {
         snap,
         index: std::sync::OnceLock::new(),
         classified: std::sync::atomic::AtomicUsize::new(0),
-    });
-    let mut live = SHARED.lock().unwrap_or_else(|e| e.into_inner());
-    live.retain(|w| w.strong_count() > 0);
-    live.push(std::sync::Arc::downgrade(&shared));
-    shared
+    })
 }
 
-/// The index of `snap` if it is a live [`SharedSnapshot`] classified
-/// before (built now by the first caller that asks; the others wait for
-/// it, then share it). `None` for its first classification, which is the
-/// plain pass: a walk with one taker is never indexed.
-fn shared_index<R>(snap: &Snapshot, with: impl FnOnce(&SnapshotIndex) -> R) -> Option<R> {
-    let shared = {
-        let live = SHARED.lock().unwrap_or_else(|e| e.into_inner());
-        live.iter()
-            .filter_map(std::sync::Weak::upgrade)
-            .find(|s| std::ptr::eq(&s.snap, snap))?
-    };
-    if shared
-        .classified
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        == 0
-    {
-        return None;
+impl SharedSnapshot {
+    /// One tree of this walk, as [`classify`] finds it: its first
+    /// classification is the plain pass (a walk with one taker is never
+    /// indexed); from the second on, through the walk's index (built once,
+    /// by the first caller that needs it), at the cost of the tree's
+    /// members ([`classify_tree`]: the same findings).
+    pub fn classify_one(&self, tree: &KnownTree, exclude: &HashSet<i32>) -> TreeFindings {
+        let n = self
+            .classified
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if n == 0 {
+            return classify(&self.snap, std::slice::from_ref(tree), exclude)
+                .pop()
+                .unwrap_or_default();
+        }
+        let index = self.index.get_or_init(|| SnapshotIndex::new(&self.snap));
+        classify_tree(&self.snap, index, tree, exclude)
     }
-    Some(with(
-        shared
-            .index
-            .get_or_init(|| SnapshotIndex::new(&shared.snap)),
-    ))
 }
 
 /// Reads every process in `/proc`. Processes that vanish while being read are
@@ -794,17 +775,9 @@ impl TreeFindings {
 /// owner and their helpers: never members, and never a link of descent (a
 /// subreaper's adopted children are not its descendants in the tree sense).
 /// When a process matches several trees, the first direct match wins, in the
-/// order of `trees`. One tree of a [`SharedSnapshot`] is classified through
-/// the walk's shared index ([`classify_tree`]: the same findings).
+/// order of `trees`. (One tree of a shared walk:
+/// [`SharedSnapshot::classify_one`].)
 pub fn classify(snap: &Snapshot, trees: &[KnownTree], exclude: &HashSet<i32>) -> Vec<TreeFindings> {
-    // One tree of a shared walk: through the walk's index, at the cost of
-    // the tree's members (the same findings: `classify_tree`).
-    if let [tree] = trees
-        && let Some(findings) =
-            shared_index(snap, |index| classify_tree(snap, index, tree, exclude))
-    {
-        return vec![findings];
-    }
     // Direct matches first.
     let mut owner_of: HashMap<i32, (usize, Because)> = HashMap::new();
     let trusted: Vec<bool> = trees.iter().map(|t| t.ids_are_ours(snap)).collect();
@@ -1480,22 +1453,18 @@ mod tests {
         let x = HashSet::from([50]);
         let full = classify(&s, std::slice::from_ref(&t), &x);
         let shared = share(s.clone());
-        assert_eq!(classify(&shared, std::slice::from_ref(&t), &x), full);
+        assert_eq!(vec![shared.classify_one(&t, &x)], full);
         assert!(
             shared.index.get().is_none(),
             "the first classification is the plain pass"
         );
-        assert_eq!(classify(&shared, std::slice::from_ref(&t), &x), full);
+        assert_eq!(vec![shared.classify_one(&t, &x)], full);
         assert!(
             shared.index.get().is_some(),
             "the second built the walk's index"
         );
-        assert_eq!(classify(&shared, std::slice::from_ref(&t), &x), full);
+        assert_eq!(vec![shared.classify_one(&t, &x)], full);
         let copy: Snapshot = (*shared).clone();
-        assert!(
-            shared_index(&copy, |_| ()).is_none(),
-            "a copy is not the shared walk"
-        );
         assert_eq!(classify(&copy, std::slice::from_ref(&t), &x), full);
         let pids: Vec<i32> = full[0].members.iter().map(|m| m.entry.pid).collect();
         assert_eq!(pids, vec![100, 101, 102, 103]);

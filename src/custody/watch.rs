@@ -433,7 +433,9 @@ impl TreeWatch {
         let snap = engine.host().snapshot();
         self.note_incomplete(snap.incomplete.as_deref());
         self.read_cgroup_pids(engine.host());
-        self.classify_and_record(engine, exits, &snap, started, bump_last_seen)
+        // A walk other teardowns may share: classified through its index.
+        let members = snap.classify_one(&self.known, &self.exclude).members;
+        self.record_members(engine, exits, members, started, bump_last_seen)
     }
 
     /// A targeted tick: re-reads only the live members, the group and
