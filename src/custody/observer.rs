@@ -254,26 +254,27 @@ impl ObserverHandle {
         self.wake();
     }
 
-    /// Whether this observer follows `tree` (registered by
-    /// [`ObserverHandle::watch`], not yet unwatched).
-    pub fn is_watching(&self, tree: TreeId) -> bool {
-        self.shared
-            .trees
-            .lock()
-            .is_ok_and(|t| t.contains_key(&tree.0))
-    }
-
     /// The tree's generation (`None`: not watched). While it stays the same,
     /// the observer saw no fork, exec, setsid or exit of the tree's members
     /// and no scan handed it a member it did not know; what it cannot see
     /// (a process moved into the tree's cgroup from outside, a lost event:
     /// that forces a full scan) is the scans' to find.
     pub fn generation(&self, tree: TreeId) -> Option<u64> {
-        self.shared
-            .trees
-            .lock()
-            .ok()
-            .and_then(|t| t.get(&tree.0).map(|t| t.generation))
+        self.generations([tree])?.get(&tree.0).copied()
+    }
+
+    /// The generation of each of `trees`, under one lock, or `None` when
+    /// the observer does not watch every one of them (what the scan loop
+    /// asks at every tick, for every tree it watches).
+    pub fn generations(
+        &self,
+        trees: impl IntoIterator<Item = TreeId>,
+    ) -> Option<HashMap<i64, u64>> {
+        let tracked = self.shared.trees.lock().ok()?;
+        trees
+            .into_iter()
+            .map(|t| tracked.get(&t.0).map(|w| (t.0, w.generation)))
+            .collect()
     }
 
     /// Whether the observer still reads the kernel's events (false once
@@ -923,6 +924,15 @@ mod tests {
         assert_eq!(h.scanned(tree, [ProcKey::new(41, 999)]), 1);
         let third = h.generation(tree).expect("watched");
         assert_ne!(third, second);
+        assert_eq!(
+            h.generations([tree, TreeId(8)]),
+            Some(HashMap::from([
+                (7, third),
+                (8, h.generation(TreeId(8)).expect("8"))
+            ])),
+            "every tree's, under one lock"
+        );
+        assert_eq!(h.generations([tree, TreeId(9)]), None, "9 is not watched");
         h.unwatch(tree);
         assert_eq!(h.generation(tree), None);
         h.watch(tree, 40, 40, &root(40));

@@ -101,19 +101,18 @@ impl Service {
         // first), a new member is a fork it attributed: re-reading the
         // members, leaders, cgroup members and the observer's members finds
         // every member a listing would, without listing `/proc`.
-        let observed = self.observer_handle.as_ref().filter(|h| {
-            !st.relist && h.healthy() && st.watches.keys().all(|id| h.is_watching(TreeId(*id)))
-        });
-        // Each tree's generation, read before any of its pids: a change
-        // after this read moves it past what this tick records as seen.
-        let generations: HashMap<i64, u64> = observed
-            .map(|h| {
-                st.watches
-                    .keys()
-                    .filter_map(|id| h.generation(TreeId(*id)).map(|g| (*id, g)))
-                    .collect()
-            })
-            .unwrap_or_default();
+        // And each tree's generation, read before any of its pids (one lock
+        // for all of them): a change after this read moves it past what
+        // this tick records as seen.
+        let (observed, generations) = match self.observer_handle.as_ref() {
+            Some(h) if !st.relist && h.healthy() => {
+                match h.generations(st.watches.keys().map(|id| TreeId(*id))) {
+                    Some(g) => (Some(h), g),
+                    None => (None, HashMap::new()),
+                }
+            }
+            _ => (None, HashMap::new()),
+        };
         let quiet = match observed {
             Some(h) if !full => st.quiet_trees(h, &generations, Instant::now()),
             _ => HashSet::new(),
