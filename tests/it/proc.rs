@@ -324,10 +324,14 @@ fn group_kill_after_leader_reaped(reaper: &Reaper, kind: BoundaryKind) -> Result
             "{exits:?}"
         );
     }
-    assert_eq!(
-        proc::signal_group(&rec, Sig::Kill).expect("kill"),
-        GroupDelivery::Empty
-    );
+    // Nothing is sent to a dead group: it is empty, or (its leader's pid
+    // taken by another process since, which a busy host does within
+    // moments) the recycled leader is refused. Never `Sent`.
+    match proc::signal_group(&rec, Sig::Kill).expect("kill") {
+        GroupDelivery::Empty => {}
+        GroupDelivery::NotRecorded(why) if why.contains("not the recorded leader") => {}
+        other => panic!("a dead group was signalled: {other:?}"),
+    }
     if let Some(cg) = &root.cgroup {
         assert!(proc::remove_cgroup_if_empty(cg).expect("rmdir"));
         assert!(!cg.exists(), "tree cgroup removed");
