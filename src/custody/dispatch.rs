@@ -99,7 +99,7 @@ impl Engine {
             }
             out.push(Unsettled { tree, reason });
         }
-        for row in self.ledger.nonterminal_trees()? {
+        for row in self.ledger.unsettled_candidates()? {
             if out.iter().any(|u| u.tree == row.id) {
                 continue;
             }

@@ -723,6 +723,24 @@ impl Ledger {
         self.read(move |tx| read::trees(tx, Some(&live)))
     }
 
+    /// The trees whose state alone can hold dispatch closed: ambiguous,
+    /// terminating and killing (what [`crate::custody::Engine::unsettled`]
+    /// judges), read through the state index. Not every live tree: with
+    /// 2,000 running trees, reading them all made every `/healthz`, spawn
+    /// gate and `/metrics` scrape read 2,000 rows (issue 30).
+    pub fn unsettled_candidates(&self) -> Result<Vec<TreeRow>, LedgerError> {
+        self.read(|tx| {
+            read::trees(
+                tx,
+                Some(&[
+                    TreeState::Terminating,
+                    TreeState::Killing,
+                    TreeState::Ambiguous,
+                ]),
+            )
+        })
+    }
+
     /// How many trees are in each state (states with none are left out).
     pub fn tree_counts(&self) -> Result<Vec<(TreeState, u64)>, LedgerError> {
         self.read(|tx| read::tree_counts(tx))

@@ -68,8 +68,11 @@ impl Service {
     pub(super) fn scan_once(&self, st: &mut ScanState, wanted: &[i64]) {
         let ledger = self.engine.ledger();
         self.cap_logs(wanted);
-        st.watches.retain(|id, _| wanted.contains(id));
-        st.quiet.retain(|id, _| wanted.contains(id));
+        // A set, not the slice: at 2,000 live trees `contains` on the slice
+        // made these two lines 8 M comparisons a tick (issue 30's idle profile).
+        let wanted_set: HashSet<i64> = wanted.iter().copied().collect();
+        st.watches.retain(|id, _| wanted_set.contains(id));
+        st.quiet.retain(|id, _| wanted_set.contains(id));
         for id in wanted {
             if st.watches.contains_key(id) {
                 continue;

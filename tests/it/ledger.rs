@@ -496,10 +496,23 @@ fn ledger_database_refuses_edits_and_unauthorized_sigkill() {
         .resolve(live, "fine", &[], None)
         .expect_err("not ambiguous");
     assert!(matches!(err, LedgerError::Invariant(_)), "{err:?}");
+    // The dispatch gate's candidates are the trees whose state can close
+    // it: a live running tree is not one, the same tree ambiguous is.
+    let ids =
+        |rows: Vec<treewarden::ledger::TreeRow>| rows.iter().map(|t| t.id).collect::<Vec<_>>();
+    assert!(ids(ledger.nonterminal_trees().expect("live")).contains(&live.0));
+    assert_eq!(
+        ids(ledger.unsettled_candidates().expect("candidates")),
+        Vec::<i64>::new()
+    );
     ledger
         .set_state(live, TreeState::Ambiguous, Some("authority write failed"))
         .expect("ambiguous");
     assert_eq!(ledger.ambiguous_trees().expect("gate").len(), 1);
+    assert_eq!(
+        ids(ledger.unsettled_candidates().expect("candidates")),
+        vec![live.0]
+    );
     ledger
         .resolve(live, "operator checked", &[], None)
         .expect("resolve");
