@@ -178,7 +178,11 @@ impl Engine {
     /// `opts.concurrency` at once, each with its recorded grace.
     pub fn sweep_with(&self, opts: &SweepOptions) -> Result<SweepReport, CustodyError> {
         let _span = tracing::info_span!("sweep").entered();
-        let trees = self.ledger.sweep_candidates()?;
+        let trees = if opts.only_failed_closed {
+            self.failed_closed_candidates()?
+        } else {
+            self.ledger.sweep_candidates()?
+        };
         let mut report = SweepReport {
             examined: trees.len(),
             ..SweepReport::default()
@@ -266,6 +270,29 @@ impl Engine {
     /// Whether a tree's teardown failed closed: it could not authorize its
     /// kill and left its survivors alive (ambiguous in the ledger, or named
     /// by an unsettled marker when the ledger refused even that).
+    /// The sweep candidates that can have failed closed, without reading
+    /// every live tree: the ambiguous trees and the trees an unsettled
+    /// marker names (one directory listing), each still a sweep candidate
+    /// (not terminal, or resolved with survivors left). The service asks
+    /// every 2 s; reading every live tree's row and opening a marker path
+    /// for each was most of its idle ledger work at 2,000 trees (issue 30).
+    fn failed_closed_candidates(&self) -> Result<Vec<TreeRow>, CustodyError> {
+        let mut trees = self.ledger.ambiguous_trees()?;
+        for (id, _) in super::markers::all(&self.data_dir) {
+            if trees.iter().any(|t| t.id == id) {
+                continue;
+            }
+            if let Some(row) = self.ledger.tree(crate::ledger::TreeId(id))?
+                && (!row.state.is_terminal()
+                    || (row.state == TreeState::Resolved && row.has_survivors_left()))
+            {
+                trees.push(row);
+            }
+        }
+        trees.sort_by_key(|t| t.id);
+        Ok(trees)
+    }
+
     pub(crate) fn failed_closed(&self, row: &TreeRow) -> bool {
         row.state == TreeState::Ambiguous || super::markers::read(&self.data_dir, row.id).is_some()
     }
@@ -275,7 +302,8 @@ impl Engine {
     /// the survivors, SIGKILL, verify (the teardown's own steps, resumed).
     /// Their grace was spent by the teardown that failed closed, so none is
     /// given again. At most `limit` trees; `None` when there was none (or
-    /// the ledger could not be read).
+    /// the ledger could not be read). It examines only the trees that can
+    /// have failed closed (its report's `examined` counts those).
     pub fn settle_failed_closed(&self, limit: usize) -> Option<SweepReport> {
         let mut opts = SweepOptions::opportunistic(Duration::ZERO, limit);
         opts.only_failed_closed = true;
