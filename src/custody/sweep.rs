@@ -267,9 +267,6 @@ impl Engine {
         }
     }
 
-    /// Whether a tree's teardown failed closed: it could not authorize its
-    /// kill and left its survivors alive (ambiguous in the ledger, or named
-    /// by an unsettled marker when the ledger refused even that).
     /// The sweep candidates that can have failed closed, without reading
     /// every live tree: the ambiguous trees and the trees an unsettled
     /// marker names (one directory listing), each still a sweep candidate
@@ -293,6 +290,9 @@ impl Engine {
         Ok(trees)
     }
 
+    /// Whether a tree's teardown failed closed: it could not authorize its
+    /// kill and left its survivors alive (ambiguous in the ledger, or named
+    /// by an unsettled marker when the ledger refused even that).
     pub(crate) fn failed_closed(&self, row: &TreeRow) -> bool {
         row.state == TreeState::Ambiguous || super::markers::read(&self.data_dir, row.id).is_some()
     }
