@@ -280,8 +280,7 @@ impl Engine {
                 continue;
             }
             if let Some(row) = self.ledger.tree(crate::ledger::TreeId(id))?
-                && (!row.state.is_terminal()
-                    || (row.state == TreeState::Resolved && row.has_survivors_left()))
+                && (!row.state.is_terminal() || row.has_survivors_left())
             {
                 trees.push(row);
             }
