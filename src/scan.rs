@@ -388,6 +388,16 @@ impl HostView {
     }
 }
 
+/// The time since boot in start-time clock ticks, where a start time
+/// counts from boot (Linux: [`crate::proc::boot_ticks_now`]); `None`
+/// elsewhere (a Windows job's listing is always confirmed by a second read).
+pub fn boot_ticks_now() -> Option<u64> {
+    #[cfg(target_os = "linux")]
+    return crate::proc::boot_ticks_now();
+    #[cfg(not(target_os = "linux"))]
+    None
+}
+
 /// The pids listed in a cgroup's `cgroup.procs` (empty if it is gone):
 /// [`crate::proc::cgroup_pids`] as a set. `Err` when the read failed for
 /// another reason: the members are then unknown, not none.

@@ -570,6 +570,12 @@ impl Host for FakeHost {
             .collect())
     }
 
+    /// Between the last start time handed out and the next: every process
+    /// spawned so far started before now, any spawned later after it.
+    fn boot_ticks(&self) -> Option<u64> {
+        Some(self.world().next_tick + 1)
+    }
+
     fn details(&self, pid: i32) -> MemberDetails {
         let mut w = self.world();
         w.step(Call::Details);

@@ -85,6 +85,10 @@ pub trait Host: Send + Sync {
     fn snapshot_pids(&self, pids: Vec<i32>) -> Snapshot;
     /// The pids in a cgroup's `cgroup.procs` (empty if it is gone).
     fn cgroup_pids(&self, dir: &Path) -> Result<HashSet<i32>, String>;
+    /// The time since boot now, in the clock ticks of a start time
+    /// ([`crate::proc::boot_ticks_now`]); `None` if unknown (every
+    /// `cgroup.procs` listing is then confirmed by a second read).
+    fn boot_ticks(&self) -> Option<u64>;
     /// The forensic details of a member seen for the first time (or exec'd).
     fn details(&self, pid: i32) -> MemberDetails;
     /// The argv of one process, for the survivor snapshot.
@@ -223,6 +227,10 @@ impl Host for KernelHost {
 
     fn cgroup_pids(&self, dir: &Path) -> Result<HashSet<i32>, String> {
         crate::scan::cgroup_pids(dir)
+    }
+
+    fn boot_ticks(&self) -> Option<u64> {
+        crate::scan::boot_ticks_now()
     }
 
     fn details(&self, pid: i32) -> MemberDetails {

@@ -349,6 +349,68 @@ fn a_failed_closed_orphan_is_finished_without_a_second_grace_and_first() {
 }
 
 #[test]
+fn the_failed_closed_check_reads_a_force_resolved_tree_marked_again_and_no_ended_one() {
+    let mut s = sweep_rig();
+    let ambiguous = s.tree(4_000);
+    let resolved = s.tree(4_000);
+    let ended = s.tree(4_000);
+    // Ambiguous in the ledger and named by a marker: examined once.
+    s.ledger
+        .set_state(ambiguous, TreeState::Ambiguous, Some("survivors left"))
+        .expect("ambiguous");
+    s.engine
+        .mark_ambiguous(ambiguous.0, "ledger refused", &[], &[]);
+    // Force-resolved with its root alive (`survivors_left`), then failed
+    // closed again: its marker names a terminal tree that still has work.
+    s.ledger
+        .set_state(resolved, TreeState::Ambiguous, Some("ledger refused"))
+        .expect("ambiguous");
+    let root = PID_BASE + 100;
+    let start = s.host.world().procs[&root].start_ticks;
+    let survivor = IdentityRecord {
+        pid: root,
+        start_ticks: start,
+        boot_id: BOOT.into(),
+    };
+    s.engine
+        .mark_ambiguous(resolved.0, "ledger refused", &[survivor], &[]);
+    s.engine
+        .resolve(resolved, "operator looked", true)
+        .expect("forced resolution");
+    let row = s
+        .ledger
+        .tree(resolved)
+        .expect("readable")
+        .expect("recorded");
+    assert!(row.has_survivors_left(), "{:?}", row.flags);
+    s.engine
+        .mark_ambiguous(resolved.0, "ledger refused again", &[], &[]);
+    // A stale marker of an ended tree: nothing left to settle.
+    s.ledger
+        .set_state(ended, TreeState::Ended, None)
+        .expect("ended");
+    s.engine.mark_ambiguous(ended.0, "stale", &[], &[]);
+
+    let report = s.engine.settle_failed_closed(8).expect("some settled");
+    assert_eq!((report.examined, report.owned), (2, 0));
+    let swept: Vec<i64> = report.orphans.iter().map(|o| o.tree).collect();
+    assert_eq!(swept, [ambiguous.0, resolved.0]);
+    let row = s
+        .ledger
+        .tree(resolved)
+        .expect("readable")
+        .expect("recorded");
+    assert_eq!(row.state, TreeState::Resolved, "terminal states are final");
+    assert!(
+        row.flags.iter().any(|f| f == "survivors_ended"),
+        "the survivor is ended: {:?}",
+        row.flags
+    );
+    assert_eq!(s.state(ended), TreeState::Ended);
+    assert!(s.signalled(2).is_empty(), "{:?}", s.signalled(2));
+}
+
+#[test]
 fn a_stopped_sweep_starts_no_teardown_and_its_progress_counts_every_orphan() {
     let mut s = sweep_rig();
     let a = s.tree(0);

@@ -2,6 +2,7 @@
 //! temporary directory, a scripted [`FakeHost`] instead of the kernel. No
 //! real process is started or signalled; time passes only on the fake clock.
 
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -2343,4 +2344,66 @@ fn a_lease_file_not_removed_is_logged_and_one_already_gone_is_not() {
     std::fs::create_dir(&path).expect("a directory in its place");
     let log = warnings_of(|| drop(lease));
     assert_eq!(log.matches(LINE).count(), 1, "{log}");
+}
+
+/// A cgroup tree with a member there by its cgroup alone (pid
+/// `PID_BASE + 50`: a session of its own, child of init), watched afresh.
+fn cgroup_only_member(script: impl FnOnce(&mut World, i32) + 'static) -> (Rig, i32) {
+    let m = PID_BASE + 50;
+    let rig = rig(Boundary::Cgroup, false, move |w, _, cg| {
+        w.spawn(member(m, 1, m, cg));
+        script(w, m);
+    });
+    (rig, m)
+}
+
+/// A targeted tick's members and how many `cgroup.procs` reads it took.
+fn targeted_tick(rig: &Rig) -> (Vec<i32>, usize) {
+    let (row, members) = rig
+        .ledger
+        .tree_members(rig.tree)
+        .expect("readable")
+        .expect("recorded");
+    let mut watch = super::TreeWatch::new_on(rig.engine.host(), &row, &members, &HashSet::new())
+        .expect("a watch");
+    let reads = |rig: &Rig| {
+        let w = rig.host.world();
+        w.calls.get(&Call::CgroupPids).copied().unwrap_or(0)
+    };
+    let before = reads(rig);
+    let report = watch.tick_targeted(&rig.engine, &HashMap::new());
+    let mut pids: Vec<i32> = report.members.iter().map(|m| m.entry.pid).collect();
+    pids.sort_unstable();
+    (pids, reads(rig) - before)
+}
+
+#[test]
+fn a_cgroup_listing_is_confirmed_by_start_times_without_a_second_read() {
+    let (rig, m) = cgroup_only_member(|_, _| {});
+    let (members, reads) = targeted_tick(&rig);
+    assert_eq!(members, [rig.root.0, m]);
+    // Every listed process started before the listing: it held its pid
+    // through it, so it is the process listed.
+    assert_eq!(reads, 1);
+}
+
+#[test]
+fn a_listed_pid_taken_by_a_stranger_before_its_stat_read_is_not_a_member() {
+    // Between the listing and the stat reads the member exits and a
+    // stranger outside the cgroup (a session of its own) takes its pid.
+    let (rig, m) = cgroup_only_member(|w, _| {
+        w.on(Call::SnapshotPids, 1, move |w| {
+            w.recycle(PID_BASE + 50).expect("recycled");
+        });
+    });
+    let (members, reads) = targeted_tick(&rig);
+    assert!(
+        !members.contains(&m),
+        "the stranger taken for a member: {members:?}"
+    );
+    assert_eq!(members, [rig.root.0]);
+    // It started after the listing: the listing is read again to tell.
+    assert_eq!(reads, 2);
+    let w = rig.host.world();
+    assert_eq!(w.procs[&m].comm, "stranger", "the pid was recycled");
 }

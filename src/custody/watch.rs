@@ -99,6 +99,9 @@ pub struct TreeWatch {
     /// When `memory.events` was last read (see [`OOM_CHECK_EVERY`]), on
     /// the host's clock.
     oom_checked: Option<Instant>,
+    /// The time since boot, in clock ticks, taken just before the last
+    /// `cgroup.procs` read (see [`TreeWatch::confirm_cgroup_pids`]).
+    listed_at: Option<u64>,
 }
 
 /// How often a tick reads the cgroup's `memory.events` for OOM kills: a
@@ -185,6 +188,7 @@ impl TreeWatch {
             deferred_exits: None,
             oom_recorded: None,
             oom_checked: None,
+            listed_at: None,
         })
     }
 
@@ -461,38 +465,60 @@ impl TreeWatch {
         pids.dedup();
         let snap = engine.host().snapshot_pids(pids);
         self.note_incomplete(snap.incomplete.as_deref());
-        self.confirm_cgroup_pids(engine.host());
+        self.confirm_cgroup_pids(engine.host(), &snap);
         self.classify_and_record(engine, exits, &snap, started, false)
     }
 
     /// Keeps of the `cgroup.procs` read before the stat reads only the pids
-    /// still listed after them. A member that exited in between may have
-    /// left its pid to a process outside the cgroup, whose stat the
-    /// snapshot then holds: by the first read alone that stranger would be
-    /// a member (and a kill target). A pid listed both times is the
-    /// process the snapshot read, unless the pid was reused twice within
-    /// the reads. A member that joined between the reads is missed by this
-    /// tick only (and is found by its session, group or descent).
-    fn confirm_cgroup_pids(&mut self, host: &dyn Host) {
-        if let Some(dir) = &self.cgroup {
-            match host.cgroup_pids(dir) {
-                Ok(after) => self.known.cgroup_pids.retain(|pid| after.contains(pid)),
-                Err(why) => {
-                    self.known.cgroup_pids.clear();
-                    self.note_incomplete(Some(&why));
-                }
+    /// that are the process `snap` read. A member that exited in between
+    /// may have left its pid to a process outside the cgroup, whose stat
+    /// the snapshot then holds: by the listing alone that stranger would be
+    /// a member (and a kill target). A process the snapshot read after the
+    /// listing (`snap` complete: every listed pid was read after it) whose
+    /// start time is before the listing held its pid through the listing,
+    /// so it is the process listed. Only when a listed pid's process
+    /// started at or after the listing (or the snapshot is incomplete, or
+    /// the clock unread) is `cgroup.procs` read again, keeping the pids
+    /// listed both times: the process the snapshot read unless the pid was
+    /// reused twice within the reads. A member that joined between the
+    /// reads is missed by this tick only (and is found by its session,
+    /// group or descent). A listed pid the snapshot does not hold is gone.
+    fn confirm_cgroup_pids(&mut self, host: &dyn Host, snap: &scan::Snapshot) {
+        let Some(dir) = &self.cgroup else { return };
+        let listed_at = self.listed_at.take();
+        self.known
+            .cgroup_pids
+            .retain(|pid| snap.entries.contains_key(pid));
+        if let Some(listed_at) = listed_at
+            && snap.incomplete.is_none()
+            && self
+                .known
+                .cgroup_pids
+                .iter()
+                .all(|pid| snap.entries[pid].start_ticks < listed_at)
+        {
+            return;
+        }
+        match host.cgroup_pids(dir) {
+            Ok(after) => self.known.cgroup_pids.retain(|pid| after.contains(pid)),
+            Err(why) => {
+                self.known.cgroup_pids.clear();
+                self.note_incomplete(Some(&why));
             }
         }
     }
 
-    /// Reads the cgroup's members now. A failed read leaves none known by
-    /// the cgroup (members already seen are carried by the incomplete
+    /// Reads the cgroup's members now (and when: see
+    /// [`TreeWatch::confirm_cgroup_pids`]). A failed read leaves none known
+    /// by the cgroup (members already seen are carried by the incomplete
     /// tick; a stranger on a stale pid is never taken for one).
     fn read_cgroup_pids(&mut self, host: &dyn Host) {
         if let Some(dir) = &self.cgroup {
+            self.listed_at = host.boot_ticks();
             match host.cgroup_pids(dir) {
                 Ok(pids) => self.known.cgroup_pids = pids,
                 Err(why) => {
+                    self.listed_at = None;
                     self.known.cgroup_pids.clear();
                     self.note_incomplete(Some(&why));
                 }
@@ -556,7 +582,7 @@ impl TreeWatch {
         // The caller read `cgroup.procs` (pids_to_reread) before it
         // refreshed the snapshot: the same race as a targeted tick's.
         self.note_incomplete(snap.incomplete.as_deref());
-        self.confirm_cgroup_pids(engine.host());
+        self.confirm_cgroup_pids(engine.host(), snap);
         self.classify_indexed(engine, exits, snap, index, Instant::now(), bump_last_seen)
     }
 

@@ -109,7 +109,7 @@ pub use signal::{
 pub(crate) use stat::StatReader;
 pub use stat::{ProcEntry, parse_stat};
 #[cfg(target_os = "linux")]
-pub use stat::{first_live_in_group, read_entry};
+pub use stat::{boot_ticks_now, first_live_in_group, read_entry};
 #[cfg(target_os = "linux")]
 pub use users::{
     Credentials, UserInfo, credentials_for, credentials_of_peer, current_uid, effective_uid,

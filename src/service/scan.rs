@@ -117,7 +117,7 @@ impl Service {
             _ => (None, HashMap::new()),
         };
         let quiet = match observed {
-            Some(h) if !full => st.quiet_trees(h, &generations, Instant::now()),
+            Some(_) if !full => st.quiet_trees(&generations),
             _ => HashSet::new(),
         };
         let mut reread = Vec::new();
@@ -155,7 +155,6 @@ impl Service {
         // it was most of what an idle tick cost).
         if st.watches.keys().any(|id| !quiet.contains(id)) {
             let index = crate::scan::SnapshotIndex::new(host.snapshot());
-            let ticked_at = Instant::now();
             for (id, w) in &mut st.watches {
                 if quiet.contains(id) {
                     continue;
@@ -182,7 +181,6 @@ impl Service {
                             *id,
                             Quiet {
                                 generation,
-                                checked: ticked_at,
                                 members: report.members.len(),
                             },
                         );
@@ -306,60 +304,33 @@ pub(super) struct ScanState {
 pub(super) struct Quiet {
     /// The observer's generation of the tree, read before that tick.
     generation: u64,
-    /// When its members were last checked: that tick, or the last
-    /// [`QUIET_RECHECK`] of its cgroup.
-    checked: Instant,
     /// Live members that tick found (for the members gauge).
     members: usize,
 }
-
-/// How often a quiet tree's `cgroup.procs` is compared with the members
-/// the observer knows. A process moved into the tree's cgroup from outside
-/// (no fork the observer could attribute) is found this late at worst, a
-/// change of group without `setsid` at the next full scan; one read of a
-/// small file, where a tick re-reads every member's `stat`.
-pub(super) const QUIET_RECHECK: Duration = Duration::from_secs(10);
 
 impl ScanState {
     /// The watched trees this targeted tick can skip: the last tick read
     /// each completely at the generation the observer still reports (so no
     /// fork, exec, setsid or exit of a member happened since, and no scan
-    /// handed it a member it did not know), and its cgroup, if checked
-    /// again now ([`QUIET_RECHECK`]), lists no pid the observer does not
-    /// know. Re-reading such a tree's members would find what the last
-    /// tick found; the full scan (`full_scan_interval`) still reads every
-    /// tree.
-    fn quiet_trees(
-        &mut self,
-        observer: &crate::custody::ObserverHandle,
-        generations: &HashMap<i64, u64>,
-        now: Instant,
-    ) -> HashSet<i64> {
-        let mut quiet = HashSet::new();
-        for (id, w) in &self.watches {
-            let Some(q) = self.quiet.get_mut(id) else {
-                continue;
-            };
-            if generations.get(id) != Some(&q.generation) {
-                continue;
-            }
-            if now.saturating_duration_since(q.checked) >= QUIET_RECHECK {
-                if let Some(dir) = w.cgroup() {
-                    let known: HashSet<i32> = observer
-                        .members(TreeId(*id))
-                        .into_iter()
-                        .map(|k| k.pid)
-                        .collect();
-                    match crate::scan::cgroup_pids(dir) {
-                        Ok(pids) if pids.iter().all(|p| known.contains(p)) => {}
-                        _ => continue,
-                    }
-                }
-                q.checked = now;
-            }
-            quiet.insert(*id);
-        }
-        quiet
+    /// handed it a member it did not know). Re-reading such a tree's
+    /// members would find what the last tick found. What the observer
+    /// cannot see (a process moved into the tree's cgroup from outside, a
+    /// member's `setpgid` without `setsid`) is found by the next tick that
+    /// reads the tree: the full scan (`full_scan_interval`) reads every
+    /// tree, and any fork or exit of a member makes it read again
+    /// (docs/RESIDUALS.md). A `cgroup.procs` re-read of every quiet tree
+    /// between full scans is not done: at 2,000 live trees every 10 s, it
+    /// was a ninth of the idle service's CPU (issue 30).
+    fn quiet_trees(&self, generations: &HashMap<i64, u64>) -> HashSet<i64> {
+        self.watches
+            .keys()
+            .filter(|id| {
+                self.quiet
+                    .get(id)
+                    .is_some_and(|q| generations.get(id) == Some(&q.generation))
+            })
+            .copied()
+            .collect()
     }
 }
 

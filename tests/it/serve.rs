@@ -1180,7 +1180,9 @@ fn a_member_the_observer_missed_makes_the_next_scan_list_proc() {
         skip("needs the cgroup boundary (root and cgroup v2) to move a process into a tree");
         return;
     }
-    let id = s.spawn(&s.body("exec sleep 600"));
+    // A tree that forks every half second: each fork moves its observer
+    // generation, so targeted ticks read it (and its `cgroup.procs`) again.
+    let id = s.spawn(&s.body("while :; do sleep 0.5; done"));
     let cgroup = wait_until(Duration::from_secs(20), || {
         s.tree(id)["tree"]["cgroup"].is_string()
             && s.tree(id)["members"]
@@ -1222,9 +1224,10 @@ fn a_member_the_observer_missed_makes_the_next_scan_list_proc() {
     assert!(!members(&s).contains(&i64::from(child)));
     std::fs::write(dir.join("cgroup.procs"), outsider.id().to_string())
         .expect("move into the tree");
-    // A quiet tree's cgroup is compared with the observer's members every
-    // 10 s (service/scan.rs `QUIET_RECHECK`): the move is seen by then, and
-    // the listing follows at the next tick.
+    // The next targeted tick of the tree (after its next fork) reads its
+    // `cgroup.procs`: the moved process is a member the observer did not
+    // attribute, so the tick after lists `/proc` and finds its child by
+    // descent, long before the hour's full scan.
     let found = wait_until(Duration::from_secs(20), || {
         let m = members(&s);
         m.contains(&i64::from(outsider.id())) && m.contains(&i64::from(child))
