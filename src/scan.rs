@@ -404,7 +404,7 @@ pub fn boot_ticks_now() -> Option<u64> {
 #[cfg(target_os = "linux")]
 pub fn cgroup_pids(cgroup_dir: &Path) -> Result<HashSet<i32>, String> {
     let file = cgroup_dir.join("cgroup.procs");
-    match std::fs::read_to_string(&file) {
+    match crate::proc::pseudo::read_path_string(&file) {
         Ok(text) => Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect()),
         // The cgroup is gone (removed, or never made): nobody is in it.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(HashSet::new()),
@@ -428,7 +428,7 @@ pub struct MemberDetails {
 /// [`details`] costs five reads per process.
 #[cfg(target_os = "linux")]
 pub fn cmdline(pid: i32) -> Vec<String> {
-    std::fs::read(format!("/proc/{pid}/cmdline"))
+    crate::proc::pseudo::read_path(Path::new(&format!("/proc/{pid}/cmdline")))
         .map(|raw| {
             raw.split(|&b| b == 0)
                 .filter(|a| !a.is_empty())

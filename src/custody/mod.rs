@@ -441,32 +441,39 @@ impl Engine {
     /// alone. Returns how many were removed.
     pub fn remove_leftover_cgroups(&self) -> Result<usize, CustodyError> {
         let prefix = cgroup_prefix(&self.ledger.instance_id()?);
-        let mut removed = 0;
+        let mut found = Vec::new();
         for dir in self.ledger.cgroup_dirs(&prefix)? {
             let Ok(entries) = std::fs::read_dir(&dir) else {
                 continue;
             };
             for entry in entries.flatten() {
                 let name = entry.file_name();
-                let Some(id) = name
+                if let Some(id) = name
                     .to_str()
                     .and_then(|n| n.strip_prefix(prefix.as_str()))
                     .and_then(|n| n.strip_prefix('-'))
                     .and_then(|n| n.parse::<i64>().ok())
-                else {
-                    continue;
-                };
-                let terminal = match self.ledger.tree(TreeId(id))? {
-                    Some(row) => row.state.is_terminal(),
-                    None => true, // named by this ledger, recorded nowhere in it
-                };
-                if terminal
-                    && matches!(crate::proc::cgroup_populated(&entry.path()), Ok(false))
-                    && matches!(crate::proc::remove_cgroup_if_empty(&entry.path()), Ok(true))
                 {
-                    tracing::info!(tree = id, cgroup = %entry.path().display(), "leftover cgroup of an ended tree removed");
-                    removed += 1;
+                    found.push((id, entry.path()));
                 }
+            }
+        }
+        if found.is_empty() {
+            return Ok(0);
+        }
+        // Read after the listing, in one query: a tree's row is written
+        // before its cgroup is made, so a cgroup listed above whose tree is
+        // not live here belongs to an ended tree (or to none this ledger
+        // recorded), never to one still being spawned.
+        let live = self.ledger.nonterminal_tree_ids()?;
+        let mut removed = 0;
+        for (id, path) in found {
+            if !live.contains(&id)
+                && matches!(crate::proc::cgroup_populated(&path), Ok(false))
+                && matches!(crate::proc::remove_cgroup_if_empty(&path), Ok(true))
+            {
+                tracing::info!(tree = id, cgroup = %path.display(), "leftover cgroup of an ended tree removed");
+                removed += 1;
             }
         }
         Ok(removed)

@@ -277,6 +277,14 @@ impl ObserverHandle {
             .collect()
     }
 
+    /// A counter that moves with every tree's generation and whenever a
+    /// tree is watched or unwatched: while it stays, no watched tree's
+    /// generation moved (the scan loop's idle tick reads it alone, not
+    /// every tree's).
+    pub fn epoch(&self) -> u64 {
+        self.shared.generations.load(Ordering::SeqCst)
+    }
+
     /// Whether the observer still reads the kernel's events (false once
     /// the connector failed; an overflow is not a failure: it forces a
     /// full scan and the observer goes on).

@@ -715,6 +715,18 @@ impl Ledger {
         Ok(trees)
     }
 
+    /// The ids of every non-terminal tree: [`Ledger::nonterminal_trees`]
+    /// without reading the rows (the leftover-cgroup check of every sweep
+    /// asks only whether a tree still lives).
+    pub fn nonterminal_tree_ids(&self) -> Result<std::collections::HashSet<i64>, LedgerError> {
+        let live: Vec<TreeState> = TreeState::ALL
+            .into_iter()
+            .filter(|s| !s.is_terminal())
+            .collect();
+        self.read(move |tx| read::tree_ids(tx, &live))
+            .map(|ids| ids.into_iter().collect())
+    }
+
     pub fn nonterminal_trees(&self) -> Result<Vec<TreeRow>, LedgerError> {
         let live: Vec<TreeState> = TreeState::ALL
             .into_iter()

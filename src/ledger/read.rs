@@ -178,6 +178,26 @@ pub(crate) fn trees(conn: &Connection, states: Option<&[TreeState]>) -> Result<V
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
+/// The ids of the trees in `states`, through the state index (no row is
+/// decoded).
+pub(crate) fn tree_ids(conn: &Connection, states: &[TreeState]) -> Result<Vec<i64>, Fail> {
+    let sql = format!(
+        "SELECT id FROM trees WHERE state IN ({}) ORDER BY id",
+        vec!["?"; states.len().max(1)].join(", ")
+    );
+    let args: Vec<Value> = if states.is_empty() {
+        vec![Value::Null]
+    } else {
+        states
+            .iter()
+            .map(|s| Value::Text(s.as_str().to_string()))
+            .collect()
+    };
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let rows = stmt.query_map(params_from_iter(args), |r| r.get::<_, i64>(0))?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
 /// One page of trees, newest first: those with an id below `before`, in
 /// `states` (any when `None`), with exactly `label` when given. A keyset on
 /// the primary key: a page costs the same at tree 10 and at tree 10 million.

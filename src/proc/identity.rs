@@ -141,7 +141,6 @@ pub fn boot_id() -> Result<&'static str, ProcError> {
 /// process (including pid <= 0).
 pub fn read_stat(pid: i32) -> Result<Option<ProcStat>, ProcError> {
     use rustix::fs::{Mode, OFlags};
-    use std::io::Read as _;
     use std::os::unix::fs::MetadataExt as _;
     if pid <= 0 {
         return Ok(None);
@@ -163,8 +162,8 @@ pub fn read_stat(pid: i32) -> Result<Option<ProcStat>, ProcError> {
         Ok(fd) => std::fs::File::from(fd),
         Err(e) => return not_found_as_none(e.into(), pid),
     };
-    let mut buf = Vec::with_capacity(512);
-    if let Err(e) = file.read_to_end(&mut buf) {
+    let mut buf = Vec::with_capacity(1024);
+    if let Err(e) = super::pseudo::read_file(&mut file, &mut buf) {
         return not_found_as_none(e, pid);
     }
     match parse_stat(&buf, page_size()) {

@@ -50,6 +50,8 @@ pub mod pidfd;
 #[cfg(target_os = "linux")]
 pub mod probe;
 #[cfg(target_os = "linux")]
+pub mod pseudo;
+#[cfg(target_os = "linux")]
 pub mod reaper;
 #[cfg(target_os = "linux")]
 mod resources;

@@ -22,7 +22,7 @@ pub struct CgroupUsage {
 /// descendants) so far: `oom_kill` of `memory.events`. `None` where the
 /// memory controller is not enabled for it (no such file).
 pub fn oom_kills(dir: &Path) -> Option<u64> {
-    std::fs::read_to_string(dir.join("memory.events"))
+    super::pseudo::read_path_string(&dir.join("memory.events"))
         .ok()
         .and_then(|text| keyed(&text, "oom_kill"))
 }

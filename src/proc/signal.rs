@@ -422,7 +422,7 @@ impl CgroupEvent {
 /// Reads one key of `cgroup.events`.
 fn cgroup_event(path: &Path, key: CgroupEvent) -> Result<bool, ProcError> {
     let file: PathBuf = path.join("cgroup.events");
-    let text = std::fs::read_to_string(&file).map_err(|e| ProcError::cgroup(&file, e))?;
+    let text = super::pseudo::read_path_string(&file).map_err(|e| ProcError::cgroup(&file, e))?;
     Ok(event_value(&text, key))
 }
 
@@ -449,16 +449,13 @@ pub fn cgroup_wait_event(
     want: bool,
     deadline: Instant,
 ) -> Result<bool, ProcError> {
-    use std::io::{Read, Seek, SeekFrom};
     let name: PathBuf = path.join("cgroup.events");
     let err = |e: std::io::Error| ProcError::cgroup(&name, e);
     let mut file = std::fs::File::open(&name).map_err(err)?;
     let mut text = String::with_capacity(64);
     let started = Instant::now();
     loop {
-        text.clear();
-        file.seek(SeekFrom::Start(0)).map_err(err)?;
-        file.read_to_string(&mut text).map_err(err)?;
+        super::pseudo::reread_string(&mut file, &mut text).map_err(err)?;
         if event_value(&text, key) == want {
             return Ok(true);
         }
@@ -512,7 +509,7 @@ pub fn cgroup_thaw(path: &Path, wait: Duration) -> Result<bool, ProcError> {
 /// Pids directly in the cgroup (`cgroup.procs`; not its sub-cgroups).
 pub fn cgroup_pids(path: &Path) -> Result<Vec<i32>, ProcError> {
     let file = path.join("cgroup.procs");
-    let text = std::fs::read_to_string(&file).map_err(|e| ProcError::cgroup(&file, e))?;
+    let text = super::pseudo::read_path_string(&file).map_err(|e| ProcError::cgroup(&file, e))?;
     Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect())
 }
 

@@ -95,7 +95,6 @@ impl StatReader {
     /// short read), so whether the process lives is unknown.
     pub(crate) fn read(&mut self, pid: i32) -> Result<Option<ProcEntry>, String> {
         use std::fmt::Write as _;
-        use std::io::Read as _;
         let gone = |e: &std::io::Error| {
             matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ESRCH))
                 || e.kind() == std::io::ErrorKind::NotFound
@@ -124,8 +123,7 @@ impl StatReader {
             Err(e) if gone(&e) => return Ok(None),
             Err(e) => return Err(format!("{}: {e}", what())),
         };
-        self.buf.clear();
-        match file.read_to_end(&mut self.buf) {
+        match super::pseudo::read_file(&mut file, &mut self.buf) {
             Ok(_) => {}
             Err(e) if gone(&e) => return Ok(None),
             Err(e) => return Err(format!("{}: {e}", what())),

@@ -230,6 +230,9 @@ pub struct Service {
     me: Identity,
     metrics: Metrics,
     owned: Mutex<HashMap<i64, Owned>>,
+    /// Moves whenever a tree is added to `owned` or removed from it (the
+    /// scan loop's idle tick: the same trees as at its last look).
+    owned_version: std::sync::atomic::AtomicU64,
     /// Locks of teardowns of trees this service does not own (API kills).
     foreign_locks: Mutex<HashMap<i64, Arc<Mutex<()>>>>,
     shutdown: CancellationToken,
@@ -370,6 +373,7 @@ impl Service {
             me,
             metrics: Metrics::new(),
             owned: Mutex::new(HashMap::new()),
+            owned_version: std::sync::atomic::AtomicU64::new(0),
             foreign_locks: Mutex::new(HashMap::new()),
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
@@ -565,6 +569,8 @@ impl Service {
 
     fn forget(&self, tree: i64) {
         if let Some(o) = self.lock_owned().remove(&tree) {
+            self.owned_version
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             o.done.cancel();
         }
         self.note_ended();

@@ -225,14 +225,19 @@ impl Service {
         lifetime: crate::custody::Lifetime,
     ) {
         let done = self.shutdown.child_token();
-        self.lock_owned().insert(
-            tree,
-            Owned {
-                client_owner,
-                lock: Arc::new(Mutex::new(())),
-                done: done.clone(),
-            },
-        );
+        {
+            let mut owned = self.lock_owned();
+            self.owned_version
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            owned.insert(
+                tree,
+                Owned {
+                    client_owner,
+                    lock: Arc::new(Mutex::new(())),
+                    done: done.clone(),
+                },
+            );
+        }
         let root_watch = root.as_ref().map(|r| RootWatch::open(self.reaper, r));
         let root_gone = matches!(root_watch, Some(RootWatch::Gone));
         let this = self.clone();

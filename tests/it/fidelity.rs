@@ -318,6 +318,88 @@ fn two_ledgers_and_leftover_cgroups_never_stop_a_spawn() {
     assert!(!Path::new(&next).exists(), "removed with its tree");
 }
 
+/// A sweep removes the empty cgroup of an ended tree and of an id this
+/// ledger recorded nothing under, and leaves a live tree's, also when it is
+/// empty (its one process moved out): the tree still runs, its cgroup is
+/// still its boundary. Ground truth: the directories on cgroupfs.
+#[test]
+fn a_sweep_removes_the_leftover_cgroups_of_ended_trees_only() {
+    let Some(env) = Env::new("cgroup") else {
+        return;
+    };
+    let root = env.cgroup_root().expect("cgroup root").to_path_buf();
+    // Tree 1 ends; tree 2 lives, its root (exec'd sleep) moved out of its
+    // cgroup into a leaf of the test's own.
+    let out = env.output(&["run", "--quiet", "--", "true"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pidfile = env.dir().join("root.pid");
+    let mut run = env.spawn_run(
+        &["--quiet"],
+        &format!("echo $$ > {}; exec sleep 308", pidfile.display()),
+    );
+    assert!(env.wait_marked(1), "{}", env.stderr_of(&run));
+    assert!(wait_until(Duration::from_secs(10), || {
+        std::fs::read_to_string(&pidfile).is_ok_and(|t| t.ends_with('\n'))
+    }));
+    let pid = std::fs::read_to_string(&pidfile)
+        .expect("pid")
+        .trim()
+        .to_string();
+    let live = env.show(2)["tree"]["cgroup"]
+        .as_str()
+        .expect("cgroup of tree 2")
+        .to_string();
+    let outside = root.join("outside");
+    std::fs::create_dir(&outside).expect("leaf outside the tree");
+    std::fs::write(outside.join("cgroup.procs"), &pid).expect("move the root out");
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            std::fs::read_to_string(Path::new(&live).join("cgroup.events"))
+                .is_ok_and(|t| t.contains("populated 0"))
+        }),
+        "tree 2's cgroup empties"
+    );
+    // Leftovers: tree 1's cgroup made again (what a crash between its end
+    // and its rmdir leaves), and one of an id no tree has.
+    let prefix = live.trim_end_matches("-2").to_string();
+    let ended = format!("{prefix}-1");
+    let unknown = format!("{prefix}-77");
+    for dir in [&ended, &unknown] {
+        std::fs::create_dir(dir).expect("leftover");
+    }
+    let out = env.output(&["sweep", "--grace", "100ms"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !Path::new(&ended).exists(),
+        "the ended tree's leftover is removed"
+    );
+    assert!(
+        !Path::new(&unknown).exists(),
+        "the unknown id's leftover is removed"
+    );
+    assert!(
+        Path::new(&live).is_dir(),
+        "the live tree's empty cgroup stays"
+    );
+    assert!(
+        pid_alive(pid.parse().expect("pid")),
+        "the live tree runs on"
+    );
+    signal(run.id(), rustix::process::Signal::TERM);
+    wait_child(&mut run, Duration::from_secs(20)).expect("run exits");
+    assert!(env.wait_none_marked(), "{:?}", env.marked());
+}
+
 #[test]
 fn a_populated_unknown_cgroup_of_the_same_name_is_refused() {
     let Some(env) = Env::new("cgroup") else {

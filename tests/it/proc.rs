@@ -412,11 +412,18 @@ fn reaper_keeps_exits(reaper: &Reaper) -> Result<(), String> {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cleanup = Cleanup::default();
     let root = spawn_tree("exit 3", dir.path(), BoundaryKind::Session, &mut cleanup)?;
-    // Gone from /proc means the reaper has reaped it; nobody asked yet.
+    // Gone from /proc means the reaper's wait4 has reaped it; nobody asked
+    // yet. The reaper records a batch of reaped exits after its last wait4
+    // of the batch: the record follows within a bounded while (the kernel
+    // lane once read it between the two).
     assert!(wait_until(LIMIT, || proc::read_stat(root.pid)
         .ok()
         .flatten()
         .is_none()));
+    assert!(
+        wait_until(LIMIT, || reaper.exit_of(root.pid).is_some()),
+        "the reaped exit is recorded"
+    );
     let unclaimed = reaper.unclaimed();
     assert!(
         !unclaimed.iter().any(|(p, _)| *p == root.pid),
