@@ -118,6 +118,17 @@ mod tests {
     }
 
     #[test]
+    fn an_error_other_than_an_interruption_ends_the_read() {
+        // A directory opens but does not read (EISDIR): the error comes
+        // back at once, not retried as an interruption would be.
+        let mut dir = File::open("/proc/self").expect("open a directory");
+        let mut buf = b"stale".to_vec();
+        let err = read_file(&mut dir, &mut buf).expect_err("EISDIR");
+        assert_eq!(err.raw_os_error(), Some(libc::EISDIR));
+        assert!(buf.is_empty(), "nothing half-read is left: {buf:?}");
+    }
+
+    #[test]
     fn a_missing_file_is_not_found() {
         let err = read_path(Path::new("/proc/self/no-such-file")).expect_err("missing");
         assert_eq!(err.kind(), io::ErrorKind::NotFound);
