@@ -22,8 +22,9 @@ const MIN_ROOM: usize = 256;
 const GROW: usize = 1024;
 
 /// Reads `file` from its current position to its end into `buf`, which is
-/// cleared first (its capacity is kept for the next read).
-pub fn read_file(file: &mut File, buf: &mut Vec<u8>) -> io::Result<()> {
+/// cleared first (its capacity is kept for the next read). An interrupted
+/// `read` (EINTR) is retried; any other error ends the read.
+pub fn read_file(file: &mut impl Read, buf: &mut Vec<u8>) -> io::Result<()> {
     buf.clear();
     loop {
         if buf.capacity() - buf.len() < MIN_ROOM {
@@ -126,6 +127,41 @@ mod tests {
         let err = read_file(&mut dir, &mut buf).expect_err("EISDIR");
         assert_eq!(err.raw_os_error(), Some(libc::EISDIR));
         assert!(buf.is_empty(), "nothing half-read is left: {buf:?}");
+    }
+
+    /// Reads `chunks` one a call, an interruption before each.
+    struct Interrupting {
+        chunks: Vec<&'static [u8]>,
+        interrupt: bool,
+    }
+
+    impl Read for Interrupting {
+        fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+            self.interrupt = !self.interrupt;
+            if self.interrupt {
+                return Err(io::ErrorKind::Interrupted.into());
+            }
+            match self.chunks.first() {
+                None => Ok(0),
+                Some(c) => {
+                    let n = c.len().min(out.len());
+                    out[..n].copy_from_slice(&c[..n]);
+                    self.chunks.remove(0);
+                    Ok(n)
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_interrupted_read_is_retried_and_nothing_is_lost() {
+        let mut r = Interrupting {
+            chunks: vec![b"populated ", b"1\n", b"frozen 0\n"],
+            interrupt: false,
+        };
+        let mut buf = Vec::new();
+        read_file(&mut r, &mut buf).expect("read through the interruptions");
+        assert_eq!(buf, b"populated 1\nfrozen 0\n");
     }
 
     #[test]
