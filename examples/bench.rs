@@ -930,20 +930,19 @@ fn full_scan_floor(root: Option<&BenchCgroup>) -> Duration {
 
 /// Reads `f` to its end into `buf` with plain `read` calls (no size probe:
 /// `read_to_end` on a `File` asks `statx` and `lseek` first, two system
-/// calls a floor does not need).
+/// calls a floor does not need). `buf` stays at least 4 KiB long and is
+/// not zeroed again (a floor reads; nothing looks at the bytes).
 fn read_plain(f: &mut std::fs::File, buf: &mut Vec<u8>) -> bool {
-    buf.clear();
-    buf.resize(4096, 0);
+    if buf.len() < 4096 {
+        buf.resize(4096, 0);
+    }
     let mut len = 0;
     loop {
         if len == buf.len() {
             buf.resize(len * 2, 0);
         }
         match f.read(&mut buf[len..]) {
-            Ok(0) => {
-                buf.truncate(len);
-                return true;
-            }
+            Ok(0) => return true,
             Ok(k) => len += k,
             Err(_) => return false,
         }
