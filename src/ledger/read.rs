@@ -151,24 +151,28 @@ pub(crate) fn tree(conn: &Connection, id: TreeId) -> Result<Option<TreeRow>, Fai
         .optional()?)
 }
 
+/// `IN (?, …)` for `states` and its arguments (`IN (NULL)`, which matches
+/// nothing, when there are none).
+fn states_in(states: &[TreeState]) -> (String, Vec<Value>) {
+    let args: Vec<Value> = if states.is_empty() {
+        vec![Value::Null]
+    } else {
+        states
+            .iter()
+            .map(|s| Value::Text(s.as_str().to_string()))
+            .collect()
+    };
+    (format!("IN ({})", vec!["?"; args.len()].join(", ")), args)
+}
+
 /// Trees whose state is in `states` (all trees when `None`), oldest first.
 pub(crate) fn trees(conn: &Connection, states: Option<&[TreeState]>) -> Result<Vec<TreeRow>, Fail> {
-    let (filter, args): (String, Vec<Value>) = match states {
+    let (filter, args) = match states {
         None => (String::new(), Vec::new()),
-        Some(states) => (
-            format!(
-                "WHERE t.state IN ({})",
-                vec!["?"; states.len().max(1)].join(", ")
-            ),
-            if states.is_empty() {
-                vec![Value::Null]
-            } else {
-                states
-                    .iter()
-                    .map(|s| Value::Text(s.as_str().to_string()))
-                    .collect()
-            },
-        ),
+        Some(states) => {
+            let (set, args) = states_in(states);
+            (format!("WHERE t.state {set}"), args)
+        }
     };
     let sql = format!(
         "SELECT {TREE_COLUMNS} FROM trees t JOIN owners o ON o.id = t.owner_id {filter} ORDER BY t.id"
@@ -181,18 +185,8 @@ pub(crate) fn trees(conn: &Connection, states: Option<&[TreeState]>) -> Result<V
 /// The ids of the trees in `states`, through the state index (no row is
 /// decoded).
 pub(crate) fn tree_ids(conn: &Connection, states: &[TreeState]) -> Result<Vec<i64>, Fail> {
-    let sql = format!(
-        "SELECT id FROM trees WHERE state IN ({}) ORDER BY id",
-        vec!["?"; states.len().max(1)].join(", ")
-    );
-    let args: Vec<Value> = if states.is_empty() {
-        vec![Value::Null]
-    } else {
-        states
-            .iter()
-            .map(|s| Value::Text(s.as_str().to_string()))
-            .collect()
-    };
+    let (set, args) = states_in(states);
+    let sql = format!("SELECT id FROM trees WHERE state {set} ORDER BY id");
     let mut stmt = conn.prepare_cached(&sql)?;
     let rows = stmt.query_map(params_from_iter(args), |r| r.get::<_, i64>(0))?;
     Ok(rows.collect::<Result<_, _>>()?)
