@@ -369,6 +369,50 @@ fn the_cgroup_oom_count_is_read_at_most_every_250_ms_of_host_time() {
 }
 
 #[test]
+fn a_tick_told_nothing_changed_reads_the_oom_count_only_if_the_members_did() {
+    // The service's full scan of a quiet tree (`expect_unchanged`): an OOM
+    // kill ends a member, so a tick that finds the same members skips the
+    // read; one that finds a member new or gone reads it.
+    let rig = rig(false, true);
+    let cg = rig.cgroup.clone().expect("cgroup");
+    let events = |kills: u64| {
+        let text = format!("low 0\nhigh 0\nmax 0\noom {kills}\noom_kill {kills}\n");
+        std::fs::write(cg.join("memory.events"), text).expect("memory.events")
+    };
+    let recorded = || {
+        rig.events("tree.oom_kill")
+            .iter()
+            .map(|e| e.data["total"].as_u64().expect("a total"))
+            .collect::<Vec<_>>()
+    };
+    let host = rig.engine.host();
+    events(0);
+    let mut watch = rig.watch();
+    watch.tick(&rig.engine, &no_exits());
+    events(1);
+    host.sleep(Duration::from_millis(250));
+    watch.expect_unchanged();
+    watch.tick(&rig.engine, &no_exits());
+    assert!(recorded().is_empty(), "the same members: not read");
+    watch.tick(&rig.engine, &no_exits());
+    assert_eq!(recorded(), [1], "for one tick only");
+    events(2);
+    host.sleep(Duration::from_millis(250));
+    let child = rig.host.world().fork(rig.root.0).expect("the root runs");
+    watch.expect_unchanged();
+    watch.tick(&rig.engine, &no_exits());
+    assert_eq!(recorded(), [1, 2], "a new member: read");
+    events(3);
+    host.sleep(Duration::from_millis(250));
+    rig.host
+        .world()
+        .exit(child.0, ExitStatus::Signaled(libc::SIGKILL));
+    watch.expect_unchanged();
+    watch.tick(&rig.engine, &no_exits());
+    assert_eq!(recorded(), [1, 2, 3], "a member gone: read");
+}
+
+#[test]
 fn a_tick_without_the_bump_still_records_a_new_member() {
     let rig = rig(false, false);
     let mut watch = rig.watch();

@@ -166,6 +166,16 @@ impl Service {
                 if quiet.contains(id) {
                     continue;
                 }
+                // A full scan of a tree still quiet at its generation: no
+                // OOM read unless this tick finds its membership changed.
+                if full
+                    && st
+                        .quiet
+                        .get(id)
+                        .is_some_and(|q| generations.get(id) == Some(&q.generation))
+                {
+                    w.expect_unchanged();
+                }
                 // `last_seen` is bumped below, for every tree in one write.
                 let report =
                     w.tick_indexed(&self.engine, &st.exits, host.snapshot(), &index, false);
