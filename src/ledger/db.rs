@@ -29,6 +29,9 @@ const MIGRATIONS: &[M<'static>] = &[
     M::up(include_str!("../../migrations/0006_principals.sql")),
     M::up(include_str!("../../migrations/0007_seal.sql")),
     M::up(include_str!("../../migrations/0008_job_boundary.sql")),
+    M::up(include_str!(
+        "../../migrations/0009_checks_without_in_lists.sql"
+    )),
 ];
 
 /// How hard a commit must be on disk before it returns.
@@ -821,6 +824,105 @@ mod tests {
         .expect("an authorization");
         let auth = conn.last_insert_rowid();
         signal("TERMINATE_JOB", "job", Some(auth)).expect("an authorized terminate");
+    }
+
+    /// Migration 0009 (issue 30): the statements a teardown runs for every
+    /// member (an observation: survivor, exit, escape), for every signal and
+    /// state change, and a new tree, owner and token, build no ephemeral
+    /// table (an IN list in a CHECK or a trigger's WHEN built one per row);
+    /// every CHECK and trigger the edit touched still refuses what it did.
+    #[test]
+    fn migration_0009_builds_no_ephemeral_table_per_row_and_refuses_as_before() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("ledger.db");
+        drop(start(&path, Duration::from_secs(1), 0).expect("opens"));
+        let conn = Connection::open(&path).expect("open");
+        let owner = |kind: &str| {
+            conn.execute(
+                "INSERT INTO owners (pid, start_ticks, boot_id, kind, created_at) VALUES (10, 1, 'b', ?1, 'now')",
+                [kind],
+            )
+        };
+        owner("run").expect("an owner");
+        let tree = |state: &str, boundary: &str, first: Option<&str>| {
+            conn.execute(
+                "INSERT INTO trees (state, boundary, owner_id, argv, created_at, first_signal)
+                 VALUES (?1, ?2, 1, '[]', 'now', ?3)",
+                rusqlite::params![state, boundary, first],
+            )
+        };
+        tree("running", "cgroup", Some("SIGINT")).expect("a tree");
+        tree("ended", "session", None).expect("an ended tree");
+        let statements = [
+            "INSERT INTO observations (tree_id, kind, pid, start_ticks, boot_id, at, detail)
+             VALUES (1, 'survivor', 3, 4, 'b', 'now', '{}') ON CONFLICT DO NOTHING",
+            "INSERT INTO signals (tree_id, signal, target_kind, target, result, authorization_id, at)
+             VALUES (1, 'SIGTERM', 'group', '5', 'sent', NULL, 'now')",
+            "UPDATE trees SET state = 'terminating' WHERE id = 1",
+            "INSERT INTO trees (state, boundary, owner_id, argv, created_at, first_signal)
+             VALUES ('spawning', 'cgroup', 1, '[]', 'now', 'SIGTERM')",
+            "INSERT INTO owners (pid, start_ticks, boot_id, kind, created_at) VALUES (11, 1, 'b', 'service', 'now')",
+            "INSERT INTO api_tokens (name, scope, sha256, created_at)
+             VALUES ('t', 'read', '0000000000000000000000000000000000000000000000000000000000000000', 'now')",
+        ];
+        for sql in statements {
+            let mut stmt = conn.prepare(&format!("EXPLAIN {sql}")).expect("explain");
+            let ops: Vec<String> = stmt
+                .query_map([], |r| r.get::<_, String>(1))
+                .expect("opcodes")
+                .collect::<Result<_, _>>()
+                .expect("opcodes");
+            assert!(
+                ops.iter()
+                    .any(|o| o == "Insert" || o == "Program" || o == "IdxInsert"),
+                "{ops:?}"
+            );
+            assert!(!ops.iter().any(|o| o == "OpenEphemeral"), "{sql}: {ops:?}");
+        }
+        // The same refusals as before the edit.
+        assert!(owner("robot").is_err(), "owners.kind");
+        assert!(tree("sleeping", "cgroup", None).is_err(), "trees.state");
+        assert!(tree("running", "jail", None).is_err(), "trees.boundary");
+        assert!(
+            tree("running", "cgroup", Some("SIGKILL")).is_err(),
+            "trees.first_signal"
+        );
+        tree("ambiguous", "job", Some("SIGUSR2")).expect("the last value of each list");
+        let observation = |kind: &str| {
+            conn.execute(
+                "INSERT INTO observations (tree_id, kind, pid, start_ticks, boot_id, at, detail)
+                 VALUES (1, ?1, 3, 4, 'b', 'now', '{}')",
+                [kind],
+            )
+        };
+        observation("exit").expect("an exit");
+        assert!(observation("rumour").is_err(), "observations.kind");
+        let signal = |sig: &str, kind: &str| {
+            conn.execute(
+                "INSERT INTO signals (tree_id, signal, target_kind, target, result, at)
+                 VALUES (1, ?1, ?2, '5', 'sent', 'now')",
+                [sig, kind],
+            )
+        };
+        signal("SIGTERM", "job").expect("a signal");
+        assert!(signal("SIGTERM", "planet").is_err(), "signals.target_kind");
+        assert!(
+            signal("TERMINATE_PROCESS", "pid").is_err(),
+            "a terminate needs authority"
+        );
+        let token = |scope: &str| {
+            conn.execute(
+                "INSERT INTO api_tokens (name, scope, sha256, created_at) VALUES ('u', ?1, ?2, 'now')",
+                [scope, &format!("{scope:1>64}")],
+            )
+        };
+        token("admin").expect("a token");
+        assert!(token("root").is_err(), "api_tokens.scope");
+        assert!(
+            conn.execute("UPDATE trees SET state = 'running' WHERE id = 2", [])
+                .is_err(),
+            "a terminal tree stays terminal"
+        );
     }
 
     #[test]
