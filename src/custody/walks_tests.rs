@@ -152,21 +152,36 @@ fn the_waiters_of_a_walk_that_panicked_get_the_next_walk() {
     assert_eq!(walks.walks(), 2);
 }
 
-/// Many threads asking at once through the real `/proc` walk: fewer walks
-/// than callers, and each caller's snapshot holds a process started before
-/// it asked.
+/// Many threads asking while a real `/proc` walk runs: the first walk
+/// (real, then held until every other caller has asked: on a fast host a
+/// 70-process walk ended before the next thread woke, and each caller made
+/// its own) serves its own caller; one more walk, begun after they all
+/// asked, serves the other fifteen. Each caller's snapshot holds a process
+/// started before it asked.
 #[test]
 fn real_walks_asked_at_once_are_shared() {
     const CALLERS: usize = 16;
     let child = Sleeper::start();
     let walks = Arc::new(Walks::new());
     let start = Arc::new(Barrier::new(CALLERS));
+    let first = Arc::new(AtomicBool::new(true));
+    let all_asked = Arc::new(AtomicBool::new(false));
     let callers: Vec<_> = (0..CALLERS)
         .map(|_| {
             let (walks, start) = (walks.clone(), start.clone());
+            let (first, all_asked) = (first.clone(), all_asked.clone());
             std::thread::spawn(move || {
                 start.wait();
-                walks.get(crate::scan::snapshot)
+                let held = walks.clone();
+                walks.get(move || {
+                    let snap = crate::scan::snapshot();
+                    if first.swap(false, Ordering::SeqCst) {
+                        let asked =
+                            until(Duration::from_secs(10), || held.waiting() == CALLERS - 1);
+                        all_asked.store(asked, Ordering::SeqCst);
+                    }
+                    snap
+                })
             })
         })
         .collect();
@@ -177,10 +192,14 @@ fn real_walks_asked_at_once_are_shared() {
             "the sleeper is in every snapshot"
         );
     }
-    let n = walks.walks();
     assert!(
-        (1..CALLERS as u64).contains(&n),
-        "{CALLERS} callers at once made {n} walks"
+        all_asked.load(Ordering::SeqCst),
+        "every other caller asked while the first walk ran"
+    );
+    assert_eq!(
+        walks.walks(),
+        2,
+        "{CALLERS} callers: the first walk and one begun after the rest asked"
     );
 }
 
