@@ -1,5 +1,6 @@
--- 0009: the CHECKs and triggers of the rows every teardown writes compare
--- with `=` chains, not IN lists (issue 30). SQLite compiles a constant IN
+-- 0009: every CHECK that lists values, and the two triggers on rows the
+-- custody path writes, compare with `=` chains, not IN lists (issue 30; the
+-- prune's trigger and view keep theirs). SQLite compiles a constant IN
 -- list in a CHECK or a trigger's WHEN into an ephemeral table, built and
 -- dropped for every row written: with the bundled SQLite 3.53, 1,000
 -- observation inserts (a 1,000-process teardown writes 1,000 survivors
