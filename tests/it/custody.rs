@@ -255,6 +255,46 @@ impl Env {
             .collect()
     }
 
+    /// Makes the fifo `go` in the env's dir: a workload's `read x < go`
+    /// blocks on it until [`Env::release_once_recorded`] writes a line.
+    pub fn make_go_fifo(&self) {
+        let fifo = self.dir.path().join("go");
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+        )
+        .expect("mkfifo go");
+    }
+
+    /// Writes a line to the fifo `go` once the ledger records `pid` as a
+    /// member of tree 1 running `sh`: the workload goes on only after the
+    /// record has seen it (a fixed sleep only hoped so). Bounded, and never
+    /// blocking on a fifo without its reader.
+    pub fn release_once_recorded(&self, label: &str, pid: i64) {
+        assert!(
+            wait_until(Duration::from_secs(10), || {
+                self.show(1)["members"].as_array().is_some_and(|m| {
+                    m.iter()
+                        .any(|m| m["pid"].as_i64() == Some(pid) && m["cmdline"][0] == "sh")
+                })
+            }),
+            "[{label}] {pid} was never recorded as sh: {}",
+            self.show(1)
+        );
+        let fifo = self.dir.path().join("go");
+        let sent = wait_until(Duration::from_secs(10), || {
+            use std::os::unix::fs::OpenOptionsExt as _;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&fifo)
+                .and_then(|mut f| std::io::Write::write_all(&mut f, b"go\n"))
+                .is_ok()
+        });
+        assert!(sent, "[{label}] {pid} never opened the fifo");
+    }
+
     /// `show --json` of a tree.
     pub fn show(&self, tree: i64) -> Value {
         let out = self.output(&["show", &tree.to_string(), "--json"]);
@@ -1584,20 +1624,28 @@ fn a_tree_empty_when_its_root_exits_has_a_complete_record_on_both_boundaries() {
         let Some(env) = Env::new(boundary) else {
             continue;
         };
-        // Alive long enough (0.3 s) for run's first tick to see the root.
-        let out = env
-            .cmd()
-            .arg("run")
-            .arg("--")
-            .args(env.marked_argv("sleep 0.3; exit 7"))
-            .stdin(Stdio::null())
-            .output()
-            .expect("run");
+        // The root exits once the record has seen it (a line on `go`).
+        env.make_go_fifo();
+        let mut run = env.spawn_run(&[], "echo $$ > root; read x < go; exit 7");
+        let root = env.dir.path().join("root");
+        assert!(
+            wait_until(Duration::from_secs(10), || std::fs::read_to_string(&root)
+                .is_ok_and(|r| r.ends_with('\n'))),
+            "[{boundary}] the root never ran: {}",
+            env.stderr_of(&run)
+        );
+        let pid: i64 = std::fs::read_to_string(&root)
+            .expect("root")
+            .trim()
+            .parse()
+            .expect("a pid");
+        env.release_once_recorded(boundary, pid);
+        let status = wait_child(&mut run, Duration::from_secs(30)).expect("run exits");
         assert_eq!(
-            out.status.code(),
+            status.code(),
             Some(7),
             "[{boundary}] {}",
-            String::from_utf8_lossy(&out.stderr)
+            env.stderr_of(&run)
         );
         let show = env.show(1);
         assert_eq!(show["tree"]["state"], "ended", "[{boundary}] {show}");

@@ -5,7 +5,6 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -16,7 +15,9 @@ use crate::util::{pid_alive, signal, wait_child, wait_until};
 const BOTH: [&str; 2] = ["cgroup", "session"];
 
 /// The workload: three `sleep`s with distinct argv markers, a `setsid`
-/// member (its own session and group), and an orphan that exits 7. Each is
+/// member (its own session and group), and an orphan that exits 7 once a
+/// line arrives on the fifo `go` (the test sends it after the ledger has
+/// recorded the orphan: [`Env::release_once_recorded`]). Each is
 /// started from a subshell that exits at once, so its parent is gone and
 /// the subreaper (`run`) reaps it: its status is knowable, and must be
 /// recorded. (A member whose parent in the tree reaps it has a status only
@@ -27,7 +28,7 @@ const WORKLOAD: &str = "\
 ( sleep 302 & echo \"s302 $!\" >> truth )
 ( sleep 303 & echo \"s303 $!\" >> truth )
 ( setsid sleep 304 & echo \"setsid $!\" >> truth )
-( sh -c 'echo \"orphan $$\" >> truth; sleep 0.3; exit 7' orphan7 & )
+( sh -c 'echo \"orphan $$\" >> truth; read x < go; exit 7' orphan7 & )
 echo \"root $$\" >> truth
 exec sleep 300";
 
@@ -57,6 +58,7 @@ fn the_record_matches_what_the_workload_knows_on_both_boundaries() {
         for observer in ["auto", "off"] {
             let Some(env) = Env::new(b) else { continue };
             let label = format!("{b}, observer {observer}");
+            env.make_go_fifo();
             let mut run = env.spawn_run(
                 &[
                     "--timeout",
@@ -68,6 +70,14 @@ fn the_record_matches_what_the_workload_knows_on_both_boundaries() {
                 ],
                 WORKLOAD,
             );
+            // The orphan exits 7 once the record has seen it alive.
+            assert!(
+                wait_until(Duration::from_secs(10), || truth(env.dir.path())
+                    .contains_key("orphan")),
+                "[{label}] the orphan never ran: {}",
+                env.stderr_of(&run)
+            );
+            env.release_once_recorded(&label, truth(env.dir.path())["orphan"]);
             let status = wait_child(&mut run, Duration::from_secs(30)).expect("run exits");
             let err = env.stderr_of(&run);
             assert_eq!(status.code(), Some(124), "[{label}] {err}");
@@ -148,7 +158,7 @@ fn the_record_matches_what_the_workload_knows_on_both_boundaries() {
                 json!([
                     "sh",
                     "-c",
-                    "echo \"orphan $$\" >> truth; sleep 0.3; exit 7",
+                    "echo \"orphan $$\" >> truth; read x < go; exit 7",
                     "orphan7"
                 ]),
                 "[{label}] {m}"
@@ -733,31 +743,9 @@ echo \"rootsleep $! $$\" >> truth
 wait";
 
 /// Lets the hierarchy's child exec (see [`HIERARCHY`]) once the ledger
-/// records it running `sh`; bounded, and never blocking on a fifo without
-/// its reader.
+/// records it running `sh`.
 fn release_child_once_recorded(env: &Env, b: &str) {
-    let child = lineage(env.dir.path())["child"].0;
-    assert!(
-        wait_until(Duration::from_secs(10), || {
-            env.show(1)["members"].as_array().is_some_and(|m| {
-                m.iter()
-                    .any(|m| m["pid"].as_i64() == Some(child) && m["cmdline"][0] == "sh")
-            })
-        }),
-        "[{b}] the child {child} was never recorded as sh: {}",
-        env.show(1)
-    );
-    let fifo = env.dir.path().join("go");
-    let sent = wait_until(Duration::from_secs(10), || {
-        use std::os::unix::fs::OpenOptionsExt as _;
-        std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(&fifo)
-            .and_then(|mut f| std::io::Write::write_all(&mut f, b"go\n"))
-            .is_ok()
-    });
-    assert!(sent, "[{b}] the child never opened the fifo");
+    env.release_once_recorded(b, lineage(env.dir.path())["child"].0);
 }
 
 /// `name -> (pid, ppid)` as the workload wrote them.
@@ -782,11 +770,7 @@ fn show_tree_is_the_hierarchy_the_workload_printed() {
         let Some(env) = Env::new(b) else { continue };
         // The teardown comes on the timeout; every member has long been
         // seen by then (a bounded wait below proves it first).
-        let made = Command::new("mkfifo")
-            .arg(env.dir.path().join("go"))
-            .status()
-            .expect("mkfifo");
-        assert!(made.success(), "[{b}] mkfifo");
+        env.make_go_fifo();
         let mut run = env.spawn_run(&["--timeout", "6s", "--grace", "2s"], HIERARCHY);
         assert!(
             wait_until(Duration::from_secs(10), || lineage(env.dir.path()).len()
