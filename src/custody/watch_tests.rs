@@ -78,6 +78,21 @@ fn no_exits() -> HashMap<i32, ExitStatus> {
 }
 
 impl Rig {
+    /// Writes the cgroup's `memory.events` with `kills` OOM kills.
+    fn write_oom_kills(&self, kills: u64) {
+        let cg = self.cgroup.as_ref().expect("cgroup");
+        let text = format!("low 0\nhigh 0\nmax 0\noom {kills}\noom_kill {kills}\n");
+        std::fs::write(cg.join("memory.events"), text).expect("memory.events")
+    }
+
+    /// The `total` of every `tree.oom_kill` recorded, in order.
+    fn oom_totals(&self) -> Vec<u64> {
+        self.events("tree.oom_kill")
+            .iter()
+            .map(|e| e.data["total"].as_u64().expect("a total"))
+            .collect()
+    }
+
     /// A watch over the tree as the ledger holds it now (what a restarted
     /// service or a teardown starts from).
     fn watch(&self) -> TreeWatch {
@@ -344,17 +359,8 @@ fn known_members_last_seen_is_bumped_once_every_interval_of_host_time() {
 #[test]
 fn the_cgroup_oom_count_is_read_at_most_every_250_ms_of_host_time() {
     let rig = rig(false, true);
-    let cg = rig.cgroup.clone().expect("cgroup");
-    let events = |kills: u64| {
-        let text = format!("low 0\nhigh 0\nmax 0\noom {kills}\noom_kill {kills}\n");
-        std::fs::write(cg.join("memory.events"), text).expect("memory.events")
-    };
-    let recorded = || {
-        rig.events("tree.oom_kill")
-            .iter()
-            .map(|e| e.data["total"].as_u64().expect("a total"))
-            .collect::<Vec<_>>()
-    };
+    let events = |kills: u64| rig.write_oom_kills(kills);
+    let recorded = || rig.oom_totals();
     events(0);
     let mut watch = rig.watch();
     watch.tick(&rig.engine, &no_exits());
@@ -374,17 +380,8 @@ fn a_tick_told_nothing_changed_reads_the_oom_count_only_if_the_members_did() {
     // kill ends a member, so a tick that finds the same members skips the
     // read; one that finds a member new or gone reads it.
     let rig = rig(false, true);
-    let cg = rig.cgroup.clone().expect("cgroup");
-    let events = |kills: u64| {
-        let text = format!("low 0\nhigh 0\nmax 0\noom {kills}\noom_kill {kills}\n");
-        std::fs::write(cg.join("memory.events"), text).expect("memory.events")
-    };
-    let recorded = || {
-        rig.events("tree.oom_kill")
-            .iter()
-            .map(|e| e.data["total"].as_u64().expect("a total"))
-            .collect::<Vec<_>>()
-    };
+    let events = |kills: u64| rig.write_oom_kills(kills);
+    let recorded = || rig.oom_totals();
     let host = rig.engine.host();
     events(0);
     let mut watch = rig.watch();

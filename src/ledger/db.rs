@@ -780,16 +780,22 @@ mod tests {
         assert_eq!(tables, 3);
     }
 
+    /// A ledger with every migration applied (by [`start`]), opened raw.
+    fn migrated() -> (tempfile::TempDir, Connection) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("ledger.db");
+        drop(start(&path, Duration::from_secs(1), 0).expect("opens"));
+        let conn = Connection::open(&path).expect("open");
+        (dir, conn)
+    }
+
     /// Migration 0008 (issue 27): a tree may record boundary `job` and a
     /// signal target kind `job`, the CHECKs still refuse anything else, and
     /// a TERMINATE_JOB / TERMINATE_PROCESS row without an authorization of
     /// its tree is refused by the database, one with it accepted.
     #[test]
     fn migration_0008_takes_the_job_boundary_and_guards_its_terminate() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("ledger.db");
-        drop(start(&path, Duration::from_secs(1), 0).expect("opens"));
-        let conn = Connection::open(&path).expect("open");
+        let (_dir, conn) = migrated();
         conn.execute_batch(
             "INSERT INTO owners (id, pid, start_ticks, boot_id, kind, created_at)
              VALUES (1, 10, 1, 'b', 'run', 'now');",
@@ -833,10 +839,7 @@ mod tests {
     /// every CHECK and trigger the edit touched still refuses what it did.
     #[test]
     fn migration_0009_builds_no_ephemeral_table_per_row_and_refuses_as_before() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("ledger.db");
-        drop(start(&path, Duration::from_secs(1), 0).expect("opens"));
-        let conn = Connection::open(&path).expect("open");
+        let (_dir, conn) = migrated();
         let owner = |kind: &str| {
             conn.execute(
                 "INSERT INTO owners (pid, start_ticks, boot_id, kind, created_at) VALUES (10, 1, 'b', ?1, 'now')",
