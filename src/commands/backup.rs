@@ -19,7 +19,10 @@ pub fn backup(config: &Config, dest: &std::path::Path) -> CliResult {
     ledger
         .backup_to(dest)
         .map_err(|e| CliError::internal(anyhow::anyhow!("backup to {}: {e}", dest.display())))?;
-    let report = Ledger::open(dest, LedgerOptions::from_config(config))
+    // The copy is verified where it was written, whatever that directory's
+    // mode: the data dir's privacy rule is the live ledger's, and a copy
+    // into /tmp is what an operator types first (the file itself is 0600).
+    let report = Ledger::open_copy(dest, LedgerOptions::from_config(config).busy_timeout)
         .and_then(|copy| copy.verify(None))
         .map_err(|e| {
             CliError::with_code(

@@ -14,8 +14,9 @@ pub enum SealCommand {
     /// this host), record the interval in the ledger and keep only epoch
     /// 0's key, in <data-dir>/seal.key (0600). Refused when set up before.
     ///
-    /// Exit 0 with the key on stdout; 2 when sealing is set up already, on a
-    /// bad interval, or when no ledger exists; 125 when it cannot be recorded.
+    /// Makes the ledger when there is none yet, as `run` and `serve` do.
+    /// Exit 0 with the key on stdout; 2 when sealing is set up already or on
+    /// a bad interval; 125 when it cannot be recorded.
     Setup {
         /// How long an epoch is (every epoch is sealed; at least 1s).
         #[arg(long, default_value = "15m", value_parser = parse_duration)]
@@ -43,7 +44,13 @@ pub fn seal(config: &Config, cmd: SealCommand) -> CliResult {
             humantime::format_duration(*interval)
         )));
     }
-    let ledger = open_existing_ledger(config)?;
+    // `seal setup` makes the ledger, as `run` and `serve` do, so that a
+    // runbook can set sealing up before the first start; `now` and `close`
+    // need one that exists (a missing one is a mistyped --data-dir).
+    let ledger = match cmd {
+        SealCommand::Setup { .. } => open_ledger(config)?,
+        SealCommand::Now | SealCommand::Close => open_existing_ledger(config)?,
+    };
     match cmd {
         SealCommand::Setup { interval } => {
             let report = ledger

@@ -128,9 +128,10 @@ pub(crate) fn start(
     path: &Path,
     busy_timeout: Duration,
     reserve: u64,
+    dir: DirRule,
 ) -> Result<Arc<Handle>, LedgerError> {
     let conn =
-        open_connection(path, busy_timeout).map_err(|fail| fail.into_ledger(busy_timeout))?;
+        open_connection(path, busy_timeout, dir).map_err(|fail| fail.into_ledger(busy_timeout))?;
     reserve_wal(&conn, path, reserve);
     let mut store = Store {
         conn,
@@ -253,8 +254,23 @@ fn create_private(path: &Path) -> std::io::Result<()> {
     }
 }
 
-fn open_connection(path: &Path, busy_timeout: Duration) -> Result<Connection, Fail> {
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+/// What opening a ledger file may assume of the directory it is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DirRule {
+    /// The data dir: made if missing and kept private to its owner
+    /// ([`make_private`]), since it holds the live ledger's companions
+    /// (tokens, sockets, keys) and every tree's argv.
+    DataDir,
+    /// A file the caller named on its own (a backup's copy): its directory
+    /// is the caller's business, `/tmp` included; the file itself is 0600.
+    AsIs,
+}
+
+fn open_connection(path: &Path, busy_timeout: Duration, dir: DirRule) -> Result<Connection, Fail> {
+    if let Some(parent) = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty() && dir == DirRule::DataDir)
+    {
         // The ledger holds every tree's argv and cwd: private to its owner,
         // whoever creates it (directories made here are 0700, the file 0600;
         // SQLite gives the -wal and -shm files the database file's mode).

@@ -169,7 +169,23 @@ impl Ledger {
     /// if needed, in WAL mode with foreign keys on, and applies migrations.
     pub fn open(path: &Path, opts: LedgerOptions) -> Result<Ledger, LedgerError> {
         Ok(Ledger {
-            handle: db::start(path, opts.busy_timeout, opts.reserve)?,
+            handle: db::start(path, opts.busy_timeout, opts.reserve, db::DirRule::DataDir)?,
+        })
+    }
+
+    /// Opens a copy the caller named (a backup's file), to read and verify
+    /// it: unlike [`Ledger::open`] its directory is not made or held to the
+    /// data dir's privacy rule (a backup into `/tmp` is the caller's
+    /// choice), and no WAL room is reserved. The file itself must exist.
+    pub fn open_copy(path: &Path, busy_timeout: Duration) -> Result<Ledger, LedgerError> {
+        if !path.is_file() {
+            return Err(LedgerError::Other(format!(
+                "{}: no such ledger file",
+                path.display()
+            )));
+        }
+        Ok(Ledger {
+            handle: db::start(path, busy_timeout, 0, db::DirRule::AsIs)?,
         })
     }
 

@@ -242,6 +242,81 @@ fn a_backup_taken_while_trees_are_spawned_verifies_on_its_own() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+/// A backup is written where the operator says, a shared directory such as
+/// `/tmp` included: the data dir's privacy rule is the live ledger's, not
+/// the copy's. The copy is 0600 and verifies on its own; nothing else is
+/// left beside it.
+#[test]
+fn a_backup_into_tmp_itself_is_written_0600_and_verifies() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    assert!(
+        cli(&data)
+            .args(["run", "--", "true"])
+            .status()
+            .expect("run")
+            .success()
+    );
+    // /tmp itself: shared (1777) and in use by others. A name of this test's
+    // own, removed on every path by the guard.
+    let tmp = std::path::Path::new("/tmp");
+    let tmp_mode = std::fs::metadata(tmp)
+        .expect("stat /tmp")
+        .permissions()
+        .mode();
+    assert_ne!(tmp_mode & 0o1000, 0, "/tmp is sticky here ({tmp_mode:o})");
+    struct Gone(std::path::PathBuf);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            for suffix in ["", "-wal", "-shm", "-journal"] {
+                let mut p = self.0.clone().into_os_string();
+                p.push(suffix);
+                let _ = std::fs::remove_file(p);
+            }
+        }
+    }
+    let dest = Gone(tmp.join(format!(
+        "tw-backup-test-{}-{}.db",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_nanos()
+    )));
+    let out = cli(&data)
+        .arg("backup")
+        .arg(&dest.0)
+        .output()
+        .expect("backup");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("verified"));
+    let mode = std::fs::metadata(&dest.0)
+        .expect("stat")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600, "the copy is private to its owner");
+    let mut wal = dest.0.clone().into_os_string();
+    wal.push("-wal");
+    assert!(
+        !std::path::Path::new(&wal).exists(),
+        "the verification left no WAL beside the copy"
+    );
+    // /tmp itself was left as it was (the privacy rule would have made
+    // an empty sticky directory 0700).
+    let after = std::fs::metadata(tmp)
+        .expect("stat /tmp")
+        .permissions()
+        .mode();
+    assert_eq!(after & 0o7777, tmp_mode & 0o7777);
+}
+
 /// Reads an SSE response line by line on a thread of its own; lines come
 /// back through a channel, so every wait on them is bounded.
 fn sse_lines(resp: reqwest::blocking::Response) -> std::sync::mpsc::Receiver<String> {

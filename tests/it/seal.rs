@@ -770,6 +770,29 @@ fn no_old_key_is_left_in_any_file_of_the_data_dir() {
     assert!(!plain.join("seal.key").exists());
 }
 
+/// `seal setup` on a data dir with no ledger yet makes one, as `run` and
+/// `serve` do, so a runbook can set sealing up before the first start; the
+/// ledger it made then takes work and verifies with the key it printed.
+#[test]
+fn seal_setup_on_a_fresh_data_dir_makes_the_ledger() {
+    let env = Env::new("session").expect("the session boundary always forms");
+    let data = env.dir().join("fresh");
+    assert!(!data.exists());
+    let key = setup(&data);
+    assert!(data.join("ledger.db").is_file(), "the ledger was made");
+    assert!(data.join("seal.key").is_file());
+    work(&data, 0);
+    let out = tw(&data, &["seal", "close"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let (code, out, err) = verify(&data, &["--seal-key", &key]);
+    assert_eq!(code, Some(0), "{out} {err}");
+    // `seal now` still needs a ledger: a mistyped --data-dir is refused.
+    let missing = env.dir().join("mistyped");
+    let out = tw(&missing, &["seal", "now"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(!missing.exists(), "nothing made for a command that reads");
+}
+
 #[test]
 fn epochs_no_sealer_ran_in_are_sealed_late_by_the_next() {
     let env = Env::new("session").expect("the session boundary always forms");
