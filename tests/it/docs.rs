@@ -13,7 +13,10 @@
 //!   appears in a live `/metrics` scrape; every alert has a summary, a
 //!   description and a runbook link to its own section of RUNBOOK.md;
 //! - `deploy/otel-collector.yaml` is well formed (python3 + PyYAML);
-//! - every `deploy/…` and `docs/…` path the docs mention exists.
+//! - every `deploy/…` and `docs/…` path the docs mention exists;
+//! - README.md and docs/*.md hold no control character;
+//! - every shell example of README.md runs as written, in order, against
+//!   the binary `cargo test` built (the service's in the background).
 //!
 //! Only 127.0.0.1 is contacted; every child is waited for with a bound and
 //! ended by pid.
@@ -570,4 +573,186 @@ fn every_deploy_and_docs_path_the_docs_mention_exists() {
         }
     }
     assert!(checked >= 5, "only {checked} paths found");
+}
+
+/// Every byte of README.md and docs/*.md is printable text or a newline: no
+/// TAB, no escape, no BEL (a `\t` or `\a` lost in an edit once turned
+/// `C:\tw` and `\api-token` into control characters).
+#[test]
+fn the_readme_and_docs_hold_no_control_characters() {
+    let mut docs = vec!["README.md".to_string()];
+    for e in std::fs::read_dir(repo().join("docs"))
+        .expect("docs")
+        .flatten()
+    {
+        if e.path().extension().is_some_and(|x| x == "md") {
+            docs.push(format!("docs/{}", e.file_name().to_string_lossy()));
+        }
+    }
+    assert!(docs.len() > 5, "{docs:?}");
+    for doc in &docs {
+        let bytes = std::fs::read(repo().join(doc)).expect("read");
+        for (n, line) in bytes.split(|&b| b == b'\n').enumerate() {
+            if let Some(&b) = line.iter().find(|&&b| b < 0x20 || b == 0x7f) {
+                panic!(
+                    "{doc}:{}: control character 0x{b:02x} in {:?}",
+                    n + 1,
+                    String::from_utf8_lossy(line)
+                );
+            }
+        }
+    }
+}
+
+/// The ```sh blocks of a markdown text, in order.
+fn shell_blocks(text: &str) -> Vec<String> {
+    let mut blocks = Vec::new();
+    let mut current: Option<String> = None;
+    for line in text.lines() {
+        match (&mut current, line.trim_start()) {
+            (None, l) if l == "```sh" => current = Some(String::new()),
+            (Some(_), "```") => blocks.extend(current.take()),
+            (Some(b), _) => {
+                b.push_str(line);
+                b.push('\n');
+            }
+            (None, _) => {}
+        }
+    }
+    blocks
+}
+
+/// Every shell example of README.md runs, in order, as written, and ends
+/// as the README says (a `# exits N` comment, else 0), under `set -e -o
+/// pipefail`, so a failing line fails its block. What the test changes, and
+/// only that:
+/// - `cargo run --release --` is a shell function that runs the binary
+///   `cargo test` built (a release build here would cost minutes; the
+///   program is the same);
+/// - the ledger is this test's (`TREEWARDEN_DATA_DIR`, and `/tmp/tw` is a
+///   directory of this test), and the test's own cgroup root;
+/// - `serve` listens on a port the kernel picks (`--listen 127.0.0.1:0
+///   --ready-file`), runs in the background while the blocks after it run
+///   (`7878` in them is that port), and is ended by its pid with SIGTERM,
+///   which must exit 0.
+///
+/// The block that is the test command itself (`tests/run`) is the one not
+/// run here: it is what runs this test.
+#[test]
+fn every_shell_example_in_the_readme_runs_as_written() {
+    if tool("curl").is_none() {
+        skip("curl is not installed (tests/setup installs it)");
+        return;
+    }
+    let env = env();
+    let tw = env.dir().join("tw");
+    let ready = env.dir().join("ready");
+    let blocks = shell_blocks(&read("README.md"));
+    assert!(blocks.len() >= 4, "{blocks:?}");
+    let cargo = format!(
+        "cargo() {{ if [ \"$1 $2 $3\" != 'run --release --' ]; then echo \"README test: not a cargo run: $*\" >&2; return 99; fi; shift 3; {:?} \"$@\"; }}\n",
+        bin()
+    );
+    let mut not_run = Vec::new();
+    let mut ran = 0;
+    let mut port: Option<String> = None;
+    struct Serve(Option<std::process::Child>);
+    impl Drop for Serve {
+        fn drop(&mut self) {
+            if let Some(child) = &mut self.0 {
+                crate::util::signal(child.id(), rustix::process::Signal::TERM);
+                if wait_child(child, Duration::from_secs(30)).is_none() {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+            }
+        }
+    }
+    let mut serve = Serve(None);
+    for block in &blocks {
+        if block.trim() == "tests/run" {
+            not_run.push(block.clone());
+            continue;
+        }
+        let mut text = block.replace("/tmp/tw", &tw.display().to_string());
+        if let Some(port) = &port {
+            text = text.replace("7878", port);
+        }
+        let expected: i32 = block
+            .split("# exits ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .map(|n| n.parse().expect("a number after '# exits'"))
+            .unwrap_or(0);
+        if let Some(at) = text.find(" serve") {
+            assert!(serve.0.is_none(), "one serve block");
+            let end = at + " serve".len();
+            text.insert_str(
+                end,
+                &format!(" --listen 127.0.0.1:0 --ready-file {}", ready.display()),
+            );
+            // The service's block is one command: its `cargo run` execs the
+            // binary, so the pid to signal is the service's own.
+            let exec = cargo.replace("shift 3; ", "shift 3; exec ");
+            let mut cmd = env.cmd_for("bash");
+            cmd.arg("-c")
+                .arg(format!("set -e -o pipefail\n{exec}{text}"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::from(
+                    std::fs::File::create(env.dir().join("serve.err")).expect("log"),
+                ));
+            serve.0 = Some(cmd.spawn().expect("serve block"));
+            assert!(
+                wait_until(Duration::from_secs(30), || {
+                    std::fs::read_to_string(&ready).is_ok_and(|s| s.contains(':'))
+                        && tw.join("api.sock").exists()
+                }),
+                "serve did not come up: {}",
+                std::fs::read_to_string(env.dir().join("serve.err")).unwrap_or_default()
+            );
+            let addr = std::fs::read_to_string(&ready).expect("ready file");
+            port = Some(addr.trim().rsplit(':').next().expect("a port").to_string());
+            ran += 1;
+            continue;
+        }
+        let mut cmd = env.cmd_for("bash");
+        cmd.arg("-c")
+            .arg(format!("set -e -o pipefail\n{cargo}{text}"));
+        let (code, out, err) = run_bounded(cmd, Duration::from_secs(60));
+        assert_eq!(
+            code,
+            Some(expected),
+            "README block\n{block}\nexited {code:?}, not {expected}:\n{out}\n{err}"
+        );
+        ran += 1;
+    }
+    assert_eq!(
+        not_run.len(),
+        1,
+        "only the test command is not run: {not_run:?}"
+    );
+    assert!(serve.0.is_some(), "the service's block was found and run");
+    let mut child = serve.0.take().expect("serve");
+    crate::util::signal(child.id(), rustix::process::Signal::TERM);
+    let status = wait_child(&mut child, Duration::from_secs(30)).expect("serve exits on SIGTERM");
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "{}",
+        std::fs::read_to_string(env.dir().join("serve.err")).unwrap_or_default()
+    );
+    assert!(ran >= 4, "{ran} blocks ran");
+    // What the examples started is over: no tree of either ledger is alive.
+    for data in [env.data_dir(), tw.clone()] {
+        let out = env
+            .cmd()
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["ls", "--json"])
+            .output()
+            .expect("ls");
+        let live: Value = serde_json::from_slice(&out.stdout).expect("ls --json");
+        assert_eq!(live.as_array().map(Vec::len), Some(0), "{live}");
+    }
 }
