@@ -128,6 +128,15 @@ pub(crate) fn start(
     path: &Path,
     busy_timeout: Duration,
     reserve: u64,
+) -> Result<Arc<Handle>, LedgerError> {
+    start_in(path, busy_timeout, reserve, DirRule::DataDir)
+}
+
+/// [`start`], with what may be assumed of the file's directory.
+pub(crate) fn start_in(
+    path: &Path,
+    busy_timeout: Duration,
+    reserve: u64,
     dir: DirRule,
 ) -> Result<Arc<Handle>, LedgerError> {
     let conn =

@@ -169,7 +169,7 @@ impl Ledger {
     /// if needed, in WAL mode with foreign keys on, and applies migrations.
     pub fn open(path: &Path, opts: LedgerOptions) -> Result<Ledger, LedgerError> {
         Ok(Ledger {
-            handle: db::start(path, opts.busy_timeout, opts.reserve, db::DirRule::DataDir)?,
+            handle: db::start(path, opts.busy_timeout, opts.reserve)?,
         })
     }
 
@@ -185,7 +185,7 @@ impl Ledger {
             )));
         }
         Ok(Ledger {
-            handle: db::start(path, busy_timeout, 0, db::DirRule::AsIs)?,
+            handle: db::start_in(path, busy_timeout, 0, db::DirRule::AsIs)?,
         })
     }
 

@@ -610,7 +610,7 @@ fn shell_blocks(text: &str) -> Vec<String> {
     let mut current: Option<String> = None;
     for line in text.lines() {
         match (&mut current, line.trim_start()) {
-            (None, l) if l == "```sh" => current = Some(String::new()),
+            (None, "```sh") => current = Some(String::new()),
             (Some(_), "```") => blocks.extend(current.take()),
             (Some(b), _) => {
                 b.push_str(line);
