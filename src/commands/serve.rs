@@ -94,6 +94,10 @@ pub struct ServeArgs {
     /// tree's argv, cwd and the whole export. Only for a single-tenant host.
     #[arg(long)]
     open_reads: bool,
+    /// How long a dashboard login lasts (a read-only session in memory;
+    /// it also ends when its token is revoked, or the service restarts).
+    #[arg(long, default_value = "12h", value_parser = parse_duration)]
+    session_ttl: Duration,
     /// Connections served at once on each listener; more wait in the
     /// kernel's backlog. Accept also waits while fewer than 128 descriptors
     /// are free (they are custody's: /proc reads, pidfds, the ledger).
@@ -160,6 +164,7 @@ pub(super) fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
         socket: args.socket,
         admin_group: args.admin_group,
         open_reads: args.open_reads,
+        session_ttl: args.session_ttl,
         limits: treewarden::http::conn::ConnLimits {
             max_total: args.max_connections,
             max_per_uid: args.max_connections_per_uid,

@@ -4,14 +4,18 @@
 //! - on the **Unix socket**, the peer's credentials (`SO_PEERCRED`, read
 //!   by the kernel when it connected; [`super::peer`]): no token. Root and
 //!   members of `--admin-group` are admins;
-//! - over **TCP**, a bearer token (`Authorization: Bearer`, or for reads
-//!   the dashboard's `treewarden_token` cookie set by `/login`), looked up
-//!   by its SHA-256 in the ledger on every request, so a revoked token is
+//! - over **TCP**, a bearer token (`Authorization: Bearer`), looked up by
+//!   its SHA-256 in the ledger on every request, so a revoked token is
 //!   refused at once and a new one works at once. A token's scope bounds
 //!   the request: `read` reads, `spawn` also spawns (and kills and resolves
 //!   what it spawned), `admin` everything. Without a token: `/healthz`,
 //!   `/readyz`, `/metrics` and `/login` on loopback, and every read on
-//!   loopback under `--open-reads` (the single-tenant choice).
+//!   loopback under `--open-reads` (the single-tenant choice);
+//! - for reads only, the dashboard's session cookie ([`super::login`]): a
+//!   random secret that names a session in this process's memory, never a
+//!   token. It reads as its token with scope `read`, and only while that
+//!   token is live. A cookie is not looked at on a mutating request, so no
+//!   page anywhere (another port of this host included) can write with it.
 //!
 //! What a principal may do to one tree is [`Principal::may_see`] and
 //! [`Principal::may_act_on`], called by the handlers once the tree is read.
@@ -31,12 +35,14 @@ use sha2::{Digest, Sha256};
 
 use super::AppState;
 use super::error::ApiError;
+use super::login::Sessions;
 use super::peer::{Peer, PeerCred};
 use crate::ledger::fsmode::Mode as _;
 use crate::ledger::{Requester, TokenScope, TreeRow};
 
-/// The name of the dashboard's cookie (HttpOnly, SameSite=Strict).
-pub const COOKIE: &str = "treewarden_token";
+/// The cookie older versions' login set, which held the token itself: never
+/// read, and cleared by every login.
+pub const LEGACY_COOKIE: &str = "treewarden_token";
 
 /// How the service authenticates: set once from `serve`'s flags.
 #[derive(Clone, Debug, Default)]
@@ -47,6 +53,9 @@ pub struct Auth {
     open_reads: bool,
     /// `--admin-group`: its members act on every tree over the socket.
     admin_gid: Option<u32>,
+    /// The dashboard's sessions (`--session-ttl`), shared by every
+    /// listener of this process.
+    sessions: std::sync::Arc<Sessions>,
 }
 
 impl Auth {
@@ -55,7 +64,20 @@ impl Auth {
             everywhere,
             open_reads,
             admin_gid,
+            sessions: Default::default(),
         }
+    }
+
+    /// The same, with these dashboard sessions (default: a cookie named
+    /// `treewarden_session`, [`super::login::DEFAULT_TTL`]).
+    pub fn with_sessions(mut self, sessions: Sessions) -> Self {
+        self.sessions = std::sync::Arc::new(sessions);
+        self
+    }
+
+    /// The dashboard's sessions.
+    pub fn sessions(&self) -> &Sessions {
+        &self.sessions
     }
 
     /// Whether a socket peer is an admin: root, or in the admin group (its
@@ -294,18 +316,27 @@ fn is_read(method: &Method) -> bool {
     matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
 }
 
-/// The token a request presents: the bearer header, or (reads only, so a
-/// cross-site form can never use it to change anything) the cookie.
-fn presented(method: &Method, headers: &HeaderMap) -> Option<String> {
+/// What a request presents to say who it is.
+enum Presented {
+    /// The bearer header's token (empty when the header is malformed).
+    Bearer(String),
+    /// The dashboard's session cookie (reads only).
+    Session(String),
+}
+
+/// The credential a request presents: the bearer header, or (reads only,
+/// so no form anywhere can use it to change anything) this instance's
+/// session cookie. No other cookie is read.
+fn presented(method: &Method, headers: &HeaderMap, cookie: &str) -> Option<Presented> {
     if let Some(v) = headers.get(header::AUTHORIZATION) {
-        return Some(
+        return Some(Presented::Bearer(
             v.to_str()
                 .ok()
                 .and_then(|v| v.strip_prefix("Bearer "))
                 .map(str::trim)
                 .unwrap_or("")
                 .to_string(),
-        );
+        ));
     }
     if !is_read(method) {
         return None;
@@ -316,8 +347,8 @@ fn presented(method: &Method, headers: &HeaderMap) -> Option<String> {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|c| c.trim().split_once('='))
-        .find(|(k, _)| *k == COOKIE)
-        .map(|(_, v)| v.trim().to_string())
+        .find(|(k, _)| *k == cookie)
+        .map(|(_, v)| Presented::Session(v.trim().to_string()))
 }
 
 /// The principal of a TCP request, or why it is refused.
@@ -340,8 +371,19 @@ async fn tcp_principal(
     if path == "/login" || (loopback && read && open_path(path)) {
         return Ok(Principal::Anonymous);
     }
-    let token = match presented(&method, &headers) {
-        Some(t) => t,
+    let sessions = state.auth.sessions();
+    let token = match presented(&method, &headers, sessions.cookie_name()) {
+        Some(Presented::Bearer(t)) => t,
+        // A session reads (the cookie is never presented on a write).
+        Some(Presented::Session(secret)) => {
+            return match sessions.principal(state, &secret).await? {
+                Some(p) => Ok(p),
+                None if loopback && state.auth.open_reads => Ok(Principal::Anonymous),
+                None => Err(ApiError::Unauthorized(
+                    "the dashboard session has ended (expired, its token revoked, or the service restarted): sign in again",
+                )),
+            };
+        }
         None if loopback && read && state.auth.open_reads => return Ok(Principal::Anonymous),
         None => {
             return Err(ApiError::Unauthorized(
@@ -398,6 +440,17 @@ fn wants_page(req: &Request) -> bool {
             .is_some_and(|a| a.contains("text/html"))
 }
 
+/// The login form's address for a browser that asked for `uri`: `next` is
+/// its path and query, percent-encoded (the form checks it again).
+fn login_for(uri: &axum::http::Uri) -> String {
+    let target = uri.path_and_query().map_or("/", |pq| pq.as_str());
+    if target == "/" {
+        return "/login".into();
+    }
+    let next: String = form_urlencoded::byte_serialize(target.as_bytes()).collect();
+    format!("/login?next={next}")
+}
+
 /// The middleware: puts the request's [`Principal`] in its extensions, or
 /// answers 401 (no or an unknown token; `WWW-Authenticate: Bearer`) or 403
 /// (a token whose scope is too small; a socket peer whose credentials
@@ -433,9 +486,10 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
         .await
         {
             Ok(p) => p,
-            // A browser asking for a dashboard page is sent to the form.
+            // A browser asking for a dashboard page is sent to the form,
+            // which returns it here once signed in.
             Err(ApiError::Unauthorized(_)) if wants_page(&req) => {
-                return axum::response::Redirect::to("/login").into_response();
+                return axum::response::Redirect::to(&login_for(req.uri())).into_response();
             }
             Err(e) => return e.into_response(),
         },

@@ -50,6 +50,8 @@ pub struct ServeOptions {
     pub admin_group: Option<String>,
     /// Reads on loopback need no token.
     pub open_reads: bool,
+    /// How long a dashboard login's session lasts.
+    pub session_ttl: Duration,
     pub limits: crate::http::conn::ConnLimits,
     pub dispatch_scope: DispatchScope,
     /// Whether SIGTERM and SIGINT start the drain (the binary: yes; an
@@ -225,6 +227,12 @@ pub fn serve(
         .clone()
         .unwrap_or_else(|| config.data_dir.join("api.sock"));
     let open_reads = opts.open_reads;
+    // The dashboard's session cookie is named for this ledger (and port).
+    let instance = service
+        .engine()
+        .ledger()
+        .instance_id()
+        .map_err(|e| ServeError::internal(format!("ledger instance id: {e}")))?;
     let code = rt.block_on(async move {
         // Signals first: from here on SIGTERM drains, whatever start-up is
         // doing. Then the listeners, which answer before the recovery sweep
@@ -258,7 +266,12 @@ pub fn serve(
         let unix = crate::http::bind_unix(&socket_path).map_err(|e| {
             ServeError::internal(format!("cannot listen on {}: {e}", socket_path.display()))
         })?;
-        let auth = crate::http::auth::Auth::new(!bound.ip().is_loopback(), open_reads, admin_gid);
+        let auth = crate::http::auth::Auth::new(!bound.ip().is_loopback(), open_reads, admin_gid)
+            .with_sessions(crate::http::login::Sessions::for_instance(
+                &instance,
+                bound.port(),
+                opts.session_ttl,
+            ));
         let app = crate::http::router(crate::http::AppState {
             service: service.clone(),
             auth: std::sync::Arc::new(auth),
