@@ -21,6 +21,7 @@ mod rules;
 mod scale;
 mod seal;
 mod serve;
+mod session;
 mod shipping;
 mod util;
 mod wrapper;
