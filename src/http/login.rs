@@ -206,9 +206,7 @@ pub fn safe_next(next: Option<&str>) -> &str {
     let ok = n.len() <= MAX_NEXT
         && bytes.first() == Some(&b'/')
         && !matches!(bytes.get(1), Some(b'/' | b'\\'))
-        && bytes
-            .iter()
-            .all(|&b| b.is_ascii_graphic() && b != b'\\');
+        && bytes.iter().all(|&b| b.is_ascii_graphic() && b != b'\\');
     if ok { n } else { "/" }
 }
 
