@@ -848,8 +848,9 @@ fn chromium(user_dir: &Path, extra: &[&str], url: &str) -> std::process::Output 
 fn dashboard_renders_trees_and_the_teardown_timeline_in_headless_chromium() {
     // `chromium --dump-dom` sends no header and submits no form: this
     // server runs single-tenant (--open-reads), the one mode in which a
-    // tokenless browser reads. The login form is tested over HTTP
-    // (`the_dashboard_login_sets_an_httponly_strict_cookie_for_reads_only`).
+    // tokenless browser reads. The login form is driven by Chromium over
+    // the DevTools protocol in `session.rs`
+    // (`a_browser_logged_in_here_gives_another_loopback_port_nothing_that_writes`).
     let s = Server::start(&["--open-reads"]);
     let killed = spawn_and_kill(&s);
     let live = s.spawn(&s.body("sleep 300"));
