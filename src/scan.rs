@@ -421,6 +421,21 @@ pub struct MemberDetails {
     pub cmdline: Vec<String>,
     pub cwd: Option<String>,
     pub cgroup: Option<String>,
+    /// Who these details were read from, as its stat said in the same read
+    /// (one `/proc/<pid>` handle): details are read by pid, after a scan
+    /// read the process, and the caller checks they are of the process
+    /// the scan saw. `None` where it could not be read.
+    pub read_from: Option<Lineage>,
+}
+
+/// A process's start and the ids it was read with: what tells the process
+/// a scan read from another that took its pid within the same clock tick.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Lineage {
+    pub start_ticks: u64,
+    pub ppid: i32,
+    pub pgid: i32,
+    pub sid: i32,
 }
 
 /// The argv of one process (empty if it exited or is a kernel thread).
@@ -454,6 +469,12 @@ pub fn details(pid: i32) -> MemberDetails {
     };
     MemberDetails {
         uid: proc.uid().ok(),
+        read_from: proc.stat().ok().map(|st| Lineage {
+            start_ticks: st.starttime,
+            ppid: st.ppid,
+            pgid: st.pgrp,
+            sid: st.session,
+        }),
         exe: proc.exe().ok().map(|p| p.display().to_string()),
         cmdline: proc.cmdline().unwrap_or_default(),
         cwd: proc.cwd().ok().map(|p| p.display().to_string()),
@@ -619,8 +640,15 @@ pub fn cmdline(pid: i32) -> Vec<String> {
 #[cfg(target_os = "macos")]
 pub fn details(pid: i32) -> MemberDetails {
     let (exe, cmdline) = crate::proc::details_of(pid);
+    let stat = crate::proc::read_stat(pid).ok().flatten();
     MemberDetails {
-        uid: crate::proc::read_stat(pid).ok().flatten().map(|s| s.uid),
+        uid: stat.as_ref().map(|s| s.uid),
+        read_from: stat.as_ref().map(|s| Lineage {
+            start_ticks: s.start_ticks,
+            ppid: s.ppid,
+            pgid: s.pgid,
+            sid: s.sid,
+        }),
         exe,
         cmdline,
         ..MemberDetails::default()

@@ -588,6 +588,12 @@ impl Host for FakeHost {
             cmdline: p.argv.clone(),
             cwd: Some("/".into()),
             cgroup: p.cgroup.as_ref().map(|d| d.display().to_string()),
+            read_from: Some(crate::scan::Lineage {
+                start_ticks: p.start_ticks,
+                ppid: p.ppid,
+                pgid: p.pgid,
+                sid: p.sid,
+            }),
         }
     }
 

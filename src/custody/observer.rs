@@ -102,6 +102,14 @@ struct Tracked {
     boot_id: String,
     /// pid -> start ticks of every live member the observer knows.
     members: HashMap<i32, u64>,
+    /// pid -> the uid of a member attributed at its fork, read in the same
+    /// read of `/proc/<pid>` that proved it the parent's child (one
+    /// directory handle: both facts are of one process). With the identity
+    /// it names the member to a watch that finds it only by identity: a
+    /// process of another user that took the pid within the clock tick of
+    /// the member's start shares the identity, not the uid. Kept only while
+    /// `members` holds the same pid.
+    uids: HashMap<i32, u32>,
     /// Escapes already recorded (or attempted) by identity.
     escaped: HashSet<ProcKey>,
     /// Kernel time of each member's fork, for the latency.
@@ -242,6 +250,7 @@ impl ObserverHandle {
                     sid,
                     boot_id: root.boot_id.clone(),
                     members,
+                    uids: HashMap::new(),
                     escaped: HashSet::new(),
                     forked_at: HashMap::new(),
                     generation: self.shared.next_generation(),
@@ -308,6 +317,19 @@ impl ObserverHandle {
         }
     }
 
+    /// As the observer thread attributes a fork (tests): `key` is a member
+    /// of `tree`, read with `uid`.
+    #[cfg(test)]
+    pub(crate) fn attributed(&self, tree: TreeId, key: ProcKey, uid: u32) {
+        if let Ok(mut trees) = self.shared.trees.lock()
+            && let Some(t) = trees.get_mut(&tree.0)
+        {
+            t.members.insert(key.pid, key.start_ticks);
+            t.uids.insert(key.pid, uid);
+            t.moved(&self.shared);
+        }
+    }
+
     /// Stops watching a tree (it ended).
     pub fn unwatch(&self, tree: TreeId) {
         if let Ok(mut trees) = self.shared.trees.lock()
@@ -336,6 +358,18 @@ impl ObserverHandle {
             .unwrap_or_default()
     }
 
+    /// The uid `key` had when its fork was attributed to `tree` (see
+    /// [`Tracked::uids`]); `None` when the observer did not read it so (a
+    /// member a scan handed over, the root, one gone before its read).
+    pub fn uid(&self, tree: TreeId, key: ProcKey) -> Option<u32> {
+        let trees = self.shared.trees.lock().ok()?;
+        let t = trees.get(&tree.0)?;
+        if t.members.get(&key.pid) != Some(&key.start_ticks) {
+            return None;
+        }
+        t.uids.get(&key.pid).copied()
+    }
+
     /// Cross-check: members a scan found. Ones the observer did not know
     /// (lost events, or forks before the history) are counted and adopted,
     /// so their later forks and setsid are attributed too; returns how
@@ -347,7 +381,10 @@ impl ObserverHandle {
         {
             for ProcKey { pid, start_ticks } in members {
                 if t.members.get(&pid) != Some(&start_ticks) {
-                    t.members.insert(pid, start_ticks);
+                    if t.members.insert(pid, start_ticks).is_some() {
+                        // Another process on that pid: not the uid's.
+                        t.uids.remove(&pid);
+                    }
                     unknown += 1;
                 }
             }
@@ -683,6 +720,7 @@ impl Worker {
         match crate::proc::read_stat(parent) {
             Ok(Some(p)) if p.start_ticks != parent_start => {
                 t.members.remove(&parent);
+                t.uids.remove(&parent);
                 t.moved(&self.shared);
                 return;
             }
@@ -723,6 +761,7 @@ impl Worker {
             return;
         }
         t.members.insert(child, stat.start_ticks);
+        t.uids.insert(child, stat.uid);
         t.forked_at.insert(child, at_ns);
         t.moved(&self.shared);
         let escaped = stat.pgid != t.pgid && stat.sid != t.sid;
@@ -787,6 +826,8 @@ impl Worker {
                     matches!(crate::proc::read_stat(*pid), Ok(Some(s)) if s.start_ticks == *start && !s.is_dead())
                 });
                 if t.members.len() != before {
+                    let members = &t.members;
+                    t.uids.retain(|pid, _| members.contains_key(pid));
                     t.moved(&self.shared);
                 }
             }
@@ -800,6 +841,7 @@ impl Worker {
         if let Ok(mut trees) = self.shared.trees.lock() {
             for t in trees.values_mut() {
                 if t.members.remove(&pid).is_some() {
+                    t.uids.remove(&pid);
                     t.forked_at.remove(&pid);
                     t.moved(&self.shared);
                 }
@@ -821,9 +863,23 @@ impl Worker {
             let id = TreeId(tree);
             let mut records: Vec<MemberRecord> = list.iter().map(|f| f.record.clone()).collect();
             // Details (exe, argv, cwd) as of now: usually after the exec.
+            // They are read by pid, so they are kept only if a read after
+            // them still finds the process the fork's read did (its start
+            // and parent, or this subreaper if it was orphaned): the member
+            // may have exited since and another's process taken its pid
+            // within the same clock tick. The uid
+            // stays the one read with the fork's check ([`Tracked::uids`]).
             for r in &mut records {
                 let d = crate::scan::details(r.identity.pid);
-                r.uid = d.uid;
+                let same = crate::proc::read_stat(r.identity.pid).is_ok_and(|s| {
+                    s.is_some_and(|s| {
+                        s.start_ticks == r.identity.start_ticks
+                            && (s.ppid == r.ppid || s.ppid == std::process::id() as i32)
+                    })
+                });
+                if !same {
+                    continue;
+                }
                 r.exe = d.exe;
                 r.cmdline = d.cmdline;
                 r.cwd = d.cwd;

@@ -74,7 +74,9 @@ fn rig(
 impl Rig {
     /// An earlier scan's sighting of `(pid, start)` in the root's group and
     /// session, child of `ppid`, running `worker`.
+    /// As a scan records a member it read: with the uid it runs as.
     fn sighted(&self, (pid, start_ticks): (i32, u64), ppid: i32) {
+        let uid = self.host.world().procs.get(&pid).map(|p| p.uid);
         self.ledger
             .observe_members(
                 self.tree,
@@ -88,7 +90,7 @@ impl Rig {
                     pgid: self.root.0,
                     sid: self.root.0,
                     cgroup: None,
-                    uid: None,
+                    uid,
                     exe: None,
                     cmdline: vec!["worker".into()],
                     cwd: None,

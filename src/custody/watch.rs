@@ -63,6 +63,12 @@ pub struct TreeWatch {
     /// witness of a member known only by its identity (see
     /// [`TreeWatch::vet`]).
     uids: HashMap<ProcKey, Option<u32>>,
+    /// Identities found loose and known only by identity, with no uid to
+    /// witness them (see [`TreeWatch::vet`]): never taken for members;
+    /// recorded once each.
+    unverified: HashSet<ProcKey>,
+    /// The survivors an unsettled marker names ([`TreeWatch::remember`]).
+    marked: HashSet<ProcKey>,
     boot_id: String,
     /// The proc-connector observer of this process, when one runs: its
     /// members join each classification and the scan's members go back to
@@ -179,6 +185,8 @@ impl TreeWatch {
             incomplete: None,
             held: HashMap::new(),
             uids,
+            unverified: HashSet::new(),
+            marked: HashSet::new(),
             boot_id: row.boot_id.clone().unwrap_or_default(),
             observer: None,
             root_pid: row.root_pid,
@@ -296,10 +304,14 @@ impl TreeWatch {
 
     /// Counts these identities as members seen before (e.g. the survivors
     /// an unsettled marker names, which the ledger may never have recorded).
+    /// They were read as members by the teardown that named them (the
+    /// marker is that reading's record, kept in the private data dir), so
+    /// one of them found loose is held on its identity without a uid to
+    /// witness it ([`TreeWatch::vet`]).
     pub fn remember(&mut self, ids: &[IdentityRecord]) {
-        self.known
-            .seen
-            .extend(ids.iter().map(|id| ProcKey::new(id.pid, id.start_ticks)));
+        let keys = ids.iter().map(|id| ProcKey::new(id.pid, id.start_ticks));
+        self.marked.extend(keys.clone());
+        self.known.seen.extend(keys);
     }
 
     /// Teardown mode: after the first write the ledger refuses with
@@ -629,19 +641,31 @@ impl TreeWatch {
     /// - a held member whose handle says it exited is not a member, whatever
     ///   process now lists with its pid and start time (a pid recycled
     ///   within one clock tick);
-    /// - a loose member known *only* by its identity (`Because::Seen`) and
-    ///   not held yet (first found by another watch: no handle from its
-    ///   first sight can be had) needs a second witness before it is taken
-    ///   for the member: the uid it was recorded with, where one was. A
-    ///   stranger that took a member's pid within the clock tick of its
-    ///   start shares the identity, not (as another user) the uid. A member
-    ///   that both left its session and changed its uid between two looks
-    ///   is not signalled by itself, and one recorded without a uid has no
-    ///   witness but its identity; docs/THREAT-MODEL.md names both.
-    fn vet(&mut self, host: &dyn Host, members: Vec<Member>) -> Vec<Member> {
+    /// - a loose member known *only* by its identity (`Because::Seen`: a
+    ///   recorded member; `Because::Observed`: a fork the observer
+    ///   attributed) and not held yet needs a second witness before it is
+    ///   taken for the member: the uid it was read with when it was provably
+    ///   the member (the observer's read at the fork, or a sighting's read
+    ///   that a re-read confirmed, see [`TreeWatch::sight`]). It is held
+    ///   first, then its uid is read, then the handle is asked whether it
+    ///   exited: a uid read while the held process still runs is that
+    ///   process's. A stranger that took a member's pid within the clock
+    ///   tick of its start shares the identity, not (as another user) the
+    ///   uid. A member recorded without a uid (never read as the member)
+    ///   has no witness but its identity: it is not taken for the member
+    ///   and never signalled, and that is recorded once (`kill.skipped`).
+    ///   The survivors an unsettled marker names were read as members by
+    ///   the teardown that wrote it: they are held on their identity;
+    /// - a member that both left its session and changed its uid between
+    ///   two looks is not signalled by itself; docs/THREAT-MODEL.md names it.
+    ///
+    /// Returns the members kept, and the identities found unverified for
+    /// the first time (to be recorded).
+    fn vet(&mut self, host: &dyn Host, members: Vec<Member>) -> (Vec<Member>, Vec<ProcKey>) {
         let pgid = self.known.pgid;
         let boot = host.boot_id().unwrap_or_else(|_| self.boot_id.clone());
-        members
+        let mut unverified = Vec::new();
+        let kept = members
             .into_iter()
             .filter(|m| {
                 let key = m.entry.key();
@@ -661,20 +685,28 @@ impl TreeWatch {
                 if !loose {
                     return true;
                 }
-                if m.because == scan::Because::Seen {
-                    let recorded = self.uids.get(&key).copied().flatten();
-                    let now = recorded.and_then(|_| host.details(m.entry.pid).uid);
-                    if recorded.is_some() && now != recorded {
-                        tracing::warn!(
-                            tree = self.tree.0,
-                            pid = m.entry.pid,
-                            ?recorded,
-                            ?now,
-                            "a process with a member's identity but not its uid: not a member"
-                        );
+                let by_identity = matches!(m.because, scan::Because::Seen | scan::Because::Observed)
+                    && !self.marked.contains(&key);
+                // The witness: the uid it was read with as the member.
+                let witness = if by_identity {
+                    let recorded = self.uids.get(&key).copied().flatten().or_else(|| {
+                        self.observer.as_ref().and_then(|o| o.uid(self.tree, key))
+                    });
+                    let Some(uid) = recorded else {
+                        if self.unverified.insert(key) {
+                            tracing::warn!(
+                                tree = self.tree.0,
+                                pid = m.entry.pid,
+                                "a process with a member's identity, but the member was never read with its uid: not taken for it, not signalled"
+                            );
+                            unverified.push(key);
+                        }
                         return false;
-                    }
-                }
+                    };
+                    Some(uid)
+                } else {
+                    None
+                };
                 let id = crate::proc::Identity {
                     pid: m.entry.pid,
                     start_ticks: m.entry.start_ticks,
@@ -682,20 +714,40 @@ impl TreeWatch {
                 };
                 match host.hold(&id) {
                     Ok(Some(held)) => {
+                        if let Some(recorded) = witness {
+                            // Read after the hold, then the hold asked: a
+                            // uid read while the held process still runs
+                            // is that process's.
+                            let now = host.details(m.entry.pid).uid;
+                            if now != Some(recorded) || host.held_exited(&held) {
+                                tracing::warn!(
+                                    tree = self.tree.0,
+                                    pid = m.entry.pid,
+                                    recorded,
+                                    ?now,
+                                    "a process with a member's identity but not its uid: not a member"
+                                );
+                                return false;
+                            }
+                        }
                         self.held.insert(key, held);
                         true
                     }
                     // Gone, or the pid another's, since the read.
                     Ok(None) => false,
                     // No handle now (out of descriptors): kept by its
-                    // classification; signalled by identity as before.
+                    // classification (unknown is not exited), but, not
+                    // held, it is not signalled by itself; the next tick
+                    // tries again. One known only by its identity is not
+                    // kept: nothing shows it is the member.
                     Err(e) => {
                         tracing::debug!(tree = self.tree.0, pid = m.entry.pid, error = %e, "member not held");
-                        true
+                        witness.is_none()
                     }
                 }
             })
-            .collect()
+            .collect();
+        (kept, unverified)
     }
 
     /// The handle a loose member is held by, if it is.
@@ -741,7 +793,19 @@ impl TreeWatch {
         bump_last_seen: bool,
     ) -> TickReport {
         let incomplete = self.incomplete.take();
-        let mut members = self.vet(engine.host(), members);
+        let (mut members, unverified) = self.vet(engine.host(), members);
+        for key in unverified {
+            let reason = format!(
+                "pid {} (start {}): a process with a recorded member's identity, but that member was never read with its uid: not taken for the member, never signalled",
+                key.pid, key.start_ticks
+            );
+            let (tree, ledger) = (self.tree, engine.ledger());
+            if let Some(Err(e)) = self.evidence("unverified member", || {
+                ledger.kill_skipped(tree, &reason)
+            }) {
+                tracing::warn!(tree = tree.0, error = %e, "unverified member not recorded");
+            }
+        }
         let mut unobserved = 0;
         if let Some(obs) = &self.observer {
             unobserved = obs.scanned(self.tree, members.iter().map(|m| m.entry.key()));
@@ -806,7 +870,7 @@ impl TreeWatch {
             let details = if self.known.seen.contains(&key) {
                 None
             } else {
-                Some(engine.host().details(m.entry.pid))
+                Some(confirmed(engine.host().details(m.entry.pid), &m.entry))
             };
             let record = MemberRecord {
                 identity: self.identity(m),
@@ -1046,6 +1110,35 @@ struct Sighted {
     fresh: HashSet<ProcKey>,
     /// Known members that exec'd since the last tick.
     execd: Vec<MemberRecord>,
+}
+
+/// A first sighting's details, kept only if they were read from the
+/// process the scan classified. They are read by pid after the scan's
+/// read: the member may have exited in between and another's process taken
+/// its pid within the same clock tick (the same identity). The stat read
+/// with them must show the scan's start, and its parent, or a group or
+/// session of the scan's that the process does not lead (a stranger can
+/// lead a session of its own number, not join another's). Otherwise
+/// nothing of them is kept, and the member is recorded without a uid:
+/// never read as itself, it is never signalled by its identity alone
+/// ([`TreeWatch::vet`]).
+fn confirmed(details: scan::MemberDetails, seen: &crate::proc::ProcEntry) -> scan::MemberDetails {
+    // Windows reads no uid or lineage with the details (a job, not a
+    // session, holds the tree there): nothing to check them against.
+    if cfg!(windows) && details.read_from.is_none() {
+        return details;
+    }
+    let same = details.read_from.is_some_and(|now| {
+        now.start_ticks == seen.start_ticks
+            && (now.ppid == seen.ppid
+                || (now.pgid == seen.pgid && seen.pgid != seen.pid)
+                || (now.sid == seen.sid && seen.sid != seen.pid))
+    });
+    if same {
+        details
+    } else {
+        scan::MemberDetails::default()
+    }
 }
 
 pub(crate) fn exit_record(status: ExitStatus) -> ExitRecord {

@@ -571,7 +571,8 @@ fn a_member_only_the_observer_attributed_joins_the_tick_and_the_scan_feeds_the_o
             boot_id: BOOT.into(),
         },
     );
-    observer.scanned(rig.tree, [ProcKey::new(d.0, d.1)]);
+    let uid = rig.host.world().procs[&d.0].uid;
+    observer.attributed(rig.tree, ProcKey::new(d.0, d.1), uid);
     let mut watch = rig.watch();
     watch.set_observer(Some(observer.clone()));
     let report = watch.tick(&rig.engine, &no_exits());

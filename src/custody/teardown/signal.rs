@@ -131,18 +131,19 @@ impl Engine {
             }
         }
         for id in &step.loose {
-            // Through the handle held since the member was first found
-            // loose, where there is one: it reaches that process or none,
-            // whoever lists with its identity now.
-            let delivery = match watch.held(&id.key()) {
-                Some(held) => self.host.signal_held(held, sig),
-                None => self.host.signal_process(id, sig),
-            };
-            let result = match delivery {
-                Ok(Delivery::Sent) => Sent::Delivered,
-                Ok(Delivery::Gone) => Sent::Gone,
-                Ok(Delivery::Recycled) => Sent::Refused("pid recycled".into()),
-                Err(e) => Sent::Failed(e.to_string()),
+            // Only through the handle held since the member was first
+            // found loose (taken while it provably was the member, see
+            // `TreeWatch::vet`): it reaches that process or none, whoever
+            // lists with its identity now. A member not held (no handle
+            // could be had) is not signalled by its pid.
+            let result = match watch.held(&id.key()) {
+                Some(held) => match self.host.signal_held(held, sig) {
+                    Ok(Delivery::Sent) => Sent::Delivered,
+                    Ok(Delivery::Gone) => Sent::Gone,
+                    Ok(Delivery::Recycled) => Sent::Refused("pid recycled".into()),
+                    Err(e) => Sent::Failed(e.to_string()),
+                },
+                None => Sent::Refused("not held: no handle taken while it was the member".into()),
             };
             if result.was_sent() || sig != Sig::Kill {
                 record(sig.name(), "pid", &id.pid.to_string(), &result);
