@@ -226,6 +226,285 @@ fn start_ticks(pid: u32) -> Option<u64> {
     rest.split(' ').nth(19)?.parse().ok()
 }
 
+/// How long a forked member lives before it exits.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ChildLife {
+    /// 3 ms: long enough for the observer to read it at its fork.
+    Brief,
+    /// Not at all: it exits at once, often before anything read its uid.
+    None,
+}
+
+/// Another user's process, placed on a member's pid: it writes every
+/// signal it receives to `record` (its handlers are in place once the
+/// file says `ready`); a SIGKILL (or any signal it could not catch and
+/// that ended it) shows in its exit status, which this test, its parent,
+/// collects.
+struct Victim {
+    child: std::process::Child,
+    record: std::path::PathBuf,
+}
+
+/// The victim's program: every catchable signal a teardown might send is
+/// written down, the process carries on.
+const VICTIM: &str = r#"
+import signal, sys, time
+out = sys.argv[1]
+def seen(n, _):
+    with open(out, "a") as f:
+        f.write(f"signal {n}\n")
+for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
+          signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT, signal.SIGALRM,
+          signal.SIGPIPE, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU):
+    signal.signal(s, seen)
+with open(out, "a") as f:
+    f.write("ready\n")
+while True:
+    time.sleep(600)
+"#;
+
+impl Victim {
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// What the victim itself saw: `None` while it is unharmed (running,
+    /// not stopped, no signal written down), else what happened to it.
+    fn harm(&mut self) -> Option<String> {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            return Some(format!("ended: {status}"));
+        }
+        let text = std::fs::read_to_string(&self.record).unwrap_or_default();
+        let signals: Vec<&str> = text.lines().filter(|l| *l != "ready").collect();
+        if !signals.is_empty() {
+            return Some(format!("received {signals:?}"));
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
+        if stat.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('T')) {
+            return Some("stopped".into());
+        }
+        None
+    }
+
+    fn ready(&self) -> bool {
+        std::fs::read_to_string(&self.record).is_ok_and(|t| t.lines().any(|l| l == "ready"))
+    }
+}
+
+impl Drop for Victim {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The race of a member's pid, `races` times: a tree forks members that
+/// live `life`, and each time one is gone its pid is given, as root
+/// (`/proc/sys/kernel/ns_last_pid`), to a process of `user` (a real user
+/// made with useradd), until that process has the member's identity (the
+/// same pid and start tick) and the ledger records the member with it.
+/// Up to ten such victims share one tree, which is then killed through the
+/// API. Returns, for each victim, the pid and what harmed it (checked from
+/// the victim's side), plus the ledger's view.
+fn race_members_pid(
+    user: &crate::privilege::TestUser,
+    life: ChildLife,
+    races: usize,
+) -> Option<Vec<(i32, Option<String>)>> {
+    let s = Server::start(&[]);
+    // The victims' folder: theirs to write, reachable by them.
+    let public = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(
+        public.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let mut outcome = Vec::new();
+    let mut serial = 0;
+    let mut never_read = 0;
+    while outcome.len() < races {
+        let want = (races - outcome.len()).min(10);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (born, next) = (dir.path().join("born"), dir.path().join("next"));
+        for f in [&born, &next] {
+            let ok = Command::new("mkfifo").arg(f).status().expect("mkfifo");
+            assert!(ok.success());
+        }
+        // The tree forks a member, which lives `life`; once it is a zombie
+        // the tree reads its start, reaps it and says its pid and start;
+        // then waits for "next".
+        let life_line = match life {
+            ChildLife::Brief => "time.sleep(0.003)",
+            ChildLife::None => "pass",
+        };
+        let script = format!(
+            r#"
+import os, sys, time
+born = open(sys.argv[1], "w", buffering=1)
+nxt = open(sys.argv[2], "r")
+while True:
+    pid = os.fork()
+    if pid == 0:
+        {life_line}
+        os._exit(0)
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    with open(f"/proc/{{pid}}/stat") as f:
+        start = f.read().rsplit(")", 1)[1].split()[19]
+    os.waitpid(pid, 0)
+    born.write(f"{{pid}} {{start}}\n")
+    if nxt.readline().strip() != "next":
+        break
+time.sleep(600)
+"#
+        );
+        let body = json!({
+            "argv": ["python3", "-c", script, born.to_str().expect("utf-8"), next.to_str().expect("utf-8")],
+            "env": { "TW_TEST_MARK": s.mark },
+            "grace": "300ms",
+            "label": "same-tick",
+        });
+        let (status, v) = s.post("/api/trees", Some(&body));
+        assert_eq!(status, 201, "{v}");
+        let tree = v["id"].as_i64().expect("tree id");
+        let mut born_r = std::io::BufReader::new(std::fs::File::open(&born).expect("born fifo"));
+        let mut next_w = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&next)
+            .expect("next fifo");
+        let mut victims: Vec<Victim> = Vec::new();
+        let mut tries = 0;
+        while victims.len() < want && tries < 100 * want {
+            tries += 1;
+            let mut line = String::new();
+            std::io::BufRead::read_line(&mut born_r, &mut line).expect("a pid");
+            let mut f = line.split_whitespace();
+            let member: u32 = f.next().and_then(|p| p.parse().ok()).expect("pid");
+            let mstart: u64 = f.next().and_then(|p| p.parse().ok()).expect("start");
+            // The member's pid to another user's process, now.
+            serial += 1;
+            let record = public.path().join(format!("victim-{serial}"));
+            std::fs::write(&record, "").expect("victim's record");
+            std::os::unix::fs::chown(&record, Some(user.uid), Some(user.gid)).expect("chown");
+            let _ = std::fs::write("/proc/sys/kernel/ns_last_pid", (member - 1).to_string());
+            let child = {
+                use std::os::unix::process::CommandExt;
+                Command::new("python3")
+                    .args(["-c", VICTIM])
+                    .arg(&record)
+                    .current_dir("/")
+                    .uid(user.uid)
+                    .gid(user.gid)
+                    .stdin(std::process::Stdio::null())
+                    .spawn()
+                    .expect("spawn the other user's process")
+            };
+            let v = Victim { child, record };
+            let same = v.pid() as u32 == member && start_ticks(member) == Some(mstart);
+            // Did the ledger record the member, with that start?
+            let mut row = None;
+            if same {
+                wait_until(Duration::from_secs(1), || {
+                    row = tree_detail(&s, tree)["members"].as_array().and_then(|ms| {
+                        ms.iter()
+                            .find(|m| m["pid"] == member && m["start_ticks"] == mstart)
+                            .cloned()
+                    });
+                    row.is_some()
+                });
+            }
+            if let Some(row) = row {
+                if row["uid"].is_null() {
+                    never_read += 1;
+                }
+                say(&format!(
+                    "another user's process {member} holds a recorded member's identity (recorded uid: {})",
+                    row["uid"]
+                ));
+                victims.push(v);
+            } else {
+                drop(v);
+            }
+            next_w.write_all(b"next\n").expect("next");
+        }
+        next_w.write_all(b"stop\n").expect("stop");
+        drop(next_w);
+        if victims.is_empty() {
+            crate::util::skip(&format!(
+                "could not place a process on a member's pid within its clock tick in {tries} tries"
+            ));
+            return None;
+        }
+        assert!(
+            wait_until(Duration::from_secs(20), || victims.iter().all(Victim::ready)),
+            "each victim's handlers are in place"
+        );
+        // Three scans of the service see them (its scan counter, not a
+        // sleep); then the tree is killed.
+        let scans = || -> u64 {
+            s.get("/metrics")
+                .text()
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.starts_with("treewarden_scan_duration_seconds_count"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>() as u64
+        };
+        let before = scans();
+        assert!(
+            wait_until(Duration::from_secs(10), || scans() >= before + 3),
+            "the service scans"
+        );
+        let (status, k) = s.post(&format!("/api/trees/{tree}/kill"), None);
+        assert_eq!(status, 200, "{k}");
+        assert!(
+            wait_until(Duration::from_secs(20), || s.marked().is_empty()),
+            "the tree is torn down"
+        );
+        // The teardown's last step (verify) is over once the tree ended.
+        wait_until(Duration::from_secs(10), || {
+            tree_detail(&s, tree)["tree"]["state"] == "ended"
+        });
+        let detail = tree_detail(&s, tree);
+        for v in &mut victims {
+            let vpid = v.pid();
+            let mut harm = v.harm();
+            // The ledger's view, for the message.
+            let signalled: Vec<&Value> = detail["signals"]
+                .as_array()
+                .expect("signals")
+                .iter()
+                .filter(|r| {
+                    r["target_kind"] == "pid"
+                        && r["target"].as_str() == Some(vpid.to_string().as_str())
+                })
+                .collect();
+            let escaped = detail["members"]
+                .as_array()
+                .expect("members")
+                .iter()
+                .any(|m| m["pid"] == vpid && !m["escaped_at"].is_null());
+            let authorized = detail["authorizations"]
+                .as_array()
+                .expect("authorizations")
+                .iter()
+                .any(|a| a.to_string().contains(&format!("\"pid\":{vpid}")));
+            if harm.is_none() && (!signalled.is_empty() || escaped || authorized) {
+                harm = Some(format!(
+                    "the ledger: signals {signalled:?}, escaped {escaped}, authorized {authorized}"
+                ));
+            }
+            outcome.push((vpid, harm));
+        }
+    }
+    say(&format!(
+        "{} races, {never_read} of them on a member recorded without a uid",
+        outcome.len()
+    ));
+    Some(outcome)
+}
+
 /// Finding 1: a member exits and another user's process takes its pid
 /// *within the same clock tick* (placed there as root through
 /// `/proc/sys/kernel/ns_last_pid`), so it has the member's identity (pid,
@@ -237,143 +516,46 @@ fn another_users_process_on_a_members_pid_within_the_tick_is_never_signalled() {
         crate::util::skip("needs root (ns_last_pid, a process of another uid)");
         return;
     }
-    let s = Server::start(&[]);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (born, next) = (dir.path().join("born"), dir.path().join("next"));
-    for f in [&born, &next] {
-        let ok = Command::new("mkfifo").arg(f).status().expect("mkfifo");
-        assert!(ok.success());
-    }
-    // The tree forks a short-lived child (a member the observer records at
-    // its fork), reaps it and says its pid; then waits for "next".
-    let script = r#"
-import os, sys, time
-born = open(sys.argv[1], "w", buffering=1)
-nxt = open(sys.argv[2], "r")
-for _ in range(60):
-    pid = os.fork()
-    if pid == 0:
-        # Not a wait: the member's whole life. Long enough for the observer
-        # to record it at its fork, short enough that its pid is free again
-        # within the clock tick it started in.
-        time.sleep(0.003)
-        os._exit(0)
-    os.waitpid(pid, 0)
-    born.write(f"{pid}\n")
-    if nxt.readline().strip() != "next":
-        break
-time.sleep(600)
-"#;
-    let body = json!({
-        "argv": ["python3", "-c", script, born.to_str().expect("utf-8"), next.to_str().expect("utf-8")],
-        "env": { "TW_TEST_MARK": s.mark },
-        "grace": "300ms",
-        "label": "same-tick",
-    });
-    let (status, v) = s.post("/api/trees", Some(&body));
-    assert_eq!(status, 201, "{v}");
-    let tree = v["id"].as_i64().expect("tree id");
-    let mut born_r = std::io::BufReader::new(std::fs::File::open(&born).expect("born fifo"));
-    let mut next_w = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&next)
-        .expect("next fifo");
-    let mut victim: Option<crate::util::KillOnDrop> = None;
-    for _ in 0..60 {
-        let mut line = String::new();
-        std::io::BufRead::read_line(&mut born_r, &mut line).expect("a pid");
-        let member: u32 = line.trim().parse().expect("pid");
-        // The member's pid to another user's process, now.
-        let _ = std::fs::write("/proc/sys/kernel/ns_last_pid", (member - 1).to_string());
-        let child = {
-            use std::os::unix::process::CommandExt;
-            Command::new("sleep")
-                .arg("600")
-                .current_dir(dir.path())
-                .uid(65534)
-                .gid(65534)
-                .spawn()
-                .expect("spawn the other user's process")
-        };
-        let v = crate::util::KillOnDrop(child);
-        let same_pid = v.id() == member;
-        let vstart = start_ticks(v.id());
-        // Did the observer record the member, with the newcomer's start?
-        let mut recorded = None;
-        wait_until(Duration::from_secs(2), || {
-            recorded = tree_detail(&s, tree)["members"].as_array().and_then(|ms| {
-                ms.iter()
-                    .find(|m| m["pid"] == member)
-                    .and_then(|m| m["start_ticks"].as_u64())
-            });
-            recorded.is_some()
-        });
-        if same_pid && vstart.is_some() && recorded == vstart {
-            victim = Some(v);
-            break;
-        }
-        drop(v);
-        next_w.write_all(b"next\n").expect("next");
-    }
-    let Some(victim) = victim else {
-        crate::util::skip(
-            "could not place a process on a member's pid within its clock tick in 60 tries",
-        );
+    let Some(user) = crate::privilege::TestUser::create() else {
         return;
     };
-    let vpid = victim.id() as i32;
-    say(&format!(
-        "another user's process {vpid} holds a member's identity"
-    ));
-    // Three scans of the service see it (its scan counter, not a sleep);
-    // then the tree is killed.
-    let scans = || -> u64 {
-        s.get("/metrics")
-            .text()
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.starts_with("treewarden_scan_duration_seconds_count"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>() as u64
+    let Some(outcome) = race_members_pid(&user, ChildLife::Brief, 1) else {
+        return;
     };
-    let before = scans();
-    assert!(
-        wait_until(Duration::from_secs(10), || scans() >= before + 3),
-        "the service scans"
-    );
-    let (status, k) = s.post(&format!("/api/trees/{tree}/kill"), None);
-    assert_eq!(status, 200, "{k}");
-    assert!(
-        wait_until(Duration::from_secs(20), || s.marked().is_empty()),
-        "the tree is torn down"
-    );
-    assert!(
-        crate::util::pid_alive(vpid),
-        "the other user's process lives"
-    );
-    let detail = tree_detail(&s, tree);
-    let signalled: Vec<&Value> = detail["signals"]
-        .as_array()
-        .expect("signals")
-        .iter()
-        .filter(|r| {
-            r["target_kind"] == "pid" && r["target"].as_str() == Some(vpid.to_string().as_str())
-        })
-        .collect();
-    assert!(signalled.is_empty(), "signalled: {signalled:?}");
-    let escaped = detail["members"]
-        .as_array()
-        .expect("members")
-        .iter()
-        .any(|m| m["pid"] == vpid && !m["escaped_at"].is_null());
-    assert!(!escaped, "recorded as an escaped member: {detail}");
-    for a in detail["authorizations"].as_array().expect("authorizations") {
-        assert!(
-            !a.to_string().contains(&format!("\"pid\":{vpid}")),
-            "an authorization names it: {a}"
-        );
+    let harmed: Vec<_> = outcome.iter().filter(|(_, h)| h.is_some()).collect();
+    assert!(harmed.is_empty(), "{harmed:?}");
+}
+
+/// The same race where the member exits at once, often before anything
+/// read it as itself (it was recorded with no uid, or with the uid of
+/// whatever held its pid when its details were read): a process known
+/// only by its identity is never signalled by it. `TW_PID_RACES` races
+/// (8 by default; the figure in docs/THREAT-MODEL.md is from 50), each
+/// checked from the victim's side: the signals it wrote down, and its exit
+/// status.
+#[test]
+fn another_users_process_on_the_pid_of_a_member_never_read_is_never_signalled() {
+    if !crate::util::is_root() {
+        crate::util::skip("needs root (ns_last_pid, a process of another uid)");
+        return;
     }
-    drop(victim);
+    let races = std::env::var("TW_PID_RACES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(8);
+    let Some(user) = crate::privilege::TestUser::create() else {
+        return;
+    };
+    let Some(outcome) = race_members_pid(&user, ChildLife::None, races) else {
+        return;
+    };
+    let harmed: Vec<_> = outcome.iter().filter(|(_, h)| h.is_some()).collect();
+    assert!(
+        harmed.is_empty(),
+        "{} of {} victims harmed: {harmed:?}",
+        harmed.len(),
+        outcome.len()
+    );
 }
 
 /// Every file and folder below `dir` whose mode lets group or others in,

@@ -17,15 +17,15 @@ use crate::serve::{Server, tool};
 use crate::util::{bin, is_root, pid_alive, skip, wait_until};
 
 /// A user made for one test, removed (with its group) when dropped.
-struct TestUser {
-    name: String,
-    uid: u32,
-    gid: u32,
+pub(crate) struct TestUser {
+    pub(crate) name: String,
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
 }
 
 impl TestUser {
     /// `None` (after a "skipped:" line) when this host cannot make one.
-    fn create() -> Option<TestUser> {
+    pub(crate) fn create() -> Option<TestUser> {
         if !is_root() {
             skip("a second user needs root (useradd)");
             return None;
