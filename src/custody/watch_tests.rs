@@ -840,6 +840,65 @@ fn a_stranger_with_a_members_identity_but_not_its_uid_is_not_a_member() {
     assert_eq!(pids(&r), [rig.root.0, esc.0]);
 }
 
+/// A member recorded without a uid (its details could not be read: it was
+/// gone), whose pid a process of another user took within the clock tick
+/// of its start: nothing but the identity says it is the member, so it is
+/// not taken for it (never held, never signalled), and that is recorded
+/// once, as a `kill.skipped` naming it.
+#[test]
+fn a_stranger_on_the_identity_of_a_member_never_read_is_never_taken_for_it() {
+    let rig = rig(false, false);
+    let esc = {
+        let mut w = rig.host.world();
+        let e = w.fork(rig.root.0).expect("the root runs");
+        w.setsid(e.0);
+        e
+    };
+    rig.ledger
+        .observe_members(
+            rig.tree,
+            &[crate::ledger::MemberRecord {
+                identity: IdentityRecord {
+                    pid: esc.0,
+                    start_ticks: esc.1,
+                    boot_id: BOOT.into(),
+                },
+                ppid: rig.root.0,
+                pgid: esc.0,
+                sid: esc.0,
+                cgroup: None,
+                uid: None,
+                exe: None,
+                cmdline: Vec::new(),
+                cwd: None,
+            }],
+        )
+        .expect("the member's row, without a uid");
+    let same = rig
+        .host
+        .world()
+        .recycle_same_tick(esc.0, 1000)
+        .expect("the pid is free");
+    assert_eq!(same, esc, "the newcomer has the member's identity");
+    let mut watch = rig.watch();
+    for _ in 0..2 {
+        let r = watch.tick(&rig.engine, &no_exits());
+        assert_eq!(pids(&r), [rig.root.0], "the stranger is not a member");
+        assert!(watch.held(&ProcKey::new(esc.0, esc.1)).is_none(), "not held");
+    }
+    let skipped = rig.events(EventKind::KillSkipped.as_str());
+    assert_eq!(skipped.len(), 1, "recorded once: {skipped:?}");
+    assert!(
+        skipped[0].data.to_string().contains(&format!("pid {}", esc.0)),
+        "{:?}",
+        skipped[0].data
+    );
+    assert!(
+        rig.events(EventKind::EscapeObserved.as_str()).is_empty(),
+        "not recorded as an escape"
+    );
+}
+
 /// What a watch says of the tree it watches, as the ledger recorded it:
 /// the tree, its root (pid and start), group, session and cgroup, and a
 /// scanned member's identity in the ledger's terms (this boot's id).
