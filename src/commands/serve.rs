@@ -122,6 +122,36 @@ pub struct ServeArgs {
     dispatch_scope: treewarden::custody::DispatchScope,
 }
 
+/// The service runs in `/`: its working directory is nothing a tree or a
+/// client should reach (a tree's `cwd` through a magic link, or any path
+/// the service itself would resolve relative to it), so it starts there,
+/// its own paths made absolute first (as given, against the directory it
+/// was started in).
+#[cfg(unix)]
+fn in_root(config: &Config, mut args: ServeArgs) -> Result<(Config, ServeArgs), CliError> {
+    let abs = |p: &std::path::Path| {
+        std::path::absolute(p).map_err(|e| CliError::usage(anyhow!("{}: {e}", p.display())))
+    };
+    let mut config = config.clone();
+    config.data_dir = abs(&config.data_dir)?;
+    if let Some(c) = &config.cgroup_root {
+        config.cgroup_root = Some(abs(c)?);
+    }
+    for p in [
+        &mut args.ready_file,
+        &mut args.retain_archive,
+        &mut args.socket,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        *p = abs(p)?;
+    }
+    std::env::set_current_dir("/")
+        .map_err(|e| CliError::internal(anyhow!("cannot enter /: {e}")))?;
+    Ok((config, args))
+}
+
 /// `treewarden serve`: the service. Exit 0 after a clean shutdown (every
 /// owned tree torn down), 125 when it could not start or settle.
 #[cfg(any(target_os = "linux", windows))]
@@ -137,6 +167,10 @@ pub fn serve(config: &Config, args: ServeArgs) -> CliResult {
 pub(super) fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
     use treewarden::service::ServiceConfig;
     use treewarden::service::serve::{ServeOptions, serve};
+    #[cfg(unix)]
+    let (root_config, args) = in_root(config, args)?;
+    #[cfg(unix)]
+    let config = &root_config;
     let opts = ServeOptions {
         service: ServiceConfig {
             listen: args.listen,

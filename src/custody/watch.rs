@@ -800,9 +800,9 @@ impl TreeWatch {
                 key.pid, key.start_ticks
             );
             let (tree, ledger) = (self.tree, engine.ledger());
-            if let Some(Err(e)) = self.evidence("unverified member", || {
-                ledger.kill_skipped(tree, &reason)
-            }) {
+            if let Some(Err(e)) =
+                self.evidence("unverified member", || ledger.kill_skipped(tree, &reason))
+            {
                 tracing::warn!(tree = tree.0, error = %e, "unverified member not recorded");
             }
         }

@@ -884,12 +884,18 @@ fn a_stranger_on_the_identity_of_a_member_never_read_is_never_taken_for_it() {
     for _ in 0..2 {
         let r = watch.tick(&rig.engine, &no_exits());
         assert_eq!(pids(&r), [rig.root.0], "the stranger is not a member");
-        assert!(watch.held(&ProcKey::new(esc.0, esc.1)).is_none(), "not held");
+        assert!(
+            watch.held(&ProcKey::new(esc.0, esc.1)).is_none(),
+            "not held"
+        );
     }
     let skipped = rig.events(EventKind::KillSkipped.as_str());
     assert_eq!(skipped.len(), 1, "recorded once: {skipped:?}");
     assert!(
-        skipped[0].data.to_string().contains(&format!("pid {}", esc.0)),
+        skipped[0]
+            .data
+            .to_string()
+            .contains(&format!("pid {}", esc.0)),
         "{:?}",
         skipped[0].data
     );

@@ -210,9 +210,9 @@ fn creation_error(path: &Path, e: std::io::Error) -> LedgerError {
 
 /// Makes the data dir private to its owner: one that already exists with
 /// group or other bits (0755, say) is tightened to 0700 (logged at info: the service says it, a CLI command stays quiet).
-/// A directory that is not this user's own, or is shared on purpose (the
-/// sticky bit, as `/tmp`) and already holds something, is refused with one
-/// line: tightening it would break its other users, and leaving it so would
+/// A directory that is not this user's own (whatever its mode: its owner
+/// could replace the ledger), or is shared on purpose (the sticky bit, as
+/// `/tmp`) and already holds something, is refused with one line: tightening it would break its other users, and leaving it so would
 /// show every tree's argv. An *empty* sticky directory of this user's (a
 /// tmpfs freshly mounted for the data dir: its root is 1777) is tightened.
 #[cfg(unix)]
@@ -220,16 +220,26 @@ fn make_private(dir: &Path) -> Result<(), LedgerError> {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let meta = std::fs::metadata(dir).map_err(|e| creation_error(dir, e))?;
     let mode = meta.mode() & 0o7777;
+    let me = rustix::process::geteuid().as_raw();
+    // Whatever its mode: its owner can replace the ledger in it (and, a
+    // 0700 folder being theirs to open, read every tree's argv), so a
+    // ledger there is theirs to rewrite, not this user's record.
+    if meta.uid() != me {
+        return Err(LedgerError::Other(format!(
+            "data dir {} is owned by uid {}, not by this user (uid {me}): use a --data-dir of this user's own (mode 0700)",
+            dir.display(),
+            meta.uid()
+        )));
+    }
     if mode & 0o077 == 0 {
         return Ok(());
     }
-    let me = rustix::process::geteuid().as_raw();
     let in_use = || {
         std::fs::read_dir(dir)
             .map(|mut entries| entries.next().is_some())
             .unwrap_or(true)
     };
-    if meta.uid() != me || (mode & 0o1000 != 0 && in_use()) {
+    if mode & 0o1000 != 0 && in_use() {
         return Err(LedgerError::Other(format!(
             "data dir {} is shared (mode {mode:04o}, owner uid {}): use a private --data-dir (mode 0700)",
             dir.display(),

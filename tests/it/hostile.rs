@@ -279,8 +279,12 @@ impl Victim {
         if !signals.is_empty() {
             return Some(format!("received {signals:?}"));
         }
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
-        if stat.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('T')) {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
+        if stat
+            .rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with('T'))
+        {
             return Some("stopped".into());
         }
         None
@@ -338,7 +342,9 @@ fn race_members_pid(
             ChildLife::Brief => "time.sleep(0.003)",
             // Under half a millisecond, spread over the time the observer
             // takes from reading a fork to reading its details.
-            ChildLife::None => "d = random.random() * 0.0005; t = time.perf_counter()\n        while time.perf_counter() - t < d: pass",
+            ChildLife::None => {
+                "d = random.random() * 0.0005; t = time.perf_counter()\n        while time.perf_counter() - t < d: pass"
+            }
         };
         let script = format!(
             r#"
@@ -433,7 +439,9 @@ time.sleep(600)
             return None;
         }
         assert!(
-            wait_until(Duration::from_secs(20), || victims.iter().all(Victim::ready)),
+            wait_until(Duration::from_secs(20), || victims
+                .iter()
+                .all(Victim::ready)),
             "each victim's handlers are in place"
         );
         // Three scans of the service see them (its scan counter, not a
@@ -646,6 +654,67 @@ fn the_data_dir_and_everything_in_it_are_private_and_a_shared_one_is_refused() {
         String::from_utf8_lossy(&run.stderr)
     );
     assert_eq!(mode, 0o700);
+}
+
+/// A data dir owned by another user, even 0700, was accepted by root: its
+/// owner can replace the ledger in it (or read every tree's argv). Now a
+/// data dir not owned by the caller is refused whatever its mode, in one
+/// line, with treewarden's own exit code (125), by `run` and by `serve`,
+/// and nothing is written into it.
+#[test]
+fn a_data_dir_owned_by_another_user_is_refused_whatever_its_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    if !crate::util::is_root() {
+        crate::util::skip("needs root (a folder of another user's)");
+        return;
+    }
+    let Some(user) = crate::privilege::TestUser::create() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    for mode in [0o700, 0o755] {
+        let data = dir.path().join(format!("data-{mode:o}"));
+        std::fs::create_dir(&data).expect("folder");
+        std::os::unix::fs::chown(&data, Some(user.uid), Some(user.gid)).expect("chown");
+        std::fs::set_permissions(&data, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        for args in [
+            &["run", "--", "true"][..],
+            &["serve", "--listen", "127.0.0.1:0"][..],
+        ] {
+            let mut child = Command::new(bin())
+                .current_dir(dir.path())
+                .env("TREEWARDEN_DATA_DIR", &data)
+                .env("TREEWARDEN_LOG", "error")
+                .args(args)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("treewarden");
+            let status = crate::util::wait_child(&mut child, Duration::from_secs(20));
+            let mut err = String::new();
+            if status.is_none() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            if let Some(mut e) = child.stderr.take() {
+                let _ = e.read_to_string(&mut err);
+            }
+            let what = format!("{args:?} with a {mode:o} data dir of uid {}", user.uid);
+            assert_eq!(status.and_then(|s| s.code()), Some(125), "{what}: {err}");
+            assert_eq!(err.trim().lines().count(), 1, "{what}: one line: {err}");
+            assert!(
+                err.contains("owned by uid") && err.contains(&user.uid.to_string()),
+                "{what}: {err}"
+            );
+            let written: Vec<_> = std::fs::read_dir(&data)
+                .expect("the folder")
+                .flatten()
+                .map(|e| e.file_name())
+                .collect();
+            assert!(written.is_empty(), "{what}: written into it: {written:?}");
+        }
+    }
 }
 
 fn token(s: &Server, scope: &str) -> (i64, String) {

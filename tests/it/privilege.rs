@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::serve::{Server, tool};
-use crate::util::{bin, is_root, pid_alive, skip, wait_until};
+use crate::util::{bin, is_root, pid_alive, say, skip, wait_until};
 
 /// A user made for one test, removed (with its group) when dropped.
 pub(crate) struct TestUser {
@@ -911,6 +911,93 @@ fn a_users_cwd_is_tried_as_that_user_with_one_answer_for_not_usable() {
     body["cwd"] = json!(closed.path().join("absent").to_str().expect("utf-8"));
     let (status, v) = curl(&sock, None, "POST", "/api/trees", Some(&body));
     assert_eq!(status, 422, "{v}");
+}
+
+/// A user's `cwd` through a magic link ran the tree in a directory of the
+/// service's: `/proc/self/cwd` (resolved in the child, before its exec) is
+/// the service's own working directory, `/dev/fd/N` and `/proc/self/fd/N`
+/// a directory the service holds open, each reached without the search
+/// checks of the closed folders above it. Now the service works from `/`,
+/// and a cwd is resolved as the tree's user without magic links (a symlink
+/// to one included): each form is refused with the one answer for a cwd
+/// that user cannot use, and nothing runs. The service is started in a
+/// folder anyone may write, below one closed to the user, so a tree that
+/// got there would leave a file behind.
+#[test]
+fn a_users_cwd_through_a_magic_link_is_refused_and_nothing_runs() {
+    let Some(user) = TestUser::create() else {
+        return;
+    };
+    let closed = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(
+        closed.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .expect("chmod");
+    let inside = closed.path().join("open");
+    std::fs::create_dir(&inside).expect("a folder below the closed one");
+    std::fs::set_permissions(&inside, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+        .expect("chmod");
+    let public = public_dir();
+    let sock = public.path().join("api.sock");
+    let s = Server::start_in(&inside, &["--socket", sock.to_str().expect("utf-8 path")]);
+    let pid = s.pid().expect("serve runs");
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{pid}/cwd")).expect("the service's cwd"),
+        Path::new("/"),
+        "the service works from /"
+    );
+    // A directory the service holds open (its /proc handle, a cgroup).
+    let held_dir = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("the service's descriptors")
+        .flatten()
+        .find(|e| {
+            std::fs::read_link(e.path()).is_ok_and(|target| target.is_absolute() && target.is_dir())
+        })
+        .and_then(|e| e.file_name().to_str().map(str::to_owned));
+    let link = public.path().join("here");
+    std::os::unix::fs::symlink("/proc/self/cwd", &link).expect("a symlink to the magic link");
+    let mut forms = vec![
+        "/proc/self/cwd".to_string(),
+        "/proc/self/cwd/.".to_string(),
+        link.to_str().expect("utf-8").to_string(),
+    ];
+    // The tree's own stdin (a descriptor the request may choose), and a
+    // directory the service holds open where it holds one.
+    forms.extend(["/dev/fd/0".to_string(), "/proc/self/fd/0".to_string()]);
+    match &held_dir {
+        Some(n) => forms.extend([format!("/dev/fd/{n}"), format!("/proc/self/fd/{n}")]),
+        None => say("no directory descriptor of the service's found: /dev/fd/0 tried only"),
+    }
+    let made = "tw-magic-link-made";
+    for cwd in &forms {
+        let mut body = spawn_body(&s, &format!("touch {made}"));
+        body["cwd"] = json!(cwd);
+        let (status, v) = curl(&sock, Some(&user), "POST", "/api/trees", Some(&body));
+        assert_eq!(status, 422, "cwd {cwd}: {v}");
+        assert_eq!(
+            v["error"], "cannot start the tree: its cwd is not usable by the user it runs as",
+            "cwd {cwd}"
+        );
+    }
+    assert!(
+        !inside.join(made).exists() && !Path::new("/").join(made).exists(),
+        "a refused tree ran"
+    );
+    assert!(s.marked().is_empty(), "nothing runs: {:?}", s.marked());
+    // A cwd the user may use still works (the same request otherwise).
+    let usable = public.path().join("usable");
+    std::fs::create_dir(&usable).expect("a folder the user may write");
+    std::fs::set_permissions(&usable, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+        .expect("chmod");
+    let mut body = spawn_body(&s, &format!("touch {made}"));
+    body["cwd"] = json!(usable.to_str().expect("utf-8"));
+    let (status, v) = curl(&sock, Some(&user), "POST", "/api/trees", Some(&body));
+    assert_eq!(status, 201, "{v}");
+    assert!(
+        wait_until(Duration::from_secs(10), || usable.join(made).exists()),
+        "the tree ran in its cwd"
+    );
 }
 
 /// Issue 24, finding 5: a tree escaped its requester's own limits (a hard

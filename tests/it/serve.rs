@@ -42,15 +42,26 @@ impl Server {
     }
 
     pub(crate) fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
-        Self::start_full(extra, env, None)
+        Self::start_full(extra, env, None, None)
+    }
+
+    /// A server started with `cwd` as its working directory (it moves to
+    /// `/` itself).
+    pub(crate) fn start_in(cwd: &Path, extra: &[&str]) -> Server {
+        Self::start_full(extra, &[], None, Some(cwd))
     }
 
     /// A server whose data dir starts with a copy of the ledger at `seed`.
     pub(crate) fn start_seeded(seed: &Path, extra: &[&str]) -> Server {
-        Self::start_full(extra, &[], Some(seed))
+        Self::start_full(extra, &[], Some(seed), None)
     }
 
-    fn start_full(extra: &[&str], env: &[(&str, &str)], seed: Option<&Path>) -> Server {
+    fn start_full(
+        extra: &[&str],
+        env: &[(&str, &str)],
+        seed: Option<&Path>,
+        cwd: Option<&Path>,
+    ) -> Server {
         let dir = tempfile::tempdir().expect("temp dir");
         if let Some(seed) = seed {
             use std::os::unix::fs::DirBuilderExt;
@@ -70,7 +81,7 @@ impl Server {
             .map(|own| own.join(format!("tw-serve-test-{}-{n}", std::process::id())))
             .filter(|root| std::fs::create_dir(root).is_ok());
         let mut cmd = Command::new(bin());
-        cmd.current_dir(dir.path())
+        cmd.current_dir(cwd.unwrap_or(dir.path()))
             .env("TREEWARDEN_DATA_DIR", dir.path().join("data"))
             .env_remove("TREEWARDEN_CGROUP_ROOT")
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")

@@ -9,6 +9,60 @@ use super::prepare::Prepared;
 use super::{MSG_LEN, RELEASE_BYTE, TAG_EXEC, TAG_READY, TAG_SETUP};
 use crate::proc::ProcError;
 
+/// Enters the tree's working directory, resolved as the caller is now (the
+/// tree's user: its credentials are set before this) and without magic
+/// links: `/proc/self/cwd`, `/proc/<pid>/fd/N`, `/dev/fd/N` (and a symlink
+/// to one) would name a directory of this process's (the service's cwd,
+/// an open descriptor of its) without the search checks of the closed
+/// folders above it. `openat2(RESOLVE_NO_MAGICLINKS)` refuses them
+/// (`ELOOP`); the directory is then entered with `fchdir`, which checks
+/// the search permission on it. A kernel without `openat2` (before 5.6)
+/// gets a plain `chdir`. `false` with `errno` set on failure.
+///
+/// # Safety
+/// Called in the child between fork and `execve`: only raw syscalls, no
+/// allocation.
+unsafe fn enter_cwd(cwd: &std::ffi::CStr) -> bool {
+    // `struct open_how` (linux/openat2.h): flags, mode, resolve, each 64
+    // bits (libc's own type is non-exhaustive, so it cannot be built here).
+    let how: [u64; 3] = [
+        (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64,
+        0,
+        libc::RESOLVE_NO_MAGICLINKS,
+    ];
+    // SAFETY: `cwd` is a NUL-terminated path and `how` a live 24-byte
+    // `open_how` for the call; openat2 only reads both.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            libc::AT_FDCWD,
+            cwd.as_ptr(),
+            how.as_ptr(),
+            std::mem::size_of_val(&how),
+        )
+    };
+    // SAFETY: errno is this thread's; reading and writing it is a plain
+    // memory access.
+    let errno = || unsafe { *libc::__errno_location() };
+    if fd < 0 {
+        if errno() == libc::ENOSYS {
+            // SAFETY: as above, `cwd` is NUL-terminated.
+            return unsafe { libc::chdir(cwd.as_ptr()) } == 0;
+        }
+        return false;
+    }
+    let fd = fd as libc::c_int;
+    // SAFETY: `fd` is the descriptor openat2 just returned, closed once.
+    let entered = unsafe { libc::fchdir(fd) } == 0;
+    let saved = errno();
+    // SAFETY: as above.
+    unsafe {
+        libc::close(fd);
+        *libc::__errno_location() = saved;
+    }
+    entered
+}
+
 /// `clone3(CLONE_INTO_CGROUP)` used as `fork`: the child is born in the
 /// cgroup `dir` names, so it is never migrated there. Writing a pid to
 /// `cgroup.procs` takes the kernel's cgroup threadgroup lock for writing,
@@ -182,7 +236,7 @@ pub(super) unsafe fn child_after_fork(
             libc::_exit(125);
         }
         if let Some(cwd) = &p.cwd
-            && libc::chdir(cwd.as_ptr()) != 0
+            && !enter_cwd(cwd)
         {
             report(TAG_SETUP, 3, errno());
             libc::_exit(125);
