@@ -942,11 +942,6 @@ fn a_users_cwd_through_a_magic_link_is_refused_and_nothing_runs() {
     let sock = public.path().join("api.sock");
     let s = Server::start_in(&inside, &["--socket", sock.to_str().expect("utf-8 path")]);
     let pid = s.pid().expect("serve runs");
-    assert_eq!(
-        std::fs::read_link(format!("/proc/{pid}/cwd")).expect("the service's cwd"),
-        Path::new("/"),
-        "the service works from /"
-    );
     // A directory the service holds open (its /proc handle, a cgroup).
     let held_dir = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .expect("the service's descriptors")
@@ -985,6 +980,11 @@ fn a_users_cwd_through_a_magic_link_is_refused_and_nothing_runs() {
         "a refused tree ran"
     );
     assert!(s.marked().is_empty(), "nothing runs: {:?}", s.marked());
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{pid}/cwd")).expect("the service's cwd"),
+        Path::new("/"),
+        "the service works from /"
+    );
     // A cwd the user may use still works (the same request otherwise).
     let usable = public.path().join("usable");
     std::fs::create_dir(&usable).expect("a folder the user may write");
