@@ -699,46 +699,6 @@ impl Host for FakeHost {
         Ok(GroupDelivery::Sent { members: n })
     }
 
-    /// As [`crate::proc::signal_process`] judges it: the pid must still hold
-    /// the identity, checked at the moment of sending.
-    fn signal_process(&self, id: &Identity, sig: Sig) -> Result<Delivery, ProcError> {
-        self.step(Call::SignalProcess, sig);
-        let authorized = self.authority(sig);
-        let mut w = self.world();
-        let (delivery, hit) = if id.pid <= 1 {
-            w.push(Sent {
-                sig,
-                target: Target::Pid(id.pid),
-                hit: vec![],
-                outcome: "refused: sentinel".into(),
-                authorized,
-                at: Duration::ZERO,
-            });
-            return Err(refused(id.pid, "sentinel pid"));
-        } else {
-            match w.procs.get(&id.pid).cloned() {
-                None => (Delivery::Gone, vec![]),
-                Some(p) if p.start_ticks != id.start_ticks || id.boot_id != BOOT => {
-                    (Delivery::Recycled, vec![])
-                }
-                Some(p) if p.state == 'Z' => (Delivery::Gone, vec![]),
-                Some(p) => {
-                    w.deliver(p.pid, sig);
-                    (Delivery::Sent, vec![(p.pid, p.start_ticks)])
-                }
-            }
-        };
-        w.push(Sent {
-            sig,
-            target: Target::Pid(id.pid),
-            hit,
-            outcome: format!("{delivery:?}").to_lowercase(),
-            authorized,
-            at: Duration::ZERO,
-        });
-        Ok(delivery)
-    }
-
     fn hold(&self, id: &Identity) -> Result<Option<Held>, ProcError> {
         let w = self.world();
         if w.unreadable.is_some() {

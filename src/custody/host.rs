@@ -18,7 +18,8 @@
 //!
 //! What it must never do: grow a method the teardown or the watches do not
 //! call, or hand out a raw pid signal (`kill(2)` on a bare pid): single
-//! processes are signalled by [`Identity`], groups by their [`GroupRecord`].
+//! processes are signalled only through the handle they are held by
+//! ([`Host::hold`]), groups by their [`GroupRecord`].
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -111,9 +112,6 @@ pub trait Host: Send + Sync {
         sig: Sig,
         candidates: &[crate::proc::ProcKey],
     ) -> Result<GroupDelivery, ProcError>;
-    /// One process, through a pidfd checked against `id` after it was opened
-    /// ([`crate::proc::signal_process`]).
-    fn signal_process(&self, id: &Identity, sig: Sig) -> Result<Delivery, ProcError>;
     /// Holds the process `id` names, if it still is that process
     /// (`Ok(None)`: gone or recycled; `Err`: no handle can be had now, e.g.
     /// out of descriptors).
@@ -264,10 +262,6 @@ impl Host for KernelHost {
         candidates: &[crate::proc::ProcKey],
     ) -> Result<GroupDelivery, ProcError> {
         crate::proc::signal_group_known(rec, sig, candidates)
-    }
-
-    fn signal_process(&self, id: &Identity, sig: Sig) -> Result<Delivery, ProcError> {
-        crate::proc::signal_process(id, sig)
     }
 
     fn hold(&self, id: &Identity) -> Result<Option<Held>, ProcError> {

@@ -2,7 +2,9 @@
 //!
 //! - A single process is signalled through a pidfd opened first and then
 //!   checked against the recorded [`Identity`]; once the pidfd is open it
-//!   names one process for good, so a recycled pid is never hit.
+//!   names one process for good, so a pid recycled since is never hit
+//!   (within the clock tick of a start time only a handle held from
+//!   before tells two processes apart: `held.rs`).
 //! - A process group is signalled by the pgid recorded at spawn
 //!   ([`GroupRecord`]), never re-resolved from the leader pid (the leader is
 //!   often the first to die and be reaped), and only while the group provably
@@ -109,8 +111,6 @@ pub enum Delivery {
     Recycled,
 }
 
-/// Signals one process, only if it still is `id`: opens a pidfd for the pid,
-/// verifies start ticks and boot id (after the open, so the verified process
 /// Whether the caller may signal `pid` (`kill(pid, 0)`): what `run
 /// --owner-pid` requires, so a wrapper cannot bind a tree to a process its
 /// caller has no power over. `false` for no such process too.
@@ -119,7 +119,12 @@ pub fn may_signal(pid: i32) -> bool {
         .is_some_and(|p| rustix::process::test_kill_process(p).is_ok())
 }
 
-/// is the one the pidfd names), then sends through the pidfd.
+/// Signals one process, only if it still is `id`: opens a pidfd for the pid,
+/// verifies start ticks and boot id (after the open, so the verified process
+/// is the one the pidfd names), then sends through the pidfd. The identity
+/// is all it checks: two processes can share one within a clock tick, so
+/// custody signals a member only through a handle held since it was shown
+/// to be the member (`held.rs`), never through this.
 pub fn signal_process(id: &Identity, sig: Sig) -> Result<Delivery, ProcError> {
     guard(id.pid, "pid")?;
     let Some(pid) = Pid::from_raw(id.pid) else {
