@@ -193,9 +193,12 @@ impl Server {
     }
 
     /// A spawn body whose tree carries this server's marker.
+    /// A tree running `script` in this server's folder (the service itself
+    /// works from `/`, which its trees would inherit).
     pub(crate) fn body(&self, script: &str) -> Value {
         json!({
             "argv": ["sh", "-c", script],
+            "cwd": self.dir.path(),
             "env": { "TW_TEST_MARK": self.mark },
             "grace": "200ms",
             "label": "test",
