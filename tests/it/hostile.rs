@@ -534,7 +534,7 @@ fn another_users_process_on_a_members_pid_within_the_tick_is_never_signalled() {
 /// read it as itself (it was recorded with no uid, or with the uid of
 /// whatever held its pid when its details were read): a process known
 /// only by its identity is never signalled by it. `TW_PID_RACES` races
-/// (16 by default; the figure in docs/THREAT-MODEL.md is from 50), each
+/// (16 by default; 50 for the measured figure), each
 /// checked from the victim's side: the signals it wrote down, and its exit
 /// status.
 #[test]
