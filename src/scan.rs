@@ -453,6 +453,22 @@ pub fn cmdline(pid: i32) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The kernel function a process sleeps in (`/proc/<pid>/wchan`): `None`
+/// where it runs, is gone, or the kernel hides it (`0`, or no permission).
+/// Evidence for a member no signal ends.
+#[cfg(target_os = "linux")]
+pub fn wchan(pid: i32) -> Option<String> {
+    let raw = crate::proc::pseudo::read_path(Path::new(&format!("/proc/{pid}/wchan"))).ok()?;
+    let w = String::from_utf8_lossy(&raw).trim().to_string();
+    (!w.is_empty() && w != "0").then_some(w)
+}
+
+/// No wait channel is read here.
+#[cfg(not(target_os = "linux"))]
+pub fn wchan(_pid: i32) -> Option<String> {
+    None
+}
+
 /// [`cmdline`] of each pid, in their order (read in parallel when many).
 pub fn cmdlines(pids: &[i32]) -> Vec<Vec<String>> {
     read_in_parallel(pids, |chunk| {

@@ -1,8 +1,12 @@
 //! The dispatch gate: new work is refused while a tree in its scope is
-//! unsettled. The scope ([`DispatchScope`]) is the tree's owner by default:
-//! work is not launched *into an unclear tree* — for the same owner record,
-//! or for API trees the same requester (socket uid, token) — while other
-//! owners go on; `--dispatch-scope host` keeps the whole host closed.
+//! unsettled. The scope ([`DispatchScope`]) is the tree's principal by
+//! default: an API tree closes dispatch only for the principal that asked
+//! for it (its token, or its uid on the socket), a `run` tree only for its
+//! owner record, while every other principal goes on — one tenant's
+//! unsettled tree (a member no signal ends, an authorization the ledger
+//! refused) is never a lever on another's work. `--dispatch-scope host`
+//! keeps the whole host closed. The gate never keys on the service's own
+//! owner record, which every API tree spawned without `owner_pid` shares.
 //!
 //! A tree is unsettled when it is `ambiguous` in the ledger, when this
 //! process holds it ambiguous in memory, when an unsettled marker
@@ -23,9 +27,9 @@ use crate::ledger::{Event, TreeRow, TreeState, event};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DispatchScope {
-    /// Its owner: the same owner record (pid, start time, boot), or for
-    /// trees asked for through the API the same requester (the socket
-    /// peer's uid, the token).
+    /// Its principal: for trees asked for through the API the same
+    /// requester (the socket peer's uid, the token), for the others the
+    /// same owner record (pid, start time, boot).
     #[default]
     Owner,
     /// Every owner on the host (the rule before issue 26).
@@ -127,11 +131,32 @@ impl Engine {
         Ok(out)
     }
 
+    /// The newest of `unsettled` whose teardown left a member no signal
+    /// ends (flagged `unkillable`, see `teardown::unkillable`): what the
+    /// operator's alert names. `None`: none.
+    pub fn newest_unkillable(&self, unsettled: &[Unsettled]) -> Option<i64> {
+        unsettled
+            .iter()
+            .rev()
+            .find(|u| {
+                self.ledger
+                    .tree(crate::ledger::TreeId(u.tree))
+                    .ok()
+                    .flatten()
+                    .is_some_and(|row| {
+                        row.flags
+                            .iter()
+                            .any(|f| f == super::teardown::UNKILLABLE_FLAG)
+                    })
+            })
+            .map(|u| u.tree)
+    }
+
     /// Refuses with [`CustodyError::DispatchRefused`] naming the first
     /// unsettled tree on the host, and records the refusal (best effort: the
     /// refusal stands even when the ledger cannot take the event).
     pub fn check_dispatch(&self) -> Result<(), CustodyError> {
-        self.refuse_if_any(self.unsettled()?)
+        self.refuse_if_any(self.unsettled()?, None)
     }
 
     /// The gate for one new tree: with [`DispatchScope::Owner`], only the
@@ -146,12 +171,21 @@ impl Engine {
         if self.dispatch_scope == DispatchScope::Owner {
             unsettled.retain(|u| self.in_scope(u.tree, owner, requester));
         }
-        self.refuse_if_any(unsettled)
+        self.refuse_if_any(unsettled, requester)
     }
 
-    /// Whether unsettled tree `tree` is the new work's own scope. A tree
-    /// the ledger does not know (a marker the ledger never took) is in
-    /// every scope: nothing says whose it is.
+    /// Whether unsettled tree `tree` is the new work's own scope.
+    ///
+    /// An API tree's scope is the principal that asked for it (its token
+    /// over TCP, its uid on the socket): only that principal's spawns are
+    /// refused, whoever owns the new tree. Any other tree's scope is its
+    /// owner record (a `run` wrapper, a client process), never the
+    /// service's own record: every API tree spawned without `owner_pid` is
+    /// owned by the service, and keying on it made one principal's tree
+    /// close dispatch for every other. A tree the ledger does not know (a
+    /// marker the ledger never took), or a service-owned tree that names
+    /// no principal (recorded before requesters were), is in every scope:
+    /// nothing says whose it is.
     fn in_scope(
         &self,
         tree: i64,
@@ -161,22 +195,27 @@ impl Engine {
         let Ok(Some(row)) = self.ledger.tree(crate::ledger::TreeId(tree)) else {
             return true;
         };
-        let same_owner = row.owner.pid == owner.pid
+        if let Some(by) = row.requested_by.as_ref().filter(|r| is_api(r)) {
+            // A principal without a key (a TCP request without a token)
+            // names no scope: it closes nobody's dispatch.
+            return principal_key(by).is_some()
+                && requester.and_then(principal_key) == principal_key(by);
+        }
+        if row.owner.owner_kind() == Some(crate::ledger::OwnerKind::Service) {
+            return true;
+        }
+        row.owner.pid == owner.pid
             && row.owner.start == owner.start_ticks
-            && row.owner.boot_id == owner.boot_id;
-        let same_requester = match (requester, row.requested_by.as_ref()) {
-            (Some(new), Some(old)) if new.via == old.via => match new.via.as_str() {
-                "tcp" => new.token_id.is_some() && new.token_id == old.token_id,
-                "socket" => new.uid.is_some() && new.uid == old.uid,
-                // A CLI wrapper is its own owner: its uid alone is not a scope.
-                _ => false,
-            },
-            _ => false,
-        };
-        same_owner || same_requester
+            && row.owner.boot_id == owner.boot_id
     }
 
-    fn refuse_if_any(&self, unsettled: Vec<Unsettled>) -> Result<(), CustodyError> {
+    /// Refuses naming the first of `unsettled`, if any, and records the
+    /// refusal with who was refused (`by`: the principal, when known).
+    fn refuse_if_any(
+        &self,
+        unsettled: Vec<Unsettled>,
+        by: Option<&crate::ledger::Requester>,
+    ) -> Result<(), CustodyError> {
         let Some(first) = unsettled.first() else {
             return Ok(());
         };
@@ -184,6 +223,7 @@ impl Engine {
             tree: first.tree,
             reason: first.reason.clone(),
             unsettled: unsettled.len() as u64,
+            by: by.cloned(),
         });
         if let Err(e) = self.ledger.append_event(None, refused) {
             tracing::warn!(error = %e, "dispatch.refused not recorded");
@@ -199,5 +239,22 @@ impl Engine {
     /// not.
     pub(crate) fn owner_alive(&self, row: &TreeRow) -> bool {
         super::alive_on(self.host(), &row.owner_identity())
+    }
+}
+
+/// Whether a requester came through the API (the socket or TCP), where the
+/// principal, not the owner record, is the scope.
+fn is_api(r: &crate::ledger::Requester) -> bool {
+    r.via == "socket" || r.via == "tcp"
+}
+
+/// A principal as the gate keys it: a token over TCP, a uid on the socket
+/// (the same uid over the two faces is two principals). `None`: nothing
+/// names one (no token, no uid, a CLI wrapper whose uid is no scope).
+fn principal_key(r: &crate::ledger::Requester) -> Option<(bool, i64)> {
+    match r.via.as_str() {
+        "tcp" => r.token_id.map(|t| (true, t)),
+        "socket" => r.uid.map(|u| (false, i64::from(u))),
+        _ => None,
     }
 }

@@ -147,15 +147,34 @@ fn rig_owner() -> Identity {
 /// A second tree, of another owner, asked for by `requester`, left
 /// ambiguous (the rig's own tree stays running).
 fn ambiguous_tree_of(rig: &Rig, requester: Requester) -> TreeId {
+    ambiguous_tree_owned(rig, client_owner(), OwnerKind::Client, requester)
+}
+
+/// The identity of the client owner [`ambiguous_tree_of`] records.
+fn client_owner() -> Identity {
+    Identity {
+        pid: PID_BASE - 2,
+        start_ticks: 2,
+        boot_id: BOOT.into(),
+    }
+}
+
+/// [`ambiguous_tree_of`], owned by `owner` of `kind`.
+fn ambiguous_tree_owned(
+    rig: &Rig,
+    owner: Identity,
+    kind: OwnerKind,
+    requester: Requester,
+) -> TreeId {
     let owner = rig
         .ledger
         .register_owner(&OwnerRecord {
             identity: IdentityRecord {
-                pid: PID_BASE - 2,
-                start_ticks: 2,
-                boot_id: BOOT.into(),
+                pid: owner.pid,
+                start_ticks: owner.start_ticks,
+                boot_id: owner.boot_id,
             },
-            kind: OwnerKind::Client,
+            kind,
         })
         .expect("owner");
     let tree = rig
@@ -360,4 +379,142 @@ fn a_marker_the_ledger_never_took_closes_every_scope_and_each_refusal_is_recorde
             serde_json::json!({"tree": rig.tree.0, "reason": "ambiguous teardown", "unsettled": 2}),
         ]
     );
+}
+
+/// The service's own owner record, which every API tree spawned without
+/// `owner_pid` shares.
+fn service_owner() -> Identity {
+    Identity {
+        pid: PID_BASE - 4,
+        start_ticks: 4,
+        boot_id: BOOT.into(),
+    }
+}
+
+#[test]
+fn an_api_tree_closes_dispatch_for_its_principal_only_never_through_the_services_owner_record() {
+    let rig = rig(false, false);
+    let me = service_owner();
+    let a = requester("socket", Some(5), None);
+    let tree = ambiguous_tree_owned(&rig, me.clone(), OwnerKind::Service, a.clone());
+    let by = |via, uid, token| Some(requester(via, uid, token));
+    // Every other principal spawns, though the new tree's owner record is
+    // the unsettled one's (the service itself).
+    for other in [
+        by("socket", Some(6), None),
+        by("socket", Some(0), None),
+        by("tcp", None, Some(7)),
+        by("cli", Some(5), None),
+        None,
+    ] {
+        assert_eq!(refused_for(&rig, &me, other.as_ref()), None, "{other:?}");
+    }
+    // Its own principal is refused, whoever owns the new tree, and the
+    // refusal records who was refused.
+    assert_eq!(refused_for(&rig, &me, Some(&a)), Some(tree.0));
+    assert_eq!(refused_for(&rig, &client_owner(), Some(&a)), Some(tree.0));
+    let refused: Vec<_> = rig
+        .ledger
+        .events(&EventFilter {
+            kind_prefix: Some("dispatch.refused".into()),
+            ..EventFilter::default()
+        })
+        .expect("events")
+        .into_iter()
+        .map(|e| e.data["by"].clone())
+        .collect();
+    let a_json = serde_json::to_value(&a).expect("json");
+    assert_eq!(refused, [a_json.clone(), a_json]);
+    // The host-wide gate still refuses everyone.
+    let mut rig = rig;
+    rig.engine.set_dispatch_scope(super::DispatchScope::Host);
+    assert_eq!(
+        refused_for(&rig, &me, by("socket", Some(6), None).as_ref()),
+        Some(tree.0)
+    );
+}
+
+#[test]
+fn a_service_tree_that_names_no_principal_closes_every_scope() {
+    // (recorded before requesters were: nothing says whose it is)
+    let rig = rig(false, false);
+    let tree = ambiguous_tree_owned(
+        &rig,
+        service_owner(),
+        OwnerKind::Service,
+        Requester::default(),
+    );
+    assert_eq!(
+        refused_for(
+            &rig,
+            &service_owner(),
+            Some(&requester("socket", Some(6), None))
+        ),
+        Some(tree.0)
+    );
+}
+
+#[test]
+fn a_member_no_sigkill_ends_is_one_typed_finding_and_the_trees_outcome() {
+    let rig = rig(false, false);
+    rig.host
+        .world()
+        .procs
+        .get_mut(&rig.root.0)
+        .expect("root")
+        .unkillable = true;
+    let mut opts =
+        super::TeardownOptions::new(std::time::Duration::ZERO, "test", super::Origin::Kill);
+    opts.rounds = 2;
+    opts.verify_timeout = std::time::Duration::from_millis(50);
+    for attempt in 1..=2 {
+        let err = rig
+            .engine
+            .teardown(rig.tree, &opts, &mut |_| {})
+            .expect_err("unsettled");
+        let CustodyError::Ambiguous { reason, .. } = err else {
+            panic!("ambiguous: {err}");
+        };
+        assert!(
+            reason.contains(&format!("unkillable: pid {} (state ", rig.root.0))
+                && reason.contains(&format!("{} SIGKILLs)", 2)),
+            "attempt {attempt}: {reason}"
+        );
+        // One finding per member and tree, however often the teardown is
+        // tried again.
+        let found: Vec<serde_json::Value> = rig
+            .ledger
+            .events(&EventFilter {
+                tree: Some(rig.tree),
+                kind_prefix: Some("member.unkillable".into()),
+                ..EventFilter::default()
+            })
+            .expect("events")
+            .into_iter()
+            .map(|e| e.data)
+            .collect();
+        assert_eq!(found.len(), 1, "attempt {attempt}: {found:?}");
+        assert_eq!(found[0]["identity"]["pid"], rig.root.0);
+        assert_eq!(found[0]["identity"]["start_ticks"], rig.root.1);
+        assert_eq!(found[0]["kills"], 2);
+        assert!(found[0]["state"].is_string(), "{}", found[0]);
+        let auths = rig
+            .ledger
+            .tree_detail(rig.tree)
+            .expect("detail")
+            .expect("tree")
+            .authorizations;
+        assert_eq!(
+            found[0]["authorization"], auths[1].id,
+            "the last authorization of the first teardown that found it"
+        );
+    }
+    let row = rig.ledger.tree(rig.tree).expect("read").expect("tree");
+    assert!(
+        row.flags.iter().any(|f| f == "unkillable"),
+        "{:?}",
+        row.flags
+    );
+    let unsettled = rig.engine.unsettled().expect("unsettled");
+    assert_eq!(rig.engine.newest_unkillable(&unsettled), Some(rig.tree.0));
 }

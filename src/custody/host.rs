@@ -98,6 +98,11 @@ pub trait Host: Send + Sync {
     fn cmdlines(&self, pids: &[i32]) -> Vec<Vec<String>> {
         pids.iter().map(|&pid| self.cmdline(pid)).collect()
     }
+    /// The kernel function `pid` sleeps in, where the kernel shows it (the
+    /// evidence of a member no signal ends).
+    fn wchan(&self, _pid: i32) -> Option<String> {
+        None
+    }
     /// The identity of whatever holds `pid` now (`None`: no such process).
     fn identity_of(&self, pid: i32) -> Result<Option<Identity>, ProcError>;
     /// Whether the process an identity names still runs.
@@ -241,6 +246,10 @@ impl Host for KernelHost {
 
     fn cmdlines(&self, pids: &[i32]) -> Vec<Vec<String>> {
         crate::scan::cmdlines(pids)
+    }
+
+    fn wchan(&self, pid: i32) -> Option<String> {
+        crate::scan::wchan(pid)
     }
 
     fn identity_of(&self, pid: i32) -> Result<Option<Identity>, ProcError> {

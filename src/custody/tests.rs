@@ -504,6 +504,10 @@ fn a_fork_storm_is_fought_for_a_bounded_number_of_rounds_then_ambiguous() {
     assert_eq!(detail.authorizations.len(), 3, "bounded: three rounds");
     assert_eq!(detail.tree.state, TreeState::Ambiguous);
     assert!(detail.tree.flags.iter().any(|f| f == "survivors"));
+    // Each survivor appeared after the SIGKILLs that could have named it:
+    // a fork race, not a member no signal ends.
+    assert!(!detail.tree.flags.iter().any(|f| f == "unkillable"));
+    assert!(!rig.kinds().iter().any(|k| k == "member.unkillable"));
     assert!(rig.engine.check_dispatch().is_err());
     assert!(
         !rig.host.world().live().is_empty(),

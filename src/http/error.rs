@@ -43,8 +43,9 @@ pub enum ApiError {
     TooLarge,
     /// 415: a JSON body without `Content-Type: application/json`.
     UnsupportedMediaType(String),
-    /// 503: dispatch is closed; names the unsettled tree.
-    DispatchClosed { tree: i64, reason: String },
+    /// 503: dispatch is closed; names the unsettled tree and why, or,
+    /// to a principal that may not see that tree (`None`), neither.
+    DispatchClosed { tree: Option<i64>, reason: String },
     /// 503: the service is draining, or the ledger is busy.
     Unavailable(String),
     /// 500: generic body; the detail is logged here.
@@ -139,11 +140,20 @@ impl IntoResponse for ApiError {
             ApiError::UnsupportedMediaType(m) => {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, C::BadRequest, m, None)
             }
-            ApiError::DispatchClosed { tree, reason } => (
+            ApiError::DispatchClosed {
+                tree: Some(tree),
+                reason,
+            } => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 C::DispatchClosed,
                 format!("dispatch refused: tree {tree} is unsettled ({reason}); resolve it first"),
                 Some(tree),
+            ),
+            ApiError::DispatchClosed { tree: None, .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                C::DispatchClosed,
+                "dispatch refused: a tree you may not see is unsettled and this service closes dispatch host-wide (serve --dispatch-scope host); an operator must settle it".to_string(),
+                None,
             ),
             ApiError::Unavailable(m) => (StatusCode::SERVICE_UNAVAILABLE, C::Unavailable, m, None),
             ApiError::Internal(detail) => {
@@ -193,9 +203,10 @@ impl From<LedgerError> for ApiError {
 impl From<CustodyError> for ApiError {
     fn from(e: CustodyError) -> Self {
         match e {
-            CustodyError::DispatchRefused { tree, reason } => {
-                ApiError::DispatchClosed { tree, reason }
-            }
+            CustodyError::DispatchRefused { tree, reason } => ApiError::DispatchClosed {
+                tree: Some(tree),
+                reason,
+            },
             CustodyError::Ledger(e) => e.into(),
             // The requested cwd closed to the user the tree runs as, or
             // credentials the kernel refused: the request's, not ours.

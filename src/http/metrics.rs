@@ -1,5 +1,5 @@
 //! `GET /metrics`: refreshes the gauges read at scrape time (trees by
-//! state, dispatch closed, ledger head, shipping lag, observer health, orphans pending) and encodes the registry, as
+//! state, dispatch closed, the newest unkillable tree, ledger head, shipping lag, observer health, orphans pending) and encodes the registry, as
 //! OpenMetrics when the scraper asks for it, else the Prometheus text format.
 
 use axum::extract::State;
@@ -13,19 +13,21 @@ pub async fn metrics(
     State(s): State<AppState>,
     headers: HeaderMap,
 ) -> Result<impl IntoResponse, ApiError> {
-    let (counts, unsettled, head, shipped) = s
+    let (counts, unsettled, unkillable, head, shipped) = s
         .service
         .read(|e| {
             let counts = e.ledger().tree_counts()?;
             let unsettled = e.unsettled()?;
+            let unkillable = e.newest_unkillable(&unsettled);
             let head = e.ledger().head()?;
             let shipped = e.ledger().ship_cursor(crate::service::ship::SINK)?;
-            Ok((counts, unsettled, head, shipped))
+            Ok((counts, unsettled, unkillable, head, shipped))
         })
         .await?;
     let m = s.service.metrics();
     m.set_tree_counts(&counts);
     m.dispatch_closed.set(i64::from(!unsettled.is_empty()));
+    m.unkillable_tree.set(unkillable.unwrap_or(0));
     // The one place the head gauge is set: the ledger's own head, host-wide.
     let head_seq = head.map_or(0, |(seq, _)| seq);
     m.ledger_head_seq.set(head_seq);

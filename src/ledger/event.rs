@@ -266,6 +266,24 @@ pub struct OomKill {
     pub total: u64,
 }
 
+/// `member.unkillable`: a member that outlived every SIGKILL its teardown
+/// sent it under a committed authorization. The evidence is the kernel's:
+/// the member's state letter from `/proc/<pid>/stat` and its wait channel
+/// (`/proc/<pid>/wchan`, where readable) as the last verify read them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberUnkillable {
+    pub identity: IdentityRecord,
+    /// The state letter (`S`, `D`, ...).
+    pub state: String,
+    /// The kernel function it sleeps in; absent where the kernel hides it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wchan: Option<String>,
+    /// The SIGKILLs it outlived, each sent under a committed authorization.
+    pub kills: u32,
+    /// The last authorization that named it.
+    pub authorization: i64,
+}
+
 /// `token.created` (never the secret).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TokenCreated {
@@ -321,12 +339,17 @@ pub struct OrphanFound {
     pub grace_ms: u64,
 }
 
-/// `dispatch.refused`: the first unsettled tree in scope, and how many.
+/// `dispatch.refused`: the first unsettled tree in scope, how many, and
+/// who was refused.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DispatchRefused {
     pub tree: i64,
     pub reason: String,
     pub unsettled: u64,
+    /// The principal refused (absent from refusals recorded before it was
+    /// named, and from the host-wide check that has no requester).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<Requester>,
 }
 
 /// A range of events as `ledger.checkpoint` names it.
@@ -391,6 +414,7 @@ pub enum Event {
     DispatchRefused(DispatchRefused),
     TreeResolved(TreeResolved),
     TreeOomKill(OomKill),
+    MemberUnkillable(MemberUnkillable),
     TokenCreated(TokenCreated),
     TokenRevoked(TokenRevoked),
     KillRequested(KillRequested),
@@ -423,6 +447,7 @@ impl Event {
             Event::DispatchRefused(_) => EventKind::DispatchRefused,
             Event::TreeResolved(_) => EventKind::TreeResolved,
             Event::TreeOomKill(_) => EventKind::TreeOomKill,
+            Event::MemberUnkillable(_) => EventKind::MemberUnkillable,
             Event::TokenCreated(_) => EventKind::TokenCreated,
             Event::TokenRevoked(_) => EventKind::TokenRevoked,
             Event::KillRequested(_) => EventKind::KillRequested,
@@ -455,6 +480,7 @@ impl Event {
             Event::DispatchRefused(p) => v(p),
             Event::TreeResolved(p) => v(p),
             Event::TreeOomKill(p) => v(p),
+            Event::MemberUnkillable(p) => v(p),
             Event::TokenCreated(p) => v(p),
             Event::TokenRevoked(p) => v(p),
             Event::KillRequested(p) => v(p),
@@ -497,6 +523,7 @@ impl Event {
             EventKind::DispatchRefused => p(data).map(Event::DispatchRefused),
             EventKind::TreeResolved => p(data).map(Event::TreeResolved),
             EventKind::TreeOomKill => p(data).map(Event::TreeOomKill),
+            EventKind::MemberUnkillable => p(data).map(Event::MemberUnkillable),
             EventKind::TokenCreated => p(data).map(Event::TokenCreated),
             EventKind::TokenRevoked => p(data).map(Event::TokenRevoked),
             EventKind::KillRequested => p(data).map(Event::KillRequested),
@@ -841,6 +868,22 @@ mod tests {
             }),
             json!({ "oom_kills": 1, "total": 3 }),
         );
+        for wchan in [None, Some("zap_pid_ns_processes")] {
+            let mut old = json!({"identity": id(9), "state": "S", "kills": 3, "authorization": 12});
+            if let Some(w) = wchan {
+                old["wchan"] = json!(w);
+            }
+            same(
+                Event::MemberUnkillable(MemberUnkillable {
+                    identity: id(9),
+                    state: "S".into(),
+                    wchan: wchan.map(String::from),
+                    kills: 3,
+                    authorization: 12,
+                }),
+                old,
+            );
+        }
         same(
             Event::TokenCreated(TokenCreated {
                 token: 2,
@@ -893,8 +936,18 @@ mod tests {
                 tree: 3,
                 reason: "ambiguous".into(),
                 unsettled: 2,
+                by: None,
             }),
             json!({"tree": 3, "reason": "ambiguous", "unsettled": 2}),
+        );
+        same(
+            Event::DispatchRefused(DispatchRefused {
+                tree: 3,
+                reason: "ambiguous".into(),
+                unsettled: 2,
+                by: Some(req()),
+            }),
+            json!({"tree": 3, "reason": "ambiguous", "unsettled": 2, "by": req()}),
         );
         for archive in [None, Some("a.ndjson")] {
             same(

@@ -805,6 +805,7 @@ mod tests {
                         tree: id.0,
                         reason: format!("{i}"),
                         unsettled: 1,
+                        by: None,
                     }),
                 )
                 .expect("event");

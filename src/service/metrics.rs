@@ -101,6 +101,11 @@ pub struct Metrics {
     /// `treewarden_dispatch_closed`: 1 while an unsettled tree closes the
     /// spawn gate.
     pub dispatch_closed: Gauge,
+    /// `treewarden_unkillable_tree`: the id of the newest unsettled tree
+    /// whose teardown left a member no signal ends (`member.unkillable`),
+    /// 0 when none; set at scrape time. Its value names the tree for the
+    /// operator's alert (a label would be a tree id).
+    pub unkillable_tree: Gauge,
     /// `treewarden_dispatch_refused_total`: spawns refused by the gate.
     pub dispatch_refused: C,
     /// Processes the kernel's OOM killer ended inside trees (`tree.oom_kill`).
@@ -174,6 +179,7 @@ impl Metrics {
             ledger_write_errors: C::default(),
             scans_incomplete: C::default(),
             dispatch_closed: Gauge::default(),
+            unkillable_tree: Gauge::default(),
             dispatch_refused: C::default(),
             oom_kills: C::default(),
             orphans_pending: Gauge::default(),
@@ -275,6 +281,11 @@ impl Metrics {
             "dispatch_closed",
             "1 while new work is refused because a tree is unsettled",
             m.dispatch_closed.clone(),
+        );
+        registry.register(
+            "unkillable_tree",
+            "Id of the newest unsettled tree with a member that outlived every SIGKILL sent under authorization (member.unkillable); 0 when none",
+            m.unkillable_tree.clone(),
         );
         registry.register(
             "dispatch_refused",

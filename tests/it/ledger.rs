@@ -788,6 +788,7 @@ fn ledger_export_round_trip_reproduces_every_hash() {
                     tree: tree.0,
                     reason: "nested: {\"a\": [1, -2]}".into(),
                     unsettled: 1,
+                    by: None,
                 },
             ),
         )

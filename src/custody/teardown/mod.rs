@@ -36,8 +36,10 @@ mod finish;
 mod lease;
 mod phases;
 mod signal;
+mod unkillable;
 
 pub(crate) use finish::{remove_cgroup, resources_from};
+pub(crate) use unkillable::UNKILLABLE_FLAG;
 
 /// Who asked for the teardown; chooses the event that records a refusal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -226,6 +228,10 @@ struct Run<'a> {
     group: GroupRecord,
     /// Exit statuses collected from the reaper so far, by pid.
     exits: HashMap<i32, crate::proc::ExitStatus>,
+    /// The SIGKILLs each member was sent under a committed authorization,
+    /// and the last authorization: a member that outlives them all is
+    /// unkillable (`member.unkillable`), not merely a fork race.
+    killed: HashMap<crate::proc::ProcKey, (u32, AuthorizationId)>,
     report: TeardownReport,
     started: Instant,
 }
@@ -526,6 +532,7 @@ impl Engine {
             watch,
             group,
             exits,
+            killed: HashMap::new(),
             report,
             started,
         }))

@@ -341,6 +341,10 @@ impl Engine {
             run.opts,
         )?;
         run.report.force_killed += survivors.len();
+        for m in &survivors {
+            let sent = run.killed.entry(m.entry.key()).or_insert((0, auth));
+            *sent = (sent.0 + 1, auth);
+        }
         if let Some(dir) = run.watch.cgroup() {
             // Thaw: one write, not waited for (`cgroup.kill` ends frozen
             // tasks too, and the verify waits for `populated 0`); a member
@@ -489,8 +493,21 @@ impl Engine {
         } else {
             "survivors"
         };
-        let why =
-            armed.unwrap_or_else(|| format!("{} members survived the forced kill", members.len()));
+        let unkillable = if armed.is_none() {
+            self.record_unkillable(run, &members)
+        } else {
+            Vec::new()
+        };
+        let why = armed.unwrap_or_else(|| {
+            let mut why = format!("{} members survived the forced kill", members.len());
+            if !unkillable.is_empty() {
+                why.push_str(&format!(
+                    "; unkillable: {} (outlived every SIGKILL sent under authorization)",
+                    unkillable.join(", ")
+                ));
+            }
+            why
+        });
         self.stats.survivors(members.len());
         let named: Vec<IdentityRecord> = members.iter().map(|m| run.watch.identity(m)).collect();
         self.mark_ambiguous(tree.0, &why, &named, run.watch.journal());
@@ -503,6 +520,16 @@ impl Engine {
                 at: now(),
             },
         );
+        if !unkillable.is_empty() {
+            let _ = run.watch.record(
+                &self.ledger,
+                "flag",
+                Deferred::Flag {
+                    flag: super::unkillable::UNKILLABLE_FLAG.into(),
+                    at: now(),
+                },
+            );
+        }
         if let Some(Err(e)) = run.watch.record(
             &self.ledger,
             "state ambiguous",

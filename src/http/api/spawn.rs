@@ -76,6 +76,33 @@ fn given_stdio(
     Ok(given)
 }
 
+/// A dispatch refusal as `principal` may see it: naming the unsettled
+/// tree and its reason only to a principal that may read that tree (the
+/// rule of `GET /api/trees/{id}`), else neither, so a refusal is no oracle
+/// for another principal's ids. Under the default scope a principal is
+/// refused only by its own trees; another's reaches it under
+/// `--dispatch-scope host`, or as a marker the ledger never took.
+async fn refusal_seen_by(
+    s: &AppState,
+    principal: &Principal,
+    tree: i64,
+    reason: String,
+) -> ApiError {
+    let row = s
+        .service
+        .read(move |e| Ok(e.ledger().tree(crate::ledger::TreeId(tree))?))
+        .await
+        .ok()
+        .flatten();
+    match row {
+        Some(row) if principal.may_see(&row).is_ok() => ApiError::DispatchClosed {
+            tree: Some(tree),
+            reason,
+        },
+        _ => ApiError::DispatchClosed { tree: None, reason },
+    }
+}
+
 /// Spawn a tree. Needs the bearer token.
 ///
 /// On the Unix socket, the tree may get the client's own descriptors as
@@ -161,7 +188,13 @@ pub async fn spawn_tree(
             )));
         }
     }
-    let row = s.service.spawn(params).await?;
+    let row = match s.service.spawn(params).await {
+        Ok(row) => row,
+        Err(crate::service::ServiceError::Custody(
+            crate::custody::CustodyError::DispatchRefused { tree, reason },
+        )) => return Err(refusal_seen_by(&s, &principal, tree, reason).await),
+        Err(e) => return Err(e.into()),
+    };
     let location = format!("/api/trees/{}", row.id);
     Ok((
         StatusCode::CREATED,

@@ -125,6 +125,12 @@ pub enum EventKind {
     /// The kernel's OOM killer ended processes in the tree's cgroup:
     /// `{oom_kills: new since the last one recorded, total}`.
     TreeOomKill,
+    /// A member outlived every SIGKILL its teardown sent it under a
+    /// committed authorization (a pid namespace's init held by a zombie it
+    /// cannot reap, a process in uninterruptible sleep): its identity, its
+    /// state and wait channel as the kernel showed them, and the kills it
+    /// outlived. Written once per member and tree.
+    MemberUnkillable,
     /// An API token was made (its id, name, scope, and who made it; never
     /// the secret). Addition to DESIGN.md (issue 17).
     TokenCreated,
@@ -148,7 +154,7 @@ pub enum EventKind {
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 25] = [
+    pub const ALL: [EventKind; 26] = [
         Self::TreeCreated,
         Self::TreeSpawned,
         Self::TreeSpawnFailed,
@@ -168,6 +174,7 @@ impl EventKind {
         Self::DispatchRefused,
         Self::TreeResolved,
         Self::TreeOomKill,
+        Self::MemberUnkillable,
         Self::TokenCreated,
         Self::TokenRevoked,
         Self::KillRequested,
@@ -197,6 +204,7 @@ impl EventKind {
             Self::DispatchRefused => "dispatch.refused",
             Self::TreeResolved => "tree.resolved",
             Self::TreeOomKill => "tree.oom_kill",
+            Self::MemberUnkillable => "member.unkillable",
             Self::TokenCreated => "token.created",
             Self::TokenRevoked => "token.revoked",
             Self::KillRequested => "kill.requested",
@@ -219,6 +227,7 @@ impl EventKind {
                 | Self::KillRequested
                 | Self::ShutdownRequested
                 | Self::TreeOomKill
+                | Self::MemberUnkillable
         )
     }
 }

@@ -1,0 +1,85 @@
+//! A member no signal ends: what the teardown records when a member
+//! outlives every SIGKILL sent to it under a committed authorization (a
+//! pid namespace's init that waits, in the kernel, for a zombie some
+//! process outside the tree never reaps; a process in uninterruptible
+//! sleep). Such a tree cannot settle while the member lives; the finding
+//! makes that a typed fact with the kernel's evidence — never a reason to
+//! signal anything else — and the tree's outcome (`unkillable` flag, its
+//! ambiguous reason) says so. What it may close is its own principal's
+//! dispatch only (see `custody::dispatch`).
+
+use std::collections::HashSet;
+
+use super::Run;
+use crate::custody::Engine;
+use crate::scan::Member;
+
+/// The tree flag of a teardown that left a member no signal ends
+/// (`member.unkillable`): its outcome, beside `survivors`.
+pub(crate) const UNKILLABLE_FLAG: &str = "unkillable";
+
+impl Engine {
+    /// The members of `members` that outlived a SIGKILL sent under a
+    /// committed authorization: each is recorded once per tree as a
+    /// `member.unkillable` finding with the kernel's evidence (its state
+    /// letter from the last read of `/proc/<pid>/stat`, its wait channel)
+    /// and described for the tree's ambiguous reason. Best effort: the
+    /// finding is evidence, and a ledger that refuses it leaves the reason.
+    pub(super) fn record_unkillable(&self, run: &mut Run<'_>, members: &[Member]) -> Vec<String> {
+        let recorded: HashSet<(i32, u64)> = self
+            .ledger
+            .events(&crate::ledger::EventFilter {
+                tree: Some(run.tree),
+                kind_prefix: Some(crate::ledger::EventKind::MemberUnkillable.as_str().into()),
+                ..Default::default()
+            })
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|e| match e.event() {
+                crate::ledger::Event::MemberUnkillable(u) => {
+                    Some((u.identity.pid, u.identity.start_ticks))
+                }
+                _ => None,
+            })
+            .collect();
+        let mut described = Vec::new();
+        for m in members {
+            let Some(&(kills, auth)) = run.killed.get(&m.entry.key()) else {
+                continue;
+            };
+            let wchan = self.host.wchan(m.entry.pid);
+            described.push(format!(
+                "pid {} (state {}{}, {kills} SIGKILLs)",
+                m.entry.pid,
+                m.entry.state,
+                wchan
+                    .as_deref()
+                    .map(|w| format!(", wchan {w}"))
+                    .unwrap_or_default()
+            ));
+            if recorded.contains(&(m.entry.pid, m.entry.start_ticks)) {
+                continue;
+            }
+            tracing::error!(
+                tree = run.tree.0,
+                pid = m.entry.pid,
+                state = %m.entry.state,
+                wchan = wchan.as_deref().unwrap_or(""),
+                kills,
+                "a member outlived every SIGKILL sent under authorization: unkillable"
+            );
+            let finding =
+                crate::ledger::Event::MemberUnkillable(crate::ledger::event::MemberUnkillable {
+                    identity: run.watch.identity(m),
+                    state: m.entry.state.to_string(),
+                    wchan,
+                    kills,
+                    authorization: auth.0,
+                });
+            if let Err(e) = self.ledger.append_event(Some(run.tree), finding) {
+                tracing::warn!(tree = run.tree.0, error = %e, "member.unkillable not recorded");
+            }
+        }
+        described
+    }
+}
