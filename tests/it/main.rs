@@ -23,5 +23,6 @@ mod seal;
 mod serve;
 mod session;
 mod shipping;
+mod tenants;
 mod util;
 mod wrapper;

@@ -114,7 +114,7 @@ fn status_ids(pid: i32, key: &str) -> Option<Vec<u32>> {
 }
 
 /// A socket directory any user can traverse (a temp dir made 0755).
-fn public_dir() -> tempfile::TempDir {
+pub(crate) fn public_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::set_permissions(
         dir.path(),
@@ -126,7 +126,7 @@ fn public_dir() -> tempfile::TempDir {
 
 /// One request on the Unix socket with curl, as root or as `user`:
 /// (status, JSON body or the text as a string).
-fn curl(
+pub(crate) fn curl(
     sock: &Path,
     user: Option<&TestUser>,
     method: &str,
