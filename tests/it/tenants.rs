@@ -52,6 +52,16 @@ fn poll_spawns(
     }
 }
 
+/// Sets its flag when dropped: a failing assertion beside the poller stops
+/// it, so the scope that joins it ends.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
 /// Every answer a 201, and none names `tree`.
 fn assert_all_created(who: &str, answers: &[(u16, Value)], tree: i64) {
     assert!(!answers.is_empty());
@@ -166,6 +176,7 @@ fn a_users_tree_whose_forced_kill_could_not_be_authorized_closes_dispatch_for_th
     let count = AtomicUsize::new(0);
     let answers = std::thread::scope(|scope| {
         let poller = scope.spawn(|| poll_spawns(&sock, &b, &s, &stop, &count));
+        let _stop = StopOnDrop(&stop);
         let (status, v) = curl(&sock, None, "POST", "/api/trees", Some(&body(&s, "exit 0")));
         assert_eq!(status, 201, "root on the socket: {v}");
         let (status, v) = s.post("/api/trees", Some(&body(&s, "exit 0")));
@@ -367,6 +378,7 @@ fn a_member_no_signal_ends_is_a_typed_finding_that_closes_dispatch_for_its_own_u
     let count = AtomicUsize::new(0);
     let (answers, kill) = std::thread::scope(|scope| {
         let poller = scope.spawn(|| poll_spawns(&sock, &b, &s, &stop, &count));
+        let _stop = StopOnDrop(&stop);
         let kill = curl(
             &sock,
             Some(&a),
