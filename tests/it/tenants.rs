@@ -111,6 +111,54 @@ fn gauge(s: &Server, name: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(&format!("{name} "))?.trim().parse().ok())
 }
 
+/// A tree of `user`'s, spawned on the socket, whose forced kill could not
+/// be authorized: its SIGTERM ignored, its kill (by `user`) fails closed
+/// while another connection holds the ledger's write lock (409, no SIGKILL,
+/// its survivors left alive, the tree unsettled). The lock is released.
+fn failed_closed_tree_of(a: &TestUser, s: &Server, sock: &Path) -> i64 {
+    // A's tree ignores SIGTERM (its child too: an ignored signal stays
+    // ignored across exec).
+    let (status, v) = curl(
+        sock,
+        Some(a),
+        "POST",
+        "/api/trees",
+        Some(&body(s, "trap '' TERM; sleep 300 & wait")),
+    );
+    assert_eq!(status, 201, "{v}; {}", s.stderr());
+    let tree = v["id"].as_i64().expect("id");
+    assert!(
+        wait_until(Duration::from_secs(10), || s.marked().len() >= 2),
+        "{:?}",
+        s.marked()
+    );
+    // Another connection holds the ledger's write lock: A's kill cannot
+    // commit its authorization, so it fails closed (no SIGKILL, the tree
+    // ambiguous, dispatch closed in its scope).
+    let lock = rusqlite::Connection::open(s.data_dir().join("ledger.db")).expect("open");
+    lock.execute_batch("BEGIN IMMEDIATE")
+        .expect("take the write lock");
+    let (status, k) = curl(
+        sock,
+        Some(a),
+        "POST",
+        &format!("/api/trees/{tree}/kill?grace=200ms"),
+        None,
+    );
+    lock.execute_batch("ROLLBACK")
+        .expect("release the write lock");
+    drop(lock);
+    assert_eq!(status, 409, "{k}; {}", s.stderr());
+    assert_eq!(k["code"], "Ambiguous", "{k}");
+    assert!(
+        k["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("authority could not be written")),
+        "{k}"
+    );
+    tree
+}
+
 #[test]
 fn a_users_tree_whose_forced_kill_could_not_be_authorized_closes_dispatch_for_that_user_only() {
     let Some(a) = TestUser::create() else {
@@ -127,46 +175,7 @@ fn a_users_tree_whose_forced_kill_could_not_be_authorized_closes_dispatch_for_th
         "--busy-timeout",
         "500ms",
     ]);
-    // A's tree ignores SIGTERM (its child too: an ignored signal stays
-    // ignored across exec).
-    let (status, v) = curl(
-        &sock,
-        Some(&a),
-        "POST",
-        "/api/trees",
-        Some(&body(&s, "trap '' TERM; sleep 300 & wait")),
-    );
-    assert_eq!(status, 201, "{v}; {}", s.stderr());
-    let tree = v["id"].as_i64().expect("id");
-    assert!(
-        wait_until(Duration::from_secs(10), || s.marked().len() >= 2),
-        "{:?}",
-        s.marked()
-    );
-    // Another connection holds the ledger's write lock: A's kill cannot
-    // commit its authorization, so it fails closed (no SIGKILL, the tree
-    // ambiguous, dispatch closed in its scope).
-    let lock = rusqlite::Connection::open(s.data_dir().join("ledger.db")).expect("open");
-    lock.execute_batch("BEGIN IMMEDIATE")
-        .expect("take the write lock");
-    let (status, k) = curl(
-        &sock,
-        Some(&a),
-        "POST",
-        &format!("/api/trees/{tree}/kill?grace=200ms"),
-        None,
-    );
-    lock.execute_batch("ROLLBACK")
-        .expect("release the write lock");
-    drop(lock);
-    assert_eq!(status, 409, "{k}; {}", s.stderr());
-    assert_eq!(k["code"], "Ambiguous", "{k}");
-    assert!(
-        k["error"]
-            .as_str()
-            .is_some_and(|e| e.contains("authority could not be written")),
-        "{k}"
-    );
+    let tree = failed_closed_tree_of(&a, &s, &sock);
     // The gate still holds for the tree's own principal.
     assert_refused_naming(&sock, &a, &s, tree);
 
@@ -226,6 +235,72 @@ fn a_users_tree_whose_forced_kill_could_not_be_authorized_closes_dispatch_for_th
     let (status, v) = curl(
         &sock,
         Some(&a),
+        "POST",
+        "/api/trees",
+        Some(&body(&s, "exit 0")),
+    );
+    assert_eq!(status, 201, "{v}");
+    assert!(
+        wait_until(Duration::from_secs(20), || s.marked().is_empty()),
+        "left: {:?}",
+        s.marked()
+    );
+}
+
+#[test]
+fn under_the_host_wide_gate_a_refusal_names_the_tree_only_to_whom_may_see_it() {
+    let Some(a) = TestUser::create() else {
+        return;
+    };
+    let Some(b) = TestUser::create() else {
+        return;
+    };
+    let public = public_dir();
+    let sock = public.path().join("api.sock");
+    let s = Server::start(&[
+        "--socket",
+        sock.to_str().expect("utf-8 path"),
+        "--busy-timeout",
+        "500ms",
+        "--dispatch-scope",
+        "host",
+    ]);
+    let tree = failed_closed_tree_of(&a, &s, &sock);
+    // The operator's choice: every spawn is refused. B is told that, not
+    // which tree or why (B's GET of it answers 404).
+    let (status, v) = curl(
+        &sock,
+        Some(&b),
+        "POST",
+        "/api/trees",
+        Some(&body(&s, "exit 0")),
+    );
+    assert_eq!(status, 503, "{v}");
+    assert_eq!(v["code"], "DispatchClosed", "{v}");
+    assert!(v["tree"].is_null(), "{v}");
+    let said = v["error"].as_str().expect("error");
+    assert!(
+        !said.contains(&format!("tree {tree}")) && !said.contains("authority"),
+        "{v}"
+    );
+    let (status, v) = curl(&sock, Some(&b), "GET", &format!("/api/trees/{tree}"), None);
+    assert_eq!(status, 404, "{v}");
+    // Its own principal and root (an admin, who reads every tree) are told.
+    assert_refused_naming(&sock, &a, &s, tree);
+    let (status, v) = curl(&sock, None, "POST", "/api/trees", Some(&body(&s, "exit 0")));
+    assert_eq!(status, 503, "{v}");
+    assert_eq!(v["tree"], tree, "{v}");
+    let (status, k) = curl(
+        &sock,
+        Some(&a),
+        "POST",
+        &format!("/api/trees/{tree}/kill?grace=200ms"),
+        None,
+    );
+    assert_eq!(status, 200, "{k}; {}", s.stderr());
+    let (status, v) = curl(
+        &sock,
+        Some(&b),
         "POST",
         "/api/trees",
         Some(&body(&s, "exit 0")),
