@@ -39,7 +39,6 @@ use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 #[cfg(unix)]
 use std::os::fd::AsFd;
-#[cfg(unix)]
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 #[cfg(unix)]
@@ -56,6 +55,7 @@ use tokio::io::{Interest, ReadBuf};
 use tokio::sync::Semaphore;
 use tower::ServiceExt as _;
 
+use super::closer::Closer;
 use super::peer::Peer;
 #[cfg(unix)]
 use super::peer::PeerCred;
@@ -65,10 +65,14 @@ use super::peer::PeerCred;
 pub struct ConnLimits {
     /// Connections served at once, on one listener.
     pub max_total: usize,
-    /// Connections one Unix-socket peer uid may hold at once.
+    /// Connections one peer may hold at once: a peer uid on the Unix
+    /// socket and on loopback TCP, a source address beyond loopback
+    /// ([`Share`]).
     pub max_per_uid: usize,
     /// How long a request's head may take to arrive (and a keep-alive
-    /// connection may sit idle between requests).
+    /// connection may sit idle between requests), and how long an answer
+    /// may wait on a peer that does not read it (a write that makes no
+    /// progress; reset on progress).
     pub header_read: Duration,
     /// Descriptors kept free for custody: accept waits while fewer than
     /// this many are free under the soft limit.
@@ -96,6 +100,10 @@ pub trait Accept: Send + 'static {
     fn received(_io: &Self::Io) -> Option<ReceivedFds> {
         None
     }
+    /// The connection's own address (TCP), to find its peer's uid.
+    fn local(_io: &Self::Io) -> Option<std::net::SocketAddr> {
+        None
+    }
 }
 
 /// A descriptor a peer handed over: on Unix a file descriptor
@@ -112,18 +120,59 @@ pub const MAX_PENDING_FDS: usize = 3;
 
 /// The descriptors a Unix-socket peer sent on one connection, in the order
 /// they came, until a handler takes them (each request's extension) or the
-/// request is answered.
+/// request is answered. Whatever is let go of them is closed on the
+/// connection's [`Closer`], never on the runtime.
 #[derive(Clone, Debug, Default)]
 pub struct ReceivedFds(Arc<Mutex<Held>>);
 
-#[derive(Debug, Default)]
+/// Why the descriptors that came with a request were refused (closed
+/// unused) and the request is answered 503 without being served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Refusal {
+    /// The descriptor reserve was short.
+    Short,
+    /// The peer's closes piled up ([`Closer::piled_up`]): the connection
+    /// is cut off after the answer.
+    PiledUp,
+}
+
+#[derive(Default)]
 struct Held {
     fds: VecDeque<Fd>,
-    /// Descriptors came while the reserve was short (closed at once): the
-    /// request they came with is refused.
-    refused: bool,
+    refused: Option<Refusal>,
     /// [`ConnLimits::reserve_fds`] (0: not checked).
     reserve: u64,
+    /// Where what is let go is closed, and for which peer uid; `None`
+    /// only before the serving loop set it (then dropped in place).
+    closer: Option<(Closer, u32)>,
+}
+
+impl std::fmt::Debug for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Held")
+            .field("fds", &self.fds.len())
+            .field("refused", &self.refused)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Held {
+    fn discard(&self, fd: Fd) {
+        match &self.closer {
+            Some((c, uid)) => c.drop_later(*uid, fd),
+            None => drop(fd),
+        }
+    }
+}
+
+impl Drop for Held {
+    /// The connection ended with descriptors still held: closed off the
+    /// runtime as well.
+    fn drop(&mut self) {
+        for fd in std::mem::take(&mut self.fds) {
+            self.discard(fd);
+        }
+    }
 }
 
 impl ReceivedFds {
@@ -131,9 +180,21 @@ impl ReceivedFds {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Takes every descriptor held now.
+    /// Takes every descriptor held now. What the caller does not keep it
+    /// gives back to [`ReceivedFds::discard`], never drops in place.
     pub fn take_all(&self) -> Vec<Fd> {
         self.held().fds.drain(..).collect()
+    }
+
+    /// Drops `item` (descriptors of the peer's, or what holds them) on the
+    /// connection's [`Closer`]: its last close may block for as long as
+    /// the peer chose.
+    pub fn discard<T: Send + 'static>(&self, item: T) {
+        let closer = self.held().closer.clone();
+        match closer {
+            Some((c, uid)) => c.drop_later(uid, item),
+            None => drop(item),
+        }
     }
 
     #[cfg_attr(windows, allow(dead_code))]
@@ -141,39 +202,64 @@ impl ReceivedFds {
         let mut h = self.held();
         if h.fds.len() >= MAX_PENDING_FDS {
             tracing::debug!("more descriptors than a request passes: the oldest closed");
-            h.fds.pop_front();
+            if let Some(old) = h.fds.pop_front() {
+                h.discard(old);
+            }
         }
         h.fds.push_back(fd);
     }
 
-    fn set_reserve(&self, reserve: u64) {
-        self.held().reserve = reserve;
+    /// Closes (off the runtime) every descriptor held now.
+    fn discard_all(&self) {
+        let mut h = self.held();
+        for fd in std::mem::take(&mut h.fds) {
+            h.discard(fd);
+        }
     }
 
-    /// Whether descriptors were refused since the last answer (and clears it).
-    fn take_refused(&self) -> bool {
-        std::mem::take(&mut self.held().refused)
+    #[cfg_attr(windows, allow(dead_code))]
+    fn configure(&self, reserve: u64, closer: Closer, uid: u32) {
+        let mut h = self.held();
+        h.reserve = reserve;
+        h.closer = Some((closer, uid));
     }
 
-    /// After a request is answered: what its handler did not take is closed.
+    /// Why descriptors were refused since the last answer, if they were
+    /// (and clears it).
+    fn take_refused(&self) -> Option<Refusal> {
+        self.held().refused.take()
+    }
+
+    fn holds_any(&self) -> bool {
+        !self.held().fds.is_empty()
+    }
+
+    /// After a request is answered: what its handler did not take is
+    /// closed (off the runtime).
     fn answered(&self) {
-        let left = self.take_all();
-        if !left.is_empty() {
+        let mut h = self.held();
+        if !h.fds.is_empty() {
             tracing::debug!(
-                count = left.len(),
+                count = h.fds.len(),
                 "descriptors the request did not use: closed"
             );
         }
-        self.held().refused = false;
+        for fd in std::mem::take(&mut h.fds) {
+            h.discard(fd);
+        }
+        h.refused = None;
     }
 }
 
 /// A Unix-socket connection read with `recvmsg`, so descriptors sent with
 /// its bytes (`SCM_RIGHTS`) are kept ([`ReceivedFds`]) rather than closed
-/// by the kernel as a plain `read` would.
+/// by the kernel as a plain `read` would. Its own socket is closed on the
+/// [`Closer`] too: closing it releases whatever `SCM_RIGHTS` messages its
+/// receive queue still holds, in the closing thread.
 #[cfg(unix)]
 pub struct FdStream {
-    io: tokio::net::UnixStream,
+    /// `None` only once dropped.
+    io: Option<tokio::net::UnixStream>,
     fds: ReceivedFds,
 }
 
@@ -181,15 +267,49 @@ pub struct FdStream {
 impl FdStream {
     pub fn new(io: tokio::net::UnixStream) -> Self {
         Self {
-            io,
+            io: Some(io),
             fds: ReceivedFds::default(),
+        }
+    }
+
+    fn io(&self) -> &tokio::net::UnixStream {
+        self.io
+            .as_ref()
+            .expect("an FdStream holds its socket until dropped")
+    }
+
+    fn io_mut(&mut self) -> &mut tokio::net::UnixStream {
+        self.io
+            .as_mut()
+            .expect("an FdStream holds its socket until dropped")
+    }
+}
+
+#[cfg(unix)]
+impl Drop for FdStream {
+    fn drop(&mut self) {
+        if let Some(io) = self.io.take() {
+            // Taken off the reactor here (a plain epoll_ctl), closed there.
+            match io.into_std() {
+                Ok(std) => self.fds.discard(std),
+                Err(e) => tracing::warn!(error = %e, "a connection could not leave the reactor"),
+            }
         }
     }
 }
 
+/// Descriptors the kernel passes in one message at most (`SCM_MAX_FD`).
+/// The control buffer has room for them all, so the kernel never releases
+/// what did not fit in the reading thread (a release may block for as long
+/// as the peer chose); a message with more than [`MAX_PENDING_FDS`] is
+/// refused whole, its descriptors closed on the [`Closer`].
+#[cfg(unix)]
+const SCM_MAX_FD: usize = 253;
+
 /// One `recvmsg` into `buf`, keeping what `SCM_RIGHTS` brought
-/// (close-on-exec). A message whose descriptors did not fit is refused:
-/// the kernel closed some, and a request must not run with part of them.
+/// (close-on-exec). A message with more descriptors than a request passes
+/// is refused, and so is a connection that would hold too many: a request
+/// must not run with part of them.
 #[cfg(unix)]
 fn recv_with_fds(
     fd: std::os::fd::BorrowedFd<'_>,
@@ -198,37 +318,49 @@ fn recv_with_fds(
 ) -> std::io::Result<usize> {
     use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
     let mut space =
-        [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_PENDING_FDS))];
+        [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(SCM_MAX_FD))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let mut iov = [std::io::IoSliceMut::new(buf)];
     let msg = rustix::net::recvmsg(fd, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC)?;
-    // The control buffer's alignment lets the kernel pass a few more than
-    // MAX_PENDING_FDS without truncating: they are counted, and a message
-    // with too many (or a connection holding too many) is refused whole,
-    // never cut to its last ones (which would land on the wrong slots).
     let mut got: Vec<Fd> = Vec::new();
     for m in control.drain() {
         if let RecvAncillaryMessage::ScmRights(fds) = m {
             got.extend(fds);
         }
     }
-    if !got.is_empty() {
-        let reserve = into.held().reserve;
-        if reserve > 0 && !descriptors_to_spare(reserve) {
-            drop(got);
-            into.take_all();
-            into.held().refused = true;
-            tracing::warn!(
-                reserve,
-                "descriptors low: those sent with a request are closed and the request refused"
-            );
-            return Ok(msg.bytes);
+    if got.is_empty() {
+        return Ok(msg.bytes);
+    }
+    let (reserve, piled_up) = {
+        let h = into.held();
+        let piled = h.closer.as_ref().is_some_and(|(c, uid)| c.piled_up(*uid));
+        (h.reserve, piled)
+    };
+    let refusal = if piled_up {
+        Some(Refusal::PiledUp)
+    } else if reserve > 0 && !descriptors_to_spare(reserve) {
+        tracing::warn!(
+            reserve,
+            "descriptors low: those sent with a request are closed and the request refused"
+        );
+        Some(Refusal::Short)
+    } else {
+        None
+    };
+    if let Some(refusal) = refusal {
+        for fd in got {
+            into.discard(fd);
         }
+        into.discard_all();
+        into.held().refused = Some(refusal);
+        return Ok(msg.bytes);
     }
     let held = into.held().fds.len();
     if held + got.len() > MAX_PENDING_FDS || msg.flags.contains(rustix::net::ReturnFlags::CTRUNC) {
-        drop(got);
-        into.take_all();
+        for fd in got {
+            into.discard(fd);
+        }
+        into.discard_all();
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             format!("more than {MAX_PENDING_FDS} descriptors sent with one message"),
@@ -249,9 +381,9 @@ impl AsyncRead for FdStream {
     ) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
         loop {
-            std::task::ready!(this.io.poll_read_ready(cx))?;
+            std::task::ready!(this.io().poll_read_ready(cx))?;
             let unfilled = buf.initialize_unfilled();
-            let io = &this.io;
+            let io = this.io();
             let fds = &this.fds;
             match io.try_io(Interest::READABLE, || {
                 recv_with_fds(io.as_fd(), unfilled, fds)
@@ -274,15 +406,15 @@ impl AsyncWrite for FdStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+        Pin::new(self.get_mut().io_mut()).poll_write(cx, buf)
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+        Pin::new(self.get_mut().io_mut()).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+        Pin::new(self.get_mut().io_mut()).poll_shutdown(cx)
     }
 
     fn poll_write_vectored(
@@ -290,11 +422,11 @@ impl AsyncWrite for FdStream {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+        Pin::new(self.get_mut().io_mut()).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
+        self.io().is_write_vectored()
     }
 }
 
@@ -303,6 +435,10 @@ impl Accept for tokio::net::TcpListener {
     async fn accept_peer(&mut self) -> std::io::Result<(Self::Io, Peer)> {
         let (io, addr) = self.accept().await?;
         Ok((io, Peer::Tcp(addr)))
+    }
+
+    fn local(io: &Self::Io) -> Option<std::net::SocketAddr> {
+        io.local_addr().ok()
     }
 }
 
@@ -331,35 +467,88 @@ impl Accept for tokio::net::UnixListener {
     }
 }
 
-/// One uid's hold on its share of [`ConnLimits::max_per_uid`], given back
-/// when the connection ends.
-struct UidSlot {
-    counts: Arc<Mutex<HashMap<u32, usize>>>,
-    uid: u32,
+/// Whose share of [`ConnLimits::max_per_uid`] a connection takes.
+///
+/// On the Unix socket the kernel names the peer's uid (`SO_PEERCRED`). On
+/// loopback TCP it does too, less directly: the peer's socket is the one
+/// whose local and remote addresses are the connection's two ends
+/// reversed, and `/proc/net/tcp{,6}` gives its owner's uid
+/// ([`super::peer::loopback_tcp_uid`]). A per-address cap would be no cap
+/// there (every local user is 127.0.0.1), so the uid it is. Beyond
+/// loopback (`--listen` on a public address, every request needing a
+/// token) the source address is all there is. A loopback peer whose
+/// socket is not found (gone already) shares one bucket with the others
+/// not found.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+enum Share {
+    Uid(u32),
+    Addr(std::net::IpAddr),
+    /// A Unix peer whose credentials could not be read (every request of
+    /// it refused) or a loopback peer not found.
+    Unknown,
 }
 
-impl UidSlot {
-    fn take(counts: &Arc<Mutex<HashMap<u32, usize>>>, uid: u32, cap: usize) -> Option<Self> {
+impl Share {
+    /// The peer uid whose closing threads get this connection's
+    /// descriptors (`u32::MAX` where none is known).
+    fn closer_uid(self) -> u32 {
+        match self {
+            Share::Uid(u) => u,
+            Share::Addr(_) | Share::Unknown => u32::MAX,
+        }
+    }
+}
+
+/// The connection's share, found off the async workers where it reads
+/// `/proc` (a read of the kernel's tables, but not one to make a worker
+/// wait on under a flood of connections).
+async fn share_of(peer: Peer, local: Option<std::net::SocketAddr>) -> Share {
+    match peer {
+        Peer::Unix(Some(cred)) => Share::Uid(cred.uid),
+        Peer::Unix(None) => Share::Unknown,
+        Peer::Tcp(addr) if addr.ip().is_loopback() => {
+            let Some(local) = local else {
+                return Share::Unknown;
+            };
+            tokio::task::spawn_blocking(move || super::peer::loopback_tcp_uid(addr, local))
+                .await
+                .ok()
+                .flatten()
+                .map_or(Share::Unknown, Share::Uid)
+        }
+        Peer::Tcp(addr) => Share::Addr(addr.ip()),
+    }
+}
+
+/// One peer's hold on its share of [`ConnLimits::max_per_uid`], given back
+/// when the connection ends.
+struct ShareSlot {
+    counts: Arc<Mutex<HashMap<Share, usize>>>,
+    share: Share,
+}
+
+impl ShareSlot {
+    fn take(counts: &Arc<Mutex<HashMap<Share, usize>>>, share: Share, cap: usize) -> Option<Self> {
         let mut map = counts.lock().unwrap_or_else(|e| e.into_inner());
-        let n = map.entry(uid).or_insert(0);
+        let n = map.entry(share).or_insert(0);
         if *n >= cap {
             return None;
         }
         *n += 1;
         Some(Self {
             counts: counts.clone(),
-            uid,
+            share,
         })
     }
 }
 
-impl Drop for UidSlot {
+impl Drop for ShareSlot {
     fn drop(&mut self) {
         let mut map = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = map.get_mut(&self.uid) {
+        if let Some(n) = map.get_mut(&self.share) {
             *n = n.saturating_sub(1);
             if *n == 0 {
-                map.remove(&self.uid);
+                map.remove(&self.share);
             }
         }
     }
@@ -381,12 +570,230 @@ fn descriptors_to_spare(reserve: u64) -> bool {
     limit.saturating_sub(open) > reserve
 }
 
+/// Connections answered 503 at once, over a cap (in all or per peer),
+/// beside those served. Past this too, accept waits (the kernel's backlog).
+const MAX_REFUSING: usize = 256;
+
+/// How long a connection over a cap may take to send its request before
+/// its 503 is written anyway, and how long the whole refusal may take.
+const REFUSE_READ: Duration = Duration::from_secs(2);
+const REFUSE_WITHIN: Duration = Duration::from_secs(5);
+
+/// Seconds a refused client is told to wait (`Retry-After`).
+const RETRY_AFTER_SECS: &str = "1";
+
+/// A 503 that tells the client when to come back and ends the connection.
+fn unavailable(message: &str) -> axum::response::Response {
+    let mut r = super::error::ApiError::Unavailable(message.to_string()).into_response();
+    let h = r.headers_mut();
+    h.insert(
+        axum::http::header::RETRY_AFTER,
+        axum::http::HeaderValue::from_static(RETRY_AFTER_SECS),
+    );
+    closes(r)
+}
+
+/// `r`, with `Connection: close` (hyper ends the connection after it).
+fn closes(mut r: axum::response::Response) -> axum::response::Response {
+    r.headers_mut().insert(
+        axum::http::header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+    r
+}
+
+/// Answers every request of a connection over a cap 503 (`Retry-After`,
+/// `Connection: close`) and closes it: read first (head and a bounded
+/// body), so the close after the answer is an orderly one, not a reset
+/// that could reach the client before the answer does.
+async fn refuse<I>(io: I, why: &'static str, header_read: Duration)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(
+        move |req: hyper::Request<hyper::body::Incoming>| async move {
+            let body = axum::body::Body::new(req.into_body());
+            let _ = axum::body::to_bytes(body, 64 * 1024).await;
+            Ok::<_, std::convert::Infallible>(unavailable(why))
+        },
+    );
+    let read = header_read.min(REFUSE_READ);
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(read)
+        .keep_alive(false)
+        .serve_connection(TokioIo::new(WriteDeadline::new(io, read)), service);
+    if let Ok(Err(e)) = tokio::time::timeout(REFUSE_WITHIN, conn).await {
+        tracing::debug!(error = %e, "a refused connection ended with an error");
+    }
+}
+
+/// An answer the peer does not read is not waited on for ever: a write
+/// (or flush) that has made no progress for `after` fails the connection
+/// (`TimedOut`), as hyper's header timeout ends one that sends nothing.
+/// The clock starts when a write first has to wait and stops at the next
+/// byte written.
+struct WriteDeadline<T> {
+    io: T,
+    after: Duration,
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<T> WriteDeadline<T> {
+    fn new(io: T, after: Duration) -> Self {
+        Self {
+            io,
+            after,
+            stalled: None,
+        }
+    }
+
+    fn watch<R>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        r: std::task::Poll<std::io::Result<R>>,
+        progressed: impl FnOnce(&R) -> bool,
+    ) -> std::task::Poll<std::io::Result<R>> {
+        use std::task::Poll;
+        match r {
+            Poll::Ready(Ok(v)) => {
+                if progressed(&v) {
+                    self.stalled = None;
+                }
+                Poll::Ready(Ok(v))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => {
+                let after = self.after;
+                let stall = self
+                    .stalled
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(after)));
+                if stall.as_mut().poll(cx).is_ready() {
+                    tracing::debug!(
+                        after = ?after,
+                        "the peer has not read its answer: the connection is closed"
+                    );
+                    Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the peer did not read its answer in time",
+                    )))
+                } else {
+                    Poll::Pending
+                }
+            }
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for WriteDeadline<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.watch(cx, r, |n| *n > 0)
+    }
+
+    fn poll_flush(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.io).poll_flush(cx);
+        this.watch(cx, r, |()| true)
+    }
+
+    fn poll_shutdown(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.io).poll_shutdown(cx);
+        this.watch(cx, r, |()| true)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.watch(cx, r, |n| *n > 0)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+/// Why a request is answered before the router sees it, if it is.
+fn answer_first(
+    req: &hyper::Request<hyper::body::Incoming>,
+    fds: Option<&ReceivedFds>,
+) -> Option<axum::response::Response> {
+    use super::error::ApiError;
+    let h = req.headers();
+    // Two framings of one body: a proxy in front may pick the other one
+    // (request smuggling). Refused, and the connection ends.
+    if h.contains_key(axum::http::header::TRANSFER_ENCODING)
+        && h.contains_key(axum::http::header::CONTENT_LENGTH)
+    {
+        return Some(closes(
+            ApiError::BadRequest(
+                "both Transfer-Encoding and Content-Length: send one framing".into(),
+            )
+            .into_response(),
+        ));
+    }
+    let fds = fds?;
+    match fds.take_refused() {
+        Some(Refusal::Short) => {
+            return Some(unavailable(
+                "descriptors are short: descriptors sent with a request are refused for now; retry later",
+            ));
+        }
+        Some(Refusal::PiledUp) => {
+            Closer::cut_off(fds.held().closer.as_ref().map_or(u32::MAX, |(_, u)| *u));
+            return Some(unavailable(
+                "your descriptors' closes are piling up: descriptors you send are refused until they are closed; retry later",
+            ));
+        }
+        None => {}
+    }
+    // Only a spawn passes descriptors; any other request that brings some
+    // is refused unserved, and they are closed off the runtime.
+    if fds.holds_any()
+        && !(req.method() == axum::http::Method::POST && req.uri().path() == "/api/trees")
+    {
+        return Some(
+            ApiError::BadRequest(
+                "descriptors pass only with a spawn (POST /api/trees, Treewarden-Stdio): those sent are closed unused".into(),
+            )
+            .into_response(),
+        );
+    }
+    None
+}
+
 /// Serves `router` on `listener` until `shutdown` is cancelled, then lets
 /// the connections in flight finish (each asked to close once its request
 /// is answered). Every request sees its connection's [`Peer`] as axum's
 /// `ConnectInfo`, which the auth layer turns into its principal.
-// Over 100 lines on purpose: each accept turn takes a connection's limits in order (a total permit,
-// spare descriptors, a per-uid slot), each wait raced against shutdown (`break 'accept`), and hands
+// Over 100 lines on purpose: each accept turn takes a connection's limits in order (a total permit
+// or a refusal's, spare descriptors), each wait raced against shutdown (`break 'accept`), and hands
 // them to the connection's task; split, the labelled breaks and held permits would cross functions.
 pub async fn serve<L: Accept>(
     mut listener: L,
@@ -396,11 +803,19 @@ pub async fn serve<L: Accept>(
 ) -> std::io::Result<()> {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let total = Arc::new(Semaphore::new(limits.max_total.max(1)));
-    let per_uid: Arc<Mutex<HashMap<u32, usize>>> = Arc::default();
+    let refusing = Arc::new(Semaphore::new(MAX_REFUSING));
+    let per_peer: Arc<Mutex<HashMap<Share, usize>>> = Arc::default();
+    let closer = Closer::default();
     'accept: loop {
+        // A served slot if one is free, else a refusal's (answered 503).
         let permit = tokio::select! {
+            biased;
             p = total.clone().acquire_owned() => match p {
-                Ok(p) => p,
+                Ok(p) => Ok(p),
+                Err(_) => break,
+            },
+            p = refusing.clone().acquire_owned() => match p {
+                Ok(p) => Err(p),
                 Err(_) => break,
             },
             () = shutdown.cancelled() => break,
@@ -433,56 +848,106 @@ pub async fn serve<L: Accept>(
                 continue;
             }
         };
-        let slot = match peer {
-            Peer::Unix(Some(cred)) => match UidSlot::take(&per_uid, cred.uid, limits.max_per_uid) {
-                Some(slot) => Some(slot),
-                None => {
-                    tracing::warn!(
-                        uid = cred.uid,
-                        cap = limits.max_per_uid,
-                        "connection refused: this uid holds its cap of connections"
-                    );
-                    drop(io);
-                    continue;
-                }
-            },
-            _ => None,
-        };
-        let router = router.clone();
+        // A served slot may have come free while the refusal waited.
+        let permit =
+            permit.or_else(|refusal| total.clone().try_acquire_owned().map_err(|_| refusal));
         let fds = L::received(&io);
-        if let Some(fds) = &fds {
-            fds.set_reserve(limits.reserve_fds);
-        }
-        let service = hyper::service::service_fn(
-            move |mut req: hyper::Request<hyper::body::Incoming>| {
-                req.extensions_mut().insert(ConnectInfo(peer));
-                let fds = fds.clone();
-                if let Some(fds) = &fds {
-                    req.extensions_mut().insert(fds.clone());
-                }
-                let router = router.clone();
-                async move {
-                    if let Some(fds) = fds.as_ref().filter(|f| f.take_refused()) {
-                        fds.answered();
-                        return Ok(super::error::ApiError::Unavailable(
-                            "descriptors are short: descriptors sent with a request are refused for now; retry later".into(),
-                        )
-                        .into_response());
-                    }
-                    let answer = router.oneshot(req.map(axum::body::Body::new)).await;
-                    if let Some(fds) = &fds {
-                        fds.answered();
-                    }
-                    answer
-                }
-            },
-        );
-        let conn = hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(limits.header_read)
-            .serve_connection(TokioIo::new(io), service);
-        let conn = graceful.watch(conn);
+        let local = L::local(&io);
+        let router = router.clone();
+        let per_peer = per_peer.clone();
+        let closer = closer.clone();
+        let watcher = graceful.watcher();
         tokio::spawn(async move {
+            let share = share_of(peer, local).await;
+            if let Some(fds) = &fds {
+                fds.configure(limits.reserve_fds, closer.clone(), share.closer_uid());
+            }
+            let permit = match permit {
+                Ok(p) => p,
+                Err(refusal) => {
+                    tracing::warn!(
+                        cap = limits.max_total,
+                        "connection answered 503: the listener serves its cap of connections"
+                    );
+                    let _held = refusal;
+                    refuse(
+                        io,
+                        "the service holds its cap of connections; retry later",
+                        limits.header_read,
+                    )
+                    .await;
+                    return;
+                }
+            };
+            if let Share::Uid(uid) = share
+                && fds.is_some()
+                && closer.piled_up(uid)
+            {
+                Closer::cut_off(uid);
+                drop(permit);
+                refuse(
+                    io,
+                    "your descriptors' closes are piling up: retry later",
+                    limits.header_read,
+                )
+                .await;
+                return;
+            }
+            let Some(slot) = ShareSlot::take(&per_peer, share, limits.max_per_uid) else {
+                tracing::warn!(
+                    ?share,
+                    cap = limits.max_per_uid,
+                    "connection answered 503: this peer holds its cap of connections"
+                );
+                drop(permit);
+                refuse(
+                    io,
+                    "you hold your cap of connections; retry later",
+                    limits.header_read,
+                )
+                .await;
+                return;
+            };
+            let service = hyper::service::service_fn(
+                move |mut req: hyper::Request<hyper::body::Incoming>| {
+                    let first = answer_first(&req, fds.as_ref());
+                    // Anonymous over TCP (no token, no dashboard cookie):
+                    // one answer per connection, so the open reads cannot
+                    // hold a connection with pipelined requests.
+                    let anonymous = matches!(peer, Peer::Tcp(_))
+                        && !req
+                            .headers()
+                            .contains_key(axum::http::header::AUTHORIZATION)
+                        && !req.headers().contains_key(axum::http::header::COOKIE);
+                    req.extensions_mut().insert(ConnectInfo(peer));
+                    let fds = fds.clone();
+                    if let Some(fds) = &fds {
+                        req.extensions_mut().insert(fds.clone());
+                    }
+                    let router = router.clone();
+                    async move {
+                        if let Some(answer) = first {
+                            if let Some(fds) = &fds {
+                                fds.answered();
+                            }
+                            return Ok(answer);
+                        }
+                        let answer = router.oneshot(req.map(axum::body::Body::new)).await;
+                        if let Some(fds) = &fds {
+                            fds.answered();
+                        }
+                        answer.map(|a| if anonymous { closes(a) } else { a })
+                    }
+                },
+            );
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_read)
+                .serve_connection(
+                    TokioIo::new(WriteDeadline::new(io, limits.header_read)),
+                    service,
+                );
+            let conn = watcher.watch(conn);
             let _held = (permit, slot);
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "connection ended with an error");

@@ -16,6 +16,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod closer;
 pub mod conn;
 pub mod dashboard;
 pub mod error;

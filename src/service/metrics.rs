@@ -134,6 +134,10 @@ pub struct Metrics {
     pub observer_forced_scans: C,
     /// `treewarden_observer_escapes_total`: escapes the observer recorded.
     pub observer_escapes: C,
+    /// `treewarden_http_peers_cut_off_total`: connections cut off (their
+    /// descriptors refused, answered 503) because their peer's descriptor
+    /// closes piled up (`crate::http::closer`); caught up at scrape time.
+    pub http_peers_cut_off: C,
 }
 
 fn scan_buckets() -> Histogram {
@@ -192,6 +196,7 @@ impl Metrics {
             observer_overflows: C::default(),
             observer_forced_scans: C::default(),
             observer_escapes: C::default(),
+            http_peers_cut_off: C::default(),
         };
         registry.register("trees", "Trees in the ledger by state", m.trees.clone());
         registry.register(
@@ -337,6 +342,11 @@ impl Metrics {
             "Escapes the observer recorded the moment they happened",
             m.observer_escapes.clone(),
         );
+        registry.register(
+            "http_peers_cut_off",
+            "Connections cut off because their peer's descriptor closes piled up",
+            m.http_peers_cut_off.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -351,6 +361,14 @@ impl Metrics {
         catch_up(&self.observer_overflows, stats.overflows);
         catch_up(&self.observer_forced_scans, stats.forced_scans);
         catch_up(&self.observer_escapes, stats.escapes_recorded);
+    }
+
+    /// Brings the serving loop's tallies up to date.
+    pub fn sync_http(&self) {
+        catch_up(
+            &self.http_peers_cut_off,
+            crate::http::closer::cut_off_total(),
+        );
     }
 
     /// Counts one ledger event into the families fed by events.

@@ -15,7 +15,7 @@ use crate::util::{bin, say, wait_until};
 
 /// The tree's events, read from the ledger file by the CLI (the service's
 /// own listeners may be the thing under attack).
-fn tree_events(s: &Server, tree: i64) -> Vec<Value> {
+pub(crate) fn tree_events(s: &Server, tree: i64) -> Vec<Value> {
     let out = Command::new(bin())
         .env("TREEWARDEN_DATA_DIR", s.data_dir())
         .args(["export", "--format", "ndjson", "--tree", &tree.to_string()])

@@ -24,5 +24,6 @@ mod serve;
 mod session;
 mod shipping;
 mod tenants;
+mod tenants_conn;
 mod util;
 mod wrapper;

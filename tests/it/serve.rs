@@ -563,8 +563,8 @@ fn every_bad_input_gets_its_status_and_a_json_error() {
             raw("/api/trees/abc/kill", None, Vec::new()),
         ),
         (
-            "bad kill grace",
-            400,
+            "bad kill grace (422, as in a spawn's body)",
+            422,
             raw("/api/trees/1/kill?grace=later", None, Vec::new()),
         ),
         (

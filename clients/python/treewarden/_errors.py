@@ -61,7 +61,8 @@ class BadRequest(Error, ValueError):
 
 class Unavailable(Error):
     """Not now: the service is draining, its ledger is busy, or a bound of
-    yours is reached. A later retry may succeed."""
+    yours is reached (your connections, your trees). A later retry may
+    succeed; a 503 from a connection cap says when (``Retry-After``)."""
 
     code = "Unavailable"
 
@@ -119,5 +120,7 @@ def from_body(status: int, body: Any) -> Error:
         message, code, tree = (str(body).strip() or f"HTTP {status}"), None, None
     cls = _BY_CODE.get(code) if isinstance(code, str) else None
     if cls is None:
-        cls = Error
+        # No code to go by (an answer from something in front of the
+        # service): a 503 is still "not now", whoever said it.
+        cls = Unavailable if status == 503 else Error
     return cls(message, status=status, tree=tree)

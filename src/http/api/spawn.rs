@@ -20,22 +20,48 @@ pub const STDIO_HEADER: &str = "treewarden-stdio";
 
 /// The descriptors a spawn passes to its tree: `Treewarden-Stdio` names the
 /// slots (`stdin,stdout`), the connection holds what `SCM_RIGHTS` brought;
-/// both must agree. No header and nothing sent: the captured log.
+/// both must agree. No header and nothing sent: the captured log. A
+/// refused request's descriptors are closed on the connection's closer,
+/// never here (a peer's close may block: `crate::http::closer`).
 fn given_stdio(
     headers: &axum::http::HeaderMap,
     received: Option<&super::conn::ReceivedFds>,
 ) -> Result<crate::proc::GivenStdio, ApiError> {
     let fds = received.map(|r| r.take_all()).unwrap_or_default();
+    let slots = match stdio_slots(headers, received.is_some(), fds.len()) {
+        Ok(slots) => slots,
+        Err(e) => {
+            if let Some(r) = received {
+                for fd in fds {
+                    r.discard(fd);
+                }
+            }
+            return Err(e);
+        }
+    };
+    let mut given = crate::proc::GivenStdio::default();
+    for (slot, fd) in slots.into_iter().zip(fds) {
+        given.0[slot] = Some(std::sync::Arc::new(fd));
+    }
+    Ok(given)
+}
+
+/// The slots `Treewarden-Stdio` names, checked against the `sent`
+/// descriptors (`socket`: whether the request came over the Unix socket).
+fn stdio_slots(
+    headers: &axum::http::HeaderMap,
+    socket: bool,
+    sent: usize,
+) -> Result<Vec<usize>, ApiError> {
     let Some(value) = headers.get(STDIO_HEADER) else {
-        if !fds.is_empty() {
+        if sent > 0 {
             return Err(ApiError::BadRequest(format!(
-                "{} descriptors came with the request, but no Treewarden-Stdio header names them",
-                fds.len()
+                "{sent} descriptors came with the request, but no Treewarden-Stdio header names them"
             )));
         }
-        return Ok(crate::proc::GivenStdio::default());
+        return Ok(Vec::new());
     };
-    if received.is_none() {
+    if !socket {
         return Err(ApiError::BadRequest(
             "Treewarden-Stdio: descriptors pass only over the Unix socket".into(),
         ));
@@ -62,18 +88,28 @@ fn given_stdio(
         }
         slots.push(slot);
     }
-    if slots.len() != fds.len() {
+    if slots.len() != sent {
         return Err(ApiError::BadRequest(format!(
-            "Treewarden-Stdio names {} descriptors, but {} came with the request (send them with its first bytes)",
+            "Treewarden-Stdio names {} descriptors, but {sent} came with the request (send them with its first bytes)",
             slots.len(),
-            fds.len()
         )));
     }
-    let mut given = crate::proc::GivenStdio::default();
-    for (slot, fd) in slots.into_iter().zip(fds) {
-        given.0[slot] = Some(std::sync::Arc::new(fd));
+    Ok(slots)
+}
+
+/// Holds a copy of a spawn's given descriptors until the handler ends,
+/// then lets go of it on the connection's closer: whichever copy is
+/// dropped last closes the descriptor (the tree may have exited already),
+/// and this one is dropped last, off the runtime, whatever path the
+/// handler took.
+struct CloseOffRuntime(Option<(super::conn::ReceivedFds, crate::proc::GivenStdio)>);
+
+impl Drop for CloseOffRuntime {
+    fn drop(&mut self) {
+        if let Some((received, stdio)) = self.0.take() {
+            received.discard(stdio);
+        }
     }
-    Ok(given)
 }
 
 /// A dispatch refusal as `principal` may see it: naming the unsettled
@@ -127,6 +163,13 @@ pub async fn spawn_tree(
     // Taken first: whatever else is wrong, descriptors sent with this
     // request are not left for the next one.
     let stdio = given_stdio(&headers, received.as_ref().map(|Extension(r)| r))?;
+    // Declared before `params`, so dropped after it.
+    let _close_off_runtime = CloseOffRuntime(
+        received
+            .as_ref()
+            .filter(|_| stdio.0.iter().any(Option::is_some))
+            .map(|Extension(r)| (r.clone(), stdio.clone())),
+    );
     let user = body.user.clone();
     let mut params = body.validate(s.service.config().max_grace)?;
     params.stdio = stdio;

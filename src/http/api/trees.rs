@@ -194,14 +194,17 @@ pub async fn wait_tree(
     security(("bearer" = [])),
     responses((status = 200, body = KillResponse), (status = 400, body = ErrorBody),
     (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
-    (status = 413, body = ErrorBody), (status = 503, body = ErrorBody)))]
+    (status = 413, body = ErrorBody), (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn kill_tree(
     State(s): State<AppState>,
     ApiQuery(q): ApiQuery<KillQuery>,
     super::auth::ActOnTree { row, principal }: super::auth::ActOnTree,
 ) -> Result<Json<KillResponse>, ApiError> {
+    // A grace the service refuses is 422 here as in a spawn's body: the
+    // query parsed, its value is what is wrong (400 is for a request that
+    // does not parse: an unknown parameter, a malformed id).
     let grace = parse_grace(q.grace.as_deref(), s.service.config().max_grace)
-        .map_err(ApiError::BadRequest)?;
+        .map_err(ApiError::Unprocessable)?;
     let id = row.id;
     // Who asked, as a structured event, before anything is signalled. The
     // kill does not wait on it: a ledger that refuses it still gets the
