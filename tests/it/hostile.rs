@@ -172,8 +172,8 @@ fn half_sent_requests_are_closed_after_the_header_timeout_and_their_descriptors_
 }
 
 /// One local user cannot hold every connection: past its cap, its new
-/// connections are closed at once, and another request of it is served
-/// as soon as one of its connections ends.
+/// connections are answered 503 (with `Retry-After`) and closed, and
+/// another request of it is served as soon as one of its connections ends.
 #[test]
 fn one_uid_holds_at_most_its_cap_of_connections() {
     let s = Server::start(&["--max-connections-per-uid", "5"]);
@@ -181,7 +181,6 @@ fn one_uid_holds_at_most_its_cap_of_connections() {
     let held: Vec<UnixStream> = (0..5)
         .map(|_| UnixStream::connect(&sock).expect("connect"))
         .collect();
-    // The sixth is accepted only to be closed: its request gets no answer.
     let healthz = |c: &mut UnixStream| -> String {
         c.set_read_timeout(Some(Duration::from_secs(10)))
             .expect("read timeout");
@@ -190,14 +189,21 @@ fn one_uid_holds_at_most_its_cap_of_connections() {
         let _ = c.read_to_string(&mut out);
         out
     };
+    // The sixth is answered 503 and closed, not served.
+    let mut answer = String::new();
     let over = wait_until(Duration::from_secs(10), || {
         let mut c = UnixStream::connect(&sock).expect("connect");
-        healthz(&mut c).is_empty()
+        answer = healthz(&mut c);
+        answer.starts_with("HTTP/1.1 503")
     });
     assert!(
         over,
-        "a sixth connection of the same uid is closed unanswered"
+        "a sixth connection of the same uid is answered 503: {answer}"
     );
+    let lower = answer.to_ascii_lowercase();
+    assert!(lower.contains("retry-after: 1"), "{answer}");
+    assert!(lower.contains("connection: close"), "{answer}");
+    assert!(answer.contains("\"code\":\"Unavailable\""), "{answer}");
     drop(held);
     let served = wait_until(Duration::from_secs(10), || {
         let mut c = UnixStream::connect(&sock).expect("connect");
