@@ -56,6 +56,7 @@ use tokio::sync::Semaphore;
 use tower::ServiceExt as _;
 
 use super::closer::Closer;
+use super::framing::Framing;
 use super::peer::Peer;
 #[cfg(unix)]
 use super::peer::PeerCred;
@@ -582,15 +583,14 @@ const REFUSE_WITHIN: Duration = Duration::from_secs(5);
 /// Seconds a refused client is told to wait (`Retry-After`).
 const RETRY_AFTER_SECS: &str = "1";
 
-/// A 503 that tells the client when to come back and ends the connection.
+/// A 503 that tells the client when to come back (`Retry-After`).
 fn unavailable(message: &str) -> axum::response::Response {
     let mut r = super::error::ApiError::Unavailable(message.to_string()).into_response();
-    let h = r.headers_mut();
-    h.insert(
+    r.headers_mut().insert(
         axum::http::header::RETRY_AFTER,
         axum::http::HeaderValue::from_static(RETRY_AFTER_SECS),
     );
-    closes(r)
+    r
 }
 
 /// `r`, with `Connection: close` (hyper ends the connection after it).
@@ -614,7 +614,7 @@ where
         move |req: hyper::Request<hyper::body::Incoming>| async move {
             let body = axum::body::Body::new(req.into_body());
             let _ = axum::body::to_bytes(body, 64 * 1024).await;
-            Ok::<_, std::convert::Infallible>(unavailable(why))
+            Ok::<_, std::convert::Infallible>(closes(unavailable(why)))
         },
     );
     let read = header_read.min(REFUSE_READ);
@@ -622,29 +622,34 @@ where
         .timer(TokioTimer::new())
         .header_read_timeout(read)
         .keep_alive(false)
-        .serve_connection(TokioIo::new(WriteDeadline::new(io, read)), service);
+        .serve_connection(TokioIo::new(ConnIo::new(io, read)), service);
     if let Ok(Err(e)) = tokio::time::timeout(REFUSE_WITHIN, conn).await {
         tracing::debug!(error = %e, "a refused connection ended with an error");
     }
 }
 
+/// A connection's bytes as the serving loop watches them.
+///
 /// An answer the peer does not read is not waited on for ever: a write
 /// (or flush) that has made no progress for `after` fails the connection
 /// (`TimedOut`), as hyper's header timeout ends one that sends nothing.
 /// The clock starts when a write first has to wait and stops at the next
-/// byte written.
-struct WriteDeadline<T> {
+/// byte written. What is read is followed by [`Framing`] (which request
+/// heads carry two framings).
+struct ConnIo<T> {
     io: T,
     after: Duration,
     stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+    framing: Arc<Mutex<Framing>>,
 }
 
-impl<T> WriteDeadline<T> {
+impl<T> ConnIo<T> {
     fn new(io: T, after: Duration) -> Self {
         Self {
             io,
             after,
             stalled: None,
+            framing: Arc::default(),
         }
     }
 
@@ -685,17 +690,26 @@ impl<T> WriteDeadline<T> {
     }
 }
 
-impl<T: AsyncRead + Unpin> AsyncRead for WriteDeadline<T> {
+impl<T: AsyncRead + Unpin> AsyncRead for ConnIo<T> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let r = Pin::new(&mut this.io).poll_read(cx, buf);
+        if let std::task::Poll::Ready(Ok(())) = r {
+            this.framing
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .feed(&buf.filled()[before..]);
+        }
+        r
     }
 }
 
-impl<T: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<T> {
+impl<T: AsyncWrite + Unpin> AsyncWrite for ConnIo<T> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
@@ -739,18 +753,18 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<T> {
     }
 }
 
-/// Why a request is answered before the router sees it, if it is.
+/// Why a request is answered before the router sees it, if it is
+/// (`both_framings`: its head had `Transfer-Encoding` and
+/// `Content-Length`, as [`Framing`] saw it).
 fn answer_first(
     req: &hyper::Request<hyper::body::Incoming>,
+    both_framings: bool,
     fds: Option<&ReceivedFds>,
 ) -> Option<axum::response::Response> {
     use super::error::ApiError;
-    let h = req.headers();
-    // Two framings of one body: a proxy in front may pick the other one
-    // (request smuggling). Refused, and the connection ends.
-    if h.contains_key(axum::http::header::TRANSFER_ENCODING)
-        && h.contains_key(axum::http::header::CONTENT_LENGTH)
-    {
+    // Two framings of one body: something in front may have taken the
+    // other one (request smuggling). Refused, and the connection ends.
+    if both_framings {
         return Some(closes(
             ApiError::BadRequest(
                 "both Transfer-Encoding and Content-Length: send one framing".into(),
@@ -766,10 +780,11 @@ fn answer_first(
             ));
         }
         Some(Refusal::PiledUp) => {
-            Closer::cut_off(fds.held().closer.as_ref().map_or(u32::MAX, |(_, u)| *u));
-            return Some(unavailable(
+            let uid = fds.held().closer.as_ref().map_or(u32::MAX, |(_, u)| *u);
+            Closer::cut_off(uid);
+            return Some(closes(unavailable(
                 "your descriptors' closes are piling up: descriptors you send are refused until they are closed; retry later",
-            ));
+            )));
         }
         None => {}
     }
@@ -852,65 +867,82 @@ pub async fn serve<L: Accept>(
         let permit =
             permit.or_else(|refusal| total.clone().try_acquire_owned().map_err(|_| refusal));
         let fds = L::received(&io);
-        let local = L::local(&io);
+        // Known before the connection is served or refused, in accept
+        // order: a later connection never takes an earlier one's slot.
+        let share = share_of(peer, L::local(&io)).await;
+        if let Some(fds) = &fds {
+            fds.configure(limits.reserve_fds, closer.clone(), share.closer_uid());
+        }
+        let admitted = match permit {
+            Err(refusal) => {
+                tracing::warn!(
+                    cap = limits.max_total,
+                    "connection answered 503: the listener serves its cap of connections"
+                );
+                Err((
+                    "the service holds its cap of connections; retry later",
+                    Some(refusal),
+                ))
+            }
+            Ok(permit) => match share {
+                Share::Uid(uid) if fds.is_some() && closer.piled_up(uid) => {
+                    Closer::cut_off(uid);
+                    drop(permit);
+                    Err((
+                        "your descriptors' closes are piling up: retry later",
+                        refusing.clone().try_acquire_owned().ok(),
+                    ))
+                }
+                _ => match ShareSlot::take(&per_peer, share, limits.max_per_uid) {
+                    Some(slot) => Ok((permit, slot)),
+                    None => {
+                        tracing::warn!(
+                            ?share,
+                            cap = limits.max_per_uid,
+                            "connection answered 503: this peer holds its cap of connections"
+                        );
+                        drop(permit);
+                        Err((
+                            "you hold your cap of connections; retry later",
+                            refusing.clone().try_acquire_owned().ok(),
+                        ))
+                    }
+                },
+            },
+        };
+        let (permit, slot) = match admitted {
+            Ok(x) => x,
+            Err((why, Some(refusal))) => {
+                tokio::spawn(async move {
+                    let _held = refusal;
+                    refuse(io, why, limits.header_read).await;
+                });
+                continue;
+            }
+            Err((why, None)) => {
+                // Every refusal's room is taken: closed unanswered (a Unix
+                // connection on the closer, as always).
+                tracing::warn!(
+                    why,
+                    "connection closed unanswered: {MAX_REFUSING} refusals under way"
+                );
+                drop(io);
+                continue;
+            }
+        };
         let router = router.clone();
-        let per_peer = per_peer.clone();
-        let closer = closer.clone();
         let watcher = graceful.watcher();
         tokio::spawn(async move {
-            let share = share_of(peer, local).await;
-            if let Some(fds) = &fds {
-                fds.configure(limits.reserve_fds, closer.clone(), share.closer_uid());
-            }
-            let permit = match permit {
-                Ok(p) => p,
-                Err(refusal) => {
-                    tracing::warn!(
-                        cap = limits.max_total,
-                        "connection answered 503: the listener serves its cap of connections"
-                    );
-                    let _held = refusal;
-                    refuse(
-                        io,
-                        "the service holds its cap of connections; retry later",
-                        limits.header_read,
-                    )
-                    .await;
-                    return;
-                }
-            };
-            if let Share::Uid(uid) = share
-                && fds.is_some()
-                && closer.piled_up(uid)
-            {
-                Closer::cut_off(uid);
-                drop(permit);
-                refuse(
-                    io,
-                    "your descriptors' closes are piling up: retry later",
-                    limits.header_read,
-                )
-                .await;
-                return;
-            }
-            let Some(slot) = ShareSlot::take(&per_peer, share, limits.max_per_uid) else {
-                tracing::warn!(
-                    ?share,
-                    cap = limits.max_per_uid,
-                    "connection answered 503: this peer holds its cap of connections"
-                );
-                drop(permit);
-                refuse(
-                    io,
-                    "you hold your cap of connections; retry later",
-                    limits.header_read,
-                )
-                .await;
-                return;
-            };
+            let io = ConnIo::new(io, limits.header_read);
+            let framing = io.framing.clone();
             let service = hyper::service::service_fn(
                 move |mut req: hyper::Request<hyper::body::Incoming>| {
-                    let first = answer_first(&req, fds.as_ref());
+                    // hyper hands requests over in the order their heads came.
+                    let both = framing
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .next_has_both();
+                    let first = answer_first(&req, both, fds.as_ref());
                     // Anonymous over TCP (no token, no dashboard cookie):
                     // one answer per connection, so the open reads cannot
                     // hold a connection with pipelined requests.
@@ -943,10 +975,7 @@ pub async fn serve<L: Accept>(
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_read)
-                .serve_connection(
-                    TokioIo::new(WriteDeadline::new(io, limits.header_read)),
-                    service,
-                );
+                .serve_connection(TokioIo::new(io), service);
             let conn = watcher.watch(conn);
             let _held = (permit, slot);
             if let Err(e) = conn.await {

@@ -21,6 +21,7 @@ pub mod conn;
 pub mod dashboard;
 pub mod error;
 pub mod export;
+pub mod framing;
 pub mod login;
 pub mod metrics;
 pub mod peer;

@@ -506,10 +506,11 @@ fn writers_gone(r: &std::os::fd::OwnedFd, within: Duration) -> bool {
 }
 
 /// The review's finding: a descriptor sent with a request other than a
-/// spawn was kept until the connection closed. Now it is closed once the
-/// request is answered — seen from the pipe it belongs to (end of file once
-/// our own write end is closed) while the connection stays open and
-/// serves the next request.
+/// spawn was kept until the connection closed. Now the request is refused
+/// unserved (400: only a spawn passes descriptors) and the descriptor
+/// closed — seen from the pipe it belongs to (end of file once our own
+/// write end is closed) while the connection stays open and serves the
+/// next request.
 #[test]
 fn a_descriptor_sent_with_a_request_other_than_a_spawn_is_closed_once_answered() {
     // An idle connection outlives the poll below (the header timeout would
@@ -522,7 +523,8 @@ fn a_descriptor_sent_with_a_request_other_than_a_spawn_is_closed_once_answered()
         .expect("timeout");
     let (r, w) = rustix::pipe::pipe().expect("pipe");
     let (status, body) = keepalive_request(&mut stream, "GET /api/trees HTTP/1.1", &[w.as_fd()]);
-    assert!(status.starts_with("HTTP/1.1 200"), "{status}: {body}");
+    assert!(status.starts_with("HTTP/1.1 400"), "{status}: {body}");
+    assert!(body.contains("\"code\":\"BadRequest\""), "{body}");
     drop(w);
     assert!(
         writers_gone(&r, Duration::from_secs(5)),
@@ -590,10 +592,11 @@ fn descriptors_sent_while_the_reserve_is_short_are_refused_with_a_code() {
         "the refused descriptor is closed"
     );
     assert!(plain.0.starts_with("HTTP/1.1 200"), "{plain:?}");
-    // The limit back: a descriptor is taken (and closed after) again.
+    // The limit back: a descriptor is taken again (and, with a request
+    // that is not a spawn, refused 400 and closed).
     let (r, w) = rustix::pipe::pipe().expect("pipe");
     let (status, body) = keepalive_request(&mut stream, "GET /api/trees HTTP/1.1", &[w.as_fd()]);
-    assert!(status.starts_with("HTTP/1.1 200"), "{status}: {body}");
+    assert!(status.starts_with("HTTP/1.1 400"), "{status}: {body}");
     drop(w);
     assert!(writers_gone(&r, Duration::from_secs(5)));
 }

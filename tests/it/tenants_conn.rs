@@ -478,3 +478,97 @@ fn two_hundred_spawns_at_once_from_one_user_are_each_answered_201_or_503() {
     });
     assert!(settled, "every spawned tree ended");
 }
+
+/// Everything `c` sends until it closes (bounded by its read timeout).
+fn read_all(c: &mut impl Read) -> String {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = c.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&out).to_string()
+}
+
+/// A request with both `Transfer-Encoding` and `Content-Length` is
+/// refused 400 and its connection closed (hyper alone took it as chunked
+/// and served it), over TCP and the socket alike, also when it is the
+/// second of two pipelined requests; and an anonymous answer over TCP
+/// closes its connection while a token's keeps it.
+#[test]
+fn two_framings_are_refused_and_anonymous_tcp_answers_close() {
+    let s = Server::start(&[]);
+    let both = "POST /api/trees HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 4\r\nContent-Type: application/json\r\n\r\n0\r\n\r\n";
+    let first = "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer TOKEN\r\n\r\n";
+    let first = first.replace("TOKEN", &s.token);
+    for pipelined in [false, true] {
+        let tcp = std::net::TcpStream::connect(&s.addr).expect("connect");
+        let unix = UnixStream::connect(s.data_dir().join("api.sock")).expect("connect");
+        let limit = Some(Duration::from_secs(10));
+        tcp.set_read_timeout(limit).expect("timeout");
+        unix.set_read_timeout(limit).expect("timeout");
+        let mut conns: Vec<(&str, Box<dyn ReadWrite>)> =
+            vec![("tcp", Box::new(tcp)), ("socket", Box::new(unix))];
+        for (what, c) in &mut conns {
+            let req = if pipelined {
+                format!("{first}{}", both.replace("127.0.0.1", "localhost"))
+            } else {
+                both.to_string()
+            };
+            let req = if *what == "tcp" {
+                req.replace(
+                    "POST /api/trees HTTP/1.1\r\n",
+                    &format!(
+                        "POST /api/trees HTTP/1.1\r\nAuthorization: Bearer {}\r\n",
+                        s.token
+                    ),
+                )
+            } else {
+                req
+            };
+            c.write_all(req.as_bytes()).expect("send");
+            let out = read_all(c);
+            let last = out.rfind("HTTP/1.1 ").map(|i| &out[i..]).unwrap_or("");
+            assert!(
+                last.starts_with("HTTP/1.1 400"),
+                "{what} pipelined={pipelined}: {out}"
+            );
+            assert!(
+                last.contains("Transfer-Encoding and Content-Length"),
+                "{out}"
+            );
+            if pipelined {
+                assert!(
+                    out.starts_with("HTTP/1.1 200"),
+                    "the first is served: {out}"
+                );
+            }
+        }
+    }
+    // Anonymous over TCP: one answer, then the connection closes.
+    let mut c = std::net::TcpStream::connect(&s.addr).expect("connect");
+    c.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    c.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\nGET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .expect("send");
+    let out = read_all(&mut c);
+    assert_eq!(out.matches("HTTP/1.1 200").count(), 1, "{out}");
+    assert!(
+        out.to_ascii_lowercase().contains("connection: close"),
+        "{out}"
+    );
+    // With the token: both pipelined requests answered on one connection.
+    let mut c = std::net::TcpStream::connect(&s.addr).expect("connect");
+    c.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let close = "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nAuthorization: Bearer TOKEN\r\n\r\n".replace("TOKEN", &s.token);
+    c.write_all(format!("{first}{close}").as_bytes())
+        .expect("send");
+    let out = read_all(&mut c);
+    assert_eq!(out.matches("HTTP/1.1 200").count(), 2, "{out}");
+}
+
+trait ReadWrite: Read + Write {}
+impl<T: Read + Write> ReadWrite for T {}
