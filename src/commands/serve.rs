@@ -98,21 +98,24 @@ pub struct ServeArgs {
     /// it also ends when its token is revoked, or the service restarts).
     #[arg(long, default_value = "12h", value_parser = parse_duration)]
     session_ttl: Duration,
-    /// Connections served at once on each listener; more wait in the
-    /// kernel's backlog. Accept also waits while fewer than 128 descriptors
-    /// are free (they are custody's: /proc reads, pidfds, the ledger).
+    /// Connections served at once on each listener; more are answered 503
+    /// (Retry-After), up to 256 at once, then wait in the kernel's backlog.
+    /// Accept also waits while fewer than 128 descriptors are free (they
+    /// are custody's: /proc reads, pidfds, the ledger).
     #[cfg_attr(target_os = "linux", arg(long, default_value_t = treewarden::http::conn::ConnLimits::default().max_total))]
     #[cfg_attr(windows, arg(long, default_value_t = 0))]
     #[cfg_attr(target_os = "macos", arg(long, default_value_t = 0))]
     max_connections: usize,
-    /// Connections one local user (peer uid on the socket) may hold at
-    /// once; past it, its new connections are closed at once.
+    /// Connections one local user (peer uid, on the socket and on loopback
+    /// TCP; the source address beyond loopback) may hold at once; past it,
+    /// its new connections are answered 503 (Retry-After) and closed.
     #[cfg_attr(target_os = "linux", arg(long, default_value_t = treewarden::http::conn::ConnLimits::default().max_per_uid))]
     #[cfg_attr(windows, arg(long, default_value_t = 0))]
     #[cfg_attr(target_os = "macos", arg(long, default_value_t = 0))]
     max_connections_per_uid: usize,
-    /// How long a request's head may take to arrive, and a keep-alive
-    /// connection may idle between requests, before it is closed.
+    /// How long a request's head may take to arrive, a keep-alive
+    /// connection may idle between requests, and an answer may wait for
+    /// the peer to read it, before the connection is closed.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     header_timeout: Duration,
     /// Whom an unsettled tree refuses new work to: `owner` (the same owner

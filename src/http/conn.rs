@@ -1,36 +1,44 @@
 //! The serving loop: what a peer may hold of the service, and for how long.
 //!
 //! Every connection costs the service a descriptor, and descriptors are what
-//! custody reads `/proc`, opens pidfds and writes the ledger with. A local
-//! user who may connect to the 0666 socket must not be able to take them
-//! (issue 24: 400 idle connections at `nofile 200` made a live tree's
-//! `/proc` reads fail). So, on both listeners:
+//! custody reads `/proc`, opens pidfds and writes the ledger with; the two
+//! async workers that serve connections also run custody's timers. A local
+//! user who may connect to the 0666 socket, or to loopback TCP without a
+//! token, must not be able to take either. So, on both listeners:
 //!
 //! - **accept pauses near the descriptor limit**: a connection is accepted
 //!   only while more than [`ConnLimits::reserve_fds`] descriptors are free
 //!   under the soft `RLIMIT_NOFILE`; the rest wait in the kernel's backlog,
 //!   costing the service nothing;
-//! - **a cap in all and per peer uid** (Unix socket): past the per-uid cap a
-//!   new connection of that uid is closed at once, so one user cannot keep
-//!   the others out;
-//! - **a header-read timeout** (hyper's, on its own timer): a request whose
-//!   head has not arrived in [`ConnLimits::header_read`], and a keep-alive
-//!   connection idle that long between requests, is closed (slowloris).
+//! - **a cap in all and per peer** ([`Share`]: the peer uid on the socket
+//!   and on loopback TCP, the source address beyond loopback); a connection
+//!   over a cap is **answered 503 with `Retry-After`** and closed, never
+//!   reset (at most [`MAX_REFUSING`] refusals at once; past that, too,
+//!   accept waits);
+//! - **time bounds on both directions**: hyper's header-read timeout (a
+//!   request head that has not arrived in [`ConnLimits::header_read`], and
+//!   a keep-alive connection idle that long, is closed: slowloris), and the
+//!   same bound on an answer the peer does not read ([`ConnIo`]: a write
+//!   that makes no progress fails the connection), each reset on progress;
+//! - **one answer per anonymous TCP connection** (no token, no dashboard
+//!   cookie): `Connection: close`, so pipelined open reads cannot hold one;
+//! - **one framing per request**: a head with both `Transfer-Encoding` and
+//!   `Content-Length` is refused 400 and its connection closed
+//!   ([`super::framing`]).
 //!
-//! On the Unix socket a connection also carries **descriptors** (issue 25):
-//! a client may send up to three with the first bytes of a request
-//! (`SCM_RIGHTS`), which the spawn handler gives the tree as its 0/1/2
-//! (the `Treewarden-Stdio` header names which; docs/ARCHITECTURE.md, "stdio
-//! through the socket"). So the socket is read with `recvmsg`
-//! ([`FdStream`]); what arrives is kept per connection ([`ReceivedFds`],
-//! at most [`MAX_PENDING_FDS`], close-on-exec) until a handler takes it or
-//! the response is given: what a request's handler did not take (any
-//! request but a spawn) is closed once it is answered, never kept for the
-//! connection's life. While the descriptor reserve is short (as accept
-//! sees it, [`ConnLimits::reserve_fds`]) descriptors that arrive are closed
-//! at once and their request is answered 503 `unavailable` without being
-//! served: a peer on a connection accepted earlier cannot spend the reserve
-//! by sending them.
+//! On the Unix socket a connection also carries **descriptors**: a client
+//! may send up to three with the first bytes of a spawn (`SCM_RIGHTS`),
+//! which the handler gives the tree as its 0/1/2 (the `Treewarden-Stdio`
+//! header names which; docs/ARCHITECTURE.md, "stdio through the socket").
+//! So the socket is read with `recvmsg` ([`FdStream`]); what arrives is
+//! kept per connection ([`ReceivedFds`], at most [`MAX_PENDING_FDS`],
+//! close-on-exec) until the spawn handler takes it. Any other request that
+//! brings descriptors is refused 400 unserved. While the descriptor reserve
+//! is short, descriptors that arrive are refused and their request answered
+//! 503 `unavailable`: a peer on a connection accepted earlier cannot spend
+//! the reserve by sending them. Every descriptor let go of, and every Unix
+//! connection itself, is closed on the listener's [`Closer`], never on an
+//! async worker: the peer chose how long that close blocks.
 //!
 //! This module never reads the ledger and never signals; it only decides
 //! which connections are served.
