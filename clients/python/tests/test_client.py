@@ -326,3 +326,14 @@ def test_tcp_with_a_token_and_no_descriptors_over_it(server: Server) -> None:
         c.spawn(["cat"], stdin=treewarden.PIPE)
     with pytest.raises(treewarden.Unauthorized):
         treewarden.Client(url=f"http://{addr}").spawn(["true"])
+
+
+def test_a_503_is_unavailable_with_or_without_a_code() -> None:
+    # The serving loop's cap answer carries the code; a 503 from anything
+    # in front of the service may not: both are "not now".
+    from treewarden._errors import from_body
+    capped = from_body(503, {"error": "you hold your cap of connections; retry later",
+                             "code": "Unavailable"})
+    assert isinstance(capped, treewarden.Unavailable) and capped.status == 503
+    assert isinstance(from_body(503, "Service Unavailable"), treewarden.Unavailable)
+    assert type(from_body(502, "Bad Gateway")) is treewarden.Error
