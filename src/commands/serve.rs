@@ -56,6 +56,19 @@ pub struct ServeArgs {
     /// the API; admins are not capped.
     #[arg(long = "max-trees-per-user", default_value_t = 256)]
     max_trees_per_user: usize,
+    /// Bytes of members' command lines, exe and cwd the ledger stores for
+    /// one tree (rows and events); past it, a member's argv is recorded by
+    /// its SHA-256, length and count, and the tree is flagged
+    /// `evidence_over_budget` once.
+    #[arg(long, default_value = "16M", value_name = "SIZE", value_parser = treewarden::ledger::parse_size)]
+    evidence_max: u64,
+    /// Bytes of ended trees' captured logs one local user (or one token)
+    /// keeps in `<data-dir>/logs/`; past it, its oldest ended logs are removed.
+    #[arg(long, default_value = "64M", value_name = "SIZE", value_parser = treewarden::ledger::parse_size)]
+    ended_logs_per_user: u64,
+    /// Age (from its last write) past which an ended tree's captured log is removed.
+    #[arg(long, default_value = "7d", value_name = "DURATION", value_parser = parse_duration)]
+    ended_logs_for: Duration,
     /// Only these commands (exact argv[0]) may be spawned through the API.
     /// Repeatable; default: any.
     #[arg(long = "allow-command", value_name = "CMD")]
@@ -193,6 +206,10 @@ pub(super) fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
             min_free: args.min_free,
             max_trees_per_principal: args.max_trees_per_user,
             max_grace: args.max_grace,
+            ended_logs: treewarden::service::EndedLogs {
+                per_principal: args.ended_logs_per_user,
+                keep_for: args.ended_logs_for,
+            },
         },
         retain: args.retain,
         retain_every: args.retain_every,
@@ -209,6 +226,7 @@ pub(super) fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
             ..treewarden::http::conn::ConnLimits::default()
         },
         dispatch_scope: args.dispatch_scope,
+        evidence_max: args.evidence_max,
         shutdown_on_signals: true,
     };
     serve(config, opts, tokio_util::sync::CancellationToken::new()).map_err(|e| {

@@ -75,6 +75,7 @@ fn rig(open_reads: bool) -> Rig {
             log_max: 1 << 20,
             min_free: 0,
             max_trees_per_principal: 256,
+            ended_logs: Default::default(),
         },
     )
     .expect("service");

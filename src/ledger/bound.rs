@@ -81,6 +81,31 @@ pub fn text(s: &str) -> (Cow<'_, str>, Option<Value>) {
     )
 }
 
+/// `args` replaced by their digest, for a tree past its evidence budget
+/// (`evidence.rs`): the stored argv is one string naming the whole argv's
+/// SHA-256, length in bytes and argument count; the same facts, with
+/// `over_budget` (the budget in bytes), go into the event's
+/// `cmdline_truncated`. Stable: the same argv always gives the same string.
+pub fn digested(args: &[String], budget: u64) -> (Vec<String>, Value) {
+    let total: usize = args.iter().map(String::len).sum::<usize>() + args.len().saturating_sub(1);
+    let mut hasher = Sha256::new();
+    for (i, a) in args.iter().enumerate() {
+        if i > 0 {
+            hasher.update([0u8]);
+        }
+        hasher.update(a.as_bytes());
+    }
+    let digest: [u8; 32] = hasher.finalize().into();
+    let mut cut = truncation(total, Some(args.len()), digest);
+    cut["over_budget"] = json!(budget);
+    let kept = vec![format!(
+        "sha256:{} bytes:{total} args:{}",
+        hex::encode(digest),
+        args.len()
+    )];
+    (kept, cut)
+}
+
 /// A member record with its command line bounded (the rest as read).
 pub fn member(m: &MemberRecord) -> (Cow<'_, MemberRecord>, Option<Value>) {
     match argv(&m.cmdline) {

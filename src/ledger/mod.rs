@@ -68,6 +68,7 @@ mod chain;
 mod db;
 mod error;
 pub mod event;
+mod evidence;
 mod export;
 pub(crate) mod fsmode;
 pub mod hierarchy;
@@ -89,6 +90,9 @@ pub use bound::FIELD_MAX;
 pub use chain::{GENESIS, canonical_event, canonical_string, event_hash, event_hash_of_text};
 pub use error::LedgerError;
 pub use event::{Event, RowKind};
+pub use evidence::{
+    DEFAULT_EVIDENCE_MAX, EVIDENCE_MARGIN, FLAG_EVIDENCE_DROPPED, FLAG_EVIDENCE_OVER_BUDGET,
+};
 pub use prune::{PruneReport, PruneRequest};
 pub use types::{
     AuthorizationId, AuthorizationRow, Deferred, EpochSeal, EventFilter, EventKind, EventRow,
@@ -145,6 +149,9 @@ impl LedgerOptions {
 #[derive(Clone)]
 pub struct Ledger {
     handle: Arc<db::Handle>,
+    /// The evidence bounds: the per-tree budget, and the free-space floor
+    /// that keeps the reserve for authority (`evidence.rs`).
+    evidence: Arc<evidence::Gate>,
 }
 
 impl std::fmt::Debug for Ledger {
@@ -168,8 +175,14 @@ impl Ledger {
     /// Opens the ledger at `path`, creating the file and its parent directory
     /// if needed, in WAL mode with foreign keys on, and applies migrations.
     pub fn open(path: &Path, opts: LedgerOptions) -> Result<Ledger, LedgerError> {
+        let dir = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+            .to_path_buf();
         Ok(Ledger {
             handle: db::start(path, opts.busy_timeout, opts.reserve)?,
+            evidence: Arc::new(evidence::Gate::new(dir, opts.reserve)),
         })
     }
 
@@ -184,9 +197,43 @@ impl Ledger {
                 path.display()
             )));
         }
+        let dir = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+            .to_path_buf();
         Ok(Ledger {
             handle: db::start_in(path, busy_timeout, 0, db::DirRule::AsIs)?,
+            evidence: Arc::new(evidence::Gate::new(dir, 0)),
         })
+    }
+
+    /// Sets the evidence budget of each tree (bytes of its members' command
+    /// lines, exe and cwd as stored; past it, argv by digest: see
+    /// `evidence.rs`). Every clone of this ledger shares it.
+    pub fn set_evidence_budget(&self, bytes: u64) {
+        self.evidence.set_budget(bytes);
+    }
+
+    /// Runs an evidence write (see `evidence.rs`): refused with
+    /// [`LedgerError::Full`] while the ledger's filesystem is under the
+    /// floor that keeps the reserve for authority; the tree is then flagged
+    /// [`FLAG_EVIDENCE_DROPPED`] once.
+    fn evidence_write<T: Send + 'static>(
+        &self,
+        tree: Option<TreeId>,
+        f: impl FnOnce(&mut db::Writer<'_>, u64) -> Result<T, error::Fail> + Send + 'static,
+    ) -> Result<T, LedgerError> {
+        if let Err(refused) = self.evidence.admit(tree) {
+            if let Some(t) = refused.flag
+                && let Err(e) = self.add_flag(t, FLAG_EVIDENCE_DROPPED)
+            {
+                tracing::debug!(tree = t.0, error = %e, "the evidence-dropped flag was not written");
+            }
+            return Err(refused.error);
+        }
+        let budget = self.evidence.budget();
+        self.write(Durability::Normal, move |w| f(w, budget))
     }
 
     fn write<T: Send + 'static>(
@@ -335,8 +382,8 @@ impl Ledger {
         members: &[MemberRecord],
     ) -> Result<Vec<IdentityRecord>, LedgerError> {
         let members = members.to_vec();
-        self.write(Durability::Normal, move |w| {
-            write::observe_members(w, id, &members)
+        self.evidence_write(Some(id), move |w, budget| {
+            write::observe_members(w, id, &members, budget)
         })
     }
 
@@ -347,7 +394,7 @@ impl Ledger {
         &self,
         seen: Vec<(TreeId, Vec<IdentityRecord>)>,
     ) -> Result<usize, LedgerError> {
-        self.write(Durability::Normal, move |w| write::bump_last_seen(w, &seen))
+        self.evidence_write(None, move |w, _| write::bump_last_seen(w, &seen))
     }
 
     /// Updates what known members run now (exe, argv) after an exec: a
@@ -355,8 +402,8 @@ impl Ledger {
     /// its parent's command line. Rows only; the events keep the first sighting.
     pub fn refresh_members(&self, id: TreeId, members: &[MemberRecord]) -> Result<(), LedgerError> {
         let members = members.to_vec();
-        self.write(Durability::Normal, move |w| {
-            write::refresh_members(w, id, &members)
+        self.evidence_write(Some(id), move |w, budget| {
+            write::refresh_members(w, id, &members, budget)
         })
     }
 
@@ -370,8 +417,11 @@ impl Ledger {
     ) -> Result<bool, LedgerError> {
         let member = member.clone();
         let reason = reason.to_string();
+        // Not refused under the floor (an escapee is a target of the next
+        // teardown's signals), but budgeted as members are.
+        let budget = self.evidence.budget();
         self.write(Durability::Normal, move |w| {
-            write::record_escape(w, id, &member, &reason)
+            write::record_escape(w, id, &member, &reason, budget)
         })
     }
 
@@ -386,7 +436,7 @@ impl Ledger {
         unknown_reaper: &'static str,
     ) -> Result<(), LedgerError> {
         let exits = exits.to_vec();
-        self.write(Durability::Normal, move |w| {
+        self.evidence_write(Some(id), move |w, _| {
             write::record_exits(w, id, &exits, unknown_reaper)
         })
     }
@@ -621,7 +671,7 @@ impl Ledger {
         members: usize,
         escapes: usize,
     ) -> Result<(), LedgerError> {
-        self.write(Durability::Normal, move |w| {
+        self.evidence_write(tree, move |w, _| {
             write::record_scan(w, tree, duration, processes, members, escapes)
         })
     }

@@ -201,8 +201,64 @@ pub(crate) fn tree_spawn_failed(
     Ok(())
 }
 
-fn member_seen(m: &MemberRecord) -> ev::MemberSeen {
-    let (m, cut) = super::bound::member(m);
+/// A member's record as the tree's evidence budget lets it be stored (see
+/// `evidence.rs`), and what was cut: bounded to the field cap while the
+/// tree's spent bytes plus this record's fit `budget` (spent, in the
+/// `trees` row, in this transaction), else its argv by digest; the first
+/// digest flags the tree and leaves its counter one past the budget, so
+/// later members are digested without recounting.
+fn spend<'m>(
+    w: &mut Writer<'_>,
+    id: TreeId,
+    m: &'m MemberRecord,
+    budget: u64,
+) -> Result<
+    (
+        std::borrow::Cow<'m, MemberRecord>,
+        Option<serde_json::Value>,
+    ),
+    Fail,
+> {
+    let (bounded, cut) = super::bound::member(m);
+    let len = |s: &Option<String>| s.as_ref().map_or(0, String::len);
+    let argv: usize = bounded.cmdline.iter().map(String::len).sum();
+    // Stored twice: in the member's row and in its event.
+    let cost = 2 * (argv + len(&bounded.exe) + len(&bounded.cwd)) as u64;
+    let spent: i64 = w.row(
+        "SELECT evidence_bytes FROM trees WHERE id = ?1",
+        [id.0],
+        |r| r.get(0),
+    )?;
+    let spent = u64::try_from(spent).unwrap_or(0);
+    if spent.saturating_add(cost) <= budget {
+        w.exec(
+            "UPDATE trees SET evidence_bytes = evidence_bytes + ?2 WHERE id = ?1",
+            params![id.0, i64::try_from(cost).unwrap_or(i64::MAX)],
+        )?;
+        return Ok((bounded, cut));
+    }
+    if spent <= budget {
+        add_flag(w, id, super::evidence::FLAG_EVIDENCE_OVER_BUDGET)?;
+        w.exec(
+            "UPDATE trees SET evidence_bytes = ?2 WHERE id = ?1",
+            params![
+                id.0,
+                i64::try_from(budget.saturating_add(1)).unwrap_or(i64::MAX)
+            ],
+        )?;
+    }
+    let (cmdline, cut) = super::bound::digested(&m.cmdline, budget);
+    Ok((
+        std::borrow::Cow::Owned(MemberRecord {
+            cmdline,
+            ..m.clone()
+        }),
+        Some(cut),
+    ))
+}
+
+/// The `member.observed` payload of a record as stored, with what was cut.
+fn member_seen(m: &MemberRecord, cut: Option<serde_json::Value>) -> ev::MemberSeen {
     ev::MemberSeen {
         identity: m.identity.clone(),
         ppid: m.ppid,
@@ -217,9 +273,10 @@ fn member_seen(m: &MemberRecord) -> ev::MemberSeen {
     }
 }
 
-/// Inserts the member row if this identity is new to the tree; returns whether it was.
+/// Inserts the member row (as [`spend`] made it) if this identity is new
+/// to the tree; returns whether it was.
 fn insert_member(w: &Writer<'_>, id: TreeId, m: &MemberRecord) -> Result<bool, Fail> {
-    let cmdline = serde_json::to_string(&super::bound::argv(&m.cmdline).0)?;
+    let cmdline = serde_json::to_string(&m.cmdline)?;
     let inserted = w.exec(
         "INSERT INTO members (tree_id, pid, start_ticks, boot_id, ppid, pgid, sid, cgroup, uid, exe,
                               cmdline, cwd, first_seen, last_seen)
@@ -276,6 +333,7 @@ pub(crate) fn observe_members(
     w: &mut Writer<'_>,
     id: TreeId,
     members: &[MemberRecord],
+    budget: u64,
 ) -> Result<Vec<IdentityRecord>, Fail> {
     current_state(w, id)?;
     let mut new = Vec::new();
@@ -294,14 +352,21 @@ pub(crate) fn observe_members(
                 w.now
             ],
         )? == 1;
-        if !known && insert_member(w, id, m)? {
-            w.event(Some(id), &Event::MemberObserved(Box::new(member_seen(m))))?;
-            new.push(m.identity.clone());
-        } else if known {
+        if !known {
+            // Not known under the write lock: the insert below makes it.
+            let (stored, cut) = spend(w, id, m, budget)?;
+            if insert_member(w, id, &stored)? {
+                w.event(
+                    Some(id),
+                    &Event::MemberObserved(Box::new(member_seen(&stored, cut))),
+                )?;
+                new.push(m.identity.clone());
+            }
+        } else {
             // A sighting with details of a member already recorded (by the
             // observer at its fork, by an earlier owner): it may have exec'd
             // since.
-            note_exec(w, id, m)?;
+            note_exec(w, id, m, budget)?;
         }
     }
     Ok(new)
@@ -312,6 +377,7 @@ pub(crate) fn record_escape(
     id: TreeId,
     m: &MemberRecord,
     reason: &str,
+    budget: u64,
 ) -> Result<bool, Fail> {
     current_state(w, id)?;
     // The row as first recorded: the escape keeps where the member was
@@ -329,8 +395,9 @@ pub(crate) fn record_escape(
             |r| Ok((r.get(0)?, r.get(1)?)),
         )
         .optional()?;
+    let (stored, cut) = spend(w, id, m, budget)?;
     let escape = Event::EscapeObserved(Box::new(ev::EscapeObserved {
-        member: member_seen(m),
+        member: member_seen(&stored, cut),
         reason: reason.to_string(),
         before: before.map(|(pgid, sid)| ev::EscapedFrom { pgid, sid }),
     }));
@@ -338,7 +405,7 @@ pub(crate) fn record_escape(
     if !insert_observation(w, id, "escape", &m.identity, &w.now, &detail)? {
         return Ok(false);
     }
-    insert_member(w, id, m)?;
+    insert_member(w, id, &stored)?;
     w.exec(
         "UPDATE members SET escaped_at = coalesce(escaped_at, ?5), last_seen = ?5,
                             ppid = ?6, pgid = ?7, sid = ?8
@@ -355,7 +422,7 @@ pub(crate) fn record_escape(
         ],
     )?;
     // An escape read with details may also show an exec since the row.
-    note_exec(w, id, m)?;
+    note_exec(w, id, m, budget)?;
     w.event(Some(id), &escape)?;
     Ok(true)
 }
@@ -778,9 +845,10 @@ pub(crate) fn refresh_members(
     w: &mut Writer<'_>,
     id: TreeId,
     members: &[MemberRecord],
+    budget: u64,
 ) -> Result<(), Fail> {
     for m in members {
-        note_exec(w, id, m)?;
+        note_exec(w, id, m, budget)?;
     }
     Ok(())
 }
@@ -789,13 +857,14 @@ pub(crate) fn refresh_members(
 /// the row takes the new exe and argv and a `member.exec` event keeps both.
 /// A record without details (no exe and no argv: a sighting by stat alone,
 /// or a process that exited before its details were read) says nothing.
-fn note_exec(w: &mut Writer<'_>, id: TreeId, m: &MemberRecord) -> Result<(), Fail> {
+fn note_exec(w: &mut Writer<'_>, id: TreeId, m: &MemberRecord, budget: u64) -> Result<(), Fail> {
     if m.exe.is_none() && m.cmdline.is_empty() {
         return Ok(());
     }
     // Compared and stored as bounded: a long command line is not a new
     // program on every tick.
-    let (m, _) = super::bound::member(m);
+    let whole = m;
+    let (m, _) = super::bound::member(whole);
     let m = m.as_ref();
     let key = params![
         id.0,
@@ -818,6 +887,13 @@ fn note_exec(w: &mut Writer<'_>, id: TreeId, m: &MemberRecord) -> Result<(), Fai
         .as_deref()
         .and_then(|c| serde_json::from_str(c).ok())
         .unwrap_or_default();
+    if old_exe == m.exe && old_argv == m.cmdline {
+        return Ok(());
+    }
+    // A new program: spent from the tree's budget (past it, by digest,
+    // which a member already digested compares equal to on every tick).
+    let (m, _) = spend(w, id, whole, budget)?;
+    let m = m.as_ref();
     if old_exe == m.exe && old_argv == m.cmdline {
         return Ok(());
     }

@@ -49,10 +49,12 @@
 //! `GetDiskFreeSpaceExW`; no inotify log cap (the tick's cap), no systemd
 //! notify, no observer. `serve` listens on TCP on loopback only there.
 
+mod admit;
 mod drain;
 mod export;
 #[cfg(target_os = "linux")]
 mod logcap;
+mod logkeep;
 /// Windows: no inotify; the scan tick caps the logs (`proc::cap_log`).
 #[cfg(windows)]
 mod logcap {
@@ -77,7 +79,9 @@ pub mod ship;
 mod spawn;
 mod watch;
 
+pub use admit::Reservation;
 pub use export::ExportChunks;
+pub use logkeep::EndedLogs;
 use scan::start_observer;
 use watch::{RootWatch, owner_alive, watch_tree};
 
@@ -148,6 +152,9 @@ pub struct ServiceConfig {
     pub max_trees_per_principal: usize,
     /// The longest grace a request may ask for (`serve --max-grace`).
     pub max_grace: Duration,
+    /// Bounds on ended trees' captured logs, per principal and by age
+    /// (`serve --ended-logs-per-user`, `--ended-logs-for`; `logkeep.rs`).
+    pub ended_logs: EndedLogs,
 }
 
 /// Errors of the service layer; the HTTP layer maps each to a status.
@@ -259,6 +266,9 @@ pub struct Service {
     /// Caps captured logs as they are written (started with the scan loop,
     /// stopped when the service is dropped).
     log_cap: Mutex<Option<logcap::LogCap>>,
+    /// Bounds the ended trees' logs (started with the scan loop, stopped
+    /// when the service is dropped).
+    log_keep: Mutex<Option<logkeep::LogKeep>>,
     /// The start-up recovery sweep: running from construction until it ends.
     recovery: Mutex<RecoveryState>,
     /// Whether [`Service::start`] ran (it runs once: `run` calls it).
@@ -267,6 +277,9 @@ pub struct Service {
     /// teardowns, resolutions, and the `tree.*` events of other processes
     /// its scan loop tails): `GET /api/trees/{id}/wait` sleeps on it.
     ends: tokio::sync::watch::Sender<u64>,
+    /// Spawns in flight per principal, for the live-trees cap
+    /// (`admit.rs`: reserved before the ledger's count is read).
+    in_flight: Arc<admit::InFlight>,
 }
 
 /// Where the start-up recovery is.
@@ -387,6 +400,7 @@ impl Service {
             sweeps: Arc::new(SweepProgress::default()),
             sweep_stop: Arc::new(AtomicBool::new(false)),
             log_cap: Mutex::new(None),
+            log_keep: Mutex::new(None),
             recovery: Mutex::new(RecoveryState {
                 running: true,
                 took: None,
@@ -394,6 +408,7 @@ impl Service {
             }),
             started_once: AtomicBool::new(false),
             ends: tokio::sync::watch::Sender::new(0),
+            in_flight: Arc::new(admit::InFlight::default()),
         }))
     }
 
@@ -691,6 +706,14 @@ impl Service {
             .log_cap
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = log_cap;
+        *self
+            .log_keep
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = logkeep::LogKeep::start(
+            self.engine.data_dir().join("logs"),
+            self.engine.ledger().clone(),
+            self.config.ended_logs,
+        );
         let this = self.clone();
         self.tasks.spawn(async move { this.scan_loop().await });
         // Recovery, then the periodic sweeps: one sweep at a time.

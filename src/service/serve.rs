@@ -54,6 +54,9 @@ pub struct ServeOptions {
     pub session_ttl: Duration,
     pub limits: crate::http::conn::ConnLimits,
     pub dispatch_scope: DispatchScope,
+    /// Each tree's evidence budget in the ledger (`serve --evidence-max`;
+    /// see `ledger/evidence.rs`).
+    pub evidence_max: u64,
     /// Whether SIGTERM and SIGINT start the drain (the binary: yes; an
     /// embedder with signal handling of its own cancels `shutdown`).
     pub shutdown_on_signals: bool,
@@ -122,6 +125,7 @@ pub fn serve(
                 config.ledger_path().display()
             ))
         })?;
+    ledger.set_evidence_budget(opts.evidence_max);
     let mut engine = Engine::new(config, ledger, Some(reaper)).map_err(|e| match e {
         CustodyError::UnknownTree(_) | CustodyError::Conflict(_) => {
             ServeError::usage(e.to_string())

@@ -11,10 +11,32 @@ impl Service {
     /// only the wait for the answer, never the step between "the tree
     /// runs" and "the tree is watched".
     pub async fn spawn(self: &Arc<Self>, p: SpawnParams) -> Result<TreeRow, ServiceError> {
+        self.spawn_reserved(p, None).await
+    }
+
+    /// A place among `owner`'s spawns in flight, taken before its live
+    /// trees are counted for `serve --max-trees-per-user` (see `admit.rs`);
+    /// hand it to [`Self::spawn_reserved`].
+    pub fn reserve_spawn(&self, owner: crate::ledger::TreeOwner) -> Reservation {
+        self.in_flight.enter(owner)
+    }
+
+    /// [`Self::spawn`], holding `reservation` until the spawn's own task
+    /// has committed the tree or failed: a client that hangs up drops the
+    /// wait, not the reservation.
+    pub async fn spawn_reserved(
+        self: &Arc<Self>,
+        p: SpawnParams,
+        reservation: Option<Reservation>,
+    ) -> Result<TreeRow, ServiceError> {
         let this = self.clone();
-        tokio::spawn(async move { this.spawn_and_adopt(p).await })
-            .await
-            .map_err(|e| ServiceError::Task(e.to_string()))?
+        tokio::spawn(async move {
+            let spawned = this.spawn_and_adopt(p).await;
+            drop(reservation);
+            spawned
+        })
+        .await
+        .map_err(|e| ServiceError::Task(e.to_string()))?
     }
 
     // Over 100 lines on purpose: the drain gate read on the first line is held through every check,

@@ -91,7 +91,7 @@ impl Drop for TestUser {
 }
 
 /// Pids whose real uid is `uid` (from /proc/<pid>/status).
-fn processes_of(uid: u32) -> Vec<i32> {
+pub(crate) fn processes_of(uid: u32) -> Vec<i32> {
     std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
@@ -183,7 +183,7 @@ fn curl_pid(
     (status, value, pid)
 }
 
-fn spawn_body(s: &Server, script: &str) -> Value {
+pub(crate) fn spawn_body(s: &Server, script: &str) -> Value {
     json!({
         "argv": ["sh", "-c", script],
         "env": {"TW_TEST_MARK": s.mark},
@@ -192,7 +192,7 @@ fn spawn_body(s: &Server, script: &str) -> Value {
 }
 
 /// The events of tree `id`, read as root over the socket.
-fn events_of(sock: &Path, id: i64) -> Vec<Value> {
+pub(crate) fn events_of(sock: &Path, id: i64) -> Vec<Value> {
     let (status, v) = curl(sock, None, "GET", &format!("/api/events?tree={id}"), None);
     assert_eq!(status, 200, "{v}");
     v.as_array().cloned().unwrap_or_default()

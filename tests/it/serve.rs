@@ -29,6 +29,9 @@ pub(crate) struct Server {
     /// This server's own cgroup root (cgroup boundary, as root), so tree
     /// cgroups of servers running side by side never collide.
     cgroup_root: Option<PathBuf>,
+    /// A filesystem mounted on the data dir ([`Server::start_on_tmpfs`]),
+    /// unmounted when the server is dropped, before its temp dir goes.
+    mounted: Option<PathBuf>,
     child: Option<Child>,
     pub(crate) addr: String,
     pub(crate) token: String,
@@ -42,18 +45,55 @@ impl Server {
     }
 
     pub(crate) fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
-        Self::start_full(extra, env, None, None)
+        Self::start_full(extra, env, None, None, None)
     }
 
     /// A server started with `cwd` as its working directory (it moves to
     /// `/` itself).
     pub(crate) fn start_in(cwd: &Path, extra: &[&str]) -> Server {
-        Self::start_full(extra, &[], None, Some(cwd))
+        Self::start_full(extra, &[], None, Some(cwd), None)
+    }
+
+    /// A server whose data dir is a fresh tmpfs of `size` (`mount -t tmpfs
+    /// -o size=...`), unmounted on every path (the server's drop, or a
+    /// failed start). `None` after a "skipped:" line where it cannot be
+    /// mounted (not root, no mount).
+    pub(crate) fn start_on_tmpfs(extra: &[&str], size: &str) -> Option<Server> {
+        if !crate::util::is_root() {
+            skip("a tmpfs data dir needs root (mount)");
+            return None;
+        }
+        let dir = tempfile::tempdir().expect("temp dir");
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).expect("data dir");
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&data)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !mounted {
+            skip("mount -t tmpfs failed");
+            return None;
+        }
+        // Unmounted by this guard if the start panics, by the server's drop after.
+        struct Unmount(Option<PathBuf>);
+        impl Drop for Unmount {
+            fn drop(&mut self) {
+                if let Some(p) = self.0.take() {
+                    let _ = Command::new("umount").arg("-l").arg(&p).status();
+                }
+            }
+        }
+        let mut guard = Unmount(Some(data.clone()));
+        let server = Self::start_full(extra, &[], None, None, Some((dir, data)));
+        // The server unmounts it now.
+        guard.0 = None;
+        Some(server)
     }
 
     /// A server whose data dir starts with a copy of the ledger at `seed`.
     pub(crate) fn start_seeded(seed: &Path, extra: &[&str]) -> Server {
-        Self::start_full(extra, &[], Some(seed), None)
+        Self::start_full(extra, &[], Some(seed), None, None)
     }
 
     fn start_full(
@@ -61,8 +101,12 @@ impl Server {
         env: &[(&str, &str)],
         seed: Option<&Path>,
         cwd: Option<&Path>,
+        mounted: Option<(tempfile::TempDir, PathBuf)>,
     ) -> Server {
-        let dir = tempfile::tempdir().expect("temp dir");
+        let (dir, mounted) = match mounted {
+            Some((dir, at)) => (dir, Some(at)),
+            None => (tempfile::tempdir().expect("temp dir"), None),
+        };
         if let Some(seed) = seed {
             use std::os::unix::fs::DirBuilderExt;
             let data = dir.path().join("data");
@@ -112,6 +156,7 @@ impl Server {
         let mut server = Server {
             dir,
             cgroup_root,
+            mounted,
             child: Some(child),
             addr: String::new(),
             token: String::new(),
@@ -260,6 +305,9 @@ impl Drop for Server {
             if !removed {
                 crate::util::say(&format!("test cgroup {} left behind", root.display()));
             }
+        }
+        if let Some(at) = self.mounted.take() {
+            let _ = Command::new("umount").arg("-l").arg(&at).status();
         }
     }
 }

@@ -203,10 +203,18 @@ pub async fn spawn_tree(
         )));
     }
     // One principal may not hold every tree the host can run: a cap on
-    // its live trees (admins are not capped). Counted in the ledger, as the
-    // principal's own page is read.
+    // its live trees (admins are not capped). Its place among its spawns in
+    // flight is taken before the ledger's count is read, and held until the
+    // spawn committed or failed: admitted only while live + in flight (this
+    // one included) stays within the cap, so concurrent spawns are never
+    // over-admitted (at worst one is refused while another's tree commits;
+    // see service/admit.rs).
+    let mut reservation = None;
     if !principal.acts_on_all() {
         let cap = s.service.config().max_trees_per_principal;
+        let owner = principal.own_trees();
+        let held = s.service.reserve_spawn(owner);
+        let in_flight = held.in_flight();
         let filter = crate::ledger::TreeFilter {
             states: Some(
                 crate::ledger::TreeState::ALL
@@ -214,7 +222,7 @@ pub async fn spawn_tree(
                     .filter(|st| !st.is_terminal())
                     .collect(),
             ),
-            owner: Some(principal.own_trees()),
+            owner: Some(owner),
             ..Default::default()
         };
         let live = s
@@ -225,13 +233,15 @@ pub async fn spawn_tree(
                     .len())
             })
             .await?;
-        if live >= cap {
+        if live + in_flight > cap {
             return Err(ApiError::Unavailable(format!(
-                "you hold {live} live trees, the most one principal may (serve --max-trees-per-user {cap}); end one first"
+                "you hold {live} live trees and {} more are being spawned, past the most one principal may (serve --max-trees-per-user {cap}); end one first",
+                in_flight - 1
             )));
         }
+        reservation = Some(held);
     }
-    let row = match s.service.spawn(params).await {
+    let row = match s.service.spawn_reserved(params, reservation).await {
         Ok(row) => row,
         Err(crate::service::ServiceError::Custody(
             crate::custody::CustodyError::DispatchRefused { tree, reason },

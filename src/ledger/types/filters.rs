@@ -64,7 +64,7 @@ pub struct TreeFilter {
 
 /// Whose trees a [`TreeFilter`] keeps: a principal's own, as
 /// `http::auth::Principal::owns` decides it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum TreeOwner {
     /// Asked for by this uid (over the socket, or the CLI).
     Uid(u32),
