@@ -37,8 +37,11 @@
 //!   after. The margin is the room a checkpoint needs to move that much into
 //!   the database file; the `reserve` part keeps the same room free where
 //!   the preallocation itself failed (a filesystem without `fallocate`).
-//!   Authority writes never look: they commit on the reserve. With
-//!   `--ledger-reserve 0` there is no reserve to keep and no floor.
+//!   On a filesystem too small for that (a quarter of its size or less),
+//!   the floor is a quarter of its size: evidence is still recorded while
+//!   three quarters of it is used, never on the last quarter. Authority
+//!   writes never look: they commit on the reserve. With `--ledger-reserve
+//!   0` there is no reserve to keep and no floor.
 //!
 //! Which writes are evidence is decided per `Ledger` method, not per caller:
 //! `observe_members`, `bump_last_seen`, `refresh_members`, `record_exits`,
@@ -118,10 +121,11 @@ impl Gate {
         if self.floor == 0 {
             return Ok(());
         }
-        let Some(free) = free_bytes(&self.dir) else {
+        let Some((free, size)) = space(&self.dir) else {
             return Ok(());
         };
-        if free >= self.floor {
+        let floor = self.floor.min(size / 4);
+        if free >= floor {
             return Ok(());
         }
         let flag = tree.filter(|t| {
@@ -135,22 +139,153 @@ impl Gate {
                 "evidence not recorded: {} has {} KiB free, under the {} KiB kept for authorizations (the ledger's reserve and margin)",
                 self.dir.display(),
                 free >> 10,
-                self.floor >> 10
+                floor >> 10
             )),
             flag,
         })
     }
 }
 
-/// Bytes free to an unprivileged writer on the filesystem of `dir`.
-fn free_bytes(dir: &std::path::Path) -> Option<u64> {
+/// Bytes free to an unprivileged writer on the filesystem of `dir`, and
+/// its size.
+fn space(dir: &std::path::Path) -> Option<(u64, u64)> {
     #[cfg(unix)]
     {
         let st = rustix::fs::statvfs(dir).ok()?;
-        Some(st.f_bavail.saturating_mul(st.f_frsize))
+        Some((
+            st.f_bavail.saturating_mul(st.f_frsize),
+            st.f_blocks.saturating_mul(st.f_frsize),
+        ))
     }
+    // No size there: the floor as configured.
     #[cfg(windows)]
     {
-        crate::proc::free_bytes(dir)
+        crate::proc::free_bytes(dir).map(|free| (free, u64::MAX))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::ledger::{
+        EventFilter, IdentityRecord, Ledger, LedgerOptions, MemberRecord, NewTree, OwnerKind,
+        OwnerRecord, TreeId,
+    };
+
+    fn member(pid: i32, arg: &str) -> MemberRecord {
+        MemberRecord {
+            identity: IdentityRecord {
+                pid,
+                start_ticks: 1000 + pid as u64,
+                boot_id: "b0a7-1d".into(),
+            },
+            ppid: 1,
+            pgid: 10,
+            sid: 10,
+            cgroup: None,
+            uid: Some(1000),
+            exe: None,
+            cmdline: vec!["sh".into(), arg.into()],
+            cwd: None,
+        }
+    }
+
+    fn tree(ledger: &Ledger) -> TreeId {
+        let owner = ledger
+            .register_owner(&OwnerRecord {
+                identity: member(1, "").identity,
+                kind: OwnerKind::Run,
+            })
+            .expect("owner");
+        ledger
+            .create_tree(&NewTree {
+                label: None,
+                boundary: "session".into(),
+                owner,
+                argv: vec!["sh".into()],
+                cwd: None,
+                grace_ms: None,
+                timeout_ms: None,
+                limits: Default::default(),
+                first_signal: None,
+            })
+            .expect("tree")
+    }
+
+    #[test]
+    fn past_its_budget_a_trees_members_are_recorded_by_digest_and_the_tree_flagged_once() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ledger = Ledger::open(
+            &dir.path().join("ledger.db"),
+            LedgerOptions {
+                busy_timeout: Duration::from_secs(2),
+                ..LedgerOptions::default()
+            },
+        )
+        .expect("open");
+        // Room for two 10,000-byte command lines (each stored twice: row and event).
+        ledger.set_evidence_budget(41_000);
+        let (t, other) = (tree(&ledger), tree(&ledger));
+        let long = "x".repeat(10_000);
+        let members: Vec<MemberRecord> = (100..105).map(|p| member(p, &long)).collect();
+        ledger.observe_members(t, &members).expect("observe");
+        ledger
+            .observe_members(other, &members[..1])
+            .expect("another tree's budget is its own");
+        let (row, rows) = ledger.tree_members(t).expect("read").expect("tree");
+        let kept: Vec<usize> = rows.iter().map(|m| m.cmdline.concat().len()).collect();
+        assert_eq!(&kept[..2], &[10_002, 10_002], "within the budget: whole");
+        let whole = format!("sh\0{long}");
+        let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(whole.as_bytes()));
+        for m in &rows[2..] {
+            assert_eq!(
+                m.cmdline,
+                vec![format!("sha256:{digest} bytes:{} args:2", whole.len())],
+                "past it: by digest"
+            );
+        }
+        let flags = |r: &crate::ledger::TreeRow| {
+            r.flags
+                .iter()
+                .filter(|f| *f == super::FLAG_EVIDENCE_OVER_BUDGET)
+                .count()
+        };
+        assert_eq!(flags(&row), 1, "flagged once: {:?}", row.flags);
+        let (other_row, other_rows) = ledger.tree_members(other).expect("read").expect("tree");
+        assert_eq!(flags(&other_row), 0);
+        assert_eq!(other_rows[0].cmdline.concat().len(), 10_002);
+        // The events say the same: the digested members' cut names the budget.
+        let events = ledger
+            .events(&EventFilter {
+                tree: Some(t),
+                ..EventFilter::default()
+            })
+            .expect("events");
+        let cuts: Vec<&serde_json::Value> = events
+            .iter()
+            .filter_map(|e| e.data.get("cmdline_truncated"))
+            .filter(|c| !c.is_null())
+            .collect();
+        assert_eq!(cuts.len(), 3, "{cuts:?}");
+        for c in cuts {
+            assert_eq!(c["over_budget"], 41_000);
+            assert_eq!(c["sha256"], digest.as_str());
+            assert_eq!(c["bytes"], whole.len());
+        }
+        // A later sighting of a digested member is not a new program.
+        let before = events.len();
+        ledger
+            .refresh_members(t, &members[4..])
+            .expect("refresh");
+        let after = ledger
+            .events(&EventFilter {
+                tree: Some(t),
+                ..EventFilter::default()
+            })
+            .expect("events")
+            .len();
+        assert_eq!(after, before, "no member.exec for an unchanged argv");
+        assert!(ledger.verify(None).expect("verify").is_ok());
     }
 }
