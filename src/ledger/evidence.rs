@@ -275,9 +275,7 @@ mod tests {
         }
         // A later sighting of a digested member is not a new program.
         let before = events.len();
-        ledger
-            .refresh_members(t, &members[4..])
-            .expect("refresh");
+        ledger.refresh_members(t, &members[4..]).expect("refresh");
         let after = ledger
             .events(&EventFilter {
                 tree: Some(t),
