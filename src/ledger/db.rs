@@ -32,7 +32,7 @@ const MIGRATIONS: &[M<'static>] = &[
     M::up(include_str!(
         "../../migrations/0009_checks_without_in_lists.sql"
     )),
-    M::up(include_str!("../../migrations/0011_evidence_budget.sql")),
+    M::up(include_str!("../../migrations/0010_evidence_budget.sql")),
 ];
 
 /// How hard a commit must be on disk before it returns.
