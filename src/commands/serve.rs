@@ -133,7 +133,7 @@ pub struct ServeArgs {
     header_timeout: Duration,
     /// Whom an unsettled tree refuses new work to: `owner` (the same owner
     /// record, or the same requester: socket uid, token; default) or `host`
-    /// (every spawn, as before issue 26).
+    /// (every spawn on the host).
     #[arg(long, value_name = "SCOPE", default_value = "owner")]
     dispatch_scope: treewarden::custody::DispatchScope,
 }

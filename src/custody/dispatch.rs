@@ -32,7 +32,7 @@ pub enum DispatchScope {
     /// same owner record (pid, start time, boot).
     #[default]
     Owner,
-    /// Every owner on the host (the rule before issue 26).
+    /// Every owner on the host: one unsettled tree refuses every spawn.
     Host,
 }
 
