@@ -204,6 +204,11 @@ fn one_users_churn_and_logs_never_take_the_reserve_from_anothers_kill() {
             "8M",
             "--max-trees-per-user",
             "8",
+            // A budget the four churners each pass within seconds on a
+            // loaded host (the default 16M took one of them past two
+            // minutes under the whole suite).
+            "--evidence-max",
+            "4M",
         ],
         "320m",
     ) else {
@@ -283,6 +288,10 @@ fn one_users_churn_and_logs_never_take_the_reserve_from_anothers_kill() {
         free_bytes(&data) >> 20
     ));
     assert!(iterations(counts.path()) >= 3000, "the churn ran");
+    assert!(
+        churned,
+        "every churner passed its evidence budget before the disk was filled"
+    );
 
     // Whatever A's share, the disk is now filled to the last byte, and A's
     // churn goes on under it.
