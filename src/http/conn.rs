@@ -137,6 +137,7 @@ pub struct ReceivedFds(Arc<Mutex<Held>>);
 /// Why the descriptors that came with a request were refused (closed
 /// unused) and the request is answered 503 without being served.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(windows, allow(dead_code))]
 enum Refusal {
     /// The descriptor reserve was short.
     Short,
@@ -219,6 +220,7 @@ impl ReceivedFds {
     }
 
     /// Closes (off the runtime) every descriptor held now.
+    #[cfg_attr(windows, allow(dead_code))]
     fn discard_all(&self) {
         let mut h = self.held();
         for fd in std::mem::take(&mut h.fds) {
