@@ -270,6 +270,10 @@ pub fn serve(
         let unix = crate::http::bind_unix(&socket_path).map_err(|e| {
             ServeError::internal(format!("cannot listen on {}: {e}", socket_path.display()))
         })?;
+        // The file this service bound: removed at the end only while it is
+        // still this one (a successor may have bound the path meanwhile).
+        #[cfg(unix)]
+        let bound_socket = file_key(&socket_path);
         let auth = crate::http::auth::Auth::new(!bound.ip().is_loopback(), open_reads, admin_gid)
             .with_sessions(crate::http::login::Sessions::for_instance(
                 &instance,
@@ -316,8 +320,15 @@ pub fn serve(
         }
         let settled = service.run(servers).await;
         #[cfg(unix)]
-        if let Err(e) = std::fs::remove_file(&socket_path) {
-            tracing::warn!(error = %e, "the socket file was not removed");
+        if bound_socket.is_some() && file_key(&socket_path) == bound_socket {
+            if let Err(e) = std::fs::remove_file(&socket_path) {
+                tracing::warn!(error = %e, "the socket file was not removed");
+            }
+        } else {
+            tracing::info!(
+                socket = %socket_path.display(),
+                "the socket path is another service's now: left in place"
+            );
         }
         Ok(if settled { 0 } else { EXIT_UNSETTLED })
     });
@@ -346,4 +357,15 @@ fn requester() -> crate::ledger::Requester {
         pid: Some(std::process::id() as i32),
         ..Default::default()
     }
+}
+
+/// A file's identity, not following a last symlink: its device and inode,
+/// and its change time, since a filesystem such as ext4 gives a file made
+/// just after another's removal the same inode number.
+#[cfg(unix)]
+fn file_key(path: &std::path::Path) -> Option<(u64, u64, i64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
 }

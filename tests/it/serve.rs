@@ -1693,3 +1693,60 @@ fn an_http_kill_of_a_tree_it_does_not_own_honours_its_recorded_grace() {
     let waited = crate::custody::waited_grace_ms(&s.export(), id);
     assert!((400..4000).contains(&waited), "waited {waited} ms");
 }
+
+/// A service that stops removes its socket file only while the file is
+/// still the one it bound. Its listeners close first and its trees are torn
+/// down after; a service started on the same path meanwhile (a supervisor's
+/// quick restart) binds a new file there, which the old one removed at its
+/// end, leaving the new service unreachable on the socket.
+#[test]
+fn a_stopping_service_never_removes_the_socket_its_successor_bound() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let sock = dir.path().join("api.sock");
+    let sock_arg = sock.to_str().expect("utf-8 path");
+    let mut old = Server::start(&["--socket", sock_arg]);
+    // A tree that ignores SIGTERM for its 3 s grace keeps the old service
+    // tearing down after its listeners closed.
+    let mut body = old.body("trap '' TERM; sleep 300 & wait");
+    body["grace"] = json!("3s");
+    old.spawn(&body);
+    assert!(
+        wait_until(Duration::from_secs(10), || old.marked().len() >= 2),
+        "the tree's shell and sleep"
+    );
+    let mut old_child = old.child.take().expect("the old service");
+    signal(old_child.id(), rustix::process::Signal::TERM);
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            std::os::unix::net::UnixStream::connect(&sock).is_err()
+        }),
+        "the old service's socket stopped answering"
+    );
+    let new = Server::start(&["--socket", sock_arg]);
+    let status = wait_child(&mut old_child, Duration::from_secs(40));
+    assert!(status.is_some(), "the old service ended: {}", old.stderr());
+    let answer = Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "10",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+        ])
+        .arg("--unix-socket")
+        .arg(&sock)
+        .arg("http://localhost/healthz")
+        .output()
+        .expect("curl");
+    assert_eq!(
+        String::from_utf8_lossy(&answer.stdout),
+        "200",
+        "the new service answers on its socket after the old one ended: {}; old: {}; new: {}",
+        String::from_utf8_lossy(&answer.stderr),
+        old.stderr(),
+        new.stderr()
+    );
+    drop(new);
+}
