@@ -56,6 +56,17 @@ pub struct ServeArgs {
     /// the API; admins are not capped.
     #[arg(long = "max-trees-per-user", default_value_t = 256)]
     max_trees_per_user: usize,
+    /// Loose members (escaped their tree's group, on the session
+    /// boundary) one tree may hold by a pidfd at once. Past it a member is
+    /// recorded and signalled as any, by identity and uid (a pidfd taken
+    /// at the signal), and the tree is flagged `holds_capped` once.
+    #[arg(long = "max-held-per-tree", default_value_t = treewarden::custody::holds::DEFAULT_PER_TREE)]
+    max_held_per_tree: usize,
+    /// Loose members the trees of one local user (or one token) may hold
+    /// by a pidfd at once. Holds in all also stay under half of what the
+    /// soft `nofile` leaves above the 128 descriptors accept keeps free.
+    #[arg(long = "max-held-per-user", default_value_t = treewarden::custody::holds::DEFAULT_PER_PRINCIPAL)]
+    max_held_per_user: usize,
     /// Bytes of members' command lines, exe and cwd the ledger stores for
     /// one tree (rows and events); past it, a member's argv is recorded by
     /// its SHA-256, length and count, and the tree is flagged
@@ -227,6 +238,11 @@ pub(super) fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
         },
         dispatch_scope: args.dispatch_scope,
         evidence_max: args.evidence_max,
+        holds: treewarden::custody::HoldCaps {
+            per_tree: args.max_held_per_tree,
+            per_principal: args.max_held_per_user,
+            reserve: treewarden::http::conn::ConnLimits::default().reserve_fds,
+        },
         shutdown_on_signals: true,
     };
     serve(config, opts, tokio_util::sync::CancellationToken::new()).map_err(|e| {

@@ -121,6 +121,18 @@ pub trait Host: Send + Sync {
     /// (`Ok(None)`: gone or recycled; `Err`: no handle can be had now, e.g.
     /// out of descriptors).
     fn hold(&self, id: &Identity) -> Result<Option<Held>, ProcError>;
+    /// The uid `pid` runs as now (the owner of its `/proc` entry), the
+    /// witness a member known by its identity is checked against; `None`
+    /// when it cannot be read.
+    fn uid_of(&self, pid: i32) -> Option<u32> {
+        self.details(pid).uid
+    }
+    /// The soft descriptor limit of this process (`None`: none, or not a
+    /// kind of limit this OS has): what the host's cap on held handles is
+    /// measured against ([`super::holds`]).
+    fn nofile_limit(&self) -> Option<u64> {
+        None
+    }
     /// Whether the held process has exited (its pid may be another's now).
     fn held_exited(&self, held: &Held) -> bool;
     /// Signals exactly the held process.
@@ -282,6 +294,21 @@ impl Host for KernelHost {
             pid: id.pid,
             token: HeldToken::Pidfd(fd),
         }))
+    }
+
+    fn uid_of(&self, pid: i32) -> Option<u32> {
+        crate::scan::uid_of(pid)
+    }
+
+    fn nofile_limit(&self) -> Option<u64> {
+        #[cfg(target_os = "linux")]
+        {
+            crate::proc::nofile_soft_limit()
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            None
+        }
     }
 
     fn held_exited(&self, held: &Held) -> bool {

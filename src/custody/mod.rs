@@ -20,6 +20,7 @@ mod dispatch_tests;
 #[cfg(test)]
 mod fake;
 mod follow;
+pub mod holds;
 mod host;
 pub mod markers;
 mod observer;
@@ -48,6 +49,7 @@ use std::sync::{Arc, Mutex};
 
 pub use dispatch::{DispatchScope, Unsettled};
 pub use follow::{LogFollower, remove_logs};
+pub use holds::{HoldCap, HoldCaps, Holds};
 pub use host::{Held, Host, KernelHost};
 pub use observer::{Observer, ObserverHandle, ObserverStats};
 pub use owner::{
@@ -145,6 +147,9 @@ pub struct Engine {
     /// Whom an unsettled tree refuses new work to: its owner (default), or
     /// everyone on the host (`--dispatch-scope host`).
     dispatch_scope: DispatchScope,
+    /// The budget of held handles (loose members' pidfds), shared by every
+    /// clone: the service's scan watches and its teardowns draw on one.
+    holds: Arc<Holds>,
 }
 
 impl Engine {
@@ -196,12 +201,24 @@ impl Engine {
             stats: Arc::new(EngineStats::default()),
             host: Arc::new(KernelHost::new(reaper)),
             dispatch_scope: DispatchScope::default(),
+            holds: Arc::new(Holds::default()),
         }
     }
 
     /// Sets whom an unsettled tree refuses new work to ([`DispatchScope`]).
     pub fn set_dispatch_scope(&mut self, scope: DispatchScope) {
         self.dispatch_scope = scope;
+    }
+
+    /// Sets the caps on held handles (`serve --max-held-per-tree`,
+    /// `--max-held-per-user`; [`holds`]).
+    pub fn set_hold_caps(&self, caps: HoldCaps) {
+        self.holds.set_caps(caps);
+    }
+
+    /// The budget of held handles, and its counts (metrics).
+    pub fn holds(&self) -> &Arc<Holds> {
+        &self.holds
     }
 
     /// The same engine over another host (a test's scripted one). The

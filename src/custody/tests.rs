@@ -2413,3 +2413,86 @@ fn a_listed_pid_taken_by_a_stranger_before_its_stat_read_is_not_a_member() {
     let w = rig.host.world();
     assert_eq!(w.procs[&m].comm, "stranger", "the pid was recycled");
 }
+
+/// Issue 43, N8: past the tree's cap on held handles, loose members are
+/// kept unheld (by identity and the uid they were recorded with). The
+/// teardown still ends every one of them, each signalled through a handle
+/// taken at the signal and checked against that uid; an unheld escapee
+/// whose identity another user's process took within the clock tick is
+/// never signalled nor authorized. The tree is flagged once, and every
+/// place in the budget is given back when the teardown's watch goes.
+#[test]
+fn loose_members_past_the_hold_cap_are_ended_through_handles_taken_at_the_signal() {
+    let mut escs = Vec::new();
+    let rig = rig(Boundary::Session, false, |w, root, _| {
+        w.procs.get_mut(&root).expect("root").ignores_term = true;
+        for _ in 0..5 {
+            let e = w.spawn(stubborn(root, root, None));
+            w.setsid(e.0);
+            escs.push(e);
+        }
+        // Once the first tick vetted them (two held, three not), the last
+        // unheld one exits and a stranger takes its identity.
+        let last = escs[4].0;
+        w.on(Call::SignalGroup, 1, move |w| {
+            w.recycle_same_tick(last, 1000).expect("the pid is free");
+        });
+    });
+    rig.engine.set_hold_caps(super::HoldCaps {
+        per_tree: 2,
+        ..super::HoldCaps::default()
+    });
+    let report = rig.teardown(Duration::from_millis(50)).expect("settled");
+    assert_eq!(report.state, TreeState::Ended);
+    let w = rig.host.world();
+    for e in &escs[..4] {
+        assert!(
+            w.procs
+                .get(&e.0)
+                .is_none_or(|p| matches!(p.state, 'Z' | 'X')),
+            "escapee {e:?} outlived the teardown"
+        );
+    }
+    let stranger = w.procs.get(&escs[4].0).expect("the stranger lives");
+    assert_eq!((stranger.start_ticks, stranger.uid), (escs[4].1, 1000));
+    assert!(!matches!(stranger.state, 'Z' | 'X'));
+    drop(w);
+    let sent = rig.host.sent();
+    for e in &escs[..4] {
+        assert!(
+            sent.iter().any(|s| s.sig == Sig::Kill && s.hit.contains(e)),
+            "{e:?} not killed by itself: {sent:?}"
+        );
+    }
+    assert!(
+        !sent
+            .iter()
+            .any(|s| s.target == Target::Pid(escs[4].0) && !s.hit.is_empty()),
+        "the stranger was signalled: {sent:?}"
+    );
+    for a in rig.detail().authorizations {
+        assert!(
+            !a.targets
+                .iter()
+                .any(|t| t.identities.iter().any(|id| id.pid == escs[4].0)),
+            "the authorization names the stranger: {a:?}"
+        );
+    }
+    assert_every_kill_authorized(&sent);
+    let capped: Vec<_> = rig
+        .ledger
+        .events(&EventFilter {
+            tree: Some(rig.tree),
+            kind_prefix: Some(EventKind::TreeHoldsCapped.as_str().into()),
+            ..EventFilter::default()
+        })
+        .expect("events");
+    assert_eq!(capped.len(), 1, "flagged once: {capped:?}");
+    assert_eq!(
+        capped[0].data,
+        serde_json::json!({"cap": "tree", "limit": 2, "held": 2})
+    );
+    assert!(rig.detail().tree.flags.iter().any(|f| f == "holds_capped"));
+    assert_eq!(rig.engine.holds().held(), 0, "every place given back");
+    assert!(rig.engine.holds().refused(super::HoldCap::Tree) >= 3);
+}

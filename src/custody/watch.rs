@@ -58,7 +58,17 @@ pub struct TreeWatch {
     /// signals go through the handle, and a held member that has exited
     /// while a process with its identity is listed is someone else's
     /// process on a recycled pid (the same clock tick), not a member.
-    held: HashMap<ProcKey, super::Held>,
+    held: HashMap<ProcKey, (super::Held, super::holds::HoldPermit)>,
+    /// Loose members kept without a hold because the budget refused one
+    /// (offered a place again at every tick; counted refused once).
+    unheld: HashSet<ProcKey>,
+    /// Whose account the tree's held handles count against.
+    principal: crate::ledger::TreeOwner,
+    /// The first hold the budget refused and the ledger does not have yet.
+    capped: Option<super::holds::Refusal>,
+    /// Whether the tree carries the `holds_capped` flag (read from its row,
+    /// or written by this watch): then it is not written again.
+    capped_recorded: bool,
     /// Each member's uid as recorded at its first sighting: the second
     /// witness of a member known only by its identity (see
     /// [`TreeWatch::vet`]).
@@ -184,6 +194,13 @@ impl TreeWatch {
             last_read: HashMap::new(),
             incomplete: None,
             held: HashMap::new(),
+            unheld: HashSet::new(),
+            principal: row.principal(),
+            capped: None,
+            capped_recorded: row
+                .flags
+                .iter()
+                .any(|f| f == crate::ledger::FLAG_HOLDS_CAPPED),
             uids,
             unverified: HashSet::new(),
             marked: HashSet::new(),
@@ -657,11 +674,20 @@ impl TreeWatch {
     ///   The survivors an unsettled marker names were read as members by
     ///   the teardown that wrote it: they are held on their identity;
     /// - a member that both left its session and changed its uid between
-    ///   two looks is not signalled by itself; docs/THREAT-MODEL.md names it.
+    ///   two looks is not signalled by itself; docs/THREAT-MODEL.md names it;
+    /// - a hold takes a place in the engine's budget first ([`super::holds`]:
+    ///   per tree, per principal, and under the descriptor limit). A loose
+    ///   member refused one is kept unheld: by its classification when
+    ///   that read it as a member now, and, known only by its identity, on
+    ///   the same witness checked through a handle taken for the check and
+    ///   dropped after ([`TreeWatch::witnessed`]). Its signals go through
+    ///   such a handle taken at the signal ([`TreeWatch::hold_to_signal`]).
+    ///   The first refusal is recorded once per tree (`tree.holds_capped`).
     ///
     /// Returns the members kept, and the identities found unverified for
     /// the first time (to be recorded).
-    fn vet(&mut self, host: &dyn Host, members: Vec<Member>) -> (Vec<Member>, Vec<ProcKey>) {
+    fn vet(&mut self, engine: &Engine, members: Vec<Member>) -> (Vec<Member>, Vec<ProcKey>) {
+        let host = engine.host();
         let pgid = self.known.pgid;
         let boot = host.boot_id().unwrap_or_else(|_| self.boot_id.clone());
         let mut unverified = Vec::new();
@@ -669,7 +695,7 @@ impl TreeWatch {
             .into_iter()
             .filter(|m| {
                 let key = m.entry.key();
-                if let Some(held) = self.held.get(&key) {
+                if let Some((held, _)) = self.held.get(&key) {
                     if host.held_exited(held) && m.entry.is_live() {
                         tracing::warn!(
                             tree = self.tree.0,
@@ -689,10 +715,7 @@ impl TreeWatch {
                     && !self.marked.contains(&key);
                 // The witness: the uid it was read with as the member.
                 let witness = if by_identity {
-                    let recorded = self.uids.get(&key).copied().flatten().or_else(|| {
-                        self.observer.as_ref().and_then(|o| o.uid(self.tree, key))
-                    });
-                    let Some(uid) = recorded else {
+                    let Some(uid) = self.recorded_uid(key) else {
                         if self.unverified.insert(key) {
                             tracing::warn!(
                                 tree = self.tree.0,
@@ -712,47 +735,174 @@ impl TreeWatch {
                     start_ticks: m.entry.start_ticks,
                     boot_id: boot.clone(),
                 };
-                match host.hold(&id) {
-                    Ok(Some(held)) => {
-                        if let Some(recorded) = witness {
-                            // Read after the hold, then the hold asked: a
-                            // uid read while the held process still runs
-                            // is that process's.
-                            let now = host.details(m.entry.pid).uid;
-                            if now != Some(recorded) || host.held_exited(&held) {
-                                tracing::warn!(
-                                    tree = self.tree.0,
-                                    pid = m.entry.pid,
-                                    recorded,
-                                    ?now,
-                                    "a process with a member's identity but not its uid: not a member"
-                                );
-                                return false;
-                            }
-                        }
-                        self.held.insert(key, held);
-                        true
-                    }
-                    // Gone, or the pid another's, since the read.
-                    Ok(None) => false,
-                    // No handle now (out of descriptors): kept by its
-                    // classification (unknown is not exited), but, not
-                    // held, it is not signalled by itself; the next tick
-                    // tries again. One known only by its identity is not
-                    // kept: nothing shows it is the member.
-                    Err(e) => {
-                        tracing::debug!(tree = self.tree.0, pid = m.entry.pid, error = %e, "member not held");
-                        witness.is_none()
-                    }
-                }
+                self.hold_loose(engine, &id, witness)
             })
             .collect();
         (kept, unverified)
     }
 
+    /// Holds a loose member found now (`witness`: the uid it must show,
+    /// when it is known by its identity alone) in a place of the budget,
+    /// or keeps it unheld when the budget refuses one; whether it is kept
+    /// as the member.
+    fn hold_loose(
+        &mut self,
+        engine: &Engine,
+        id: &crate::proc::Identity,
+        witness: Option<u32>,
+    ) -> bool {
+        let host = engine.host();
+        let key = id.key();
+        let permit = match engine
+            .holds()
+            .take(self.tree, self.principal, host.nofile_limit())
+        {
+            Ok(permit) => Some(permit),
+            Err(refusal) => {
+                if self.unheld.insert(key) {
+                    engine.holds().note_refused(refusal.cap);
+                }
+                if !self.capped_recorded && self.capped.is_none() {
+                    tracing::warn!(
+                        tree = self.tree.0,
+                        cap = refusal.cap.as_str(),
+                        limit = refusal.limit,
+                        "held handles capped: further loose members of the tree are kept by identity and uid, and signalled through a handle taken at the signal"
+                    );
+                }
+                self.capped.get_or_insert(refusal);
+                // Not held. Read as the member by this very classification:
+                // kept. Known by its identity alone: kept only on its
+                // witness, checked now through a handle closed after.
+                if witness.is_none() {
+                    return true;
+                }
+                None
+            }
+        };
+        match self.witnessed(host, id, witness) {
+            Ok(Some(held)) => {
+                if let Some(permit) = permit {
+                    self.unheld.remove(&key);
+                    self.held.insert(key, (held, permit));
+                }
+                true
+            }
+            // Gone, the pid another's since the read, or (by identity) not
+            // the member's uid.
+            Ok(None) => false,
+            // No handle now (out of descriptors): kept by its
+            // classification (unknown is not exited), but, not held, it is
+            // not signalled by itself; the next tick tries again. One known
+            // only by its identity is not taken for the member, and the
+            // tick concludes no exit from its absence.
+            Err(e) => {
+                tracing::debug!(tree = self.tree.0, pid = id.pid, error = %e, "member not held");
+                if witness.is_some() {
+                    self.note_incomplete(Some(&format!(
+                        "no handle to check pid {}'s witness: {e}",
+                        id.pid
+                    )));
+                }
+                witness.is_none()
+            }
+        }
+    }
+
+    /// The uid a member was recorded with as itself (its first sighting's
+    /// confirmed read, or the observer's at the fork): the second witness
+    /// of a member known by its identity.
+    fn recorded_uid(&self, key: ProcKey) -> Option<u32> {
+        self.uids
+            .get(&key)
+            .copied()
+            .flatten()
+            .or_else(|| self.observer.as_ref().and_then(|o| o.uid(self.tree, key)))
+    }
+
+    /// Holds the process `id` names and, with a `witness`, keeps the handle
+    /// only if the uid read through it is the witness: the hold first, then
+    /// the uid, then the handle asked whether it exited (a uid read while
+    /// the held process still runs is that process's). `Ok(None)`: gone,
+    /// recycled, or not the member's uid.
+    fn witnessed(
+        &self,
+        host: &dyn Host,
+        id: &crate::proc::Identity,
+        witness: Option<u32>,
+    ) -> Result<Option<super::Held>, crate::proc::ProcError> {
+        let Some(held) = host.hold(id)? else {
+            return Ok(None);
+        };
+        if let Some(recorded) = witness {
+            let now = host.uid_of(id.pid);
+            if now != Some(recorded) || host.held_exited(&held) {
+                tracing::warn!(
+                    tree = self.tree.0,
+                    pid = id.pid,
+                    recorded,
+                    ?now,
+                    "a process with a member's identity but not its uid: not a member"
+                );
+                return Ok(None);
+            }
+        }
+        Ok(Some(held))
+    }
+
     /// The handle a loose member is held by, if it is.
     pub(crate) fn held(&self, key: &ProcKey) -> Option<&super::Held> {
-        self.held.get(key)
+        self.held.get(key).map(|(held, _)| held)
+    }
+
+    /// A handle for one signal to a loose member the watch does not hold
+    /// (its hold was refused by the budget, or no handle could be had at
+    /// its tick), taken now and dropped after the signal: only on the
+    /// witness [`TreeWatch::vet`] asks of a member known by its identity
+    /// (the uid it was recorded with as itself, read again through the
+    /// handle), or on its identity alone for a survivor an unsettled
+    /// marker names. `Ok(None)`: gone, recycled, or no witness (a member
+    /// never read with its uid is never signalled by itself).
+    pub(crate) fn hold_to_signal(
+        &self,
+        host: &dyn Host,
+        id: &crate::proc::Identity,
+    ) -> Result<Option<super::Held>, crate::proc::ProcError> {
+        let key = id.key();
+        if self.marked.contains(&key) {
+            return self.witnessed(host, id, None);
+        }
+        match self.recorded_uid(key) {
+            Some(uid) => self.witnessed(host, id, Some(uid)),
+            None => Ok(None),
+        }
+    }
+
+    /// Records the first refusal of a hold, once per tree: the flag
+    /// `holds_capped` and a `tree.holds_capped` event, in one write (a
+    /// refused write is tried again at the next tick).
+    fn record_capped(&mut self, engine: &Engine) {
+        let Some(refusal) = self.capped else { return };
+        if self.capped_recorded {
+            self.capped = None;
+            return;
+        }
+        let (tree, ledger) = (self.tree, engine.ledger());
+        let data = crate::ledger::event::HoldsCapped {
+            cap: refusal.cap.as_str().to_string(),
+            limit: refusal.limit as u64,
+            held: refusal.tree_held as u64,
+        };
+        match self.evidence("holds capped", || ledger.holds_capped(tree, data)) {
+            Some(Ok(_)) => {
+                self.capped_recorded = true;
+                self.capped = None;
+            }
+            Some(Err(e)) => {
+                tracing::warn!(tree = tree.0, error = %e, "holds_capped not recorded (tried again next tick)");
+            }
+            None => {}
+        }
     }
 
     fn classify_and_record(
@@ -792,8 +942,11 @@ impl TreeWatch {
         started: Instant,
         bump_last_seen: bool,
     ) -> TickReport {
+        // Vetted first: a witness that could not be checked makes the tick
+        // incomplete.
+        let (mut members, unverified) = self.vet(engine, members);
         let incomplete = self.incomplete.take();
-        let (mut members, unverified) = self.vet(engine.host(), members);
+        self.record_capped(engine);
         for key in unverified {
             let reason = format!(
                 "pid {} (start {}): a process with a recorded member's identity, but that member was never read with its uid: not taken for the member, never signalled",
@@ -848,6 +1001,7 @@ impl TreeWatch {
         }
         self.comms.retain(|k, _| now.contains(k));
         self.held.retain(|k, _| now.contains(k));
+        self.unheld.retain(|k| now.contains(k));
         self.last_read.clear();
         self.last_read
             .extend(members.iter().map(|m| (m.entry.key(), m.clone())));

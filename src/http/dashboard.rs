@@ -616,6 +616,10 @@ pub fn summarize(e: &EventRow) -> String {
             "the kernel's OOM killer ended {} process(es) ({} in all)",
             d.oom_kills, d.total
         ),
+        Event::TreeHoldsCapped(d) => format!(
+            "loose members past {} held handles (the {} cap; {} held) are kept by identity and uid",
+            d.limit, d.cap, d.held
+        ),
         Event::MemberObserved(d) => format!("pid {}: {}", d.identity.pid, d.cmdline.join(" ")),
         Event::MemberExec(d) => format!(
             "pid {} ran {} (was {})",

@@ -36,6 +36,7 @@ pub async fn metrics(
         m.ship_lag_events.set((head_seq - acked).max(0));
     }
     m.sync_stats(s.service.engine().stats());
+    m.sync_holds(s.service.engine().holds());
     m.sync_http();
     m.sync_observer(s.service.observer_status().ok().as_ref());
     let recovery = s.service.recovery();

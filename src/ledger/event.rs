@@ -284,6 +284,18 @@ pub struct MemberUnkillable {
     pub authorization: i64,
 }
 
+/// `tree.holds_capped`: the first hold of a loose member the budget of
+/// held handles refused (`custody/holds.rs`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HoldsCapped {
+    /// Which cap: `tree`, `principal` or `host`.
+    pub cap: String,
+    /// The cap's value then.
+    pub limit: u64,
+    /// Handles the tree held then.
+    pub held: u64,
+}
+
 /// `token.created` (never the secret).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TokenCreated {
@@ -415,6 +427,7 @@ pub enum Event {
     TreeResolved(TreeResolved),
     TreeOomKill(OomKill),
     MemberUnkillable(MemberUnkillable),
+    TreeHoldsCapped(HoldsCapped),
     TokenCreated(TokenCreated),
     TokenRevoked(TokenRevoked),
     KillRequested(KillRequested),
@@ -448,6 +461,7 @@ impl Event {
             Event::TreeResolved(_) => EventKind::TreeResolved,
             Event::TreeOomKill(_) => EventKind::TreeOomKill,
             Event::MemberUnkillable(_) => EventKind::MemberUnkillable,
+            Event::TreeHoldsCapped(_) => EventKind::TreeHoldsCapped,
             Event::TokenCreated(_) => EventKind::TokenCreated,
             Event::TokenRevoked(_) => EventKind::TokenRevoked,
             Event::KillRequested(_) => EventKind::KillRequested,
@@ -481,6 +495,7 @@ impl Event {
             Event::TreeResolved(p) => v(p),
             Event::TreeOomKill(p) => v(p),
             Event::MemberUnkillable(p) => v(p),
+            Event::TreeHoldsCapped(p) => v(p),
             Event::TokenCreated(p) => v(p),
             Event::TokenRevoked(p) => v(p),
             Event::KillRequested(p) => v(p),
@@ -524,6 +539,7 @@ impl Event {
             EventKind::TreeResolved => p(data).map(Event::TreeResolved),
             EventKind::TreeOomKill => p(data).map(Event::TreeOomKill),
             EventKind::MemberUnkillable => p(data).map(Event::MemberUnkillable),
+            EventKind::TreeHoldsCapped => p(data).map(Event::TreeHoldsCapped),
             EventKind::TokenCreated => p(data).map(Event::TokenCreated),
             EventKind::TokenRevoked => p(data).map(Event::TokenRevoked),
             EventKind::KillRequested => p(data).map(Event::KillRequested),

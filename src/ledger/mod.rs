@@ -105,6 +105,10 @@ pub use types::{
 
 use db::Durability;
 
+/// Loose members of the tree were past a cap on held handles
+/// (`custody/holds.rs`): they are known by identity and uid, not held.
+pub const FLAG_HOLDS_CAPPED: &str = "holds_capped";
+
 /// A time as the ledger writes it (RFC 3339, UTC, milliseconds).
 pub fn timestamp(t: std::time::SystemTime) -> String {
     humantime::format_rfc3339_millis(t).to_string()
@@ -651,6 +655,14 @@ impl Ledger {
     pub fn add_flag(&self, id: TreeId, flag: &str) -> Result<bool, LedgerError> {
         let flag = flag.to_string();
         self.write(Durability::Normal, move |w| write::add_flag(w, id, &flag))
+    }
+
+    /// Flags the tree `holds_capped` and writes its `tree.holds_capped`
+    /// event, once (`custody/holds.rs`); whether it was new.
+    pub fn holds_capped(&self, id: TreeId, data: event::HoldsCapped) -> Result<bool, LedgerError> {
+        self.write(Durability::Normal, move |w| {
+            write::holds_capped(w, id, &data)
+        })
     }
 
     /// Appends a free-standing event (`sweep.*`, `dispatch.refused`): kinds

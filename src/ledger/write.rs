@@ -768,6 +768,21 @@ pub(crate) fn add_flag(w: &mut Writer<'_>, id: TreeId, flag: &str) -> Result<boo
     Ok(changed == 1)
 }
 
+/// The tree's holds were capped: the flag [`super::FLAG_HOLDS_CAPPED`]
+/// and, only when the flag is new, one `tree.holds_capped` event, in one
+/// transaction. Whether it was new.
+pub(crate) fn holds_capped(
+    w: &mut Writer<'_>,
+    id: TreeId,
+    data: &super::event::HoldsCapped,
+) -> Result<bool, Fail> {
+    if !add_flag(w, id, super::FLAG_HOLDS_CAPPED)? {
+        return Ok(false);
+    }
+    w.event(Some(id), &Event::TreeHoldsCapped(data.clone()))?;
+    Ok(true)
+}
+
 pub(crate) fn append_event(
     w: &mut Writer<'_>,
     tree: Option<TreeId>,

@@ -88,17 +88,6 @@ pub(crate) fn to_remove(
     out
 }
 
-/// Whose account a tree's log is counted against.
-fn principal_of(row: &TreeRow) -> TreeOwner {
-    if let Some(id) = row.requested_by.as_ref().and_then(|r| r.token_id) {
-        return TreeOwner::Token(id);
-    }
-    match row.requester_uid {
-        Some(uid) => TreeOwner::Uid(uid),
-        None => TreeOwner::Nobody,
-    }
-}
-
 /// The running thread; dropping it stops it (within [`EVERY`]).
 pub(crate) struct LogKeep {
     stop: Arc<AtomicBool>,
@@ -166,7 +155,7 @@ fn keep_once(dir: &Path, ledger: &Ledger, bounds: EndedLogs, ended: &mut HashMap
             Some(p) => *p,
             None => match ledger.tree(TreeId(id)) {
                 Ok(Some(row)) if row.state.is_terminal() => {
-                    let p = principal_of(&row);
+                    let p = TreeRow::principal(&row);
                     ended.insert(id, p);
                     p
                 }

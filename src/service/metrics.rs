@@ -51,6 +51,11 @@ pub struct OriginLabel {
     pub origin: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CapLabel {
+    pub cap: String,
+}
+
 type C = Counter<u64, AtomicU64>;
 
 /// Every metric family the service exports.
@@ -134,6 +139,12 @@ pub struct Metrics {
     pub observer_forced_scans: C,
     /// `treewarden_observer_escapes_total`: escapes the observer recorded.
     pub observer_escapes: C,
+    /// `treewarden_held_pidfds`: loose members held by a handle (a pidfd)
+    /// now, in all (`custody/holds.rs`); set at scrape time.
+    pub held_pidfds: Gauge,
+    /// `treewarden_holds_refused_total{cap}`: holds a cap refused (`tree`,
+    /// `principal`, `host`); the member was kept by identity and uid.
+    pub holds_refused: Family<CapLabel, C>,
     /// `treewarden_http_peers_cut_off_total`: connections cut off (their
     /// descriptors refused, answered 503) because their peer's descriptor
     /// closes piled up (`crate::http::closer`); caught up at scrape time.
@@ -197,6 +208,8 @@ impl Metrics {
             observer_forced_scans: C::default(),
             observer_escapes: C::default(),
             http_peers_cut_off: C::default(),
+            held_pidfds: Gauge::default(),
+            holds_refused: Family::default(),
         };
         registry.register("trees", "Trees in the ledger by state", m.trees.clone());
         registry.register(
@@ -343,6 +356,16 @@ impl Metrics {
             m.observer_escapes.clone(),
         );
         registry.register(
+            "held_pidfds",
+            "Loose members held by a pidfd now (capped per tree, per principal and under the descriptor limit)",
+            m.held_pidfds.clone(),
+        );
+        registry.register(
+            "holds_refused",
+            "Holds of loose members a cap refused, by cap (the member is kept by identity and uid)",
+            m.holds_refused.clone(),
+        );
+        registry.register(
             "http_peers_cut_off",
             "Connections cut off because their peer's descriptor closes piled up",
             m.http_peers_cut_off.clone(),
@@ -407,6 +430,18 @@ impl Metrics {
                 self.oom_kills.inc_by(o.oom_kills);
             }
             _ => {}
+        }
+    }
+
+    /// Brings the held-handle gauge and refusal counters up to date.
+    pub fn sync_holds(&self, holds: &crate::custody::Holds) {
+        self.held_pidfds
+            .set(i64::try_from(holds.held()).unwrap_or(i64::MAX));
+        for cap in crate::custody::HoldCap::ALL {
+            let c = self.holds_refused.get_or_create(&CapLabel {
+                cap: cap.as_str().to_string(),
+            });
+            catch_up(&c, holds.refused(cap));
         }
     }
 

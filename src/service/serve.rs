@@ -57,6 +57,9 @@ pub struct ServeOptions {
     /// Each tree's evidence budget in the ledger (`serve --evidence-max`;
     /// see `ledger/evidence.rs`).
     pub evidence_max: u64,
+    /// The caps on held pidfds (`serve --max-held-per-tree`,
+    /// `--max-held-per-user`; see `custody/holds.rs`).
+    pub holds: crate::custody::HoldCaps,
     /// Whether SIGTERM and SIGINT start the drain (the binary: yes; an
     /// embedder with signal handling of its own cancels `shutdown`).
     pub shutdown_on_signals: bool,
@@ -133,6 +136,10 @@ pub fn serve(
         e => ServeError::internal(e.to_string()),
     })?;
     engine.set_dispatch_scope(opts.dispatch_scope);
+    engine.set_hold_caps(crate::custody::HoldCaps {
+        reserve: opts.limits.reserve_fds,
+        ..opts.holds
+    });
     let token = crate::http::auth::ensure_token(&config.data_dir)
         .map_err(|e| ServeError::internal(format!("api token: {e}")))?;
     let svc_config = opts.service.clone();

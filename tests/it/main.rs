@@ -26,5 +26,6 @@ mod session;
 mod shipping;
 mod tenants;
 mod tenants_conn;
+mod tenants_fds;
 mod util;
 mod wrapper;

@@ -134,16 +134,26 @@ impl Engine {
             // Only through the handle held since the member was first
             // found loose (taken while it provably was the member, see
             // `TreeWatch::vet`): it reaches that process or none, whoever
-            // lists with its identity now. A member not held (no handle
-            // could be had) is not signalled by its pid.
+            // lists with its identity now. A member not held (its hold
+            // refused by the budget of held handles, or none could be had)
+            // is signalled through a handle taken now, and only on the
+            // witness a member known by its identity needs (its recorded
+            // uid, read again through that handle); never by its pid.
+            let deliver = |held: &super::super::Held| match self.host.signal_held(held, sig) {
+                Ok(Delivery::Sent) => Sent::Delivered,
+                Ok(Delivery::Gone) => Sent::Gone,
+                Ok(Delivery::Recycled) => Sent::Refused("pid recycled".into()),
+                Err(e) => Sent::Failed(e.to_string()),
+            };
             let result = match watch.held(&id.key()) {
-                Some(held) => match self.host.signal_held(held, sig) {
-                    Ok(Delivery::Sent) => Sent::Delivered,
-                    Ok(Delivery::Gone) => Sent::Gone,
-                    Ok(Delivery::Recycled) => Sent::Refused("pid recycled".into()),
-                    Err(e) => Sent::Failed(e.to_string()),
+                Some(held) => deliver(held),
+                None => match watch.hold_to_signal(self.host(), id) {
+                    Ok(Some(held)) => deliver(&held),
+                    Ok(None) => Sent::Refused(
+                        "not held, and no handle now shows it the member (gone, recycled, or never read with its uid)".into(),
+                    ),
+                    Err(e) => Sent::Failed(format!("not held, and no handle now: {e}")),
                 },
-                None => Sent::Refused("not held: no handle taken while it was the member".into()),
             };
             if result.was_sent() || sig != Sig::Kill {
                 record(sig.name(), "pid", &id.pid.to_string(), &result);

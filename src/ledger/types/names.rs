@@ -131,6 +131,12 @@ pub enum EventKind {
     /// state and wait channel as the kernel showed them, and the kills it
     /// outlived. Written once per member and tree.
     MemberUnkillable,
+    /// The first loose member of the tree this process could not hold by a
+    /// handle: a cap on held pidfds (per tree, per principal, or the
+    /// host's under its descriptor limit) was reached. Written once per
+    /// tree, with the flag `holds_capped`; the members past the cap are
+    /// recorded and signalled as any, by identity and uid.
+    TreeHoldsCapped,
     /// An API token was made (its id, name, scope, and who made it; never
     /// the secret). Addition to DESIGN.md (issue 17).
     TokenCreated,
@@ -154,7 +160,7 @@ pub enum EventKind {
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 26] = [
+    pub const ALL: [EventKind; 27] = [
         Self::TreeCreated,
         Self::TreeSpawned,
         Self::TreeSpawnFailed,
@@ -175,6 +181,7 @@ impl EventKind {
         Self::TreeResolved,
         Self::TreeOomKill,
         Self::MemberUnkillable,
+        Self::TreeHoldsCapped,
         Self::TokenCreated,
         Self::TokenRevoked,
         Self::KillRequested,
@@ -205,6 +212,7 @@ impl EventKind {
             Self::TreeResolved => "tree.resolved",
             Self::TreeOomKill => "tree.oom_kill",
             Self::MemberUnkillable => "member.unkillable",
+            Self::TreeHoldsCapped => "tree.holds_capped",
             Self::TokenCreated => "token.created",
             Self::TokenRevoked => "token.revoked",
             Self::KillRequested => "kill.requested",

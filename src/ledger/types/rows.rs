@@ -136,6 +136,19 @@ impl TreeRow {
             && !self.flags.iter().any(|f| f == "survivors_ended")
     }
 
+    /// Whose account the tree is counted against (its requesting token,
+    /// else its requester's uid; `Nobody` when neither is recorded): the
+    /// principal of the per-principal bounds (ended logs, held pidfds).
+    pub fn principal(&self) -> super::TreeOwner {
+        if let Some(id) = self.requested_by.as_ref().and_then(|r| r.token_id) {
+            return super::TreeOwner::Token(id);
+        }
+        match self.requester_uid {
+            Some(uid) => super::TreeOwner::Uid(uid),
+            None => super::TreeOwner::Nobody,
+        }
+    }
+
     pub fn owner_identity(&self) -> IdentityRecord {
         IdentityRecord {
             pid: self.owner.pid,
