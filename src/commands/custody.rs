@@ -60,6 +60,7 @@ pub(super) fn hand_over(
         stdio: SpawnStdio::Null,
         cgroup: None,
         cgroup_settings: Vec::new(),
+        parent_settings: Vec::new(),
         log_file: None,
         umask: None,
         credentials: None,

@@ -142,6 +142,22 @@ pub struct ServeArgs {
     /// the peer to read it, before the connection is closed.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     header_timeout: Duration,
+    /// The memory all the live trees of one principal (a local user on the
+    /// socket, a token) may use together: a cgroup per principal above its
+    /// trees' (`memory.max`), so N trees at once cannot take N times one
+    /// tree's limit. Needs the cgroup boundary and the memory controller;
+    /// without them serve refuses to start (exit 2).
+    #[arg(long, value_name = "SIZE", value_parser = treewarden::ledger::parse_size)]
+    principal_memory_max: Option<u64>,
+    /// The processes all of one principal's trees may hold together
+    /// (`pids.max` of its cgroup), as --principal-memory-max.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    principal_pids_max: Option<u64>,
+    /// The CPU all of one principal's trees may use together, as a
+    /// percentage of one CPU (`cpu.max` of its cgroup; `50%`, `200%`), as
+    /// --principal-memory-max.
+    #[arg(long, value_name = "PCT", value_parser = treewarden::ledger::parse_cpu_pct)]
+    principal_cpu_max: Option<u32>,
     /// Whom an unsettled tree refuses new work to: `owner` (the same owner
     /// record, or the same requester: socket uid, token; default) or `host`
     /// (every spawn on the host).
@@ -242,6 +258,11 @@ pub(super) fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
             per_tree: args.max_held_per_tree,
             per_principal: args.max_held_per_user,
             reserve: treewarden::http::conn::ConnLimits::default().reserve_fds,
+        },
+        principal_limits: treewarden::ledger::Limits {
+            memory_max: args.principal_memory_max,
+            pids_max: args.principal_pids_max,
+            cpu_max_pct: args.principal_cpu_max,
         },
         shutdown_on_signals: true,
     };

@@ -150,6 +150,11 @@ pub struct Engine {
     /// The budget of held handles (loose members' pidfds), shared by every
     /// clone: the service's scan watches and its teardowns draw on one.
     holds: Arc<Holds>,
+    /// What all of one principal's trees may use together (`serve
+    /// --principal-*`): empty, each tree's cgroup sits in the root; set,
+    /// in `<root>/<prefix>-p-<principal>/` with these limits (see
+    /// [`Engine::set_principal_limits`]).
+    principal_limits: crate::ledger::Limits,
 }
 
 impl Engine {
@@ -202,6 +207,7 @@ impl Engine {
             host: Arc::new(KernelHost::new(reaper)),
             dispatch_scope: DispatchScope::default(),
             holds: Arc::new(Holds::default()),
+            principal_limits: crate::ledger::Limits::default(),
         }
     }
 
@@ -219,6 +225,35 @@ impl Engine {
     /// The budget of held handles, and its counts (metrics).
     pub fn holds(&self) -> &Arc<Holds> {
         &self.holds
+    }
+
+    /// Bounds what all the trees of one principal use together (`serve
+    /// --principal-memory-max`, `--principal-pids-max`,
+    /// `--principal-cpu-max`): from now on each new tree's cgroup is made
+    /// in its principal's parent, `<root>/<prefix>-p-<key>` (the key:
+    /// `tok-<id>` for a token, `uid-<n>` for a socket peer, else this
+    /// process's uid), which carries these limits; it is made with the
+    /// principal's first tree and removed with its last. Refused
+    /// ([`CustodyError::Unsupported`], one line) where they cannot be
+    /// enforced: no cgroup boundary, a controller the hierarchy does not
+    /// offer, a root with processes of its own, or not Linux.
+    pub fn set_principal_limits(
+        &mut self,
+        limits: crate::ledger::Limits,
+    ) -> Result<(), CustodyError> {
+        if !limits.is_empty() {
+            if !cfg!(target_os = "linux") {
+                return Err(CustodyError::Unsupported(
+                    "principal limits (serve --principal-*) need Linux's cgroup v2: refusing to serve without them".into(),
+                ));
+            }
+            let boundary = self.boundary.ok_or_else(|| {
+                CustodyError::Conflict("this engine only signals; it spawns nothing".into())
+            })?;
+            self.check_enforceable(boundary, &limits, spawn::Whose::Principal)?;
+        }
+        self.principal_limits = limits;
+        Ok(())
     }
 
     /// The same engine over another host (a test's scripted one). The
@@ -456,11 +491,51 @@ impl Engine {
     /// crash (or a cgroup still busy at the end of its teardown) left
     /// behind. A cgroup of a live tree, or one that holds processes, is left
     /// alone. Returns how many were removed.
+    ///
+    /// Principals' parents (`<prefix>-p-<key>`, [`Engine::set_principal_limits`])
+    /// are looked in as well (found through the trees' recorded paths, and
+    /// listed in the cgroup roots those paths and this engine name: one no
+    /// tree row names is a crash's between its `mkdir` and the spawn's
+    /// commit), and each left with no tree in it is removed; a populated
+    /// one stays, as its trees do.
     pub fn remove_leftover_cgroups(&self) -> Result<usize, CustodyError> {
         let prefix = cgroup_prefix(&self.ledger.instance_id()?);
+        let shared_prefix = format!("{prefix}{}", crate::proc::SHARED_PARENT_MARK);
+        let is_ours = |p: &std::path::Path| {
+            crate::proc::is_shared_parent(p)
+                && p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&shared_prefix))
+        };
+        let mut dirs: std::collections::BTreeSet<PathBuf> = self
+            .ledger
+            .cgroup_dirs(&prefix)?
+            .into_iter()
+            .map(PathBuf::from)
+            .collect();
+        // The cgroup roots: where a tree's cgroup was made, or its
+        // principal's parent.
+        let roots: std::collections::BTreeSet<PathBuf> = dirs
+            .iter()
+            .filter_map(|d| {
+                if is_ours(d) {
+                    d.parent().map(std::path::Path::to_path_buf)
+                } else {
+                    Some(d.clone())
+                }
+            })
+            .chain(self.cgroup_root.clone())
+            .collect();
+        for root in &roots {
+            for entry in std::fs::read_dir(root).into_iter().flatten().flatten() {
+                if is_ours(&entry.path()) {
+                    dirs.insert(entry.path());
+                }
+            }
+        }
         let mut found = Vec::new();
-        for dir in self.ledger.cgroup_dirs(&prefix)? {
-            let Ok(entries) = std::fs::read_dir(&dir) else {
+        for dir in &dirs {
+            let Ok(entries) = std::fs::read_dir(dir) else {
                 continue;
             };
             for entry in entries.flatten() {
@@ -475,21 +550,29 @@ impl Engine {
                 }
             }
         }
-        if found.is_empty() {
-            return Ok(0);
-        }
-        // Read after the listing, in one query: a tree's row is written
-        // before its cgroup is made, so a cgroup listed above whose tree is
-        // not live here belongs to an ended tree (or to none this ledger
-        // recorded), never to one still being spawned.
-        let live = self.ledger.nonterminal_tree_ids()?;
         let mut removed = 0;
-        for (id, path) in found {
-            if !live.contains(&id)
-                && matches!(crate::proc::cgroup_populated(&path), Ok(false))
-                && matches!(crate::proc::remove_cgroup_if_empty(&path), Ok(true))
-            {
-                tracing::info!(tree = id, cgroup = %path.display(), "leftover cgroup of an ended tree removed");
+        if !found.is_empty() {
+            // Read after the listing, in one query: a tree's row is written
+            // before its cgroup is made, so a cgroup listed above whose tree
+            // is not live here belongs to an ended tree (or to none this
+            // ledger recorded), never to one still being spawned.
+            let live = self.ledger.nonterminal_tree_ids()?;
+            for (id, path) in found {
+                if !live.contains(&id)
+                    && matches!(crate::proc::cgroup_populated(&path), Ok(false))
+                    && matches!(crate::proc::remove_cgroup_if_empty(&path), Ok(true))
+                {
+                    tracing::info!(tree = id, cgroup = %path.display(), "leftover cgroup of an ended tree removed");
+                    removed += 1;
+                }
+            }
+        }
+        // A principal's parent with no tree cgroup left in it: a plain
+        // rmdir, which the kernel refuses while a tree's cgroup is there
+        // (one being spawned included).
+        for dir in dirs.iter().filter(|d| is_ours(d)) {
+            if matches!(crate::proc::remove_shared_parent_if_empty(dir), Ok(true)) {
+                tracing::info!(cgroup = %dir.display(), "a principal's cgroup left with no tree removed");
                 removed += 1;
             }
         }

@@ -123,6 +123,59 @@ pub fn read_log(
     }))
 }
 
+/// Whose limits a check is about: one tree's (refused per spawn) or every
+/// principal's (`serve --principal-*`, refused at start).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Whose {
+    Tree,
+    Principal,
+}
+
+/// The cgroup files a [`crate::ledger::Limits`] becomes.
+fn settings_of(limits: &crate::ledger::Limits) -> Vec<crate::proc::CgroupSetting> {
+    limits
+        .cgroup_settings()
+        .into_iter()
+        .map(|(controller, file, value)| crate::proc::CgroupSetting {
+            controller,
+            file,
+            value,
+        })
+        .collect()
+}
+
+/// Whose parent cgroup a tree joins under `serve --principal-*`: the
+/// token's (`tok-<id>`), else the requesting uid's (`uid-<n>`: a socket
+/// peer, the CLI), else this process's own uid (a tree nobody named asked
+/// for: the service's, `run`'s).
+pub(crate) fn principal_key(requester: Option<&crate::ledger::Requester>) -> String {
+    match requester {
+        Some(crate::ledger::Requester {
+            token_id: Some(id), ..
+        }) => format!("tok-{id}"),
+        Some(crate::ledger::Requester { uid: Some(uid), .. }) => format!("uid-{uid}"),
+        _ => format!("uid-{}", crate::proc::current_uid()),
+    }
+}
+
+/// A tree's cgroup: `<root>/<prefix>-<id>`, or with a principal's key
+/// `<root>/<prefix>-p-<key>/<prefix>-<id>` (the parent that key's trees
+/// share; `proc::is_shared_parent` knows it by that name).
+pub(crate) fn tree_cgroup_path(
+    root: &std::path::Path,
+    prefix: &str,
+    tree: TreeId,
+    principal: Option<String>,
+) -> PathBuf {
+    let leaf = format!("{prefix}-{}", tree.0);
+    match principal {
+        None => root.join(leaf),
+        Some(key) => root
+            .join(format!("{prefix}{}{key}", crate::proc::SHARED_PARENT_MARK))
+            .join(leaf),
+    }
+}
+
 /// A duration as the ledger records it (milliseconds, saturating).
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
@@ -216,10 +269,16 @@ impl Engine {
             },
             on_behalf.as_ref(),
         )?;
+        // Under `serve --principal-*` the tree's cgroup sits in its
+        // principal's parent, which carries what they use together.
+        let shared = !self.principal_limits.is_empty();
         let cgroup = match (boundary, &self.cgroup_root) {
-            (b, Some(root)) if b.contained() => {
-                Some(root.join(format!("{}-{}", self.cgroup_prefix, tree.0)))
-            }
+            (b, Some(root)) if b.contained() => Some(tree_cgroup_path(
+                root,
+                &self.cgroup_prefix,
+                tree,
+                shared.then(|| principal_key(req.on_behalf.as_ref().map(|b| &b.requester))),
+            )),
             _ => None,
         };
         // The job learns its tree id from its environment.
@@ -249,16 +308,12 @@ impl Engine {
             env: Some(env),
             stdio: req.stdio.clone(),
             cgroup: cgroup.clone(),
-            cgroup_settings: req
-                .limits
-                .cgroup_settings()
-                .into_iter()
-                .map(|(controller, file, value)| crate::proc::CgroupSetting {
-                    controller,
-                    file,
-                    value,
-                })
-                .collect(),
+            cgroup_settings: settings_of(&req.limits),
+            parent_settings: if shared && cgroup.is_some() {
+                settings_of(&self.principal_limits)
+            } else {
+                Vec::new()
+            },
         };
         let held = match crate::proc::spawn_held(&spec) {
             Ok(held) => held,
@@ -328,6 +383,17 @@ impl Engine {
         boundary: BoundaryKind,
         limits: &crate::ledger::Limits,
     ) -> Result<(), CustodyError> {
+        self.check_enforceable(boundary, limits, Whose::Tree)
+    }
+
+    /// [`Engine::check_limits`] for a tree's limits or, at `serve`'s start,
+    /// for the principals' (`whose` words the refusal).
+    pub(super) fn check_enforceable(
+        &self,
+        boundary: BoundaryKind,
+        limits: &crate::ledger::Limits,
+        whose: Whose,
+    ) -> Result<(), CustodyError> {
         if limits.is_empty() {
             return Ok(());
         }
@@ -341,26 +407,43 @@ impl Engine {
                     }
                     _ => String::new(),
                 };
-                return Err(CustodyError::Unsupported(format!(
-                    "limits need the cgroup boundary, and this tree would get {boundary}: refusing to start it unlimited{why}"
-                )));
+                return Err(CustodyError::Unsupported(match whose {
+                    Whose::Tree => format!(
+                        "limits need the cgroup boundary, and this tree would get {boundary}: refusing to start it unlimited{why}"
+                    ),
+                    Whose::Principal => format!(
+                        "principal limits (serve --principal-*) need the cgroup boundary, and trees here get {boundary}: refusing to serve without them{why}"
+                    ),
+                }));
             }
         };
         let offered = crate::proc::cgroup_controllers(root)?;
         for (controller, file, _) in limits.cgroup_settings() {
             if !offered.iter().any(|c| c == controller) {
-                return Err(CustodyError::Unsupported(format!(
-                    "{file} needs the {controller} controller, which the cgroup v2 hierarchy does not offer under {} (it offers: {}): refusing to start the tree unlimited",
-                    root.display(),
-                    if offered.is_empty() {
-                        "none".to_string()
-                    } else {
-                        offered.join(" ")
-                    }
-                )));
+                let offered = if offered.is_empty() {
+                    "none".to_string()
+                } else {
+                    offered.join(" ")
+                };
+                return Err(CustodyError::Unsupported(match whose {
+                    Whose::Tree => format!(
+                        "{file} needs the {controller} controller, which the cgroup v2 hierarchy does not offer under {} (it offers: {offered}): refusing to start the tree unlimited",
+                        root.display(),
+                    ),
+                    Whose::Principal => format!(
+                        "serve --principal-{}-max needs the {controller} controller, which the cgroup v2 hierarchy does not offer under {} (it offers: {offered}): refusing to serve without it",
+                        controller,
+                        root.display(),
+                    ),
+                }));
             }
         }
-        crate::proc::check_limits_possible(root).map_err(CustodyError::Unsupported)?;
+        crate::proc::check_limits_possible(root).map_err(|e| {
+            CustodyError::Unsupported(match whose {
+                Whose::Tree => e,
+                Whose::Principal => format!("principal limits (serve --principal-*): {e}"),
+            })
+        })?;
         Ok(())
     }
 
@@ -380,6 +463,60 @@ impl Engine {
     fn record_spawn_failed(&self, tree: TreeId, reason: &str, code: i32) {
         if let Err(e) = self.ledger.tree_spawn_failed(tree, reason, code) {
             tracing::error!(tree = tree.0, error = %e, "tree.spawn_failed not recorded");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::Requester;
+
+    #[test]
+    fn a_principals_key_is_its_token_else_its_uid_else_this_processs() {
+        let token = Requester {
+            via: "tcp".into(),
+            token_id: Some(7),
+            token_name: Some("ci".into()),
+            ..Requester::default()
+        };
+        let peer = Requester {
+            via: "socket".into(),
+            uid: Some(1000),
+            pid: Some(4321),
+            ..Requester::default()
+        };
+        assert_eq!(principal_key(Some(&token)), "tok-7");
+        assert_eq!(principal_key(Some(&peer)), "uid-1000");
+        let me = format!("uid-{}", crate::proc::current_uid());
+        assert_eq!(principal_key(None), me);
+        assert_eq!(principal_key(Some(&Requester::default())), me);
+    }
+
+    #[test]
+    fn a_trees_cgroup_sits_in_its_principals_parent_only_when_one_is_named() {
+        let root = std::path::Path::new("/sys/fs/cgroup/treewarden.service");
+        let plain = tree_cgroup_path(root, "tw-0123abcd", TreeId(42), None);
+        assert_eq!(plain, root.join("tw-0123abcd-42"));
+        let shared = tree_cgroup_path(root, "tw-0123abcd", TreeId(42), Some("tok-7".into()));
+        assert_eq!(shared, root.join("tw-0123abcd-p-tok-7/tw-0123abcd-42"));
+        // The removal knows the parent by its name alone.
+        #[cfg(target_os = "linux")]
+        {
+            let parent = shared.parent().expect("a parent");
+            assert!(crate::proc::is_shared_parent(parent));
+            assert!(!crate::proc::is_shared_parent(&shared), "a tree's cgroup");
+            assert!(!crate::proc::is_shared_parent(&plain));
+            assert!(!crate::proc::is_shared_parent(root));
+            for other in [
+                "tw-test-1-2",
+                "tw-serve-test-1-p-2",
+                "tw-0123abcd-p-",
+                "tw-0123abcg-p-uid-1",
+                "p-uid-1",
+            ] {
+                assert!(!crate::proc::is_shared_parent(&root.join(other)), "{other}");
+            }
         }
     }
 }

@@ -68,9 +68,10 @@ mod userdb;
 pub mod users;
 #[cfg(target_os = "linux")]
 pub use boundary::{
-    BoundaryKind, CgroupSetting, ExecFailure, ExecFailureKind, GivenStdio, HeldChild, SpawnSpec,
-    SpawnStdio, Spawned, cgroup_root, cgroup2_mount, check_cgroup_writable,
-    deny_clone3_in_this_thread, own_cgroup_dir, remove_cgroup_if_empty, remove_cgroup_when_empty,
+    BoundaryKind, CgroupSetting, ExecFailure, ExecFailureKind, GivenStdio, HeldChild,
+    SHARED_PARENT_MARK, SpawnSpec, SpawnStdio, Spawned, cgroup_root, cgroup2_mount,
+    check_cgroup_writable, deny_clone3_in_this_thread, is_shared_parent, own_cgroup_dir,
+    remove_cgroup_if_empty, remove_cgroup_when_empty, remove_shared_parent_if_empty,
     resolve_boundary, spawn_held,
 };
 #[cfg(target_os = "linux")]

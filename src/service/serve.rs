@@ -60,6 +60,12 @@ pub struct ServeOptions {
     /// The caps on held pidfds (`serve --max-held-per-tree`,
     /// `--max-held-per-user`; see `custody/holds.rs`).
     pub holds: crate::custody::HoldCaps,
+    /// What all the trees of one principal may use together (`serve
+    /// --principal-memory-max`, `--principal-pids-max`,
+    /// `--principal-cpu-max`): a parent cgroup per principal above its
+    /// trees' ([`Engine::set_principal_limits`]). Where the host cannot
+    /// enforce them, `serve` refuses to start (a usage error: exit 2).
+    pub principal_limits: crate::ledger::Limits,
     /// Whether SIGTERM and SIGINT start the drain (the binary: yes; an
     /// embedder with signal handling of its own cancels `shutdown`).
     pub shutdown_on_signals: bool,
@@ -140,6 +146,9 @@ pub fn serve(
         reserve: opts.limits.reserve_fds,
         ..opts.holds
     });
+    engine
+        .set_principal_limits(opts.principal_limits)
+        .map_err(|e| ServeError::usage(e.to_string()))?;
     let token = crate::http::auth::ensure_token(&config.data_dir)
         .map_err(|e| ServeError::internal(format!("api token: {e}")))?;
     let svc_config = opts.service.clone();

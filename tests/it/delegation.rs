@@ -177,6 +177,7 @@ fn held_spec(cgroup: PathBuf, settings: Vec<CgroupSetting>) -> SpawnSpec {
         stdio: SpawnStdio::Null,
         cgroup: Some(cgroup),
         cgroup_settings: settings,
+        parent_settings: Vec::new(),
         log_file: None,
         umask: None,
         credentials: None,
@@ -268,6 +269,96 @@ fn no_internal_processes_and_a_refused_spawn_leaves_its_parent_as_found() {
     assert!(!root.path.join("tw-shared").exists());
     drop(root);
     drop(inner);
+    drop(offered);
+}
+
+/// The parent several trees of one principal share (`serve
+/// --principal-*`, `SpawnSpec::parent_settings`), through the held spawn:
+/// made with the first tree, its limit written and its controller enabled
+/// for its trees, kept while any tree is in it and removed with the last;
+/// a limit the kernel refuses leaves neither it nor a controller behind.
+/// `hugetlb` stands in for memory, pids and cpu (the only controller this
+/// host's v2 offers); what those enforce is the kernel lane's
+/// `conventions::ten_concurrent_trees_of_one_principal_…`.
+#[test]
+fn a_shared_parent_is_made_with_its_first_tree_limited_and_goes_with_its_last() {
+    let Some(parent) = parent() else { return };
+    let offered = match HugetlbOffered::new(&parent) {
+        Ok(o) => o,
+        Err(why) => return skip(&format!("shared parent: {why}")),
+    };
+    let Some(root) = TestCgroup::new(&parent, "principals") else {
+        return;
+    };
+    let probe = root.path.join("probe");
+    std::fs::create_dir(&probe).expect("probe cgroup");
+    std::fs::write(root.path.join("cgroup.subtree_control"), "+hugetlb").expect("enable");
+    let file = hugetlb_max_file(&probe);
+    std::fs::remove_dir(&probe).expect("remove probe");
+    std::fs::write(root.path.join("cgroup.subtree_control"), "-hugetlb").expect("disable");
+    let Some(file) = file else {
+        return skip("shared parent: no hugetlb.<size>.max file (no huge page size)");
+    };
+    let setting = |value: &str| CgroupSetting {
+        controller: "hugetlb",
+        file,
+        value: value.into(),
+    };
+    let shared = root.path.join("tw-0123abcd-p-uid-4242");
+    let spec = |n: u32, value: &str| SpawnSpec {
+        parent_settings: vec![setting(value)],
+        ..held_spec(shared.join(format!("tw-0123abcd-{n}")), Vec::new())
+    };
+    // A parent limit the kernel refuses: no tree, no parent, nothing enabled.
+    let err = proc::spawn_held(&spec(1, "lots")).expect_err("the kernel refuses the value");
+    assert!(err.to_string().contains(file), "{err}");
+    assert!(!shared.exists(), "no parent left");
+    assert_eq!(
+        root.file("cgroup.subtree_control").trim(),
+        "",
+        "no controller left enabled"
+    );
+    // Two trees of the principal: one parent, limited, its controller
+    // enabled for its trees (each keeps its own files).
+    let first = proc::spawn_held(&spec(1, "0")).expect("the first tree");
+    let read = |p: &Path| {
+        std::fs::read_to_string(p)
+            .unwrap_or_default()
+            .trim()
+            .to_owned()
+    };
+    assert_eq!(read(&shared.join(file)), "0", "the parent's limit");
+    assert!(
+        read(&shared.join("cgroup.subtree_control")).contains("hugetlb"),
+        "enabled for its trees"
+    );
+    assert!(
+        shared.join("tw-0123abcd-1").join(file).exists(),
+        "the tree's own file"
+    );
+    let second = proc::spawn_held(&spec(2, "0")).expect("the second tree");
+    assert_eq!(
+        first.cgroup.as_deref().and_then(Path::parent),
+        Some(shared.as_path())
+    );
+    assert_eq!(
+        second.cgroup.as_deref().and_then(Path::parent),
+        Some(shared.as_path())
+    );
+    first.cancel().expect("cancel the first");
+    assert!(
+        !shared.join("tw-0123abcd-1").exists(),
+        "the first tree's cgroup is gone"
+    );
+    assert!(shared.exists(), "the parent stays while a tree is in it");
+    second.cancel().expect("cancel the second");
+    assert!(!shared.exists(), "removed with its last tree");
+    assert!(
+        root.file("cgroup.events").contains("populated 0"),
+        "{}",
+        root.file("cgroup.events")
+    );
+    drop(root);
     drop(offered);
 }
 

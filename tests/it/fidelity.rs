@@ -728,6 +728,121 @@ fn an_orphan_closed_by_the_sweep_leaves_no_cgroup_behind() {
     assert!(tree_cgroups(&env).is_empty(), "{:?}", tree_cgroups(&env));
 }
 
+/// A principal's parent cgroup (`serve --principal-*`) and what the sweep
+/// (the one every `serve` start runs first, then every `--sweep-interval`)
+/// makes of those a crash or a stopped service left: one with no tree in
+/// it is removed, as is an ended tree's cgroup inside one; one a process
+/// still lives in stays, until it is empty; another ledger's is not
+/// touched. No controller is needed for any of this, so it runs here.
+#[test]
+fn a_sweep_removes_principal_cgroups_left_empty_and_keeps_populated_and_foreign_ones() {
+    let Some(env) = Env::new("cgroup") else {
+        return;
+    };
+    let root = env.cgroup_root().expect("a cgroup root").to_path_buf();
+    let out = env.output(&["run", "--", "true"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // This ledger's prefix, from its first tree's recorded cgroup.
+    let cgroup = env.show(1)["tree"]["cgroup"]
+        .as_str()
+        .expect("the tree's cgroup")
+        .to_owned();
+    let prefix = cgroup
+        .rsplit('/')
+        .next()
+        .and_then(|n| n.strip_suffix("-1"))
+        .expect("tw-<8 hex>-1")
+        .to_owned();
+    let empty = root.join(format!("{prefix}-p-uid-4242"));
+    let with_ended = root.join(format!("{prefix}-p-tok-5"));
+    let populated = root.join(format!("{prefix}-p-uid-4343"));
+    let foreign = root.join("tw-00000000-p-uid-4242");
+    /// Removes what this test made, children first, on every path.
+    struct Made(Vec<std::path::PathBuf>, Option<std::process::Child>);
+    impl Drop for Made {
+        fn drop(&mut self) {
+            if let Some(mut c) = self.1.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            for d in self.0.iter().rev() {
+                let _ = wait_until(Duration::from_secs(5), || {
+                    std::fs::remove_dir(d).is_ok() || !d.exists()
+                });
+            }
+        }
+    }
+    let mut made = Made(Vec::new(), None);
+    for d in [
+        empty.clone(),
+        with_ended.clone(),
+        with_ended.join(format!("{prefix}-998")),
+        populated.clone(),
+        populated.join(format!("{prefix}-999")),
+        foreign.clone(),
+    ] {
+        std::fs::create_dir(&d).expect("a test cgroup");
+        made.0.push(d);
+    }
+    // A process of nobody this ledger knows in a tree cgroup of the third.
+    let sleeper = std::process::Command::new("sleep")
+        .arg("600")
+        .env("TW_TEST_MARK", &env.mark)
+        .spawn()
+        .expect("sleep");
+    let pid = sleeper.id();
+    made.1 = Some(sleeper);
+    std::fs::write(
+        populated.join(format!("{prefix}-999/cgroup.procs")),
+        pid.to_string(),
+    )
+    .expect("move the sleeper in");
+    let out = env.output(&["sweep"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!empty.exists(), "an empty principal cgroup is removed");
+    assert!(
+        !with_ended.exists(),
+        "an ended tree's cgroup in one goes, then the principal's"
+    );
+    assert!(
+        populated.join(format!("{prefix}-999")).exists(),
+        "a populated tree cgroup stays"
+    );
+    assert!(populated.exists(), "and its principal's with it");
+    assert!(foreign.exists(), "another ledger's is not this sweep's");
+    // Once its process is gone (cgroup.events: populated 0), the next
+    // sweep removes both.
+    if let Some(mut c) = made.1.take() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let events = populated.join("cgroup.events");
+    assert!(
+        wait_until(Duration::from_secs(5), || std::fs::read_to_string(&events)
+            .unwrap_or_default()
+            .contains("populated 0")),
+        "the sleeper's cgroup empties"
+    );
+    let out = env.output(&["sweep"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!populated.exists(), "emptied, then removed");
+    assert!(foreign.exists());
+    drop(made);
+    assert!(tree_cgroups(&env).is_empty(), "{:?}", tree_cgroups(&env));
+}
+
 /// The workload of the process-tree tests: a root shell, a child shell
 /// that forks a grandchild `sleep` and then execs a `sleep` of its own, and
 /// the root's own `sleep`. Each writes `name pid ppid` to `truth` (the

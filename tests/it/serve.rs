@@ -294,9 +294,16 @@ impl Drop for Server {
                     let _ = std::fs::write(e.path().join("cgroup.kill"), "1");
                 }
             }
+            // (`cgroup.kill` reaches below: a principal's parent, serve
+            // --principal-*, holds its trees' cgroups, removed first.)
             let removed = wait_until(Duration::from_secs(10), || {
                 for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
                     if e.path().is_dir() {
+                        for sub in std::fs::read_dir(e.path()).into_iter().flatten().flatten() {
+                            if sub.path().is_dir() {
+                                let _ = std::fs::remove_dir(sub.path());
+                            }
+                        }
                         let _ = std::fs::remove_dir(e.path());
                     }
                 }

@@ -1,7 +1,9 @@
 //! The cgroup side of a boundary: where the cgroup v2 hierarchy is and
 //! whether tree cgroups can be made there (the boundary a tree gets), and a
 //! tree's own cgroup: made (a leftover refused when populated), given its
-//! limits, removed once the kernel reports it empty.
+//! limits, removed once the kernel reports it empty; and the parent several
+//! trees share (a principal's, `serve --principal-*`): made with the first,
+//! given its limits, removed with the last.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -193,7 +195,7 @@ pub(super) fn apply_settings(cg: &Path, settings: &[CgroupSetting]) -> Result<()
 /// directory already there is a leftover it does not know (another ledger's
 /// crash, or a ledger restored from a backup): an *empty* one is removed and
 /// made again; a populated one is refused, never joined.
-pub(super) fn make_tree_cgroup(cg: &Path) -> Result<(), ProcError> {
+fn make_tree_cgroup(cg: &Path) -> Result<(), ProcError> {
     match std::fs::create_dir(cg) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
@@ -220,8 +222,22 @@ pub(super) fn make_tree_cgroup(cg: &Path) -> Result<(), ProcError> {
 
 /// Removes an empty cgroup once the kernel lets go of it, waiting up to
 /// `wait` for `populated 0` (the kernel's notification, not a timed poll;
-/// [`super::cgroup_wait_event`]); `false` when it stayed populated.
+/// [`super::cgroup_wait_event`]); `false` when it stayed populated. A tree
+/// cgroup whose parent is a shared one ([`is_shared_parent`]) takes that
+/// parent with it when it was the last tree there.
 pub fn remove_cgroup_when_empty(path: &Path, wait: Duration) -> Result<bool, ProcError> {
+    let removed = remove_one_when_empty(path, wait)?;
+    if removed
+        && let Some(parent) = path.parent()
+        && is_shared_parent(parent)
+        && let Err(e) = remove_shared_parent_if_empty(parent)
+    {
+        tracing::warn!(cgroup = %parent.display(), error = %e, "a shared parent cgroup left empty was not removed");
+    }
+    Ok(removed)
+}
+
+fn remove_one_when_empty(path: &Path, wait: Duration) -> Result<bool, ProcError> {
     let deadline = Instant::now() + wait;
     loop {
         if !path.exists() {
@@ -239,5 +255,162 @@ pub fn remove_cgroup_when_empty(path: &Path, wait: Duration) -> Result<bool, Pro
         // Empty by `cgroup.events` but rmdir still busy: the kernel is
         // finishing the last exit.
         std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// What marks a shared parent's name after the ledger's prefix: the
+/// parent is `tw-<8 hex>-p-<key>` (a tree cgroup is `tw-<8 hex>-<id>`).
+pub const SHARED_PARENT_MARK: &str = "-p-";
+
+/// Whether `dir` is named as the parent several trees share
+/// (`tw-<8 hex>-p-<key>`, with a key): the cgroup a tree's removal takes
+/// with it once it is left empty. By name alone: a teardown knows its
+/// tree's recorded path, not how the spawn laid it out.
+pub fn is_shared_parent(dir: &Path) -> bool {
+    let Some(rest) = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("tw-"))
+    else {
+        return false;
+    };
+    let b = rest.as_bytes();
+    b.len() > 8 + SHARED_PARENT_MARK.len()
+        && b[..8].iter().all(u8::is_ascii_hexdigit)
+        && b[8..].starts_with(SHARED_PARENT_MARK.as_bytes())
+}
+
+/// Removes a shared parent with no tree left in it. A plain `rmdir`: the
+/// kernel refuses it (EBUSY) while any child cgroup is there, so a tree
+/// being made in it meanwhile keeps it (and one whose parent went just
+/// before its own `mkdir` makes it again: [`make_tree_cgroups`]).
+/// `Ok(true)`: removed by this call; `Ok(false)`: a tree is still there, or
+/// it was already gone.
+pub fn remove_shared_parent_if_empty(dir: &Path) -> Result<bool, ProcError> {
+    match std::fs::remove_dir(dir) {
+        Ok(()) => {
+            tracing::debug!(cgroup = %dir.display(), "shared parent cgroup removed with its last tree");
+            Ok(true)
+        }
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                || matches!(e.raw_os_error(), Some(libc::EBUSY | libc::ENOTEMPTY)) =>
+        {
+            Ok(false)
+        }
+        Err(e) => Err(ProcError::cgroup(dir, e)),
+    }
+}
+
+/// What [`make_tree_cgroups`] did to a shared parent, so a refused spawn
+/// undoes it ([`SharedParent::undo`]).
+#[derive(Debug)]
+pub(super) struct SharedParent {
+    dir: PathBuf,
+    /// Controllers this spawn enabled in the cgroup root's
+    /// `cgroup.subtree_control` for the parent.
+    root_enabled: Vec<&'static str>,
+}
+
+impl SharedParent {
+    /// After the tree's cgroup was removed: the parent goes if no other
+    /// tree is in it, and then the controllers this spawn enabled in the
+    /// root for it (the kernel keeps one a sibling still uses).
+    pub(super) fn undo(&self) {
+        let gone =
+            matches!(remove_shared_parent_if_empty(&self.dir), Ok(true)) || !self.dir.exists();
+        if gone
+            && !self.root_enabled.is_empty()
+            && let Some(root) = self.dir.parent()
+        {
+            super::delegation::disable_controllers(root, &self.root_enabled);
+        }
+    }
+}
+
+/// Makes a tree's cgroup, and first its shared parent when `parent_settings`
+/// names one (see `SpawnSpec::parent_settings`). A parent its last tree's
+/// teardown removed between the two `mkdir`s (the tree's then fails with
+/// ENOENT) is made again, up to a few times.
+pub(super) fn make_tree_cgroups(
+    cg: &Path,
+    parent_settings: &[CgroupSetting],
+    settings: &[CgroupSetting],
+) -> Result<Option<SharedParent>, ProcError> {
+    if parent_settings.is_empty() {
+        return make_tree_cgroup(cg).map(|()| None);
+    }
+    let parent = cg.parent().ok_or_else(|| {
+        ProcError::cgroup(
+            cg,
+            std::io::Error::other("a tree cgroup below a shared parent has a parent"),
+        )
+    })?;
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let shared = prepare_shared_parent(parent, parent_settings, settings)?;
+        match make_tree_cgroup(cg) {
+            Ok(()) => return Ok(Some(shared)),
+            Err(_) if !parent.exists() && tries < 5 => continue,
+            Err(e) => {
+                shared.undo();
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// Makes the shared parent if absent and gives it its limits: the
+/// controllers of its settings and of the tree's own enabled in the root
+/// (so the parent can be limited and the tree's limits enabled in it), its
+/// own settings' enabled in the parent's `cgroup.subtree_control` (each
+/// tree keeps its own `memory.events`: the OOM kill is recorded for the
+/// tree whose process it killed), then its settings written (every time
+/// a tree joins: the running service's limits are the parent's). On
+/// failure what this call did is undone.
+fn prepare_shared_parent(
+    parent: &Path,
+    parent_settings: &[CgroupSetting],
+    settings: &[CgroupSetting],
+) -> Result<SharedParent, ProcError> {
+    let root = parent.parent().ok_or_else(|| {
+        ProcError::cgroup(
+            parent,
+            std::io::Error::other("a shared parent has a parent"),
+        )
+    })?;
+    let mut shared = SharedParent {
+        dir: parent.to_path_buf(),
+        root_enabled: Vec::new(),
+    };
+    let result = (|| {
+        for s in parent_settings.iter().chain(settings) {
+            if !shared.root_enabled.contains(&s.controller)
+                && super::delegation::enable_controller(root, s.controller)?
+            {
+                shared.root_enabled.push(s.controller);
+            }
+        }
+        match std::fs::create_dir(parent) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(ProcError::cgroup(parent, e)),
+        }
+        for s in parent_settings {
+            super::delegation::enable_controller(parent, s.controller)?;
+        }
+        for s in parent_settings {
+            let file = parent.join(s.file);
+            std::fs::write(&file, &s.value).map_err(|e| ProcError::cgroup(&file, e))?;
+        }
+        Ok(())
+    })();
+    match result {
+        Ok(()) => Ok(shared),
+        Err(e) => {
+            shared.undo();
+            Err(e)
+        }
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use rustix::io::Errno;
 
-use super::cgroup::{apply_settings, make_tree_cgroup, remove_cgroup_when_empty};
+use super::cgroup::{apply_settings, make_tree_cgroups, remove_cgroup_when_empty};
 use super::fork::{child_after_fork, clone_into_cgroup};
 use super::prepare::{Prepared, prepare};
 use super::types::{ExecFailure, ExecFailureKind, SpawnSpec};
@@ -104,10 +104,14 @@ pub fn spawn_held(spec: &SpawnSpec) -> Result<HeldChild, ProcError> {
         .first()
         .map(|a| a.to_string_lossy().into_owned())
         .unwrap_or_default();
+    let mut shared = None;
     if let Some(cg) = &spec.cgroup {
-        make_tree_cgroup(cg)?;
+        shared = make_tree_cgroups(cg, &spec.parent_settings, &spec.cgroup_settings)?;
         if let Err(e) = apply_settings(cg, &spec.cgroup_settings) {
             let _ = remove_cgroup_when_empty(cg, CLEANUP_WAIT);
+            if let Some(shared) = &shared {
+                shared.undo();
+            }
             return Err(e);
         }
     }
@@ -116,6 +120,9 @@ pub fn spawn_held(spec: &SpawnSpec) -> Result<HeldChild, ProcError> {
         && let Some(cg) = &spec.cgroup
     {
         let _ = remove_cgroup_when_empty(cg, CLEANUP_WAIT);
+        if let Some(shared) = &shared {
+            shared.undo();
+        }
     }
     result
 }

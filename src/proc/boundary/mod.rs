@@ -35,8 +35,9 @@ mod types;
 
 pub(crate) use cgroup::probe_child_cgroup;
 pub use cgroup::{
-    cgroup_root, cgroup2_mount, check_cgroup_writable, own_cgroup_dir, remove_cgroup_if_empty,
-    remove_cgroup_when_empty, resolve_boundary,
+    SHARED_PARENT_MARK, cgroup_root, cgroup2_mount, check_cgroup_writable, is_shared_parent,
+    own_cgroup_dir, remove_cgroup_if_empty, remove_cgroup_when_empty,
+    remove_shared_parent_if_empty, resolve_boundary,
 };
 pub use fork::deny_clone3_in_this_thread;
 pub use held::{HeldChild, Spawned, spawn_held};

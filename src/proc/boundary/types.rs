@@ -10,7 +10,9 @@ use std::path::PathBuf;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BoundaryKind {
-    /// Its own cgroup v2 (`<root>/tw-<ledger>-<id>`) plus its own session and group.
+    /// Its own cgroup v2 (`<root>/tw-<ledger>-<id>`, or
+    /// `<root>/tw-<ledger>-p-<principal>/tw-<ledger>-<id>` under
+    /// `serve --principal-*`) plus its own session and group.
     Cgroup,
     /// Its own session and process group only.
     Session,
@@ -104,12 +106,23 @@ pub struct SpawnSpec {
     pub env: Option<Vec<(OsString, OsString)>>,
     pub stdio: SpawnStdio,
     /// The tree's cgroup directory to create and join before exec (e.g.
-    /// `<root>/tw-<ledger>-<id>`); `None` = session and process group only.
+    /// `<root>/tw-<ledger>-<id>`, or below a shared parent: see
+    /// `parent_settings`); `None` = session and process group only.
     pub cgroup: Option<PathBuf>,
     /// Control files written in the tree's cgroup right after it is made,
     /// before the child joins it (limits). The controller is enabled in the
     /// parent's `cgroup.subtree_control` first when it is not yet.
     pub cgroup_settings: Vec<CgroupSetting>,
+    /// Control files of `cgroup`'s parent when that parent is shared by
+    /// several trees (a principal's, `serve --principal-*`; named
+    /// `tw-<8 hex>-p-<key>`, [`super::is_shared_parent`]). Non-empty: the
+    /// parent is made if absent, its controllers enabled in its own parent
+    /// (the cgroup root) and in its `cgroup.subtree_control` (so each tree
+    /// in it keeps its own `memory.events` and usage files), and these are
+    /// written there before the tree's cgroup is made in it; it is removed
+    /// with its last tree ([`super::remove_cgroup_when_empty`]). Empty:
+    /// `cgroup`'s parent is the root, left as it is.
+    pub parent_settings: Vec<CgroupSetting>,
     /// Where stdout and stderr go with [`SpawnStdio::Log`].
     pub log_file: Option<PathBuf>,
     /// The child's file mode creation mask, when it must not inherit ours

@@ -48,7 +48,7 @@ pub use signal::{
     disarm_standing_kill, may_signal, signal_group_known, signal_process,
 };
 pub use spawn::{
-    BoundaryKind, CgroupSetting, ExecFailure, ExecFailureKind, HeldChild, SpawnSpec, SpawnStdio,
-    Spawned, cgroup_root, remove_cgroup_if_empty, remove_cgroup_when_empty, resolve_boundary,
-    spawn_held,
+    BoundaryKind, CgroupSetting, ExecFailure, ExecFailureKind, HeldChild, SHARED_PARENT_MARK,
+    SpawnSpec, SpawnStdio, Spawned, cgroup_root, is_shared_parent, remove_cgroup_if_empty,
+    remove_cgroup_when_empty, remove_shared_parent_if_empty, resolve_boundary, spawn_held,
 };

@@ -86,6 +86,9 @@ pub struct SpawnSpec {
     pub stdio: SpawnStdio,
     pub cgroup: Option<PathBuf>,
     pub cgroup_settings: Vec<CgroupSetting>,
+    /// A shared parent's limits (`serve --principal-*`): never set here,
+    /// where those are refused at start.
+    pub parent_settings: Vec<CgroupSetting>,
     pub log_file: Option<PathBuf>,
     pub umask: Option<u32>,
     pub credentials: Option<super::Credentials>,
@@ -197,4 +200,18 @@ pub fn remove_cgroup_if_empty(_path: &Path) -> Result<bool, ProcError> {
 
 pub fn remove_cgroup_when_empty(_path: &Path, _wait: Duration) -> Result<bool, ProcError> {
     Ok(true)
+}
+
+/// How a shared parent's name marks it (Linux's, for the shared code).
+pub const SHARED_PARENT_MARK: &str = "-p-";
+
+/// No parent is shared by trees here (`serve --principal-*` is refused at
+/// start): none is named as one.
+pub fn is_shared_parent(_dir: &Path) -> bool {
+    false
+}
+
+/// Nothing to remove (see [`is_shared_parent`]).
+pub fn remove_shared_parent_if_empty(_dir: &Path) -> Result<bool, ProcError> {
+    Ok(false)
 }

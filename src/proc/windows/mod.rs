@@ -50,8 +50,9 @@ pub use signal::{
     disarm_standing_kill, may_signal, signal_group_known, signal_process,
 };
 pub use spawn::{
-    BoundaryKind, CgroupSetting, ExecFailure, ExecFailureKind, GivenStdio, HeldChild, SpawnSpec,
-    SpawnStdio, Spawned, cgroup_root, remove_cgroup_if_empty, remove_cgroup_when_empty,
+    BoundaryKind, CgroupSetting, ExecFailure, ExecFailureKind, GivenStdio, HeldChild,
+    SHARED_PARENT_MARK, SpawnSpec, SpawnStdio, Spawned, cgroup_root, is_shared_parent,
+    remove_cgroup_if_empty, remove_cgroup_when_empty, remove_shared_parent_if_empty,
     resolve_boundary, spawn_held,
 };
 

@@ -152,6 +152,9 @@ pub struct SpawnSpec {
     pub cgroup: Option<PathBuf>,
     /// The tree's limits (`memory.max`, `pids.max`, `cpu.max`), made job limits.
     pub cgroup_settings: Vec<CgroupSetting>,
+    /// A shared parent's limits (`serve --principal-*`): never set here,
+    /// where those are refused at start.
+    pub parent_settings: Vec<CgroupSetting>,
     pub log_file: Option<PathBuf>,
     pub umask: Option<u32>,
     pub credentials: Option<super::Credentials>,
@@ -522,4 +525,18 @@ pub fn remove_cgroup_when_empty(path: &Path, wait: Duration) -> Result<bool, Pro
         }
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// How a shared parent's name marks it (Linux's, for the shared code).
+pub const SHARED_PARENT_MARK: &str = "-p-";
+
+/// No parent is shared by trees here (`serve --principal-*` is refused at
+/// start): none is named as one.
+pub fn is_shared_parent(_dir: &Path) -> bool {
+    false
+}
+
+/// Nothing to remove (see [`is_shared_parent`]).
+pub fn remove_shared_parent_if_empty(_dir: &Path) -> Result<bool, ProcError> {
+    Ok(false)
 }
