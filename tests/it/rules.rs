@@ -903,7 +903,18 @@ fn an_owner_whose_start_time_cannot_be_read_counts_as_alive() {
     assert_eq!(env.marked().len(), 2, "the tree is untouched");
     assert_eq!(tree_state(env, 1).as_deref(), Some("running"));
 
-    // The same sweep able to read the pid: the owner is gone.
+    // The same sweep able to read the pid, as root: the owner is gone. The
+    // data dir goes back to root first (a data dir of another user's is
+    // refused, root's sweep included), with whatever nobody's sweep added.
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(env.data_dir())
+        .expect("data dir")
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    paths.push(env.data_dir());
+    for path in paths {
+        std::os::unix::fs::chown(&path, Some(0), Some(0)).expect("hand the data dir back to root");
+    }
     assert_swept_as_orphan(&mut o);
 }
 
