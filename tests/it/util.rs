@@ -8,7 +8,12 @@ use std::time::{Duration, Instant};
 
 /// The `treewarden` binary built for this test run.
 pub fn bin() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_BIN_EXE_treewarden"))
+    // The kernel lane names the binary beside the test binary it copied
+    // (tests/vm/run): a copy elsewhere must not reach back to the checkout
+    // this was compiled in, which the guest may not see.
+    std::env::var_os("TREEWARDEN_TEST_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_BIN_EXE_treewarden")))
 }
 
 /// The factor every poll bound is scaled by: `TREEWARDEN_TEST_POLL_SCALE`
