@@ -126,15 +126,13 @@ pub struct ServeArgs {
     /// (Retry-After), up to 256 at once, then wait in the kernel's backlog.
     /// Accept also waits while fewer than 128 descriptors are free (they
     /// are custody's: /proc reads, pidfds, the ledger).
-    #[cfg_attr(target_os = "linux", arg(long, default_value_t = treewarden::http::conn::ConnLimits::default().max_total))]
-    #[cfg_attr(windows, arg(long, default_value_t = 0))]
+    #[cfg_attr(any(target_os = "linux", windows), arg(long, default_value_t = treewarden::http::conn::ConnLimits::default().max_total))]
     #[cfg_attr(target_os = "macos", arg(long, default_value_t = 0))]
     max_connections: usize,
     /// Connections one local user (peer uid, on the socket and on loopback
     /// TCP; the source address beyond loopback) may hold at once; past it,
     /// its new connections are answered 503 (Retry-After) and closed.
-    #[cfg_attr(target_os = "linux", arg(long, default_value_t = treewarden::http::conn::ConnLimits::default().max_per_uid))]
-    #[cfg_attr(windows, arg(long, default_value_t = 0))]
+    #[cfg_attr(any(target_os = "linux", windows), arg(long, default_value_t = treewarden::http::conn::ConnLimits::default().max_per_uid))]
     #[cfg_attr(target_os = "macos", arg(long, default_value_t = 0))]
     max_connections_per_uid: usize,
     /// How long a request's head may take to arrive, a keep-alive
