@@ -18,7 +18,7 @@
 pub mod config;
 pub mod custody;
 // The service: HTTP over TCP (both) and the Unix socket (Linux), built on
-// Linux and Windows (issue 27).
+// Linux and Windows.
 #[cfg(any(target_os = "linux", windows))]
 pub mod http;
 pub mod ledger;

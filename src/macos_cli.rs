@@ -1,4 +1,4 @@
-//! The macOS bodies of the commands that do not run there yet (issue 27):
+//! The macOS bodies of the commands that do not run there yet:
 //! `serve` and `token` (the service, `http` and `service`, is built on
 //! Linux and Windows only) and `run` (no tree is spawned on macOS: the
 //! process layer there is compile-checked, never run). Each refuses with

@@ -4,7 +4,7 @@
 //! view, and [`classify`] is a pure function of that snapshot and the trees we
 //! know. Tests feed `classify` crafted snapshots; the engine feeds it real ones.
 //!
-//! The snapshot is the hot path of every tick (issue 6: within 1.3x of plain
+//! The snapshot is the hot path of every tick (its budget: within 1.3x of plain
 //! reads of every `/proc/<pid>/stat`), so it does not go through `procfs`'s
 //! per-process directory handle and full field parse: [`parse_stat`] reads
 //! only the fields classification needs from one buffer reused across the
@@ -39,8 +39,8 @@ pub use crate::proc::{first_live_in_group, read_entry};
 /// failed because the process is gone (ENOENT, ESRCH). Any other failure
 /// (EMFILE, ENFILE, EAGAIN, EIO, a short or malformed read) makes it
 /// incomplete: a process missing from an incomplete snapshot is unknown, not
-/// exited, and nothing may be concluded from its absence (issue 24: a
-/// service out of descriptors recorded a live tree as ended).
+/// exited, and nothing may be concluded from its absence (else a
+/// service out of descriptors would record a live tree as ended).
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
     pub entries: HashMap<i32, ProcEntry>,
@@ -64,7 +64,7 @@ impl Snapshot {
 }
 
 /// A full walk handed to many callers at once (the custody host's coalesced
-/// walks, issue 30): immutable, and indexed once for all of them.
+/// walks): immutable, and indexed once for all of them.
 ///
 /// Why it exists: each of a drain's teardowns classifies the same walk for
 /// its own tree, and [`classify`] of one tree costs the whole host (every
@@ -519,7 +519,7 @@ pub fn details(pid: i32) -> MemberDetails {
     }
 }
 
-// The same readers on Windows (issue 27): a toolhelp snapshot and the
+// The same readers on Windows: a toolhelp snapshot and the
 // tree's job instead of /proc and cgroup.procs.
 
 /// Every process (one toolhelp snapshot).
@@ -633,7 +633,7 @@ pub fn details(pid: i32) -> MemberDetails {
     }
 }
 
-// The same readers on macOS (issue 27): libproc's process listing
+// The same readers on macOS: libproc's process listing
 // (`proc_listallpids`, `proc_pidinfo`) instead of /proc; no cgroups.
 
 /// Every process (one `proc_listallpids`, each read with `proc_pidinfo`).

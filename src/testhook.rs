@@ -16,7 +16,7 @@
 //!
 //! It must never be set in production: a process that aborts in a teardown
 //! leaves the tree frozen in `terminating` for the next sweep. So it is not
-//! in release builds at all (issue 29): without `debug_assertions` every
+//! in release builds at all: without `debug_assertions` every
 //! point is an empty function and the variable is never read. The
 //! integration tests run the debug binary, which keeps them.
 //!

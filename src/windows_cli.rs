@@ -1,5 +1,5 @@
 //! The Windows bodies of the commands whose Unix bodies need Unix-only
-//! parts (issue 27): `doctor` (the job-object probe), and `run`'s helpers
+//! parts: `doctor` (the job-object probe), and `run`'s helpers
 //! for a terminal relay (none: no ConPTY) and its interrupts. `serve` and
 //! `token` are the shared bodies (src/commands/): the service is built on
 //! Windows too, over TCP on loopback only.

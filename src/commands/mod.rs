@@ -68,7 +68,7 @@ pub use token::token;
 #[cfg(unix)]
 use tty::TtyRelay;
 pub use verify::verify;
-// `serve` and `token` refuse on macOS (issue 27): src/macos_cli.rs.
+// `serve` and `token` refuse on macOS: src/macos_cli.rs.
 #[cfg(target_os = "macos")]
 pub use crate::macos_cli::{serve, token};
 
@@ -245,6 +245,6 @@ fn shield_from_interrupts() {
 }
 
 // The Windows bodies of what the Unix ones above do through Unix-only
-// parts (issue 27): see src/windows_cli.rs.
+// parts: see src/windows_cli.rs.
 #[cfg(windows)]
 use crate::windows_cli::{TtyRelay, shield_from_interrupts, survivors_hold_pipes};

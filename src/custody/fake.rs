@@ -315,7 +315,7 @@ impl World {
     /// `pid` exits and is reaped, and another user's process (`uid`, in a
     /// session of its own) takes the pid *within the same clock tick*: the
     /// same `(pid, start ticks)`, a different process. What a start-time
-    /// identity cannot see and a held handle can (issue 24).
+    /// identity cannot see and a held handle can.
     pub fn recycle_same_tick(&mut self, pid: i32, uid: u32) -> Option<(i32, u64)> {
         let start = self.procs.get(&pid)?.start_ticks;
         self.recycle(pid)?;

@@ -6,7 +6,7 @@
 //! ([`super::TreeWatch`]'s `vet`), and a pidfd is a descriptor. Unbounded,
 //! one user's tree that forks hundreds of `setsid` children takes the
 //! service's descriptors down to the serving loop's reserve, and accept
-//! pauses for every user (issue 43, N8). So every hold takes a
+//! pauses for every user. So every hold takes a
 //! [`HoldPermit`] first, granted only while the tree, its principal and the
 //! process are all under their caps; the permit lives beside the handle and
 //! gives its place back when the handle is dropped.

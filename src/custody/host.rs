@@ -231,7 +231,7 @@ static WALKS: Walks<Arc<SharedSnapshot>> = Walks::new();
 
 impl Host for KernelHost {
     /// A walk that started after this call, shared with every caller
-    /// asking meanwhile (issue 30: a drain's thousands of teardowns).
+    /// asking meanwhile (a drain's thousands of teardowns).
     fn snapshot(&self) -> Arc<SharedSnapshot> {
         WALKS.get(|| crate::scan::share(crate::scan::snapshot()))
     }

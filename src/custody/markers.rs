@@ -149,7 +149,7 @@ pub fn all(data_dir: &Path) -> Vec<(i64, Marker)> {
 mod tests {
     use std::os::unix::fs::PermissionsExt;
 
-    /// Issue 24, finding 9: markers name survivors and their argv; their
+    /// Markers name survivors and their argv; their
     /// folder is 0700 and each marker (first write and rewrite) 0600.
     #[test]
     fn markers_and_their_folder_are_private() {

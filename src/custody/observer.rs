@@ -747,7 +747,7 @@ impl Worker {
         // The process now at the child's pid must be the parent's child
         // (or, its parent gone, re-parented to this subreaper): a child that
         // exited at once may have left its pid to another user's process
-        // within the same clock tick, with the same start time (issue 24).
+        // within the same clock tick, with the same start time.
         // A real orphan re-parented elsewhere is left to the scans, which
         // find it by its session, group, cgroup or descent.
         if stat.ppid != parent && stat.ppid != std::process::id() as i32 {

@@ -372,8 +372,9 @@ mod tests {
         }
     }
 
-    /// The service's causes keep the metric labels and origins the
-    /// service's own enum (`service::Why`, before issue 29) gave them.
+    /// The service's causes keep the metric labels and origins they had
+    /// when the service had an enum of its own (`service::Why`): the
+    /// dashboards and alerts match them.
     #[test]
     fn each_cause_has_its_bounded_label_and_origin() {
         let st = ExitStatus::Exited(0);

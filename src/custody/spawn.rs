@@ -48,7 +48,7 @@ pub struct SpawnRequest {
     /// resumes the teardown sends it); `None`: SIGTERM.
     pub first_signal: Option<crate::proc::Sig>,
     /// Who asked, recorded with the tree, and the credentials its root is
-    /// given before exec (issue 17); `None`: the service's own, nobody named.
+    /// given before exec; `None`: the service's own, nobody named.
     pub on_behalf: Option<OnBehalf>,
 }
 

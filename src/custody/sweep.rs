@@ -272,7 +272,7 @@ impl Engine {
     /// marker names (one directory listing), each still a sweep candidate
     /// (not terminal, or resolved with survivors left). The service asks
     /// every 2 s; reading every live tree's row and opening a marker path
-    /// for each was most of its idle ledger work at 2,000 trees (issue 30).
+    /// for each was most of its idle ledger work at 2,000 trees.
     fn failed_closed_candidates(&self) -> Result<Vec<TreeRow>, CustodyError> {
         let mut trees = self.ledger.ambiguous_trees()?;
         for (id, _) in super::markers::all(&self.data_dir) {

@@ -1569,7 +1569,7 @@ fn killed_run_rig(boundary: Boundary, setup: impl FnOnce(&mut World, i32, i32)) 
 
 #[test]
 fn a_killed_tree_the_reaper_emptied_is_verified_without_a_second_walk() {
-    // Issue 30: after the SIGKILL, "no child of this subreaper and the
+    // After the SIGKILL, "no child of this subreaper and the
     // cgroup empty" proves the tree empty as at the start of a `run`
     // teardown: one walk (the first signal's), not two.
     for boundary in [Boundary::Session, Boundary::Cgroup] {
@@ -1643,8 +1643,8 @@ fn a_process_moved_into_the_trees_cgroup_denies_the_proof() {
     assert!(rig.host.world().live().is_empty(), "and ended");
 }
 
-/// Issue 24, finding 2: a service out of descriptors read nothing of a
-/// live tree and recorded it ended, with no signal. Every read failing
+/// A service out of descriptors reads nothing of a live tree, which must
+/// not be recorded ended (nor signalled) on that. Every read failing
 /// (EMFILE), the teardown decides nothing: no signal, no exit, no end; the
 /// tree stays as the ledger had it and the caller is told to try again.
 /// Once reads work again, the same tree is torn down with its authority.
@@ -1723,7 +1723,7 @@ fn reads_failing_mid_teardown_carry_the_members_and_record_exits_only_when_read(
     assert_eq!(n, 2, "each exit once: {exited:?}");
 }
 
-/// Issue 24, finding 1, through the teardown: the escapee exits and
+/// A pid recycled within one clock tick, through the teardown: the escapee exits and
 /// another user's process takes its pid within the same clock tick, after
 /// the first signal. The newcomer is never signalled, and the
 /// authorization does not name it.
@@ -1770,7 +1770,7 @@ fn a_pid_recycled_within_the_tick_is_never_signalled_nor_authorized() {
     assert_every_kill_authorized(&sent);
 }
 
-// Issue 29: the survivors of a whole-file mutation run of teardown.rs, each
+// The survivors of a whole-file mutation run of teardown.rs, each
 // a test that fails on its mutant (applied by hand once; docs/TESTING.md).
 
 /// The teardown lease (mutant: `teardown_lease*` -> `Ok(None)`, two
@@ -2414,7 +2414,7 @@ fn a_listed_pid_taken_by_a_stranger_before_its_stat_read_is_not_a_member() {
     assert_eq!(w.procs[&m].comm, "stranger", "the pid was recycled");
 }
 
-/// Issue 43, N8: past the tree's cap on held handles, loose members are
+/// Past the tree's cap on held handles, loose members are
 /// kept unheld (by identity and the uid they were recorded with). The
 /// teardown still ends every one of them, each signalled through a handle
 /// taken at the signal and checked against that uid; an unheld escapee

@@ -1,5 +1,5 @@
-//! One `/proc` walk shared by every caller that asks while it is due
-//! (issue 30): the walk coalescer behind [`super::KernelHost`]'s
+//! One `/proc` walk shared by every caller that asks while it is due:
+//! the walk coalescer behind [`super::KernelHost`]'s
 //! `snapshot`.
 //!
 //! Why it exists: a shutdown drain tears thousands of trees down at once,

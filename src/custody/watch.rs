@@ -292,7 +292,7 @@ impl TreeWatch {
     /// observer's generation (the tree is ticked, and read, at once) or,
     /// were the events lost, shows at this tick as a member gone; at 2,000
     /// quiet trees the full scan's 2,000 `memory.events` reads were a
-    /// twentieth of its cost (issue 30). One tick only.
+    /// twentieth of its cost. One tick only.
     pub fn expect_unchanged(&mut self) {
         self.expect_unchanged = true;
     }

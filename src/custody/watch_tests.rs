@@ -723,7 +723,7 @@ fn a_write_rejected_for_another_reason_neither_degrades_the_watch_nor_is_kept() 
     assert!(watch.journal().is_empty());
 }
 
-/// Issue 24, finding 2: a tick whose reads fail (out of descriptors)
+/// A tick whose reads fail (out of descriptors)
 /// concludes no exit. The members it could not read are reported as last
 /// seen, the report says why it is incomplete, and the exit of a member
 /// that really ended is recorded by the first tick that reads again.
@@ -777,7 +777,7 @@ fn one_unreadable_member_makes_the_tick_incomplete_and_is_carried() {
     assert_eq!(r.exited, 0);
 }
 
-/// Issue 24, finding 1: an escaped member exits and another user's process
+/// An escaped member exits and another user's process
 /// takes its pid within the same clock tick (same pid, same start time).
 /// The watch holds the escapee from the tick that first found it loose, so
 /// the newcomer is not a member: not reported, not recorded as an escape,

@@ -1,4 +1,4 @@
-//! Who is asking, and what they may do (issue 17).
+//! Who is asking, and what they may do.
 //!
 //! Every request gets a [`Principal`] before any handler runs:
 //! - on the **Unix socket**, the peer's credentials (`SO_PEERCRED`, read
@@ -172,7 +172,7 @@ impl Principal {
 
     /// 404 unless it may read `tree`: to a principal that may not see it,
     /// another's tree is answered as an unknown one is, word for word, so
-    /// the status does not tell which ids exist (issue 24).
+    /// the status does not tell which ids exist.
     pub fn may_see(&self, tree: &TreeRow) -> Result<(), ApiError> {
         if self.sees_all() || self.owns(tree) {
             return Ok(());

@@ -29,7 +29,7 @@
 //! On the Unix socket a connection also carries **descriptors**: a client
 //! may send up to three with the first bytes of a spawn (`SCM_RIGHTS`),
 //! which the handler gives the tree as its 0/1/2 (the `Treewarden-Stdio`
-//! header names which; docs/ARCHITECTURE.md, "stdio through the socket").
+//! header names which; docs/INTEGRATION.md, "stdio through the socket").
 //! So the socket is read with `recvmsg` ([`FdStream`]); what arrives is
 //! kept per connection ([`ReceivedFds`], at most [`MAX_PENDING_FDS`],
 //! close-on-exec) until the spawn handler takes it. Any other request that

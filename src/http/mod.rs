@@ -9,10 +9,14 @@
 //! the Unix socket, a scoped token over TCP; [`auth`]), which the handlers
 //! check against the tree they act on.
 //!
-//! This module never signals or waits for a process and never writes the
-//! ledger: it parses, calls [`crate::service::Service`] (reads go through
+//! This module never signals or waits for a process and never opens the
+//! ledger: it parses, calls [`crate::service::Service`] (spawns,
+//! teardowns, resolves, the two events it records, and reads through
 //! `Service::read`, on the blocking pool), and maps the answer to a status
-//! in one place ([`error::ApiError`]).
+//! in one place ([`error::ApiError`]). Beside the service it calls `proc`
+//! for the user database, a peer's credentials, random bytes and the
+//! descriptor limit, and `custody`'s read-only helpers (a live tree's
+//! cgroup usage, an owner's liveness, the captured log).
 
 pub mod api;
 pub mod auth;

@@ -18,7 +18,7 @@
 //!
 //! A stream is a standing read, so its right is checked again as it runs:
 //! a stream opened with a token ends before the next event once the token
-//! is revoked (issue 24: a revoked token's stream kept receiving argv). One
+//! is revoked (else a revoked token's stream would keep receiving argv). One
 //! principal holds at most [`MAX_PER_PRINCIPAL`] of the streams, so one
 //! user cannot take them all.
 

@@ -343,7 +343,7 @@ async fn a_socket_principal_sees_and_acts_on_its_own_trees_only() {
         200
     );
     // Another's tree is an unknown tree to it: 404, the words of a tree
-    // that does not exist (issue 24: 403 told which ids exist).
+    // that does not exist (a 403 would tell which ids exist).
     for (method, path, body) in [
         ("GET", format!("/api/trees/{roots}"), None),
         ("GET", format!("/api/trees/{roots}/log"), None),
@@ -458,10 +458,10 @@ async fn a_replaced_token_file_revokes_the_old_files_token() {
     assert!(old_row.revoked_at.is_some(), "{tokens:?}");
 }
 
-/// Issue 24, finding 8: the `Link` of a user's page named the id of the
-/// next tree *of anyone's* (the page was read for all and filtered after),
-/// so a user paging its own trees learned other users' ids. The page is
-/// now read as the user may see it.
+/// The `Link` of a user's page names only a tree of its own: a page read
+/// for all and filtered after would name the next tree *of anyone's*, so
+/// a user paging its own trees would learn other users' ids. The page is
+/// read as the user may see it.
 #[tokio::test]
 async fn a_users_page_and_its_link_name_only_its_own_trees() {
     let r = rig(false);

@@ -306,7 +306,7 @@ fn open_connection(path: &Path, busy_timeout: Duration, dir: DirRule) -> Result<
     conn.busy_timeout(busy_timeout)?;
     // Every write goes through `Writer::exec`/`Writer::row`, which keep their
     // statements prepared: re-preparing was 40% of the owner thread's time in
-    // a 1,000-member teardown (issue 6). Reads use the cache too. Room for
+    // a 1,000-member teardown. Reads use the cache too. Room for
     // every distinct statement (the event reads' filter combinations included).
     conn.set_prepared_statement_cache_capacity(128);
     conn.pragma_update(None, "foreign_keys", true)?;
@@ -343,7 +343,7 @@ fn reserve_wal(_conn: &Connection, _path: &Path, _bytes: u64) {}
 /// `KEEP_SIZE`: blocks allocated past its end, its length unchanged), so
 /// that its next appends need no new blocks: a tree (or anything else)
 /// that fills the filesystem cannot take the room the next kill's
-/// authorization needs (issue 24, finding 3). SQLite never truncates the
+/// authorization needs. SQLite never truncates the
 /// WAL here (no `journal_size_limit`, no TRUNCATE checkpoint), so the
 /// room lasts until the last connection closes and removes the WAL; every
 /// open makes it again (a no-op where it is there). Checkpoints that
@@ -499,8 +499,8 @@ fn make_current(conn: &mut Connection, path: &Path, busy_timeout: Duration) -> R
     Ok(())
 }
 
-/// A ledger made by a build that listed 0006 right after 0004 (main between
-/// the merges of issue 17 and issue 15) has `user_version` 5 with 0006's
+/// A ledger made by a build that listed 0006 right after 0004 (a development
+/// build of main, after 0006 landed and before 0005 did) has `user_version` 5 with 0006's
 /// schema and without 0005's: applied in list order, 0005 would be taken as
 /// done and 0006 applied twice. Such a ledger gets 0005 now, and version 6.
 fn mend_0006_before_0005(conn: &mut Connection) -> Result<(), Fail> {
@@ -541,7 +541,7 @@ impl Store {
     /// runs it instead. Other FULL commits keep it: a run of FULL commits
     /// and nothing else would only grow the WAL, and an fdatasync that must
     /// also journal a growing file's size costs about twice as much (the
-    /// authority bench, session 2 and session 5).
+    /// authority bench, docs/PERFORMANCE.md).
     fn set_sync(&mut self, level: Durability) -> Result<(), Fail> {
         if self.sync != level {
             let (value, autocheckpoint) = match level {
@@ -825,7 +825,7 @@ mod tests {
         (dir, conn)
     }
 
-    /// Migration 0008 (issue 27): a tree may record boundary `job` and a
+    /// Migration 0008 (Windows' Job Objects): a tree may record boundary `job` and a
     /// signal target kind `job`, the CHECKs still refuse anything else, and
     /// a TERMINATE_JOB / TERMINATE_PROCESS row without an authorization of
     /// its tree is refused by the database, one with it accepted.
@@ -868,7 +868,7 @@ mod tests {
         signal("TERMINATE_JOB", "job", Some(auth)).expect("an authorized terminate");
     }
 
-    /// Migration 0009 (issue 30): the statements a teardown runs for every
+    /// Migration 0009: the statements a teardown runs for every
     /// member (an observation: survivor, exit, escape), for every signal and
     /// state change, and a new tree, owner and token, build no ephemeral
     /// table (an IN list in a CHECK or a trigger's WHEN built one per row);

@@ -1,6 +1,6 @@
 //! File modes where the OS has them: the ledger's files and folders are
 //! made 0600/0700 on Unix; on Windows the data dir's ACL (the user's own
-//! profile by default) is what keeps them private (issue 27).
+//! profile by default) is what keeps them private.
 
 /// `.mode(m)` on Unix, nothing elsewhere.
 pub(crate) trait Mode {

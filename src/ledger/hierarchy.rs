@@ -1,4 +1,4 @@
-//! A tree's members as a process hierarchy (issue 29): parent -> child by
+//! A tree's members as a process hierarchy: parent -> child by
 //! the ppid each member had when first seen, each member marked with what
 //! the ledger recorded of it (escaped, exec'd, exited, force-killed or kill
 //! authorized). Pure: built from a [`TreeDetail`] (its member rows, signal

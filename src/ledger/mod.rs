@@ -58,7 +58,7 @@
 //! [`Ledger::verify`] checks against a head published elsewhere.
 //!
 //! A chain rewritten from some point with fresh hashes is internally
-//! consistent; forward-secure seals (`seal.rs`, issue 28) make such a
+//! consistent; forward-secure seals (`seal.rs`) make such a
 //! rewrite of anything sealed before the attacker arrived fail
 //! [`Ledger::verify_sealed`]: `ledger.seal` events MACed with a key that
 //! evolves one way each epoch, checked with the key `seal setup` printed.
@@ -817,7 +817,7 @@ impl Ledger {
     /// terminating and killing (what [`crate::custody::Engine::unsettled`]
     /// judges), read through the state index. Not every live tree: with
     /// 2,000 running trees, reading them all made every `/healthz`, spawn
-    /// gate and `/metrics` scrape read 2,000 rows (issue 30).
+    /// gate and `/metrics` scrape read 2,000 rows.
     pub fn unsettled_candidates(&self) -> Result<Vec<TreeRow>, LedgerError> {
         self.read(|tx| {
             read::trees(

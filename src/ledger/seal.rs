@@ -1,4 +1,4 @@
-//! Sealed evidence (issue 28): forward-secure seals over the hash chain,
+//! Sealed evidence: forward-secure seals over the hash chain,
 //! after journald's Forward Secure Sealing and the lessons of its bugs.
 //!
 //! # Keys

@@ -395,7 +395,7 @@ impl Walk {
                 self.authorized.insert(k.authorization, tree);
             }
             // The forced kills: SIGKILL, and on Windows TerminateJobObject
-            // and TerminateProcess (issue 27).
+            // and TerminateProcess.
             Event::SignalSent(s)
                 if matches!(
                     s.signal.as_str(),

@@ -21,7 +21,7 @@ fn ticks(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
 
-// `job`: a Windows tree's Job Object (issue 27).
+// `job`: a Windows tree's Job Object.
 const TARGET_KINDS: [&str; 4] = ["group", "cgroup", "pid", "job"];
 
 fn invariant(msg: impl Into<String>) -> Fail {
@@ -63,7 +63,7 @@ pub(crate) fn create_tree(
     tree: &NewTree,
     on_behalf: Option<&OnBehalfRecord>,
 ) -> Result<TreeId, Fail> {
-    // `job`: a Windows tree's Job Object (issue 27, migration 0008).
+    // `job`: a Windows tree's Job Object (migration 0008).
     if !matches!(tree.boundary.as_str(), "cgroup" | "session" | "job") {
         return Err(invariant(format!(
             "boundary must be cgroup, session or job, not {:?}",

@@ -5,7 +5,7 @@
 //! Why it exists: snapshot scans see a process only if it is alive at a scan;
 //! a process that forks, calls `setsid()` and is orphaned between two scans
 //! leaves no trace in them. The connector reports the fork and the setsid the
-//! moment they happen (issue 8).
+//! moment they happen.
 //!
 //! What it must never do: trust the kernel's bytes blindly. Messages are
 //! parsed with bounds-checked reads of native-endian integers at the

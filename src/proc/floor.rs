@@ -1,4 +1,4 @@
-//! The bench's spawn floor (issue 30), kept here because it needs `unsafe`
+//! The bench's spawn floor (docs/PERFORMANCE.md), kept here because it needs `unsafe`
 //! (a raw `clone3`) and only `src/proc/` may have it. Not used by
 //! treewarden: the plainest code that does what a spawn into a cgroup
 //! boundary must, for `examples/bench.rs` to compare `run -- true` against.

@@ -6,7 +6,7 @@
 //! resolution of a clock tick (10 ms). A member that exits and whose pid is
 //! taken by another process *within the same tick* (as root can arrange
 //! with `clone3` `set_tid` or `ns_last_pid`) has the same identity, so an
-//! identity re-read before a signal cannot tell them apart (issue 24). A
+//! identity re-read before a signal cannot tell them apart. A
 //! pidfd can: it names the process that held the pid when it was opened,
 //! and says so for good.
 //!

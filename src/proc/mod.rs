@@ -19,7 +19,7 @@
 //! is confined to `fork`/`execve` and the async-signal-safe child path in
 //! [`boundary`], and to registering a pidfd with tokio's reactor in
 //! [`pidfd`], and to taking a descriptor the caller handed over by number
-//! in [`fds`], each block with a `// SAFETY:` line. On Windows (issue 27)
+//! in [`fds`], each block with a `// SAFETY:` line. On Windows
 //! the same interface is `windows/`, whose Win32 calls (Job Objects,
 //! processes, toolhelp, the console) are its `unsafe` blocks, each with a
 //! `// SAFETY:` line too; the Linux files are declared for Linux only.
@@ -145,13 +145,13 @@ impl BoundaryKind {
     }
 }
 
-// The Windows implementation of the same interface (issue 27): Job Objects.
+// The Windows implementation of the same interface: Job Objects.
 #[cfg(windows)]
 mod windows;
 #[cfg(windows)]
 pub use windows::*;
 
-// The macOS implementation of the same interface (issue 27): libproc,
+// The macOS implementation of the same interface: libproc,
 // kqueue, kill/killpg; compile-checked only.
 #[cfg(target_os = "macos")]
 mod macos;

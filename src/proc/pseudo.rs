@@ -7,7 +7,7 @@
 //! six for one small read. At 2,000 live trees the service's full scan
 //! makes about 12,000 such reads (every `/proc/<pid>/stat`, every tree's
 //! `cgroup.procs` and `memory.events`), and the teardown makes them for
-//! every member (issue 30's idle profile: `statx` and `lseek` were an
+//! every member (in a profile of the idle service, `statx` and `lseek` were an
 //! eighth of a stat read). These read until `read` returns 0, as
 //! `read_to_end` does, into a buffer that grows as needed.
 

@@ -180,7 +180,7 @@ impl Reaper {
     /// Records `first` and every other child already ended (reaped without
     /// blocking, up to [`BATCH_MAX`]) under one lock, then wakes the waiters
     /// once and runs the exits' callbacks. One wake a batch, not one a
-    /// child (issue 30: a drain's 10,000 exits woke each of 512 waiting
+    /// child (with one a child, a drain's 10,000 exits woke each of 512 waiting
     /// teardowns 10,000 times, and the reaper waited for the lock behind
     /// them while the zombies stayed).
     fn record_batch(&self, first: Reaped) {
@@ -232,7 +232,7 @@ impl Reaper {
 
     /// Calls `f` with the exit of `pid`, a child a spawner announced, once it
     /// is reaped — at once when it has been already. No descriptor is held
-    /// per child (issue 30: a service with 2,000 live trees held 2,000 root
+    /// per child (with one, a service with 2,000 live trees would hold 2,000 root
     /// pidfds): an announced child's pid cannot name another process until
     /// this reaper has reaped it, and reaping it is what calls `f`. The exit
     /// stays available to [`Reaper::wait_exit`] and [`Reaper::exit_of`] (it

@@ -2,7 +2,7 @@
 //! [`parse_stat`]), and the lean reader over them ([`StatReader`]).
 //!
 //! Every read of a process's stat file goes through here: the scan's
-//! snapshots (its hot path: one buffer reused across the walk, issue 6), an
+//! snapshots (its hot path: one buffer reused across the walk), an
 //! identity's re-read ([`super::identity::read_stat`], which adds the owner
 //! of `/proc/<pid>`), the group checks and exit watches, and the fake host of
 //! the custody tests (which renders its processes as stat lines and parses
@@ -50,8 +50,8 @@ impl ProcEntry {
 /// Reads `/proc/<pid>/stat` files into one reused buffer, each opened
 /// relative to the process's one held descriptor of `/proc`
 /// (`openat(proc, "<pid>/stat")`: two path components where the full path
-/// walks four; a fifth less kernel time per read in issue 30's idle
-/// profile, where the full scan reads every host process every 30 s).
+/// walks four; a fifth less kernel time per read in a profile of the
+/// idle service, where the full scan reads every host process every 30 s).
 #[cfg(target_os = "linux")]
 pub(crate) struct StatReader {
     page: u64,

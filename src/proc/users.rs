@@ -1,4 +1,4 @@
-//! Users and groups, for trees that run as their requester (issue 17): the
+//! Users and groups, for trees that run as their requester: the
 //! user database (NSS, through nix: `getpwnam_r`, `getpwuid_r`,
 //! `getgrnam_r`, `getgrouplist`) and the credentials a tree's root is given
 //! in the child before exec ([`super::boundary`]).
@@ -17,7 +17,7 @@ pub struct Credentials {
     /// Supplementary groups (`setgroups`); may be empty.
     pub groups: Vec<u32>,
     /// Resource limits set before the ids (a socket requester's own, read
-    /// from its process: issue 24). Empty: the service's are inherited.
+    /// from its process). Empty: the service's are inherited.
     pub rlimits: Vec<Rlimit>,
     /// `cgroup.procs` of the requester's cgroup in each cgroup v1 hierarchy
     /// with a controller (`pids`, `memory`, …), joined before the ids, so the
@@ -56,7 +56,7 @@ pub fn credentials_for(uid: u32, gid: u32) -> std::io::Result<Credentials> {
 }
 
 /// The credentials a tree asked for over the socket runs with: the peer's
-/// uid and gid, and what the kernel holds *for the peer process* (issue 24),
+/// uid and gid, and what the kernel holds *for the peer process*,
 /// not what the user database lists, so a tree gains nothing its requester
 /// lacks:
 /// - its supplementary groups (`Groups:` of `/proc/<pid>/status`): a

@@ -1,6 +1,6 @@
 //! Streaming exports for the HTTP API: the ledger's pages go to the client
 //! through a small bounded channel, so the service's memory does not grow
-//! with the ledger (issue 15: the whole export used to be built in memory).
+//! with the ledger (it is never built whole in memory).
 
 use tokio::sync::{mpsc, oneshot};
 

@@ -1,4 +1,4 @@
-//! The captured logs' cap, as they are written (issue 24, finding 3).
+//! The captured logs' cap, as they are written.
 //!
 //! An API tree writes its stdout and stderr straight into
 //! `<data-dir>/logs/tree-<id>.log` (no pipe through the service, so a crash

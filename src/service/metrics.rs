@@ -1,5 +1,5 @@
-//! The service's Prometheus metrics: one registry, the families the issue
-//! names, and how each is fed.
+//! The service's Prometheus metrics: one registry, the families it
+//! exports, and how each is fed.
 //!
 //! Three sources, so that no number is invented twice:
 //! - the ledger's events, tailed by the scan loop from the head at start:

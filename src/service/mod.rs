@@ -42,7 +42,7 @@
 //! process-wide [`Reaper`]. Two teardowns of one tree never run at once in
 //! this process (a per-tree lock).
 //!
-//! On Windows (issue 27) the same code runs over the `proc` seam: the exit
+//! On Windows the same code runs over the `proc` seam: the exit
 //! watches are thread-pool waits on process handles (`proc::ExitWatch`,
 //! `Reaper::on_exit`) where Linux has pidfds and the reaper, the scan
 //! loop's `HostView` is a toolhelp snapshot, free space is
@@ -250,7 +250,7 @@ pub struct Service {
     /// The ledger head when the service started: event-fed counters count after it.
     start_seq: std::sync::atomic::AtomicI64,
     /// The proc-connector observer, when it runs: forks and setsid of
-    /// members recorded as they happen (issue 8). Kept to be stopped.
+    /// members recorded as they happen. Kept to be stopped.
     observer: Mutex<Option<crate::custody::Observer>>,
     observer_handle: Option<crate::custody::ObserverHandle>,
     /// Why the observer is off (empty when it runs).

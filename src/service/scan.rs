@@ -74,7 +74,7 @@ impl Service {
         let ledger = self.engine.ledger();
         self.cap_logs(wanted);
         // A set, not the slice: at 2,000 live trees `contains` on the slice
-        // made these two lines 8 M comparisons a tick (issue 30's idle profile).
+        // made these two lines 8 M comparisons a tick (in a profile of the idle service).
         let wanted_set: HashSet<i64> = wanted.iter().copied().collect();
         st.watches.retain(|id, _| wanted_set.contains(id));
         st.quiet.retain(|id, _| wanted_set.contains(id));
@@ -258,7 +258,7 @@ impl Service {
     /// the service owns the same trees, no full scan is due or forced, the
     /// observer is healthy and the log-cap thread caps. At 2,000 quiet
     /// trees the tick's walk over them (the owned map, the watches, the
-    /// generations) was a third of idle `serve`'s CPU (issue 30). It still
+    /// generations) was a third of idle `serve`'s CPU. It still
     /// counts the skips and tails the ledger.
     fn idle_tick(&self, st: &mut ScanState) -> bool {
         let (Some(at), Some(h)) = (st.idle_at, self.observer_handle.as_ref()) else {
@@ -406,7 +406,7 @@ impl ScanState {
     /// tree, and any fork or exit of a member makes it read again
     /// (docs/RESIDUALS.md). A `cgroup.procs` re-read of every quiet tree
     /// between full scans is not done: at 2,000 live trees every 10 s, it
-    /// was a ninth of the idle service's CPU (issue 30).
+    /// was a ninth of the idle service's CPU.
     fn quiet_trees(&self, generations: &HashMap<i64, u64>) -> HashSet<i64> {
         self.watches
             .keys()

@@ -1,4 +1,4 @@
-//! The service's sealer (issue 28): where sealing is set up
+//! The service's sealer: where sealing is set up
 //! (`treewarden seal setup`), a thread of its own seals each epoch as it
 //! ends ([`Ledger::seal_due`], `ledger/seal.rs`), catches up at start on the
 //! epochs no sealer ran in (late seals), and at the service's shutdown makes

@@ -1,4 +1,4 @@
-//! `treewarden serve` as a library call (issue 27, issue 29):
+//! `treewarden serve` as a library call:
 //! [`serve`] opens the ledger, makes the [`Service`], binds the TCP and
 //! Unix listeners (on Windows TCP on loopback only: no Unix socket), and runs until `shutdown` (or SIGTERM/SIGINT, with
 //! [`ServeOptions::shutdown_on_signals`]) drains it. The binary is a thin
@@ -28,7 +28,7 @@ pub const EXIT_UNSETTLED: u8 = 125;
 /// teardown at once, so this bounds how many run together; their full
 /// walks are shared ([`crate::custody::KernelHost`]'s coalescer), so a
 /// teardown's time is about three walks however many are in flight, and
-/// the drain's rate is this bound over that time (issue 30: 64 threads
+/// the drain's rate is this bound over that time (measured: 64 threads
 /// ended about 50 trees a second with 15,000 processes on the host).
 /// Tokio's own default; a thread's stack is address space until touched.
 const BLOCKING_THREADS: usize = 512;
@@ -209,7 +209,7 @@ pub fn serve(
                 )
             }
         };
-    // Sealing (issue 28): seals every epoch where `seal setup` was run. Its
+    // Sealing: seals every epoch where `seal setup` was run. Its
     // own handle waits longer for the write lock than custody writes do: a
     // seal is due once an epoch, and the wait blocks only its thread.
     let sealing = crate::ledger::Ledger::open(

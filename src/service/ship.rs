@@ -1,4 +1,4 @@
-//! Shipping the audit trail over OTLP (issue 15): where
+//! Shipping the audit trail over OTLP: where
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` or `serve --ship-otlp URL` is set, every
 //! committed ledger event leaves the host as one OpenTelemetry log record
 //! (OTLP/HTTP protobuf to `<endpoint>/v1/logs`; body = the event's export

@@ -53,7 +53,7 @@ impl Service {
         // The ledger keeps its reserve: a tree that logs into the data dir
         // is refused while its free space is under the floor, so a tree
         // filling the disk through its own output cannot make the next
-        // authorization fail (issue 24).
+        // authorization fail.
         if let Some(free) = free_bytes(self.engine.data_dir())
             && free < self.config.min_free
         {
@@ -73,8 +73,8 @@ impl Service {
             )));
         }
         // With an allowlist of commands the environment is an allowlist
-        // too: a denylist of PATH and LD_* let BASH_ENV, SHELLOPTS + PS4 run
-        // code before an allowed script (issue 24).
+        // too: a denylist of PATH and LD_* would let BASH_ENV, SHELLOPTS + PS4 run
+        // code before an allowed script.
         if !self.config.allow_commands.is_empty()
             && let Some((k, _)) = p
                 .env

@@ -58,8 +58,8 @@ pub(super) async fn exited(w: Option<&crate::proc::ExitWatch>) {
 /// How a tree's watch learns that its root exited.
 pub(super) enum RootWatch {
     /// The root is this service's announced child: the reaper says when it
-    /// is reaped, and no descriptor is held for it (issue 30: one pidfd per
-    /// live tree was 2,000 descriptors for 2,000 trees).
+    /// is reaped, and no descriptor is held for it (one pidfd per
+    /// live tree would be 2,000 descriptors for 2,000 trees).
     Reaped(tokio::sync::oneshot::Receiver<()>),
     /// Any other root (a tree adopted after a restart): an identity-checked
     /// pidfd.

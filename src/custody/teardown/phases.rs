@@ -73,7 +73,7 @@ impl Engine {
 
     /// The verify's [`Self::proven_empty`]: the killed members are the
     /// reaper's to reap, so their zombies are given a moment to go
-    /// before the `/proc` walk decides instead (issue 30: the walk was a
+    /// before the `/proc` walk decides instead (the walk costs a
     /// sixth of a 10-process teardown; `run`, and the service's own trees
     /// when it has no other child, end without it).
     fn reaped_empty(&self, watch: &TreeWatch) -> bool {
@@ -106,7 +106,7 @@ impl Engine {
 
     /// GRACE: targeted re-reads until the members are gone or the grace is
     /// over (none at grace 0: the freeze's scan is the first chance
-    /// anything had to exit; an extra scan cost a full walk, issue 6).
+    /// anything had to exit; an extra scan costs a full walk).
     /// One full walk whose evidence is complete, tried a bounded number of
     /// times: a walk whose reads failed (out of descriptors, I/O) proves
     /// nothing gone, so no phase decides on one. Still incomplete after

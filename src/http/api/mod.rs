@@ -2,7 +2,7 @@
 //! OpenAPI document generated from them (utoipa), so the description cannot
 //! drift from the code that answers.
 //!
-//! One file a job (issue 29): bodies.rs the shapes, parse.rs their checks,
+//! One file a job: bodies.rs the shapes, parse.rs their checks,
 //! run_as.rs who a spawn runs as, spawn.rs `POST /api/trees`, trees.rs the
 //! other tree routes, events.rs `GET /api/events`, health.rs `/healthz`,
 //! `/readyz` and `POST /api/shutdown`, doc.rs the OpenAPI document. Every

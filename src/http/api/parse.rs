@@ -91,7 +91,7 @@ impl SpawnBody {
                 // Whether it exists is the tree's user's to find out (in
                 // the child, as that user): looked up here as root, the
                 // answer would tell a user what lies in directories closed
-                // to it (issue 24). Trees that run as the service are
+                // to it. Trees that run as the service are
                 // checked in `spawn_tree`.
                 let p = PathBuf::from(c);
                 if c.contains('\0') || !p.is_absolute() {

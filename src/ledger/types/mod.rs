@@ -2,7 +2,7 @@
 //! no SQL here, and no rusqlite type ever appears in these shapes.
 
 //!
-//! One file a job (issue 29): names.rs the row ids and the closed
+//! One file a job: names.rs the row ids and the closed
 //! vocabularies (tree states, event kinds), records.rs what writers hand
 //! in, limits.rs a tree's cgroup limits and the resources it used,
 //! filters.rs what readers ask for, rows.rs what they read back, reports.rs

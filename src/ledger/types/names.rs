@@ -138,12 +138,12 @@ pub enum EventKind {
     /// recorded and signalled as any, by identity and uid.
     TreeHoldsCapped,
     /// An API token was made (its id, name, scope, and who made it; never
-    /// the secret). Addition to DESIGN.md (issue 17).
+    /// the secret). Addition to DESIGN.md.
     TokenCreated,
     /// An API token was revoked (its id, and who revoked it).
     TokenRevoked,
     /// A kill was asked for through the API, and by whom (`by`), written
-    /// before its teardown starts. Addition to DESIGN.md (issue 17).
+    /// before its teardown starts. Addition to DESIGN.md.
     KillRequested,
     /// The service's shutdown was asked for through the API
     /// (`POST /api/shutdown`), by whom and with how many owned trees,
@@ -153,7 +153,7 @@ pub enum EventKind {
     /// remaining chain is proven from here (`ledger/prune.rs`). Written
     /// only by [`crate::ledger::Ledger::prune`].
     LedgerCheckpoint,
-    /// Sealed evidence (issue 28, `ledger/seal.rs`): the setup, one seal
+    /// Sealed evidence (`ledger/seal.rs`): the setup, one seal
     /// per epoch, or the close; the data is a [`SealData`]. Written only by
     /// the sealer.
     LedgerSeal,

@@ -67,7 +67,7 @@ unsafe fn enter_cwd(cwd: &std::ffi::CStr) -> bool {
 /// cgroup `dir` names, so it is never migrated there. Writing a pid to
 /// `cgroup.procs` takes the kernel's cgroup threadgroup lock for writing,
 /// which waits for an RCU grace period: 6–19 ms measured here for the one
-/// migration a `run` makes (docs/PERFORMANCE.md, session 5), against
+/// migration a `run` makes (docs/DECISIONS.md), against
 /// 0.1–0.2 ms for this. Returns -1 where the kernel refuses it (before 5.7,
 /// `ENOSYS` under a seccomp filter that hides clone3, a cgroup it will not
 /// take): the caller then forks and writes `cgroup.procs`, which reports

@@ -19,7 +19,7 @@
 //! (dropping a [`HeldChild`] cancels it); remove a cgroup that still has
 //! processes (the kernel refuses, and so do we).
 //!
-//! One file a job (issue 29): types.rs what a spawn is asked for and what
+//! One file a job: types.rs what a spawn is asked for and what
 //! it answers, cgroup.rs the cgroup side (discovery, the boundary a tree
 //! gets, a tree cgroup made, limited and removed), prepare.rs every
 //! allocation before the fork, fork.rs the child's side (clone3 or fork,

@@ -20,7 +20,7 @@ pub(super) struct Prepared {
     pub(super) envp_ptrs: Vec<*const libc::c_char>,
     /// Where `execve` is tried, in order (`execvp`'s search, made in the
     /// child after it took the requester's ids and working directory, so
-    /// the search sees only what the requester may see: issue 24).
+    /// the search sees only what the requester may see).
     pub(super) candidates: Vec<CString>,
     pub(super) cwd: Option<CString>,
     pub(super) null_fd: Option<OwnedFd>,

@@ -1,6 +1,6 @@
 //! The macOS process layer: the same interface as the Linux files beside
-//! this folder (`crate::proc::*`), over libproc, kqueue and kill/killpg
-//! (issue 27). Compile-checked only (`tests/macos/check`): nothing here has
+//! this folder (`crate::proc::*`), over libproc, kqueue and kill/killpg.
+//! Compile-checked only (`tests/macos/check`): nothing here has
 //! run on a Mac, and no tree is spawned on macOS yet (`run` and `serve`
 //! refuse there; docs/RESIDUALS.md, "macOS").
 //!

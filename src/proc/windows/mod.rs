@@ -1,5 +1,5 @@
 //! The Windows process layer: the same interface as the Linux files beside
-//! this folder (`crate::proc::*`), over Job Objects (issue 27).
+//! this folder (`crate::proc::*`), over Job Objects.
 //!
 //! Why it exists: everything above `proc` (ledger, custody's teardown state
 //! machine, CLI) is shared; what differs per OS is how a tree is contained,
