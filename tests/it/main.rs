@@ -8,6 +8,7 @@ mod custody;
 mod delegation;
 mod docs;
 mod fidelity;
+mod golden;
 mod harness;
 mod hierarchy;
 mod hostile;
