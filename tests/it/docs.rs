@@ -552,8 +552,9 @@ fn every_deploy_and_docs_path_the_docs_mention_exists() {
                     .unwrap_or(tail.len());
                 let path = tail[..end].trim_end_matches(['.', '/']);
                 rest = &tail[end..];
-                // Only repository paths: not part of a longer path or URL.
-                if before.is_some_and(|c| c.is_ascii_alphanumeric() || "/._-".contains(c))
+                // Only repository paths: not part of a longer path or URL,
+                // nor a path at a named commit (`git show <rev>:docs/…`).
+                if before.is_some_and(|c| c.is_ascii_alphanumeric() || "/._-:".contains(c))
                     || !path.contains('.')
                 {
                     continue;

@@ -28,5 +28,6 @@ mod shipping;
 mod tenants;
 mod tenants_conn;
 mod tenants_fds;
+mod tidy;
 mod util;
 mod wrapper;
