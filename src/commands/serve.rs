@@ -168,7 +168,7 @@ pub struct ServeArgs {
 /// the service itself would resolve relative to it), so it starts there,
 /// its own paths made absolute first (as given, against the directory it
 /// was started in).
-#[cfg(unix)]
+#[cfg(target_os = "linux")]
 fn in_root(config: &Config, mut args: ServeArgs) -> Result<(Config, ServeArgs), CliError> {
     let abs = |p: &std::path::Path| {
         std::path::absolute(p).map_err(|e| CliError::usage(anyhow!("{}: {e}", p.display())))
@@ -208,9 +208,9 @@ pub fn serve(config: &Config, args: ServeArgs) -> CliResult {
 pub(super) fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
     use treewarden::service::ServiceConfig;
     use treewarden::service::serve::{ServeOptions, serve};
-    #[cfg(unix)]
+    #[cfg(target_os = "linux")]
     let (root_config, args) = in_root(config, args)?;
-    #[cfg(unix)]
+    #[cfg(target_os = "linux")]
     let config = &root_config;
     let opts = ServeOptions {
         service: ServiceConfig {
