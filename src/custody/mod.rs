@@ -53,8 +53,8 @@ pub use holds::{HoldCap, HoldCaps, Holds};
 pub use host::{Held, Host, KernelHost};
 pub use observer::{Observer, ObserverHandle, ObserverStats};
 pub use owner::{
-    KeepEnd, KeepOptions, LIFETIME_OWNER_FLAG, Lifetime, ROOT_EXITED_FLAG, RunEnd, RunOptions,
-    RunOutcome,
+    Action, KeepEnd, KeepOptions, LIFETIME_OWNER_FLAG, Lifetime, OwnerWatch, ROOT_EXITED_FLAG,
+    RunEnd, RunOptions, RunOutcome, Watched,
 };
 pub use spawn::{OnBehalf, SpawnRequest, Spawned, log_path, read_log};
 pub use stats::EngineStats;

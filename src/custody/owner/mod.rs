@@ -12,6 +12,10 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+mod machine;
+
+pub use machine::{Action, OwnerWatch, Watched};
+
 use super::observer::{Observer, ObserverStats};
 use super::policy::{self, EndCause};
 use super::spawn::SpawnRequest;
