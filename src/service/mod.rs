@@ -83,7 +83,7 @@ pub use admit::Reservation;
 pub use export::ExportChunks;
 pub use logkeep::EndedLogs;
 use scan::start_observer;
-use watch::{RootWatch, owner_alive, watch_tree};
+use watch::{RootWatch, watch_tree};
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;

@@ -35,18 +35,6 @@ impl Service {
     }
 }
 
-/// Whether a client owner is still the process it was (pid, start time,
-/// boot): one that cannot be read counts as alive (its tree is left to the
-/// next start, which checks again), as an owner whose start time cannot be
-/// read does everywhere.
-pub(super) fn owner_alive(owner: &Identity) -> bool {
-    match crate::proc::identity_of(owner.pid) {
-        Ok(Some(now)) => now.start_ticks == owner.start_ticks && now.boot_id == owner.boot_id,
-        Ok(None) => false,
-        Err(_) => true,
-    }
-}
-
 /// Resolves when the watched process exits; never without a watch.
 pub(super) async fn exited(w: Option<&crate::proc::ExitWatch>) {
     match w {

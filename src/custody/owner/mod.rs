@@ -170,15 +170,6 @@ fn owner_watches(opts: &RunOptions) -> Vec<(crate::proc::Identity, RunEnd)> {
     out
 }
 
-/// Whether a watched owner is gone: dead, or its pid now names a process
-/// that started later. Unknown counts as alive (never a teardown on a guess).
-fn owner_gone(id: &crate::proc::Identity) -> bool {
-    matches!(
-        id.check(),
-        crate::proc::Liveness::Gone | crate::proc::Liveness::Recycled
-    )
-}
-
 /// A thread per watched owner that sends [`Event::Owner`] when it exits.
 fn start_owner_watches(watches: &[(crate::proc::Identity, RunEnd)], tx: &mpsc::Sender<Event>) {
     for (id, end) in watches {
@@ -346,7 +337,8 @@ impl Engine {
                     }
                 }
                 first_tick = false;
-                if let Some((_, end)) = watches.iter().find(|(id, _)| owner_gone(id)) {
+                if let Some((_, end)) = watches.iter().find(|(id, _)| !self.host().still_alive(id))
+                {
                     break *end;
                 }
                 next_scan = now + opts.scan_interval;
@@ -530,7 +522,7 @@ impl Engine {
             if opts.deadline.is_some_and(|d| Instant::now() >= d) {
                 break KeepEnd::Timeout;
             }
-            if owner_gone(&opts.owner) {
+            if !self.host().still_alive(&opts.owner) {
                 break KeepEnd::OwnerDied;
             }
             if let Some(w) = watch.as_mut()
@@ -602,4 +594,40 @@ fn forward_signals(tx: &mpsc::Sender<Event>) -> Result<crate::proc::CtrlForward,
         let _ = tx.send(Event::Signal(sig));
     }))
     .map_err(CustodyError::Proc)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::custody::Host;
+    use crate::custody::fake::{BOOT, FakeHost, FakeProc, stranger};
+    use crate::proc::{ExitStatus, Identity};
+
+    fn identity((pid, start_ticks): (i32, u64)) -> Identity {
+        Identity {
+            pid,
+            start_ticks,
+            boot_id: BOOT.into(),
+        }
+    }
+
+    /// The one liveness rule of an owner: one that has exited is gone,
+    /// reaped or not (a zombie), as is one whose pid names a later process;
+    /// one that runs is alive.
+    #[test]
+    fn an_owner_that_exited_is_gone_reaped_or_not() {
+        let host = FakeHost::new(true);
+        let live = identity(host.world().spawn(stranger(0)));
+        let zombie = identity(host.world().spawn(FakeProc {
+            state: 'Z',
+            ..stranger(0)
+        }));
+        let reaped = identity(host.world().spawn(stranger(0)));
+        host.world().exit(reaped.pid, ExitStatus::Exited(0));
+        let recycled = identity(host.world().spawn(stranger(0)));
+        host.world().recycle(recycled.pid).expect("recycled");
+        assert!(host.still_alive(&live));
+        assert!(!host.still_alive(&zombie), "a zombie owner is gone");
+        assert!(!host.still_alive(&reaped));
+        assert!(!host.still_alive(&recycled));
+    }
 }
