@@ -54,7 +54,7 @@ pub use host::{Held, Host, KernelHost};
 pub use observer::{Observer, ObserverHandle, ObserverStats};
 pub use owner::{
     Action, KeepEnd, KeepOptions, LIFETIME_OWNER_FLAG, Lifetime, OwnerWatch, ROOT_EXITED_FLAG,
-    RunEnd, RunOptions, RunOutcome, Watched,
+    RunEnd, RunOptions, RunOutcome, Watched, mark_lifetime_owner,
 };
 pub use spawn::{OnBehalf, SpawnRequest, Spawned, log_path, read_log};
 pub use stats::EngineStats;

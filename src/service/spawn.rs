@@ -211,7 +211,7 @@ impl Service {
         let spawned = blocking(move || {
             let spawned = engine.spawn(&req)?;
             if lifetime == crate::custody::Lifetime::Owner {
-                engine.mark_lifetime_owner(spawned.tree);
+                crate::custody::mark_lifetime_owner(engine.ledger(), spawned.tree);
             }
             Ok::<_, CustodyError>(spawned)
         })

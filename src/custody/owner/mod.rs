@@ -286,7 +286,7 @@ impl Engine {
         let spawned = self.spawn_on(&req, opts.tty.as_deref(), recorded)?;
         let tree = spawned.tree;
         if opts.lifetime == Lifetime::Owner {
-            self.mark_lifetime_owner(tree);
+            mark_lifetime_owner(&self.ledger, tree);
         }
         let obs = observer.as_ref().map(Observer::handle);
         if let Some(o) = &obs {
@@ -480,14 +480,15 @@ pub enum KeepEnd {
     Empty,
 }
 
-impl Engine {
-    /// Flags a tree [`LIFETIME_OWNER_FLAG`] (best effort, logged).
-    pub fn mark_lifetime_owner(&self, tree: TreeId) {
-        if let Err(e) = self.ledger.add_flag(tree, LIFETIME_OWNER_FLAG) {
-            tracing::warn!(tree = tree.0, error = %e, "lifetime_owner flag not recorded");
-        }
+/// Flags a tree [`LIFETIME_OWNER_FLAG`] (best effort, logged): all it needs
+/// is the ledger.
+pub fn mark_lifetime_owner(ledger: &crate::ledger::Ledger, tree: TreeId) {
+    if let Err(e) = ledger.add_flag(tree, LIFETIME_OWNER_FLAG) {
+        tracing::warn!(tree = tree.0, error = %e, "lifetime_owner flag not recorded");
     }
+}
 
+impl Engine {
     /// Records that a kept tree's root exited (`member.exited`, with its
     /// status when this process reaped it) and flags the tree
     /// [`ROOT_EXITED_FLAG`]. Best effort: a refused write is logged (the
