@@ -21,7 +21,7 @@
 use serde::Serialize;
 
 use super::{CustodyError, Engine};
-use crate::ledger::{Event, TreeRow, TreeState, event};
+use crate::ledger::{Event, TreeState, event};
 
 /// Whom an unsettled tree refuses new work to.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -76,7 +76,7 @@ impl Engine {
                 let alive = self
                     .marked_survivors(tree)
                     .into_iter()
-                    .filter(|id| super::alive_on(self.host(), id))
+                    .filter(|id| self.host().still_alive(&id.into()))
                     .count();
                 if alive == 0 {
                     tracing::info!(
@@ -115,7 +115,9 @@ impl Engine {
                         .clone()
                         .unwrap_or_else(|| "ambiguous teardown".into()),
                 }),
-                TreeState::Terminating | TreeState::Killing if !self.owner_alive(&row) => {
+                TreeState::Terminating | TreeState::Killing
+                    if !self.host().still_alive(&(&row.owner_identity()).into()) =>
+                {
                     out.push(Unsettled {
                         tree: row.id,
                         reason: format!(
@@ -232,13 +234,6 @@ impl Engine {
             tree: first.tree,
             reason: first.reason.clone(),
         })
-    }
-
-    /// Whether a tree's owner still lives. An owner whose start time cannot
-    /// be read counts as alive: a missed reap is recoverable, a wrong kill is
-    /// not.
-    pub(crate) fn owner_alive(&self, row: &TreeRow) -> bool {
-        super::alive_on(self.host(), &row.owner_identity())
     }
 }
 

@@ -107,6 +107,15 @@ pub trait Host: Send + Sync {
     fn identity_of(&self, pid: i32) -> Result<Option<Identity>, ProcError>;
     /// Whether the process an identity names still runs.
     fn liveness(&self, id: &Identity) -> Liveness;
+    /// Whether the process an identity names still is that process: the one
+    /// liveness check of owners (and of a marker's survivors). One that has
+    /// exited, reaped or not (a zombie runs no code), or whose pid now names
+    /// a later process, is gone; one that cannot be read counts as alive (a
+    /// missed reap is recoverable, a wrong kill is not: never a teardown on
+    /// a guess).
+    fn still_alive(&self, id: &Identity) -> bool {
+        !matches!(self.liveness(id), Liveness::Gone | Liveness::Recycled)
+    }
     /// This boot's id.
     fn boot_id(&self) -> Result<String, ProcError>;
     /// `killpg` of the recorded group, only while it provably is the
@@ -203,6 +212,17 @@ pub trait Host: Send + Sync {
     fn now(&self) -> Instant;
     /// Waits between two polls of the teardown.
     fn sleep(&self, d: Duration);
+}
+
+/// A ledger identity as the kernel's (the same three fields).
+impl From<&crate::ledger::IdentityRecord> for Identity {
+    fn from(id: &crate::ledger::IdentityRecord) -> Self {
+        Identity {
+            pid: id.pid,
+            start_ticks: id.start_ticks,
+            boot_id: id.boot_id.clone(),
+        }
+    }
 }
 
 /// The real host: `proc` and `scan`, called as they always were.

@@ -53,8 +53,8 @@ pub use holds::{HoldCap, HoldCaps, Holds};
 pub use host::{Held, Host, KernelHost};
 pub use observer::{Observer, ObserverHandle, ObserverStats};
 pub use owner::{
-    KeepEnd, KeepOptions, LIFETIME_OWNER_FLAG, Lifetime, ROOT_EXITED_FLAG, RunEnd, RunOptions,
-    RunOutcome,
+    Action, KeepEnd, KeepOptions, LIFETIME_OWNER_FLAG, Lifetime, OwnerWatch, ROOT_EXITED_FLAG,
+    RunEnd, RunOptions, RunOutcome, Watched, mark_lifetime_owner,
 };
 pub use spawn::{OnBehalf, SpawnRequest, Spawned, log_path, read_log};
 pub use stats::EngineStats;
@@ -441,7 +441,7 @@ impl Engine {
         }
         let alive: Vec<crate::ledger::IdentityRecord> = candidates
             .into_iter()
-            .filter(|id| alive_on(self.host(), id))
+            .filter(|id| self.host().still_alive(&id.into()))
             .collect();
         if !alive.is_empty() && !force {
             let pids: Vec<String> = alive.iter().map(|id| id.pid.to_string()).collect();
@@ -652,7 +652,7 @@ impl Engine {
     pub fn survivors_left(&self, tree: TreeId) -> Vec<i32> {
         self.marked_survivors(tree.0)
             .into_iter()
-            .filter(|id| alive_on(self.host(), id))
+            .filter(|id| self.host().still_alive(&id.into()))
             .map(|id| id.pid)
             .collect()
     }
@@ -793,26 +793,4 @@ pub fn live_resources(row: &crate::ledger::TreeRow) -> Option<crate::ledger::Res
 pub(crate) fn cgroup_prefix(instance_id: &str) -> String {
     let short: String = instance_id.chars().take(8).collect();
     format!("tw-{short}")
-}
-
-/// Whether the process a ledger identity names still runs. An identity whose
-/// start time cannot be read counts as alive: a missed reap is recoverable,
-/// a wrong kill is not. (Used by the dashboard, which Windows does not build.)
-#[cfg_attr(windows, allow(dead_code))]
-#[cfg_attr(target_os = "macos", allow(dead_code))]
-pub(crate) fn still_alive(id: &crate::ledger::IdentityRecord) -> bool {
-    alive_on(&KernelHost::default(), id)
-}
-
-/// [`still_alive`], asked of `host`.
-pub(crate) fn alive_on(host: &dyn Host, id: &crate::ledger::IdentityRecord) -> bool {
-    let id = crate::proc::Identity {
-        pid: id.pid,
-        start_ticks: id.start_ticks,
-        boot_id: id.boot_id.clone(),
-    };
-    !matches!(
-        host.liveness(&id),
-        crate::proc::Liveness::Gone | crate::proc::Liveness::Recycled
-    )
 }

@@ -1,4 +1,4 @@
-//! The owner policy `run` (threads, custody/owner.rs) and `serve` (tokio,
+//! The owner policy `run` (threads, custody/owner/) and `serve` (tokio,
 //! service/mod.rs) share: why an owner ends its tree and the reason it
 //! records, which grace the teardown gets, and how the observer starts.
 //!

@@ -191,7 +191,7 @@ impl Engine {
         for row in trees {
             if opts.skip.contains(&row.id)
                 || (opts.only_failed_closed && !self.failed_closed(&row))
-                || self.owner_alive(&row)
+                || self.host().still_alive(&(&row.owner_identity()).into())
             {
                 report.owned += 1;
             } else if opts.limit.is_some_and(|n| orphans.len() >= n) {

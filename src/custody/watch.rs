@@ -165,7 +165,7 @@ impl TreeWatch {
         let mut exclude = exclude.clone();
         // The owner is never a member — while it is the owner. A dead
         // owner's pid may be reused by a member of its own tree.
-        if super::alive_on(host, &row.owner_identity()) {
+        if host.still_alive(&(&row.owner_identity()).into()) {
             exclude.insert(row.owner.pid);
         }
         let mut known = KnownTree {

@@ -16,7 +16,7 @@ use serde::Deserialize;
 use super::AppState;
 use super::api::parse_flag;
 use super::error::{ApiError, ApiQuery, TreePath};
-use crate::custody::Unsettled;
+use crate::custody::{Host as _, Unsettled};
 use crate::ledger::event::TeardownTimeline;
 use crate::ledger::hierarchy::ProcessNode;
 use crate::ledger::{
@@ -93,7 +93,9 @@ impl TreeLine {
         };
         TreeLine {
             owner: format!("{} {}", t.owner.kind, t.owner.pid),
-            owner_alive: live.then(|| crate::custody::still_alive(&t.owner_identity())),
+            owner_alive: live.then(|| {
+                crate::custody::KernelHost::default().still_alive(&(&t.owner_identity()).into())
+            }),
             consumed,
             id: t.id,
             state: t.state.as_str().into(),

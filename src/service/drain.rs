@@ -27,7 +27,7 @@ impl Service {
                 .lock_owned()
                 .iter()
                 .filter(|(id, o)| match &o.client_owner {
-                    Some(owner) if owner_alive(owner) => {
+                    Some(owner) if self.engine.host().still_alive(owner) => {
                         left.push((**id, owner.pid));
                         false
                     }

@@ -83,7 +83,7 @@ pub use admit::Reservation;
 pub use export::ExportChunks;
 pub use logkeep::EndedLogs;
 use scan::start_observer;
-use watch::{RootWatch, owner_alive, watch_tree};
+use watch::{RootWatch, watch_tree};
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
@@ -98,8 +98,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::custody::policy::{self, EndCause};
 use crate::custody::{
-    CustodyError, Engine, SpawnRequest, SweepCounts, SweepOptions, SweepProgress, TeardownOptions,
-    TeardownReport, TreeWatch,
+    Action, CustodyError, Engine, OwnerWatch, SpawnRequest, SweepCounts, SweepOptions,
+    SweepProgress, TeardownOptions, TeardownReport, TreeWatch, Watched,
 };
 use crate::ledger::{EventFilter, LedgerError, OwnerKind, TreeId, TreeRow, TreeState};
 use crate::proc::{ExitStatus, Identity, Reaper, SpawnStdio};

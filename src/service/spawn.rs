@@ -211,7 +211,7 @@ impl Service {
         let spawned = blocking(move || {
             let spawned = engine.spawn(&req)?;
             if lifetime == crate::custody::Lifetime::Owner {
-                engine.mark_lifetime_owner(spawned.tree);
+                crate::custody::mark_lifetime_owner(engine.ledger(), spawned.tree);
             }
             Ok::<_, CustodyError>(spawned)
         })
@@ -267,17 +267,15 @@ impl Service {
         self.tasks.spawn(async move {
             let owner = owner_fd.and_then(|fd| crate::proc::ExitWatch::new(fd).ok());
             let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
-            let why = watch_tree(&done, root_watch, root_gone, owner.as_ref(), deadline, timeout).await;
-            let Some(mut why) = why else {
+            let mut watch = OwnerWatch::new(lifetime, deadline.map(tokio::time::Instant::into_std), timeout);
+            if !watch_tree(&done, root_watch, root_gone, owner.as_ref(), deadline, &mut watch).await {
                 return;
-            };
+            }
             // `"lifetime": "owner"`: the root's exit is recorded and the
             // tree kept while anything of it runs, until its owner exits,
             // its timeout fires, or it is killed (`done`).
             let mut kept_root_exit = None;
-            if let (EndCause::RootExited(_), crate::custody::Lifetime::Owner, Some(r)) =
-                (&why, lifetime, &root)
-            {
+            if let (true, Some(r)) = (watch.is_kept(), &root) {
                 let (engine, reaper, r) = (this.engine.clone(), this.reaper, r.clone());
                 let kept = blocking(move || {
                     let status = reaper.and_then(|rp| rp.wait_exit(r.pid, Some(Duration::from_secs(1))));
@@ -288,14 +286,19 @@ impl Service {
                     (status, empty)
                 })
                 .await;
+                // A check that did not run ends the tree, as an empty one.
+                watch.handle_tick(Some(!matches!(kept, Ok((_, false)))));
                 if let Ok((status, false)) = kept {
                     kept_root_exit = status;
-                    let Some(end) = this.watch_kept(&done, tree, owner.as_ref(), deadline, timeout).await else {
+                    if !this.watch_kept(&done, tree, owner.as_ref(), deadline, &mut watch).await {
                         return;
-                    };
-                    why = end;
+                    }
                 }
             }
+            // Kept with no root to check cannot be: a root's exit keeps a tree.
+            let Action::TearDown(mut why) = watch.poll() else {
+                return;
+            };
             let root_exit = match (&why, &root) {
                 _ if kept_root_exit.is_some() => kept_root_exit,
                 (EndCause::RootExited(_), Some(r)) if this.reaper.is_some() => {

@@ -1,6 +1,6 @@
 //! The watch task of an owned tree: what it waits on (the root's exit, the
 //! client owner's exit, the timeout, the tree's end) and the futures that
-//! resolve on each.
+//! resolve on each; what each means for the tree is [`OwnerWatch`]'s to say.
 
 use super::*;
 
@@ -8,42 +8,34 @@ impl Service {
     /// A kept tree (`"lifetime": "owner"`) after its root exited: waits
     /// for its owner's exit or its timeout, checking every scan interval
     /// whether anything of it still runs (an empty tree ends, as
-    /// `RootExited`). `None` when it ended otherwise (killed, shutdown).
+    /// `RootExited`): feeds `watch` until it decides; `false` when the tree
+    /// ended otherwise (killed, shutdown).
     pub(super) async fn watch_kept(
         &self,
         done: &CancellationToken,
         tree: i64,
         owner: Option<&crate::proc::ExitWatch>,
         deadline: Option<tokio::time::Instant>,
-        timeout: Option<Duration>,
-    ) -> Option<EndCause> {
+        watch: &mut OwnerWatch,
+    ) -> bool {
         let mut every = tokio::time::interval(self.config.scan_interval);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         every.tick().await;
         loop {
             tokio::select! {
-                _ = done.cancelled() => return None,
-                _ = exited(owner) => return Some(EndCause::OwnerExited),
-                _ = until(deadline) => return Some(EndCause::Timeout(timeout.unwrap_or_default())),
-                _ = every.tick() => {}
+                _ = done.cancelled() => return false,
+                _ = exited(owner) => watch.handle_owner_exit(Watched::Owner),
+                _ = until(deadline) => watch.handle_timeout(now()),
+                _ = every.tick() => {
+                    let engine = self.engine.clone();
+                    let empty = blocking(move || engine.tree_empty_now(TreeId(tree))).await;
+                    watch.handle_tick(empty.ok());
+                }
             }
-            let engine = self.engine.clone();
-            if let Ok(true) = blocking(move || engine.tree_empty_now(TreeId(tree))).await {
-                return Some(EndCause::RootExited(None));
+            if watch.poll() != Action::Keep {
+                return true;
             }
         }
-    }
-}
-
-/// Whether a client owner is still the process it was (pid, start time,
-/// boot): one that cannot be read counts as alive (its tree is left to the
-/// next start, which checks again), as an owner whose start time cannot be
-/// read does everywhere.
-pub(super) fn owner_alive(owner: &Identity) -> bool {
-    match crate::proc::identity_of(owner.pid) {
-        Ok(Some(now)) => now.start_ticks == owner.start_ticks && now.boot_id == owner.boot_id,
-        Ok(None) => false,
-        Err(_) => true,
     }
 }
 
@@ -120,24 +112,38 @@ pub(super) async fn until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-/// Waits for the first reason to end a tree; `None` when the tree ended
-/// otherwise (or the service is shutting down: the drain tears it down).
+/// The time now, as the owner's machine takes it.
+fn now() -> std::time::Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+/// Feeds `watch` the events of a tree until it decides or keeps the tree;
+/// `false` when the tree ended otherwise (killed, or the service is shutting
+/// down: the drain tears it down).
 pub(super) async fn watch_tree(
     done: &CancellationToken,
     root: Option<RootWatch>,
     root_gone: bool,
     owner: Option<&crate::proc::ExitWatch>,
     deadline: Option<tokio::time::Instant>,
-    timeout: Option<Duration>,
-) -> Option<EndCause> {
+    watch: &mut OwnerWatch,
+) -> bool {
     // The root's status is filled in by the caller, once known.
     if root_gone {
-        return Some(EndCause::RootExited(None));
+        watch.handle_root_exit(None);
+        return true;
     }
-    tokio::select! {
-        _ = done.cancelled() => None,
-        _ = exited(owner) => Some(EndCause::OwnerExited),
-        _ = root_exited(root) => Some(EndCause::RootExited(None)),
-        _ = until(deadline) => Some(EndCause::Timeout(timeout.unwrap_or_default())),
+    let root = root_exited(root);
+    tokio::pin!(root);
+    loop {
+        tokio::select! {
+            _ = done.cancelled() => return false,
+            _ = exited(owner) => watch.handle_owner_exit(Watched::Owner),
+            _ = &mut root => watch.handle_root_exit(None),
+            _ = until(deadline) => watch.handle_timeout(now()),
+        }
+        if watch.poll() != Action::Keep || watch.is_kept() {
+            return true;
+        }
     }
 }

@@ -200,7 +200,7 @@ fn platform_cfgs_outside_the_platform_folder_only_go_down() {
     )
     .expect("re");
     let found = hits(&re, |p| !p.starts_with("src/proc/sys/"));
-    ratchet("platform cfgs outside src/proc/sys/", &found, 200);
+    ratchet("platform cfgs outside src/proc/sys/", &found, 198);
 }
 
 /// The `fn`s declared directly in `impl <ty> {` blocks (not in nested
@@ -242,7 +242,7 @@ fn methods_of(ty: &str) -> Vec<String> {
 
 #[test]
 fn the_engine_and_the_service_only_shrink() {
-    ratchet("methods of impl Engine", &methods_of("Engine"), 98);
+    ratchet("methods of impl Engine", &methods_of("Engine"), 96);
     ratchet("methods of impl Service", &methods_of("Service"), 39);
 }
 
@@ -272,7 +272,7 @@ fn what_http_reaches_past_the_service_only_shrinks() {
 #[test]
 fn owner_liveness_checks_only_merge() {
     let re = Regex::new(r"\bfn (owner_gone|owner_alive|alive_on|still_alive)\b").expect("re");
-    ratchet("owner liveness checks", &hits(&re, |_| true), 5);
+    ratchet("owner liveness checks", &hits(&re, |_| true), 1);
 }
 
 #[test]

@@ -1,16 +1,23 @@
-//! Owning one tree from start to end: what `treewarden run` does.
+//! Owning one tree from start to end: what `treewarden run` does, and the
+//! custodian of a tree that outlives its root.
 //!
 //! The owner spawns the tree, scans it on an interval, and tears the whole
 //! tree down when the root exits, on timeout, on SIGINT/SIGTERM/SIGHUP, or
 //! (with `die_with_parent`) when its own parent dies. Events arrive on one
 //! channel from small threads (the root's waiter, the signal iterator), so
-//! the loop reacts at once, not at the next scan tick.
+//! the loop reacts at once, not at the next scan tick. What an event means
+//! for the tree (kept, or torn down and why) is [`OwnerWatch`]'s to say
+//! (`machine.rs`, no IO), the machine the service's watch tasks drive too.
 
 use std::collections::HashMap;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+
+mod machine;
+
+pub use machine::{Action, OwnerWatch, Watched};
 
 use super::observer::{Observer, ObserverStats};
 use super::policy::{self, EndCause};
@@ -128,6 +135,21 @@ impl RunOutcome {
     }
 }
 
+impl RunEnd {
+    /// Hands this end, as `run`'s loop saw it at `now`, to the owner's
+    /// machine (which decides what it means for the tree).
+    fn feed(self, owner: &mut OwnerWatch, now: Instant) -> Self {
+        match self {
+            RunEnd::RootExited(status) => owner.handle_root_exit(Some(status)),
+            RunEnd::Timeout => owner.handle_timeout(now),
+            RunEnd::Signal(n) => owner.handle_kill(Some(n)),
+            RunEnd::ParentDied => owner.handle_owner_exit(Watched::Parent),
+            RunEnd::OwnerDied => owner.handle_owner_exit(Watched::Owner),
+        }
+        self
+    }
+}
+
 enum Event {
     Root(ExitStatus),
     Signal(i32),
@@ -164,15 +186,6 @@ fn owner_watches(opts: &RunOptions) -> Vec<(crate::proc::Identity, RunEnd)> {
         out.push((owner.clone(), RunEnd::OwnerDied));
     }
     out
-}
-
-/// Whether a watched owner is gone: dead, or its pid now names a process
-/// that started later. Unknown counts as alive (never a teardown on a guess).
-fn owner_gone(id: &crate::proc::Identity) -> bool {
-    matches!(
-        id.check(),
-        crate::proc::Liveness::Gone | crate::proc::Liveness::Recycled
-    )
 }
 
 /// A thread per watched owner that sends [`Event::Owner`] when it exits.
@@ -273,7 +286,7 @@ impl Engine {
         let spawned = self.spawn_on(&req, opts.tty.as_deref(), recorded)?;
         let tree = spawned.tree;
         if opts.lifetime == Lifetime::Owner {
-            self.mark_lifetime_owner(tree);
+            mark_lifetime_owner(&self.ledger, tree);
         }
         let obs = observer.as_ref().map(Observer::handle);
         if let Some(o) = &obs {
@@ -308,7 +321,11 @@ impl Engine {
             w.adopt_children_of(std::process::id() as i32);
             w.set_observer(obs.clone());
         }
+        // What ends the tree, and how, is the owner's machine's to say; this
+        // loop waits and feeds it. Each end the loop sees ends the watch:
+        // the machine says whether the tree is kept or torn down, and why.
         let deadline = opts.timeout.map(|t| Instant::now() + t);
+        let mut owner = OwnerWatch::new(opts.lifetime, deadline, opts.timeout);
         let mut next_scan = Instant::now();
         // The first tick, right after the release, reads only the root (the
         // group and session leader) and the cgroup's members, and records
@@ -319,20 +336,18 @@ impl Engine {
         let mut first_tick = true;
         let end = loop {
             let now = Instant::now();
-            if let Some(d) = deadline
-                && now >= d
-            {
+            if owner.poll_timeout().is_some_and(|d| now >= d) {
                 // A root exit already queued at the deadline wins over it.
                 if let Ok(Event::Root(status)) = rx.try_recv() {
-                    break RunEnd::RootExited(status);
+                    break RunEnd::RootExited(status).feed(&mut owner, now);
                 }
-                break RunEnd::Timeout;
+                break RunEnd::Timeout.feed(&mut owner, now);
             }
             if now >= next_scan {
                 let exits: HashMap<i32, ExitStatus> = reaper.unclaimed().into_iter().collect();
                 // The root may have exited before its waiter asked for it.
                 if let Some(status) = exits.get(&spawned.root.pid) {
-                    break RunEnd::RootExited(*status);
+                    break RunEnd::RootExited(*status).feed(&mut owner, now);
                 }
                 if let Some(w) = watch.as_mut() {
                     if first_tick {
@@ -342,19 +357,21 @@ impl Engine {
                     }
                 }
                 first_tick = false;
-                if let Some((_, end)) = watches.iter().find(|(id, _)| owner_gone(id)) {
-                    break *end;
+                if let Some((_, end)) = watches.iter().find(|(id, _)| !self.host().still_alive(id))
+                {
+                    break end.feed(&mut owner, now);
                 }
                 next_scan = now + opts.scan_interval;
             }
             let mut wait = next_scan.saturating_duration_since(Instant::now());
-            if let Some(d) = deadline {
+            if let Some(d) = owner.poll_timeout() {
                 wait = wait.min(d.saturating_duration_since(Instant::now()));
             }
+            let now = Instant::now();
             match rx.recv_timeout(wait) {
-                Ok(Event::Root(status)) => break RunEnd::RootExited(status),
-                Ok(Event::Owner(end)) => break end,
-                Ok(Event::Signal(sig)) => break RunEnd::Signal(sig),
+                Ok(Event::Root(status)) => break RunEnd::RootExited(status).feed(&mut owner, now),
+                Ok(Event::Owner(end)) => break end.feed(&mut owner, now),
+                Ok(Event::Signal(sig)) => break RunEnd::Signal(sig).feed(&mut owner, now),
                 Ok(Event::ForceScan) => {
                     // A lost event must not become a silent gap: scan now.
                     if let Some(w) = watch.as_mut() {
@@ -373,23 +390,32 @@ impl Engine {
                     }
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) => break RunEnd::Signal(libc::SIGTERM),
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    break RunEnd::Signal(libc::SIGTERM).feed(&mut owner, now);
+                }
             }
         };
 
         // `--lifetime owner`: the root's exit is recorded, and while
         // anything of the tree lives it is kept (handed to a custodian by
         // the caller) instead of torn down.
-        if let (RunEnd::RootExited(status), Lifetime::Owner) = (end, opts.lifetime) {
+        if let (RunEnd::RootExited(status), true) = (end, owner.is_kept()) {
             let mut exits: HashMap<i32, ExitStatus> = reaper.unclaimed().into_iter().collect();
             exits.insert(spawned.root.pid, status);
-            let alive = match watch.as_mut() {
-                Some(w) => !w.tick(self, &exits).members.is_empty(),
-                // Unknown: kept; the custodian's scans decide.
-                None => true,
-            };
-            if alive {
-                self.record_root_exit_kept(tree, &spawned.root, Some(status));
+            // No watch: unknown, kept; the custodian's scans decide.
+            let empty = watch
+                .as_mut()
+                .map(|w| w.tick(self, &exits).members.is_empty());
+            owner.handle_tick(empty);
+        }
+        let cause = match owner.poll() {
+            Action::TearDown(cause) => cause,
+            Action::Keep => {
+                let status = match end {
+                    RunEnd::RootExited(s) => Some(s),
+                    _ => None,
+                };
+                self.record_root_exit_kept(tree, &spawned.root, status);
                 signals_handle.close();
                 let observer = observer.map(|o| o.stop());
                 return Ok(RunOutcome {
@@ -399,13 +425,6 @@ impl Engine {
                     observer,
                 });
             }
-        }
-        let cause = match end {
-            RunEnd::RootExited(s) => EndCause::RootExited(Some(s)),
-            RunEnd::Timeout => EndCause::Timeout(opts.timeout.unwrap_or_default()),
-            RunEnd::Signal(n) => EndCause::Signal(n),
-            RunEnd::ParentDied => EndCause::ParentDied,
-            RunEnd::OwnerDied => EndCause::OwnerExited,
         };
         let mut topts = cause.teardown_options(opts.grace, Origin::Run);
         topts.first_signal = opts.first_signal;
@@ -461,14 +480,15 @@ pub enum KeepEnd {
     Empty,
 }
 
-impl Engine {
-    /// Flags a tree [`LIFETIME_OWNER_FLAG`] (best effort, logged).
-    pub fn mark_lifetime_owner(&self, tree: TreeId) {
-        if let Err(e) = self.ledger.add_flag(tree, LIFETIME_OWNER_FLAG) {
-            tracing::warn!(tree = tree.0, error = %e, "lifetime_owner flag not recorded");
-        }
+/// Flags a tree [`LIFETIME_OWNER_FLAG`] (best effort, logged): all it needs
+/// is the ledger.
+pub fn mark_lifetime_owner(ledger: &crate::ledger::Ledger, tree: TreeId) {
+    if let Err(e) = ledger.add_flag(tree, LIFETIME_OWNER_FLAG) {
+        tracing::warn!(tree = tree.0, error = %e, "lifetime_owner flag not recorded");
     }
+}
 
+impl Engine {
     /// Records that a kept tree's root exited (`member.exited`, with its
     /// status when this process reaped it) and flags the tree
     /// [`ROOT_EXITED_FLAG`]. Best effort: a refused write is logged (the
@@ -522,28 +542,41 @@ impl Engine {
         let exclude = self.exclude.as_ref().clone();
         let mut watch = TreeWatch::new(&row, &members, &exclude);
         let none = HashMap::new();
-        let end = loop {
-            if opts.deadline.is_some_and(|d| Instant::now() >= d) {
-                break KeepEnd::Timeout;
+        let mut owner = OwnerWatch::kept(None, opts.deadline, None);
+        let cause = loop {
+            owner.handle_timeout(Instant::now());
+            if owner.poll() == Action::Keep && !self.host().still_alive(&opts.owner) {
+                owner.handle_owner_exit(Watched::Owner);
             }
-            if owner_gone(&opts.owner) {
-                break KeepEnd::OwnerDied;
-            }
-            if let Some(w) = watch.as_mut()
-                && w.tick(self, &none).members.is_empty()
+            if owner.poll() == Action::Keep
+                && let Some(w) = watch.as_mut()
             {
-                break KeepEnd::Empty;
+                owner.handle_tick(Some(w.tick(self, &none).members.is_empty()));
+            }
+            if let Action::TearDown(cause) = owner.poll() {
+                break cause;
             }
             let mut wait = opts.scan_interval;
-            if let Some(d) = opts.deadline {
+            if let Some(d) = owner.poll_timeout() {
                 wait = wait.min(d.saturating_duration_since(Instant::now()));
             }
             match rx.recv_timeout(wait) {
-                Ok(Event::Owner(_)) => break KeepEnd::OwnerDied,
-                Ok(Event::Signal(n)) => break KeepEnd::Signal(n),
+                Ok(Event::Owner(_)) => owner.handle_owner_exit(Watched::Owner),
+                Ok(Event::Signal(n)) => owner.handle_kill(Some(n)),
                 Ok(_) | Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) => break KeepEnd::Signal(libc::SIGTERM),
+                Err(mpsc::RecvTimeoutError::Disconnected) => owner.handle_kill(Some(libc::SIGTERM)),
             }
+            if let Action::TearDown(cause) = owner.poll() {
+                break cause;
+            }
+        };
+        let end = match cause {
+            // A kept tree left empty ends as its root's exit.
+            EndCause::RootExited(_) => KeepEnd::Empty,
+            EndCause::Timeout(_) => KeepEnd::Timeout,
+            EndCause::Signal(n) => KeepEnd::Signal(n),
+            // The owner's exit: the custodian feeds no other end.
+            _ => KeepEnd::OwnerDied,
         };
         let reason = match end {
             KeepEnd::OwnerDied => EndCause::OwnerExited.reason(),
@@ -598,4 +631,40 @@ fn forward_signals(tx: &mpsc::Sender<Event>) -> Result<crate::proc::CtrlForward,
         let _ = tx.send(Event::Signal(sig));
     }))
     .map_err(CustodyError::Proc)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::custody::Host;
+    use crate::custody::fake::{BOOT, FakeHost, FakeProc, stranger};
+    use crate::proc::{ExitStatus, Identity};
+
+    fn identity((pid, start_ticks): (i32, u64)) -> Identity {
+        Identity {
+            pid,
+            start_ticks,
+            boot_id: BOOT.into(),
+        }
+    }
+
+    /// The one liveness rule of an owner: one that has exited is gone,
+    /// reaped or not (a zombie), as is one whose pid names a later process;
+    /// one that runs is alive.
+    #[test]
+    fn an_owner_that_exited_is_gone_reaped_or_not() {
+        let host = FakeHost::new(true);
+        let live = identity(host.world().spawn(stranger(0)));
+        let zombie = identity(host.world().spawn(FakeProc {
+            state: 'Z',
+            ..stranger(0)
+        }));
+        let reaped = identity(host.world().spawn(stranger(0)));
+        host.world().exit(reaped.pid, ExitStatus::Exited(0));
+        let recycled = identity(host.world().spawn(stranger(0)));
+        host.world().recycle(recycled.pid).expect("recycled");
+        assert!(host.still_alive(&live));
+        assert!(!host.still_alive(&zombie), "a zombie owner is gone");
+        assert!(!host.still_alive(&reaped));
+        assert!(!host.still_alive(&recycled));
+    }
 }
