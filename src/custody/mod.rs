@@ -169,7 +169,7 @@ impl Engine {
         let boundary = crate::proc::resolve_boundary(config.boundary, cgroup_root.as_deref())?;
         // Delegation done right: a delegated root holding only this process
         // gets it moved into its leaf, so controllers can be enabled for
-        // tree cgroups next to it (proc/delegation.rs). Where the move
+        // tree cgroups next to it (proc/sys/linux/delegation.rs). Where the move
         // fails, trees still get cgroups (they need no controller) and
         // limits are refused, saying why (`check_limits_possible`).
         if boundary.contained()

@@ -1,4 +1,4 @@
-//! Delegation done right (proc/delegation.rs), on the host and in the
+//! Delegation done right (proc/sys/linux/delegation.rs), on the host and in the
 //! kernel lane's guest (tests/vm/run).
 //!
 //! cgroup v2's "no internal processes" rule, shown for real: a non-root

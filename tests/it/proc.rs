@@ -613,7 +613,7 @@ fn sentinel_targets_are_refused() {
         sid,
         leader: with_pid(pgid),
     };
-    // The reason the guard (src/proc/signal.rs) gives for our own group,
+    // The reason the guard (src/proc/sys/linux/signal.rs) gives for our own group,
     // by the check that catches it first: its pgid may be our own pid (we
     // lead it), or 0 inside a pid namespace it lies outside of.
     let own_group_reason = |what: &str| match stat.pgid {

@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use rustix::pty::OpenptFlags;
 use rustix::termios::OptionalActions;
 
-use super::ProcError;
+use crate::proc::ProcError;
 
 /// A fresh pseudo-terminal: the master (ours) and the slave's path (the
 /// tree's).

@@ -9,8 +9,8 @@
 
 use std::sync::OnceLock;
 
-use super::ProcError;
-use super::stat::{ProcEntry, parse_stat};
+use crate::proc::ProcError;
+use crate::proc::stat::{ProcEntry, parse_stat};
 
 /// One process, named so that a recycled pid can never be mistaken for it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]

@@ -8,7 +8,7 @@
 //! namespace reads 0) is `None` and refuses nothing, but it is never a pid
 //! we could target either.
 
-use super::ProcError;
+use crate::proc::ProcError;
 
 /// This process's own ids, as the caller read them.
 #[derive(Clone, Copy, Debug)]

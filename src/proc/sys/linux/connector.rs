@@ -36,8 +36,8 @@ use rustix::net::{AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType, 
 
 use rustix::net::netlink::SocketAddrNetlink;
 
-use super::ProcError;
 use super::reaper::ExitStatus;
+use crate::proc::ProcError;
 
 /// `CN_IDX_PROC` / `CN_VAL_PROC` (`<linux/connector.h>`).
 const CN_IDX_PROC: u32 = libc::CN_IDX_PROC;

@@ -21,7 +21,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::ProcError;
+use crate::proc::ProcError;
 
 /// The leaf a delegated treewarden moves itself into.
 pub const SUPERVISOR_LEAF: &str = "supervisor";

@@ -17,15 +17,11 @@
 //! What it must never do: signal pid <= 1, this process, its own group or
 //! session; signal without the identity check just before; leak a `libc`
 //! type through a public signature. Its `unsafe` blocks (libproc, kqueue,
-//! kill, waitpid) each carry a `// SAFETY:` line; `limits` and `fds` are the
-//! Linux files, which are POSIX.
+//! kill, waitpid) each carry a `// SAFETY:` line; `limits` and `fds` are
+//! `unix/`'s, shared with Linux.
 
 mod exits;
-#[path = "../fds.rs"]
-mod fds;
 mod identity;
-#[path = "../limits.rs"]
-mod limits;
 mod misc;
 mod signal;
 mod spawn;
@@ -35,12 +31,10 @@ pub use exits::{
     ExitCallback, ExitHandle, ExitStatus, Reaper, has_no_children, open_exit_watch, parent_pid,
     pidfd_exited, reap_child, set_parent_death_signal, set_subreaper, signal_pidfd, wait_exits,
 };
-pub use fds::take_inherited_fd;
 pub use identity::{
     Identity, Liveness, ProcKey, ProcStat, boot_id, details_of, first_live_in_group, group_members,
     identity_of, read_entry, read_stat, self_identity, snapshot_entries,
 };
-pub use limits::{nofile_soft_limit, raise_nofile_soft_limit};
 pub use misc::*;
 pub use signal::{
     CgroupEvent, Delivery, GroupDelivery, GroupRecord, Sig, cgroup_freeze, cgroup_kill,

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use rustix::io::Errno;
 use rustix::process::{Pid, WaitOptions};
 
-use super::ProcError;
+use crate::proc::ProcError;
 
 /// How a child ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -34,7 +34,7 @@ pub struct Rlimit {
     pub hard: u64,
 }
 
-pub use super::userdb::{
+pub use crate::proc::userdb::{
     UserInfo, current_uid, effective_uid, group_by_name, groups_of, user_by_name, user_by_uid,
 };
 

@@ -37,11 +37,11 @@ use std::time::{Duration, Instant};
 use rustix::io::Errno;
 use rustix::process::{Pid, PidfdFlags, Signal};
 
-use super::ProcError;
 use super::identity::{Identity, boot_id, read_stat};
-use super::stat::ProcEntry;
+use crate::proc::ProcEntry;
+use crate::proc::ProcError;
 
-pub use super::sig::Sig;
+pub use crate::proc::sig::Sig;
 
 impl Sig {
     /// The signal number (for `128 + N` exit codes and comparisons).
@@ -69,14 +69,14 @@ fn own_pid() -> i32 {
 }
 
 /// The sentinel guard for a pid or pgid about to be signalled
-/// ([`super::guard::check`]).
+/// ([`crate::proc::guard::check`]).
 fn guard(target: i32, what: &str) -> Result<(), ProcError> {
-    let own = super::guard::Own {
+    let own = crate::proc::guard::Own {
         pid: own_pid(),
         pgrp: own_pgrp(),
         sid: own_sid(),
     };
-    super::guard::check(target, what, &own)
+    crate::proc::guard::check(target, what, &own)
 }
 
 /// Our own process group, or `None` when it lies outside our pid namespace:

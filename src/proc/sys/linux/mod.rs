@@ -1,0 +1,89 @@
+//! The Linux process layer: a held spawn into a cgroup v2 boundary, pidfds,
+//! the proc connector, `/proc` reads, the subreaper; with `unix/` (the
+//! sentinel guard, signal names, the user database, inherited descriptors,
+//! the descriptor limit) the interface `crate::proc` exports on Linux.
+
+pub mod boundary;
+pub mod connector;
+pub mod delegation;
+#[doc(hidden)]
+pub mod floor;
+pub mod held;
+pub mod identity;
+pub mod pidfd;
+pub mod probe;
+pub mod pseudo;
+pub mod reaper;
+mod resources;
+pub mod signal;
+mod stat;
+pub mod tty;
+pub mod users;
+
+use crate::proc::ProcError;
+
+pub use boundary::{
+    BoundaryKind, CgroupSetting, ExecFailure, ExecFailureKind, GivenStdio, HeldChild,
+    SHARED_PARENT_MARK, SpawnSpec, SpawnStdio, Spawned, cgroup_root, cgroup2_mount,
+    check_cgroup_writable, deny_clone3_in_this_thread, is_shared_parent, own_cgroup_dir,
+    remove_cgroup_if_empty, remove_cgroup_when_empty, remove_shared_parent_if_empty,
+    resolve_boundary, spawn_held,
+};
+pub use connector::{Connector, ConnectorWaker, ProcEvent, monotonic_ns};
+pub use delegation::{
+    Layout, LayoutReport, SUPERVISOR_LEAF, check_limits_possible, layout, take_delegation,
+};
+pub use held::{pidfd_exited, signal_pidfd};
+pub use identity::{
+    Identity, Liveness, ProcKey, ProcStat, boot_id, identity_of, read_stat, self_identity,
+};
+pub use pidfd::{ExitWatch, open_exit_watch, wait_exits};
+pub use probe::{Capability, Probe, probe};
+pub use reaper::{
+    ExitCallback, ExitStatus, Reaper, has_no_children, parent_pid, reap_child,
+    set_parent_death_signal, set_subreaper,
+};
+pub use resources::{CgroupUsage, cap_log, cgroup_controllers, cgroup_usage, oom_kills};
+pub use signal::{
+    CgroupEvent, Delivery, GroupDelivery, GroupPath, GroupRecord, Sig, cgroup_freeze, cgroup_kill,
+    cgroup_pids, cgroup_populated, cgroup_thaw, cgroup_wait_event, default_sigpipe, group_members,
+    may_signal, pidfd_group_signals_supported, signal_group, signal_group_known, signal_group_via,
+    signal_process,
+};
+pub(crate) use stat::StatReader;
+pub use stat::{boot_ticks_now, first_live_in_group, read_entry};
+pub use users::{
+    Credentials, UserInfo, credentials_for, credentials_of_peer, current_uid, effective_uid,
+    group_by_name, groups_of, user_by_name, user_by_uid,
+};
+
+/// How the teardown records its container kill (`cgroup.kill`).
+pub const CONTAINER_KILL: (&str, &str) = ("SIGKILL", "cgroup");
+/// A tree flag recorded before the root runs for a container that kills on
+/// its owner's exit: none on Linux (a cgroup outlives its owner).
+pub const STANDING_KILL_FLAG: Option<&str> = None;
+/// Clears the standing kill of a tree's container before the teardown's
+/// forced-kill round: nothing to clear on Linux (a cgroup kills nothing on
+/// its own).
+pub fn disarm_standing_kill(_dir: &std::path::Path) -> Result<(), ProcError> {
+    Ok(())
+}
+/// The handle an exit watch holds (a pidfd).
+pub type ExitHandle = std::os::fd::OwnedFd;
+
+impl BoundaryKind {
+    /// Whether the boundary is a kernel container the teardown kills as one.
+    pub fn contained(self) -> bool {
+        self == BoundaryKind::Cgroup
+    }
+}
+
+impl ProcError {
+    /// A cgroup control file or directory that could not be used.
+    pub(crate) fn cgroup(path: impl Into<std::path::PathBuf>, source: std::io::Error) -> Self {
+        ProcError::Cgroup {
+            path: path.into(),
+            source,
+        }
+    }
+}
