@@ -29,9 +29,11 @@
 
 pub mod stat;
 mod sys;
+mod types;
 
 pub use stat::{ProcEntry, parse_stat};
 pub use sys::*;
+pub use types::*;
 
 use std::path::PathBuf;
 

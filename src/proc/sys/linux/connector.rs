@@ -36,8 +36,7 @@ use rustix::net::{AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType, 
 
 use rustix::net::netlink::SocketAddrNetlink;
 
-use super::reaper::ExitStatus;
-use crate::proc::ProcError;
+use crate::proc::{ExitStatus, ProcError};
 
 /// `CN_IDX_PROC` / `CN_VAL_PROC` (`<linux/connector.h>`).
 const CN_IDX_PROC: u32 = libc::CN_IDX_PROC;
@@ -68,31 +67,7 @@ const ACK_TIMEOUT: Duration = Duration::from_secs(1);
 /// doubles it for bookkeeping).
 pub const DEFAULT_RCVBUF: usize = 1 << 20;
 
-/// One process event. Pids are thread-group ids (process ids) unless named
-/// otherwise; events about threads other than a group's leader are dropped.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ProcEvent {
-    /// A new process (not a thread) `child` was forked by process `parent`.
-    Fork {
-        parent: i32,
-        child: i32,
-        /// Kernel time of the event (`CLOCK_MONOTONIC` ns, as [`monotonic_ns`]).
-        at_ns: u64,
-    },
-    /// `pid` called execve.
-    Exec { pid: i32, at_ns: u64 },
-    /// `pid` called setsid(): it leads a new session and group (`sid == pid`).
-    Sid { pid: i32, at_ns: u64 },
-    /// Process `pid` exited (its last thread did).
-    Exit {
-        pid: i32,
-        status: ExitStatus,
-        at_ns: u64,
-    },
-    /// The socket's receive buffer overflowed: events were lost. The reader
-    /// must not trust its incremental view until it has re-scanned.
-    Overflow,
-}
+pub use crate::proc::types::ProcEvent;
 
 /// A subscribed process-events socket.
 pub struct Connector {

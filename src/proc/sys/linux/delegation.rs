@@ -19,29 +19,12 @@
 //! it does not need for a spawn; leave one enabled by a spawn that was
 //! refused.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use crate::proc::ProcError;
+use crate::proc::{Layout, LayoutReport, ProcError};
 
 /// The leaf a delegated treewarden moves itself into.
 pub const SUPERVISOR_LEAF: &str = "supervisor";
-
-/// Where the cgroup root sits, as far as limits are concerned.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Layout {
-    /// The hierarchy's root cgroup (no "no internal processes" rule there).
-    Root,
-    /// A non-root cgroup with no process of its own (after treewarden moved
-    /// itself into its leaf, or one it was pointed at): controllers can be
-    /// enabled for tree cgroups.
-    Delegated,
-    /// A non-root cgroup that holds processes other than treewarden: trees
-    /// get cgroups, limits are refused.
-    Shared,
-    /// Tree cgroups cannot be made here (not writable: not delegated to us).
-    NotDelegated,
-}
 
 impl std::fmt::Display for Layout {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -64,17 +47,6 @@ fn procs(dir: &Path) -> Result<Vec<i32>, ProcError> {
     let file = dir.join("cgroup.procs");
     let text = std::fs::read_to_string(&file).map_err(|e| ProcError::cgroup(&file, e))?;
     Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect())
-}
-
-/// What [`layout`] found, with the reason in words.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct LayoutReport {
-    pub layout: Layout,
-    /// Whether a tree's limits can be enforced under this root.
-    pub limits: bool,
-    pub note: String,
-    /// Where this process would live (or lives) when it delegates.
-    pub supervisor: Option<PathBuf>,
 }
 
 /// Classifies `root` without changing anything (doctor). A root that holds

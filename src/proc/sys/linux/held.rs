@@ -18,8 +18,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use rustix::event::{PollFd, PollFlags, poll};
 use rustix::io::Errno;
 
-use super::signal::{Delivery, Sig};
-use crate::proc::ProcError;
+use crate::proc::{Delivery, ProcError, Sig};
 
 /// Whether the process `fd` names has exited (a zombie counts): a pidfd is
 /// readable once its process exits.

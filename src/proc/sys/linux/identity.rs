@@ -9,29 +9,8 @@
 
 use std::sync::OnceLock;
 
-use crate::proc::ProcError;
 use crate::proc::stat::{ProcEntry, parse_stat};
-
-/// One process, named so that a recycled pid can never be mistaken for it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub struct Identity {
-    pub pid: i32,
-    /// Field 22 of `/proc/<pid>/stat`: start time after boot in clock ticks.
-    pub start_ticks: u64,
-    /// `/proc/sys/kernel/random/boot_id` when the identity was read; start
-    /// ticks are only comparable within one boot.
-    pub boot_id: String,
-}
-
-/// A process within this boot: its pid and start time. Two processes that
-/// held the same pid have different keys (the key of [`Identity`] without
-/// the boot, for sets and maps of one boot's processes).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ProcKey {
-    pub pid: i32,
-    /// Field 22 of `/proc/<pid>/stat`.
-    pub start_ticks: u64,
-}
+use crate::proc::{Identity, Liveness, ProcError, ProcKey};
 
 impl ProcKey {
     pub fn new(pid: i32, start_ticks: u64) -> Self {
@@ -44,24 +23,6 @@ impl Identity {
     pub fn key(&self) -> ProcKey {
         ProcKey::new(self.pid, self.start_ticks)
     }
-}
-
-/// What became of the process an [`Identity`] names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Liveness {
-    /// The pid is held by this very process, and it is not a zombie.
-    Same,
-    /// The process is dead: no process has the pid, or it is this process as
-    /// a zombie (dead, only its status awaits reaping; it can run no code and
-    /// signals to it do nothing), or the identity is from an earlier boot and
-    /// nothing holds the pid.
-    Gone,
-    /// The pid is held by a different process (different start time or boot).
-    Recycled,
-    /// `/proc` could not be read. Callers treat this as alive for owners (a
-    /// missed reap is recoverable) and as "do not signal" for targets.
-    Unreadable,
 }
 
 /// A process's `/proc/<pid>/stat` ([`ProcEntry`], the one model of it) and

@@ -23,38 +23,31 @@ pub mod users;
 use crate::proc::ProcError;
 
 pub use boundary::{
-    BoundaryKind, CgroupSetting, ExecFailure, ExecFailureKind, GivenStdio, HeldChild,
-    SHARED_PARENT_MARK, SpawnSpec, SpawnStdio, Spawned, cgroup_root, cgroup2_mount,
-    check_cgroup_writable, deny_clone3_in_this_thread, is_shared_parent, own_cgroup_dir,
-    remove_cgroup_if_empty, remove_cgroup_when_empty, remove_shared_parent_if_empty,
-    resolve_boundary, spawn_held,
+    BoundaryKind, ExecFailure, GivenStdio, HeldChild, SHARED_PARENT_MARK, SpawnStdio, Spawned,
+    cgroup_root, cgroup2_mount, check_cgroup_writable, deny_clone3_in_this_thread,
+    is_shared_parent, own_cgroup_dir, remove_cgroup_if_empty, remove_cgroup_when_empty,
+    remove_shared_parent_if_empty, resolve_boundary, spawn_held,
 };
-pub use connector::{Connector, ConnectorWaker, ProcEvent, monotonic_ns};
-pub use delegation::{
-    Layout, LayoutReport, SUPERVISOR_LEAF, check_limits_possible, layout, take_delegation,
-};
+pub use connector::{Connector, ConnectorWaker, monotonic_ns};
+pub use delegation::{SUPERVISOR_LEAF, check_limits_possible, layout, take_delegation};
 pub use held::{pidfd_exited, signal_pidfd};
-pub use identity::{
-    Identity, Liveness, ProcKey, ProcStat, boot_id, identity_of, read_stat, self_identity,
-};
+pub use identity::{ProcStat, boot_id, identity_of, read_stat, self_identity};
 pub use pidfd::{ExitWatch, open_exit_watch, wait_exits};
-pub use probe::{Capability, Probe, probe};
+pub use probe::{Probe, probe};
 pub use reaper::{
-    ExitCallback, ExitStatus, Reaper, has_no_children, parent_pid, reap_child,
-    set_parent_death_signal, set_subreaper,
+    Reaper, has_no_children, parent_pid, reap_child, set_parent_death_signal, set_subreaper,
 };
-pub use resources::{CgroupUsage, cap_log, cgroup_controllers, cgroup_usage, oom_kills};
+pub use resources::{cap_log, cgroup_controllers, cgroup_usage, oom_kills};
 pub use signal::{
-    CgroupEvent, Delivery, GroupDelivery, GroupPath, GroupRecord, Sig, cgroup_freeze, cgroup_kill,
-    cgroup_pids, cgroup_populated, cgroup_thaw, cgroup_wait_event, default_sigpipe, group_members,
-    may_signal, pidfd_group_signals_supported, signal_group, signal_group_known, signal_group_via,
-    signal_process,
+    GroupPath, cgroup_freeze, cgroup_kill, cgroup_pids, cgroup_populated, cgroup_thaw,
+    cgroup_wait_event, default_sigpipe, group_members, may_signal, pidfd_group_signals_supported,
+    signal_group, signal_group_known, signal_group_via, signal_process,
 };
 pub(crate) use stat::StatReader;
 pub use stat::{boot_ticks_now, first_live_in_group, read_entry};
 pub use users::{
-    Credentials, UserInfo, credentials_for, credentials_of_peer, current_uid, effective_uid,
-    group_by_name, groups_of, user_by_name, user_by_uid,
+    Credentials, credentials_for, credentials_of_peer, current_uid, effective_uid, group_by_name,
+    groups_of, user_by_name, user_by_uid,
 };
 
 /// How the teardown records its container kill (`cgroup.kill`).

@@ -15,8 +15,8 @@ use std::os::fd::OwnedFd;
 use rustix::io::Errno;
 use rustix::process::{Pid, PidfdFlags};
 
-use super::identity::{Identity, boot_id};
-use crate::proc::ProcError;
+use super::identity::boot_id;
+use crate::proc::{Identity, ProcError};
 
 /// Opens an exit watch on `id`. `Ok(None)` means the process is already gone
 /// (no such pid, a zombie, or the pid now names another process): the caller

@@ -10,13 +10,7 @@ use std::path::{Path, PathBuf};
 
 use super::boundary::{BoundaryKind, cgroup_root, cgroup2_mount, probe_child_cgroup};
 
-/// One probed capability.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct Capability {
-    pub available: bool,
-    /// What was found, or why it is unavailable.
-    pub note: String,
-}
+pub use crate::proc::types::Capability;
 
 impl Capability {
     fn yes(note: impl Into<String>) -> Self {
@@ -63,7 +57,7 @@ pub struct Probe {
     pub proc_connector: Capability,
     /// The cgroup root's layout (root / delegated / shared / not delegated)
     /// and whether a tree's limits can be enforced under it.
-    pub cgroup_layout: Option<super::delegation::LayoutReport>,
+    pub cgroup_layout: Option<crate::proc::LayoutReport>,
     /// Which controllers tree cgroups can be given (`cgroup.controllers`
     /// of the root).
     pub cgroup_controllers: Vec<String>,

@@ -25,17 +25,7 @@ use std::time::{Duration, Instant};
 use rustix::io::Errno;
 use rustix::process::{Pid, WaitOptions};
 
-use crate::proc::ProcError;
-
-/// How a child ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ExitStatus {
-    /// `exit(code)`.
-    Exited(i32),
-    /// Killed by signal N.
-    Signaled(i32),
-}
+use crate::proc::{ExitCallback, ExitStatus, ProcError};
 
 impl ExitStatus {
     /// The code a shell would report: the exit code, or 128 + N for signal N.
@@ -93,9 +83,6 @@ struct State {
     /// Called once with the exit of an announced child ([`Reaper::on_exit`]).
     on_exit: HashMap<i32, ExitCallback>,
 }
-
-/// What [`Reaper::on_exit`] calls, on the reaper thread: it must not block.
-pub type ExitCallback = Box<dyn FnOnce(ExitStatus) + Send>;
 
 /// How many unclaimed exits the reaper keeps for its readers.
 const UNCLAIMED_KEPT: usize = 4096;

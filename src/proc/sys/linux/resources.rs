@@ -5,18 +5,7 @@
 
 use std::path::Path;
 
-/// Usage of one cgroup and its descendants.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CgroupUsage {
-    pub cpu_usec: Option<u64>,
-    pub memory_peak_bytes: Option<u64>,
-    pub pids_peak: Option<u64>,
-    pub io_read_bytes: Option<u64>,
-    pub io_write_bytes: Option<u64>,
-    /// `oom_kill` of `memory.events`: processes the kernel's OOM killer
-    /// ended in this cgroup and its descendants.
-    pub oom_kills: Option<u64>,
-}
+pub use crate::proc::types::CgroupUsage;
 
 /// How many processes the kernel's OOM killer ended in the cgroup (and its
 /// descendants) so far: `oom_kill` of `memory.events`. `None` where the

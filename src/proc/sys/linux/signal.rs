@@ -37,9 +37,10 @@ use std::time::{Duration, Instant};
 use rustix::io::Errno;
 use rustix::process::{Pid, PidfdFlags, Signal};
 
-use super::identity::{Identity, boot_id, read_stat};
-use crate::proc::ProcEntry;
-use crate::proc::ProcError;
+use super::identity::{boot_id, read_stat};
+use crate::proc::{
+    CgroupEvent, Delivery, GroupDelivery, GroupRecord, Identity, ProcEntry, ProcError,
+};
 
 pub use crate::proc::sig::Sig;
 
@@ -99,18 +100,6 @@ fn own_sid() -> Option<i32> {
     (sid > 0).then_some(sid)
 }
 
-/// What happened to a signal aimed at one identity.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Delivery {
-    /// Delivered to the recorded process.
-    Sent,
-    /// The process is dead (no such pid, or a zombie). Nothing sent.
-    Gone,
-    /// The pid now belongs to another process. Nothing sent.
-    Recycled,
-}
-
 /// Whether the caller may signal `pid` (`kill(pid, 0)`): what `run
 /// --owner-pid` requires, so a wrapper cannot bind a tree to a process its
 /// caller has no power over. `false` for no such process too.
@@ -149,29 +138,6 @@ pub fn signal_process(id: &Identity, sig: Sig) -> Result<Delivery, ProcError> {
         Err(Errno::SRCH) => Ok(Delivery::Gone),
         Err(e) => Err(e.into()),
     }
-}
-
-/// A tree's process group, recorded once at spawn.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct GroupRecord {
-    pub pgid: i32,
-    pub sid: i32,
-    /// The group leader as spawned (pid == pgid).
-    pub leader: Identity,
-}
-
-/// What happened to a signal aimed at a recorded group.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum GroupDelivery {
-    /// `killpg(pgid)` was sent. `members`: the live members a walk found just
-    /// before, or, when the caller named candidates and one of them was
-    /// re-read live in the group, the number of candidates it named.
-    Sent { members: usize },
-    /// No live member: nothing to signal, nothing sent.
-    Empty,
-    /// The group with that pgid is not provably the recorded one. Nothing sent.
-    NotRecorded(String),
 }
 
 /// Live processes whose process group is `pgid`, by a `/proc` walk with the
@@ -214,7 +180,7 @@ pub fn signal_group(rec: &GroupRecord, sig: Sig) -> Result<GroupDelivery, ProcEr
 pub fn signal_group_known(
     rec: &GroupRecord,
     sig: Sig,
-    candidates: &[super::ProcKey],
+    candidates: &[crate::proc::ProcKey],
 ) -> Result<GroupDelivery, ProcError> {
     signal_group_via(rec, sig, candidates).map(|(delivery, _)| delivery)
 }
@@ -307,7 +273,7 @@ fn signal_group_by_pidfd(rec: &GroupRecord, sig: Sig) -> Option<Result<GroupDeli
 pub fn signal_group_via(
     rec: &GroupRecord,
     sig: Sig,
-    candidates: &[super::ProcKey],
+    candidates: &[crate::proc::ProcKey],
 ) -> Result<(GroupDelivery, GroupPath), ProcError> {
     guard(rec.pgid, "process group")?;
     guard(rec.sid, "session")?;
@@ -404,15 +370,6 @@ fn guard_cgroup(path: &Path) -> Result<(), ProcError> {
 
 fn write_control(path: &Path, file: &str, value: &str) -> Result<(), ProcError> {
     std::fs::write(path.join(file), value).map_err(|e| ProcError::cgroup(path.join(file), e))
-}
-
-/// A key of `cgroup.events`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CgroupEvent {
-    /// A live process is in the cgroup or below.
-    Populated,
-    /// The cgroup and its descendants are frozen.
-    Frozen,
 }
 
 impl CgroupEvent {

@@ -6,7 +6,7 @@
 //! controlling terminal of the caller's (prompts of ssh, sudo and git,
 //! full-screen tools and resizes break). The tree gets its own terminal
 //! instead: the slave of a fresh pty is its controlling terminal and its
-//! stdio ([`super::SpawnSpec::tty`]); the wrapper relays bytes between the
+//! stdio ([`crate::proc::SpawnSpec::tty`]); the wrapper relays bytes between the
 //! master and its own stdin/stdout. With the caller's terminal raw, a typed
 //! Ctrl-C is a byte that reaches the tree's terminal, whose line discipline
 //! sends SIGINT to the tree's (foreground) process group.

@@ -18,18 +18,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::identity::{Identity, Liveness};
-use crate::proc::ProcError;
-
-/// How a child ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ExitStatus {
-    /// `exit(code)`.
-    Exited(i32),
-    /// Killed by signal N.
-    Signaled(i32),
-}
+use crate::proc::{ExitStatus, Identity, Liveness, ProcError};
 
 impl ExitStatus {
     /// The code a shell would report: the exit code, or 128 + N for signal N.
@@ -59,9 +48,6 @@ impl std::fmt::Display for ExitStatus {
         }
     }
 }
-
-/// What a reaper calls on an exit (Linux's; kept for the shared interface).
-pub type ExitCallback = Box<dyn FnOnce(ExitStatus) + Send>;
 
 /// The children this process spawned: none on macOS yet (nothing spawns a
 /// tree here), so every question is answered "not ours".
@@ -233,9 +219,12 @@ pub fn pidfd_exited(h: &ExitHandle) -> bool {
 
 /// Signals the watched process: `Gone` once it exited, else
 /// [`super::signal_process`] (its identity re-checked before the `kill`).
-pub fn signal_pidfd(h: &ExitHandle, sig: super::Sig) -> Result<super::Delivery, ProcError> {
+pub fn signal_pidfd(
+    h: &ExitHandle,
+    sig: crate::proc::Sig,
+) -> Result<crate::proc::Delivery, ProcError> {
     if pidfd_exited(h) {
-        return Ok(super::Delivery::Gone);
+        return Ok(crate::proc::Delivery::Gone);
     }
     super::signal_process(&h.id, sig)
 }
@@ -281,7 +270,7 @@ pub fn parent_pid() -> i32 {
 }
 
 /// No parent-death signal on macOS.
-pub fn set_parent_death_signal(_sig: super::Sig) -> Result<(), ProcError> {
+pub fn set_parent_death_signal(_sig: crate::proc::Sig) -> Result<(), ProcError> {
     Err(unsupported("parent-death signal"))
 }
 

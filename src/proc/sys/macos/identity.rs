@@ -10,25 +10,8 @@
 
 use std::ffi::{c_int, c_void};
 
-use crate::proc::ProcError;
 use crate::proc::stat::ProcEntry;
-
-/// One process, named so that a recycled pid can never be mistaken for it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub struct Identity {
-    pub pid: i32,
-    /// The start time in microseconds since the epoch (`p_start`).
-    pub start_ticks: u64,
-    /// [`boot_id`]: constant on macOS (the start time is absolute).
-    pub boot_id: String,
-}
-
-/// A process by pid and start time (the key of [`Identity`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ProcKey {
-    pub pid: i32,
-    pub start_ticks: u64,
-}
+use crate::proc::{Identity, Liveness, ProcError, ProcKey};
 
 impl ProcKey {
     pub fn new(pid: i32, start_ticks: u64) -> Self {
@@ -40,20 +23,6 @@ impl Identity {
     pub fn key(&self) -> ProcKey {
         ProcKey::new(self.pid, self.start_ticks)
     }
-}
-
-/// What became of the process an [`Identity`] names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Liveness {
-    /// The pid is held by this very process, and it is not a zombie.
-    Same,
-    /// No process has the pid, or it is this process as a zombie.
-    Gone,
-    /// The pid is held by a different process (another start time).
-    Recycled,
-    /// The process could not be read for a reason other than its absence.
-    Unreadable,
 }
 
 /// A process's entry ([`ProcEntry`], the one model of it) and its real

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::exits::unsupported;
-use crate::proc::ProcError;
+use crate::proc::{Capability, CgroupUsage, Layout, LayoutReport, ProcError, ProcEvent};
 
 /// How the teardown would record a container kill. Never recorded on
 /// macOS: no boundary there is contained ([`super::BoundaryKind::contained`]).
@@ -26,7 +26,7 @@ pub struct Credentials {
 }
 
 pub use crate::proc::userdb::{
-    UserInfo, current_uid, effective_uid, group_by_name, groups_of, user_by_name, user_by_uid,
+    current_uid, effective_uid, group_by_name, groups_of, user_by_name, user_by_uid,
 };
 
 pub fn credentials_for(uid: u32, gid: u32) -> std::io::Result<Credentials> {
@@ -35,13 +35,6 @@ pub fn credentials_for(uid: u32, gid: u32) -> std::io::Result<Credentials> {
         None => vec![gid],
     };
     Ok(Credentials { uid, gid, groups })
-}
-
-/// One probed capability.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct Capability {
-    pub available: bool,
-    pub note: String,
 }
 
 impl Capability {
@@ -116,17 +109,6 @@ pub fn probe(_cgroup_root_override: Option<&Path>) -> Probe {
     }
 }
 
-/// Usage of one tree's container: none on macOS.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CgroupUsage {
-    pub cpu_usec: Option<u64>,
-    pub memory_peak_bytes: Option<u64>,
-    pub pids_peak: Option<u64>,
-    pub io_read_bytes: Option<u64>,
-    pub io_write_bytes: Option<u64>,
-    pub oom_kills: Option<u64>,
-}
-
 pub fn oom_kills(_dir: &Path) -> Option<u64> {
     None
 }
@@ -145,28 +127,10 @@ pub fn cgroup_controllers(_dir: &Path) -> Result<Vec<String>, ProcError> {
     Ok(Vec::new())
 }
 
-/// Where the cgroup root sits: on macOS there is none.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Layout {
-    Root,
-    Delegated,
-    Shared,
-    NotDelegated,
-}
-
 impl std::fmt::Display for Layout {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("no cgroups")
     }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct LayoutReport {
-    pub layout: Layout,
-    pub limits: bool,
-    pub note: String,
-    pub supervisor: Option<PathBuf>,
 }
 
 pub fn layout(_root: &Path) -> LayoutReport {
@@ -184,30 +148,6 @@ pub fn take_delegation(root: &Path) -> Result<LayoutReport, ProcError> {
 
 pub fn check_limits_possible(_root: &Path) -> Result<(), String> {
     Err("limits (--pids-max, --memory-max, --cpu-max) need cgroups, which macOS has not".into())
-}
-
-/// One process event (the proc connector is Linux's; never produced here).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ProcEvent {
-    Fork {
-        parent: i32,
-        child: i32,
-        at_ns: u64,
-    },
-    Exec {
-        pid: i32,
-        at_ns: u64,
-    },
-    Sid {
-        pid: i32,
-        at_ns: u64,
-    },
-    Exit {
-        pid: i32,
-        status: super::ExitStatus,
-        at_ns: u64,
-    },
-    Overflow,
 }
 
 /// The proc connector: Linux only. [`Connector::open`] is refused, so the

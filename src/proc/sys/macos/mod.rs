@@ -28,21 +28,20 @@ mod spawn;
 pub mod tty;
 
 pub use exits::{
-    ExitCallback, ExitHandle, ExitStatus, Reaper, has_no_children, open_exit_watch, parent_pid,
-    pidfd_exited, reap_child, set_parent_death_signal, set_subreaper, signal_pidfd, wait_exits,
+    ExitHandle, Reaper, has_no_children, open_exit_watch, parent_pid, pidfd_exited, reap_child,
+    set_parent_death_signal, set_subreaper, signal_pidfd, wait_exits,
 };
 pub use identity::{
-    Identity, Liveness, ProcKey, ProcStat, boot_id, details_of, first_live_in_group, group_members,
-    identity_of, read_entry, read_stat, self_identity, snapshot_entries,
+    ProcStat, boot_id, details_of, first_live_in_group, group_members, identity_of, read_entry,
+    read_stat, self_identity, snapshot_entries,
 };
 pub use misc::*;
 pub use signal::{
-    CgroupEvent, Delivery, GroupDelivery, GroupRecord, Sig, cgroup_freeze, cgroup_kill,
-    cgroup_pids, cgroup_populated, cgroup_thaw, cgroup_wait_event, default_sigpipe,
-    disarm_standing_kill, may_signal, signal_group_known, signal_process,
+    cgroup_freeze, cgroup_kill, cgroup_pids, cgroup_populated, cgroup_thaw, cgroup_wait_event,
+    default_sigpipe, disarm_standing_kill, may_signal, signal_group_known, signal_process,
 };
 pub use spawn::{
-    BoundaryKind, CgroupSetting, ExecFailure, ExecFailureKind, HeldChild, SHARED_PARENT_MARK,
-    SpawnSpec, SpawnStdio, Spawned, cgroup_root, is_shared_parent, remove_cgroup_if_empty,
-    remove_cgroup_when_empty, remove_shared_parent_if_empty, resolve_boundary, spawn_held,
+    BoundaryKind, ExecFailure, HeldChild, SHARED_PARENT_MARK, SpawnStdio, Spawned, cgroup_root,
+    is_shared_parent, remove_cgroup_if_empty, remove_cgroup_when_empty,
+    remove_shared_parent_if_empty, resolve_boundary, spawn_held,
 };

@@ -11,8 +11,8 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::identity::{Identity, boot_id, first_live_in_group, group_members, read_stat};
-use crate::proc::ProcError;
+use super::identity::{boot_id, first_live_in_group, group_members, read_stat};
+use crate::proc::{CgroupEvent, Delivery, GroupDelivery, GroupRecord, Identity, ProcError};
 
 pub use crate::proc::sig::Sig;
 
@@ -31,32 +31,6 @@ impl Sig {
             Sig::Usr2 => libc::SIGUSR2,
         }
     }
-}
-
-/// What happened to a signal aimed at one identity.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Delivery {
-    Sent,
-    Gone,
-    Recycled,
-}
-
-/// A tree's process group and session, recorded once at spawn.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct GroupRecord {
-    pub pgid: i32,
-    pub sid: i32,
-    pub leader: Identity,
-}
-
-/// What happened to a signal aimed at a recorded group.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum GroupDelivery {
-    Sent { members: usize },
-    Empty,
-    NotRecorded(String),
 }
 
 fn own_pid() -> i32 {
@@ -115,7 +89,7 @@ pub fn signal_process(id: &Identity, sig: Sig) -> Result<Delivery, ProcError> {
 pub fn signal_group_known(
     rec: &GroupRecord,
     sig: Sig,
-    candidates: &[super::ProcKey],
+    candidates: &[crate::proc::ProcKey],
 ) -> Result<GroupDelivery, ProcError> {
     guard(rec.pgid, "process group")?;
     guard(rec.sid, "session")?;
@@ -160,13 +134,6 @@ pub fn signal_group_known(
         Some(libc::ESRCH) => Ok(GroupDelivery::Empty),
         _ => Err(ProcError::Io(e)),
     }
-}
-
-/// Which state of a container to wait for (the shared interface's names).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CgroupEvent {
-    Populated,
-    Frozen,
 }
 
 fn no_container(path: &Path) -> ProcError {

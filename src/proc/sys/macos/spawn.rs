@@ -3,14 +3,11 @@
 //! the held spawn (fork, new session and group, held on a pipe until
 //! recorded) is Linux's `boundary/` and has not been run on macOS.
 
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::identity::Identity;
-use super::signal::GroupRecord;
 use crate::config::BoundaryChoice;
-use crate::proc::ProcError;
+use crate::proc::{ExecFailureKind, GroupRecord, Identity, ProcError, SpawnSpec};
 
 /// The boundary a tree was given: on macOS only its session and process
 /// group (no cgroups).
@@ -75,42 +72,6 @@ impl SpawnStdio {
     pub fn needs_log(&self) -> bool {
         matches!(self, SpawnStdio::Log)
     }
-}
-
-/// Everything needed to spawn one tree root (the shared fields).
-#[derive(Clone, Debug)]
-pub struct SpawnSpec {
-    pub argv: Vec<OsString>,
-    pub cwd: Option<PathBuf>,
-    pub env: Option<Vec<(OsString, OsString)>>,
-    pub stdio: SpawnStdio,
-    pub cgroup: Option<PathBuf>,
-    pub cgroup_settings: Vec<CgroupSetting>,
-    /// A shared parent's limits (`serve --principal-*`): never set here,
-    /// where those are refused at start.
-    pub parent_settings: Vec<CgroupSetting>,
-    pub log_file: Option<PathBuf>,
-    pub umask: Option<u32>,
-    pub credentials: Option<super::Credentials>,
-    pub tty: Option<PathBuf>,
-}
-
-/// One limit as the shared code names it (`pids.max` = `20`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CgroupSetting {
-    pub controller: &'static str,
-    pub file: &'static str,
-    pub value: String,
-}
-
-/// Why the command did not start.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ExecFailureKind {
-    NotFound,
-    NotExecutable,
-    Other,
-    Died,
 }
 
 /// A released child that never became the command.

@@ -3,19 +3,7 @@
 //! (`Sig::number`, Linux's rustix `raw`). Windows has its own `Sig`: its
 //! first signal is the console break only.
 
-/// The signals treewarden sends.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub enum Sig {
-    Term,
-    Kill,
-    Stop,
-    Cont,
-    Int,
-    Hup,
-    Quit,
-    Usr1,
-    Usr2,
-}
+pub use crate::proc::types::Sig;
 
 impl Sig {
     /// The signals a teardown may send first (`run --signal`, `kill

@@ -7,16 +7,7 @@
 
 use nix::unistd::{Group, Uid, User};
 
-/// One user as the user database knows it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UserInfo {
-    pub name: String,
-    pub uid: u32,
-    /// The primary group.
-    pub gid: u32,
-    pub home: std::path::PathBuf,
-    pub shell: std::path::PathBuf,
-}
+pub use crate::proc::types::UserInfo;
 
 impl UserInfo {
     /// A uid the user database does not know (named by number, as

@@ -14,24 +14,7 @@ use windows_sys::Win32::System::Threading::{
 };
 
 use super::Owned;
-use crate::proc::ProcError;
-
-/// One process, named so that a recycled pid can never be mistaken for it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub struct Identity {
-    pub pid: i32,
-    /// The creation time (FILETIME, 100 ns since 1601 UTC).
-    pub start_ticks: u64,
-    /// [`boot_id`]: constant on Windows (the start time is absolute).
-    pub boot_id: String,
-}
-
-/// A process by pid and creation time (the key of [`Identity`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ProcKey {
-    pub pid: i32,
-    pub start_ticks: u64,
-}
+use crate::proc::{Identity, Liveness, ProcError, ProcKey};
 
 impl ProcKey {
     pub fn new(pid: i32, start_ticks: u64) -> Self {
@@ -43,21 +26,6 @@ impl Identity {
     pub fn key(&self) -> ProcKey {
         ProcKey::new(self.pid, self.start_ticks)
     }
-}
-
-/// What became of the process an [`Identity`] names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Liveness {
-    /// The pid is held by this very process, and it still runs.
-    Same,
-    /// No process has the pid, or it is this process after its exit (a
-    /// handle keeps its object, not its code).
-    Gone,
-    /// The pid is held by a different process (another creation time).
-    Recycled,
-    /// The process could not be opened for a reason other than its absence.
-    Unreadable,
 }
 
 /// What treewarden reads of one process.

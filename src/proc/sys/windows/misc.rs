@@ -16,10 +16,12 @@ use windows_sys::Win32::System::Threading::{
     PROCESS_QUERY_LIMITED_INFORMATION, PROCESS_SYNCHRONIZE, WaitForSingleObject,
 };
 
-use super::identity::{Identity, boot_id, open, times_of};
+use super::identity::{boot_id, open, times_of};
 use super::reaper::unsupported;
 use super::{Owned, job};
-use crate::proc::ProcError;
+use crate::proc::{
+    Capability, CgroupUsage, Identity, Layout, LayoutReport, ProcError, ProcEvent, UserInfo,
+};
 use crate::scan::ProcEntry;
 
 /// How the teardown records its container kill: `TerminateJobObject` of
@@ -183,16 +185,6 @@ pub struct Credentials {
     pub groups: Vec<u32>,
 }
 
-/// One user (Windows has no uid database: never found).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UserInfo {
-    pub name: String,
-    pub uid: u32,
-    pub gid: u32,
-    pub home: PathBuf,
-    pub shell: PathBuf,
-}
-
 pub fn user_by_name(_name: &str) -> std::io::Result<Option<UserInfo>> {
     Ok(None)
 }
@@ -225,13 +217,6 @@ pub fn current_uid() -> u32 {
 }
 pub fn effective_uid() -> u32 {
     0
-}
-
-/// One probed capability.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct Capability {
-    pub available: bool,
-    pub note: String,
 }
 
 impl Capability {
@@ -297,17 +282,6 @@ pub fn probe(_cgroup_root_override: Option<&Path>) -> Probe {
     }
 }
 
-/// Usage of one tree's container (its job's accounting).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CgroupUsage {
-    pub cpu_usec: Option<u64>,
-    pub memory_peak_bytes: Option<u64>,
-    pub pids_peak: Option<u64>,
-    pub io_read_bytes: Option<u64>,
-    pub io_write_bytes: Option<u64>,
-    pub oom_kills: Option<u64>,
-}
-
 /// Jobs have no OOM killer.
 pub fn oom_kills(_dir: &Path) -> Option<u64> {
     None
@@ -340,28 +314,10 @@ pub fn cgroup_controllers(_dir: &Path) -> Result<Vec<String>, ProcError> {
     Ok(vec!["memory".into(), "pids".into(), "cpu".into()])
 }
 
-/// Where the "cgroup root" sits: for jobs, always able to limit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Layout {
-    Root,
-    Delegated,
-    Shared,
-    NotDelegated,
-}
-
 impl std::fmt::Display for Layout {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("job objects")
     }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct LayoutReport {
-    pub layout: Layout,
-    pub limits: bool,
-    pub note: String,
-    pub supervisor: Option<PathBuf>,
 }
 
 pub fn layout(_root: &Path) -> LayoutReport {
@@ -394,30 +350,6 @@ pub fn nofile_soft_limit() -> Option<u64> {
 }
 pub fn raise_nofile_soft_limit() -> Option<u64> {
     None
-}
-
-/// One process event (the proc connector is Linux's; never produced here).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ProcEvent {
-    Fork {
-        parent: i32,
-        child: i32,
-        at_ns: u64,
-    },
-    Exec {
-        pid: i32,
-        at_ns: u64,
-    },
-    Sid {
-        pid: i32,
-        at_ns: u64,
-    },
-    Exit {
-        pid: i32,
-        status: crate::proc::ExitStatus,
-        at_ns: u64,
-    },
-    Overflow,
 }
 
 /// The proc connector: Linux only. [`Connector::open`] is refused, so the

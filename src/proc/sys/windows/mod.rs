@@ -35,25 +35,20 @@ mod signal;
 mod spawn;
 mod watch;
 
-pub use identity::{
-    Identity, Liveness, ProcKey, ProcStat, boot_id, identity_of, read_stat, self_identity,
-};
+pub use identity::{ProcStat, boot_id, identity_of, read_stat, self_identity};
 pub use job::{JOB_PREFIX, KILL_ON_CLOSE_FLAG, job_name_of};
 pub use misc::*;
 pub use reaper::{
-    ExitCallback, ExitStatus, Reaper, has_no_children, parent_pid, reap_child,
-    set_parent_death_signal, set_subreaper,
+    Reaper, has_no_children, parent_pid, reap_child, set_parent_death_signal, set_subreaper,
 };
 pub use signal::{
-    CgroupEvent, Delivery, GroupDelivery, GroupRecord, Sig, cgroup_freeze, cgroup_kill,
-    cgroup_pids, cgroup_populated, cgroup_thaw, cgroup_wait_event, default_sigpipe,
-    disarm_standing_kill, may_signal, signal_group_known, signal_process,
+    cgroup_freeze, cgroup_kill, cgroup_pids, cgroup_populated, cgroup_thaw, cgroup_wait_event,
+    default_sigpipe, disarm_standing_kill, may_signal, signal_group_known, signal_process,
 };
 pub use spawn::{
-    BoundaryKind, CgroupSetting, ExecFailure, ExecFailureKind, GivenStdio, HeldChild,
-    SHARED_PARENT_MARK, SpawnSpec, SpawnStdio, Spawned, cgroup_root, is_shared_parent,
-    remove_cgroup_if_empty, remove_cgroup_when_empty, remove_shared_parent_if_empty,
-    resolve_boundary, spawn_held,
+    BoundaryKind, ExecFailure, GivenStdio, HeldChild, SHARED_PARENT_MARK, SpawnStdio, Spawned,
+    cgroup_root, is_shared_parent, remove_cgroup_if_empty, remove_cgroup_when_empty,
+    remove_shared_parent_if_empty, resolve_boundary, spawn_held,
 };
 
 pub use watch::ExitWatch;

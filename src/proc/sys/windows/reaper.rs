@@ -19,17 +19,7 @@ use windows_sys::Win32::System::Threading::{
 };
 
 use super::Owned;
-use crate::proc::ProcError;
-
-/// How a child ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ExitStatus {
-    /// Its exit code (`ExitProcess`, or `TerminateJobObject`'s code).
-    Exited(i32),
-    /// Never on Windows (kept so the shared code reads one type).
-    Signaled(i32),
-}
+use crate::proc::{ExitCallback, ExitStatus, ProcError};
 
 impl ExitStatus {
     pub fn code_for_shell(self) -> i32 {
@@ -55,10 +45,6 @@ struct Child {
     /// The wait that calls [`Reaper::on_exit`]'s callback, while registered.
     on_exit: Option<super::watch::Wait>,
 }
-
-/// Called with a spawned root's exit ([`Reaper::on_exit`]), on a thread of
-/// the system's pool.
-pub type ExitCallback = Box<dyn FnOnce(ExitStatus) + Send>;
 
 /// The roots this process spawned, by pid.
 pub struct Reaper {

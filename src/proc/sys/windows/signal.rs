@@ -15,23 +15,11 @@ use windows_sys::Win32::System::Threading::{
     PROCESS_QUERY_LIMITED_INFORMATION, PROCESS_SYNCHRONIZE, PROCESS_TERMINATE, TerminateProcess,
 };
 
-use super::identity::{Identity, Liveness, boot_id, open, times_of};
+use super::identity::{boot_id, open, times_of};
 use super::job;
-use crate::proc::ProcError;
-
-/// The signals treewarden sends (the shared names; see [`Sig::name`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub enum Sig {
-    Term,
-    Kill,
-    Stop,
-    Cont,
-    Int,
-    Hup,
-    Quit,
-    Usr1,
-    Usr2,
-}
+use crate::proc::{
+    CgroupEvent, Delivery, GroupDelivery, GroupRecord, Identity, Liveness, ProcError, Sig,
+};
 
 impl Sig {
     /// The first signals a teardown may send on Windows: the break only.
@@ -86,33 +74,6 @@ impl std::fmt::Display for Sig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
     }
-}
-
-/// What happened to a signal aimed at one identity.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Delivery {
-    Sent,
-    Gone,
-    Recycled,
-}
-
-/// A tree's console process group, recorded once at spawn (its id is the
-/// root's pid: `CREATE_NEW_PROCESS_GROUP`).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct GroupRecord {
-    pub pgid: i32,
-    pub sid: i32,
-    pub leader: Identity,
-}
-
-/// What happened to a signal aimed at a recorded group.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum GroupDelivery {
-    Sent { members: usize },
-    Empty,
-    NotRecorded(String),
 }
 
 /// Whether this process may terminate `pid` (opens it with that right).
@@ -170,7 +131,7 @@ pub fn signal_process(id: &Identity, sig: Sig) -> Result<Delivery, ProcError> {
 pub fn signal_group_known(
     rec: &GroupRecord,
     sig: Sig,
-    candidates: &[super::ProcKey],
+    candidates: &[crate::proc::ProcKey],
 ) -> Result<GroupDelivery, ProcError> {
     guard(rec.pgid)?;
     if sig != Sig::Term {
@@ -205,13 +166,6 @@ pub fn signal_group_known(
         return Err(ProcError::Io(super::last_error()));
     }
     Ok(GroupDelivery::Sent { members })
-}
-
-/// Which state of a container to wait for (the shared interface's names).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CgroupEvent {
-    Populated,
-    Frozen,
 }
 
 /// `TerminateJobObject` of the tree's job. Reached only from the

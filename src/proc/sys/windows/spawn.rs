@@ -1,7 +1,6 @@
 //! The held spawn on Windows: suspended, in its own console group, put into
 //! its own Job Object before its first instruction, then resumed.
 
-use std::ffi::OsString;
 use std::os::windows::io::{AsRawHandle, FromRawHandle, IntoRawHandle};
 use std::os::windows::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -17,12 +16,11 @@ use windows_sys::Win32::System::Threading::{
     TerminateProcess, WaitForSingleObject,
 };
 
-use super::identity::{Identity, boot_id, times_of};
+use super::identity::{boot_id, times_of};
 use super::job::{self, JobLimits};
-use super::signal::GroupRecord;
 use super::{Owned, Reaper};
 use crate::config::BoundaryChoice;
-use crate::proc::ProcError;
+use crate::proc::{CgroupSetting, ExecFailureKind, GroupRecord, Identity, ProcError, SpawnSpec};
 
 /// The boundary a tree was given: on Windows always its own Job Object
 /// (recorded as `job`).
@@ -138,45 +136,6 @@ impl GivenStdio {
             None => Ok(None),
         }
     }
-}
-
-/// Everything needed to spawn one tree root (the shared fields; `umask`
-/// has no meaning on Windows, `credentials` and `tty` are refused).
-#[derive(Clone, Debug)]
-pub struct SpawnSpec {
-    pub argv: Vec<OsString>,
-    pub cwd: Option<PathBuf>,
-    pub env: Option<Vec<(OsString, OsString)>>,
-    pub stdio: SpawnStdio,
-    /// `job:<name>`: the tree's job.
-    pub cgroup: Option<PathBuf>,
-    /// The tree's limits (`memory.max`, `pids.max`, `cpu.max`), made job limits.
-    pub cgroup_settings: Vec<CgroupSetting>,
-    /// A shared parent's limits (`serve --principal-*`): never set here,
-    /// where those are refused at start.
-    pub parent_settings: Vec<CgroupSetting>,
-    pub log_file: Option<PathBuf>,
-    pub umask: Option<u32>,
-    pub credentials: Option<super::Credentials>,
-    pub tty: Option<PathBuf>,
-}
-
-/// One limit as the shared code names it (`pids.max` = `20`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CgroupSetting {
-    pub controller: &'static str,
-    pub file: &'static str,
-    pub value: String,
-}
-
-/// Why the command did not start.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ExecFailureKind {
-    NotFound,
-    NotExecutable,
-    Other,
-    Died,
 }
 
 /// A released child that never became the command.

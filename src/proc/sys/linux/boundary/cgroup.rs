@@ -8,10 +8,10 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::types::{BoundaryKind, CgroupSetting};
+use super::types::BoundaryKind;
 use crate::config::BoundaryChoice;
-use crate::proc::ProcError;
 use crate::proc::signal::cgroup_populated;
+use crate::proc::{CgroupSetting, ProcError};
 
 /// The cgroup2 mount point (from `/proc/self/mountinfo`), if any.
 pub fn cgroup2_mount() -> Result<Option<PathBuf>, ProcError> {
@@ -243,7 +243,7 @@ fn remove_one_when_empty(path: &Path, wait: Duration) -> Result<bool, ProcError>
         if !path.exists() {
             return Ok(true);
         }
-        if !super::cgroup_wait_event(path, super::CgroupEvent::Populated, false, deadline)? {
+        if !super::cgroup_wait_event(path, crate::proc::CgroupEvent::Populated, false, deadline)? {
             return Ok(false);
         }
         if remove_cgroup_if_empty(path)? {

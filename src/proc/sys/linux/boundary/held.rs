@@ -12,12 +12,11 @@ use rustix::io::Errno;
 use super::cgroup::{apply_settings, make_tree_cgroups, remove_cgroup_when_empty};
 use super::fork::{child_after_fork, clone_into_cgroup};
 use super::prepare::{Prepared, prepare};
-use super::types::{ExecFailure, ExecFailureKind, SpawnSpec};
+use super::types::ExecFailure;
 use super::{MSG_LEN, RELEASE_BYTE, STEP_NAMES, TAG_EXEC, TAG_READY, TAG_SETUP};
-use crate::proc::ProcError;
-use crate::proc::identity::{Identity, identity_of};
+use crate::proc::identity::identity_of;
 use crate::proc::reaper::{Reaper, reap_child};
-use crate::proc::signal::GroupRecord;
+use crate::proc::{ExecFailureKind, GroupRecord, Identity, ProcError, SpawnSpec};
 
 /// A forked child in its own session and process group (and cgroup), blocked
 /// before exec. Invariant: while a `HeldChild` exists, the child has run no

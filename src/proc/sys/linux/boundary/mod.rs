@@ -41,14 +41,12 @@ pub use cgroup::{
 };
 pub use fork::deny_clone3_in_this_thread;
 pub use held::{HeldChild, Spawned, spawn_held};
-pub use types::{
-    BoundaryKind, CgroupSetting, ExecFailure, ExecFailureKind, GivenStdio, SpawnSpec, SpawnStdio,
-};
+pub use types::{BoundaryKind, ExecFailure, GivenStdio, SpawnStdio};
 
-// The files below name these as `super::Credentials`, `super::delegation`,
-// `super::cgroup_wait_event` and `super::CgroupEvent`, as they did when
-// they were one file: these keep those paths.
-use super::{CgroupEvent, Credentials, cgroup_wait_event, delegation};
+// The files below name these as `super::delegation` and
+// `super::cgroup_wait_event`, as they did when they were one file: these
+// keep those paths.
+use super::{cgroup_wait_event, delegation};
 
 // The status pipe's vocabulary, shared by the child (fork.rs) and the
 // parent (held.rs).

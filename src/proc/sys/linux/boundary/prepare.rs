@@ -9,8 +9,8 @@ use std::path::PathBuf;
 
 #[cfg(doc)]
 use super::fork::child_after_fork;
-use super::types::{GivenStdio, SpawnSpec, SpawnStdio};
-use crate::proc::ProcError;
+use super::types::{GivenStdio, SpawnStdio};
+use crate::proc::{ProcError, SpawnSpec};
 
 /// Everything the child touches after fork, allocated before it.
 pub(super) struct Prepared {

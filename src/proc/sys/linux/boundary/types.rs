@@ -2,9 +2,8 @@
 //! the spec (argv, env, stdio, cgroup and its settings, credentials, tty),
 //! and an exec's failure as the shell reports it. Plain data: no syscall.
 
-use std::ffi::OsString;
+use crate::proc::ExecFailureKind;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::PathBuf;
 
 /// The boundary a tree was actually given (recorded on every tree row).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -48,7 +47,7 @@ pub enum SpawnStdio {
     /// `/dev/null` for all three.
     Null,
     /// stdin from `/dev/null`; stdout and stderr appended, interleaved as
-    /// written, to [`SpawnSpec::log_file`] (created 0600).
+    /// written, to [`crate::proc::SpawnSpec::log_file`] (created 0600).
     Log,
     /// Descriptors a client handed over (SCM_RIGHTS on the API's socket)
     /// for 0, 1 and 2; a slot left `None` is as with [`SpawnStdio::Log`]
@@ -94,73 +93,6 @@ impl PartialEq for GivenStdio {
 }
 
 impl Eq for GivenStdio {}
-
-/// Everything needed to spawn one tree root.
-#[derive(Clone, Debug)]
-pub struct SpawnSpec {
-    /// Program and arguments; `argv[0]` is searched in `PATH` like `execvp`.
-    pub argv: Vec<OsString>,
-    /// Working directory of the child (default: ours).
-    pub cwd: Option<PathBuf>,
-    /// The complete environment; `None` inherits ours (snapshotted at spawn).
-    pub env: Option<Vec<(OsString, OsString)>>,
-    pub stdio: SpawnStdio,
-    /// The tree's cgroup directory to create and join before exec (e.g.
-    /// `<root>/tw-<ledger>-<id>`, or below a shared parent: see
-    /// `parent_settings`); `None` = session and process group only.
-    pub cgroup: Option<PathBuf>,
-    /// Control files written in the tree's cgroup right after it is made,
-    /// before the child joins it (limits). The controller is enabled in the
-    /// parent's `cgroup.subtree_control` first when it is not yet.
-    pub cgroup_settings: Vec<CgroupSetting>,
-    /// Control files of `cgroup`'s parent when that parent is shared by
-    /// several trees (a principal's, `serve --principal-*`; named
-    /// `tw-<8 hex>-p-<key>`, [`super::is_shared_parent`]). Non-empty: the
-    /// parent is made if absent, its controllers enabled in its own parent
-    /// (the cgroup root) and in its `cgroup.subtree_control` (so each tree
-    /// in it keeps its own `memory.events` and usage files), and these are
-    /// written there before the tree's cgroup is made in it; it is removed
-    /// with its last tree ([`super::remove_cgroup_when_empty`]). Empty:
-    /// `cgroup`'s parent is the root, left as it is.
-    pub parent_settings: Vec<CgroupSetting>,
-    /// Where stdout and stderr go with [`SpawnStdio::Log`].
-    pub log_file: Option<PathBuf>,
-    /// The child's file mode creation mask, when it must not inherit ours
-    /// (the service runs with `UMask=0077`; its trees get the usual 022).
-    pub umask: Option<u32>,
-    /// The credentials the child takes before exec (supplementary groups,
-    /// gid, uid), after its cgroup was joined and its stdio set up (the log
-    /// file is opened by us, as ourselves), before `chdir` (so the working
-    /// directory is checked as the new user). `None`: ours.
-    pub credentials: Option<super::Credentials>,
-    /// A pseudo-terminal's slave (`/dev/pts/N`) the child makes its
-    /// controlling terminal (its own session's: `TIOCSCTTY` right after
-    /// `setsid`, so its process group is the terminal's foreground) and its
-    /// descriptors 0, 1 and 2 (`run --tty`). Overrides `stdio`.
-    pub tty: Option<PathBuf>,
-}
-
-/// One control file to set in a tree's cgroup (`pids.max` = `20`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CgroupSetting {
-    pub controller: &'static str,
-    pub file: &'static str,
-    pub value: String,
-}
-
-/// Why `execve` (or the last step before it) failed after release.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ExecFailureKind {
-    /// No such program (ENOENT, ENOTDIR): exit code 127.
-    NotFound,
-    /// Found but not executable (EACCES, EPERM, ENOEXEC, EISDIR): 126.
-    NotExecutable,
-    /// Any other exec error: 125.
-    Other,
-    /// The held child died (was killed) before it could be released: 125.
-    Died,
-}
 
 /// A released child that never became the command.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
