@@ -611,7 +611,7 @@ impl HostView {
 /// The pids in the tree's job (empty when it is gone).
 #[cfg(windows)]
 pub fn cgroup_pids(job: &Path) -> Result<HashSet<i32>, String> {
-    crate::proc::cgroup_pids(job)
+    crate::proc::container_pids(job)
         .map(|p| p.into_iter().collect())
         .map_err(|e| format!("{}: {e}", job.display()))
 }

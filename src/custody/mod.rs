@@ -559,7 +559,7 @@ impl Engine {
             let live = self.ledger.nonterminal_tree_ids()?;
             for (id, path) in found {
                 if !live.contains(&id)
-                    && matches!(crate::proc::cgroup_populated(&path), Ok(false))
+                    && matches!(crate::proc::container_populated(&path), Ok(false))
                     && matches!(crate::proc::remove_cgroup_if_empty(&path), Ok(true))
                 {
                     tracing::info!(tree = id, cgroup = %path.display(), "leftover cgroup of an ended tree removed");

@@ -8,6 +8,42 @@ use std::path::PathBuf;
 
 use crate::proc::SpawnStdio;
 
+/// The boundary a tree was actually given (recorded on every tree row as
+/// its lowercase name): the container vocabulary every OS shares, each OS
+/// giving the kinds it has (Linux: `cgroup`, `session`; Windows: `job`;
+/// macOS: `session`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BoundaryKind {
+    /// Its own cgroup v2 (`<root>/tw-<ledger>-<id>`, or
+    /// `<root>/tw-<ledger>-p-<principal>/tw-<ledger>-<id>` under
+    /// `serve --principal-*`) plus its own session and group (Linux).
+    Cgroup,
+    /// Its own session and process group only.
+    Session,
+    /// Its own named Job Object (`job:<name>`) and console process group
+    /// (Windows).
+    Job,
+}
+
+impl BoundaryKind {
+    /// Whether the boundary is a kernel container the teardown kills as one
+    /// (a cgroup, a job).
+    pub fn contained(self) -> bool {
+        matches!(self, BoundaryKind::Cgroup | BoundaryKind::Job)
+    }
+}
+
+impl std::fmt::Display for BoundaryKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BoundaryKind::Cgroup => "cgroup",
+            BoundaryKind::Session => "session",
+            BoundaryKind::Job => "job",
+        })
+    }
+}
+
 /// One probed capability.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Capability {
@@ -199,10 +235,12 @@ pub struct SpawnSpec {
     /// The complete environment; `None` inherits ours (snapshotted at spawn).
     pub env: Option<Vec<(OsString, OsString)>>,
     pub stdio: SpawnStdio,
-    /// The tree's cgroup directory to create and join before exec (e.g.
-    /// `<root>/tw-<ledger>-<id>`, or below a shared parent: see
-    /// `parent_settings`); `None` = session and process group only.
-    pub cgroup: Option<PathBuf>,
+    /// The tree's container, made and joined before the command runs: on
+    /// Linux its cgroup directory (e.g. `<root>/tw-<ledger>-<id>`, or below
+    /// a shared parent: see `parent_settings`), on Windows its Job Object
+    /// (`job:<name>`); `None` = session and process group only. Recorded in
+    /// the tree row's `cgroup` column.
+    pub container: Option<PathBuf>,
     /// Control files written in the tree's cgroup right after it is made,
     /// before the child joins it (limits). The controller is enabled in the
     /// parent's `cgroup.subtree_control` first when it is not yet.

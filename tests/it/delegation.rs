@@ -175,7 +175,7 @@ fn held_spec(cgroup: PathBuf, settings: Vec<CgroupSetting>) -> SpawnSpec {
         cwd: None,
         env: None,
         stdio: SpawnStdio::Null,
-        cgroup: Some(cgroup),
+        container: Some(cgroup),
         cgroup_settings: settings,
         parent_settings: Vec::new(),
         log_file: None,

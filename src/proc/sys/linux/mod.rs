@@ -23,9 +23,9 @@ pub mod users;
 use crate::proc::ProcError;
 
 pub use boundary::{
-    BoundaryKind, ExecFailure, GivenStdio, HeldChild, SHARED_PARENT_MARK, SpawnStdio, Spawned,
-    cgroup_root, cgroup2_mount, check_cgroup_writable, deny_clone3_in_this_thread,
-    is_shared_parent, own_cgroup_dir, remove_cgroup_if_empty, remove_cgroup_when_empty,
+    ExecFailure, GivenStdio, HeldChild, SHARED_PARENT_MARK, SpawnStdio, Spawned, cgroup_root,
+    cgroup2_mount, check_cgroup_writable, deny_clone3_in_this_thread, is_shared_parent,
+    own_cgroup_dir, remove_cgroup_if_empty, remove_cgroup_when_empty,
     remove_shared_parent_if_empty, resolve_boundary, spawn_held,
 };
 pub use connector::{Connector, ConnectorWaker, monotonic_ns};
@@ -42,6 +42,13 @@ pub use signal::{
     GroupPath, cgroup_freeze, cgroup_kill, cgroup_pids, cgroup_populated, cgroup_thaw,
     cgroup_wait_event, default_sigpipe, group_members, may_signal, pidfd_group_signals_supported,
     signal_group, signal_group_known, signal_group_via, signal_process,
+};
+// The container vocabulary every OS exports (on Windows a Job Object's):
+// on Linux the container is the tree's cgroup.
+pub use signal::{
+    cgroup_freeze as container_freeze, cgroup_kill as container_kill,
+    cgroup_pids as container_pids, cgroup_populated as container_populated,
+    cgroup_thaw as container_thaw, cgroup_wait_event as container_wait_event,
 };
 pub(crate) use stat::StatReader;
 pub use stat::{boot_ticks_now, first_live_in_group, read_entry};
@@ -63,13 +70,6 @@ pub fn disarm_standing_kill(_dir: &std::path::Path) -> Result<(), ProcError> {
 }
 /// The handle an exit watch holds (a pidfd).
 pub type ExitHandle = std::os::fd::OwnedFd;
-
-impl BoundaryKind {
-    /// Whether the boundary is a kernel container the teardown kills as one.
-    pub fn contained(self) -> bool {
-        self == BoundaryKind::Cgroup
-    }
-}
 
 impl ProcError {
     /// A cgroup control file or directory that could not be used.

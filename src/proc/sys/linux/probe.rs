@@ -8,7 +8,8 @@
 
 use std::path::{Path, PathBuf};
 
-use super::boundary::{BoundaryKind, cgroup_root, cgroup2_mount, probe_child_cgroup};
+use super::boundary::{cgroup_root, cgroup2_mount, probe_child_cgroup};
+use crate::proc::BoundaryKind;
 
 pub use crate::proc::types::Capability;
 

@@ -10,7 +10,7 @@ use super::exits::unsupported;
 use crate::proc::{Capability, CgroupUsage, Layout, LayoutReport, ProcError, ProcEvent};
 
 /// How the teardown would record a container kill. Never recorded on
-/// macOS: no boundary there is contained ([`super::BoundaryKind::contained`]).
+/// macOS: no boundary there is contained ([`crate::proc::BoundaryKind::contained`]).
 pub const CONTAINER_KILL: (&str, &str) = ("SIGKILL", "cgroup");
 
 /// No container kills on its owner's exit on macOS.
@@ -72,7 +72,7 @@ pub struct Probe {
     pub proc_connector: Capability,
     pub cgroup_layout: Option<LayoutReport>,
     pub cgroup_controllers: Vec<String>,
-    pub auto_boundary: super::BoundaryKind,
+    pub auto_boundary: crate::proc::BoundaryKind,
     pub auto_reason: String,
 }
 
@@ -104,7 +104,7 @@ pub fn probe(_cgroup_root_override: Option<&Path>) -> Probe {
         proc_connector: Capability::no("the proc connector is Linux's"),
         cgroup_layout: None,
         cgroup_controllers: Vec::new(),
-        auto_boundary: super::BoundaryKind::Session,
+        auto_boundary: crate::proc::BoundaryKind::Session,
         auto_reason: "macOS has no cgroups: session + process group".into(),
     }
 }

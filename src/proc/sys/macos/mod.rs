@@ -37,11 +37,12 @@ pub use identity::{
 };
 pub use misc::*;
 pub use signal::{
-    cgroup_freeze, cgroup_kill, cgroup_pids, cgroup_populated, cgroup_thaw, cgroup_wait_event,
-    default_sigpipe, disarm_standing_kill, may_signal, signal_group_known, signal_process,
+    container_freeze, container_kill, container_pids, container_populated, container_thaw,
+    container_wait_event, default_sigpipe, disarm_standing_kill, may_signal, signal_group_known,
+    signal_process,
 };
 pub use spawn::{
-    BoundaryKind, ExecFailure, HeldChild, SHARED_PARENT_MARK, SpawnStdio, Spawned, cgroup_root,
-    is_shared_parent, remove_cgroup_if_empty, remove_cgroup_when_empty,
-    remove_shared_parent_if_empty, resolve_boundary, spawn_held,
+    ExecFailure, HeldChild, SHARED_PARENT_MARK, SpawnStdio, Spawned, cgroup_root, is_shared_parent,
+    remove_cgroup_if_empty, remove_cgroup_when_empty, remove_shared_parent_if_empty,
+    resolve_boundary, spawn_held,
 };

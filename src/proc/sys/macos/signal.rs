@@ -145,32 +145,32 @@ fn no_container(path: &Path) -> ProcError {
 
 /// No container to kill on macOS (no boundary is contained, so the
 /// teardown never asks).
-pub fn cgroup_kill(path: &Path) -> Result<(), ProcError> {
+pub fn container_kill(path: &Path) -> Result<(), ProcError> {
     Err(no_container(path))
 }
 
 /// Nothing can be frozen (`Ok(false)`).
-pub fn cgroup_freeze(_path: &Path, _wait: Duration) -> Result<bool, ProcError> {
+pub fn container_freeze(_path: &Path, _wait: Duration) -> Result<bool, ProcError> {
     Ok(false)
 }
 
 /// Nothing was frozen: nothing to thaw.
-pub fn cgroup_thaw(_path: &Path, _wait: Duration) -> Result<bool, ProcError> {
+pub fn container_thaw(_path: &Path, _wait: Duration) -> Result<bool, ProcError> {
     Ok(true)
 }
 
 /// No container: no pids in it.
-pub fn cgroup_pids(_path: &Path) -> Result<Vec<i32>, ProcError> {
+pub fn container_pids(_path: &Path) -> Result<Vec<i32>, ProcError> {
     Ok(Vec::new())
 }
 
 /// No container: never populated.
-pub fn cgroup_populated(_path: &Path) -> Result<bool, ProcError> {
+pub fn container_populated(_path: &Path) -> Result<bool, ProcError> {
     Ok(false)
 }
 
 /// No container: "populated" is never true, "frozen" never.
-pub fn cgroup_wait_event(
+pub fn container_wait_event(
     _path: &Path,
     _key: CgroupEvent,
     want: bool,

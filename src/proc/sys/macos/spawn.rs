@@ -7,28 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::config::BoundaryChoice;
-use crate::proc::{ExecFailureKind, GroupRecord, Identity, ProcError, SpawnSpec};
-
-/// The boundary a tree was given: on macOS only its session and process
-/// group (no cgroups).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BoundaryKind {
-    Session,
-}
-
-impl BoundaryKind {
-    /// No macOS boundary is a container the teardown kills as one.
-    pub fn contained(self) -> bool {
-        false
-    }
-}
-
-impl std::fmt::Display for BoundaryKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("session")
-    }
-}
+use crate::proc::{BoundaryKind, ExecFailureKind, GroupRecord, Identity, ProcError, SpawnSpec};
 
 impl std::str::FromStr for BoundaryKind {
     type Err = String;

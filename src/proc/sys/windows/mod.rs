@@ -23,7 +23,7 @@
 //!
 //! What it must never do: terminate a job or a process without the caller
 //! having passed the teardown's authorization (the only terminating calls
-//! are [`cgroup_kill`], which the teardown reaches only from its Kill phase,
+//! are [`container_kill`], which the teardown reaches only from its Kill phase,
 //! and [`HeldChild::cancel`] of a child that ran nothing); signal this
 //! process's own group; leak a `windows-sys` type through a signature.
 
@@ -42,12 +42,13 @@ pub use reaper::{
     Reaper, has_no_children, parent_pid, reap_child, set_parent_death_signal, set_subreaper,
 };
 pub use signal::{
-    cgroup_freeze, cgroup_kill, cgroup_pids, cgroup_populated, cgroup_thaw, cgroup_wait_event,
-    default_sigpipe, disarm_standing_kill, may_signal, signal_group_known, signal_process,
+    container_freeze, container_kill, container_pids, container_populated, container_thaw,
+    container_wait_event, default_sigpipe, disarm_standing_kill, may_signal, signal_group_known,
+    signal_process,
 };
 pub use spawn::{
-    BoundaryKind, ExecFailure, GivenStdio, HeldChild, SHARED_PARENT_MARK, SpawnStdio, Spawned,
-    cgroup_root, is_shared_parent, remove_cgroup_if_empty, remove_cgroup_when_empty,
+    ExecFailure, GivenStdio, HeldChild, SHARED_PARENT_MARK, SpawnStdio, Spawned, cgroup_root,
+    is_shared_parent, remove_cgroup_if_empty, remove_cgroup_when_empty,
     remove_shared_parent_if_empty, resolve_boundary, spawn_held,
 };
 

@@ -1,5 +1,5 @@
 //! Signals on Windows: `CTRL_BREAK_EVENT` to a tree's console group, and
-//! the forced kill `TerminateJobObject` ([`cgroup_kill`], the teardown's
+//! the forced kill `TerminateJobObject` ([`container_kill`], the teardown's
 //! container kill, recorded as `TERMINATE_JOB` on target kind `job`).
 //!
 //! A single process has no graceful signal on Windows; its forced kill is
@@ -170,7 +170,7 @@ pub fn signal_group_known(
 
 /// `TerminateJobObject` of the tree's job. Reached only from the
 /// teardown's Kill phase, with its committed authorization.
-pub fn cgroup_kill(path: &Path) -> Result<(), ProcError> {
+pub fn container_kill(path: &Path) -> Result<(), ProcError> {
     match job::open(path)? {
         Some(j) => job::terminate(&j),
         // Every handle of the job closed (its owner died): its processes,
@@ -184,7 +184,7 @@ pub fn cgroup_kill(path: &Path) -> Result<(), ProcError> {
 
 /// Jobs cannot be frozen (`Ok(false)`). The start of the teardown's
 /// forced-kill round disarms the job first ([`disarm_standing_kill`]).
-pub fn cgroup_freeze(_path: &Path, _wait: Duration) -> Result<bool, ProcError> {
+pub fn container_freeze(_path: &Path, _wait: Duration) -> Result<bool, ProcError> {
     Ok(false)
 }
 
@@ -209,12 +209,12 @@ pub fn disarm_standing_kill(path: &Path) -> Result<(), ProcError> {
 }
 
 /// Nothing was frozen: nothing to thaw.
-pub fn cgroup_thaw(_path: &Path, _wait: Duration) -> Result<bool, ProcError> {
+pub fn container_thaw(_path: &Path, _wait: Duration) -> Result<bool, ProcError> {
     Ok(true)
 }
 
 /// The pids in the job (empty when the job is gone).
-pub fn cgroup_pids(path: &Path) -> Result<Vec<i32>, ProcError> {
+pub fn container_pids(path: &Path) -> Result<Vec<i32>, ProcError> {
     match job::open(path)? {
         Some(j) => job::pids(&j),
         None => Ok(Vec::new()),
@@ -222,7 +222,7 @@ pub fn cgroup_pids(path: &Path) -> Result<Vec<i32>, ProcError> {
 }
 
 /// Whether the job has an active process.
-pub fn cgroup_populated(path: &Path) -> Result<bool, ProcError> {
+pub fn container_populated(path: &Path) -> Result<bool, ProcError> {
     match job::open(path)? {
         Some(j) => Ok(job::accounting(&j)?.active > 0),
         None => Ok(false),
@@ -232,7 +232,7 @@ pub fn cgroup_populated(path: &Path) -> Result<bool, ProcError> {
 /// Waits until the job's active-process count says `want` (populated or
 /// not), or `deadline`; whether it did. A bounded poll of the count (1 ms,
 /// then 10 ms after the first 50 ms).
-pub fn cgroup_wait_event(
+pub fn container_wait_event(
     path: &Path,
     key: CgroupEvent,
     want: bool,
@@ -243,7 +243,7 @@ pub fn cgroup_wait_event(
     }
     let started = Instant::now();
     loop {
-        if cgroup_populated(path)? == want {
+        if container_populated(path)? == want {
             return Ok(true);
         }
         let now = Instant::now();

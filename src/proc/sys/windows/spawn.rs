@@ -20,29 +20,9 @@ use super::identity::{boot_id, times_of};
 use super::job::{self, JobLimits};
 use super::{Owned, Reaper};
 use crate::config::BoundaryChoice;
-use crate::proc::{CgroupSetting, ExecFailureKind, GroupRecord, Identity, ProcError, SpawnSpec};
-
-/// The boundary a tree was given: on Windows always its own Job Object
-/// (recorded as `job`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BoundaryKind {
-    Job,
-}
-
-impl BoundaryKind {
-    /// Whether the boundary is a kernel container the teardown kills as one
-    /// (a cgroup on Linux, a job here): always.
-    pub fn contained(self) -> bool {
-        true
-    }
-}
-
-impl std::fmt::Display for BoundaryKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("job")
-    }
-}
+use crate::proc::{
+    BoundaryKind, CgroupSetting, ExecFailureKind, GroupRecord, Identity, ProcError, SpawnSpec,
+};
 
 impl std::str::FromStr for BoundaryKind {
     type Err = String;
@@ -254,7 +234,7 @@ pub fn spawn_held(spec: &SpawnSpec) -> Result<HeldChild, ProcError> {
             "running as another user is not supported on Windows",
         ));
     }
-    let Some(path) = spec.cgroup.clone() else {
+    let Some(path) = spec.container.clone() else {
         return Err(ProcError::NoCgroup("a Windows tree needs its job".into()));
     };
     let Some(name) = job::job_name_of(&path) else {

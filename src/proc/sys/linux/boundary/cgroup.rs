@@ -8,8 +8,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::types::BoundaryKind;
 use crate::config::BoundaryChoice;
+use crate::proc::BoundaryKind;
 use crate::proc::signal::cgroup_populated;
 use crate::proc::{CgroupSetting, ProcError};
 

@@ -104,7 +104,7 @@ pub fn spawn_held(spec: &SpawnSpec) -> Result<HeldChild, ProcError> {
         .map(|a| a.to_string_lossy().into_owned())
         .unwrap_or_default();
     let mut shared = None;
-    if let Some(cg) = &spec.cgroup {
+    if let Some(cg) = &spec.container {
         shared = make_tree_cgroups(cg, &spec.parent_settings, &spec.cgroup_settings)?;
         if let Err(e) = apply_settings(cg, &spec.cgroup_settings) {
             let _ = remove_cgroup_when_empty(cg, CLEANUP_WAIT);
@@ -116,7 +116,7 @@ pub fn spawn_held(spec: &SpawnSpec) -> Result<HeldChild, ProcError> {
     }
     let result = fork_held(spec, &prepared, program);
     if result.is_err()
-        && let Some(cg) = &spec.cgroup
+        && let Some(cg) = &spec.container
     {
         let _ = remove_cgroup_when_empty(cg, CLEANUP_WAIT);
         if let Some(shared) = &shared {
@@ -134,7 +134,7 @@ fn fork_held(spec: &SpawnSpec, p: &Prepared, program: String) -> Result<HeldChil
     let (status_r, status_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
 
     // The tree's cgroup, for a child born in it (see `clone_into_cgroup`).
-    let cgroup_dir = spec.cgroup.as_ref().and_then(|cg| {
+    let cgroup_dir = spec.container.as_ref().and_then(|cg| {
         rustix::fs::open(
             cg,
             rustix::fs::OFlags::RDONLY
@@ -205,7 +205,7 @@ fn fork_held(spec: &SpawnSpec, p: &Prepared, program: String) -> Result<HeldChil
             .unwrap_or("unknown"),
         source: std::io::Error::from_raw_os_error(msg_errno(msg)),
     };
-    if let Some(cg) = &spec.cgroup {
+    if let Some(cg) = &spec.container {
         // A child clone3 did not start in the cgroup is moved there now.
         if !born_in_cgroup && let Err(e) = std::fs::write(cg.join("cgroup.procs"), pid.to_string())
         {

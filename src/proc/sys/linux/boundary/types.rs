@@ -2,29 +2,8 @@
 //! the spec (argv, env, stdio, cgroup and its settings, credentials, tty),
 //! and an exec's failure as the shell reports it. Plain data: no syscall.
 
-use crate::proc::ExecFailureKind;
+use crate::proc::{BoundaryKind, ExecFailureKind};
 use std::os::fd::{AsRawFd, OwnedFd};
-
-/// The boundary a tree was actually given (recorded on every tree row).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BoundaryKind {
-    /// Its own cgroup v2 (`<root>/tw-<ledger>-<id>`, or
-    /// `<root>/tw-<ledger>-p-<principal>/tw-<ledger>-<id>` under
-    /// `serve --principal-*`) plus its own session and group.
-    Cgroup,
-    /// Its own session and process group only.
-    Session,
-}
-
-impl std::fmt::Display for BoundaryKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            BoundaryKind::Cgroup => "cgroup",
-            BoundaryKind::Session => "session",
-        })
-    }
-}
 
 impl std::str::FromStr for BoundaryKind {
     type Err = String;
