@@ -305,14 +305,7 @@ impl Host for KernelHost {
     }
 
     fn nofile_limit(&self) -> Option<u64> {
-        #[cfg(target_os = "linux")]
-        {
-            crate::proc::nofile_soft_limit()
-        }
-        #[cfg(not(target_os = "linux"))]
-        {
-            None
-        }
+        crate::proc::nofile_soft_limit()
     }
 
     fn held_exited(&self, held: &Held) -> bool {

@@ -242,7 +242,7 @@ impl Engine {
         limits: crate::ledger::Limits,
     ) -> Result<(), CustodyError> {
         if !limits.is_empty() {
-            if !cfg!(target_os = "linux") {
+            if !crate::proc::SHARED_PARENT_LIMITS {
                 return Err(CustodyError::Unsupported(
                     "principal limits (serve --principal-*) need Linux's cgroup v2: refusing to serve without them".into(),
                 ));

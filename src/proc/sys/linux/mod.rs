@@ -68,6 +68,9 @@ pub const STANDING_KILL_FLAG: Option<&str> = None;
 pub fn disarm_standing_kill(_dir: &std::path::Path) -> Result<(), ProcError> {
     Ok(())
 }
+/// Whether a shared parent container can hold several trees' containers
+/// under limits of its own (a principal's): yes, a cgroup can.
+pub const SHARED_PARENT_LIMITS: bool = true;
 /// The handle an exit watch holds (a pidfd).
 pub type ExitHandle = std::os::fd::OwnedFd;
 

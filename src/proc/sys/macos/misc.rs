@@ -185,3 +185,7 @@ pub fn monotonic_ns() -> u64 {
     static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     START.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
+
+/// Whether a shared parent container can hold several trees' containers
+/// under limits of its own (a principal's): no, no container at all on macOS.
+pub const SHARED_PARENT_LIMITS: bool = false;

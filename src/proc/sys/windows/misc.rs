@@ -603,3 +603,18 @@ pub fn free_bytes(dir: &Path) -> Option<u64> {
     };
     (ok != 0).then_some(free)
 }
+
+/// File modes are Unix's: nothing to set here (the data dir's ACL, the
+/// user's own, is what keeps the ledger's files private).
+pub fn file_mode(o: &mut std::fs::OpenOptions, _mode: u32) -> &mut std::fs::OpenOptions {
+    o
+}
+
+/// Directory modes are Unix's: nothing to set here.
+pub fn dir_mode(b: &mut std::fs::DirBuilder, _mode: u32) -> &mut std::fs::DirBuilder {
+    b
+}
+
+/// Whether a shared parent container can hold several trees' containers
+/// under limits of its own (a principal's): no, no shared parent job is made here.
+pub const SHARED_PARENT_LIMITS: bool = false;
