@@ -618,3 +618,34 @@ pub fn dir_mode(b: &mut std::fs::DirBuilder, _mode: u32) -> &mut std::fs::DirBui
 /// Whether a shared parent container can hold several trees' containers
 /// under limits of its own (a principal's): no, no shared parent job is made here.
 pub const SHARED_PARENT_LIMITS: bool = false;
+
+/// Bytes free to an unprivileged writer on the volume of `dir`, and its
+/// size: none known here (`u64::MAX`: the floor as configured).
+pub fn disk_space(dir: &Path) -> Option<(u64, u64)> {
+    free_bytes(dir).map(|free| (free, u64::MAX))
+}
+
+/// This host's name (`COMPUTERNAME`).
+pub fn host_name() -> String {
+    std::env::var("COMPUTERNAME").unwrap_or_else(|_| "localhost".into())
+}
+
+/// Writes all of `buf` at `offset` of `file`: positioned writes until all
+/// is written.
+pub fn write_all_at(file: &std::fs::File, buf: &[u8], offset: u64) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        let n =
+            std::os::windows::fs::FileExt::seek_write(file, &buf[done..], offset + done as u64)?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        done += n;
+    }
+    Ok(())
+}
+
+/// Takes `file`'s exclusive lock, waiting for it (`LockFileEx`, std's).
+pub fn lock_exclusive(file: &std::fs::File) -> std::io::Result<()> {
+    file.lock()
+}
