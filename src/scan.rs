@@ -28,9 +28,7 @@ use std::path::Path;
 use crate::proc::StatReader;
 /// The one model and parser of `/proc/<pid>/stat` live in `proc` ([`crate::proc::stat`]).
 pub use crate::proc::{ProcEntry, parse_stat};
-#[cfg(target_os = "linux")]
-pub use crate::proc::{first_live_in_group, read_entry};
-#[cfg(target_os = "macos")]
+#[cfg(any(target_os = "linux", target_os = "macos"))]
 pub use crate::proc::{first_live_in_group, read_entry};
 
 /// A full `/proc` snapshot, keyed by pid.
@@ -392,24 +390,7 @@ impl HostView {
 /// counts from boot (Linux: [`crate::proc::boot_ticks_now`]); `None`
 /// elsewhere (a Windows job's listing is always confirmed by a second read).
 pub fn boot_ticks_now() -> Option<u64> {
-    #[cfg(target_os = "linux")]
-    return crate::proc::boot_ticks_now();
-    #[cfg(not(target_os = "linux"))]
-    None
-}
-
-/// The pids listed in a cgroup's `cgroup.procs` (empty if it is gone):
-/// [`crate::proc::cgroup_pids`] as a set. `Err` when the read failed for
-/// another reason: the members are then unknown, not none.
-#[cfg(target_os = "linux")]
-pub fn cgroup_pids(cgroup_dir: &Path) -> Result<HashSet<i32>, String> {
-    let file = cgroup_dir.join("cgroup.procs");
-    match crate::proc::pseudo::read_path_string(&file) {
-        Ok(text) => Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect()),
-        // The cgroup is gone (removed, or never made): nobody is in it.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(HashSet::new()),
-        Err(e) => Err(format!("{}: {e}", file.display())),
-    }
+    crate::proc::boot_ticks_now()
 }
 
 /// What an incident reviewer needs about a member, read once, the first time
@@ -438,36 +419,15 @@ pub struct Lineage {
     pub sid: i32,
 }
 
-/// The argv of one process (empty if it exited or is a kernel thread).
-/// Only this one read, for the survivor snapshot of every forced kill:
-/// [`details`] costs five reads per process.
-#[cfg(target_os = "linux")]
-pub fn cmdline(pid: i32) -> Vec<String> {
-    crate::proc::pseudo::read_path(Path::new(&format!("/proc/{pid}/cmdline")))
-        .map(|raw| {
-            raw.split(|&b| b == 0)
-                .filter(|a| !a.is_empty())
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect()
-        })
-        .unwrap_or_default()
+/// The pids in a tree's container (a cgroup's `cgroup.procs`, a job's
+/// process list; empty if it is gone): [`crate::proc::member_pids`]. `Err`
+/// when the read failed for another reason: the members are then unknown,
+/// not none.
+pub fn cgroup_pids(dir: &Path) -> Result<HashSet<i32>, String> {
+    crate::proc::member_pids(dir)
 }
 
-/// The kernel function a process sleeps in (`/proc/<pid>/wchan`): `None`
-/// where it runs, is gone, or the kernel hides it (`0`, or no permission).
-/// Evidence for a member no signal ends.
-#[cfg(target_os = "linux")]
-pub fn wchan(pid: i32) -> Option<String> {
-    let raw = crate::proc::pseudo::read_path(Path::new(&format!("/proc/{pid}/wchan"))).ok()?;
-    let w = String::from_utf8_lossy(&raw).trim().to_string();
-    (!w.is_empty() && w != "0").then_some(w)
-}
-
-/// No wait channel is read here.
-#[cfg(not(target_os = "linux"))]
-pub fn wchan(_pid: i32) -> Option<String> {
-    None
-}
+pub use crate::proc::{cmdline, wchan};
 
 /// [`cmdline`] of each pid, in their order (read in parallel when many).
 pub fn cmdlines(pids: &[i32]) -> Vec<Vec<String>> {
@@ -608,21 +568,6 @@ impl HostView {
     }
 }
 
-/// The pids in the tree's job (empty when it is gone).
-#[cfg(windows)]
-pub fn cgroup_pids(job: &Path) -> Result<HashSet<i32>, String> {
-    crate::proc::container_pids(job)
-        .map(|p| p.into_iter().collect())
-        .map_err(|e| format!("{}: {e}", job.display()))
-}
-
-/// What Windows shows of a process's command line from outside: its image
-/// name (its argv lives in its own memory).
-#[cfg(windows)]
-pub fn cmdline(pid: i32) -> Vec<String> {
-    crate::proc::details_of(pid).1
-}
-
 #[cfg(windows)]
 pub fn details(pid: i32) -> MemberDetails {
     let (exe, cmdline) = crate::proc::details_of(pid);
@@ -655,18 +600,6 @@ pub fn snapshot_pids(pids: impl IntoIterator<Item = i32>) -> Snapshot {
         entries: entries.into_iter().map(|e| (e.pid, e)).collect(),
         incomplete,
     }
-}
-
-/// No cgroups on macOS: nobody is in one.
-#[cfg(target_os = "macos")]
-pub fn cgroup_pids(_cgroup_dir: &Path) -> Result<HashSet<i32>, String> {
-    Ok(HashSet::new())
-}
-
-/// The process's name (its argv, `KERN_PROCARGS2`, is not read yet).
-#[cfg(target_os = "macos")]
-pub fn cmdline(pid: i32) -> Vec<String> {
-    crate::proc::details_of(pid).1
 }
 
 #[cfg(target_os = "macos")]

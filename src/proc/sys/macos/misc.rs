@@ -189,3 +189,23 @@ pub fn monotonic_ns() -> u64 {
 /// Whether a shared parent container can hold several trees' containers
 /// under limits of its own (a principal's): no, no container at all on macOS.
 pub const SHARED_PARENT_LIMITS: bool = false;
+
+/// No cgroups on macOS: nobody is in one.
+pub fn member_pids(_cgroup_dir: &Path) -> Result<std::collections::HashSet<i32>, String> {
+    Ok(std::collections::HashSet::new())
+}
+
+/// The process's name (its argv, `KERN_PROCARGS2`, is not read yet).
+pub fn cmdline(pid: i32) -> Vec<String> {
+    super::details_of(pid).1
+}
+
+/// No wait channel is read here.
+pub fn wchan(_pid: i32) -> Option<String> {
+    None
+}
+
+/// No start-time clock counts from boot here.
+pub fn boot_ticks_now() -> Option<u64> {
+    None
+}

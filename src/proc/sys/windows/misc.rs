@@ -649,3 +649,27 @@ pub fn write_all_at(file: &std::fs::File, buf: &[u8], offset: u64) -> std::io::R
 pub fn lock_exclusive(file: &std::fs::File) -> std::io::Result<()> {
     file.lock()
 }
+
+/// The pids in the tree's job (empty when it is gone).
+pub fn member_pids(job: &Path) -> Result<std::collections::HashSet<i32>, String> {
+    super::container_pids(job)
+        .map(|p| p.into_iter().collect())
+        .map_err(|e| format!("{}: {e}", job.display()))
+}
+
+/// What Windows shows of a process's command line from outside: its image
+/// name (its argv lives in its own memory).
+pub fn cmdline(pid: i32) -> Vec<String> {
+    details_of(pid).1
+}
+
+/// No wait channel is read here.
+pub fn wchan(_pid: i32) -> Option<String> {
+    None
+}
+
+/// No start-time clock counts from boot here (a job's listing is always
+/// confirmed by a second read).
+pub fn boot_ticks_now() -> Option<u64> {
+    None
+}
