@@ -26,10 +26,11 @@ use std::path::Path;
 
 #[cfg(target_os = "linux")]
 use crate::proc::StatReader;
+#[cfg(any(target_os = "linux", target_os = "macos"))]
+pub use crate::proc::first_live_in_group;
+pub use crate::proc::read_entry;
 /// The one model and parser of `/proc/<pid>/stat` live in `proc` ([`crate::proc::stat`]).
 pub use crate::proc::{ProcEntry, parse_stat};
-#[cfg(any(target_os = "linux", target_os = "macos"))]
-pub use crate::proc::{first_live_in_group, read_entry};
 
 /// A full `/proc` snapshot, keyed by pid.
 ///
@@ -393,32 +394,6 @@ pub fn boot_ticks_now() -> Option<u64> {
     crate::proc::boot_ticks_now()
 }
 
-/// What an incident reviewer needs about a member, read once, the first time
-/// it is seen (these reads are too costly for every tick).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct MemberDetails {
-    pub uid: Option<u32>,
-    pub exe: Option<String>,
-    pub cmdline: Vec<String>,
-    pub cwd: Option<String>,
-    pub cgroup: Option<String>,
-    /// Who these details were read from, as its stat said in the same read
-    /// (one `/proc/<pid>` handle): details are read by pid, after a scan
-    /// read the process, and the caller checks they are of the process
-    /// the scan saw. `None` where it could not be read.
-    pub read_from: Option<Lineage>,
-}
-
-/// A process's start and the ids it was read with: what tells the process
-/// a scan read from another that took its pid within the same clock tick.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Lineage {
-    pub start_ticks: u64,
-    pub ppid: i32,
-    pub pgid: i32,
-    pub sid: i32,
-}
-
 /// The pids in a tree's container (a cgroup's `cgroup.procs`, a job's
 /// process list; empty if it is gone): [`crate::proc::member_pids`]. `Err`
 /// when the read failed for another reason: the members are then unknown,
@@ -427,56 +402,13 @@ pub fn cgroup_pids(dir: &Path) -> Result<HashSet<i32>, String> {
     crate::proc::member_pids(dir)
 }
 
-pub use crate::proc::{cmdline, wchan};
+pub use crate::proc::{Lineage, MemberDetails, cmdline, details, uid_of, wchan};
 
 /// [`cmdline`] of each pid, in their order (read in parallel when many).
 pub fn cmdlines(pids: &[i32]) -> Vec<Vec<String>> {
     read_in_parallel(pids, |chunk| {
         chunk.iter().map(|&pid| cmdline(pid)).collect()
     })
-}
-
-/// The uid a process runs as, as [`details`] reads it (the owner of
-/// `/proc/<pid>`), alone: one `stat(2)`, where the details cost five reads.
-#[cfg(target_os = "linux")]
-pub fn uid_of(pid: i32) -> Option<u32> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(format!("/proc/{pid}"))
-        .ok()
-        .map(|m| m.uid())
-}
-
-/// The uid as [`details`] reads it (none on Windows).
-#[cfg(not(target_os = "linux"))]
-pub fn uid_of(pid: i32) -> Option<u32> {
-    details(pid).uid
-}
-
-/// Reads the forensic details of one process; fields that cannot be read
-/// (exited meanwhile, permission) are `None`.
-#[cfg(target_os = "linux")]
-pub fn details(pid: i32) -> MemberDetails {
-    let Ok(proc) = procfs::process::Process::new(pid) else {
-        return MemberDetails::default();
-    };
-    MemberDetails {
-        uid: proc.uid().ok(),
-        read_from: proc.stat().ok().map(|st| Lineage {
-            start_ticks: st.starttime,
-            ppid: st.ppid,
-            pgid: st.pgrp,
-            sid: st.session,
-        }),
-        exe: proc.exe().ok().map(|p| p.display().to_string()),
-        cmdline: proc.cmdline().unwrap_or_default(),
-        cwd: proc.cwd().ok().map(|p| p.display().to_string()),
-        cgroup: proc.cgroups().ok().and_then(|groups| {
-            groups
-                .into_iter()
-                .find(|g| g.hierarchy == 0)
-                .map(|g| g.pathname)
-        }),
-    }
 }
 
 // The same readers on Windows: a toolhelp snapshot and the
@@ -501,12 +433,6 @@ pub fn snapshot_pids(pids: impl IntoIterator<Item = i32>) -> Snapshot {
         entries: entries.into_iter().map(|e| (e.pid, e)).collect(),
         incomplete,
     }
-}
-
-/// One process, read now.
-#[cfg(windows)]
-pub fn read_entry(pid: i32) -> Option<ProcEntry> {
-    crate::proc::snapshot_entries(Some(&[pid])).0.pop()
 }
 
 /// The service's scan-loop view on Windows: a toolhelp snapshot lists
@@ -568,16 +494,6 @@ impl HostView {
     }
 }
 
-#[cfg(windows)]
-pub fn details(pid: i32) -> MemberDetails {
-    let (exe, cmdline) = crate::proc::details_of(pid);
-    MemberDetails {
-        exe,
-        cmdline,
-        ..MemberDetails::default()
-    }
-}
-
 // The same readers on macOS: libproc's process listing
 // (`proc_listallpids`, `proc_pidinfo`) instead of /proc; no cgroups.
 
@@ -599,24 +515,6 @@ pub fn snapshot_pids(pids: impl IntoIterator<Item = i32>) -> Snapshot {
     Snapshot {
         entries: entries.into_iter().map(|e| (e.pid, e)).collect(),
         incomplete,
-    }
-}
-
-#[cfg(target_os = "macos")]
-pub fn details(pid: i32) -> MemberDetails {
-    let (exe, cmdline) = crate::proc::details_of(pid);
-    let stat = crate::proc::read_stat(pid).ok().flatten();
-    MemberDetails {
-        uid: stat.as_ref().map(|s| s.uid),
-        read_from: stat.as_ref().map(|s| Lineage {
-            start_ticks: s.start_ticks,
-            ppid: s.ppid,
-            pgid: s.pgid,
-            sid: s.sid,
-        }),
-        exe,
-        cmdline,
-        ..MemberDetails::default()
     }
 }
 

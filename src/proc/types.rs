@@ -308,3 +308,29 @@ pub struct UserInfo {
     pub home: std::path::PathBuf,
     pub shell: std::path::PathBuf,
 }
+
+/// What an incident reviewer needs about a member, read once, the first time
+/// it is seen (these reads are too costly for every tick).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemberDetails {
+    pub uid: Option<u32>,
+    pub exe: Option<String>,
+    pub cmdline: Vec<String>,
+    pub cwd: Option<String>,
+    pub cgroup: Option<String>,
+    /// Who these details were read from, as its stat said in the same read
+    /// (one `/proc/<pid>` handle): details are read by pid, after a scan
+    /// read the process, and the caller checks they are of the process
+    /// the scan saw. `None` where it could not be read.
+    pub read_from: Option<Lineage>,
+}
+
+/// A process's start and the ids it was read with: what tells the process
+/// a scan read from another that took its pid within the same clock tick.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Lineage {
+    pub start_ticks: u64,
+    pub ppid: i32,
+    pub pgid: i32,
+    pub sid: i32,
+}

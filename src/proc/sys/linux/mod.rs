@@ -35,7 +35,7 @@ pub use held::{pidfd_exited, signal_pidfd};
 pub use identity::{ProcStat, boot_id, identity_of, read_stat, self_identity};
 pub use pidfd::{ExitWatch, open_exit_watch, wait_exits};
 pub use probe::{Probe, probe};
-pub use readers::{cmdline, member_pids, wchan};
+pub use readers::{cmdline, details, member_pids, uid_of, wchan};
 pub use reaper::{
     Reaper, has_no_children, parent_pid, reap_child, set_parent_death_signal, set_subreaper,
 };

@@ -39,3 +39,38 @@ pub fn wchan(pid: i32) -> Option<String> {
     let w = String::from_utf8_lossy(&raw).trim().to_string();
     (!w.is_empty() && w != "0").then_some(w)
 }
+
+/// The uid a process runs as, as [`details`] reads it (the owner of
+/// `/proc/<pid>`), alone: one `stat(2)`, where the details cost five reads.
+pub fn uid_of(pid: i32) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}"))
+        .ok()
+        .map(|m| m.uid())
+}
+
+/// Reads the forensic details of one process; fields that cannot be read
+/// (exited meanwhile, permission) are `None`.
+pub fn details(pid: i32) -> crate::proc::MemberDetails {
+    let Ok(proc) = procfs::process::Process::new(pid) else {
+        return crate::proc::MemberDetails::default();
+    };
+    crate::proc::MemberDetails {
+        uid: proc.uid().ok(),
+        read_from: proc.stat().ok().map(|st| crate::proc::Lineage {
+            start_ticks: st.starttime,
+            ppid: st.ppid,
+            pgid: st.pgrp,
+            sid: st.session,
+        }),
+        exe: proc.exe().ok().map(|p| p.display().to_string()),
+        cmdline: proc.cmdline().unwrap_or_default(),
+        cwd: proc.cwd().ok().map(|p| p.display().to_string()),
+        cgroup: proc.cgroups().ok().and_then(|groups| {
+            groups
+                .into_iter()
+                .find(|g| g.hierarchy == 0)
+                .map(|g| g.pathname)
+        }),
+    }
+}

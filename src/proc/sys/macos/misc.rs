@@ -209,3 +209,26 @@ pub fn wchan(_pid: i32) -> Option<String> {
 pub fn boot_ticks_now() -> Option<u64> {
     None
 }
+
+/// The forensic details of one process that can be read here.
+pub fn details(pid: i32) -> crate::proc::MemberDetails {
+    let (exe, cmdline) = super::details_of(pid);
+    let stat = crate::proc::read_stat(pid).ok().flatten();
+    crate::proc::MemberDetails {
+        uid: stat.as_ref().map(|s| s.uid),
+        read_from: stat.as_ref().map(|s| crate::proc::Lineage {
+            start_ticks: s.start_ticks,
+            ppid: s.ppid,
+            pgid: s.pgid,
+            sid: s.sid,
+        }),
+        exe,
+        cmdline,
+        ..crate::proc::MemberDetails::default()
+    }
+}
+
+/// The uid as [`details`] reads it.
+pub fn uid_of(pid: i32) -> Option<u32> {
+    details(pid).uid
+}

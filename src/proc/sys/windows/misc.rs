@@ -673,3 +673,23 @@ pub fn wchan(_pid: i32) -> Option<String> {
 pub fn boot_ticks_now() -> Option<u64> {
     None
 }
+
+/// The forensic details of one process that can be read here.
+pub fn details(pid: i32) -> crate::proc::MemberDetails {
+    let (exe, cmdline) = super::details_of(pid);
+    crate::proc::MemberDetails {
+        exe,
+        cmdline,
+        ..crate::proc::MemberDetails::default()
+    }
+}
+
+/// The uid as [`details`] reads it (none on Windows).
+pub fn uid_of(pid: i32) -> Option<u32> {
+    details(pid).uid
+}
+
+/// One process, read now.
+pub fn read_entry(pid: i32) -> Option<crate::proc::ProcEntry> {
+    snapshot_entries(Some(&[pid])).0.pop()
+}
