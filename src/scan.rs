@@ -411,11 +411,13 @@ pub fn cmdlines(pids: &[i32]) -> Vec<Vec<String>> {
     })
 }
 
-// The same readers on Windows: a toolhelp snapshot and the
-// tree's job instead of /proc and cgroup.procs.
+// The same readers on Windows and macOS: the process layer's listing (a
+// toolhelp snapshot; libproc's `proc_listallpids`, each read with
+// `proc_pidinfo`) instead of /proc, and the tree's job (none on macOS)
+// instead of cgroup.procs.
 
-/// Every process (one toolhelp snapshot).
-#[cfg(windows)]
+/// Every process (one listing).
+#[cfg(any(windows, target_os = "macos"))]
 pub fn snapshot() -> Snapshot {
     let (entries, incomplete) = crate::proc::snapshot_entries(None);
     Snapshot {
@@ -425,7 +427,7 @@ pub fn snapshot() -> Snapshot {
 }
 
 /// Only these pids, re-read now.
-#[cfg(windows)]
+#[cfg(any(windows, target_os = "macos"))]
 pub fn snapshot_pids(pids: impl IntoIterator<Item = i32>) -> Snapshot {
     let pids: Vec<i32> = pids.into_iter().collect();
     let (entries, incomplete) = crate::proc::snapshot_entries(Some(&pids));
@@ -491,30 +493,6 @@ impl HostView {
     pub fn refresh(&mut self, _reread: impl IntoIterator<Item = i32>) -> usize {
         self.full_refresh();
         self.snap.entries.len()
-    }
-}
-
-// The same readers on macOS: libproc's process listing
-// (`proc_listallpids`, `proc_pidinfo`) instead of /proc; no cgroups.
-
-/// Every process (one `proc_listallpids`, each read with `proc_pidinfo`).
-#[cfg(target_os = "macos")]
-pub fn snapshot() -> Snapshot {
-    let (entries, incomplete) = crate::proc::snapshot_entries(None);
-    Snapshot {
-        entries: entries.into_iter().map(|e| (e.pid, e)).collect(),
-        incomplete,
-    }
-}
-
-/// Only these pids, re-read now.
-#[cfg(target_os = "macos")]
-pub fn snapshot_pids(pids: impl IntoIterator<Item = i32>) -> Snapshot {
-    let pids: Vec<i32> = pids.into_iter().collect();
-    let (entries, incomplete) = crate::proc::snapshot_entries(Some(&pids));
-    Snapshot {
-        entries: entries.into_iter().map(|e| (e.pid, e)).collect(),
-        incomplete,
     }
 }
 
