@@ -500,7 +500,7 @@ impl HostView {
 /// cannot be read (its entry says pgid 0 and sid 0): the job, not the
 /// group, holds the tree there, so it is never judged an escape.
 fn escaped_from(entry: &ProcEntry, tree: &KnownTree) -> bool {
-    if cfg!(windows) && entry.pgid == 0 && entry.sid == 0 {
+    if !crate::proc::GROUPS_READABLE && entry.pgid == 0 && entry.sid == 0 {
         return false;
     }
     entry.pgid != tree.pgid && entry.sid != tree.sid

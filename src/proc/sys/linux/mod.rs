@@ -85,3 +85,12 @@ impl ProcError {
         }
     }
 }
+
+/// Whether a process's group and session can be read from outside: yes
+/// (`/proc/<pid>/stat`).
+pub const GROUPS_READABLE: bool = true;
+/// Whether a member's details carry the lineage they were read with: yes
+/// (its stat, in the same `/proc/<pid>` read).
+pub const LINEAGE_IN_DETAILS: bool = true;
+/// Whether `run` and `serve` spawn trees here: yes.
+pub const SPAWNS_TREES: bool = true;

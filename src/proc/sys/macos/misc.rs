@@ -232,3 +232,13 @@ pub fn details(pid: i32) -> crate::proc::MemberDetails {
 pub fn uid_of(pid: i32) -> Option<u32> {
     details(pid).uid
 }
+
+/// Whether a process's group and session can be read from outside: yes
+/// (`proc_pidinfo`).
+pub const GROUPS_READABLE: bool = true;
+/// Whether a member's details carry the lineage they were read with: yes
+/// (its `proc_pidinfo`).
+pub const LINEAGE_IN_DETAILS: bool = true;
+/// Whether `run` and `serve` spawn trees here: not yet (the process layer
+/// is compile-checked only; docs/RESIDUALS.md, "macOS").
+pub const SPAWNS_TREES: bool = false;

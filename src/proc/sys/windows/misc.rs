@@ -693,3 +693,13 @@ pub fn uid_of(pid: i32) -> Option<u32> {
 pub fn read_entry(pid: i32) -> Option<crate::proc::ProcEntry> {
     snapshot_entries(Some(&[pid])).0.pop()
 }
+
+/// Whether a process's group and session can be read from outside: no, a
+/// console process group cannot (an entry says pgid 0 and sid 0; the job,
+/// not the group, holds the tree).
+pub const GROUPS_READABLE: bool = false;
+/// Whether a member's details carry the lineage they were read with: no,
+/// they are its image name and nothing more.
+pub const LINEAGE_IN_DETAILS: bool = false;
+/// Whether `run` and `serve` spawn trees here: yes.
+pub const SPAWNS_TREES: bool = true;
