@@ -504,7 +504,7 @@ fn spawn(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()> {
     let (mut ours, mut floor) = (Vec::new(), Vec::new());
     // The spawn floor (issue 30), interleaved with the runs: mkdir a
     // cgroup, fdatasync, clone3 into it, exec `true`, wait, fdatasync,
-    // rmdir (src/proc/floor.rs: raw syscalls, none of the custody code).
+    // rmdir (src/proc/sys/linux/floor.rs: raw syscalls, none of the custody code).
     // Only where a cgroup can be made.
     let mut spawn_floor = Vec::new();
     let truth = ["/usr/bin/true", "/bin/true"]

@@ -26,12 +26,11 @@ use std::path::Path;
 
 #[cfg(target_os = "linux")]
 use crate::proc::StatReader;
+#[cfg(any(target_os = "linux", target_os = "macos"))]
+pub use crate::proc::first_live_in_group;
+pub use crate::proc::read_entry;
 /// The one model and parser of `/proc/<pid>/stat` live in `proc` ([`crate::proc::stat`]).
 pub use crate::proc::{ProcEntry, parse_stat};
-#[cfg(target_os = "linux")]
-pub use crate::proc::{first_live_in_group, read_entry};
-#[cfg(target_os = "macos")]
-pub use crate::proc::{first_live_in_group, read_entry};
 
 /// A full `/proc` snapshot, keyed by pid.
 ///
@@ -392,82 +391,18 @@ impl HostView {
 /// counts from boot (Linux: [`crate::proc::boot_ticks_now`]); `None`
 /// elsewhere (a Windows job's listing is always confirmed by a second read).
 pub fn boot_ticks_now() -> Option<u64> {
-    #[cfg(target_os = "linux")]
-    return crate::proc::boot_ticks_now();
-    #[cfg(not(target_os = "linux"))]
-    None
+    crate::proc::boot_ticks_now()
 }
 
-/// The pids listed in a cgroup's `cgroup.procs` (empty if it is gone):
-/// [`crate::proc::cgroup_pids`] as a set. `Err` when the read failed for
-/// another reason: the members are then unknown, not none.
-#[cfg(target_os = "linux")]
-pub fn cgroup_pids(cgroup_dir: &Path) -> Result<HashSet<i32>, String> {
-    let file = cgroup_dir.join("cgroup.procs");
-    match crate::proc::pseudo::read_path_string(&file) {
-        Ok(text) => Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect()),
-        // The cgroup is gone (removed, or never made): nobody is in it.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(HashSet::new()),
-        Err(e) => Err(format!("{}: {e}", file.display())),
-    }
+/// The pids in a tree's container (a cgroup's `cgroup.procs`, a job's
+/// process list; empty if it is gone): [`crate::proc::member_pids`]. `Err`
+/// when the read failed for another reason: the members are then unknown,
+/// not none.
+pub fn cgroup_pids(dir: &Path) -> Result<HashSet<i32>, String> {
+    crate::proc::member_pids(dir)
 }
 
-/// What an incident reviewer needs about a member, read once, the first time
-/// it is seen (these reads are too costly for every tick).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct MemberDetails {
-    pub uid: Option<u32>,
-    pub exe: Option<String>,
-    pub cmdline: Vec<String>,
-    pub cwd: Option<String>,
-    pub cgroup: Option<String>,
-    /// Who these details were read from, as its stat said in the same read
-    /// (one `/proc/<pid>` handle): details are read by pid, after a scan
-    /// read the process, and the caller checks they are of the process
-    /// the scan saw. `None` where it could not be read.
-    pub read_from: Option<Lineage>,
-}
-
-/// A process's start and the ids it was read with: what tells the process
-/// a scan read from another that took its pid within the same clock tick.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Lineage {
-    pub start_ticks: u64,
-    pub ppid: i32,
-    pub pgid: i32,
-    pub sid: i32,
-}
-
-/// The argv of one process (empty if it exited or is a kernel thread).
-/// Only this one read, for the survivor snapshot of every forced kill:
-/// [`details`] costs five reads per process.
-#[cfg(target_os = "linux")]
-pub fn cmdline(pid: i32) -> Vec<String> {
-    crate::proc::pseudo::read_path(Path::new(&format!("/proc/{pid}/cmdline")))
-        .map(|raw| {
-            raw.split(|&b| b == 0)
-                .filter(|a| !a.is_empty())
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// The kernel function a process sleeps in (`/proc/<pid>/wchan`): `None`
-/// where it runs, is gone, or the kernel hides it (`0`, or no permission).
-/// Evidence for a member no signal ends.
-#[cfg(target_os = "linux")]
-pub fn wchan(pid: i32) -> Option<String> {
-    let raw = crate::proc::pseudo::read_path(Path::new(&format!("/proc/{pid}/wchan"))).ok()?;
-    let w = String::from_utf8_lossy(&raw).trim().to_string();
-    (!w.is_empty() && w != "0").then_some(w)
-}
-
-/// No wait channel is read here.
-#[cfg(not(target_os = "linux"))]
-pub fn wchan(_pid: i32) -> Option<String> {
-    None
-}
+pub use crate::proc::{Lineage, MemberDetails, cmdline, details, uid_of, wchan};
 
 /// [`cmdline`] of each pid, in their order (read in parallel when many).
 pub fn cmdlines(pids: &[i32]) -> Vec<Vec<String>> {
@@ -476,54 +411,13 @@ pub fn cmdlines(pids: &[i32]) -> Vec<Vec<String>> {
     })
 }
 
-/// The uid a process runs as, as [`details`] reads it (the owner of
-/// `/proc/<pid>`), alone: one `stat(2)`, where the details cost five reads.
-#[cfg(target_os = "linux")]
-pub fn uid_of(pid: i32) -> Option<u32> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(format!("/proc/{pid}"))
-        .ok()
-        .map(|m| m.uid())
-}
+// The same readers on Windows and macOS: the process layer's listing (a
+// toolhelp snapshot; libproc's `proc_listallpids`, each read with
+// `proc_pidinfo`) instead of /proc, and the tree's job (none on macOS)
+// instead of cgroup.procs.
 
-/// The uid as [`details`] reads it (none on Windows).
-#[cfg(not(target_os = "linux"))]
-pub fn uid_of(pid: i32) -> Option<u32> {
-    details(pid).uid
-}
-
-/// Reads the forensic details of one process; fields that cannot be read
-/// (exited meanwhile, permission) are `None`.
-#[cfg(target_os = "linux")]
-pub fn details(pid: i32) -> MemberDetails {
-    let Ok(proc) = procfs::process::Process::new(pid) else {
-        return MemberDetails::default();
-    };
-    MemberDetails {
-        uid: proc.uid().ok(),
-        read_from: proc.stat().ok().map(|st| Lineage {
-            start_ticks: st.starttime,
-            ppid: st.ppid,
-            pgid: st.pgrp,
-            sid: st.session,
-        }),
-        exe: proc.exe().ok().map(|p| p.display().to_string()),
-        cmdline: proc.cmdline().unwrap_or_default(),
-        cwd: proc.cwd().ok().map(|p| p.display().to_string()),
-        cgroup: proc.cgroups().ok().and_then(|groups| {
-            groups
-                .into_iter()
-                .find(|g| g.hierarchy == 0)
-                .map(|g| g.pathname)
-        }),
-    }
-}
-
-// The same readers on Windows: a toolhelp snapshot and the
-// tree's job instead of /proc and cgroup.procs.
-
-/// Every process (one toolhelp snapshot).
-#[cfg(windows)]
+/// Every process (one listing).
+#[cfg(any(windows, target_os = "macos"))]
 pub fn snapshot() -> Snapshot {
     let (entries, incomplete) = crate::proc::snapshot_entries(None);
     Snapshot {
@@ -533,7 +427,7 @@ pub fn snapshot() -> Snapshot {
 }
 
 /// Only these pids, re-read now.
-#[cfg(windows)]
+#[cfg(any(windows, target_os = "macos"))]
 pub fn snapshot_pids(pids: impl IntoIterator<Item = i32>) -> Snapshot {
     let pids: Vec<i32> = pids.into_iter().collect();
     let (entries, incomplete) = crate::proc::snapshot_entries(Some(&pids));
@@ -541,12 +435,6 @@ pub fn snapshot_pids(pids: impl IntoIterator<Item = i32>) -> Snapshot {
         entries: entries.into_iter().map(|e| (e.pid, e)).collect(),
         incomplete,
     }
-}
-
-/// One process, read now.
-#[cfg(windows)]
-pub fn read_entry(pid: i32) -> Option<ProcEntry> {
-    crate::proc::snapshot_entries(Some(&[pid])).0.pop()
 }
 
 /// The service's scan-loop view on Windows: a toolhelp snapshot lists
@@ -608,90 +496,11 @@ impl HostView {
     }
 }
 
-/// The pids in the tree's job (empty when it is gone).
-#[cfg(windows)]
-pub fn cgroup_pids(job: &Path) -> Result<HashSet<i32>, String> {
-    crate::proc::cgroup_pids(job)
-        .map(|p| p.into_iter().collect())
-        .map_err(|e| format!("{}: {e}", job.display()))
-}
-
-/// What Windows shows of a process's command line from outside: its image
-/// name (its argv lives in its own memory).
-#[cfg(windows)]
-pub fn cmdline(pid: i32) -> Vec<String> {
-    crate::proc::details_of(pid).1
-}
-
-#[cfg(windows)]
-pub fn details(pid: i32) -> MemberDetails {
-    let (exe, cmdline) = crate::proc::details_of(pid);
-    MemberDetails {
-        exe,
-        cmdline,
-        ..MemberDetails::default()
-    }
-}
-
-// The same readers on macOS: libproc's process listing
-// (`proc_listallpids`, `proc_pidinfo`) instead of /proc; no cgroups.
-
-/// Every process (one `proc_listallpids`, each read with `proc_pidinfo`).
-#[cfg(target_os = "macos")]
-pub fn snapshot() -> Snapshot {
-    let (entries, incomplete) = crate::proc::snapshot_entries(None);
-    Snapshot {
-        entries: entries.into_iter().map(|e| (e.pid, e)).collect(),
-        incomplete,
-    }
-}
-
-/// Only these pids, re-read now.
-#[cfg(target_os = "macos")]
-pub fn snapshot_pids(pids: impl IntoIterator<Item = i32>) -> Snapshot {
-    let pids: Vec<i32> = pids.into_iter().collect();
-    let (entries, incomplete) = crate::proc::snapshot_entries(Some(&pids));
-    Snapshot {
-        entries: entries.into_iter().map(|e| (e.pid, e)).collect(),
-        incomplete,
-    }
-}
-
-/// No cgroups on macOS: nobody is in one.
-#[cfg(target_os = "macos")]
-pub fn cgroup_pids(_cgroup_dir: &Path) -> Result<HashSet<i32>, String> {
-    Ok(HashSet::new())
-}
-
-/// The process's name (its argv, `KERN_PROCARGS2`, is not read yet).
-#[cfg(target_os = "macos")]
-pub fn cmdline(pid: i32) -> Vec<String> {
-    crate::proc::details_of(pid).1
-}
-
-#[cfg(target_os = "macos")]
-pub fn details(pid: i32) -> MemberDetails {
-    let (exe, cmdline) = crate::proc::details_of(pid);
-    let stat = crate::proc::read_stat(pid).ok().flatten();
-    MemberDetails {
-        uid: stat.as_ref().map(|s| s.uid),
-        read_from: stat.as_ref().map(|s| Lineage {
-            start_ticks: s.start_ticks,
-            ppid: s.ppid,
-            pgid: s.pgid,
-            sid: s.sid,
-        }),
-        exe,
-        cmdline,
-        ..MemberDetails::default()
-    }
-}
-
 /// Outside the tree's group and session. A Windows process's console group
 /// cannot be read (its entry says pgid 0 and sid 0): the job, not the
 /// group, holds the tree there, so it is never judged an escape.
 fn escaped_from(entry: &ProcEntry, tree: &KnownTree) -> bool {
-    if cfg!(windows) && entry.pgid == 0 && entry.sid == 0 {
+    if !crate::proc::GROUPS_READABLE && entry.pgid == 0 && entry.sid == 0 {
         return false;
     }
     entry.pgid != tree.pgid && entry.sid != tree.sid

@@ -58,7 +58,7 @@ pub(super) fn hand_over(
         cwd: None,
         env: None,
         stdio: SpawnStdio::Null,
-        cgroup: None,
+        container: None,
         cgroup_settings: Vec::new(),
         parent_settings: Vec::new(),
         log_file: None,

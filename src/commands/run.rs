@@ -105,7 +105,7 @@ pub struct RunArgs {
 
 pub fn run(config: &Config, args: RunArgs) -> CliResult {
     // No tree is spawned on macOS yet: refused before anything.
-    if cfg!(target_os = "macos") {
+    if !treewarden::proc::SPAWNS_TREES {
         return Err(CliError::internal(anyhow!(
             "run: macOS is not supported yet: no tree is spawned there (the process layer is compile-checked only; docs/RESIDUALS.md, \"macOS\")"
         )));

@@ -748,7 +748,7 @@ impl Host for FakeHost {
         Ok(delivery)
     }
 
-    fn cgroup_kill(&self, dir: &Path) -> Result<(), ProcError> {
+    fn container_kill(&self, dir: &Path) -> Result<(), ProcError> {
         self.step(Call::CgroupKill, Sig::Kill);
         let authorized = self.authority(Sig::Kill);
         let mut w = self.world();
@@ -772,7 +772,7 @@ impl Host for FakeHost {
         Ok(())
     }
 
-    fn cgroup_freeze(&self, dir: &Path, _wait: Duration) -> Result<bool, ProcError> {
+    fn container_freeze(&self, dir: &Path, _wait: Duration) -> Result<bool, ProcError> {
         let mut w = self.world();
         w.step(Call::CgroupFreeze);
         w.cgroups.insert(dir.to_path_buf(), true);
@@ -789,7 +789,7 @@ impl Host for FakeHost {
         Ok(())
     }
 
-    fn cgroup_thaw(&self, dir: &Path, _wait: Duration) -> Result<bool, ProcError> {
+    fn container_thaw(&self, dir: &Path, _wait: Duration) -> Result<bool, ProcError> {
         let mut w = self.world();
         w.step(Call::CgroupThaw);
         w.cgroups.insert(dir.to_path_buf(), false);
@@ -798,7 +798,7 @@ impl Host for FakeHost {
 
     /// Time passes in steps of 1 ms on the fake clock while the cgroup is
     /// populated (a script may end its processes meanwhile).
-    fn cgroup_wait_empty(&self, dir: &Path, deadline: Instant) -> Result<bool, ProcError> {
+    fn container_wait_empty(&self, dir: &Path, deadline: Instant) -> Result<bool, ProcError> {
         loop {
             let populated = {
                 let w = self.world();

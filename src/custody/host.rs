@@ -146,21 +146,25 @@ pub trait Host: Send + Sync {
     fn held_exited(&self, held: &Held) -> bool;
     /// Signals exactly the held process.
     fn signal_held(&self, held: &Held, sig: Sig) -> Result<Delivery, ProcError>;
-    /// `cgroup.kill`.
-    fn cgroup_kill(&self, dir: &Path) -> Result<(), ProcError>;
-    /// `cgroup.freeze` 1; whether `frozen 1` was reported within `wait`.
-    fn cgroup_freeze(&self, dir: &Path, wait: Duration) -> Result<bool, ProcError>;
+    /// Kills the container at once: `cgroup.kill` (Windows:
+    /// `TerminateJobObject`).
+    fn container_kill(&self, dir: &Path) -> Result<(), ProcError>;
+    /// Freezes the container (`cgroup.freeze` 1); whether `frozen 1` was
+    /// reported within `wait`.
+    fn container_freeze(&self, dir: &Path, wait: Duration) -> Result<bool, ProcError>;
     /// Clears the container's standing kill (Windows: the job's
     /// `KILL_ON_JOB_CLOSE`) and checks it is clear; `Ok` where there is
     /// none ([`crate::proc::disarm_standing_kill`]).
     fn disarm_standing_kill(&self, _dir: &Path) -> Result<(), ProcError> {
         Ok(())
     }
-    /// `cgroup.freeze` 0; whether `frozen 0` was reported within `wait`.
-    fn cgroup_thaw(&self, dir: &Path, wait: Duration) -> Result<bool, ProcError>;
-    /// Waits for `populated 0` of `cgroup.events` until `deadline` (the
-    /// kernel's change notification, not a timed poll); whether it came.
-    fn cgroup_wait_empty(&self, dir: &Path, deadline: Instant) -> Result<bool, ProcError>;
+    /// Thaws the container (`cgroup.freeze` 0); whether `frozen 0` was
+    /// reported within `wait`.
+    fn container_thaw(&self, dir: &Path, wait: Duration) -> Result<bool, ProcError>;
+    /// Waits for the container to empty (`populated 0` of `cgroup.events`)
+    /// until `deadline` (the kernel's change notification, not a timed
+    /// poll); whether it came.
+    fn container_wait_empty(&self, dir: &Path, deadline: Instant) -> Result<bool, ProcError>;
     /// Waits until every process `ids` names has exited, or `deadline`
     /// (identity-checked pidfds: the kernel's exit notification, not a
     /// timed poll); whether all did.
@@ -321,14 +325,7 @@ impl Host for KernelHost {
     }
 
     fn nofile_limit(&self) -> Option<u64> {
-        #[cfg(target_os = "linux")]
-        {
-            crate::proc::nofile_soft_limit()
-        }
-        #[cfg(not(target_os = "linux"))]
-        {
-            None
-        }
+        crate::proc::nofile_soft_limit()
     }
 
     fn held_exited(&self, held: &Held) -> bool {
@@ -345,24 +342,24 @@ impl Host for KernelHost {
         }
     }
 
-    fn cgroup_kill(&self, dir: &Path) -> Result<(), ProcError> {
-        crate::proc::cgroup_kill(dir)
+    fn container_kill(&self, dir: &Path) -> Result<(), ProcError> {
+        crate::proc::container_kill(dir)
     }
 
-    fn cgroup_freeze(&self, dir: &Path, wait: Duration) -> Result<bool, ProcError> {
-        crate::proc::cgroup_freeze(dir, wait)
+    fn container_freeze(&self, dir: &Path, wait: Duration) -> Result<bool, ProcError> {
+        crate::proc::container_freeze(dir, wait)
     }
 
     fn disarm_standing_kill(&self, dir: &Path) -> Result<(), ProcError> {
         crate::proc::disarm_standing_kill(dir)
     }
 
-    fn cgroup_thaw(&self, dir: &Path, wait: Duration) -> Result<bool, ProcError> {
-        crate::proc::cgroup_thaw(dir, wait)
+    fn container_thaw(&self, dir: &Path, wait: Duration) -> Result<bool, ProcError> {
+        crate::proc::container_thaw(dir, wait)
     }
 
-    fn cgroup_wait_empty(&self, dir: &Path, deadline: Instant) -> Result<bool, ProcError> {
-        crate::proc::cgroup_wait_event(dir, crate::proc::CgroupEvent::Populated, false, deadline)
+    fn container_wait_empty(&self, dir: &Path, deadline: Instant) -> Result<bool, ProcError> {
+        crate::proc::container_wait_event(dir, crate::proc::CgroupEvent::Populated, false, deadline)
     }
 
     fn wait_exits(&self, ids: &[Identity], deadline: Instant) -> Result<bool, ProcError> {

@@ -83,8 +83,7 @@ pub fn write(data_dir: &Path, tree: i64, marker: &Marker) {
 pub(crate) fn private_dir(dir: &Path) -> std::io::Result<()> {
     let mut b = std::fs::DirBuilder::new();
     b.recursive(true);
-    #[cfg(unix)]
-    std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+    crate::ledger::fsmode::Mode::mode(&mut b, 0o700);
     b.create(dir)
 }
 
@@ -92,8 +91,7 @@ pub(crate) fn private_dir(dir: &Path) -> std::io::Result<()> {
 fn private_file(path: &Path) -> std::io::Result<std::fs::File> {
     let mut o = std::fs::OpenOptions::new();
     o.create(true).truncate(true).write(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+    crate::ledger::fsmode::Mode::mode(&mut o, 0o600);
     o.open(path)
 }
 

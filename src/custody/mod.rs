@@ -169,7 +169,7 @@ impl Engine {
         let boundary = crate::proc::resolve_boundary(config.boundary, cgroup_root.as_deref())?;
         // Delegation done right: a delegated root holding only this process
         // gets it moved into its leaf, so controllers can be enabled for
-        // tree cgroups next to it (proc/delegation.rs). Where the move
+        // tree cgroups next to it (proc/sys/linux/delegation.rs). Where the move
         // fails, trees still get cgroups (they need no controller) and
         // limits are refused, saying why (`check_limits_possible`).
         if boundary.contained()
@@ -242,7 +242,7 @@ impl Engine {
         limits: crate::ledger::Limits,
     ) -> Result<(), CustodyError> {
         if !limits.is_empty() {
-            if !cfg!(target_os = "linux") {
+            if !crate::proc::SHARED_PARENT_LIMITS {
                 return Err(CustodyError::Unsupported(
                     "principal limits (serve --principal-*) need Linux's cgroup v2: refusing to serve without them".into(),
                 ));
@@ -559,7 +559,7 @@ impl Engine {
             let live = self.ledger.nonterminal_tree_ids()?;
             for (id, path) in found {
                 if !live.contains(&id)
-                    && matches!(crate::proc::cgroup_populated(&path), Ok(false))
+                    && matches!(crate::proc::container_populated(&path), Ok(false))
                     && matches!(crate::proc::remove_cgroup_if_empty(&path), Ok(true))
                 {
                     tracing::info!(tree = id, cgroup = %path.display(), "leftover cgroup of an ended tree removed");

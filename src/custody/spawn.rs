@@ -307,7 +307,7 @@ impl Engine {
             cwd: req.cwd.clone(),
             env: Some(env),
             stdio: req.stdio.clone(),
-            cgroup: cgroup.clone(),
+            container: cgroup.clone(),
             cgroup_settings: settings_of(&req.limits),
             parent_settings: if shared && cgroup.is_some() {
                 settings_of(&self.principal_limits)

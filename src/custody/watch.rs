@@ -1279,7 +1279,7 @@ struct Sighted {
 fn confirmed(details: scan::MemberDetails, seen: &crate::proc::ProcEntry) -> scan::MemberDetails {
     // Windows reads no uid or lineage with the details (a job, not a
     // session, holds the tree there): nothing to check them against.
-    if cfg!(windows) && details.read_from.is_none() {
+    if !crate::proc::LINEAGE_IN_DETAILS && details.read_from.is_none() {
         return details;
     }
     let same = details.read_from.is_some_and(|now| {

@@ -224,10 +224,6 @@ pub fn token_hash(token: &str) -> String {
 /// A new token's secret: 32 random bytes as hex.
 pub fn new_secret() -> std::io::Result<String> {
     let mut bytes = [0u8; 32];
-    #[cfg(unix)]
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut r| std::io::Read::read_exact(&mut r, &mut bytes))?;
-    #[cfg(windows)]
     crate::proc::fill_random(&mut bytes)?;
     Ok(hex::encode(bytes))
 }

@@ -149,19 +149,7 @@ impl Gate {
 /// Bytes free to an unprivileged writer on the filesystem of `dir`, and
 /// its size.
 fn space(dir: &std::path::Path) -> Option<(u64, u64)> {
-    #[cfg(unix)]
-    {
-        let st = rustix::fs::statvfs(dir).ok()?;
-        Some((
-            st.f_bavail.saturating_mul(st.f_frsize),
-            st.f_blocks.saturating_mul(st.f_frsize),
-        ))
-    }
-    // No size there: the floor as configured.
-    #[cfg(windows)]
-    {
-        crate::proc::free_bytes(dir).map(|free| (free, u64::MAX))
-    }
+    crate::proc::disk_space(dir)
 }
 
 #[cfg(test)]

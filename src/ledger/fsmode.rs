@@ -8,23 +8,13 @@ pub(crate) trait Mode {
 }
 
 impl Mode for std::fs::OpenOptions {
-    #[cfg(unix)]
     fn mode(&mut self, mode: u32) -> &mut Self {
-        std::os::unix::fs::OpenOptionsExt::mode(self, mode)
-    }
-    #[cfg(not(unix))]
-    fn mode(&mut self, _mode: u32) -> &mut Self {
-        self
+        crate::proc::file_mode(self, mode)
     }
 }
 
 impl Mode for std::fs::DirBuilder {
-    #[cfg(unix)]
     fn mode(&mut self, mode: u32) -> &mut Self {
-        std::os::unix::fs::DirBuilderExt::mode(self, mode)
-    }
-    #[cfg(not(unix))]
-    fn mode(&mut self, _mode: u32) -> &mut Self {
-        self
+        crate::proc::dir_mode(self, mode)
     }
 }

@@ -49,35 +49,9 @@
 
 use std::fs::File;
 use std::io::Read;
-#[cfg(unix)]
-use std::os::unix::fs::FileExt;
 
 use super::fsmode::Mode as _;
 
-/// `write_all_at` on Windows: positioned writes until all is written.
-#[cfg(windows)]
-trait WriteAt {
-    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()>;
-}
-
-#[cfg(windows)]
-impl WriteAt for File {
-    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        let mut done = 0;
-        while done < buf.len() {
-            let n = std::os::windows::fs::FileExt::seek_write(
-                self,
-                &buf[done..],
-                offset + done as u64,
-            )?;
-            if n == 0 {
-                return Err(std::io::ErrorKind::WriteZero.into());
-            }
-            done += n;
-        }
-        Ok(())
-    }
-}
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -294,11 +268,7 @@ impl KeyFile {
             .write(true)
             .open(path)
             .map_err(|e| Self::io(path, "cannot open", e))?;
-        #[cfg(unix)]
-        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
-            .map_err(|e| Self::io(path, "cannot lock", e.into()))?;
-        #[cfg(windows)]
-        file.lock().map_err(|e| Self::io(path, "cannot lock", e))?;
+        crate::proc::lock_exclusive(&file).map_err(|e| Self::io(path, "cannot lock", e))?;
         let mut text = String::new();
         file.read_to_string(&mut text)
             .map_err(|e| Self::io(path, "cannot read", e))?;
@@ -319,8 +289,7 @@ impl KeyFile {
             key: hex::encode(key),
             setup: self.record.setup.clone(),
         };
-        self.file
-            .write_all_at(&record.bytes()?, 0)
+        crate::proc::write_all_at(&self.file, &record.bytes()?, 0)
             .map_err(|e| Self::io(&self.path, "cannot overwrite", e))?;
         self.file
             .sync_all()

@@ -19,144 +19,21 @@
 //! is confined to `fork`/`execve` and the async-signal-safe child path in
 //! [`boundary`], and to registering a pidfd with tokio's reactor in
 //! [`pidfd`], and to taking a descriptor the caller handed over by number
-//! in [`fds`], each block with a `// SAFETY:` line. On Windows
-//! the same interface is `windows/`, whose Win32 calls (Job Objects,
-//! processes, toolhelp, the console) are its `unsafe` blocks, each with a
-//! `// SAFETY:` line too; the Linux files are declared for Linux only.
+//! in [`fds`], each block with a `// SAFETY:` line. Each OS's code is a
+//! folder of `sys/` (`linux/`, `windows/`, `macos/`, and `unix/` for what
+//! Linux and macOS share) behind one switch, `sys/mod.rs`; on Windows the
+//! Win32 calls (Job Objects, processes, toolhelp, the console) are the
+//! `unsafe` blocks, each with a `// SAFETY:` line too.
 
 #![allow(unsafe_code)]
 
-#[cfg(target_os = "linux")]
-pub mod boundary;
-#[cfg(target_os = "linux")]
-pub mod connector;
-#[cfg(target_os = "linux")]
-pub mod delegation;
-#[cfg(target_os = "linux")]
-pub mod fds;
-#[cfg(target_os = "linux")]
-#[doc(hidden)]
-pub mod floor;
-#[cfg(unix)]
-mod guard;
-#[cfg(target_os = "linux")]
-pub mod held;
-#[cfg(target_os = "linux")]
-pub mod identity;
-#[cfg(target_os = "linux")]
-mod limits;
-#[cfg(target_os = "linux")]
-pub mod pidfd;
-#[cfg(target_os = "linux")]
-pub mod probe;
-#[cfg(target_os = "linux")]
-pub mod pseudo;
-#[cfg(target_os = "linux")]
-pub mod reaper;
-#[cfg(target_os = "linux")]
-mod resources;
-#[cfg(unix)]
-pub mod sig;
-#[cfg(target_os = "linux")]
-pub mod signal;
 pub mod stat;
-#[cfg(target_os = "linux")]
-pub mod tty;
-#[cfg(unix)]
-mod userdb;
-#[cfg(target_os = "linux")]
-pub mod users;
-#[cfg(target_os = "linux")]
-pub use boundary::{
-    BoundaryKind, CgroupSetting, ExecFailure, ExecFailureKind, GivenStdio, HeldChild,
-    SHARED_PARENT_MARK, SpawnSpec, SpawnStdio, Spawned, cgroup_root, cgroup2_mount,
-    check_cgroup_writable, deny_clone3_in_this_thread, is_shared_parent, own_cgroup_dir,
-    remove_cgroup_if_empty, remove_cgroup_when_empty, remove_shared_parent_if_empty,
-    resolve_boundary, spawn_held,
-};
-#[cfg(target_os = "linux")]
-pub use connector::{Connector, ConnectorWaker, ProcEvent, monotonic_ns};
-#[cfg(target_os = "linux")]
-pub use delegation::{
-    Layout, LayoutReport, SUPERVISOR_LEAF, check_limits_possible, layout, take_delegation,
-};
-#[cfg(target_os = "linux")]
-pub use fds::take_inherited_fd;
-#[cfg(target_os = "linux")]
-pub use held::{pidfd_exited, signal_pidfd};
-#[cfg(target_os = "linux")]
-pub use identity::{
-    Identity, Liveness, ProcKey, ProcStat, boot_id, identity_of, read_stat, self_identity,
-};
-#[cfg(target_os = "linux")]
-pub use limits::{nofile_soft_limit, raise_nofile_soft_limit};
-#[cfg(target_os = "linux")]
-pub use pidfd::{ExitWatch, open_exit_watch, wait_exits};
-#[cfg(target_os = "linux")]
-pub use probe::{Capability, Probe, probe};
-#[cfg(target_os = "linux")]
-pub use reaper::{
-    ExitCallback, ExitStatus, Reaper, has_no_children, parent_pid, reap_child,
-    set_parent_death_signal, set_subreaper,
-};
-#[cfg(target_os = "linux")]
-pub use resources::{CgroupUsage, cap_log, cgroup_controllers, cgroup_usage, oom_kills};
-#[cfg(target_os = "linux")]
-pub use signal::{
-    CgroupEvent, Delivery, GroupDelivery, GroupPath, GroupRecord, Sig, cgroup_freeze, cgroup_kill,
-    cgroup_pids, cgroup_populated, cgroup_thaw, cgroup_wait_event, default_sigpipe, group_members,
-    may_signal, pidfd_group_signals_supported, signal_group, signal_group_known, signal_group_via,
-    signal_process,
-};
-#[cfg(target_os = "linux")]
-pub(crate) use stat::StatReader;
+mod sys;
+mod types;
+
 pub use stat::{ProcEntry, parse_stat};
-#[cfg(target_os = "linux")]
-pub use stat::{boot_ticks_now, first_live_in_group, read_entry};
-#[cfg(target_os = "linux")]
-pub use users::{
-    Credentials, UserInfo, credentials_for, credentials_of_peer, current_uid, effective_uid,
-    group_by_name, groups_of, user_by_name, user_by_uid,
-};
-
-/// How the teardown records its container kill (`cgroup.kill`).
-#[cfg(target_os = "linux")]
-pub const CONTAINER_KILL: (&str, &str) = ("SIGKILL", "cgroup");
-/// A tree flag recorded before the root runs for a container that kills on
-/// its owner's exit: none on Linux (a cgroup outlives its owner).
-#[cfg(target_os = "linux")]
-pub const STANDING_KILL_FLAG: Option<&str> = None;
-/// Clears the standing kill of a tree's container before the teardown's
-/// forced-kill round: nothing to clear on Linux (a cgroup kills nothing on
-/// its own).
-#[cfg(target_os = "linux")]
-pub fn disarm_standing_kill(_dir: &std::path::Path) -> Result<(), ProcError> {
-    Ok(())
-}
-/// The handle an exit watch holds (a pidfd).
-#[cfg(target_os = "linux")]
-pub type ExitHandle = std::os::fd::OwnedFd;
-
-#[cfg(target_os = "linux")]
-impl BoundaryKind {
-    /// Whether the boundary is a kernel container the teardown kills as one.
-    pub fn contained(self) -> bool {
-        self == BoundaryKind::Cgroup
-    }
-}
-
-// The Windows implementation of the same interface: Job Objects.
-#[cfg(windows)]
-mod windows;
-#[cfg(windows)]
-pub use windows::*;
-
-// The macOS implementation of the same interface: libproc,
-// kqueue, kill/killpg; compile-checked only.
-#[cfg(target_os = "macos")]
-mod macos;
-#[cfg(target_os = "macos")]
-pub use macos::*;
+pub use sys::*;
+pub use types::*;
 
 use std::path::PathBuf;
 
@@ -197,22 +74,4 @@ pub enum ProcError {
     /// Any other system call failure.
     #[error(transparent)]
     Io(#[from] std::io::Error),
-}
-
-#[cfg(unix)]
-impl From<rustix::io::Errno> for ProcError {
-    fn from(e: rustix::io::Errno) -> Self {
-        ProcError::Io(e.into())
-    }
-}
-
-impl ProcError {
-    #[cfg_attr(windows, allow(dead_code))]
-    #[cfg_attr(target_os = "macos", allow(dead_code))]
-    pub(crate) fn cgroup(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        ProcError::Cgroup {
-            path: path.into(),
-            source,
-        }
-    }
 }

@@ -317,15 +317,7 @@ async fn blocking<T: Send + 'static>(
 /// Bytes free to an unprivileged writer on the filesystem of `dir`
 /// (`None` where it cannot be read: the spawn is not refused on a guess).
 fn free_bytes(dir: &std::path::Path) -> Option<u64> {
-    #[cfg(unix)]
-    {
-        let st = rustix::fs::statvfs(dir).ok()?;
-        Some(st.f_bavail.saturating_mul(st.f_frsize))
-    }
-    #[cfg(windows)]
-    {
-        crate::proc::free_bytes(dir)
-    }
+    crate::proc::free_bytes(dir)
 }
 
 /// What of the environment a tree started under `serve --allow-command`

@@ -55,18 +55,8 @@ pub struct ShipConfig {
 }
 
 /// This host's name, as the shipped records carry it.
-#[cfg(unix)]
 fn host_name() -> String {
-    rustix::system::uname()
-        .nodename()
-        .to_string_lossy()
-        .into_owned()
-}
-
-/// This host's name on Windows (`COMPUTERNAME`).
-#[cfg(windows)]
-fn host_name() -> String {
-    std::env::var("COMPUTERNAME").unwrap_or_else(|_| "localhost".into())
+    crate::proc::host_name()
 }
 
 impl ShipConfig {

@@ -1,4 +1,4 @@
-//! Delegation done right (proc/delegation.rs), on the host and in the
+//! Delegation done right (proc/sys/linux/delegation.rs), on the host and in the
 //! kernel lane's guest (tests/vm/run).
 //!
 //! cgroup v2's "no internal processes" rule, shown for real: a non-root
@@ -175,7 +175,7 @@ fn held_spec(cgroup: PathBuf, settings: Vec<CgroupSetting>) -> SpawnSpec {
         cwd: None,
         env: None,
         stdio: SpawnStdio::Null,
-        cgroup: Some(cgroup),
+        container: Some(cgroup),
         cgroup_settings: settings,
         parent_settings: Vec::new(),
         log_file: None,

@@ -41,7 +41,7 @@ fn sh(script: &str, dir: &Path) -> SpawnSpec {
         cwd: Some(dir.to_path_buf()),
         env: None,
         stdio: SpawnStdio::Null,
-        cgroup: None,
+        container: None,
         cgroup_settings: Vec::new(),
         parent_settings: Vec::new(),
         log_file: None,
@@ -224,6 +224,7 @@ fn spawn_tree(
     let choice = match kind {
         BoundaryKind::Cgroup => BoundaryChoice::Cgroup,
         BoundaryKind::Session => BoundaryChoice::Session,
+        BoundaryKind::Job => unreachable!("no job boundary on Linux"),
     };
     let root = cgroup_root();
     if let (BoundaryKind::Cgroup, Err(why)) = (kind, &root) {
@@ -236,7 +237,7 @@ fn spawn_tree(
         let root = root?;
         let cg = tree_cgroup(&root);
         cleanup.cgroups.push(cg.clone());
-        spec.cgroup = Some(cg);
+        spec.container = Some(cg);
     }
     let held = proc::spawn_held(&spec).expect("spawn held");
     assert_eq!((held.pgid, held.sid), (held.pid, held.pid));
@@ -313,6 +314,7 @@ fn group_kill_after_leader_reaped(reaper: &Reaper, kind: BoundaryKind) -> Result
             proc::cgroup_kill(&cg).expect("cgroup.kill");
             assert!(wait_until(LIMIT, || !proc::cgroup_populated(&cg).unwrap_or(true)));
         }
+        BoundaryKind::Job => unreachable!("no job boundary on Linux"),
     }
     assert!(
         wait_until(LIMIT, || kids.iter().all(|&k| !pid_alive(k))),
@@ -399,6 +401,7 @@ fn setsid_escapee(reaper: &Reaper, kind: BoundaryKind) -> Result<(), String> {
             );
             assert!(wait_until(LIMIT, || !pid_alive(esc)));
         }
+        BoundaryKind::Job => unreachable!("no job boundary on Linux"),
     }
     let exits = collect_unclaimed(reaper, &[esc]);
     assert!(exits.contains(&(esc, ExitStatus::Signaled(9))), "{exits:?}");
@@ -613,7 +616,7 @@ fn sentinel_targets_are_refused() {
         sid,
         leader: with_pid(pgid),
     };
-    // The reason the guard (src/proc/signal.rs) gives for our own group,
+    // The reason the guard (src/proc/sys/linux/signal.rs) gives for our own group,
     // by the check that catches it first: its pgid may be our own pid (we
     // lead it), or 0 inside a pid namespace it lies outside of.
     let own_group_reason = |what: &str| match stat.pgid {
@@ -742,7 +745,7 @@ fn exec_failures_map_to_shell_codes() {
         cwd: Some(dir.path().to_path_buf()),
         env: None,
         stdio: SpawnStdio::Null,
-        cgroup: None,
+        container: None,
         cgroup_settings: Vec::new(),
         parent_settings: Vec::new(),
         log_file: None,
@@ -961,7 +964,7 @@ fn held_child_joins_its_cgroup_before_exec() {
     let dir = tempfile::tempdir().expect("tempdir");
     let cg = tree_cgroup(&root);
     let mut spec = sh("exec sleep 1000", dir.path());
-    spec.cgroup = Some(cg.clone());
+    spec.container = Some(cg.clone());
 
     let held = proc::spawn_held(&spec).expect("spawn");
     assert_eq!(proc::cgroup_pids(&cg).expect("procs"), vec![held.pid]);
@@ -1137,7 +1140,7 @@ fn clone3_denied() -> Result<(), String> {
         "cat /proc/self/cgroup > cgroup; exec sleep 1000",
         dir.path(),
     );
-    spec.cgroup = Some(tree_cgroup(&root));
+    spec.container = Some(tree_cgroup(&root));
     let held = proc::spawn_held(&spec).map_err(|e| e.to_string())?;
     assert!(
         held.born_in_cgroup,
@@ -1147,7 +1150,7 @@ fn clone3_denied() -> Result<(), String> {
     proc::deny_clone3_in_this_thread()
         .map_err(|e| format!("cannot install a seccomp filter: {e}"))?;
     let cg = tree_cgroup(&root);
-    spec.cgroup = Some(cg.clone());
+    spec.container = Some(cg.clone());
     let held = proc::spawn_held(&spec).expect("the fallback spawns");
     assert!(!held.born_in_cgroup, "clone3 refused: forked and moved");
     let procs = std::fs::read_to_string(cg.join("cgroup.procs")).unwrap_or_default();

@@ -295,7 +295,7 @@ pub fn own_cgroup() -> Option<std::path::PathBuf> {
 /// when set, else this process's own cgroup. The kernel lane sets it: its
 /// guest starts the test process as systemd starts a delegated unit, in
 /// `/system.slice/treewarden.service`, and does there what the product does
-/// (proc/delegation.rs): it moves the process into the leaf
+/// (proc/sys/linux/delegation.rs): it moves the process into the leaf
 /// `treewarden.service/harness` and enables every controller for its
 /// siblings, so the tests' cgroups (children of `treewarden.service`) get
 /// them. A test cgroup made next to the test process in its own cgroup

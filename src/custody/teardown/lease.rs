@@ -37,8 +37,7 @@ impl Engine {
             let file = crate::custody::markers::private_dir(&dir).and_then(|()| {
                 let mut o = std::fs::OpenOptions::new();
                 o.create(true).truncate(false).write(true);
-                #[cfg(unix)]
-                std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+                crate::ledger::fsmode::Mode::mode(&mut o, 0o600);
                 o.open(&path)
             });
             let file = match file {
@@ -94,22 +93,10 @@ pub(crate) struct Lease {
 }
 
 impl Lease {
-    /// Whether `file` is still the file at `path` (same device and inode).
-    #[cfg(unix)]
-    fn still_at(file: &std::fs::File, path: &std::path::Path) -> bool {
-        use std::os::unix::fs::MetadataExt;
-        match (file.metadata(), std::fs::metadata(path)) {
-            (Ok(held), Ok(named)) => held.dev() == named.dev() && held.ino() == named.ino(),
-            _ => false,
-        }
-    }
-}
-
-impl Lease {
-    /// Whether `file` is still the file at `path` (same volume and file
-    /// index), not only whether the path exists (NTFS with POSIX delete
-    /// semantics frees the name of a file removed while open).
-    #[cfg(windows)]
+    /// Whether `file` is still the file at `path` (Unix: same device and
+    /// inode; Windows: same volume and file index, not only whether the path
+    /// exists, since NTFS with POSIX delete semantics frees the name of a
+    /// file removed while open).
     fn still_at(file: &std::fs::File, path: &std::path::Path) -> bool {
         crate::proc::same_file(file, path)
     }

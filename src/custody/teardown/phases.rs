@@ -92,7 +92,10 @@ impl Engine {
                 Some(true) => {
                     return match watch.cgroup() {
                         Some(dir) => {
-                            matches!(self.host.cgroup_wait_empty(dir, self.host.now()), Ok(true))
+                            matches!(
+                                self.host.container_wait_empty(dir, self.host.now()),
+                                Ok(true)
+                            )
                         }
                         None => true,
                     };
@@ -349,7 +352,7 @@ impl Engine {
             // Thaw: one write, not waited for (`cgroup.kill` ends frozen
             // tasks too, and the verify waits for `populated 0`); a member
             // the kill did not reach must not stay frozen.
-            if let Err(e) = self.host.cgroup_thaw(dir, Duration::ZERO) {
+            if let Err(e) = self.host.container_thaw(dir, Duration::ZERO) {
                 tracing::warn!(tree = run.tree.0, error = %e, "cgroup thaw failed");
             }
         }
@@ -554,7 +557,7 @@ impl Engine {
     /// says.
     pub(super) fn wait_cgroup_empty(&self, watch: &TreeWatch, deadline: Instant) {
         let Some(dir) = watch.cgroup() else { return };
-        if let Err(e) = self.host.cgroup_wait_empty(dir, deadline) {
+        if let Err(e) = self.host.container_wait_empty(dir, deadline) {
             tracing::debug!(tree = watch.tree().0, error = %e, "cgroup.events not readable");
         }
     }

@@ -91,7 +91,7 @@ impl Engine {
             })
         };
         if let Some(dir) = step.cgroup.as_deref() {
-            let result = match self.host.cgroup_kill(dir) {
+            let result = match self.host.container_kill(dir) {
                 Ok(()) => Sent::Delivered,
                 Err(e) => Sent::Failed(e.to_string()),
             };
@@ -213,7 +213,7 @@ impl Engine {
                     members.len()
                 ));
             }
-            if let Err(e) = self.host.cgroup_freeze(dir, Duration::from_secs(1)) {
+            if let Err(e) = self.host.container_freeze(dir, Duration::from_secs(1)) {
                 tracing::warn!(tree = tree.0, error = %e, "cgroup freeze failed");
             }
             return Ok(());
@@ -245,7 +245,7 @@ impl Engine {
         opts: &TeardownOptions,
     ) {
         if let Some(dir) = watch.cgroup() {
-            if let Err(e) = self.host.cgroup_thaw(dir, Duration::from_secs(1)) {
+            if let Err(e) = self.host.container_thaw(dir, Duration::from_secs(1)) {
                 tracing::warn!(tree = tree.0, error = %e, "cgroup thaw failed");
             }
             return;

@@ -1,0 +1,244 @@
+//! The rest of the shared process interface on macOS: the user database
+//! (through nix, as on Linux), the host probe (Linux's fields, answered
+//! for macOS), and honest answers for what macOS has not: cgroups and
+//! their accounting, the proc connector.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::exits::unsupported;
+use crate::proc::{Capability, CgroupUsage, Layout, LayoutReport, ProcError, ProcEvent};
+
+/// How the teardown would record a container kill. Never recorded on
+/// macOS: no boundary there is contained ([`crate::proc::BoundaryKind::contained`]).
+pub const CONTAINER_KILL: (&str, &str) = ("SIGKILL", "cgroup");
+
+/// No container kills on its owner's exit on macOS.
+pub const STANDING_KILL_FLAG: Option<&str> = None;
+
+/// The credentials a tree's child would take (a tree as another user is
+/// not spawned on macOS yet).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Credentials {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+pub use crate::proc::userdb::{
+    current_uid, effective_uid, group_by_name, groups_of, user_by_name, user_by_uid,
+};
+
+pub fn credentials_for(uid: u32, gid: u32) -> std::io::Result<Credentials> {
+    let groups = match user_by_uid(uid)? {
+        Some(user) => groups_of(&user, gid)?,
+        None => vec![gid],
+    };
+    Ok(Credentials { uid, gid, groups })
+}
+
+impl Capability {
+    fn yes(note: impl Into<String>) -> Self {
+        Capability {
+            available: true,
+            note: note.into(),
+        }
+    }
+    fn no(note: impl Into<String>) -> Self {
+        Capability {
+            available: false,
+            note: note.into(),
+        }
+    }
+}
+
+/// The host's capabilities: Linux's fields (the `doctor` table is one),
+/// each answered for macOS.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Probe {
+    pub kernel_release: String,
+    pub boot_id: Option<String>,
+    pub pid_max: Option<i32>,
+    pub cgroup_v2: Capability,
+    pub cgroup2_mount: Option<PathBuf>,
+    pub cgroup_root: Option<PathBuf>,
+    pub cgroup_writable: Capability,
+    pub cgroup_kill: Capability,
+    pub cgroup_freeze: Capability,
+    /// The exit watch: kqueue `EVFILT_PROC` (probed on this process).
+    pub pidfd: Capability,
+    pub pidfd_group_signal: Capability,
+    pub subreaper: Capability,
+    pub proc_connector: Capability,
+    pub cgroup_layout: Option<LayoutReport>,
+    pub cgroup_controllers: Vec<String>,
+    pub auto_boundary: crate::proc::BoundaryKind,
+    pub auto_reason: String,
+}
+
+/// Probes the host: an exit watch on this very process is tried; the rest
+/// macOS does not have.
+pub fn probe(_cgroup_root_override: Option<&Path>) -> Probe {
+    let none = || Capability::no("macOS has no cgroups");
+    let watch = match super::self_identity().and_then(|me| super::open_exit_watch(&me)) {
+        Ok(Some(_)) => Capability::yes("kqueue EVFILT_PROC/NOTE_EXIT (no pidfd on macOS)"),
+        Ok(None) => Capability::no("kqueue found no process to watch"),
+        Err(e) => Capability::no(format!("kqueue EVFILT_PROC: {e}")),
+    };
+    let release = nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_default();
+    Probe {
+        kernel_release: format!("Darwin {release}"),
+        boot_id: super::boot_id().ok().map(str::to_owned),
+        pid_max: Some(99_998),
+        cgroup_v2: none(),
+        cgroup2_mount: None,
+        cgroup_root: None,
+        cgroup_writable: none(),
+        cgroup_kill: none(),
+        cgroup_freeze: none(),
+        pidfd: watch,
+        pidfd_group_signal: Capability::no("no pidfd: a group is signalled by the checked killpg"),
+        subreaper: Capability::no("macOS has no subreaper"),
+        proc_connector: Capability::no("the proc connector is Linux's"),
+        cgroup_layout: None,
+        cgroup_controllers: Vec::new(),
+        auto_boundary: crate::proc::BoundaryKind::Session,
+        auto_reason: "macOS has no cgroups: session + process group".into(),
+    }
+}
+
+pub fn oom_kills(_dir: &Path) -> Option<u64> {
+    None
+}
+
+pub fn cgroup_usage(_dir: &Path) -> CgroupUsage {
+    CgroupUsage::default()
+}
+
+/// The log cap: macOS cannot punch the oldest bytes out of a file here;
+/// the file is left as it is (0 bytes dropped).
+pub fn cap_log(_path: &Path, _cap: u64) -> std::io::Result<u64> {
+    Ok(0)
+}
+
+pub fn cgroup_controllers(_dir: &Path) -> Result<Vec<String>, ProcError> {
+    Ok(Vec::new())
+}
+
+impl std::fmt::Display for Layout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("no cgroups")
+    }
+}
+
+pub fn layout(_root: &Path) -> LayoutReport {
+    LayoutReport {
+        layout: Layout::NotDelegated,
+        limits: false,
+        note: "macOS has no cgroups".into(),
+        supervisor: None,
+    }
+}
+
+pub fn take_delegation(root: &Path) -> Result<LayoutReport, ProcError> {
+    Ok(layout(root))
+}
+
+pub fn check_limits_possible(_root: &Path) -> Result<(), String> {
+    Err("limits (--pids-max, --memory-max, --cpu-max) need cgroups, which macOS has not".into())
+}
+
+/// The proc connector: Linux only. [`Connector::open`] is refused, so the
+/// observer never starts (`--observer auto` goes on with scans).
+#[derive(Debug)]
+pub struct Connector(());
+
+#[derive(Clone, Debug)]
+pub struct ConnectorWaker(());
+
+impl ConnectorWaker {
+    pub fn wake(&self) {}
+}
+
+impl Connector {
+    pub fn open(_rcvbuf: usize) -> Result<Connector, ProcError> {
+        Err(unsupported("proc connector (it is Linux's)"))
+    }
+    pub fn recv(&mut self, _timeout: Duration) -> Result<Vec<ProcEvent>, ProcError> {
+        Ok(Vec::new())
+    }
+    pub fn waker(&self) -> ConnectorWaker {
+        ConnectorWaker(())
+    }
+    pub fn filter_to(&self, _interest: &[i32]) -> Result<(), ProcError> {
+        Ok(())
+    }
+    pub fn rcvbuf(&self) -> Result<usize, ProcError> {
+        Ok(0)
+    }
+}
+
+/// A monotonic clock in ns (this process's; only compared with itself).
+pub fn monotonic_ns() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// Whether a shared parent container can hold several trees' containers
+/// under limits of its own (a principal's): no, no container at all on macOS.
+pub const SHARED_PARENT_LIMITS: bool = false;
+
+/// No cgroups on macOS: nobody is in one.
+pub fn member_pids(_cgroup_dir: &Path) -> Result<std::collections::HashSet<i32>, String> {
+    Ok(std::collections::HashSet::new())
+}
+
+/// The process's name (its argv, `KERN_PROCARGS2`, is not read yet).
+pub fn cmdline(pid: i32) -> Vec<String> {
+    super::details_of(pid).1
+}
+
+/// No wait channel is read here.
+pub fn wchan(_pid: i32) -> Option<String> {
+    None
+}
+
+/// No start-time clock counts from boot here.
+pub fn boot_ticks_now() -> Option<u64> {
+    None
+}
+
+/// The forensic details of one process that can be read here.
+pub fn details(pid: i32) -> crate::proc::MemberDetails {
+    let (exe, cmdline) = super::details_of(pid);
+    let stat = crate::proc::read_stat(pid).ok().flatten();
+    crate::proc::MemberDetails {
+        uid: stat.as_ref().map(|s| s.uid),
+        read_from: stat.as_ref().map(|s| crate::proc::Lineage {
+            start_ticks: s.start_ticks,
+            ppid: s.ppid,
+            pgid: s.pgid,
+            sid: s.sid,
+        }),
+        exe,
+        cmdline,
+        ..crate::proc::MemberDetails::default()
+    }
+}
+
+/// The uid as [`details`] reads it.
+pub fn uid_of(pid: i32) -> Option<u32> {
+    details(pid).uid
+}
+
+/// Whether a process's group and session can be read from outside: yes
+/// (`proc_pidinfo`).
+pub const GROUPS_READABLE: bool = true;
+/// Whether a member's details carry the lineage they were read with: yes
+/// (its `proc_pidinfo`).
+pub const LINEAGE_IN_DETAILS: bool = true;
+/// Whether `run` and `serve` spawn trees here: not yet (the process layer
+/// is compile-checked only; docs/RESIDUALS.md, "macOS").
+pub const SPAWNS_TREES: bool = false;

@@ -1,0 +1,48 @@
+//! The macOS process layer: the same interface as the Linux files beside
+//! this folder (`crate::proc::*`), over libproc, kqueue and kill/killpg.
+//! Compile-checked only (`tests/macos/check`): nothing here has
+//! run on a Mac, and no tree is spawned on macOS yet (`run` and `serve`
+//! refuse there; docs/RESIDUALS.md, "macOS").
+//!
+//! - **identity**: pid + start time (`proc_pidinfo(PROC_PIDTBSDINFO)`'s
+//!   `p_start`, in µs since the epoch: absolute, so the boot id is a constant).
+//! - **members**: the tree's process group (`proc_listpgrppids`), each
+//!   member read like an identity; the whole table is `proc_listallpids`.
+//! - **exits**: kqueue `EVFILT_PROC`/`NOTE_EXIT`, registered before the
+//!   identity is re-checked ([`open_exit_watch`]).
+//! - **signals**: `kill`/`killpg`, each after the identity check (no pidfd:
+//!   a residual window, [`signal`]).
+//! - **boundary**: session + process group only (no cgroups, no subreaper).
+//!
+//! What it must never do: signal pid <= 1, this process, its own group or
+//! session; signal without the identity check just before; leak a `libc`
+//! type through a public signature. Its `unsafe` blocks (libproc, kqueue,
+//! kill, waitpid) each carry a `// SAFETY:` line; `limits` and `fds` are
+//! `unix/`'s, shared with Linux.
+
+mod exits;
+mod identity;
+mod misc;
+mod signal;
+mod spawn;
+pub mod tty;
+
+pub use exits::{
+    ExitHandle, Reaper, has_no_children, open_exit_watch, parent_pid, pidfd_exited, reap_child,
+    set_parent_death_signal, set_subreaper, signal_pidfd, wait_exits,
+};
+pub use identity::{
+    ProcStat, boot_id, details_of, first_live_in_group, group_members, identity_of, read_entry,
+    read_stat, self_identity, snapshot_entries,
+};
+pub use misc::*;
+pub use signal::{
+    container_freeze, container_kill, container_pids, container_populated, container_thaw,
+    container_wait_event, default_sigpipe, disarm_standing_kill, may_signal, signal_group_known,
+    signal_process,
+};
+pub use spawn::{
+    ExecFailure, HeldChild, SHARED_PARENT_MARK, SpawnStdio, Spawned, cgroup_root, is_shared_parent,
+    remove_cgroup_if_empty, remove_cgroup_when_empty, remove_shared_parent_if_empty,
+    resolve_boundary, spawn_held,
+};

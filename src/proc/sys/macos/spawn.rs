@@ -1,0 +1,157 @@
+//! The spawn interface on macOS: its types, and a refusal. No tree is
+//! spawned on macOS yet (`run` and `serve` refuse before they get here):
+//! the held spawn (fork, new session and group, held on a pipe until
+//! recorded) is Linux's `boundary/` and has not been run on macOS.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::config::BoundaryChoice;
+use crate::proc::{BoundaryKind, ExecFailureKind, GroupRecord, Identity, ProcError, SpawnSpec};
+
+impl std::str::FromStr for BoundaryKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "session" => Ok(BoundaryKind::Session),
+            other => Err(format!(
+                "unknown boundary kind {other:?} on macOS: expected session"
+            )),
+        }
+    }
+}
+
+/// No cgroup root on macOS.
+pub fn cgroup_root(_override: Option<&Path>) -> Result<Option<PathBuf>, ProcError> {
+    Ok(None)
+}
+
+/// `auto` and `session` are the session boundary; `cgroup` is refused.
+pub fn resolve_boundary(
+    choice: BoundaryChoice,
+    _root: Option<&Path>,
+) -> Result<BoundaryKind, ProcError> {
+    match choice {
+        BoundaryChoice::Auto | BoundaryChoice::Session => Ok(BoundaryKind::Session),
+        BoundaryChoice::Cgroup => Err(ProcError::NoCgroup(
+            "macOS has no cgroups (use --boundary session or auto)".into(),
+        )),
+    }
+}
+
+/// What the child's stdin/stdout/stderr are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SpawnStdio {
+    Inherit,
+    Null,
+    Log,
+}
+
+impl SpawnStdio {
+    pub fn needs_log(&self) -> bool {
+        matches!(self, SpawnStdio::Log)
+    }
+}
+
+/// A released child that never became the command.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("cannot execute {program}: {}", self.what())]
+pub struct ExecFailure {
+    pub program: String,
+    pub errno: i32,
+    pub kind: ExecFailureKind,
+}
+
+impl ExecFailure {
+    pub fn exit_code(&self) -> u8 {
+        match self.kind {
+            ExecFailureKind::NotFound => 127,
+            ExecFailureKind::NotExecutable => 126,
+            ExecFailureKind::Other | ExecFailureKind::Died => 125,
+        }
+    }
+
+    fn what(&self) -> &'static str {
+        match self.kind {
+            ExecFailureKind::NotFound => "command not found",
+            ExecFailureKind::NotExecutable => "not executable",
+            ExecFailureKind::Other => "spawn failed",
+            ExecFailureKind::Died => "the held child died before release",
+        }
+    }
+}
+
+/// A held root: never made on macOS ([`spawn_held`] refuses).
+#[derive(Debug)]
+pub struct HeldChild {
+    pub pid: i32,
+    pub pgid: i32,
+    pub sid: i32,
+    pub cgroup: Option<PathBuf>,
+    pub born_in_cgroup: bool,
+    pub identity: Identity,
+}
+
+/// A released tree root.
+#[derive(Debug)]
+pub struct Spawned {
+    pub pid: i32,
+    pub pgid: i32,
+    pub sid: i32,
+    pub cgroup: Option<PathBuf>,
+    pub identity: Identity,
+}
+
+impl Spawned {
+    pub fn group_record(&self) -> GroupRecord {
+        GroupRecord {
+            pgid: self.pgid,
+            sid: self.sid,
+            leader: self.identity.clone(),
+        }
+    }
+}
+
+/// Refused: no tree is spawned on macOS yet.
+pub fn spawn_held(_spec: &SpawnSpec) -> Result<HeldChild, ProcError> {
+    Err(super::exits::unsupported(
+        "held spawn in treewarden yet (macOS is compile-checked only)",
+    ))
+}
+
+impl HeldChild {
+    pub fn release(self) -> Result<Spawned, ExecFailure> {
+        Err(ExecFailure {
+            program: String::new(),
+            errno: 0,
+            kind: ExecFailureKind::Other,
+        })
+    }
+
+    pub fn cancel(self) -> Result<(), ProcError> {
+        Ok(())
+    }
+}
+
+/// No cgroup to remove: done.
+pub fn remove_cgroup_if_empty(_path: &Path) -> Result<bool, ProcError> {
+    Ok(true)
+}
+
+pub fn remove_cgroup_when_empty(_path: &Path, _wait: Duration) -> Result<bool, ProcError> {
+    Ok(true)
+}
+
+/// How a shared parent's name marks it (Linux's, for the shared code).
+pub const SHARED_PARENT_MARK: &str = "-p-";
+
+/// No parent is shared by trees here (`serve --principal-*` is refused at
+/// start): none is named as one.
+pub fn is_shared_parent(_dir: &Path) -> bool {
+    false
+}
+
+/// Nothing to remove (see [`is_shared_parent`]).
+pub fn remove_shared_parent_if_empty(_dir: &Path) -> Result<bool, ProcError> {
+    Ok(false)
+}

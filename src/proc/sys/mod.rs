@@ -1,0 +1,29 @@
+//! The platform switch: one folder per OS, each the same interface, and
+//! the one place a platform `cfg` chooses between them (rust-lang/rust's
+//! `library/std/src/sys/mod.rs` is the model). `unix/` is what Linux and
+//! macOS share; everything above `sys` is written once, for every OS, against
+//! the names `crate::proc` re-exports from here.
+//!
+//! - `linux/`: cgroup v2, pidfds, the proc connector, `/proc`.
+//! - `windows/`: Job Objects, process handles, toolhelp, the console.
+//! - `macos/`: libproc, kqueue, kill/killpg; compile-checked only.
+
+#[cfg(unix)]
+mod unix;
+#[cfg(unix)]
+pub use unix::*;
+
+#[cfg(target_os = "linux")]
+mod linux;
+#[cfg(target_os = "linux")]
+pub use linux::*;
+
+#[cfg(windows)]
+mod windows;
+#[cfg(windows)]
+pub use windows::*;
+
+#[cfg(target_os = "macos")]
+mod macos;
+#[cfg(target_os = "macos")]
+pub use macos::*;
