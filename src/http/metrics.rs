@@ -37,7 +37,7 @@ pub async fn metrics(
     }
     m.sync_stats(s.service.engine().stats());
     m.sync_holds(s.service.engine().holds());
-    m.sync_http();
+    m.sync_http(super::closer::cut_off_total());
     m.sync_observer(s.service.observer_status().ok().as_ref());
     let recovery = s.service.recovery();
     m.orphans_pending

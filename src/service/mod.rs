@@ -4,7 +4,8 @@
 //!
 //! The engine is blocking (it sleeps through graces and waits on the ledger's
 //! owner thread), so every call into it runs on tokio's blocking pool; the
-//! async side only waits, selects and serves HTTP (`crate::http`).
+//! async side only waits and selects; HTTP is put in front of it by
+//! [`crate::serve`].
 //!
 //! What runs, and why:
 //! - one **watch task per owned tree** selects over the root's exit (the
@@ -74,7 +75,6 @@ mod recovery;
 pub mod retain;
 mod scan;
 pub mod seal;
-pub mod serve;
 pub mod ship;
 mod spawn;
 mod watch;
@@ -728,10 +728,10 @@ impl Service {
 
 impl Service {
     /// Starts the service ([`Self::start`]: recovery in the background) and
-    /// runs until the shutdown token is cancelled (SIGTERM/SIGINT through
-    /// [`crate::http::shutdown_on_signals`]), then drains, and waits (within
+    /// runs until the shutdown token is cancelled (SIGTERM/SIGINT, as
+    /// [`crate::serve`] wires them), then drains, and waits (within
     /// what is left of the drain bound) for `servers`, the listeners
-    /// [`crate::http::serve`] runs on the same token. Listeners and signals
+    /// [`crate::serve`] runs on the same token. Listeners and signals
     /// are injected, so tests and the CLI drive the same code. Returns
     /// whether the drain settled every owned tree in time.
     pub async fn run(
