@@ -13,17 +13,13 @@ pub async fn metrics(
     State(s): State<AppState>,
     headers: HeaderMap,
 ) -> Result<impl IntoResponse, ApiError> {
-    let (counts, unsettled, unkillable, head, shipped) = s
-        .service
-        .read(|e| {
-            let counts = e.ledger().tree_counts()?;
-            let unsettled = e.unsettled()?;
-            let unkillable = e.newest_unkillable(&unsettled);
-            let head = e.ledger().head()?;
-            let shipped = e.ledger().ship_cursor(crate::service::ship::SINK)?;
-            Ok((counts, unsettled, unkillable, head, shipped))
-        })
-        .await?;
+    let crate::service::MetricsReadings {
+        counts,
+        unsettled,
+        unkillable,
+        head,
+        shipped,
+    } = s.service.door().metrics_readings().await?;
     let m = s.service.metrics();
     m.set_tree_counts(&counts);
     m.dispatch_closed.set(i64::from(!unsettled.is_empty()));

@@ -70,6 +70,7 @@ mod logcap {
         }
     }
 }
+mod door;
 pub mod metrics;
 mod recovery;
 pub mod retain;
@@ -80,6 +81,7 @@ mod spawn;
 mod watch;
 
 pub use admit::Reservation;
+pub use door::{Door, ListedTree, MetricsReadings, TreeListView, TreePanelView};
 pub use export::ExportChunks;
 pub use logkeep::EndedLogs;
 use scan::start_observer;
@@ -491,15 +493,6 @@ impl Service {
         Ok(blocking(move || engine.ledger().append_event(tree, event)).await??)
     }
 
-    /// Runs a blocking read against the engine (ledger reads, dispatch gate).
-    pub async fn read<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&Engine) -> Result<T, ServiceError> + Send + 'static,
-    ) -> Result<T, ServiceError> {
-        let engine = self.engine.clone();
-        blocking(move || f(&engine)).await?
-    }
-
     /// Ids of the trees this service owns now.
     pub fn owned_trees(&self) -> Vec<i64> {
         let mut v: Vec<i64> = self.lock_owned().keys().copied().collect();
@@ -552,12 +545,11 @@ impl Service {
             let mut opts = TeardownOptions::new(grace, reason, origin);
             opts.root_exit = root_exit;
             // The first signal the tree was given (`first_signal`), as the
-            // sweep sends it.
-            if let Ok(Some(row)) = engine.ledger().tree(TreeId(tree))
-                && let Some(sig) = row
-                    .first_signal
-                    .as_deref()
-                    .and_then(|s| crate::proc::Sig::parse_first(s).ok())
+            // sweep sends it: from the row just read.
+            if let Some(sig) = row
+                .first_signal
+                .as_deref()
+                .and_then(|s| crate::proc::Sig::parse_first(s).ok())
             {
                 opts.first_signal = sig;
             }
