@@ -10,6 +10,7 @@
 //! - [`custody`]: the engine: spawn protocol, teardown state machine, dispatch gate, sweep.
 //! - [`service`]: `serve`'s owner loop: API-spawned trees, scans, sweeps, owner watches, shutdown.
 //! - [`http`]: `router(state)`: the JSON API, dashboard, `/metrics`, export, OpenAPI.
+//! - [`serve`]: `treewarden serve` as a library call: builds the service and its router, binds, runs.
 //! - [`telemetry`]: logs to stderr (text or JSON) and OTLP span export when configured.
 //! - [`testhook`]: test-only crash points (`TREEWARDEN_TEST_CRASH_AT`), off by default.
 //!
@@ -24,6 +25,8 @@ pub mod http;
 pub mod ledger;
 pub mod proc;
 pub mod scan;
+#[cfg(any(target_os = "linux", windows))]
+pub mod serve;
 #[cfg(any(target_os = "linux", windows))]
 pub mod service;
 pub mod telemetry;

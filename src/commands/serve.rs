@@ -1,5 +1,5 @@
 //! `treewarden serve`: its flags, and the call into the library's
-//! `service::serve::serve`.
+//! `serve::serve`.
 
 use super::*;
 
@@ -206,8 +206,8 @@ pub fn serve(config: &Config, args: ServeArgs) -> CliResult {
 /// `serve`'s flags as the library's options.
 #[cfg(any(target_os = "linux", windows))]
 pub(super) fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
+    use treewarden::serve::{ServeOptions, serve};
     use treewarden::service::ServiceConfig;
-    use treewarden::service::serve::{ServeOptions, serve};
     #[cfg(target_os = "linux")]
     let (root_config, args) = in_root(config, args)?;
     #[cfg(target_os = "linux")]

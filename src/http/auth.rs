@@ -412,10 +412,7 @@ pub async fn lookup_token(state: &AppState, token: &str) -> Result<Option<Princi
         return Ok(None);
     }
     let hash = token_hash(token);
-    let row = state
-        .service
-        .read(move |e| Ok(e.ledger().token_by_hash(&hash)?))
-        .await?;
+    let row = state.service.door().token_by_hash(hash).await?;
     Ok(row.map(|r| Principal::Token {
         id: r.id,
         name: r.name,
@@ -527,7 +524,8 @@ async fn tree_and_principal(
         .ok_or_else(|| ApiError::Internal("no principal on the request".into()))?;
     let row = state
         .service
-        .read(move |e| Ok(e.ledger().tree(crate::ledger::TreeId(id))?))
+        .door()
+        .tree(id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
     Ok((row, principal))

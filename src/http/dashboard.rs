@@ -16,12 +16,11 @@ use serde::Deserialize;
 use super::AppState;
 use super::api::parse_flag;
 use super::error::{ApiError, ApiQuery, TreePath};
-use crate::custody::{Host as _, Unsettled};
+use crate::custody::Unsettled;
 use crate::ledger::event::TeardownTimeline;
 use crate::ledger::hierarchy::ProcessNode;
 use crate::ledger::{
-    Event, EventFilter, EventRow, ExitRecord, MemberCounts, MemberRow, SignalRow, TreeId, TreeRow,
-    TreeState,
+    Event, EventFilter, EventRow, ExitRecord, MemberRow, SignalRow, TreeId, TreeRow, TreeState,
 };
 
 use crate::ledger::{PageAt, TreeFilter, parse_since};
@@ -77,26 +76,20 @@ pub struct TreeLine {
 }
 
 impl TreeLine {
-    /// `counts`: the tree's members with no exit recorded, and those seen
-    /// escaped (exited or not); `resources`: what it consumed, where known.
-    fn new(
-        t: &TreeRow,
-        counts: MemberCounts,
-        resources: Option<&crate::ledger::Resources>,
-    ) -> Self {
-        let live = !t.state.is_terminal();
-        let consumed = match resources {
-            Some(r) => r.summary(),
-            None => crate::custody::live_resources(t)
-                .map(|r| r.summary())
-                .unwrap_or_default(),
-        };
+    /// The service's reading of one listed tree: its members with no exit
+    /// recorded and those seen escaped (exited or not), what it consumed
+    /// where known, whether its owner lives.
+    fn new(listed: &crate::service::ListedTree) -> Self {
+        let t = &listed.tree;
+        let counts = listed.members;
         TreeLine {
             owner: format!("{} {}", t.owner.kind, t.owner.pid),
-            owner_alive: live.then(|| {
-                crate::custody::KernelHost::default().still_alive(&(&t.owner_identity()).into())
-            }),
-            consumed,
+            owner_alive: listed.owner_alive,
+            consumed: listed
+                .resources
+                .as_ref()
+                .map(|r| r.summary())
+                .unwrap_or_default(),
             id: t.id,
             state: t.state.as_str().into(),
             label: t.label.clone().unwrap_or_default(),
@@ -324,45 +317,13 @@ pub async fn index(
         owner: None,
     };
     let at = page_at(q.before, q.after)?;
-    let (lines, unsettled, counts, more) = s
-        .service
-        .read(move |e| {
-            // One keyset page: MAX_TREES of the filter next to the bound,
-            // however many trees the ledger holds; one more tells whether
-            // the next page in this direction has anything.
-            let mut trees = e.ledger().tree_page(filter, at, MAX_TREES + 1)?;
-            let more = trees.len() > MAX_TREES;
-            if more {
-                match at {
-                    // Read upwards and shown newest first: the extra one is the first.
-                    PageAt::After(_) => drop(trees.remove(0)),
-                    _ => trees.truncate(MAX_TREES),
-                }
-            }
-            // One query for every listed tree's counts, not a full detail read each.
-            let ids: Vec<TreeId> = trees.iter().map(TreeRow::tree_id).collect();
-            let counts = e.ledger().member_counts(&ids)?;
-            let ended: Vec<TreeId> = trees
-                .iter()
-                .filter(|t| t.state.is_terminal())
-                .map(TreeRow::tree_id)
-                .collect();
-            let used = e.ledger().ended_resources(&ended)?;
-            let lines: Vec<TreeLine> = trees
-                .iter()
-                .map(|t| {
-                    let id = t.tree_id();
-                    TreeLine::new(
-                        t,
-                        counts.get(&id).copied().unwrap_or_default(),
-                        used.get(&id),
-                    )
-                })
-                .collect();
-            let counts = e.ledger().tree_counts()?;
-            Ok((lines, e.unsettled()?, counts, more))
-        })
-        .await?;
+    let crate::service::TreeListView {
+        trees,
+        more,
+        counts,
+        unsettled,
+    } = s.service.door().tree_list(filter, at, MAX_TREES).await?;
+    let lines: Vec<TreeLine> = trees.iter().map(TreeLine::new).collect();
     let base = |at: PageAt, refresh: bool| {
         let (before, after) = match at {
             PageAt::Newest => (String::new(), String::new()),
@@ -736,26 +697,18 @@ pub async fn tree(
     TreePath(id): TreePath,
 ) -> Result<Html<String>, ApiError> {
     principal.must_see_all("the dashboard")?;
-    let (d, output, teardown, processes) = s
+    let crate::service::TreePanelView {
+        detail: d,
+        output,
+        teardown,
+        hierarchy,
+    } = s
         .service
-        .read(move |e| {
-            let detail = e.ledger().tree_detail(TreeId(id))?;
-            let timeline = e.ledger().teardown_timeline(TreeId(id))?;
-            // The panel shows the tail; the whole output is at /api/trees/{id}/log.
-            let output = crate::custody::read_log(e.data_dir(), TreeId(id), Some(OUTPUT_LINES))
-                .ok()
-                .flatten()
-                .map(|b| String::from_utf8_lossy(&b).into_owned())
-                .filter(|out| !out.is_empty());
-            // The hierarchy is built here, on the blocking read path, not
-            // on an async worker (its size is the tree's to choose).
-            Ok(detail.map(|d| {
-                let processes = process_items(&d.hierarchy());
-                (d, output, timeline, processes)
-            }))
-        })
+        .door()
+        .tree_panel(id, OUTPUT_LINES)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
+    let processes = process_items(&hierarchy);
     let timeline = teardown.as_ref().and_then(timeline);
     render(&TreePage {
         processes,
@@ -846,10 +799,7 @@ pub async fn events(
         after_seq: q.after,
         limit: Some(MAX_EVENTS + 1),
     };
-    let mut rows = s
-        .service
-        .read(move |e| Ok(e.ledger().events(&filter)?))
-        .await?;
+    let mut rows = s.service.door().events(filter).await?;
     let more = rows.len() > MAX_EVENTS;
     rows.truncate(MAX_EVENTS);
     if matches!(at, PageAt::After(_)) {

@@ -168,10 +168,7 @@ impl Sessions {
             }
         };
         let hash = session.token_sha256.clone();
-        let row = state
-            .service
-            .read(move |e| Ok(e.ledger().token_by_hash(&hash)?))
-            .await?;
+        let row = state.service.door().token_by_hash(hash).await?;
         match row {
             Some(r) if r.id == session.token_id => Ok(Some(Principal::Token {
                 id: r.id,

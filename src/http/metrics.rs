@@ -13,17 +13,13 @@ pub async fn metrics(
     State(s): State<AppState>,
     headers: HeaderMap,
 ) -> Result<impl IntoResponse, ApiError> {
-    let (counts, unsettled, unkillable, head, shipped) = s
-        .service
-        .read(|e| {
-            let counts = e.ledger().tree_counts()?;
-            let unsettled = e.unsettled()?;
-            let unkillable = e.newest_unkillable(&unsettled);
-            let head = e.ledger().head()?;
-            let shipped = e.ledger().ship_cursor(crate::service::ship::SINK)?;
-            Ok((counts, unsettled, unkillable, head, shipped))
-        })
-        .await?;
+    let crate::service::MetricsReadings {
+        counts,
+        unsettled,
+        unkillable,
+        head,
+        shipped,
+    } = s.service.door().metrics_readings().await?;
     let m = s.service.metrics();
     m.set_tree_counts(&counts);
     m.dispatch_closed.set(i64::from(!unsettled.is_empty()));
@@ -37,7 +33,7 @@ pub async fn metrics(
     }
     m.sync_stats(s.service.engine().stats());
     m.sync_holds(s.service.engine().holds());
-    m.sync_http();
+    m.sync_http(super::closer::cut_off_total());
     m.sync_observer(s.service.observer_status().ok().as_ref());
     let recovery = s.service.recovery();
     m.orphans_pending

@@ -159,7 +159,8 @@ pub async fn events_stream(
     if let Some(id) = q.tree {
         let row = s
             .service
-            .read(move |e| Ok(e.ledger().tree(crate::ledger::TreeId(id))?))
+            .door()
+            .tree(id)
             .await?
             .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
         principal.may_see(&row)?;
@@ -208,11 +209,7 @@ pub async fn events_stream(
         Some(seq) => seq,
         // One tree's stream starts at its beginning.
         None if q.tree.is_some() => 0,
-        None => s
-            .service
-            .read(|e| Ok(e.ledger().head()?))
-            .await?
-            .map_or(0, |(seq, _)| seq),
+        None => s.service.door().head().await?.map_or(0, |(seq, _)| seq),
     };
     let service = s.service.clone();
     let stop = service.shutdown_token();
@@ -236,7 +233,8 @@ pub async fn events_stream(
                     {
                         checked = tokio::time::Instant::now();
                         let live = service
-                            .read(move |e| Ok(e.ledger().tokens()?))
+                            .door()
+                            .tokens()
                             .await
                             .map(|ts| ts.iter().any(|t| t.id == id && t.revoked_at.is_none()));
                         // Revoked (or unreadable: a right that cannot be
@@ -254,13 +252,7 @@ pub async fn events_stream(
                                 Some(t) => match known.get(&t) {
                                     Some(k) => *k,
                                     None => {
-                                        let row = service
-                                            .read(move |e| {
-                                                Ok(e.ledger().tree(crate::ledger::TreeId(t))?)
-                                            })
-                                            .await
-                                            .ok()
-                                            .flatten();
+                                        let row = service.door().tree(t).await.ok().flatten();
                                         let k = row.is_some_and(|r| {
                                             r.label.as_deref() == Some(label.as_str())
                                                 && mine.as_ref().is_none_or(|p| p.owns(&r))
@@ -300,7 +292,8 @@ pub async fn events_stream(
                     let over = match tree {
                         None => false,
                         Some(id) => service
-                            .read(move |e| Ok(e.ledger().tree(crate::ledger::TreeId(id))?))
+                            .door()
+                            .tree(id)
                             .await
                             .ok()
                             .flatten()
@@ -312,7 +305,7 @@ pub async fn events_stream(
                         limit: Some(BATCH),
                         ..EventFilter::default()
                     };
-                    match service.read(move |e| Ok(e.ledger().events(&filter)?)).await {
+                    match service.door().events(filter).await {
                         Ok(rows) if !rows.is_empty() => queue.extend(rows),
                         Ok(_) if over => return None,
                         Ok(_) => {}

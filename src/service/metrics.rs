@@ -11,7 +11,7 @@
 //! - this process's own timings: scan and teardown durations, live members.
 //!
 //! Everything that is a reading rather than a tally is taken once, at scrape
-//! time, by `GET /metrics` (`crate::http::metrics`): trees by state, dispatch
+//! time, by `GET /metrics` (the HTTP face's handler): trees by state, dispatch
 //! closed, the ledger head seq (host-wide, straight from the ledger), and the
 //! catch-up of the [`EngineStats`] and observer counters.
 //!
@@ -147,7 +147,7 @@ pub struct Metrics {
     pub holds_refused: Family<CapLabel, C>,
     /// `treewarden_http_peers_cut_off_total`: connections cut off (their
     /// descriptors refused, answered 503) because their peer's descriptor
-    /// closes piled up (`crate::http::closer`); caught up at scrape time.
+    /// closes piled up (the serving loop's closer); caught up at scrape time.
     pub http_peers_cut_off: C,
 }
 
@@ -386,12 +386,10 @@ impl Metrics {
         catch_up(&self.observer_escapes, stats.escapes_recorded);
     }
 
-    /// Brings the serving loop's tallies up to date.
-    pub fn sync_http(&self) {
-        catch_up(
-            &self.http_peers_cut_off,
-            crate::http::closer::cut_off_total(),
-        );
+    /// Brings the serving loop's tallies up to date: `cut_off`, the
+    /// connections cut off since start.
+    pub fn sync_http(&self, cut_off: u64) {
+        catch_up(&self.http_peers_cut_off, cut_off);
     }
 
     /// Counts one ledger event into the families fed by events.

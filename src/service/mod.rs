@@ -4,7 +4,8 @@
 //!
 //! The engine is blocking (it sleeps through graces and waits on the ledger's
 //! owner thread), so every call into it runs on tokio's blocking pool; the
-//! async side only waits, selects and serves HTTP (`crate::http`).
+//! async side only waits and selects; HTTP is put in front of it by
+//! [`crate::serve`].
 //!
 //! What runs, and why:
 //! - one **watch task per owned tree** selects over the root's exit (the
@@ -69,17 +70,18 @@ mod logcap {
         }
     }
 }
+mod door;
 pub mod metrics;
 mod recovery;
 pub mod retain;
 mod scan;
 pub mod seal;
-pub mod serve;
 pub mod ship;
 mod spawn;
 mod watch;
 
 pub use admit::Reservation;
+pub use door::{Door, ListedTree, MetricsReadings, TreeListView, TreePanelView};
 pub use export::ExportChunks;
 pub use logkeep::EndedLogs;
 use scan::start_observer;
@@ -483,15 +485,6 @@ impl Service {
         Ok(blocking(move || engine.ledger().append_event(tree, event)).await??)
     }
 
-    /// Runs a blocking read against the engine (ledger reads, dispatch gate).
-    pub async fn read<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&Engine) -> Result<T, ServiceError> + Send + 'static,
-    ) -> Result<T, ServiceError> {
-        let engine = self.engine.clone();
-        blocking(move || f(&engine)).await?
-    }
-
     /// Ids of the trees this service owns now.
     pub fn owned_trees(&self) -> Vec<i64> {
         let mut v: Vec<i64> = self.lock_owned().keys().copied().collect();
@@ -544,12 +537,11 @@ impl Service {
             let mut opts = TeardownOptions::new(grace, reason, origin);
             opts.root_exit = root_exit;
             // The first signal the tree was given (`first_signal`), as the
-            // sweep sends it.
-            if let Ok(Some(row)) = engine.ledger().tree(TreeId(tree))
-                && let Some(sig) = row
-                    .first_signal
-                    .as_deref()
-                    .and_then(|s| crate::proc::Sig::parse_first(s).ok())
+            // sweep sends it: from the row just read.
+            if let Some(sig) = row
+                .first_signal
+                .as_deref()
+                .and_then(|s| crate::proc::Sig::parse_first(s).ok())
             {
                 opts.first_signal = sig;
             }
@@ -720,10 +712,10 @@ impl Service {
 
 impl Service {
     /// Starts the service ([`Self::start`]: recovery in the background) and
-    /// runs until the shutdown token is cancelled (SIGTERM/SIGINT through
-    /// [`crate::http::shutdown_on_signals`]), then drains, and waits (within
+    /// runs until the shutdown token is cancelled (SIGTERM/SIGINT, as
+    /// [`crate::serve`] wires them), then drains, and waits (within
     /// what is left of the drain bound) for `servers`, the listeners
-    /// [`crate::http::serve`] runs on the same token. Listeners and signals
+    /// [`crate::serve`] runs on the same token. Listeners and signals
     /// are injected, so tests and the CLI drive the same code. Returns
     /// whether the drain settled every owned tree in time.
     pub async fn run(

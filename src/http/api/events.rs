@@ -30,7 +30,8 @@ pub async fn events(
         };
         let row = s
             .service
-            .read(move |e| Ok(e.ledger().tree(TreeId(id))?))
+            .door()
+            .tree(id)
             .await?
             .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
         principal.may_see(&row)?;
@@ -50,9 +51,6 @@ pub async fn events(
         limit: Some(limit),
         ..EventFilter::default()
     };
-    let rows = s
-        .service
-        .read(move |e| Ok(e.ledger().events(&filter)?))
-        .await?;
+    let rows = s.service.door().events(filter).await?;
     Ok(Json(rows))
 }

@@ -15,7 +15,7 @@ use crate::http::error::ApiError;
 #[utoipa::path(get, path = "/healthz", responses((status = 200, body = Health),
     (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn healthz(State(s): State<AppState>) -> Result<Json<Health>, ApiError> {
-    let unsettled = s.service.read(|e| Ok(e.unsettled()?)).await?;
+    let unsettled = s.service.door().unsettled().await?;
     Ok(Json(Health {
         status: "ok".into(),
         dispatch: if unsettled.is_empty() {

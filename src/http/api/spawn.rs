@@ -124,12 +124,7 @@ async fn refusal_seen_by(
     tree: i64,
     reason: String,
 ) -> ApiError {
-    let row = s
-        .service
-        .read(move |e| Ok(e.ledger().tree(crate::ledger::TreeId(tree))?))
-        .await
-        .ok()
-        .flatten();
+    let row = s.service.door().tree(tree).await.ok().flatten();
     match row {
         Some(row) if principal.may_see(&row).is_ok() => ApiError::DispatchClosed {
             tree: Some(tree),
@@ -227,12 +222,10 @@ pub async fn spawn_tree(
         };
         let live = s
             .service
-            .read(move |e| {
-                Ok(e.ledger()
-                    .tree_page(filter, crate::ledger::PageAt::Newest, cap + 1)?
-                    .len())
-            })
-            .await?;
+            .door()
+            .tree_page(filter, crate::ledger::PageAt::Newest, cap + 1)
+            .await?
+            .len();
         if live + in_flight > cap {
             return Err(ApiError::Unavailable(format!(
                 "you hold {live} live trees and {} more are being spawned, past the most one principal may (serve --max-trees-per-user {cap}); end one first",

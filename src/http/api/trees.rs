@@ -92,7 +92,8 @@ pub async fn list_trees(
     };
     let mut trees = s
         .service
-        .read(move |e| Ok(e.ledger().tree_page(filter, at, limit as usize + 1)?))
+        .door()
+        .tree_page(filter, at, limit as usize + 1)
         .await?;
     let more = trees.len() > limit as usize;
     trees.truncate(limit as usize);
@@ -122,15 +123,13 @@ pub async fn get_tree(
     Extension(principal): Extension<Principal>,
     TreePath(id): TreePath,
 ) -> Result<Json<TreeDetail>, ApiError> {
-    let mut detail = s
+    let detail = s
         .service
-        .read(move |e| Ok(e.ledger().tree_detail(TreeId(id))?))
+        .door()
+        .tree_detail(id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
     principal.may_see(&detail.tree)?;
-    if detail.resources.is_none() {
-        detail.resources = crate::custody::live_resources(&detail.tree);
-    }
     Ok(Json(detail))
 }
 
@@ -174,7 +173,8 @@ pub async fn wait_tree(
         ends.borrow_and_update();
         let row = s
             .service
-            .read(move |e| Ok(e.ledger().tree(TreeId(id))?))
+            .door()
+            .tree(id)
             .await?
             .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
         principal.may_see(&row)?;
@@ -274,7 +274,8 @@ pub async fn resolve_tree(
         .await?;
     let row = s
         .service
-        .read(move |e| Ok(e.ledger().tree(TreeId(id))?))
+        .door()
+        .tree(id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
     Ok(Json(row))
@@ -297,16 +298,8 @@ pub async fn tree_log(
     let id = row.id;
     let bytes = s
         .service
-        .read(move |e| {
-            if e.ledger().tree(TreeId(id))?.is_none() {
-                return Ok(None);
-            }
-            let log =
-                crate::custody::read_log(e.data_dir(), TreeId(id), q.tail).map_err(|err| {
-                    crate::service::ServiceError::Task(format!("reading the log: {err}"))
-                })?;
-            Ok(Some(log.unwrap_or_default()))
-        })
+        .door()
+        .tree_log(id, q.tail)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
     Ok((

@@ -1,5 +1,6 @@
-//! `treewarden serve` as a library call:
-//! [`serve`] opens the ledger, makes the [`Service`], binds the TCP and
+//! `treewarden serve` as a library call, the one place the service and its
+//! HTTP face are put together: [`serve`] opens the ledger, makes the
+//! [`Service`], builds the [`crate::http`] router over it, binds the TCP and
 //! Unix listeners (on Windows TCP on loopback only: no Unix socket), and runs until `shutdown` (or SIGTERM/SIGINT, with
 //! [`ServeOptions::shutdown_on_signals`]) drains it. The binary is a thin
 //! shell: it parses `serve`'s flags into [`ServeOptions`] and maps
@@ -16,7 +17,7 @@ use crate::custody::{CustodyError, DispatchScope, Engine};
 use crate::ledger::{Ledger, LedgerOptions};
 use crate::proc::Reaper;
 
-use super::{Service, ServiceConfig};
+use crate::service::{Service, ServiceConfig};
 
 /// The exit code of a serve that shut down but could not settle every
 /// owned tree (or could not start): treewarden's own failure.
@@ -301,20 +302,23 @@ pub fn serve(
             auth: std::sync::Arc::new(auth),
         });
         let limits = opts.limits;
-        #[cfg_attr(windows, allow(unused_mut))]
-        let mut servers = vec![tokio::spawn(crate::http::conn::serve(
+        let servers = vec![tokio::spawn(crate::http::conn::serve(
             listener,
             app.clone(),
             shutdown.clone(),
             limits,
         ))];
         #[cfg(unix)]
-        servers.push(tokio::spawn(crate::http::conn::serve(
-            unix,
-            app,
-            shutdown.clone(),
-            limits,
-        )));
+        let servers = {
+            let mut servers = servers;
+            servers.push(tokio::spawn(crate::http::conn::serve(
+                unix,
+                app,
+                shutdown.clone(),
+                limits,
+            )));
+            servers
+        };
         if let Some(path) = &service.config().ready_file {
             let tmp = path.with_extension("tmp");
             std::fs::write(&tmp, bound.to_string())

@@ -1,0 +1,271 @@
+//! The service's reads for its HTTP face ([`Service::door`]): typed methods
+//! keyed by tree id, each one blocking-pool call into the engine and the
+//! ledger, returning plain data (ledger rows, or a view struct with public
+//! fields). HTTP asks these; it never hands the service a closure over the
+//! engine.
+
+use crate::custody::{Host as _, Unsettled};
+use crate::ledger::event::TeardownTimeline;
+use crate::ledger::hierarchy::ProcessNode;
+use crate::ledger::{
+    EventFilter, EventRow, MemberCounts, PageAt, Resources, TokenRow, TreeDetail, TreeFilter,
+    TreeId, TreeRow, TreeState,
+};
+
+use crate::custody::Engine;
+
+use super::{Service, ServiceError};
+
+/// What `GET /metrics` reads from the ledger at scrape time.
+pub struct MetricsReadings {
+    /// Trees by state.
+    pub counts: Vec<(TreeState, u64)>,
+    /// The trees that hold dispatch closed.
+    pub unsettled: Vec<Unsettled>,
+    /// The newest unkillable tree among them.
+    pub unkillable: Option<i64>,
+    /// The ledger's head (seq, hash).
+    pub head: Option<(i64, String)>,
+    /// The OTLP sink's acknowledged seq.
+    pub shipped: Option<i64>,
+}
+
+/// One tree of a [`TreeListView`], with what its row shows.
+pub struct ListedTree {
+    pub tree: TreeRow,
+    /// Its members with no exit recorded, and those seen escaped.
+    pub members: MemberCounts,
+    /// What it consumed: as recorded for an ended tree, as measured now for
+    /// a live one, where known.
+    pub resources: Option<Resources>,
+    /// Whether its owner is alive (live trees only).
+    pub owner_alive: Option<bool>,
+}
+
+/// One page of the dashboard's tree list, with what each row shows.
+pub struct TreeListView {
+    /// At most the page's size, newest first.
+    pub trees: Vec<ListedTree>,
+    /// Whether the next page in this direction has anything.
+    pub more: bool,
+    /// Trees by state, ledger-wide.
+    pub counts: Vec<(TreeState, u64)>,
+    /// The trees that hold dispatch closed.
+    pub unsettled: Vec<Unsettled>,
+}
+
+/// The dashboard's view of one tree.
+pub struct TreePanelView {
+    pub detail: TreeDetail,
+    /// The tail of its captured output (`None`: none, or empty).
+    pub output: Option<String>,
+    pub teardown: Option<TeardownTimeline>,
+    /// Its process hierarchy, built on the blocking read path (its size is
+    /// the tree's to choose).
+    pub hierarchy: Vec<ProcessNode>,
+}
+
+impl Service {
+    /// The typed reads HTTP asks of the service.
+    pub fn door(&self) -> Door {
+        Door {
+            engine: self.engine.clone(),
+        }
+    }
+}
+
+/// The service's typed reads ([`Service::door`]), each on the blocking pool.
+#[derive(Clone)]
+pub struct Door {
+    engine: Engine,
+}
+
+impl Door {
+    /// One tree's row.
+    pub async fn tree(&self, id: i64) -> Result<Option<TreeRow>, ServiceError> {
+        let engine = self.engine.clone();
+        super::blocking(move || Ok(engine.ledger().tree(TreeId(id))?)).await?
+    }
+
+    /// One tree with its members, signals and exits; what a live tree
+    /// consumed so far, measured now, where none is recorded.
+    pub async fn tree_detail(&self, id: i64) -> Result<Option<TreeDetail>, ServiceError> {
+        let engine = self.engine.clone();
+        super::blocking(move || {
+            let mut detail = engine.ledger().tree_detail(TreeId(id))?;
+            if let Some(d) = &mut detail
+                && d.resources.is_none()
+            {
+                d.resources = crate::custody::live_resources(&d.tree);
+            }
+            Ok(detail)
+        })
+        .await?
+    }
+
+    /// Up to `limit` trees of `filter` next to `at`.
+    pub async fn tree_page(
+        &self,
+        filter: TreeFilter,
+        at: PageAt,
+        limit: usize,
+    ) -> Result<Vec<TreeRow>, ServiceError> {
+        let engine = self.engine.clone();
+        super::blocking(move || Ok(engine.ledger().tree_page(filter, at, limit)?)).await?
+    }
+
+    /// The events `filter` selects.
+    pub async fn events(&self, filter: EventFilter) -> Result<Vec<EventRow>, ServiceError> {
+        let engine = self.engine.clone();
+        super::blocking(move || Ok(engine.ledger().events(&filter)?)).await?
+    }
+
+    /// The ledger's head: its newest seq and hash.
+    pub async fn head(&self) -> Result<Option<(i64, String)>, ServiceError> {
+        let engine = self.engine.clone();
+        super::blocking(move || Ok(engine.ledger().head()?)).await?
+    }
+
+    /// Every API token's row.
+    pub async fn tokens(&self) -> Result<Vec<TokenRow>, ServiceError> {
+        let engine = self.engine.clone();
+        super::blocking(move || Ok(engine.ledger().tokens()?)).await?
+    }
+
+    /// The token whose hash is `sha256`.
+    pub async fn token_by_hash(&self, sha256: String) -> Result<Option<TokenRow>, ServiceError> {
+        let engine = self.engine.clone();
+        super::blocking(move || Ok(engine.ledger().token_by_hash(&sha256)?)).await?
+    }
+
+    /// The trees that hold dispatch closed.
+    pub async fn unsettled(&self) -> Result<Vec<Unsettled>, ServiceError> {
+        let engine = self.engine.clone();
+        super::blocking(move || Ok(engine.unsettled()?)).await?
+    }
+
+    /// A tree's captured output (its last `tail` lines), empty when it has
+    /// none; `None` for a tree the ledger does not hold.
+    pub async fn tree_log(
+        &self,
+        id: i64,
+        tail: Option<usize>,
+    ) -> Result<Option<Vec<u8>>, ServiceError> {
+        let engine = self.engine.clone();
+        super::blocking(move || {
+            if engine.ledger().tree(TreeId(id))?.is_none() {
+                return Ok(None);
+            }
+            let log = crate::custody::read_log(engine.data_dir(), TreeId(id), tail)
+                .map_err(|err| ServiceError::Task(format!("reading the log: {err}")))?;
+            Ok(Some(log.unwrap_or_default()))
+        })
+        .await?
+    }
+
+    /// What `GET /metrics` reads at scrape time.
+    pub async fn metrics_readings(&self) -> Result<MetricsReadings, ServiceError> {
+        let engine = self.engine.clone();
+        super::blocking(move || {
+            let counts = engine.ledger().tree_counts()?;
+            let unsettled = engine.unsettled()?;
+            let unkillable = engine.newest_unkillable(&unsettled);
+            let head = engine.ledger().head()?;
+            let shipped = engine.ledger().ship_cursor(super::ship::SINK)?;
+            Ok(MetricsReadings {
+                counts,
+                unsettled,
+                unkillable,
+                head,
+                shipped,
+            })
+        })
+        .await?
+    }
+
+    /// One keyset page of at most `size` trees of `filter` next to `at`,
+    /// however many trees the ledger holds, with what the list shows of each.
+    pub async fn tree_list(
+        &self,
+        filter: TreeFilter,
+        at: PageAt,
+        size: usize,
+    ) -> Result<TreeListView, ServiceError> {
+        let engine = self.engine.clone();
+        super::blocking(move || {
+            // One more tells whether the next page in this direction has anything.
+            let mut trees = engine.ledger().tree_page(filter, at, size + 1)?;
+            let more = trees.len() > size;
+            if more {
+                match at {
+                    // Read upwards and shown newest first: the extra one is the first.
+                    PageAt::After(_) => drop(trees.remove(0)),
+                    _ => trees.truncate(size),
+                }
+            }
+            // One query for every listed tree's counts, not a full detail read each.
+            let ids: Vec<TreeId> = trees.iter().map(TreeRow::tree_id).collect();
+            let members = engine.ledger().member_counts(&ids)?;
+            let ended: Vec<TreeId> = trees
+                .iter()
+                .filter(|t| t.state.is_terminal())
+                .map(TreeRow::tree_id)
+                .collect();
+            let mut used = engine.ledger().ended_resources(&ended)?;
+            let host = crate::custody::KernelHost::default();
+            let trees = trees
+                .into_iter()
+                .map(|tree| {
+                    let id = tree.tree_id();
+                    let live = !tree.state.is_terminal();
+                    ListedTree {
+                        members: members.get(&id).copied().unwrap_or_default(),
+                        resources: used
+                            .remove(&id)
+                            .or_else(|| crate::custody::live_resources(&tree)),
+                        owner_alive: live
+                            .then(|| host.still_alive(&(&tree.owner_identity()).into())),
+                        tree,
+                    }
+                })
+                .collect();
+            let counts = engine.ledger().tree_counts()?;
+            Ok(TreeListView {
+                trees,
+                more,
+                counts,
+                unsettled: engine.unsettled()?,
+            })
+        })
+        .await?
+    }
+
+    /// One tree as the dashboard shows it, its output's last `output_lines`.
+    pub async fn tree_panel(
+        &self,
+        id: i64,
+        output_lines: usize,
+    ) -> Result<Option<TreePanelView>, ServiceError> {
+        let engine = self.engine.clone();
+        super::blocking(move || {
+            let detail = engine.ledger().tree_detail(TreeId(id))?;
+            let teardown = engine.ledger().teardown_timeline(TreeId(id))?;
+            let output =
+                crate::custody::read_log(engine.data_dir(), TreeId(id), Some(output_lines))
+                    .ok()
+                    .flatten()
+                    .map(|b| String::from_utf8_lossy(&b).into_owned())
+                    .filter(|out| !out.is_empty());
+            Ok(detail.map(|detail| {
+                let hierarchy = detail.hierarchy();
+                TreePanelView {
+                    detail,
+                    output,
+                    teardown,
+                    hierarchy,
+                }
+            }))
+        })
+        .await?
+    }
+}
