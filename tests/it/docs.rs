@@ -470,7 +470,8 @@ fn promtool_checks_the_rules_the_config_the_rule_tests_and_the_dashboard_queries
         n += 1;
         let expr = q
             .replace("$__rate_interval", "5m")
-            .replace("$instance", ".*");
+            .replace("$instance", ".*")
+            .replace("$host", ".*");
         rules.push_str(&format!(
             "      - record: dashboard:query_{n}\n        expr: {}\n",
             serde_json::to_string(&expr).expect("quote")
@@ -756,4 +757,61 @@ fn every_shell_example_in_the_readme_runs_as_written() {
         let live: Value = serde_json::from_slice(&out.stdout).expect("ls --json");
         assert_eq!(live.as_array().map(Vec::len), Some(0), "{live}");
     }
+}
+
+/// A fleet's hosts are told apart by a `host` label their scrapers add (all
+/// of them may be `127.0.0.1:7878`): no alert may aggregate it away, no
+/// summary may name only the instance, and every board query keeps it.
+#[test]
+fn alerts_and_the_board_keep_the_host_label() {
+    let rules = read("deploy/prometheus/treewarden-rules.yml");
+    for (name, block) in alerts(&rules) {
+        for (at, _) in block.match_indices(" by (") {
+            let clause = &block[at..at + block[at..].find(')').expect("by clause")];
+            assert!(
+                clause.contains("host") && clause.contains("instance"),
+                "{name} aggregates `{clause})`, dropping the host or the instance"
+            );
+        }
+        let summary = block
+            .lines()
+            .find(|l| l.trim_start().starts_with("summary:"))
+            .expect("summary");
+        assert!(
+            summary.contains("$labels.host"),
+            "{name}'s summary does not name the host: {summary}"
+        );
+    }
+    let dash: Value =
+        serde_json::from_str(&read("deploy/grafana/treewarden.json")).expect("dashboard json");
+    let mut table = false;
+    for p in dash["panels"].as_array().expect("panels") {
+        table |= p["type"] == "table" && p["title"] == "Hosts";
+        for t in p["targets"].as_array().into_iter().flatten() {
+            let expr = t["expr"].as_str().expect("expr");
+            assert!(expr.contains("host=~\"$host\""), "{}: {expr}", p["title"]);
+            if p["type"] == "timeseries" {
+                for (at, _) in expr.match_indices(" by (") {
+                    let clause = &expr[at..at + expr[at..].find(')').expect("by")];
+                    assert!(clause.contains("host"), "{}: {expr}", p["title"]);
+                }
+                assert!(
+                    t["legendFormat"]
+                        .as_str()
+                        .is_some_and(|l| l.contains("{{host}}")),
+                    "{}: its legend does not name the host",
+                    p["title"]
+                );
+            }
+        }
+    }
+    assert!(table, "no per-host table");
+    assert!(
+        dash["templating"]["list"]
+            .as_array()
+            .expect("vars")
+            .iter()
+            .any(|v| v["name"] == "host"),
+        "no host variable"
+    );
 }

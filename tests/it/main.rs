@@ -1,6 +1,7 @@
 //! One integration test binary (ripgrep style): real processes, real SQLite
 //! files, real HTTP on 127.0.0.1:0. Each area lives in its own module.
 
+mod alerts;
 mod bench_smoke;
 mod budget;
 mod conventions;
