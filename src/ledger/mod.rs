@@ -72,6 +72,7 @@ mod evidence;
 mod export;
 pub(crate) mod fsmode;
 pub mod hierarchy;
+mod projection;
 mod prune;
 mod read;
 pub mod seal;

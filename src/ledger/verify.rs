@@ -1,6 +1,8 @@
 //! `verify`: SQLite's own integrity check, then the whole hash chain
 //! recomputed, then the authority rule (every SIGKILL preceded by its
-//! authorization), then the expected head. Stops at the first break.
+//! authorization), then every row readers are shown against the events that
+//! made it (`projection.rs`), then the expected head. Stops at the first
+//! break.
 
 use std::collections::HashMap;
 
@@ -81,6 +83,11 @@ pub(crate) fn verify(
     }
 
     if let Some(found) = check_signal_rows(conn)? {
+        report.first_break = Some(found);
+        return Ok((report, None));
+    }
+
+    if let Some(found) = super::projection::check(conn)? {
         report.first_break = Some(found);
         return Ok((report, None));
     }

@@ -308,7 +308,19 @@ fn insert_event(
 /// Appends an event after the head, chained by the recipe. The triggers
 /// (gapless, linked) accept it: nothing needs dropping.
 fn append_event(conn: &Connection, tree: Option<i64>, kind: &str, data: &Value) -> i64 {
-    let (head, prev, at): (i64, String, String) = conn
+    append_event_at(conn, tree, kind, data, None)
+}
+
+/// [`append_event`] with its `at` (the head's when `None`): a row and the
+/// event that made it carry one time.
+fn append_event_at(
+    conn: &Connection,
+    tree: Option<i64>,
+    kind: &str,
+    data: &Value,
+    at: Option<&str>,
+) -> i64 {
+    let (head, prev, head_at): (i64, String, String) = conn
         .query_row(
             "SELECT seq, hash, at FROM events ORDER BY seq DESC LIMIT 1",
             [],
@@ -316,6 +328,7 @@ fn append_event(conn: &Connection, tree: Option<i64>, kind: &str, data: &Value) 
         )
         .expect("head");
     let seq = head + 1;
+    let at = at.map_or(head_at, str::to_string);
     let text = serde_json::to_string(data).expect("json");
     let hash = recipe_hash(&prev, seq, &at, tree, kind, &text);
     conn.execute(
@@ -491,9 +504,116 @@ fn verify_names_each_way_a_sigkill_lacks_its_authority() {
     let id = insert_sigkill_row(&conn, 1, Some(auth), &auth_at);
     let data = json!({"id": id, "signal": "SIGKILL", "target_kind": "group",
                       "target": "4242", "result": "sent", "authorization": auth});
-    append_event(&conn, Some(1), "signal.sent", &data);
+    append_event_at(&conn, Some(1), "signal.sent", &data, Some(&auth_at));
     drop(conn);
     assert_verify_ok(&dir, &[]);
+}
+
+/// What a reviewer reads (`show`, `ls`, the dashboard, the API) comes from
+/// the projection tables; each forgery of them an operator found passing
+/// `verify` (an authorization's reason, a tree's label, a member's argv, a
+/// SIGKILL's rows deleted) fails now, naming the table, the row and the
+/// field, and so does a row with no event behind it. An untouched copy
+/// passes.
+#[test]
+fn verify_names_a_row_that_is_not_what_its_events_say() {
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    let ledger = real_ledger(&env);
+    let base = env.dir.path();
+    let (auth, _) = first_authorization(&open(&ledger));
+    let dir = copy_ledger(&ledger, base, "untouched");
+    assert_verify_ok(&dir, &[]);
+
+    let dir = copy_ledger(&ledger, base, "reason");
+    let conn = forger(&dir, &["kill_authorizations_no_update"]);
+    conn.execute(
+        "UPDATE kill_authorizations SET reason = 'approved by alice (INC-1)' WHERE id = ?1",
+        [auth],
+    )
+    .expect("edit the reason");
+    drop(conn);
+    assert_verify_fails(
+        &dir,
+        &[],
+        &format!("kill_authorizations row {auth}: reason is \"approved by alice (INC-1)\""),
+    );
+
+    let dir = copy_ledger(&ledger, base, "label");
+    let conn = forger(&dir, &[]);
+    conn.execute("UPDATE trees SET label = 'nightly-backup' WHERE id = 1", [])
+        .expect("rename the tree");
+    drop(conn);
+    assert_verify_fails(&dir, &[], "trees row 1: label is \"nightly-backup\"");
+
+    let dir = copy_ledger(&ledger, base, "argv");
+    let conn = forger(&dir, &[]);
+    let member: i64 = conn
+        .query_row("SELECT min(id) FROM members WHERE tree_id = 1", [], |r| {
+            r.get(0)
+        })
+        .expect("a member of tree 1");
+    conn.execute(
+        "UPDATE members SET cmdline = '[\"make\",\"test\"]' WHERE id = ?1",
+        [member],
+    )
+    .expect("rewrite the argv");
+    drop(conn);
+    assert_verify_fails(
+        &dir,
+        &[],
+        &format!("members row {member}: cmdline is [\"make\",\"test\"]"),
+    );
+
+    let dir = copy_ledger(&ledger, base, "sigkill-deleted");
+    let conn = forger(
+        &dir,
+        &["signals_no_delete", "kill_authorizations_no_delete"],
+    );
+    let sigkill: i64 = conn
+        .query_row(
+            "SELECT min(id) FROM signals WHERE tree_id = 1 AND signal = 'SIGKILL'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("a SIGKILL row");
+    conn.execute_batch(
+        "DELETE FROM signals WHERE signal = 'SIGKILL'; DELETE FROM kill_authorizations;",
+    )
+    .expect("delete the SIGKILL and its authority");
+    drop(conn);
+    assert_verify_fails(&dir, &[], &format!("signals row {sigkill} is missing"));
+
+    let dir = copy_ledger(&ledger, base, "state");
+    let conn = forger(
+        &dir,
+        &["trees_terminal_is_final", "trees_resolve_only_ambiguous"],
+    );
+    conn.execute(
+        "UPDATE trees SET state = 'resolved', note = 'cleaned up by hand' WHERE id = 1",
+        [],
+    )
+    .expect("edit the state");
+    drop(conn);
+    assert_verify_fails(&dir, &[], "trees row 1: note is \"cleaned up by hand\"");
+
+    let dir = copy_ledger(&ledger, base, "extra-member");
+    let conn = forger(&dir, &[]);
+    conn.execute(
+        "INSERT INTO members (tree_id, pid, start_ticks, boot_id, cmdline, first_seen, last_seen)
+         SELECT 1, 4242, 1, boot_id, '[\"innocent\"]', first_seen, last_seen
+         FROM members WHERE tree_id = 1 LIMIT 1",
+        [],
+    )
+    .expect("add a member");
+    let extra = conn.last_insert_rowid();
+    drop(conn);
+    assert_verify_fails(
+        &dir,
+        &[],
+        &format!("members row {extra} (tree 1) has no event behind it in the chain"),
+    );
 }
 
 /// The chain cannot show that its newest events were cut off; the head
@@ -525,11 +645,37 @@ fn verify_expect_head_names_a_cut_off_ledger_as_truncated() {
         &format!("seq {head}: hash is {head_hash}, but the expected head says"),
     );
 
-    // The newest two events cut off.
+    // The newest two events cut off (tree 2's last member exit and its
+    // `tree.ended`), and the rows they made rolled back with them: cut
+    // consistently, the rows cannot tell; only the published head can.
+    let cut: Vec<&str> = all[all.len() - 2..].iter().map(|e| e.3.as_str()).collect();
+    assert_eq!(cut, ["member.exited", "tree.ended"]);
+    let exited: Value = serde_json::from_str(&all[all.len() - 2].4).expect("json");
+    let ended: Value = serde_json::from_str(&all[all.len() - 1].4).expect("json");
     let dir = copy_ledger(&ledger, base, "cut");
-    let conn = forger(&dir, &["events_no_delete"]);
+    let conn = forger(
+        &dir,
+        &[
+            "events_no_delete",
+            "trees_terminal_is_final",
+            "observations_no_delete",
+        ],
+    );
     conn.execute("DELETE FROM events WHERE seq > ?1", [head - 2])
         .expect("cut");
+    conn.execute(
+        "UPDATE trees SET state = ?1, ended_at = NULL, exit_code = NULL, exit_signal = NULL
+         WHERE id = 2",
+        [ended["from"].as_str().expect("from")],
+    )
+    .expect("roll the tree back");
+    let pid = exited["identity"]["pid"].as_i64().expect("pid");
+    conn.execute_batch(&format!(
+        "DELETE FROM observations WHERE tree_id = 2 AND kind = 'exit' AND pid = {pid};
+         UPDATE members SET exited_at = NULL, exit_code = NULL, exit_signal = NULL
+         WHERE tree_id = 2 AND pid = {pid};"
+    ))
+    .expect("roll the member back");
     drop(conn);
     assert_verify_ok(&dir, &[]);
     assert_verify_fails(
@@ -548,8 +694,13 @@ fn verify_expect_head_names_a_cut_off_ledger_as_truncated() {
     assert_eq!(code, Some(0), "{err}");
     let conn = open(&plain.ledger_path());
     let plain_head = count(&conn, "SELECT max(seq) FROM events");
-    conn.execute_batch("DROP TRIGGER events_no_delete; DELETE FROM events;")
-        .expect("cut everything");
+    conn.execute_batch(
+        "DROP TRIGGER events_no_delete; DELETE FROM events;
+         DROP TRIGGER trees_no_delete; DROP TRIGGER members_no_delete;
+         DROP TRIGGER observations_no_delete;
+         DELETE FROM observations; DELETE FROM members; DELETE FROM trees;",
+    )
+    .expect("cut everything, rows with it");
     drop(conn);
     assert_verify_ok(&plain.data_dir(), &[]);
     assert_verify_fails(

@@ -1,0 +1,625 @@
+//! `verify`'s projection check: the tables readers are shown (`trees`,
+//! `owners`, `members`, `observations`, `signals`, `kill_authorizations`)
+//! replayed from the chained events, tree by tree, and compared field by
+//! field with what is stored. The hash chain proves the events; this proves
+//! that every row a reader sees is what those events made, and that no
+//! event's row is missing or extra.
+//!
+//! The rows are a projection of the events (every writer in `write.rs`
+//! changes a row and appends the event that says so in one transaction), so
+//! replaying the events gives each row exactly. Fields no event carries are
+//! bookkeeping and are not shown as evidence: `members.last_seen` (bumped on
+//! every sighting), `trees.evidence_bytes` and `trees.flags`, `scans`,
+//! `owners.created_at`.
+//!
+//! One tree at a time, through the `events (tree, seq)` index: memory is
+//! bounded by the largest tree, not the ledger.
+
+use std::collections::BTreeMap;
+
+use rusqlite::Connection;
+use rusqlite::types::ValueRef;
+use serde_json::{Value, json};
+
+use super::error::Fail;
+use super::event::{Event, RowKind};
+use super::types::{IdentityRecord, TreeState, VerifyBreak};
+
+/// A row as replayed: its fields in a fixed order, each with the seq of the
+/// event that last set it.
+#[derive(Default)]
+struct Row {
+    fields: BTreeMap<&'static str, (Value, i64)>,
+}
+
+impl Row {
+    fn set(&mut self, field: &'static str, v: Value, seq: i64) {
+        self.fields.insert(field, (v, seq));
+    }
+
+    fn get(&self, field: &str) -> Option<&Value> {
+        self.fields.get(field).map(|(v, _)| v)
+    }
+}
+
+type Key = (i64, i64, String);
+
+fn key(i: &IdentityRecord) -> Key {
+    (
+        i64::from(i.pid),
+        i64::try_from(i.start_ticks).unwrap_or(i64::MAX),
+        i.boot_id.clone(),
+    )
+}
+
+/// What one tree's events say its rows are.
+#[derive(Default)]
+struct Replay {
+    tree: Option<Row>,
+    owner: Option<(i64, Row)>,
+    members: BTreeMap<Key, Row>,
+    /// (kind, identity) → the observation row; survivors are a list.
+    observations: BTreeMap<(String, Key), Row>,
+    survivors: Vec<(Key, String, Value, i64)>,
+    signals: BTreeMap<i64, Row>,
+    authorizations: BTreeMap<i64, Row>,
+    first_seq: i64,
+}
+
+fn opt<T: serde::Serialize>(v: &Option<T>) -> Value {
+    v.as_ref().map_or(Value::Null, |x| json!(x))
+}
+
+impl Replay {
+    fn member_seen(&mut self, seq: i64, at: &str, m: &super::event::MemberSeen) {
+        self.members.entry(key(&m.identity)).or_insert_with(|| {
+            let mut r = Row::default();
+            r.set("ppid", json!(m.ppid), seq);
+            r.set("pgid", json!(m.pgid), seq);
+            r.set("sid", json!(m.sid), seq);
+            r.set("cgroup", opt(&m.cgroup), seq);
+            r.set("uid", opt(&m.uid), seq);
+            r.set("exe", opt(&m.exe), seq);
+            r.set("cmdline", json!(m.cmdline), seq);
+            r.set("cwd", opt(&m.cwd), seq);
+            r.set("first_seen", json!(at), seq);
+            r.set("escaped_at", Value::Null, seq);
+            r.set("exited_at", Value::Null, seq);
+            r.set("exit_code", Value::Null, seq);
+            r.set("exit_signal", Value::Null, seq);
+            r
+        });
+    }
+
+    fn state(&mut self, seq: i64, to: TreeState) {
+        if let Some(t) = self.tree.as_mut() {
+            t.set("state", json!(to.as_str()), seq);
+        }
+    }
+
+    /// Applies one event. `Err` names an event that cannot be placed (a
+    /// kind this build writes, in a shape it cannot read).
+    fn apply(&mut self, seq: i64, at: &str, event: &Event) -> Result<(), String> {
+        match event {
+            Event::TreeCreated(c) => {
+                let mut r = Row::default();
+                r.set("label", opt(&c.label), seq);
+                r.set("state", json!("spawning"), seq);
+                r.set("boundary", json!(c.boundary), seq);
+                r.set("owner_id", json!(c.owner.id), seq);
+                r.set("argv", json!(c.argv), seq);
+                r.set("cwd", opt(&c.cwd), seq);
+                for f in [
+                    "root_pid",
+                    "root_start_ticks",
+                    "boot_id",
+                    "pgid",
+                    "sid",
+                    "cgroup",
+                    "ended_at",
+                    "exit_code",
+                    "exit_signal",
+                    "note",
+                ] {
+                    r.set(f, Value::Null, seq);
+                }
+                r.set("created_at", json!(at), seq);
+                r.set("grace_ms", opt(&c.grace_ms), seq);
+                r.set("timeout_ms", opt(&c.timeout_ms), seq);
+                r.set("first_signal", opt(&c.first_signal), seq);
+                r.set(
+                    "requester_uid",
+                    c.by.as_ref()
+                        .and_then(|b| b.uid)
+                        .map_or(Value::Null, |u| json!(u)),
+                    seq,
+                );
+                r.set("requested_by", opt(&c.by), seq);
+                r.set("run_uid", opt(&c.run_uid), seq);
+                r.set("run_gid", opt(&c.run_gid), seq);
+                self.tree = Some(r);
+                let mut o = Row::default();
+                o.set("pid", json!(c.owner.pid), seq);
+                o.set("start_ticks", json!(c.owner.start), seq);
+                o.set("kind", json!(c.owner.kind), seq);
+                self.owner = Some((c.owner.id, o));
+            }
+            Event::TreeSpawned(s) => {
+                if let Some(t) = self.tree.as_mut() {
+                    t.set("state", json!("running"), seq);
+                    t.set("root_pid", json!(s.root.pid), seq);
+                    t.set("root_start_ticks", json!(key(&s.root).1), seq);
+                    t.set("boot_id", json!(s.root.boot_id), seq);
+                    t.set("pgid", json!(s.pgid), seq);
+                    t.set("sid", json!(s.sid), seq);
+                    t.set("cgroup", opt(&s.cgroup), seq);
+                }
+            }
+            Event::TreeSpawnFailed(f) => {
+                if let Some(t) = self.tree.as_mut() {
+                    t.set("state", json!("spawn_failed"), seq);
+                    t.set("ended_at", json!(at), seq);
+                    t.set("exit_code", json!(f.exit_code), seq);
+                    t.set("note", json!(f.reason), seq);
+                }
+            }
+            Event::TreeState(s) => {
+                self.state(seq, s.to);
+                if s.to == TreeState::Ambiguous
+                    && let (Some(t), Some(reason)) = (self.tree.as_mut(), &s.reason)
+                {
+                    t.set("note", json!(reason), seq);
+                }
+            }
+            Event::TreeEnded(e) => {
+                self.state(seq, e.to);
+                if let Some(t) = self.tree.as_mut() {
+                    t.set("ended_at", json!(at), seq);
+                    t.set("exit_code", opt(&e.exit.and_then(|x| x.code)), seq);
+                    t.set("exit_signal", opt(&e.exit.and_then(|x| x.signal)), seq);
+                }
+            }
+            Event::TreeResolved(r) => {
+                self.state(seq, TreeState::Resolved);
+                if let Some(t) = self.tree.as_mut() {
+                    t.set("note", json!(r.note), seq);
+                    if t.get("ended_at").is_none_or(Value::is_null) {
+                        t.set("ended_at", json!(at), seq);
+                    }
+                }
+            }
+            Event::MemberObserved(m) => self.member_seen(seq, at, m),
+            Event::EscapeObserved(e) => {
+                let k = key(&e.member.identity);
+                self.member_seen(seq, at, &e.member);
+                if let Some(r) = self.members.get_mut(&k) {
+                    if r.get("escaped_at").is_none_or(Value::is_null) {
+                        r.set("escaped_at", json!(at), seq);
+                    }
+                    r.set("ppid", json!(e.member.ppid), seq);
+                    r.set("pgid", json!(e.member.pgid), seq);
+                    r.set("sid", json!(e.member.sid), seq);
+                }
+                let mut o = Row::default();
+                o.set("at", json!(at), seq);
+                o.set("detail", event.to_data().map_err(|e| e.to_string())?, seq);
+                self.observations.insert(("escape".into(), k), o);
+            }
+            Event::MemberExec(x) => {
+                if let Some(r) = self.members.get_mut(&key(&x.identity)) {
+                    r.set("exe", opt(&x.to.exe), seq);
+                    r.set("cmdline", json!(x.to.argv), seq);
+                }
+            }
+            Event::MemberExited(x) => {
+                let k = key(&x.identity);
+                if let Some(r) = self.members.get_mut(&k) {
+                    r.set("exited_at", json!(at), seq);
+                    r.set("exit_code", opt(&x.exit.and_then(|e| e.code)), seq);
+                    r.set("exit_signal", opt(&x.exit.and_then(|e| e.signal)), seq);
+                }
+                let mut o = Row::default();
+                o.set("at", json!(at), seq);
+                o.set("detail", event.to_data().map_err(|e| e.to_string())?, seq);
+                self.observations.insert(("exit".into(), k), o);
+            }
+            Event::SurvivorsRecorded(s) => {
+                for v in &s.survivors {
+                    let detail =
+                        json!({"state": v.state, "rss_bytes": v.rss_bytes, "cmdline": v.cmdline});
+                    self.survivors
+                        .push((key(&v.identity), s.taken_at.clone(), detail, seq));
+                }
+            }
+            Event::SignalSent(s) => {
+                let mut r = Row::default();
+                r.set("signal", json!(s.signal), seq);
+                r.set("target_kind", json!(s.target_kind), seq);
+                r.set("target", json!(s.target), seq);
+                r.set("result", json!(s.result), seq);
+                r.set("authorization_id", opt(&s.authorization), seq);
+                r.set("at", json!(at), seq);
+                self.signals.insert(s.id, r);
+            }
+            Event::KillAuthorized(k) => {
+                let mut r = Row::default();
+                r.set("reason", json!(k.reason), seq);
+                r.set("targets", json!(k.targets), seq);
+                r.set("at", json!(at), seq);
+                self.authorizations.insert(k.authorization, r);
+            }
+            Event::Other(o) if o.kind.known().is_some() => {
+                return Err(format!(
+                    "event seq {seq} ({}) cannot be read: {}",
+                    o.kind.as_str(),
+                    o.why
+                ));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+fn to_json(v: ValueRef<'_>) -> Value {
+    match v {
+        ValueRef::Null => Value::Null,
+        ValueRef::Integer(i) => json!(i),
+        ValueRef::Real(f) => json!(f),
+        ValueRef::Text(t) | ValueRef::Blob(t) => json!(String::from_utf8_lossy(t)),
+    }
+}
+
+/// Columns stored as JSON text: compared parsed.
+const JSON_COLUMNS: [&str; 5] = ["argv", "cmdline", "targets", "detail", "requested_by"];
+
+/// A stored row: its key, and its fields by name.
+type Stored = (Value, BTreeMap<&'static str, Value>);
+
+/// The stored rows of `sql` (first column the row's key, the rest named
+/// by `fields`).
+fn stored(
+    conn: &Connection,
+    sql: &str,
+    tree: i64,
+    fields: &[&'static str],
+) -> Result<Vec<Stored>, Fail> {
+    let mut stmt = conn.prepare_cached(sql)?;
+    let mut rows = stmt.query([tree])?;
+    let mut out = Vec::new();
+    while let Some(r) = rows.next()? {
+        let k = to_json(r.get_ref(0)?);
+        let mut m = BTreeMap::new();
+        for (i, f) in fields.iter().enumerate() {
+            let mut v = to_json(r.get_ref(i + 1)?);
+            if JSON_COLUMNS.contains(f)
+                && let Value::String(s) = &v
+            {
+                v = serde_json::from_str(s).unwrap_or(v);
+            }
+            m.insert(*f, v);
+        }
+        out.push((k, m));
+    }
+    Ok(out)
+}
+
+fn differs(
+    table: &str,
+    row: &Value,
+    want: &Row,
+    have: &BTreeMap<&'static str, Value>,
+) -> Option<VerifyBreak> {
+    for (field, (expected, seq)) in &want.fields {
+        let Some(actual) = have.get(field) else {
+            continue;
+        };
+        if actual != expected {
+            return Some(VerifyBreak {
+                seq: Some(*seq),
+                what: format!(
+                    "{table} row {row}: {field} is {actual}, but the chain (event seq {seq}) says {expected}"
+                ),
+            });
+        }
+    }
+    None
+}
+
+fn missing(table: &str, row: impl std::fmt::Display, seq: i64) -> Option<VerifyBreak> {
+    Some(VerifyBreak {
+        seq: Some(seq),
+        what: format!("{table} row {row} is missing: event seq {seq} made it"),
+    })
+}
+
+fn unbacked(table: &str, row: impl std::fmt::Display, tree: i64) -> Option<VerifyBreak> {
+    Some(VerifyBreak {
+        seq: None,
+        what: format!("{table} row {row} (tree {tree}) has no event behind it in the chain"),
+    })
+}
+
+const TREE_FIELDS: [&str; 24] = [
+    "label",
+    "state",
+    "boundary",
+    "owner_id",
+    "argv",
+    "cwd",
+    "root_pid",
+    "root_start_ticks",
+    "boot_id",
+    "pgid",
+    "sid",
+    "cgroup",
+    "created_at",
+    "ended_at",
+    "exit_code",
+    "exit_signal",
+    "note",
+    "grace_ms",
+    "timeout_ms",
+    "first_signal",
+    "requester_uid",
+    "requested_by",
+    "run_uid",
+    "run_gid",
+];
+
+const MEMBER_FIELDS: [&str; 16] = [
+    "pid",
+    "start_ticks",
+    "boot_id",
+    "ppid",
+    "pgid",
+    "sid",
+    "cgroup",
+    "uid",
+    "exe",
+    "cmdline",
+    "cwd",
+    "first_seen",
+    "escaped_at",
+    "exited_at",
+    "exit_code",
+    "exit_signal",
+];
+
+/// Every tree's rows against its events; the first divergence.
+pub(crate) fn check(conn: &Connection) -> Result<Option<VerifyBreak>, Fail> {
+    let trees: Vec<i64> = {
+        let mut stmt = conn.prepare(
+            "SELECT id FROM trees UNION SELECT DISTINCT tree FROM events WHERE tree IS NOT NULL
+             ORDER BY 1",
+        )?;
+        let rows = stmt.query_map([], |r| r.get(0))?;
+        rows.collect::<Result<_, _>>()?
+    };
+    for tree in trees {
+        if let Some(found) = check_tree(conn, tree)? {
+            return Ok(Some(found));
+        }
+    }
+    Ok(None)
+}
+
+fn check_tree(conn: &Connection, tree: i64) -> Result<Option<VerifyBreak>, Fail> {
+    let mut replay = Replay::default();
+    {
+        let mut stmt = conn.prepare_cached(
+            "SELECT seq, at, kind, data FROM events WHERE tree = ?1 ORDER BY seq",
+        )?;
+        let mut rows = stmt.query([tree])?;
+        while let Some(r) = rows.next()? {
+            let seq: i64 = r.get(0)?;
+            let at: String = r.get(1)?;
+            let kind: String = r.get(2)?;
+            let data: String = r.get(3)?;
+            if replay.first_seq == 0 {
+                replay.first_seq = seq;
+            }
+            let data: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
+            let event = Event::decode(&RowKind::parse(&kind), &data);
+            if let Err(why) = replay.apply(seq, &at, &event) {
+                return Ok(Some(VerifyBreak {
+                    seq: Some(seq),
+                    what: why,
+                }));
+            }
+        }
+    }
+    let id = json!(tree);
+
+    // trees
+    let have = stored(
+        conn,
+        &format!(
+            "SELECT id, {} FROM trees WHERE id = ?1",
+            TREE_FIELDS.join(", ")
+        ),
+        tree,
+        &TREE_FIELDS,
+    )?;
+    match (&replay.tree, have.first()) {
+        (None, None) => {}
+        (None, Some(_)) => return Ok(unbacked("trees", tree, tree)),
+        (Some(_), None) => return Ok(missing("trees", tree, replay.first_seq)),
+        (Some(want), Some((_, have))) => {
+            if let Some(found) = differs("trees", &id, want, have) {
+                return Ok(Some(found));
+            }
+        }
+    }
+    if replay.tree.is_none() && replay.first_seq != 0 {
+        return Ok(Some(VerifyBreak {
+            seq: Some(replay.first_seq),
+            what: format!("events name tree {tree}, but none of them is its tree.created"),
+        }));
+    }
+
+    // owners (the tree's owner, as its tree.created names it)
+    if let Some((owner, want)) = &replay.owner {
+        let have = stored(
+            conn,
+            "SELECT id, pid, start_ticks, kind FROM owners WHERE id = ?1",
+            *owner,
+            &["pid", "start_ticks", "kind"],
+        )?;
+        match have.first() {
+            None => return Ok(missing("owners", owner, replay.first_seq)),
+            Some((_, have)) => {
+                if let Some(found) = differs("owners", &json!(owner), want, have) {
+                    return Ok(Some(found));
+                }
+            }
+        }
+    }
+
+    // members, by identity
+    let mut have: BTreeMap<Key, Stored> = BTreeMap::new();
+    for (rowid, m) in stored(
+        conn,
+        &format!(
+            "SELECT id, {} FROM members WHERE tree_id = ?1",
+            MEMBER_FIELDS.join(", ")
+        ),
+        tree,
+        &MEMBER_FIELDS,
+    )? {
+        let k = (
+            m["pid"].as_i64().unwrap_or(0),
+            m["start_ticks"].as_i64().unwrap_or(0),
+            m["boot_id"].as_str().unwrap_or("").to_string(),
+        );
+        have.insert(k, (rowid, m));
+    }
+    for (k, want) in &replay.members {
+        let seq = want.fields.values().map(|(_, s)| *s).min().unwrap_or(0);
+        match have.remove(k) {
+            None => {
+                return Ok(missing(
+                    "members",
+                    format!("for pid {} (tree {tree})", k.0),
+                    seq,
+                ));
+            }
+            Some((rowid, have)) => {
+                if let Some(found) = differs("members", &rowid, want, &have) {
+                    return Ok(Some(found));
+                }
+            }
+        }
+    }
+    if let Some((rowid, _)) = have.values().next() {
+        return Ok(unbacked("members", rowid, tree));
+    }
+
+    // observations: escapes and exits by identity, survivors as a list
+    let mut survivors = Vec::new();
+    let mut have = BTreeMap::new();
+    for (rowid, o) in stored(
+        conn,
+        "SELECT id, kind, pid, start_ticks, boot_id, at, detail FROM observations WHERE tree_id = ?1",
+        tree,
+        &["kind", "pid", "start_ticks", "boot_id", "at", "detail"],
+    )? {
+        let k = (
+            o["pid"].as_i64().unwrap_or(0),
+            o["start_ticks"].as_i64().unwrap_or(0),
+            o["boot_id"].as_str().unwrap_or("").to_string(),
+        );
+        let kind = o["kind"].as_str().unwrap_or("").to_string();
+        if kind == "survivor" {
+            survivors.push((k, o["at"].clone(), o["detail"].clone(), rowid));
+        } else {
+            have.insert((kind, k), (rowid, o));
+        }
+    }
+    for (k, want) in &replay.observations {
+        let seq = want.fields.values().map(|(_, s)| *s).min().unwrap_or(0);
+        match have.remove(k) {
+            None => {
+                return Ok(missing(
+                    "observations",
+                    format!("for the {} of pid {} (tree {tree})", k.0, k.1.0),
+                    seq,
+                ));
+            }
+            Some((rowid, have)) => {
+                if let Some(found) = differs("observations", &rowid, want, &have) {
+                    return Ok(Some(found));
+                }
+            }
+        }
+    }
+    if let Some((rowid, _)) = have.values().next() {
+        return Ok(unbacked("observations", rowid, tree));
+    }
+    for (k, at, detail, seq) in &replay.survivors {
+        let at = json!(at);
+        match survivors
+            .iter()
+            .position(|(hk, hat, hd, _)| hk == k && *hat == at && hd == detail)
+        {
+            Some(i) => {
+                survivors.swap_remove(i);
+            }
+            None => {
+                return Ok(missing(
+                    "observations",
+                    format!("for survivor pid {} (tree {tree})", k.0),
+                    *seq,
+                ));
+            }
+        }
+    }
+    if let Some((_, _, _, rowid)) = survivors.first() {
+        return Ok(unbacked("observations", rowid, tree));
+    }
+
+    // signals and kill authorizations, by id
+    for (table, want, sql, fields) in [
+        (
+            "signals",
+            &replay.signals,
+            "SELECT id, signal, target_kind, target, result, authorization_id, at
+             FROM signals WHERE tree_id = ?1",
+            &[
+                "signal",
+                "target_kind",
+                "target",
+                "result",
+                "authorization_id",
+                "at",
+            ][..],
+        ),
+        (
+            "kill_authorizations",
+            &replay.authorizations,
+            "SELECT id, reason, targets, at FROM kill_authorizations WHERE tree_id = ?1",
+            &["reason", "targets", "at"][..],
+        ),
+    ] {
+        let mut have: BTreeMap<i64, BTreeMap<&'static str, Value>> =
+            stored(conn, sql, tree, fields)?
+                .into_iter()
+                .map(|(k, v)| (k.as_i64().unwrap_or(0), v))
+                .collect();
+        for (id, want) in want {
+            let seq = want.fields.values().map(|(_, s)| *s).min().unwrap_or(0);
+            match have.remove(id) {
+                None => return Ok(missing(table, id, seq)),
+                Some(have) => {
+                    if let Some(found) = differs(table, &json!(id), want, &have) {
+                        return Ok(Some(found));
+                    }
+                }
+            }
+        }
+        if let Some(id) = have.keys().next() {
+            return Ok(unbacked(table, id, tree));
+        }
+    }
+    Ok(None)
+}
