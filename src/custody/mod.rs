@@ -13,6 +13,12 @@
 //! - there is one teardown, used by `run`, `kill`, the sweep and the service.
 //!
 //! The engine never makes a syscall itself and never writes SQL.
+//!
+//! [`Engine`] is the core the pieces share (the ledger, the host, the
+//! boundary, the reaper, the data directory); each piece is a type over it,
+//! in its own file: a teardown run (`teardown::Teardown`) and its lease, the
+//! dispatch [`Gate`], [`Ambiguity`], the [`Sweeper`], the spawn
+//! (`spawn::Spawner`) and what this process reaped (`reaped::Reaped`).
 
 mod ambiguity;
 mod dispatch;
@@ -115,7 +121,9 @@ pub enum CustodyError {
     Incomplete { tree: i64, reason: String },
 }
 
-/// The engine. Cheap to clone; clones share the in-memory ambiguity set.
+/// The engine's core: what every piece of custody works over (see the
+/// module's documentation). Cheap to clone; clones share the in-memory
+/// ambiguity set, the held-handle budget and the counters.
 #[derive(Clone)]
 pub struct Engine {
     ledger: Ledger,
