@@ -21,7 +21,7 @@
 //! integration tests run the debug binary, which keeps them.
 //!
 //! The teardown's points are at the step they name, in
-//! `custody/teardown/phases.rs` (`Engine::authorize`); the seal's in the ledger's
+//! `custody/teardown/phases.rs` (`Teardown::authorize`); the seal's in the ledger's
 //! sealer (`ledger/seal.rs`), whose step it is.
 
 /// The environment variable that arms a crash point (debug builds only).

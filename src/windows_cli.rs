@@ -99,7 +99,7 @@ pub fn shield_from_interrupts() {
 /// The line `run` prints when a tree left survivors alive as evidence
 /// (Windows cannot tell whether they hold this run's pipes).
 pub fn survivors_hold_pipes(engine: &Engine, tree: TreeId) -> Option<String> {
-    let survivors = engine.survivors_left(tree);
+    let survivors = engine.ambiguity().survivors_left(tree);
     if survivors.is_empty() {
         return None;
     }

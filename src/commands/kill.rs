@@ -23,7 +23,7 @@ pub struct KillArgs {
 pub fn kill(config: &Config, args: KillArgs) -> CliResult {
     shield_from_interrupts();
     let engine = signal_engine(config)?;
-    engine.settle_failed_closed(SETTLE_LIMIT);
+    engine.sweeper().settle_failed_closed(SETTLE_LIMIT);
     let tree = TreeId(args.tree);
     let row = engine
         .ledger()

@@ -15,7 +15,9 @@ pub fn ls(config: &Config, args: LsArgs) -> CliResult {
     // A teardown that could not be authorized (its owner gone) is finished
     // by `ls` too, once the ledger takes writes: the list then shows it
     // settled. `show` never does (it is how an operator inspects survivors).
-    signal_engine(config)?.settle_failed_closed(SETTLE_LIMIT);
+    signal_engine(config)?
+        .sweeper()
+        .settle_failed_closed(SETTLE_LIMIT);
     let ledger = open_for_reading(config)?;
     let trees = ledger
         .list_trees(args.all)

@@ -209,10 +209,10 @@ fn progress_printer(quiet: bool) -> impl FnMut(&Progress) {
 
 /// Opens the ledger for a reader, after writing what unsettled markers kept
 /// (a teardown that failed closed under a held lock), so the reader sees the
-/// whole trail ([`Engine::settle_record`]).
+/// whole trail ([`Ambiguity::settle_record`]).
 fn open_for_reading(config: &Config) -> Result<Ledger, CliError> {
     let engine = signal_engine(config)?;
-    engine.settle_record();
+    engine.ambiguity().settle_record();
     Ok(engine.ledger().clone())
 }
 

@@ -20,6 +20,7 @@ pub struct ResolveArgs {
 pub fn resolve(config: &Config, args: ResolveArgs) -> CliResult {
     let engine = signal_engine(config)?;
     engine
+        .ambiguity()
         .resolve_by(
             TreeId(args.tree),
             &args.note,

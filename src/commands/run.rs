@@ -214,7 +214,7 @@ pub(super) fn run_owned(
     // process that finds the ledger writable: this one. Dispatch then judges
     // what is left.
     if !args.no_settle {
-        engine.settle_failed_closed(SETTLE_LIMIT);
+        engine.sweeper().settle_failed_closed(SETTLE_LIMIT);
     }
     let me = treewarden::proc::self_identity().map_err(|e| CliError::internal(anyhow!(e)))?;
     let (owner, owner_kind) = match &named_owner {
@@ -324,7 +324,9 @@ pub(super) fn run_owned(
         let settling = (!args.no_settle).then(|| {
             std::thread::Builder::new()
                 .name("tw-settle".into())
-                .spawn_scoped(scope, || engine.settle_orphans(SETTLE_LIMIT, args.grace))
+                .spawn_scoped(scope, || {
+                    engine.sweeper().settle_orphans(SETTLE_LIMIT, args.grace)
+                })
         });
         let outcome = engine.run_with(&req, &opts, &mut progress, &mut recorded);
         if let Some(Ok(handle)) = settling {
@@ -387,7 +389,7 @@ pub(super) fn run_owned(
 #[cfg(unix)]
 pub(super) fn survivors_hold_pipes(engine: &Engine, tree: TreeId) -> Option<String> {
     use std::os::unix::fs::FileTypeExt;
-    let survivors = engine.survivors_left(tree);
+    let survivors = engine.ambiguity().survivors_left(tree);
     if survivors.is_empty() {
         return None;
     }

@@ -20,7 +20,7 @@ pub fn sweep(config: &Config, args: SweepArgs) -> CliResult {
     let engine = signal_engine(config)?;
     let mut opts = treewarden::custody::SweepOptions::new(args.grace);
     opts.concurrency = args.concurrency;
-    let report = engine.sweep_with(&opts).map_err(custody_error)?;
+    let report = engine.sweeper().sweep_with(&opts).map_err(custody_error)?;
     if args.json {
         print_json(&report)?;
     } else {

@@ -56,12 +56,24 @@ pub struct Unsettled {
     pub reason: String,
 }
 
+/// The dispatch gate over the engine's ledger, markers and ambiguity.
+pub struct Gate<'a> {
+    engine: &'a Engine,
+}
+
 impl Engine {
+    /// The dispatch gate ([`Gate`]): whether new work may start.
+    pub fn gate(&self) -> Gate<'_> {
+        Gate { engine: self }
+    }
+}
+
+impl Gate<'_> {
     /// Every unsettled tree, in id order. Reads only: works while another
     /// process holds the write lock.
     pub fn unsettled(&self) -> Result<Vec<Unsettled>, CustodyError> {
         let mut out = Vec::new();
-        for (tree, reason) in self.ambiguous_in_memory() {
+        for (tree, reason) in self.engine.ambiguity().ambiguous_in_memory() {
             let reason = if reason.is_empty() {
                 "ambiguous teardown (not yet in the ledger)".to_string()
             } else {
@@ -70,13 +82,15 @@ impl Engine {
             // A marker left for a tree the ledger holds as ended (a teardown
             // that raced another) is stale once every survivor it names is
             // gone; while one lives, the tree is not settled.
-            if let Some(row) = self.ledger.tree(crate::ledger::TreeId(tree))?
+            if let Some(row) = self.engine.ledger.tree(crate::ledger::TreeId(tree))?
                 && row.state.is_terminal()
             {
                 let alive = self
+                    .engine
+                    .ambiguity()
                     .marked_survivors(tree)
                     .into_iter()
-                    .filter(|id| self.host().still_alive(&id.into()))
+                    .filter(|id| self.engine.host().still_alive(&id.into()))
                     .count();
                 if alive == 0 {
                     tracing::info!(
@@ -87,11 +101,12 @@ impl Engine {
                     // Under the tree's lease (its deferred evidence is
                     // replayed first); a lease held elsewhere leaves it for
                     // that process.
-                    if let Ok(Some(_lease)) = self.teardown_lease_within(
+                    if let Ok(Some(_lease)) = super::teardown::Lease::take_within(
+                        &self.engine.data_dir,
                         crate::ledger::TreeId(tree),
                         std::time::Duration::ZERO,
                     ) {
-                        self.forget_ambiguous(tree);
+                        self.engine.ambiguity().forget_ambiguous(tree);
                     }
                     continue;
                 }
@@ -103,7 +118,7 @@ impl Engine {
             }
             out.push(Unsettled { tree, reason });
         }
-        for row in self.ledger.unsettled_candidates()? {
+        for row in self.engine.ledger.unsettled_candidates()? {
             if out.iter().any(|u| u.tree == row.id) {
                 continue;
             }
@@ -116,7 +131,10 @@ impl Engine {
                         .unwrap_or_else(|| "ambiguous teardown".into()),
                 }),
                 TreeState::Terminating | TreeState::Killing
-                    if !self.host().still_alive(&(&row.owner_identity()).into()) =>
+                    if !self
+                        .engine
+                        .host()
+                        .still_alive(&(&row.owner_identity()).into()) =>
                 {
                     out.push(Unsettled {
                         tree: row.id,
@@ -141,7 +159,8 @@ impl Engine {
             .iter()
             .rev()
             .find(|u| {
-                self.ledger
+                self.engine
+                    .ledger
                     .tree(crate::ledger::TreeId(u.tree))
                     .ok()
                     .flatten()
@@ -170,7 +189,7 @@ impl Engine {
         requester: Option<&crate::ledger::Requester>,
     ) -> Result<(), CustodyError> {
         let mut unsettled = self.unsettled()?;
-        if self.dispatch_scope == DispatchScope::Owner {
+        if self.engine.dispatch_scope == DispatchScope::Owner {
             unsettled.retain(|u| self.in_scope(u.tree, owner, requester));
         }
         self.refuse_if_any(unsettled, requester)
@@ -194,7 +213,7 @@ impl Engine {
         owner: &crate::proc::Identity,
         requester: Option<&crate::ledger::Requester>,
     ) -> bool {
-        let Ok(Some(row)) = self.ledger.tree(crate::ledger::TreeId(tree)) else {
+        let Ok(Some(row)) = self.engine.ledger.tree(crate::ledger::TreeId(tree)) else {
             return true;
         };
         if let Some(by) = row.requested_by.as_ref().filter(|r| is_api(r)) {
@@ -227,7 +246,7 @@ impl Engine {
             unsettled: unsettled.len() as u64,
             by: by.cloned(),
         });
-        if let Err(e) = self.ledger.append_event(None, refused) {
+        if let Err(e) = self.engine.ledger.append_event(None, refused) {
             tracing::warn!(error = %e, "dispatch.refused not recorded");
         }
         Err(CustodyError::DispatchRefused {

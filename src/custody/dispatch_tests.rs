@@ -14,6 +14,7 @@ use crate::proc::{ExitStatus, Identity};
 /// The gate's unsettled trees, as `(tree, reason)`.
 fn unsettled(rig: &Rig) -> Vec<(i64, String)> {
     rig.engine
+        .gate()
         .unsettled()
         .expect("readable")
         .into_iter()
@@ -46,7 +47,7 @@ fn an_interrupted_teardown_closes_dispatch_only_once_its_owner_is_gone() {
             .set_state(rig.tree, state, Some("test"))
             .expect("state");
         assert_eq!(unsettled(&rig), [], "{state:?}: its owner runs it");
-        rig.engine.check_dispatch().expect("dispatch open");
+        rig.engine.gate().check_dispatch().expect("dispatch open");
         rig.host
             .world()
             .exit(PID_BASE - 1, ExitStatus::Signaled(libc::SIGKILL));
@@ -55,7 +56,7 @@ fn an_interrupted_teardown_closes_dispatch_only_once_its_owner_is_gone() {
             state.as_str()
         );
         assert_eq!(unsettled(&rig), [(rig.tree.0, why)]);
-        match rig.engine.check_dispatch() {
+        match rig.engine.gate().check_dispatch() {
             Err(CustodyError::DispatchRefused { tree, .. }) => assert_eq!(tree, rig.tree.0),
             other => panic!("refused naming the tree: {other:?}"),
         }
@@ -77,6 +78,7 @@ fn an_ambiguous_tree_closes_dispatch_from_the_ledger_alone_and_is_listed_once() 
     );
     // Held in memory and by a marker as well: still one tree.
     rig.engine
+        .ambiguity()
         .mark_ambiguous(rig.tree.0, "marked by the teardown", &[], &[]);
     assert_eq!(
         unsettled(&rig),
@@ -98,7 +100,7 @@ fn a_marker_of_an_ended_tree_closes_dispatch_while_a_survivor_it_names_lives() {
         .expect("settled");
     assert_eq!(report.state, TreeState::Ended);
     let survivor = rig.host.world().spawn(stranger(0));
-    rig.engine.mark_ambiguous(
+    rig.engine.ambiguity().mark_ambiguous(
         rig.tree.0,
         "raced",
         &[IdentityRecord {
@@ -121,7 +123,7 @@ fn a_marker_of_an_ended_tree_closes_dispatch_while_a_survivor_it_names_lives() {
         super::markers::read(rig.engine.data_dir(), rig.tree.0).is_none(),
         "the stale marker is removed"
     );
-    rig.engine.check_dispatch().expect("dispatch open");
+    rig.engine.gate().check_dispatch().expect("dispatch open");
 }
 
 #[test]
@@ -232,7 +234,7 @@ fn requester(via: &str, uid: Option<u32>, token_id: Option<i64>) -> Requester {
 
 /// `check_dispatch_for`'s verdict: `Some(tree)` refused naming it.
 fn refused_for(rig: &Rig, owner: &Identity, by: Option<&Requester>) -> Option<i64> {
-    match rig.engine.check_dispatch_for(owner, by) {
+    match rig.engine.gate().check_dispatch_for(owner, by) {
         Ok(()) => None,
         Err(CustodyError::DispatchRefused { tree, .. }) => Some(tree),
         Err(e) => panic!("refused for another cause: {e}"),
@@ -266,7 +268,10 @@ fn owner_scope_refuses_the_same_owner_record_only_host_scope_everyone() {
     // The host-wide gate ignores whose the tree is.
     rig.engine.set_dispatch_scope(super::DispatchScope::Host);
     assert_eq!(refused_for(&rig, &other_pid, None), Some(rig.tree.0));
-    rig.engine.check_dispatch().expect_err("host: closed");
+    rig.engine
+        .gate()
+        .check_dispatch()
+        .expect_err("host: closed");
 }
 
 #[test]
@@ -341,7 +346,7 @@ fn a_marker_the_ledger_never_took_closes_every_scope_and_each_refusal_is_recorde
     let rig = rig(false, false);
     let unknown = rig.tree.0 + 100;
     // The empty reason of a teardown that had none to give.
-    rig.engine.mark_ambiguous(unknown, "", &[], &[]);
+    rig.engine.ambiguity().mark_ambiguous(unknown, "", &[], &[]);
     rig.ledger
         .set_state(rig.tree, TreeState::Ambiguous, None)
         .expect("ambiguous");
@@ -515,6 +520,9 @@ fn a_member_no_sigkill_ends_is_one_typed_finding_and_the_trees_outcome() {
         "{:?}",
         row.flags
     );
-    let unsettled = rig.engine.unsettled().expect("unsettled");
-    assert_eq!(rig.engine.newest_unkillable(&unsettled), Some(rig.tree.0));
+    let unsettled = rig.engine.gate().unsettled().expect("unsettled");
+    assert_eq!(
+        rig.engine.gate().newest_unkillable(&unsettled),
+        Some(rig.tree.0)
+    );
 }

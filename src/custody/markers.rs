@@ -25,7 +25,7 @@ pub struct Marker {
     pub survivors: Vec<IdentityRecord>,
     /// Evidence the teardown could not write (the ledger refused writes),
     /// in the order it happened: written to the ledger by whichever process
-    /// next finds the ledger writable (`Engine::replay_deferred`), then
+    /// next finds the ledger writable (`Ambiguity::replay_deferred`), then
     /// dropped from the marker.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending: Vec<Deferred>,

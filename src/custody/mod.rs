@@ -13,7 +13,14 @@
 //! - there is one teardown, used by `run`, `kill`, the sweep and the service.
 //!
 //! The engine never makes a syscall itself and never writes SQL.
+//!
+//! [`Engine`] is the core the pieces share (the ledger, the host, the
+//! boundary, the reaper, the data directory); each piece is a type over it,
+//! in its own file: a teardown run (`teardown::Teardown`) and its lease, the
+//! dispatch [`Gate`], [`Ambiguity`], the [`Sweeper`], the spawn
+//! (`spawn::Spawner`) and what this process reaped (`reaped::Reaped`).
 
+mod ambiguity;
 mod dispatch;
 #[cfg(test)]
 mod dispatch_tests;
@@ -28,6 +35,7 @@ mod observer;
 mod oom_tests;
 mod owner;
 pub mod policy;
+mod reaped;
 mod spawn;
 mod stats;
 mod sweep;
@@ -47,7 +55,8 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-pub use dispatch::{DispatchScope, Unsettled};
+pub use ambiguity::Ambiguity;
+pub use dispatch::{DispatchScope, Gate, Unsettled};
 pub use follow::{LogFollower, remove_logs};
 pub use holds::{HoldCap, HoldCaps, Holds};
 pub use host::{Held, Host, KernelHost};
@@ -60,12 +69,13 @@ pub use spawn::{OnBehalf, SpawnRequest, Spawned, log_path, read_log};
 pub use stats::EngineStats;
 pub use sweep::{
     DEFAULT_SWEEP_CONCURRENCY, SweepCounts, SweepOptions, SweepOutcome, SweepProgress, SweepReport,
+    Sweeper,
 };
 pub use teardown::{Origin, Phase, Progress, TeardownOptions, TeardownReport};
 pub use watch::{TickReport, TreeWatch};
 
 use crate::config::Config;
-use crate::ledger::{Ledger, LedgerError, TreeId};
+use crate::ledger::{Ledger, LedgerError};
 use crate::proc::{BoundaryKind, ExecFailure, ProcError, Reaper};
 
 /// Errors of the engine. Each variant is one a caller branches on (mostly to
@@ -111,7 +121,9 @@ pub enum CustodyError {
     Incomplete { tree: i64, reason: String },
 }
 
-/// The engine. Cheap to clone; clones share the in-memory ambiguity set.
+/// The engine's core: what every piece of custody works over (see the
+/// module's documentation). Cheap to clone; clones share the in-memory
+/// ambiguity set, the held-handle budget and the counters.
 #[derive(Clone)]
 pub struct Engine {
     ledger: Ledger,
@@ -250,7 +262,11 @@ impl Engine {
             let boundary = self.boundary.ok_or_else(|| {
                 CustodyError::Conflict("this engine only signals; it spawns nothing".into())
             })?;
-            self.check_enforceable(boundary, &limits, spawn::Whose::Principal)?;
+            spawn::Spawner::new(self).check_enforceable(
+                boundary,
+                &limits,
+                spawn::Whose::Principal,
+            )?;
         }
         self.principal_limits = limits;
         Ok(())
@@ -285,206 +301,9 @@ impl Engine {
         self.boundary
     }
 
-    /// Who reaped a member whose exit status this process does not have:
-    /// for a tree this process spawned (run, serve: the subreaper of its
-    /// trees, so every orphan comes here) it was the member's own parent in
-    /// the tree; otherwise (kill, sweep, a tree a previous service left)
-    /// this process was nobody's reaper, and the orphans of a dead owner
-    /// went to init.
-    pub(crate) fn unknown_reaper(&self, tree: TreeId) -> &'static str {
-        if self.host.has_reaper() && self.was_spawned_here(tree) {
-            "parent"
-        } else {
-            "init"
-        }
-    }
-
-    /// Counts `tree` as spawned by this process, as [`Engine::spawn`] does
-    /// once the root is released (tests, whose roots are a fake host's).
-    #[cfg(test)]
-    pub(crate) fn note_spawned_here(&self, tree: TreeId) {
-        if let Ok(mut set) = self.spawned_here.lock() {
-            set.insert(tree.0);
-        }
-    }
-
-    /// Whether this process spawned the tree's root.
-    pub(crate) fn was_spawned_here(&self, tree: TreeId) -> bool {
-        self.spawned_here
-            .lock()
-            .map(|s| s.contains(&tree.0))
-            .unwrap_or(false)
-    }
-
-    /// An exit as the ledger records it, with the CPU time of the process
-    /// (and its waited-for children) where this process reaped it.
-    pub(crate) fn exit_of(
-        &self,
-        pid: i32,
-        status: crate::proc::ExitStatus,
-    ) -> crate::ledger::ExitRecord {
-        crate::ledger::ExitRecord {
-            cpu_usec: self.host.reaped_cpu_usec(pid),
-            ..watch::exit_record(status)
-        }
-    }
-
-    /// What the members this process reaped used in all (the sum of their
-    /// recorded `cpu_usec`, and the root's from `root_exit` when its exit
-    /// was never recorded as a member's — a root that ended before any scan
-    /// saw it): a tree's CPU time where it has no cgroup to say it. `None`
-    /// when nothing carries one.
-    pub(crate) fn reaped_cpu(
-        &self,
-        tree: TreeId,
-        root: Option<i32>,
-        root_exit: Option<&crate::ledger::ExitRecord>,
-    ) -> Option<u64> {
-        let (members, root_in) = self.ledger.reaped_cpu_usec(tree, root).ok()?;
-        let root_cpu = root_exit.and_then(|e| e.cpu_usec).filter(|_| !root_in);
-        match (members, root_cpu) {
-            (None, None) => None,
-            (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
-        }
-    }
-
-    /// The exit status of a member this process reaped, or is about to.
-    /// The tree's root (`is_root`), a child this process spawned: the
-    /// reaper's status for it, waited for up to a second (`/proc` shows it
-    /// dead, or already gone, a moment before the reaper records it). Any
-    /// other member only as an adopted orphan's status (unclaimed), waited
-    /// for while `/proc` shows it as a dead child of ours — never the
-    /// status of an earlier child that held the same pid. `None` when this
-    /// process has no reaper or was not its reaper.
-    ///
-    /// `orphans_until`: for a tree this process spawned (so it is the
-    /// subreaper of every orphan), how long a member already gone from
-    /// `/proc` may be waited for — its status may be in the reaper's hands
-    /// but not yet recorded. One deadline for a whole tick, so a tick with
-    /// many such members waits once, not once per member.
-    pub(crate) fn reaped_exit(
-        &self,
-        pid: i32,
-        start_ticks: u64,
-        is_root: bool,
-        orphans_until: Option<std::time::Instant>,
-    ) -> Option<crate::proc::ExitStatus> {
-        self.host
-            .reaped_exit(pid, start_ticks, is_root, orphans_until)
-    }
-
-    /// The deadline for orphans' statuses in one tick ([`Engine::reaped_exit`]):
-    /// `Some` only for a tree this process spawned.
-    pub(crate) fn orphans_deadline(&self, tree: TreeId) -> Option<std::time::Instant> {
-        self.was_spawned_here(tree)
-            .then(|| std::time::Instant::now() + std::time::Duration::from_millis(100))
-    }
-
     /// Counters of failed writes and survivors (see [`EngineStats`]).
     pub fn stats(&self) -> &EngineStats {
         &self.stats
-    }
-
-    /// Records an operator's resolution of an ambiguous tree; reopens dispatch
-    /// once no other tree is unsettled. A tree the ledger already holds as
-    /// ended but whose marker stayed (a teardown raced another) is settled by
-    /// removing the marker.
-    ///
-    /// A resolution never buries a live survivor by accident: the survivors
-    /// the marker names and every member the ledger holds as not exited are
-    /// re-read (identity checked), and while any lives the resolution is
-    /// refused, naming them and `treewarden kill`, which ends them with
-    /// authority. With `force` the tree is resolved anyway and the survivors
-    /// it leaves are recorded in `tree.resolved` (and flagged
-    /// `survivors_left`).
-    pub fn resolve(&self, tree: TreeId, note: &str, force: bool) -> Result<(), CustodyError> {
-        self.resolve_by(tree, note, force, None)
-    }
-
-    /// [`Engine::resolve`], recording who resolved (`by` in `tree.resolved`).
-    pub fn resolve_by(
-        &self,
-        tree: TreeId,
-        note: &str,
-        force: bool,
-        by: Option<&crate::ledger::Requester>,
-    ) -> Result<(), CustodyError> {
-        if note.trim().is_empty() {
-            return Err(CustodyError::Conflict(
-                "a resolution needs a non-empty --note".into(),
-            ));
-        }
-        // The whole resolution under the tree's lease: no teardown of it
-        // runs meanwhile, and the journal is replayed once.
-        let _lease = self.teardown_lease(tree)?;
-        // What the teardown could not write, first: the trail then shows
-        // what happened before the operator's decision.
-        self.replay_deferred_leased(tree);
-        let (row, members) = self
-            .ledger
-            .tree_members(tree)?
-            .ok_or(CustodyError::UnknownTree(tree.0))?;
-        let marked = self.is_ambiguous_in_memory(tree.0);
-        if row.state != crate::ledger::TreeState::Ambiguous && !marked {
-            return Err(CustodyError::Conflict(format!(
-                "tree {} is {}, not ambiguous: nothing to resolve",
-                tree.0,
-                row.state.as_str()
-            )));
-        }
-        let mut candidates = self.marked_survivors(tree.0);
-        for m in members.iter().filter(|m| m.exited_at.is_none()) {
-            let id = m.identity();
-            if !candidates.contains(&id) {
-                candidates.push(id);
-            }
-        }
-        let alive: Vec<crate::ledger::IdentityRecord> = candidates
-            .into_iter()
-            .filter(|id| self.host().still_alive(&id.into()))
-            .collect();
-        if !alive.is_empty() && !force {
-            let pids: Vec<String> = alive.iter().map(|id| id.pid.to_string()).collect();
-            return Err(CustodyError::Conflict(format!(
-                "tree {} still has {} live survivor(s) (pid {}): end them with `treewarden kill {}`, or resolve with --force to leave them alive on the record",
-                tree.0,
-                alive.len(),
-                pids.join(", "),
-                tree.0
-            )));
-        }
-        if row.state.is_terminal() {
-            // Already terminal in the ledger (a teardown raced another, or
-            // a force-resolved tree failed closed again): only its marker
-            // is left to settle; the survivor check above still applied.
-            tracing::warn!(
-                tree = tree.0,
-                note,
-                left_alive = alive.len(),
-                "resolve: tree already {}; its marker is removed",
-                row.state.as_str()
-            );
-            self.forget_ambiguous(tree.0);
-            return Ok(());
-        }
-        if row.state != crate::ledger::TreeState::Ambiguous {
-            self.ledger.set_state(
-                tree,
-                crate::ledger::TreeState::Ambiguous,
-                Some("recorded late"),
-            )?;
-        }
-        self.ledger.resolve(tree, note, &alive, by)?;
-        if !alive.is_empty() {
-            self.ledger.add_flag(tree, "survivors_left")?;
-        }
-        self.forget_ambiguous(tree.0);
-        if alive.is_empty()
-            && let Some(dir) = row.cgroup.as_deref()
-        {
-            teardown::remove_cgroup(self.host(), std::path::Path::new(dir));
-        }
-        Ok(())
     }
 
     /// Removes the empty cgroups of this ledger's terminal trees that a
@@ -577,202 +396,6 @@ impl Engine {
             }
         }
         Ok(removed)
-    }
-
-    /// Marks a tree unsettled at once: in memory, and as a marker file that
-    /// names its survivors (see [`markers`]). It stays until the tree is
-    /// settled.
-    fn mark_ambiguous(
-        &self,
-        tree: i64,
-        reason: &str,
-        survivors: &[crate::ledger::IdentityRecord],
-        pending: &[crate::ledger::Deferred],
-    ) {
-        if let Ok(mut set) = self.ambiguous.lock() {
-            set.insert(tree);
-        }
-        // Merged with what an earlier marker of this tree still holds: its
-        // survivors and its unreplayed evidence are never dropped (the same
-        // teardown passes its growing journal more than once).
-        let old = markers::read(&self.data_dir, tree).unwrap_or_default();
-        let mut all_survivors = old.survivors;
-        for s in survivors {
-            if !all_survivors.contains(s) {
-                all_survivors.push(s.clone());
-            }
-        }
-        let mut all_pending = old.pending;
-        for d in pending {
-            if !all_pending.contains(d) {
-                all_pending.push(d.clone());
-            }
-        }
-        let batch = if old.batch.is_empty() && !all_pending.is_empty() {
-            markers::new_batch()
-        } else {
-            old.batch
-        };
-        let marker = markers::Marker {
-            reason: reason.to_string(),
-            survivors: all_survivors,
-            pending: all_pending,
-            batch,
-        };
-        markers::write(&self.data_dir, tree, &marker);
-    }
-
-    /// The tree is settled (teardown verified, or resolved by an operator).
-    /// Its marker goes only once the evidence it kept is in the ledger: the
-    /// marker is that evidence's only copy. Callers hold the tree's lease
-    /// (or the replay is skipped when another process holds it).
-    fn forget_ambiguous(&self, tree: i64) {
-        if let Ok(mut set) = self.ambiguous.lock() {
-            set.remove(&tree);
-        }
-        if markers::read(&self.data_dir, tree).is_some_and(|m| !m.pending.is_empty()) {
-            self.replay_deferred_leased(TreeId(tree));
-            if markers::read(&self.data_dir, tree).is_some_and(|m| !m.pending.is_empty()) {
-                tracing::warn!(
-                    tree,
-                    "settled, but its deferred evidence is not in the ledger yet: the marker stays"
-                );
-                return;
-            }
-        }
-        markers::remove(&self.data_dir, tree);
-    }
-
-    fn is_ambiguous_in_memory(&self, tree: i64) -> bool {
-        self.ambiguous_in_memory().iter().any(|(t, _)| *t == tree)
-    }
-
-    /// The pids of the survivors an unsettled marker names for this tree
-    /// that still live (what `run` tells its caller when it failed closed).
-    pub fn survivors_left(&self, tree: TreeId) -> Vec<i32> {
-        self.marked_survivors(tree.0)
-            .into_iter()
-            .filter(|id| self.host().still_alive(&id.into()))
-            .map(|id| id.pid)
-            .collect()
-    }
-
-    /// Survivors a marker names for this tree: a teardown counts them as
-    /// members even when the ledger never recorded them.
-    pub(crate) fn marked_survivors(&self, tree: i64) -> Vec<crate::ledger::IdentityRecord> {
-        markers::read(&self.data_dir, tree)
-            .map(|m| m.survivors)
-            .unwrap_or_default()
-    }
-
-    /// Ambiguous trees not necessarily in the ledger yet: this process's
-    /// memory and every process's marker files, with the recorded reason.
-    pub fn ambiguous_in_memory(&self) -> Vec<(i64, String)> {
-        let mut v: Vec<(i64, String)> = self
-            .ambiguous
-            .lock()
-            .map(|s| s.iter().map(|t| (*t, String::new())).collect())
-            .unwrap_or_default();
-        for (tree, marker) in markers::all(&self.data_dir) {
-            match v.iter_mut().find(|(t, _)| *t == tree) {
-                Some(slot) => slot.1 = marker.reason,
-                None => v.push((tree, marker.reason)),
-            }
-        }
-        v.sort_unstable();
-        v
-    }
-
-    /// Writes the evidence an unsettled marker kept for this tree (what a
-    /// teardown could not write while the ledger refused writes), in order,
-    /// then drops it from the marker, which stays until the tree is settled.
-    /// Holds the tree's teardown lease, so two processes never write the
-    /// same journal twice; a teardown calls [`Engine::replay_deferred_leased`]
-    /// under its own lease.
-    pub fn replay_deferred(&self, tree: TreeId) {
-        let has_pending =
-            markers::read(&self.data_dir, tree.0).is_some_and(|m| !m.pending.is_empty());
-        if !has_pending {
-            return;
-        }
-        // Not waiting for a lease held elsewhere: that teardown replays it.
-        match self.teardown_lease_within(tree, std::time::Duration::ZERO) {
-            Ok(Some(_lease)) => self.replay_deferred_leased(tree),
-            Ok(None) => tracing::warn!(
-                tree = tree.0,
-                "no lease: deferred evidence not replayed now"
-            ),
-            Err(_) => {}
-        }
-    }
-
-    /// For readers (`ls`, `show`): writes the evidence every unsettled
-    /// marker kept, if the ledger takes writes now, so what they show is the
-    /// whole trail. A tree whose teardown is running (its lease is held) is
-    /// skipped: that teardown writes it. Cheap when there is no marker.
-    pub fn settle_record(&self) {
-        for (tree, marker) in markers::all(&self.data_dir) {
-            if !marker.pending.is_empty() {
-                self.replay_deferred(TreeId(tree));
-            }
-        }
-    }
-
-    pub(crate) fn replay_deferred_leased(&self, tree: TreeId) {
-        let Some(mut marker) = markers::read(&self.data_dir, tree.0) else {
-            return;
-        };
-        if marker.pending.is_empty() {
-            return;
-        }
-        if marker.batch.is_empty() {
-            // Named (and the name kept) before the replay, so a replay whose
-            // marker rewrite is lost is recognised the next time.
-            marker.batch = markers::new_batch();
-            markers::write(&self.data_dir, tree.0, &marker);
-        }
-        let batch = marker.batch.clone();
-        match self.ledger.replay_deferred(tree, &marker.pending, &batch) {
-            Ok(()) => {
-                tracing::info!(
-                    tree = tree.0,
-                    writes = marker.pending.len(),
-                    "deferred evidence written to the ledger"
-                );
-                marker.pending.clear();
-                marker.batch.clear();
-                markers::write(&self.data_dir, tree.0, &marker);
-            }
-            Err(e) => {
-                tracing::warn!(tree = tree.0, error = %e, "deferred evidence still not written")
-            }
-        }
-    }
-
-    /// Retries writing pending ambiguity to the ledger (it may have refused
-    /// the first time): first the evidence each marker kept, then the state.
-    /// Trees the ledger now holds as ambiguous stay in memory until resolved
-    /// or settled by a teardown.
-    pub fn flush_ambiguous(&self) {
-        for (tree, _) in self.ambiguous_in_memory() {
-            let id = TreeId(tree);
-            self.replay_deferred(id);
-            match self.ledger.tree(id) {
-                // A terminal tree's marker is judged by the dispatch gate.
-                Ok(Some(row)) if row.state.is_terminal() => {}
-                Ok(Some(row)) if row.state == crate::ledger::TreeState::Ambiguous => {}
-                Ok(Some(_)) => {
-                    if let Err(e) = self.ledger.set_state(
-                        id,
-                        crate::ledger::TreeState::Ambiguous,
-                        Some("recorded late: the ledger refused it earlier"),
-                    ) {
-                        tracing::warn!(tree, error = %e, "ambiguous state still not recorded");
-                    }
-                }
-                Ok(None) | Err(_) => {}
-            }
-        }
     }
 }
 

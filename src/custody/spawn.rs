@@ -203,7 +203,19 @@ impl Engine {
         req: &SpawnRequest,
         recorded: &mut dyn FnMut(TreeId),
     ) -> Result<Spawned, CustodyError> {
-        self.spawn_on(req, None, recorded)
+        Spawner::new(self).spawn_on(req, None, recorded)
+    }
+}
+
+/// One spawn over the engine: the limits checked, the tree recorded, the
+/// child forked held, its release recorded and committed (or its failure).
+pub(super) struct Spawner<'a> {
+    engine: &'a Engine,
+}
+
+impl<'a> Spawner<'a> {
+    pub(super) fn new(engine: &'a Engine) -> Self {
+        Spawner { engine }
     }
 
     /// [`Engine::spawn_with`], the root's stdio and controlling terminal
@@ -211,7 +223,7 @@ impl Engine {
     // Over 100 lines on purpose: the spawn protocol (record -> fork held -> record -> commit ->
     // release, DESIGN) in its order, each failure killing the held child before it returns; one
     // frame shows the order.
-    pub(crate) fn spawn_on(
+    pub(super) fn spawn_on(
         &self,
         req: &SpawnRequest,
         tty: Option<&std::path::Path>,
@@ -228,11 +240,13 @@ impl Engine {
                 "empty command: nothing to run".into(),
             ));
         }
-        let boundary = self.boundary.ok_or_else(|| {
+        let boundary = self.engine.boundary.ok_or_else(|| {
             CustodyError::Conflict("this engine only signals; it spawns nothing".into())
         })?;
         self.check_limits(boundary, &req.limits)?;
-        self.check_dispatch_for(&req.owner, req.on_behalf.as_ref().map(|b| &b.requester))?;
+        self.engine
+            .gate()
+            .check_dispatch_for(&req.owner, req.on_behalf.as_ref().map(|b| &b.requester))?;
         let owner = OwnerRecord {
             identity: identity_record(&req.owner),
             kind: req.owner_kind,
@@ -246,7 +260,7 @@ impl Engine {
                 run_gid: b.run_as.as_ref().map(|c| c.gid),
             });
         // The owner row and the tree row in one FULL commit.
-        let tree = self.ledger.create_tree_with_owner(
+        let tree = self.engine.ledger.create_tree_with_owner(
             &owner,
             &NewTree {
                 label: req.label.clone(),
@@ -271,11 +285,11 @@ impl Engine {
         )?;
         // Under `serve --principal-*` the tree's cgroup sits in its
         // principal's parent, which carries what they use together.
-        let shared = !self.principal_limits.is_empty();
-        let cgroup = match (boundary, &self.cgroup_root) {
+        let shared = !self.engine.principal_limits.is_empty();
+        let cgroup = match (boundary, &self.engine.cgroup_root) {
             (b, Some(root)) if b.contained() => Some(tree_cgroup_path(
                 root,
-                &self.cgroup_prefix,
+                &self.engine.cgroup_prefix,
                 tree,
                 shared.then(|| principal_key(req.on_behalf.as_ref().map(|b| &b.requester))),
             )),
@@ -289,12 +303,12 @@ impl Engine {
         env.retain(|(k, _)| k != TREE_ID_VAR);
         env.push((TREE_ID_VAR.into(), tree.0.to_string().into()));
         let log_file = if req.stdio.needs_log() {
-            let dir = self.data_dir.join("logs");
+            let dir = self.engine.data_dir.join("logs");
             if let Err(e) = super::markers::private_dir(&dir) {
                 self.record_spawn_failed(tree, &format!("cannot make {}: {e}", dir.display()), 125);
                 return Err(CustodyError::Proc(crate::proc::ProcError::Io(e)));
             }
-            Some(log_path(&self.data_dir, tree))
+            Some(log_path(&self.engine.data_dir, tree))
         } else {
             None
         };
@@ -310,7 +324,7 @@ impl Engine {
             container: cgroup.clone(),
             cgroup_settings: settings_of(&req.limits),
             parent_settings: if shared && cgroup.is_some() {
-                settings_of(&self.principal_limits)
+                settings_of(&self.engine.principal_limits)
             } else {
                 Vec::new()
             },
@@ -339,7 +353,7 @@ impl Engine {
         // (a Windows job's KILL_ON_JOB_CLOSE) is a standing kill: it is on
         // the record before the root runs, or the root does not run.
         if let Some(flag) = crate::proc::STANDING_KILL_FLAG
-            && let Err(e) = self.ledger.add_flag(tree, flag)
+            && let Err(e) = self.engine.ledger.add_flag(tree, flag)
         {
             if let Err(cancel) = held.cancel() {
                 tracing::error!(tree = tree.0, error = %cancel, "cancelling the held child failed");
@@ -360,7 +374,7 @@ impl Engine {
                 return Err(CustodyError::Exec(failure));
             }
         }
-        if let Ok(mut set) = self.spawned_here.lock() {
+        if let Ok(mut set) = self.engine.spawned_here.lock() {
             set.insert(tree.0);
         }
         tracing::info!(tree = tree.0, pid = root.pid, boundary = %boundary, "tree spawned");
@@ -378,7 +392,7 @@ impl Engine {
     /// cgroup boundary and, for each, its controller offered to tree
     /// cgroups (`cgroup.controllers` of the cgroup root). Checked before
     /// anything is recorded or started.
-    fn check_limits(
+    pub(super) fn check_limits(
         &self,
         boundary: BoundaryKind,
         limits: &crate::ledger::Limits,
@@ -386,7 +400,7 @@ impl Engine {
         self.check_enforceable(boundary, limits, Whose::Tree)
     }
 
-    /// [`Engine::check_limits`] for a tree's limits or, at `serve`'s start,
+    /// [`Spawner::check_limits`] for a tree's limits or, at `serve`'s start,
     /// for the principals' (`whose` words the refusal).
     pub(super) fn check_enforceable(
         &self,
@@ -397,11 +411,11 @@ impl Engine {
         if limits.is_empty() {
             return Ok(());
         }
-        let root = match (boundary, &self.cgroup_root) {
+        let root = match (boundary, &self.engine.cgroup_root) {
             (b, Some(root)) if b.contained() => root,
             _ => {
                 // Why there is no cgroup boundary, when it is delegation.
-                let why = match self.cgroup_root.as_deref().map(crate::proc::layout) {
+                let why = match self.engine.cgroup_root.as_deref().map(crate::proc::layout) {
                     Some(l) if l.layout == crate::proc::Layout::NotDelegated => {
                         format!(" ({})", l.note)
                     }
@@ -447,8 +461,8 @@ impl Engine {
         Ok(())
     }
 
-    fn commit_spawn(&self, tree: TreeId, held: &HeldChild) -> Result<(), CustodyError> {
-        self.ledger.tree_spawned(
+    pub(super) fn commit_spawn(&self, tree: TreeId, held: &HeldChild) -> Result<(), CustodyError> {
+        self.engine.ledger.tree_spawned(
             tree,
             &SpawnRecord {
                 root: identity_record(&held.identity),
@@ -460,8 +474,8 @@ impl Engine {
         Ok(())
     }
 
-    fn record_spawn_failed(&self, tree: TreeId, reason: &str, code: i32) {
-        if let Err(e) = self.ledger.tree_spawn_failed(tree, reason, code) {
+    pub(super) fn record_spawn_failed(&self, tree: TreeId, reason: &str, code: i32) {
+        if let Err(e) = self.engine.ledger.tree_spawn_failed(tree, reason, code) {
             tracing::error!(tree = tree.0, error = %e, "tree.spawn_failed not recorded");
         }
     }

@@ -168,7 +168,20 @@ impl SweepProgress {
     }
 }
 
+/// The orphan sweep over the engine: which trees are orphans or failed
+/// closed, and their teardowns, a bounded number at a time.
+pub struct Sweeper<'a> {
+    engine: &'a Engine,
+}
+
 impl Engine {
+    /// The sweep of this engine's ledger ([`Sweeper`]).
+    pub fn sweeper(&self) -> Sweeper<'_> {
+        Sweeper { engine: self }
+    }
+}
+
+impl Sweeper<'_> {
     /// Runs one sweep now, with the default concurrency.
     pub fn sweep(&self, grace: Duration) -> Result<SweepReport, CustodyError> {
         self.sweep_with(&SweepOptions::new(grace))
@@ -181,7 +194,7 @@ impl Engine {
         let trees = if opts.only_failed_closed {
             self.failed_closed_candidates()?
         } else {
-            self.ledger.sweep_candidates()?
+            self.engine.ledger.sweep_candidates()?
         };
         let mut report = SweepReport {
             examined: trees.len(),
@@ -191,7 +204,10 @@ impl Engine {
         for row in trees {
             if opts.skip.contains(&row.id)
                 || (opts.only_failed_closed && !self.failed_closed(&row))
-                || self.host().still_alive(&(&row.owner_identity()).into())
+                || self
+                    .engine
+                    .host()
+                    .still_alive(&(&row.owner_identity()).into())
             {
                 report.owned += 1;
             } else if opts.limit.is_some_and(|n| orphans.len() >= n) {
@@ -203,7 +219,7 @@ impl Engine {
         if orphans.is_empty() && !opts.record_when_none {
             return Ok(report);
         }
-        self.ledger.append_event(
+        self.engine.ledger.append_event(
             None,
             Event::SweepStarted(event::SweepStarted {
                 candidates: report.examined as u64,
@@ -244,8 +260,8 @@ impl Engine {
         });
         report.orphans = done.into_inner().unwrap_or_else(|e| e.into_inner());
         report.orphans.sort_by_key(|o| o.tree);
-        self.flush_ambiguous();
-        if let Err(e) = self.remove_leftover_cgroups() {
+        self.engine.ambiguity().flush_ambiguous();
+        if let Err(e) = self.engine.remove_leftover_cgroups() {
             tracing::warn!(error = %e, "leftover cgroups not checked");
         }
         Ok(report)
@@ -274,12 +290,12 @@ impl Engine {
     /// every 2 s; reading every live tree's row and opening a marker path
     /// for each was most of its idle ledger work at 2,000 trees.
     fn failed_closed_candidates(&self) -> Result<Vec<TreeRow>, CustodyError> {
-        let mut trees = self.ledger.ambiguous_trees()?;
-        for (id, _) in super::markers::all(&self.data_dir) {
+        let mut trees = self.engine.ledger.ambiguous_trees()?;
+        for (id, _) in super::markers::all(&self.engine.data_dir) {
             if trees.iter().any(|t| t.id == id) {
                 continue;
             }
-            if let Some(row) = self.ledger.tree(crate::ledger::TreeId(id))?
+            if let Some(row) = self.engine.ledger.tree(crate::ledger::TreeId(id))?
                 && (!row.state.is_terminal() || row.has_survivors_left())
             {
                 trees.push(row);
@@ -293,7 +309,8 @@ impl Engine {
     /// kill and left its survivors alive (ambiguous in the ledger, or named
     /// by an unsettled marker when the ledger refused even that).
     pub(crate) fn failed_closed(&self, row: &TreeRow) -> bool {
-        row.state == TreeState::Ambiguous || super::markers::read(&self.data_dir, row.id).is_some()
+        row.state == TreeState::Ambiguous
+            || super::markers::read(&self.engine.data_dir, row.id).is_some()
     }
 
     /// Finishes, before a dispatch decision, the teardowns that failed
@@ -368,7 +385,7 @@ impl Engine {
             state: row.state,
             grace_ms: outcome.grace_ms,
         });
-        if let Err(e) = self.ledger.append_event(Some(tree), found) {
+        if let Err(e) = self.engine.ledger.append_event(Some(tree), found) {
             count(|p| &p.unsettled);
             outcome.error = Some(e.to_string());
             return outcome;
@@ -388,7 +405,7 @@ impl Engine {
         {
             topts.first_signal = sig;
         }
-        let result = self.teardown(tree, &topts, &mut |_| {});
+        let result = self.engine.teardown(tree, &topts, &mut |_| {});
         if let Some(p) = &opts.progress {
             p.in_flight.fetch_sub(1, Ordering::SeqCst);
         }

@@ -152,7 +152,11 @@ fn an_orphan_is_torn_down_with_its_recorded_grace_and_an_owned_tree_is_left() {
     let orphan = s.tree(1_500);
     let owned = s.tree(700);
     s.owner_lives(1);
-    let report = s.engine.sweep(Duration::from_secs(9)).expect("sweep");
+    let report = s
+        .engine
+        .sweeper()
+        .sweep(Duration::from_secs(9))
+        .expect("sweep");
     assert_eq!(report.examined, 2);
     assert_eq!(report.owned, 1);
     assert_eq!(report.orphans.len(), 1, "{:?}", report.orphans);
@@ -201,7 +205,7 @@ fn skipped_trees_count_as_owned_and_a_sweep_without_orphans_records_only_when_as
     let tree = s.tree(0);
     let mut opts = SweepOptions::new(Duration::ZERO);
     opts.skip.insert(tree.0);
-    let report = s.engine.sweep_with(&opts).expect("sweep");
+    let report = s.engine.sweeper().sweep_with(&opts).expect("sweep");
     assert_eq!((report.examined, report.owned), (1, 1));
     assert!(report.orphans.is_empty());
     assert_eq!(s.state(tree), TreeState::Running);
@@ -213,15 +217,25 @@ fn skipped_trees_count_as_owned_and_a_sweep_without_orphans_records_only_when_as
     // The opportunistic sweep writes nothing when it finds nothing.
     let mut quiet = SweepOptions::opportunistic(Duration::ZERO, 4);
     quiet.skip.insert(tree.0);
-    let report = s.engine.sweep_with(&quiet).expect("sweep");
+    let report = s.engine.sweeper().sweep_with(&quiet).expect("sweep");
     assert_eq!((report.examined, report.owned), (1, 1));
     assert_eq!(s.events(None, "sweep.started").len(), 1, "nothing written");
-    assert!(s.engine.settle_orphans(4, Duration::ZERO).is_some());
+    assert!(
+        s.engine
+            .sweeper()
+            .settle_orphans(4, Duration::ZERO)
+            .is_some()
+    );
     assert_eq!(s.state(tree), TreeState::Ended, "not skipped: settled");
     assert_eq!(s.events(None, "sweep.started").len(), 2);
     // Nothing left: the settles say so, and write nothing.
-    assert!(s.engine.settle_orphans(4, Duration::ZERO).is_none());
-    assert!(s.engine.settle_failed_closed(4).is_none());
+    assert!(
+        s.engine
+            .sweeper()
+            .settle_orphans(4, Duration::ZERO)
+            .is_none()
+    );
+    assert!(s.engine.sweeper().settle_failed_closed(4).is_none());
     assert_eq!(s.events(None, "sweep.started").len(), 2);
 }
 
@@ -245,13 +259,13 @@ fn the_opportunistic_sweep_takes_at_most_its_limit_the_rest_wait() {
     for _ in 0..3 {
         s.tree(0);
     }
-    let report = s.engine.sweep_with(&opts).expect("sweep");
+    let report = s.engine.sweeper().sweep_with(&opts).expect("sweep");
     assert_eq!(report.examined, 3);
     assert_eq!(report.owned, 0, "the one left over is neither");
     let swept: Vec<i64> = report.orphans.iter().map(|o| o.tree).collect();
     assert_eq!(swept, [s.trees[0].0, s.trees[1].0]);
     assert_eq!(s.state(s.trees[2]), TreeState::Running);
-    let report = s.engine.sweep_with(&opts).expect("sweep");
+    let report = s.engine.sweeper().sweep_with(&opts).expect("sweep");
     assert_eq!(report.examined, 1);
     assert_eq!(report.orphans.len(), 1);
     assert_eq!(s.state(s.trees[2]), TreeState::Ended);
@@ -293,7 +307,11 @@ fn an_orphan_without_a_recorded_grace_gets_the_default_and_its_first_signal() {
         )
         .expect("spawned");
     s.trees.push(tree);
-    let report = s.engine.sweep(Duration::from_millis(2_250)).expect("sweep");
+    let report = s
+        .engine
+        .sweeper()
+        .sweep(Duration::from_millis(2_250))
+        .expect("sweep");
     assert_eq!(report.orphans.len(), 1);
     assert_eq!(report.orphans[0].grace_ms, 2_250);
     assert_eq!(s.signalled(0), [Sig::Int]);
@@ -311,13 +329,18 @@ fn a_failed_closed_orphan_is_finished_without_a_second_grace_and_first() {
         .expect("ambiguous");
     // The ledger refused the ambiguity: only a marker says it.
     s.engine
+        .ambiguity()
         .mark_ambiguous(marked.0, "ledger refused", &[], &[]);
     let row = |t: TreeId| s.ledger.tree(t).expect("readable").expect("recorded");
-    assert!(s.engine.failed_closed(&row(ambiguous)));
-    assert!(s.engine.failed_closed(&row(marked)));
-    assert!(!s.engine.failed_closed(&row(plain)));
+    assert!(s.engine.sweeper().failed_closed(&row(ambiguous)));
+    assert!(s.engine.sweeper().failed_closed(&row(marked)));
+    assert!(!s.engine.sweeper().failed_closed(&row(plain)));
 
-    let report = s.engine.settle_failed_closed(8).expect("some settled");
+    let report = s
+        .engine
+        .sweeper()
+        .settle_failed_closed(8)
+        .expect("some settled");
     let swept: Vec<(i64, u64)> = report
         .orphans
         .iter()
@@ -338,6 +361,7 @@ fn a_failed_closed_orphan_is_finished_without_a_second_grace_and_first() {
     // The plain orphan's sweep gives it its recorded grace.
     let report = s
         .engine
+        .sweeper()
         .settle_orphans(8, Duration::ZERO)
         .expect("some settled");
     let swept: Vec<(i64, u64)> = report
@@ -359,6 +383,7 @@ fn the_failed_closed_check_reads_a_force_resolved_tree_marked_again_and_no_ended
         .set_state(ambiguous, TreeState::Ambiguous, Some("survivors left"))
         .expect("ambiguous");
     s.engine
+        .ambiguity()
         .mark_ambiguous(ambiguous.0, "ledger refused", &[], &[]);
     // Force-resolved with its root alive (`survivors_left`), then failed
     // closed again: its marker names a terminal tree that still has work.
@@ -373,8 +398,10 @@ fn the_failed_closed_check_reads_a_force_resolved_tree_marked_again_and_no_ended
         boot_id: BOOT.into(),
     };
     s.engine
+        .ambiguity()
         .mark_ambiguous(resolved.0, "ledger refused", &[survivor], &[]);
     s.engine
+        .ambiguity()
         .resolve(resolved, "operator looked", true)
         .expect("forced resolution");
     let row = s
@@ -384,14 +411,21 @@ fn the_failed_closed_check_reads_a_force_resolved_tree_marked_again_and_no_ended
         .expect("recorded");
     assert!(row.has_survivors_left(), "{:?}", row.flags);
     s.engine
+        .ambiguity()
         .mark_ambiguous(resolved.0, "ledger refused again", &[], &[]);
     // A stale marker of an ended tree: nothing left to settle.
     s.ledger
         .set_state(ended, TreeState::Ended, None)
         .expect("ended");
-    s.engine.mark_ambiguous(ended.0, "stale", &[], &[]);
+    s.engine
+        .ambiguity()
+        .mark_ambiguous(ended.0, "stale", &[], &[]);
 
-    let report = s.engine.settle_failed_closed(8).expect("some settled");
+    let report = s
+        .engine
+        .sweeper()
+        .settle_failed_closed(8)
+        .expect("some settled");
     assert_eq!((report.examined, report.owned), (2, 0));
     let swept: Vec<i64> = report.orphans.iter().map(|o| o.tree).collect();
     assert_eq!(swept, [ambiguous.0, resolved.0]);
@@ -419,7 +453,7 @@ fn a_stopped_sweep_starts_no_teardown_and_its_progress_counts_every_orphan() {
     let mut opts = SweepOptions::new(Duration::ZERO);
     opts.progress = Some(progress.clone());
     opts.stop = Some(Arc::new(AtomicBool::new(true)));
-    let report = s.engine.sweep_with(&opts).expect("sweep");
+    let report = s.engine.sweeper().sweep_with(&opts).expect("sweep");
     assert_eq!(report.orphans.len(), 2);
     for o in &report.orphans {
         assert_eq!(o.to, None);
@@ -445,7 +479,7 @@ fn a_stopped_sweep_starts_no_teardown_and_its_progress_counts_every_orphan() {
     assert_eq!(progress.counts().pending(), 0);
     // The next sweep, not stopped, settles them; the counters add up.
     opts.stop = None;
-    let report = s.engine.sweep_with(&opts).expect("sweep");
+    let report = s.engine.sweeper().sweep_with(&opts).expect("sweep");
     assert!(report.settled());
     assert_eq!(
         progress.counts(),
@@ -492,7 +526,7 @@ fn an_orphan_its_teardown_cannot_settle_counts_as_unsettled() {
     let progress = Arc::new(SweepProgress::default());
     let mut opts = SweepOptions::new(Duration::ZERO);
     opts.progress = Some(progress.clone());
-    let report = s.engine.sweep_with(&opts).expect("sweep");
+    let report = s.engine.sweeper().sweep_with(&opts).expect("sweep");
     assert_eq!(report.orphans.len(), 1);
     let o = &report.orphans[0];
     assert_ne!(o.to, Some(TreeState::Ended), "{o:?}");
@@ -513,7 +547,7 @@ fn a_sweep_logs_its_orphans_and_concurrency_only_when_it_has_some() {
     const LINE: &str = "sweep: tearing orphans down";
     let mut s = sweep_rig();
     let log = super::tests::warnings_of(|| {
-        s.engine.sweep(Duration::ZERO).expect("sweep");
+        s.engine.sweeper().sweep(Duration::ZERO).expect("sweep");
     });
     assert!(!log.contains(LINE), "no orphan, no line: {log}");
     s.tree(0);
@@ -521,7 +555,7 @@ fn a_sweep_logs_its_orphans_and_concurrency_only_when_it_has_some() {
     let mut opts = SweepOptions::new(Duration::ZERO);
     opts.concurrency = 1;
     let log = super::tests::warnings_of(|| {
-        s.engine.sweep_with(&opts).expect("sweep");
+        s.engine.sweeper().sweep_with(&opts).expect("sweep");
     });
     let lines: Vec<&str> = log.lines().filter(|l| l.contains(LINE)).collect();
     assert_eq!(lines.len(), 1, "{log}");

@@ -340,15 +340,15 @@ fn a_refused_authorization_sends_no_sigkill_thaws_and_closes_dispatch() {
         assert_eq!(w.live().len(), 2, "survivors left alive as evidence");
     }
     assert!(matches!(
-        rig.engine.check_dispatch(),
+        rig.engine.gate().check_dispatch(),
         Err(CustodyError::DispatchRefused { .. })
     ));
     assert_eq!(rig.engine.stats().authorizations_failed(), 1);
-    let marked = rig.engine.marked_survivors(rig.tree.0);
+    let marked = rig.engine.ambiguity().marked_survivors(rig.tree.0);
     assert_eq!(marked.len(), 2, "the marker names the survivors");
     // Once the ledger takes writes again the trail is written late.
     drop(lock.lock().expect("lock slot").take());
-    rig.engine.flush_ambiguous();
+    rig.engine.ambiguity().flush_ambiguous();
     assert_eq!(rig.detail().tree.state, TreeState::Ambiguous);
     assert!(rig.kinds().iter().any(|k| k == "kill.skipped"));
 }
@@ -409,7 +409,7 @@ fn a_refused_authorization_on_the_session_boundary_is_thawed_by_a_recorded_sigco
         "nobody left stopped"
     );
     drop(w);
-    assert!(rig.engine.check_dispatch().is_err());
+    assert!(rig.engine.gate().check_dispatch().is_err());
 }
 
 #[test]
@@ -508,7 +508,7 @@ fn a_fork_storm_is_fought_for_a_bounded_number_of_rounds_then_ambiguous() {
     // a fork race, not a member no signal ends.
     assert!(!detail.tree.flags.iter().any(|f| f == "unkillable"));
     assert!(!rig.kinds().iter().any(|k| k == "member.unkillable"));
-    assert!(rig.engine.check_dispatch().is_err());
+    assert!(rig.engine.gate().check_dispatch().is_err());
     assert!(
         !rig.host.world().live().is_empty(),
         "the last children are left as evidence"
@@ -944,7 +944,7 @@ fn resumes_from_ambiguous_and_kills_the_survivors_the_marker_names() {
             batch: String::new(),
         },
     );
-    assert!(rig.engine.check_dispatch().is_err());
+    assert!(rig.engine.gate().check_dispatch().is_err());
     let report = rig.teardown(Duration::ZERO).expect("settled");
     assert_eq!(report.state, TreeState::Ended);
     // (The recorded group is empty: its SIGKILL finds nobody.)
@@ -958,7 +958,7 @@ fn resumes_from_ambiguous_and_kills_the_survivors_the_marker_names() {
     assert_eq!(kills[0].hit, vec![loner]);
     assert_every_kill_authorized(&kills);
     assert!(
-        rig.engine.check_dispatch().is_ok(),
+        rig.engine.gate().check_dispatch().is_ok(),
         "settled: dispatch reopens"
     );
 }
@@ -1006,6 +1006,7 @@ fn resumes_from_resolved_with_survivors_and_kills_them_with_authority() {
         },
     );
     rig.engine
+        .ambiguity()
         .resolve(rig.tree, "operator looked", true)
         .expect("forced resolution");
     let row = rig.ledger.tree(rig.tree).expect("read").expect("row");
@@ -1353,7 +1354,7 @@ mod interleavings {
             match result {
                 Ok(report) => prop_assert!(report.state.is_terminal(), "{report:?}"),
                 Err(CustodyError::Ambiguous { .. }) => {
-                    prop_assert!(rig.engine.check_dispatch().is_err(), "ambiguous but dispatch open");
+                    prop_assert!(rig.engine.gate().check_dispatch().is_err(), "ambiguous but dispatch open");
                 }
                 Err(e) => {
                     // A refused ledger may fail the final write of a settled
@@ -1477,7 +1478,7 @@ fn run_rig(boundary: Boundary, setup: impl FnOnce(&mut World, i32, i32, Option<&
         setup(w, me, root, cg);
         w.exit(root, ExitStatus::Exited(3));
     });
-    rig.engine.note_spawned_here(rig.tree);
+    rig.engine.reaped().note_spawned_here(rig.tree);
     rig
 }
 
@@ -1563,7 +1564,7 @@ fn killed_run_rig(boundary: Boundary, setup: impl FnOnce(&mut World, i32, i32)) 
         w.spawn(stubborn(root, root, cg));
         setup(w, me, root);
     });
-    rig.engine.note_spawned_here(rig.tree);
+    rig.engine.reaped().note_spawned_here(rig.tree);
     rig
 }
 
@@ -1773,19 +1774,17 @@ fn a_pid_recycled_within_the_tick_is_never_signalled_nor_authorized() {
 // The survivors of a whole-file mutation run of teardown.rs, each
 // a test that fails on its mutant (applied by hand once; docs/TESTING.md).
 
-/// The teardown lease (mutant: `teardown_lease*` -> `Ok(None)`, two
+/// The teardown lease (mutant: `Lease::take*` -> `Ok(None)`, two
 /// teardowns of one tree at once): while one holder has it, a taker that
 /// will not wait is refused and one that waits gets it only after the
 /// holder lets go.
 #[test]
 fn the_teardown_lease_is_one_holder_at_a_time() {
     let rig = rig(Boundary::Session, false, |_, _, _| {});
-    let held = rig
-        .engine
-        .teardown_lease_within(rig.tree, Duration::ZERO)
+    let held = super::teardown::Lease::take_within(rig.engine.data_dir(), rig.tree, Duration::ZERO)
         .expect("taken")
         .expect("a lease");
-    match rig.engine.teardown_lease_within(rig.tree, Duration::ZERO) {
+    match super::teardown::Lease::take_within(rig.engine.data_dir(), rig.tree, Duration::ZERO) {
         Err(CustodyError::Conflict(why)) => assert!(why.contains("being torn down"), "{why}"),
         other => panic!(
             "a second lease while one is held: {:?}",
@@ -1794,7 +1793,7 @@ fn the_teardown_lease_is_one_holder_at_a_time() {
     }
     std::thread::scope(|s| {
         let waiter = s.spawn(|| {
-            let lease = rig.engine.teardown_lease(rig.tree);
+            let lease = super::teardown::Lease::take(rig.engine.data_dir(), rig.tree);
             (std::time::Instant::now(), lease)
         });
         let let_go = std::time::Instant::now();
@@ -2089,9 +2088,7 @@ fn a_teardown_logs_done_once_and_an_already_settled_one_does_not() {
 #[test]
 fn a_teardown_lease_taker_waits_for_the_holder_within_its_wait() {
     let rig = rig(Boundary::Session, false, |_, _, _| {});
-    let held = rig
-        .engine
-        .teardown_lease_within(rig.tree, Duration::ZERO)
+    let held = super::teardown::Lease::take_within(rig.engine.data_dir(), rig.tree, Duration::ZERO)
         .expect("taken")
         .expect("a lease");
     std::thread::scope(|s| {
@@ -2102,9 +2099,12 @@ fn a_teardown_lease_taker_waits_for_the_holder_within_its_wait() {
             let before = std::time::Instant::now();
             let log = warnings_of(|| {
                 got = Some(
-                    rig.engine
-                        .teardown_lease_within(rig.tree, Duration::from_secs(30))
-                        .map(|l| l.is_some()),
+                    super::teardown::Lease::take_within(
+                        rig.engine.data_dir(),
+                        rig.tree,
+                        Duration::from_secs(30),
+                    )
+                    .map(|l| l.is_some()),
                 );
             });
             (got.expect("ran"), log, before)
@@ -2278,7 +2278,7 @@ fn a_killed_roots_exit_takes_the_reapers_child_status_only_in_a_tree_spawned_her
             w.own_child(root);
         });
         if spawned_here {
-            rig.engine.note_spawned_here(rig.tree);
+            rig.engine.reaped().note_spawned_here(rig.tree);
         }
         let report = rig.teardown(Duration::ZERO).expect("settled");
         assert_eq!(report.state, TreeState::Ended);
@@ -2310,11 +2310,10 @@ fn the_teardown_lease_file_lives_only_as_long_as_its_lease() {
         .path()
         .join("teardown")
         .join(format!("tree-{}.lock", rig.tree.0));
-    let lease = rig
-        .engine
-        .teardown_lease_within(rig.tree, Duration::ZERO)
-        .expect("taken")
-        .expect("a lease");
+    let lease =
+        super::teardown::Lease::take_within(rig.engine.data_dir(), rig.tree, Duration::ZERO)
+            .expect("taken")
+            .expect("a lease");
     assert!(path.exists(), "{} while held", path.display());
     drop(lease);
     assert!(!path.exists(), "{} after the lease", path.display());
@@ -2335,8 +2334,7 @@ fn a_lease_file_not_removed_is_logged_and_one_already_gone_is_not() {
         .join("teardown")
         .join(format!("tree-{}.lock", rig.tree.0));
     let take = || {
-        rig.engine
-            .teardown_lease_within(rig.tree, Duration::ZERO)
+        super::teardown::Lease::take_within(rig.engine.data_dir(), rig.tree, Duration::ZERO)
             .expect("taken")
             .expect("a lease")
     };

@@ -1208,7 +1208,7 @@ impl TreeWatch {
         // not per member while the kernel is still killing.
         let deferring = self.deferred_exits.is_some();
         let orphans_until = (!deferring)
-            .then(|| engine.orphans_deadline(self.tree))
+            .then(|| engine.reaped().orphans_deadline(self.tree))
             .flatten();
         let gone: Vec<(IdentityRecord, Option<ExitRecord>)> = self
             .alive
@@ -1225,11 +1225,13 @@ impl TreeWatch {
                         if deferring {
                             return None;
                         }
-                        let root =
-                            self.is_root(pid, start_ticks) && engine.was_spawned_here(self.tree);
-                        engine.reaped_exit(pid, start_ticks, root, orphans_until)
+                        let root = self.is_root(pid, start_ticks)
+                            && engine.reaped().was_spawned_here(self.tree);
+                        engine
+                            .reaped()
+                            .reaped_exit(pid, start_ticks, root, orphans_until)
                     })
-                    .map(|s| engine.exit_of(pid, s));
+                    .map(|s| engine.reaped().exit_of(pid, s));
                 (
                     IdentityRecord {
                         pid,
@@ -1246,7 +1248,7 @@ impl TreeWatch {
         } else if !gone.is_empty() {
             report.exited = gone.len();
             let tree = self.tree;
-            let unknown = engine.unknown_reaper(self.tree);
+            let unknown = engine.reaped().unknown_reaper(self.tree);
             if let Some(Err(e)) =
                 self.evidence("member exits", || ledger.record_exits(tree, &gone, unknown))
             {

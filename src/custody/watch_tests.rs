@@ -470,7 +470,7 @@ fn the_root_exit_status_goes_to_the_root_and_never_to_a_later_holder_of_its_pid(
     // pid. A member that later holds the same pid (another start time) is
     // not the root, and its exit must not be given the root's status.
     let rig = rig(true, false);
-    rig.engine.note_spawned_here(rig.tree);
+    rig.engine.reaped().note_spawned_here(rig.tree);
     let root = rig.root;
     let child = {
         let mut w = rig.host.world();
@@ -526,7 +526,7 @@ fn an_orphans_status_on_its_way_to_the_reaper_is_waited_for_in_a_tree_spawned_he
     for spawned_here in [true, false] {
         let rig = rig(true, false);
         if spawned_here {
-            rig.engine.note_spawned_here(rig.tree);
+            rig.engine.reaped().note_spawned_here(rig.tree);
         }
         let child = rig.host.world().fork(rig.root.0).expect("the root runs");
         let mut watch = rig.watch();

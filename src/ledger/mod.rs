@@ -815,7 +815,7 @@ impl Ledger {
     }
 
     /// The trees whose state alone can hold dispatch closed: ambiguous,
-    /// terminating and killing (what [`crate::custody::Engine::unsettled`]
+    /// terminating and killing (what [`crate::custody::Gate::unsettled`]
     /// judges), read through the state index. Not every live tree: with
     /// 2,000 running trees, reading them all made every `/healthz`, spawn
     /// gate and `/metrics` scrape read 2,000 rows.

@@ -141,7 +141,7 @@ impl Door {
     /// The trees that hold dispatch closed.
     pub async fn unsettled(&self) -> Result<Vec<Unsettled>, ServiceError> {
         let engine = self.engine.clone();
-        super::blocking(move || Ok(engine.unsettled()?)).await?
+        super::blocking(move || Ok(engine.gate().unsettled()?)).await?
     }
 
     /// A tree's captured output (its last `tail` lines), empty when it has
@@ -168,8 +168,8 @@ impl Door {
         let engine = self.engine.clone();
         super::blocking(move || {
             let counts = engine.ledger().tree_counts()?;
-            let unsettled = engine.unsettled()?;
-            let unkillable = engine.newest_unkillable(&unsettled);
+            let unsettled = engine.gate().unsettled()?;
+            let unkillable = engine.gate().newest_unkillable(&unsettled);
             let head = engine.ledger().head()?;
             let shipped = engine.ledger().ship_cursor(super::ship::SINK)?;
             Ok(MetricsReadings {
@@ -234,7 +234,7 @@ impl Door {
                 trees,
                 more,
                 counts,
-                unsettled: engine.unsettled()?,
+                unsettled: engine.gate().unsettled()?,
             })
         })
         .await?

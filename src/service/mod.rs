@@ -109,7 +109,7 @@ use crate::scan::HostView;
 pub use metrics::Metrics;
 
 /// How often the service looks for teardowns that failed closed and whose
-/// owner is gone, to finish them ([`crate::custody::Engine::settle_failed_closed`]).
+/// owner is gone, to finish them ([`crate::custody::Sweeper::settle_failed_closed`]).
 const FAILED_CLOSED_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How the service runs. Built by the CLI from `serve`'s flags.
@@ -591,7 +591,12 @@ impl Service {
         by: Option<crate::ledger::Requester>,
     ) -> Result<(), ServiceError> {
         let engine = self.engine.clone();
-        blocking(move || engine.resolve_by(TreeId(tree), &note, force, by.as_ref())).await??;
+        blocking(move || {
+            engine
+                .ambiguity()
+                .resolve_by(TreeId(tree), &note, force, by.as_ref())
+        })
+        .await??;
         self.forget(tree);
         Ok(())
     }

@@ -18,7 +18,7 @@ impl Service {
         }
         let engine = self.engine.clone();
         let opts = self.sweep_options();
-        let result = blocking(move || engine.sweep_with(&opts)).await;
+        let result = blocking(move || engine.sweeper().sweep_with(&opts)).await;
         let error = match result {
             Ok(Ok(report)) => {
                 let settled = report.orphans.iter().filter(|o| o.error.is_none()).count();
@@ -58,7 +58,7 @@ impl Service {
                 _ = every.tick() => {}
                 _ = settle.tick() => {
                     let engine = self.engine.clone();
-                    if let Err(e) = blocking(move || engine.settle_failed_closed(8)).await {
+                    if let Err(e) = blocking(move || engine.sweeper().settle_failed_closed(8)).await {
                         tracing::error!(error = %e, "settle task failed");
                     }
                     continue;
@@ -66,7 +66,7 @@ impl Service {
             }
             let engine = self.engine.clone();
             let opts = self.sweep_options();
-            match blocking(move || engine.sweep_with(&opts)).await {
+            match blocking(move || engine.sweeper().sweep_with(&opts)).await {
                 Ok(Ok(report)) if !report.orphans.is_empty() => {
                     tracing::info!(orphans = report.orphans.len(), "sweep tore orphans down");
                 }

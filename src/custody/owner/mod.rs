@@ -283,7 +283,8 @@ impl Engine {
             first_signal: Some(opts.first_signal),
             ..req.clone()
         };
-        let spawned = self.spawn_on(&req, opts.tty.as_deref(), recorded)?;
+        let spawned =
+            super::spawn::Spawner::new(self).spawn_on(&req, opts.tty.as_deref(), recorded)?;
         let tree = spawned.tree;
         if opts.lifetime == Lifetime::Owner {
             mark_lifetime_owner(&self.ledger, tree);
@@ -500,7 +501,7 @@ impl Engine {
         status: Option<ExitStatus>,
     ) {
         let record = super::spawn::identity_record(root);
-        let exit = status.map(|s| self.exit_of(root.pid, s));
+        let exit = status.map(|s| self.reaped().exit_of(root.pid, s));
         if let Err(e) = self.ledger.record_exits(tree, &[(record, exit)], "parent") {
             tracing::warn!(tree = tree.0, error = %e, "the root's exit not recorded");
         }

@@ -4,9 +4,9 @@ use std::time::{Duration, Instant};
 
 use crate::ledger::TreeId;
 
-use super::super::{CustodyError, Engine};
+use super::super::CustodyError;
 
-impl Engine {
+impl Lease {
     /// Takes the tree's teardown lease: an advisory `flock` on
     /// `<data-dir>/teardown/tree-<id>.lock`, released when the file closes,
     /// also when the process dies. The file lives only as long as the
@@ -16,20 +16,20 @@ impl Engine {
     /// processes never hold leases on two different files of one path.
     /// `None` when the lock file cannot be made (logged): the teardown then
     /// runs without a lease rather than not at all.
-    pub(in crate::custody) fn teardown_lease(
-        &self,
+    pub(in crate::custody) fn take(
+        data_dir: &std::path::Path,
         tree: TreeId,
     ) -> Result<Option<Lease>, CustodyError> {
-        self.teardown_lease_within(tree, LEASE_WAIT)
+        Self::take_within(data_dir, tree, LEASE_WAIT)
     }
 
-    /// [`Engine::teardown_lease`], waiting at most `wait` for a holder.
-    pub(in crate::custody) fn teardown_lease_within(
-        &self,
+    /// [`Lease::take`], waiting at most `wait` for a holder.
+    pub(in crate::custody) fn take_within(
+        data_dir: &std::path::Path,
         tree: TreeId,
         wait: Duration,
     ) -> Result<Option<Lease>, CustodyError> {
-        let dir = self.data_dir.join("teardown");
+        let dir = data_dir.join("teardown");
         let path = dir.join(format!("tree-{}.lock", tree.0));
         let deadline = Instant::now() + wait;
         let mut logged = false;

@@ -39,6 +39,7 @@ mod signal;
 mod unkillable;
 
 pub(crate) use finish::{remove_cgroup, resources_from};
+pub(crate) use lease::Lease;
 pub(crate) use unkillable::UNKILLABLE_FLAG;
 
 /// Who asked for the teardown; chooses the event that records a refusal.
@@ -219,8 +220,13 @@ enum Reach {
     Kill,
 }
 
-/// What every phase of one teardown shares.
-struct Run<'a> {
+/// One teardown: the value that owns its run from the first signal to the
+/// end. Its phases (`phases.rs`), its signals (`signal.rs`) and its records
+/// (`finish.rs`, `unkillable.rs`) are its methods, each reading and
+/// updating what the run has found so far; it reaches the kernel only
+/// through the engine's [`Host`](super::Host).
+pub(super) struct Teardown<'a> {
+    engine: &'a Engine,
     tree: TreeId,
     opts: &'a TeardownOptions,
     progress: &'a mut dyn FnMut(&Progress),
@@ -386,9 +392,9 @@ impl Engine {
         opts: &TeardownOptions,
         progress: &mut dyn FnMut(&Progress),
     ) -> Result<TeardownReport, CustodyError> {
-        let _lease = self.teardown_lease(tree)?;
+        let _lease = Lease::take(&self.data_dir, tree)?;
         // (the lease file is unlinked and unlocked when `_lease` drops)
-        let result = self.teardown_leased(tree, opts, progress);
+        let result = Teardown::run(self, tree, opts, progress);
         // One line per teardown for the operator's log (journalctl): how it
         // ended and what each phase cost. The ledger holds the evidence.
         match &result {
@@ -421,12 +427,16 @@ impl Engine {
         }
         result
     }
+}
 
-    fn teardown_leased(
-        &self,
+impl<'a> Teardown<'a> {
+    /// The teardown of `tree` under its lease: [`Teardown::begin`], then
+    /// the machine.
+    fn run(
+        engine: &'a Engine,
         tree: TreeId,
-        opts: &TeardownOptions,
-        progress: &mut dyn FnMut(&Progress),
+        opts: &'a TeardownOptions,
+        progress: &'a mut dyn FnMut(&Progress),
     ) -> Result<TeardownReport, CustodyError> {
         let _span = tracing::info_span!(
             "teardown",
@@ -436,9 +446,9 @@ impl Engine {
         )
         .entered();
         let started = Instant::now();
-        match self.begin(tree, opts, progress, started)? {
+        match Self::begin(engine, tree, opts, progress, started)? {
             ControlFlow::Break(report) => Ok(report),
-            ControlFlow::Continue(run) => self.drive(run),
+            ControlFlow::Continue(teardown) => teardown.drive(),
         }
     }
 
@@ -447,19 +457,19 @@ impl Engine {
     /// `terminating`. `Break` when the teardown ends before the machine
     /// starts: already settled, recorded in another boot (refused, closed
     /// as vanished), or never released (vanished).
-    fn begin<'a>(
-        &self,
+    fn begin(
+        engine: &'a Engine,
         tree: TreeId,
         opts: &'a TeardownOptions,
         progress: &'a mut dyn FnMut(&Progress),
         started: Instant,
-    ) -> Result<ControlFlow<TeardownReport, Run<'a>>, CustodyError> {
+    ) -> Result<ControlFlow<TeardownReport, Self>, CustodyError> {
         // Evidence an earlier teardown could not write goes first, so the
         // trail keeps the order things happened in.
-        self.replay_deferred_leased(tree);
+        engine.ambiguity().replay_deferred_leased(tree);
         // The row and its members in one read (the members are what the
         // watch needs to know who was seen before).
-        let (row, known_members) = self
+        let (row, known_members) = engine
             .ledger
             .tree_members(tree)?
             .ok_or(CustodyError::UnknownTree(tree.0))?;
@@ -474,24 +484,24 @@ impl Engine {
         }
         // A tree recorded in another boot has no process left: its ids now
         // name strangers. Nothing is signalled; it is closed as vanished.
-        if let (Some(recorded), Ok(now)) = (row.boot_id.as_deref(), self.host.boot_id())
+        if let (Some(recorded), Ok(now)) = (row.boot_id.as_deref(), engine.host.boot_id())
             && recorded != now
         {
             let why = format!(
                 "recorded in boot {recorded}, this is boot {now}: nothing of it can be running"
             );
             let cgroup = row.cgroup.as_ref().map(std::path::PathBuf::from);
-            return self
-                .refuse(tree, cgroup.as_deref(), opts, &why, report, started)
+            return finish::refuse(engine, tree, cgroup.as_deref(), opts, &why, report, started)
                 .map(ControlFlow::Break);
         }
-        let exclude = self.exclude.as_ref().clone();
+        let exclude = engine.exclude.as_ref().clone();
         let adopted_by = (opts.origin == Origin::Run).then_some(std::process::id() as i32);
-        let Some(mut watch) = TreeWatch::new_on(self.host(), &row, &known_members, &exclude) else {
+        let Some(mut watch) = TreeWatch::new_on(engine.host(), &row, &known_members, &exclude)
+        else {
             // Never released: the held child exits when its owner's pipe closes.
-            self.ledger.end_tree(tree, TreeState::Vanished, None)?;
+            engine.ledger.end_tree(tree, TreeState::Vanished, None)?;
             if let Some(dir) = row.cgroup.as_deref() {
-                remove_cgroup(self.host(), std::path::Path::new(dir));
+                remove_cgroup(engine.host(), std::path::Path::new(dir));
             }
             report.state = TreeState::Vanished;
             return Ok(ControlFlow::Break(report));
@@ -500,11 +510,11 @@ impl Engine {
             watch.adopt_children_of(pid);
         }
         watch.degrade_on_refusal();
-        watch.remember(&self.marked_survivors(tree.0));
+        watch.remember(&engine.ambiguity().marked_survivors(tree.0));
         watch.set_observer(opts.observer.clone());
         let group = recorded_group(&row, &watch);
         let mut exits: HashMap<i32, crate::proc::ExitStatus> = HashMap::new();
-        self.collect_exits(&mut exits);
+        finish::collect_exits(engine.host(), &mut exits);
 
         if matches!(
             row.state,
@@ -513,7 +523,7 @@ impl Engine {
             // Evidence, not authority: a ledger that refuses this write does
             // not stop SIGTERM; it stops the forced kill, further down.
             if let Some(Err(e)) = watch.record(
-                &self.ledger,
+                &engine.ledger,
                 "state terminating",
                 Deferred::State {
                     to: TreeState::Terminating,
@@ -525,7 +535,8 @@ impl Engine {
             }
         }
 
-        Ok(ControlFlow::Continue(Run {
+        Ok(ControlFlow::Continue(Teardown {
+            engine,
             tree,
             opts,
             progress,
@@ -539,64 +550,45 @@ impl Engine {
     }
 
     /// The machine's loop, from [`State::Term`] to a terminal state.
-    fn drive(&self, mut run: Run<'_>) -> Result<TeardownReport, CustodyError> {
-        let (tree, opts) = (run.tree, run.opts);
+    fn drive(mut self) -> Result<TeardownReport, CustodyError> {
         // The machine: each phase is a function from the run and the host's
         // answers to the next state; the terminal states end it.
         let mut state = State::Term;
         loop {
             state = match state {
-                State::Term => self
-                    .term(&mut run)
-                    .inspect_err(|_| self.disarm_again(&run))?,
-                State::Grace(g) => self
-                    .grace(&mut run, g)
-                    .inspect_err(|_| self.disarm_again(&run))?,
-                State::Freeze(f) => self.freeze_round(&mut run, f),
-                State::Snapshot(s) => self.snapshot(&mut run, s),
-                State::Authorize(a) => self.authorize(&mut run, a),
-                State::Kill(k) => self
-                    .kill(&mut run, k)
-                    .inspect_err(|_| self.disarm_again(&run))?,
-                State::Verify(v) => self
-                    .verify(&mut run, v)
-                    .inspect_err(|_| self.disarm_again(&run))?,
-                State::Finish => {
-                    let Run {
-                        tree,
-                        opts,
-                        mut watch,
-                        exits,
-                        report,
-                        started,
-                        ..
-                    } = run;
-                    return self.finish(tree, &mut watch, opts, report, started, &exits);
-                }
+                State::Term => self.term().inspect_err(|_| self.disarm_again())?,
+                State::Grace(g) => self.grace(g).inspect_err(|_| self.disarm_again())?,
+                State::Freeze(f) => self.freeze_round(f),
+                State::Snapshot(s) => self.snapshot(s),
+                State::Authorize(a) => self.authorize(a),
+                State::Kill(k) => self.kill(k).inspect_err(|_| self.disarm_again())?,
+                State::Verify(v) => self.verify(v).inspect_err(|_| self.disarm_again())?,
+                State::Finish => return self.finish(),
                 State::Refuse(why) => {
-                    self.flush_journal(tree, &mut run.watch);
-                    return self.refuse(
-                        tree,
-                        run.watch.cgroup(),
-                        opts,
+                    self.flush_journal();
+                    return finish::refuse(
+                        self.engine,
+                        self.tree,
+                        self.watch.cgroup(),
+                        self.opts,
                         &why,
-                        run.report,
-                        run.started,
+                        self.report,
+                        self.started,
                     );
                 }
                 State::FailClosed(f) => {
-                    let e = self.fail_closed(&mut run, f);
-                    self.disarm_again(&run);
+                    let e = self.fail_closed(f);
+                    self.disarm_again();
                     return Err(e);
                 }
                 State::Survived(members) => {
-                    let e = self.survived(&mut run, members, None);
-                    self.disarm_again(&run);
+                    let e = self.survived(members, None);
+                    self.disarm_again();
                     return Err(e);
                 }
                 State::Armed(members, why) => {
-                    let e = self.survived(&mut run, members, Some(why));
-                    self.disarm_again(&run);
+                    let e = self.survived(members, Some(why));
+                    self.disarm_again();
                     return Err(e);
                 }
             };

@@ -6,37 +6,32 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use super::super::CustodyError;
-use super::super::Engine;
 use super::super::watch::TreeWatch;
+use super::Teardown;
 use super::{Origin, Reach, Sent, Targets, TeardownOptions, now};
+use crate::custody::Engine;
 use crate::ledger::{
     AuthorizationId, Deferred, Event, IdentityRecord, KillTarget, SignalRecord, TreeId, event,
 };
-use crate::proc::{Delivery, GroupDelivery, GroupRecord, Identity, Sig};
+use crate::proc::{Delivery, GroupDelivery, Identity, Sig};
 use crate::scan::Member;
 
-impl Engine {
+impl Teardown<'_> {
     /// Builds the targets of one signal step from the live members.
-    pub(super) fn targets(
-        &self,
-        watch: &TreeWatch,
-        group: &GroupRecord,
-        members: &[Member],
-        reach: Reach,
-    ) -> Targets {
+    pub(super) fn targets(&self, members: &[Member], reach: Reach) -> Targets {
         let kill = reach == Reach::Kill;
-        let cgroup = watch.cgroup();
+        let cgroup = self.watch.cgroup();
         // The tick that classified `members` read `cgroup.procs` (frozen,
         // for a kill): the same set decides who the cgroup kill reaches.
         let cgroup_pids = if kill && cgroup.is_some() {
-            watch.cgroup_pids().clone()
+            self.watch.cgroup_pids().clone()
         } else {
             HashSet::new()
         };
         let mut loose = Vec::new();
         let mut in_group = 0;
         for m in members {
-            if m.entry.pgid == group.pgid {
+            if m.entry.pgid == self.group.pgid {
                 // With a cgroup kill, only group members outside the cgroup
                 // need the group signal.
                 if !(kill && cgroup_pids.contains(&m.entry.pid)) {
@@ -50,17 +45,17 @@ impl Engine {
             loose.push(Identity {
                 pid: m.entry.pid,
                 start_ticks: m.entry.start_ticks,
-                boot_id: group.leader.boot_id.clone(),
+                boot_id: self.group.leader.boot_id.clone(),
             });
         }
         Targets {
-            group: group.clone(),
+            group: self.group.clone(),
             cgroup: if kill {
                 cgroup.map(std::path::Path::to_path_buf)
             } else {
                 None
             },
-            group_pids: group_pids(members, group.pgid),
+            group_pids: group_pids(members, self.group.pgid),
             loose,
             in_group,
             cgroup_pids,
@@ -70,13 +65,10 @@ impl Engine {
     /// Sends `sig` to a step's targets and records each signal. Returns
     /// whether the group was provably the recorded one (or empty).
     pub(super) fn send(
-        &self,
-        tree: TreeId,
-        watch: &mut TreeWatch,
+        &mut self,
         step: &Targets,
         sig: Sig,
         authorization: Option<AuthorizationId>,
-        opts: &TeardownOptions,
     ) -> Result<bool, CustodyError> {
         let mut group_ok = true;
         // The step's signal records, written in one transaction at the end.
@@ -91,7 +83,7 @@ impl Engine {
             })
         };
         if let Some(dir) = step.cgroup.as_deref() {
-            let result = match self.host.container_kill(dir) {
+            let result = match self.engine.host.container_kill(dir) {
                 Ok(()) => Sent::Delivered,
                 Err(e) => Sent::Failed(e.to_string()),
             };
@@ -100,28 +92,30 @@ impl Engine {
             record(signal, kind, &dir.display().to_string(), &result);
         }
         if step.in_group > 0 || step.cgroup.is_none() {
-            let result = match self
-                .host
-                .signal_group_known(&step.group, sig, &step.group_pids)
-            {
-                Ok(GroupDelivery::Sent { members }) => Sent::ToMembers(members),
-                Ok(GroupDelivery::Empty) => Sent::GroupEmpty,
-                Ok(GroupDelivery::NotRecorded(why)) => {
-                    group_ok = false;
-                    if watch.degraded().is_none() {
-                        self.refusal_event(tree, opts, &why);
+            let result =
+                match self
+                    .engine
+                    .host
+                    .signal_group_known(&step.group, sig, &step.group_pids)
+                {
+                    Ok(GroupDelivery::Sent { members }) => Sent::ToMembers(members),
+                    Ok(GroupDelivery::Empty) => Sent::GroupEmpty,
+                    Ok(GroupDelivery::NotRecorded(why)) => {
+                        group_ok = false;
+                        if self.watch.degraded().is_none() {
+                            refusal_event(self.engine, self.tree, self.opts, &why);
+                        }
+                        Sent::Refused(why)
                     }
-                    Sent::Refused(why)
-                }
-                Err(e) => Sent::Failed(e.to_string()),
-            };
+                    Err(e) => Sent::Failed(e.to_string()),
+                };
             if result.was_sent() || sig != Sig::Kill {
                 record(sig.name(), "group", &step.group.pgid.to_string(), &result);
             } else if step.cgroup.is_none() {
                 // A SIGKILL that was not sent is recorded as skipped, not as a signal.
                 let why = format!("group {}: {result}", step.group.pgid);
-                let _ = watch.record(
-                    &self.ledger,
+                let _ = self.watch.record(
+                    &self.engine.ledger,
                     "kill skipped",
                     Deferred::KillSkipped {
                         reason: why,
@@ -139,15 +133,16 @@ impl Engine {
             // is signalled through a handle taken now, and only on the
             // witness a member known by its identity needs (its recorded
             // uid, read again through that handle); never by its pid.
-            let deliver = |held: &super::super::Held| match self.host.signal_held(held, sig) {
+            let deliver = |held: &super::super::Held| match self.engine.host.signal_held(held, sig)
+            {
                 Ok(Delivery::Sent) => Sent::Delivered,
                 Ok(Delivery::Gone) => Sent::Gone,
                 Ok(Delivery::Recycled) => Sent::Refused("pid recycled".into()),
                 Err(e) => Sent::Failed(e.to_string()),
             };
-            let result = match watch.held(&id.key()) {
+            let result = match self.watch.held(&id.key()) {
                 Some(held) => deliver(held),
-                None => match watch.hold_to_signal(self.host(), id) {
+                None => match self.watch.hold_to_signal(self.engine.host(), id) {
                     Ok(Some(held)) => deliver(&held),
                     Ok(None) => Sent::Refused(
                         "not held, and no handle now shows it the member (gone, recycled, or never read with its uid)".into(),
@@ -160,8 +155,8 @@ impl Engine {
             }
         }
         if !records.is_empty()
-            && let Some(Err(e)) = watch.record(
-                &self.ledger,
+            && let Some(Err(e)) = self.watch.record(
+                &self.engine.ledger,
                 "signals",
                 Deferred::Signals {
                     signals: records,
@@ -170,7 +165,7 @@ impl Engine {
             )
         {
             tracing::error!(
-                tree = tree.0,
+                tree = self.tree.0,
                 signal = sig.name(),
                 error = %e,
                 "signals not recorded"
@@ -179,46 +174,29 @@ impl Engine {
         Ok(group_ok)
     }
 
-    pub(super) fn refusal_event(&self, tree: TreeId, opts: &TeardownOptions, why: &str) {
-        let result = if opts.origin == Origin::Sweep {
-            let refused = Event::SweepRefused(event::Reason {
-                reason: why.to_string(),
-            });
-            self.ledger.append_event(Some(tree), refused)
-        } else {
-            self.ledger.kill_skipped(tree, why).map(|_| 0)
-        };
-        if let Err(e) = result {
-            tracing::warn!(tree = tree.0, error = %e, "refusal not recorded");
-        }
-    }
-
     /// Freezes what the next step will kill: the cgroup, or SIGSTOP to the
     /// group and the loose members.
-    pub(super) fn freeze(
-        &self,
-        tree: TreeId,
-        watch: &mut TreeWatch,
-        group: &GroupRecord,
-        members: &[Member],
-        opts: &TeardownOptions,
-    ) -> Result<(), String> {
-        if let Some(dir) = watch.cgroup() {
+    pub(super) fn freeze(&mut self, members: &[Member]) -> Result<(), String> {
+        if let Some(dir) = self.watch.cgroup() {
             // From here on only the authorized kill may end the tree: a
             // standing kill still set would end it, unrecorded, when the
             // container's last handle closes (a `run` that exits 125).
-            if let Err(e) = self.host.disarm_standing_kill(dir) {
+            if let Err(e) = self.engine.host.disarm_standing_kill(dir) {
                 return Err(format!(
                     "forced kill skipped: the container's standing kill could not be cleared ({e}); {} members not killed",
                     members.len()
                 ));
             }
-            if let Err(e) = self.host.container_freeze(dir, Duration::from_secs(1)) {
-                tracing::warn!(tree = tree.0, error = %e, "cgroup freeze failed");
+            if let Err(e) = self
+                .engine
+                .host
+                .container_freeze(dir, Duration::from_secs(1))
+            {
+                tracing::warn!(tree = self.tree.0, error = %e, "cgroup freeze failed");
             }
             return Ok(());
         }
-        self.group_step(tree, watch, group, members, Sig::Stop, opts);
+        self.group_step(members, Sig::Stop);
         Ok(())
     }
 
@@ -226,47 +204,32 @@ impl Engine {
     /// cleared (again), so the survivors the record calls alive are not
     /// killed behind its back when this process's exit closes the
     /// container (Windows' `KILL_ON_JOB_CLOSE`; nothing on Linux).
-    pub(super) fn disarm_again(&self, run: &super::Run<'_>) {
-        if let Some(dir) = run.watch.cgroup()
-            && let Err(e) = self.host.disarm_standing_kill(dir)
+    pub(super) fn disarm_again(&self) {
+        if let Some(dir) = self.watch.cgroup()
+            && let Err(e) = self.engine.host.disarm_standing_kill(dir)
         {
-            tracing::error!(tree = run.tree.0, error = %e, "standing kill not cleared on the teardown's error exit: the container's close may end its members");
+            tracing::error!(tree = self.tree.0, error = %e, "standing kill not cleared on the teardown's error exit: the container's close may end its members");
         }
     }
 
-    /// Undoes [`Engine::freeze`]: thaws the cgroup, or SIGCONT to the group
+    /// Undoes [`Teardown::freeze`]: thaws the cgroup, or SIGCONT to the group
     /// and the loose members.
-    pub(super) fn thaw(
-        &self,
-        tree: TreeId,
-        watch: &mut TreeWatch,
-        group: &GroupRecord,
-        members: &[Member],
-        opts: &TeardownOptions,
-    ) {
-        if let Some(dir) = watch.cgroup() {
-            if let Err(e) = self.host.container_thaw(dir, Duration::from_secs(1)) {
-                tracing::warn!(tree = tree.0, error = %e, "cgroup thaw failed");
+    pub(super) fn thaw(&mut self, members: &[Member]) {
+        if let Some(dir) = self.watch.cgroup() {
+            if let Err(e) = self.engine.host.container_thaw(dir, Duration::from_secs(1)) {
+                tracing::warn!(tree = self.tree.0, error = %e, "cgroup thaw failed");
             }
             return;
         }
-        self.group_step(tree, watch, group, members, Sig::Cont, opts);
+        self.group_step(members, Sig::Cont);
     }
 
     /// SIGSTOP/SIGCONT are signals like the others: sent and recorded by
     /// the same step as SIGTERM (DESIGN: the ledger holds every signal).
-    pub(super) fn group_step(
-        &self,
-        tree: TreeId,
-        watch: &mut TreeWatch,
-        group: &GroupRecord,
-        members: &[Member],
-        sig: Sig,
-        opts: &TeardownOptions,
-    ) {
-        let targets = self.targets(watch, group, members, Reach::Signal);
-        if let Err(e) = self.send(tree, watch, &targets, sig, None, opts) {
-            tracing::warn!(tree = tree.0, error = %e, signal = sig.name(), "freeze step failed");
+    pub(super) fn group_step(&mut self, members: &[Member], sig: Sig) {
+        let targets = self.targets(members, Reach::Signal);
+        if let Err(e) = self.send(&targets, sig, None) {
+            tracing::warn!(tree = self.tree.0, error = %e, signal = sig.name(), "freeze step failed");
         }
     }
 }
@@ -322,4 +285,20 @@ pub(super) fn kill_targets(
         });
     }
     targets
+}
+
+/// Records a refused signal: `sweep.refused` for a sweep, else
+/// `kill.skipped`.
+pub(super) fn refusal_event(engine: &Engine, tree: TreeId, opts: &TeardownOptions, why: &str) {
+    let result = if opts.origin == Origin::Sweep {
+        let refused = Event::SweepRefused(event::Reason {
+            reason: why.to_string(),
+        });
+        engine.ledger.append_event(Some(tree), refused)
+    } else {
+        engine.ledger.kill_skipped(tree, why).map(|_| 0)
+    };
+    if let Err(e) = result {
+        tracing::warn!(tree = tree.0, error = %e, "refusal not recorded");
+    }
 }

@@ -10,26 +10,26 @@
 
 use std::collections::HashSet;
 
-use super::Run;
-use crate::custody::Engine;
+use super::Teardown;
 use crate::scan::Member;
 
 /// The tree flag of a teardown that left a member no signal ends
 /// (`member.unkillable`): its outcome, beside `survivors`.
 pub(crate) const UNKILLABLE_FLAG: &str = "unkillable";
 
-impl Engine {
+impl Teardown<'_> {
     /// The members of `members` that outlived a SIGKILL sent under a
     /// committed authorization: each is recorded once per tree as a
     /// `member.unkillable` finding with the kernel's evidence (its state
     /// letter from the last read of `/proc/<pid>/stat`, its wait channel)
     /// and described for the tree's ambiguous reason. Best effort: the
     /// finding is evidence, and a ledger that refuses it leaves the reason.
-    pub(super) fn record_unkillable(&self, run: &mut Run<'_>, members: &[Member]) -> Vec<String> {
+    pub(super) fn record_unkillable(&mut self, members: &[Member]) -> Vec<String> {
         let recorded: HashSet<(i32, u64)> = self
+            .engine
             .ledger
             .events(&crate::ledger::EventFilter {
-                tree: Some(run.tree),
+                tree: Some(self.tree),
                 kind_prefix: Some(crate::ledger::EventKind::MemberUnkillable.as_str().into()),
                 ..Default::default()
             })
@@ -44,10 +44,10 @@ impl Engine {
             .collect();
         let mut described = Vec::new();
         for m in members {
-            let Some(&(kills, auth)) = run.killed.get(&m.entry.key()) else {
+            let Some(&(kills, auth)) = self.killed.get(&m.entry.key()) else {
                 continue;
             };
-            let wchan = self.host.wchan(m.entry.pid);
+            let wchan = self.engine.host.wchan(m.entry.pid);
             described.push(format!(
                 "pid {} (state {}{}, {kills} SIGKILLs)",
                 m.entry.pid,
@@ -61,7 +61,7 @@ impl Engine {
                 continue;
             }
             tracing::error!(
-                tree = run.tree.0,
+                tree = self.tree.0,
                 pid = m.entry.pid,
                 state = %m.entry.state,
                 wchan = wchan.as_deref().unwrap_or(""),
@@ -70,14 +70,14 @@ impl Engine {
             );
             let finding =
                 crate::ledger::Event::MemberUnkillable(crate::ledger::event::MemberUnkillable {
-                    identity: run.watch.identity(m),
+                    identity: self.watch.identity(m),
                     state: m.entry.state.to_string(),
                     wchan,
                     kills,
                     authorization: auth.0,
                 });
-            if let Err(e) = self.ledger.append_event(Some(run.tree), finding) {
-                tracing::warn!(tree = run.tree.0, error = %e, "member.unkillable not recorded");
+            if let Err(e) = self.engine.ledger.append_event(Some(self.tree), finding) {
+                tracing::warn!(tree = self.tree.0, error = %e, "member.unkillable not recorded");
             }
         }
         described
