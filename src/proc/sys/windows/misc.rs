@@ -219,21 +219,6 @@ pub fn effective_uid() -> u32 {
     0
 }
 
-impl Capability {
-    fn yes(note: impl Into<String>) -> Self {
-        Capability {
-            available: true,
-            note: note.into(),
-        }
-    }
-    fn no(note: impl Into<String>) -> Self {
-        Capability {
-            available: false,
-            note: note.into(),
-        }
-    }
-}
-
 /// What the host offers for custody on Windows.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Probe {
