@@ -84,9 +84,9 @@ pub struct CgroupSetting {
     pub value: String,
 }
 
-/// Usage of one cgroup and its descendants.
+/// Usage of one container: a cgroup and its descendants, or a job.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CgroupUsage {
+pub struct ContainerUsage {
     pub cpu_usec: Option<u64>,
     pub memory_peak_bytes: Option<u64>,
     pub pids_peak: Option<u64>,

@@ -44,7 +44,7 @@ pub use reaper::{
     Reaper, has_no_children, parent_pid, reap_child, set_parent_death_signal, set_subreaper,
 };
 pub use reserve::{RESERVES_PAST_END, reserve_past_end};
-pub use resources::{cap_log, cgroup_controllers, cgroup_usage, oom_kills};
+pub use resources::{cap_log, cgroup_controllers, container_usage, oom_kills};
 pub use signal::{
     GroupPath, cgroup_freeze, cgroup_kill, cgroup_pids, cgroup_populated, cgroup_thaw,
     cgroup_wait_event, default_sigpipe, group_members, may_signal, pidfd_group_signals_supported,

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::exits::unsupported;
-use crate::proc::{Capability, CgroupUsage, Layout, LayoutReport, Probe, ProcError, ProcEvent};
+use crate::proc::{Capability, ContainerUsage, Layout, LayoutReport, Probe, ProcError, ProcEvent};
 
 /// How the teardown would record a container kill. Never recorded on
 /// macOS: no boundary there is contained ([`crate::proc::BoundaryKind::contained`]).
@@ -74,8 +74,8 @@ pub fn oom_kills(_dir: &Path) -> Option<u64> {
     None
 }
 
-pub fn cgroup_usage(_dir: &Path) -> CgroupUsage {
-    CgroupUsage::default()
+pub fn container_usage(_dir: &Path) -> ContainerUsage {
+    ContainerUsage::default()
 }
 
 /// The log cap: macOS cannot punch the oldest bytes out of a file here;

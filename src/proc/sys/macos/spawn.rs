@@ -66,7 +66,7 @@ pub struct HeldChild {
     pub pgid: i32,
     pub sid: i32,
     pub cgroup: Option<PathBuf>,
-    pub born_in_cgroup: bool,
+    pub born_in_container: bool,
     pub identity: Identity,
 }
 

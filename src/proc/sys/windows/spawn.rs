@@ -134,7 +134,7 @@ pub struct HeldChild {
     /// `job:<name>`.
     pub cgroup: Option<PathBuf>,
     /// Always true: assigned to its job before its first instruction.
-    pub born_in_cgroup: bool,
+    pub born_in_container: bool,
     pub identity: Identity,
     process: Arc<Owned>,
     finished: bool,
@@ -317,7 +317,7 @@ pub fn spawn_held(spec: &SpawnSpec) -> Result<HeldChild, ProcError> {
         pgid: pid,
         sid: pid,
         cgroup: Some(path),
-        born_in_cgroup: true,
+        born_in_container: true,
         identity: Identity {
             pid,
             start_ticks: created,
