@@ -13,9 +13,7 @@ use clap::{Parser, Subcommand};
 use treewarden::config::{BoundaryChoice, Config, ObserverMode};
 use treewarden::ledger::ExportFormat;
 
-#[cfg(unix)]
-use crate::commands::doctor;
-use crate::commands::{SealCommand, backup, export, prune, seal, verify};
+use crate::commands::{SealCommand, backup, doctor, export, prune, seal, verify};
 use crate::exit::{CliError, CliResult, EXIT_INTERNAL, EXIT_USAGE};
 
 #[derive(Parser, Debug)]
@@ -303,10 +301,7 @@ fn run_command(command: Command, config: &Config) -> CliResult {
         Command::Resolve(args) => crate::commands::resolve(config, args),
         Command::Serve(args) => crate::commands::serve(config, args),
         Command::Token(cmd) => crate::commands::token(config, cmd),
-        #[cfg(unix)]
         Command::Doctor { json } => doctor(config, json),
-        #[cfg(windows)]
-        Command::Doctor { json } => crate::windows_cli::doctor(config, json),
         Command::Export {
             format,
             since,

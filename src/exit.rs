@@ -1,6 +1,6 @@
 //! How a command of the binary fails: [`CliError`] (an error and the exit
 //! code it maps to) and the exit codes themselves. A leaf: `cli` and
-//! `commands` (and `windows_cli`) use it, and it uses neither, so the
+//! `commands` use it, and it uses neither, so the
 //! commands do not reach back into the command line's module.
 
 /// Exit code for bad input: unknown tree, malformed duration, empty command.

@@ -4,10 +4,6 @@
 mod cli;
 mod commands;
 mod exit;
-#[cfg(target_os = "macos")]
-mod macos_cli;
-#[cfg(windows)]
-mod windows_cli;
 
 use std::process::ExitCode;
 

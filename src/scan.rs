@@ -24,43 +24,12 @@
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
-#[cfg(target_os = "linux")]
-use crate::proc::StatReader;
-#[cfg(any(target_os = "linux", target_os = "macos"))]
-pub use crate::proc::first_live_in_group;
 pub use crate::proc::read_entry;
+/// The snapshot and its reads live in `proc` ([`crate::proc::snapshot`]):
+/// this module classifies what they saw.
+pub use crate::proc::{HostView, Snapshot, snapshot, snapshot_pids};
 /// The one model and parser of `/proc/<pid>/stat` live in `proc` ([`crate::proc::stat`]).
 pub use crate::proc::{ProcEntry, parse_stat};
-
-/// A full `/proc` snapshot, keyed by pid.
-///
-/// A snapshot is *complete* when every read it made either succeeded or
-/// failed because the process is gone (ENOENT, ESRCH). Any other failure
-/// (EMFILE, ENFILE, EAGAIN, EIO, a short or malformed read) makes it
-/// incomplete: a process missing from an incomplete snapshot is unknown, not
-/// exited, and nothing may be concluded from its absence (else a
-/// service out of descriptors would record a live tree as ended).
-#[derive(Clone, Debug, Default)]
-pub struct Snapshot {
-    pub entries: HashMap<i32, ProcEntry>,
-    /// Why the snapshot is incomplete (the first failed read), if it is.
-    pub incomplete: Option<String>,
-}
-
-impl Snapshot {
-    /// A complete snapshot of `entries`.
-    pub fn of(entries: HashMap<i32, ProcEntry>) -> Self {
-        Self {
-            entries,
-            incomplete: None,
-        }
-    }
-
-    /// Whether every read succeeded or found its process gone.
-    pub fn is_complete(&self) -> bool {
-        self.incomplete.is_none()
-    }
-}
 
 /// A full walk handed to many callers at once (the custody host's coalesced
 /// walks): immutable, and indexed once for all of them.
@@ -122,65 +91,6 @@ impl SharedSnapshot {
         let index = self.index.get_or_init(|| SnapshotIndex::new(&self.snap));
         classify_tree(&self.snap, index, tree, exclude)
     }
-}
-
-/// Reads every process in `/proc`. Processes that vanish while being read are
-/// skipped: they are not there any more, which is what a snapshot says. A
-/// read that fails for any other reason makes the snapshot incomplete.
-#[cfg(target_os = "linux")]
-pub fn snapshot() -> Snapshot {
-    let pids: Vec<i32> = match std::fs::read_dir("/proc") {
-        Ok(dir) => {
-            let mut pids = Vec::new();
-            for e in dir {
-                match e {
-                    Ok(e) => {
-                        if let Some(pid) = e.file_name().to_str().and_then(|n| n.parse().ok()) {
-                            pids.push(pid);
-                        }
-                    }
-                    Err(e) => {
-                        let mut snap = snapshot_pids(pids);
-                        snap.incomplete = Some(format!("listing /proc: {e}"));
-                        return snap;
-                    }
-                }
-            }
-            pids
-        }
-        Err(e) => {
-            return Snapshot {
-                entries: HashMap::new(),
-                incomplete: Some(format!("listing /proc: {e}")),
-            };
-        }
-    };
-    snapshot_pids(pids)
-}
-
-/// Re-reads only the given pids (targeted refresh of known members).
-#[cfg(target_os = "linux")]
-pub fn snapshot_pids(pids: impl IntoIterator<Item = i32>) -> Snapshot {
-    let pids: Vec<i32> = pids.into_iter().collect();
-    let reads = read_in_parallel(&pids, |chunk| {
-        let mut reader = StatReader::new();
-        chunk
-            .iter()
-            .filter_map(|&pid| reader.read(pid).transpose())
-            .collect()
-    });
-    let mut snap = Snapshot::default();
-    for read in reads {
-        match read {
-            Ok(e) => {
-                snap.entries.insert(e.pid, e);
-            }
-            Err(why) => {
-                snap.incomplete.get_or_insert(why);
-            }
-        }
-    }
-    snap
 }
 
 /// Below this many pids a read stays on the calling thread: a thread costs
@@ -287,106 +197,6 @@ fn split_read<T: Send>(
     })
 }
 
-/// A host snapshot kept current cheaply between full scans (the service's
-/// scan loop; `run` and the teardown take full snapshots).
-///
-/// [`HostView::refresh`] lists `/proc` by name only, reads `stat` for pids it
-/// has not seen, drops pids that are gone, and re-reads the pids the caller
-/// names (known members, group and session leaders, cgroup members). Entries
-/// of other processes may be stale: a pid that died and was reused between
-/// two refreshes keeps its old entry. That is harmless for classification (a
-/// process that is not a member cannot become one by staying unread: it can
-/// join neither a tree's session nor its group, and a new child is a new pid),
-/// and [`HostView::full_refresh`], run at a slower cadence, re-reads everything.
-#[derive(Debug, Default)]
-#[cfg(target_os = "linux")]
-pub struct HostView {
-    snap: Snapshot,
-}
-
-#[cfg(target_os = "linux")]
-impl HostView {
-    /// A view filled by a full snapshot.
-    pub fn new() -> Self {
-        Self { snap: snapshot() }
-    }
-
-    pub fn snapshot(&self) -> &Snapshot {
-        &self.snap
-    }
-
-    /// Re-reads every process.
-    pub fn full_refresh(&mut self) {
-        self.snap = snapshot();
-    }
-
-    /// Re-reads only `pids` (new ones are added, gone ones forgotten),
-    /// without listing `/proc`: for a caller that learns of new processes
-    /// otherwise (the service, while the proc-connector observer follows
-    /// every watched tree). Returns how many `stat` files were read.
-    pub fn reread(&mut self, pids: impl IntoIterator<Item = i32>) -> usize {
-        let mut reader = StatReader::new();
-        let mut wanted: Vec<i32> = pids.into_iter().collect();
-        wanted.sort_unstable();
-        wanted.dedup();
-        self.snap.incomplete = None;
-        for &pid in &wanted {
-            self.take(pid, reader.read(pid));
-        }
-        wanted.len()
-    }
-
-    /// Reads new pids, forgets gone ones, and re-reads `reread`. Returns how
-    /// many `stat` files were read.
-    pub fn refresh(&mut self, reread: impl IntoIterator<Item = i32>) -> usize {
-        let mut reader = StatReader::new();
-        let listed: HashSet<i32> =
-            match std::fs::read_dir("/proc").and_then(|dir| dir.collect::<Result<Vec<_>, _>>()) {
-                Ok(dir) => dir
-                    .iter()
-                    .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
-                    .collect(),
-                Err(e) => {
-                    // Nothing is forgotten on a failed listing: the view keeps
-                    // what it had and says it is incomplete.
-                    self.snap.incomplete = Some(format!("listing /proc: {e}"));
-                    return 0;
-                }
-            };
-        self.snap.incomplete = None;
-        self.snap.entries.retain(|pid, _| listed.contains(pid));
-        let mut wanted: HashSet<i32> = reread.into_iter().filter(|p| listed.contains(p)).collect();
-        wanted.extend(
-            listed
-                .iter()
-                .filter(|p| !self.snap.entries.contains_key(p))
-                .copied(),
-        );
-        let reads = wanted.len();
-        for pid in wanted {
-            self.take(pid, reader.read(pid));
-        }
-        reads
-    }
-
-    /// One re-read's outcome: an entry replaces the old one, a gone process
-    /// is forgotten, and a failed read keeps the old entry and marks the
-    /// view incomplete (unknown is not gone).
-    fn take(&mut self, pid: i32, read: Result<Option<ProcEntry>, String>) {
-        match read {
-            Ok(Some(entry)) => {
-                self.snap.entries.insert(pid, entry);
-            }
-            Ok(None) => {
-                self.snap.entries.remove(&pid);
-            }
-            Err(why) => {
-                self.snap.incomplete.get_or_insert(why);
-            }
-        }
-    }
-}
-
 /// The time since boot in start-time clock ticks, where a start time
 /// counts from boot (Linux: [`crate::proc::boot_ticks_now`]); `None`
 /// elsewhere (a Windows job's listing is always confirmed by a second read).
@@ -409,91 +219,6 @@ pub fn cmdlines(pids: &[i32]) -> Vec<Vec<String>> {
     read_in_parallel(pids, |chunk| {
         chunk.iter().map(|&pid| cmdline(pid)).collect()
     })
-}
-
-// The same readers on Windows and macOS: the process layer's listing (a
-// toolhelp snapshot; libproc's `proc_listallpids`, each read with
-// `proc_pidinfo`) instead of /proc, and the tree's job (none on macOS)
-// instead of cgroup.procs.
-
-/// Every process (one listing).
-#[cfg(any(windows, target_os = "macos"))]
-pub fn snapshot() -> Snapshot {
-    let (entries, incomplete) = crate::proc::snapshot_entries(None);
-    Snapshot {
-        entries: entries.into_iter().map(|e| (e.pid, e)).collect(),
-        incomplete,
-    }
-}
-
-/// Only these pids, re-read now.
-#[cfg(any(windows, target_os = "macos"))]
-pub fn snapshot_pids(pids: impl IntoIterator<Item = i32>) -> Snapshot {
-    let pids: Vec<i32> = pids.into_iter().collect();
-    let (entries, incomplete) = crate::proc::snapshot_entries(Some(&pids));
-    Snapshot {
-        entries: entries.into_iter().map(|e| (e.pid, e)).collect(),
-        incomplete,
-    }
-}
-
-/// The service's scan-loop view on Windows: a toolhelp snapshot lists
-/// every process in one call (there is no cheaper listing to keep current,
-/// as Linux's `/proc` names are), so a refresh is a full re-read; only
-/// [`HostView::reread`] reads just the pids it is given.
-#[derive(Debug, Default)]
-#[cfg(windows)]
-pub struct HostView {
-    snap: Snapshot,
-}
-
-#[cfg(windows)]
-impl HostView {
-    /// A view filled by a full snapshot.
-    pub fn new() -> Self {
-        Self { snap: snapshot() }
-    }
-
-    pub fn snapshot(&self) -> &Snapshot {
-        &self.snap
-    }
-
-    /// Re-reads every process.
-    pub fn full_refresh(&mut self) {
-        self.snap = snapshot();
-    }
-
-    /// Re-reads only `pids` (found ones replaced, gone ones forgotten); a
-    /// failed read keeps what the view had and marks it incomplete.
-    /// Returns how many pids were asked for.
-    pub fn reread(&mut self, pids: impl IntoIterator<Item = i32>) -> usize {
-        let mut wanted: Vec<i32> = pids.into_iter().collect();
-        wanted.sort_unstable();
-        wanted.dedup();
-        let mut fresh = snapshot_pids(wanted.iter().copied());
-        if let Some(why) = fresh.incomplete {
-            self.snap.incomplete = Some(why);
-            return wanted.len();
-        }
-        self.snap.incomplete = None;
-        for pid in &wanted {
-            match fresh.entries.remove(pid) {
-                Some(entry) => {
-                    self.snap.entries.insert(*pid, entry);
-                }
-                None => {
-                    self.snap.entries.remove(pid);
-                }
-            }
-        }
-        wanted.len()
-    }
-
-    /// A full re-read (see the type); returns how many processes it holds.
-    pub fn refresh(&mut self, _reread: impl IntoIterator<Item = i32>) -> usize {
-        self.full_refresh();
-        self.snap.entries.len()
-    }
 }
 
 /// Outside the tree's group and session. A Windows process's console group
@@ -979,15 +704,14 @@ mod tests {
         pids.push(std::process::id() as i32);
         let parallel = snapshot_pids(pids.clone());
         let me = std::process::id() as i32;
-        let mut reader = StatReader::new();
         let key = |e: &ProcEntry| (e.pid, e.start_ticks, e.pgid, e.sid, e.comm.clone());
         assert_eq!(
             parallel.entries.get(&me).map(key),
-            reader.read(me).ok().flatten().as_ref().map(key)
+            read_entry(me).as_ref().map(key)
         );
         assert_eq!(
             parallel.entries.get(&1).map(|e| e.start_ticks),
-            reader.read(1).ok().flatten().map(|e| e.start_ticks)
+            read_entry(1).map(|e| e.start_ticks)
         );
         assert!(
             pids.iter()

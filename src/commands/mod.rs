@@ -24,7 +24,6 @@ use crate::exit::{CliError, CliResult, EXIT_INTERNAL, EXIT_USAGE};
 
 mod backup;
 mod custody;
-#[cfg(unix)]
 mod doctor;
 mod export;
 mod kill;
@@ -38,14 +37,12 @@ mod serve;
 mod show;
 mod sweep;
 mod token;
-#[cfg(unix)]
 mod tty;
 mod verify;
 
 pub use backup::backup;
 pub use custody::{CustodyArgs, custody};
 use custody::{KeepArgs, hand_over};
-#[cfg(unix)]
 pub use doctor::doctor;
 pub use export::export;
 pub use kill::{KillArgs, kill};
@@ -58,19 +55,16 @@ use run::RunStatus;
 pub use run::{RunArgs, run};
 pub use seal::{SealCommand, seal};
 pub use serve::ServeArgs;
-#[cfg(any(target_os = "linux", windows))]
-pub use serve::serve;
 pub use show::{ShowArgs, show};
 pub use sweep::{SweepArgs, sweep};
 pub use token::TokenCommand;
-#[cfg(any(target_os = "linux", windows))]
-pub use token::token;
-#[cfg(unix)]
 use tty::TtyRelay;
 pub use verify::verify;
-// `serve` and `token` refuse on macOS: src/macos_cli.rs.
-#[cfg(target_os = "macos")]
-pub use crate::macos_cli::{serve, token};
+// `serve` and `token` drive the service, which src/lib.rs builds on Linux
+// and Windows only: on macOS they are `no_service.rs`'s refusals.
+#[cfg_attr(target_os = "macos", path = "no_service.rs")]
+mod service;
+pub use service::{serve, token};
 
 /// The ledger's path, when a ledger is there: a missing file is a usage
 /// error (usually a wrong --data-dir); no command but `run` and `serve`
@@ -225,26 +219,6 @@ fn print_json(value: &impl serde::Serialize) -> Result<(), CliError> {
 /// The most teardowns a command settles on its way (`run`, `ls`, `kill`).
 const SETTLE_LIMIT: usize = 8;
 
-/// A teardown interrupted between freeze and thaw would leave the tree
-/// frozen (or SIGSTOPped). `kill` and `sweep` are bounded, so they finish
-/// what they started: SIGINT, SIGTERM and SIGHUP are noted and ignored.
-/// (SIGKILL cannot be; a tree left frozen by it is in state `killing` and
-/// the next sweep resumes it.)
-#[cfg(unix)]
-fn shield_from_interrupts() {
-    let noted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    for sig in [
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGHUP,
-    ] {
-        if let Err(e) = signal_hook::flag::register(sig, noted.clone()) {
-            tracing::warn!(signal = sig, error = %e, "cannot shield the teardown from this signal");
-        }
-    }
-}
-
-// The Windows bodies of what the Unix ones above do through Unix-only
-// parts: see src/windows_cli.rs.
-#[cfg(windows)]
-use crate::windows_cli::{TtyRelay, shield_from_interrupts, survivors_hold_pipes};
+/// `kill` and `sweep` finish what they started: interrupts are noted and
+/// ignored ([`treewarden::proc::shield_from_interrupts`]).
+use treewarden::proc::shield_from_interrupts;

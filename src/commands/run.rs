@@ -386,18 +386,13 @@ pub(super) fn run_owned(
 /// close another process's descriptors, and must not kill it without an
 /// authorization), so a caller waiting for EOF knows why it waits and
 /// what ends it.
-#[cfg(unix)]
+/// (Where the OS cannot tell a pipe, as on Windows, the line names none.)
 pub(super) fn survivors_hold_pipes(engine: &Engine, tree: TreeId) -> Option<String> {
-    use std::os::unix::fs::FileTypeExt;
     let survivors = engine.ambiguity().survivors_left(tree);
     if survivors.is_empty() {
         return None;
     }
-    let pipes: Vec<&str> = [("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")]
-        .into_iter()
-        .filter(|(_, fd)| std::fs::metadata(fd).is_ok_and(|m| m.file_type().is_fifo()))
-        .map(|(name, _)| name)
-        .collect();
+    let pipes = treewarden::proc::stdio_pipes().unwrap_or_default();
     let pids: Vec<String> = survivors.iter().map(i32::to_string).collect();
     let held = if pipes.is_empty() {
         String::new()

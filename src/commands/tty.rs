@@ -6,16 +6,16 @@ use super::*;
 /// terminal -> stdout, and SIGWINCH -> the terminal's size. Threads, as the
 /// rest of `run`; the stdin reader is left blocked in its read when run
 /// ends (the process exits).
-#[cfg(unix)]
+/// Made only over a pseudo-terminal (none opens on Windows or macOS).
 pub(super) struct TtyRelay {
     master_in: Option<std::fs::File>,
     master_out: Option<std::fs::File>,
     master_size: Option<std::fs::File>,
     done: Option<std::sync::mpsc::Receiver<()>>,
-    winch: Option<signal_hook::iterator::Handle>,
+    /// Stops following the terminal's size.
+    winch: Option<Box<dyn FnOnce()>>,
 }
 
-#[cfg(unix)]
 impl TtyRelay {
     pub(super) fn new(pty: &treewarden::proc::tty::Pty) -> std::io::Result<Self> {
         Ok(Self {
@@ -59,18 +59,8 @@ impl TtyRelay {
                     }
                 });
         }
-        if let Some(master) = self.master_size.take()
-            && let Ok(mut winch) =
-                signal_hook::iterator::Signals::new([signal_hook::consts::SIGWINCH])
-        {
-            self.winch = Some(winch.handle());
-            let _ = std::thread::Builder::new()
-                .name("tw-tty-winch".into())
-                .spawn(move || {
-                    for _ in winch.forever() {
-                        treewarden::proc::tty::copy_stdin_size_to(&master);
-                    }
-                });
+        if let Some(master) = self.master_size.take() {
+            self.winch = treewarden::proc::follow_terminal_resizes(master);
         }
     }
 
@@ -79,8 +69,8 @@ impl TtyRelay {
         if let Some(done) = &self.done {
             let _ = done.recv_timeout(limit);
         }
-        if let Some(h) = &self.winch {
-            h.close();
+        if let Some(stop) = self.winch {
+            stop();
         }
     }
 }

@@ -175,11 +175,11 @@ pub trait Host: Send + Sync {
     fn oom_kills(&self, dir: &Path) -> Option<u64> {
         crate::proc::oom_kills(dir)
     }
-    /// What the tree's cgroup says it consumed ([`crate::proc::cgroup_usage`]):
+    /// What the tree's cgroup says it consumed ([`crate::proc::container_usage`]):
     /// plain reads of its usage files, so a fake host's cgroup may be a
     /// temporary directory holding them.
-    fn cgroup_usage(&self, dir: &Path) -> crate::proc::CgroupUsage {
-        crate::proc::cgroup_usage(dir)
+    fn container_usage(&self, dir: &Path) -> crate::proc::ContainerUsage {
+        crate::proc::container_usage(dir)
     }
     /// Removes an empty cgroup, waiting up to `wait` for the kernel to let
     /// go of it; `false` when it stayed populated.

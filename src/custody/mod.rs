@@ -406,9 +406,9 @@ pub fn live_resources(row: &crate::ledger::TreeRow) -> Option<crate::ledger::Res
     if row.state.is_terminal() {
         return None;
     }
-    row.cgroup
-        .as_deref()
-        .map(|dir| teardown::resources_from(crate::proc::cgroup_usage(std::path::Path::new(dir))))
+    row.cgroup.as_deref().map(|dir| {
+        teardown::resources_from(crate::proc::container_usage(std::path::Path::new(dir)))
+    })
 }
 
 /// The prefix of a ledger's per-tree cgroup names: `tw-` and the first 8

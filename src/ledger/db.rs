@@ -216,47 +216,10 @@ fn creation_error(path: &Path, e: std::io::Error) -> LedgerError {
 /// `/tmp`) and already holds something, is refused with one line: tightening it would break its other users, and leaving it so would
 /// show every tree's argv. An *empty* sticky directory of this user's (a
 /// tmpfs freshly mounted for the data dir: its root is 1777) is tightened.
-#[cfg(unix)]
 fn make_private(dir: &Path) -> Result<(), LedgerError> {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    let meta = std::fs::metadata(dir).map_err(|e| creation_error(dir, e))?;
-    let mode = meta.mode() & 0o7777;
-    let me = rustix::process::geteuid().as_raw();
-    // Whatever its mode: its owner can replace the ledger in it (and, a
-    // 0700 folder being theirs to open, read every tree's argv), so a
-    // ledger there is theirs to rewrite, not this user's record.
-    if meta.uid() != me {
-        return Err(LedgerError::Other(format!(
-            "data dir {} is owned by uid {}, not by this user (uid {me}): use a --data-dir of this user's own (mode 0700)",
-            dir.display(),
-            meta.uid()
-        )));
-    }
-    if mode & 0o077 == 0 {
-        return Ok(());
-    }
-    let in_use = || {
-        std::fs::read_dir(dir)
-            .map(|mut entries| entries.next().is_some())
-            .unwrap_or(true)
-    };
-    if mode & 0o1000 != 0 && in_use() {
-        return Err(LedgerError::Other(format!(
-            "data dir {} is shared (mode {mode:04o}, owner uid {}): use a private --data-dir (mode 0700)",
-            dir.display(),
-            meta.uid()
-        )));
-    }
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-        .map_err(|e| creation_error(dir, e))?;
-    tracing::info!(dir = %dir.display(), was = format!("{mode:04o}"), "data dir was open to others: made 0700");
-    Ok(())
-}
-
-/// Windows: the data dir's ACL is the user's (no mode bits to check).
-#[cfg(windows)]
-fn make_private(_dir: &Path) -> Result<(), LedgerError> {
-    Ok(())
+    crate::proc::make_dir_private(dir)
+        .map_err(|e| creation_error(dir, e))?
+        .map_err(LedgerError::Other)
 }
 
 /// Creates the ledger file with mode 0600 if it does not exist yet (an
@@ -334,11 +297,6 @@ fn open_connection(path: &Path, busy_timeout: Duration, dir: DirRule) -> Result<
     Ok(conn)
 }
 
-/// Elsewhere no reserve is made (no `fallocate` with `KEEP_SIZE`): a full
-/// disk fails the ledger's writes closed.
-#[cfg(not(target_os = "linux"))]
-fn reserve_wal(_conn: &Connection, _path: &Path, _bytes: u64) {}
-
 /// Preallocates `bytes` for the ledger's WAL (`fallocate` with
 /// `KEEP_SIZE`: blocks allocated past its end, its length unchanged), so
 /// that its next appends need no new blocks: a tree (or anything else)
@@ -355,9 +313,10 @@ fn reserve_wal(_conn: &Connection, _path: &Path, _bytes: u64) {}
 /// `-shm`), so closing ours drops none of its locks. Best effort: a
 /// filesystem without `fallocate` or without the room is logged, and the
 /// ledger works as before (a full disk then fails its writes closed).
-#[cfg(target_os = "linux")]
+/// Where no reserve can be made ([`crate::proc::RESERVES_PAST_END`]: not on
+/// Windows or macOS) none is, and a full disk fails the writes closed.
 fn reserve_wal(conn: &Connection, path: &Path, bytes: u64) {
-    if bytes == 0 {
+    if bytes == 0 || !crate::proc::RESERVES_PAST_END {
         return;
     }
     // A read makes SQLite open (create) the WAL of a WAL-mode database.
@@ -375,8 +334,7 @@ fn reserve_wal(conn: &Connection, path: &Path, bytes: u64) {
     let Ok(file) = std::fs::OpenOptions::new().write(true).open(&wal) else {
         return;
     };
-    use rustix::fs::FallocateFlags as F;
-    if let Err(e) = rustix::fs::fallocate(&file, F::KEEP_SIZE, 0, bytes) {
+    if let Err(e) = crate::proc::reserve_past_end(&file, bytes) {
         tracing::warn!(wal = %wal.display(), bytes, error = %e, "the ledger's reserve could not be allocated; a full disk will fail its writes closed");
     }
 }

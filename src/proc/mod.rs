@@ -27,10 +27,12 @@
 
 #![allow(unsafe_code)]
 
+mod snapshot;
 pub mod stat;
 mod sys;
 mod types;
 
+pub use snapshot::{HostView, Snapshot, snapshot, snapshot_pids};
 pub use stat::{ProcEntry, parse_stat};
 pub use sys::*;
 pub use types::*;

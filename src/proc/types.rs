@@ -52,6 +52,21 @@ pub struct Capability {
     pub note: String,
 }
 
+impl Capability {
+    pub(crate) fn yes(note: impl Into<String>) -> Self {
+        Capability {
+            available: true,
+            note: note.into(),
+        }
+    }
+    pub(crate) fn no(note: impl Into<String>) -> Self {
+        Capability {
+            available: false,
+            note: note.into(),
+        }
+    }
+}
+
 /// A key of `cgroup.events`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CgroupEvent {
@@ -69,9 +84,9 @@ pub struct CgroupSetting {
     pub value: String,
 }
 
-/// Usage of one cgroup and its descendants.
+/// Usage of one container: a cgroup and its descendants, or a job.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CgroupUsage {
+pub struct ContainerUsage {
     pub cpu_usec: Option<u64>,
     pub memory_peak_bytes: Option<u64>,
     pub pids_peak: Option<u64>,
@@ -106,6 +121,46 @@ pub enum ExecFailureKind {
     Other,
     /// The held child died (was killed) before it could be released: 125.
     Died,
+}
+
+/// A released child that never became the command.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("cannot execute {program}: {}{}", self.what(), self.os_error())]
+pub struct ExecFailure {
+    pub program: String,
+    pub errno: i32,
+    pub kind: ExecFailureKind,
+}
+
+impl ExecFailure {
+    /// The shell convention: 127 not found, 126 not executable, else 125.
+    pub fn exit_code(&self) -> u8 {
+        match self.kind {
+            ExecFailureKind::NotFound => 127,
+            ExecFailureKind::NotExecutable => 126,
+            ExecFailureKind::Other | ExecFailureKind::Died => 125,
+        }
+    }
+
+    fn what(&self) -> &'static str {
+        match self.kind {
+            ExecFailureKind::NotFound => "command not found",
+            ExecFailureKind::NotExecutable => "not executable",
+            // "exec failed", "CreateProcess failed", "spawn failed".
+            ExecFailureKind::Other => super::sys::EXEC_OTHER_FAILURE,
+            ExecFailureKind::Died => "the held child died before release",
+        }
+    }
+
+    /// ` (<the OS's words for errno>)` where the errno is the OS's own
+    /// (`EXEC_ERRNO_IS_THE_OS`: Linux's exec), else nothing.
+    fn os_error(&self) -> String {
+        if super::sys::EXEC_ERRNO_IS_THE_OS {
+            format!(" ({})", std::io::Error::from_raw_os_error(self.errno))
+        } else {
+            String::new()
+        }
+    }
 }
 
 /// What [`Reaper::on_exit`] calls, on the reaper thread: it must not block.
@@ -333,4 +388,52 @@ pub struct Lineage {
     pub ppid: i32,
     pub pgid: i32,
     pub sid: i32,
+}
+
+/// `treewarden doctor`'s answer as this OS words it (`doctor_report`):
+/// one JSON text, or a table's rows (name, value, note).
+#[derive(Debug)]
+pub enum DoctorReport {
+    Json(String),
+    Table(Vec<(&'static str, String, String)>),
+}
+
+impl ProcKey {
+    pub fn new(pid: i32, start_ticks: u64) -> Self {
+        Self { pid, start_ticks }
+    }
+}
+
+impl Identity {
+    /// The identity within its boot.
+    pub fn key(&self) -> ProcKey {
+        ProcKey::new(self.pid, self.start_ticks)
+    }
+}
+
+/// A process's stat ([`crate::proc::ProcEntry`], the one model of it) and
+/// its real uid (Linux: the owner of `/proc/<pid>`; 0 on Windows, whose
+/// entry has no sizes and its console group only for a root this process
+/// spawned). Derefs to its entry (`stat.start_ticks`, `stat.ppid`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ProcStat {
+    #[serde(flatten)]
+    pub entry: crate::proc::ProcEntry,
+    pub uid: u32,
+}
+
+impl std::ops::Deref for ProcStat {
+    type Target = crate::proc::ProcEntry;
+
+    fn deref(&self) -> &crate::proc::ProcEntry {
+        &self.entry
+    }
+}
+
+impl ProcStat {
+    /// A zombie (`Z`) or dead (`X`) process: it runs no code any more
+    /// ([`crate::proc::ProcEntry::is_live`]'s letters).
+    pub fn is_dead(&self) -> bool {
+        !self.entry.is_live()
+    }
 }

@@ -1143,7 +1143,7 @@ fn clone3_denied() -> Result<(), String> {
     spec.container = Some(tree_cgroup(&root));
     let held = proc::spawn_held(&spec).map_err(|e| e.to_string())?;
     assert!(
-        held.born_in_cgroup,
+        held.born_in_container,
         "clone3(CLONE_INTO_CGROUP) works on this kernel"
     );
     held.cancel().expect("cancel");
@@ -1152,7 +1152,7 @@ fn clone3_denied() -> Result<(), String> {
     let cg = tree_cgroup(&root);
     spec.container = Some(cg.clone());
     let held = proc::spawn_held(&spec).expect("the fallback spawns");
-    assert!(!held.born_in_cgroup, "clone3 refused: forked and moved");
+    assert!(!held.born_in_container, "clone3 refused: forked and moved");
     let procs = std::fs::read_to_string(cg.join("cgroup.procs")).unwrap_or_default();
     assert!(
         procs.lines().any(|l| l.trim() == held.pid.to_string()),

@@ -196,11 +196,11 @@ pub(crate) fn resources_of(
     host: &dyn crate::custody::Host,
     dir: &std::path::Path,
 ) -> crate::ledger::Resources {
-    resources_from(host.cgroup_usage(dir))
+    resources_from(host.container_usage(dir))
 }
 
-/// [`crate::proc::CgroupUsage`] in the ledger's terms.
-pub(crate) fn resources_from(u: crate::proc::CgroupUsage) -> crate::ledger::Resources {
+/// [`crate::proc::ContainerUsage`] in the ledger's terms.
+pub(crate) fn resources_from(u: crate::proc::ContainerUsage) -> crate::ledger::Resources {
     crate::ledger::Resources {
         cpu_usec: u.cpu_usec,
         memory_peak_bytes: u.memory_peak_bytes,

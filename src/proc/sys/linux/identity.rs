@@ -9,49 +9,8 @@
 
 use std::sync::OnceLock;
 
-use crate::proc::stat::{ProcEntry, parse_stat};
-use crate::proc::{Identity, Liveness, ProcError, ProcKey};
-
-impl ProcKey {
-    pub fn new(pid: i32, start_ticks: u64) -> Self {
-        Self { pid, start_ticks }
-    }
-}
-
-impl Identity {
-    /// The identity within its boot.
-    pub fn key(&self) -> ProcKey {
-        ProcKey::new(self.pid, self.start_ticks)
-    }
-}
-
-/// A process's `/proc/<pid>/stat` ([`ProcEntry`], the one model of it) and
-/// the owner of `/proc/<pid>`, read through one directory handle. Derefs to
-/// its entry (`stat.start_ticks`, `stat.ppid`), as Windows's flat
-/// `ProcStat` reads, so the code over the seam reads both alike.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct ProcStat {
-    #[serde(flatten)]
-    pub entry: ProcEntry,
-    /// Owner of `/proc/<pid>` (the real uid of the process).
-    pub uid: u32,
-}
-
-impl std::ops::Deref for ProcStat {
-    type Target = ProcEntry;
-
-    fn deref(&self) -> &ProcEntry {
-        &self.entry
-    }
-}
-
-impl ProcStat {
-    /// A zombie (`Z`) or dead (`X`) process: it runs no code any more
-    /// ([`ProcEntry::is_live`]'s letters).
-    pub fn is_dead(&self) -> bool {
-        !self.entry.is_live()
-    }
-}
+use crate::proc::stat::parse_stat;
+use crate::proc::{Identity, Liveness, ProcError, ProcStat};
 
 impl Identity {
     /// Re-reads `/proc` and says whether the pid still holds this process.

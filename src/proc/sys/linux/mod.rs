@@ -10,11 +10,13 @@ pub mod delegation;
 pub mod floor;
 pub mod held;
 pub mod identity;
+mod listing;
 pub mod pidfd;
 pub mod probe;
 pub mod pseudo;
 mod readers;
 pub mod reaper;
+mod reserve;
 mod resources;
 pub mod signal;
 mod stat;
@@ -24,22 +26,25 @@ pub mod users;
 use crate::proc::ProcError;
 
 pub use boundary::{
-    ExecFailure, GivenStdio, HeldChild, SHARED_PARENT_MARK, SpawnStdio, Spawned, cgroup_root,
-    cgroup2_mount, check_cgroup_writable, deny_clone3_in_this_thread, is_shared_parent,
-    own_cgroup_dir, remove_cgroup_if_empty, remove_cgroup_when_empty,
-    remove_shared_parent_if_empty, resolve_boundary, spawn_held,
+    EXEC_ERRNO_IS_THE_OS, EXEC_OTHER_FAILURE, GivenStdio, HeldChild, SHARED_PARENT_MARK,
+    SpawnStdio, Spawned, cgroup_root, cgroup2_mount, check_cgroup_writable,
+    deny_clone3_in_this_thread, is_shared_parent, own_cgroup_dir, remove_cgroup_if_empty,
+    remove_cgroup_when_empty, remove_shared_parent_if_empty, resolve_boundary, spawn_held,
 };
 pub use connector::{Connector, ConnectorWaker, monotonic_ns};
 pub use delegation::{SUPERVISOR_LEAF, check_limits_possible, layout, take_delegation};
 pub use held::{pidfd_exited, signal_pidfd};
-pub use identity::{ProcStat, boot_id, identity_of, read_stat, self_identity};
+pub use identity::{boot_id, identity_of, read_stat, self_identity};
+pub use listing::snapshot_entries;
+pub(crate) use listing::{view_refresh, view_reread};
 pub use pidfd::{ExitWatch, open_exit_watch, wait_exits};
-pub use probe::{Probe, probe};
+pub use probe::probe;
 pub use readers::{cmdline, details, member_pids, uid_of, wchan};
 pub use reaper::{
     Reaper, has_no_children, parent_pid, reap_child, set_parent_death_signal, set_subreaper,
 };
-pub use resources::{cap_log, cgroup_controllers, cgroup_usage, oom_kills};
+pub use reserve::{RESERVES_PAST_END, reserve_past_end};
+pub use resources::{cap_log, cgroup_controllers, container_usage, oom_kills};
 pub use signal::{
     GroupPath, cgroup_freeze, cgroup_kill, cgroup_pids, cgroup_populated, cgroup_thaw,
     cgroup_wait_event, default_sigpipe, group_members, may_signal, pidfd_group_signals_supported,
@@ -52,7 +57,6 @@ pub use signal::{
     cgroup_pids as container_pids, cgroup_populated as container_populated,
     cgroup_thaw as container_thaw, cgroup_wait_event as container_wait_event,
 };
-pub(crate) use stat::StatReader;
 pub use stat::{boot_ticks_now, first_live_in_group, read_entry};
 pub use users::{
     Credentials, credentials_for, credentials_of_peer, current_uid, effective_uid, group_by_name,

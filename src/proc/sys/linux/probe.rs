@@ -6,66 +6,12 @@
 //! never changes lasting state: the subreaper flag is restored when the probe
 //! set it, and the probe cgroup is removed.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::boundary::{cgroup_root, cgroup2_mount, probe_child_cgroup};
-use crate::proc::BoundaryKind;
+use crate::proc::{BoundaryKind, Probe};
 
 pub use crate::proc::types::Capability;
-
-impl Capability {
-    fn yes(note: impl Into<String>) -> Self {
-        Capability {
-            available: true,
-            note: note.into(),
-        }
-    }
-    fn no(note: impl Into<String>) -> Self {
-        Capability {
-            available: false,
-            note: note.into(),
-        }
-    }
-}
-
-/// The host's process-custody capabilities.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct Probe {
-    /// `uname -r`.
-    pub kernel_release: String,
-    pub boot_id: Option<String>,
-    pub pid_max: Option<i32>,
-    /// A cgroup2 filesystem is mounted (note: the mount point).
-    pub cgroup_v2: Capability,
-    pub cgroup2_mount: Option<PathBuf>,
-    /// Where tree cgroups would go (override or our own cgroup).
-    pub cgroup_root: Option<PathBuf>,
-    /// A tree cgroup can be created under the root and processes moved there.
-    pub cgroup_writable: Capability,
-    /// `cgroup.kill` exists (kernel >= 5.14).
-    pub cgroup_kill: Capability,
-    /// `cgroup.freeze` exists (kernel >= 5.2).
-    pub cgroup_freeze: Capability,
-    /// `pidfd_open` works (kernel >= 5.3).
-    pub pidfd: Capability,
-    /// Process groups are signalled through a pidfd of their leader
-    /// (`PIDFD_SIGNAL_PROCESS_GROUP`, Linux 6.9); else the checked killpg.
-    pub pidfd_group_signal: Capability,
-    /// `PR_SET_CHILD_SUBREAPER` can be set.
-    pub subreaper: Capability,
-    /// The proc connector could be subscribed to (needs CAP_NET_ADMIN in the
-    /// initial user and pid namespaces); probed by subscribing.
-    pub proc_connector: Capability,
-    /// The cgroup root's layout (root / delegated / shared / not delegated)
-    /// and whether a tree's limits can be enforced under it.
-    pub cgroup_layout: Option<crate::proc::LayoutReport>,
-    /// Which controllers tree cgroups can be given (`cgroup.controllers`
-    /// of the root).
-    pub cgroup_controllers: Vec<String>,
-    /// What `--boundary auto` picks here.
-    pub auto_boundary: BoundaryKind,
-    pub auto_reason: String,
-}
 
 /// Probes the host. `cgroup_root_override` is `Config::cgroup_root`.
 // Over 100 lines on purpose: a flat list of independent capability checks filling one `Probe`

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-pub use crate::proc::types::CgroupUsage;
+pub use crate::proc::types::ContainerUsage;
 
 /// How many processes the kernel's OOM killer ended in the cgroup (and its
 /// descendants) so far: `oom_kill` of `memory.events`. `None` where the
@@ -17,7 +17,7 @@ pub fn oom_kills(dir: &Path) -> Option<u64> {
 }
 
 /// Reads the cgroup's usage files. Nothing here writes or signals.
-pub fn cgroup_usage(dir: &Path) -> CgroupUsage {
+pub fn container_usage(dir: &Path) -> ContainerUsage {
     let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
     let cpu_usec = read("cpu.stat").and_then(|text| keyed(&text, "usage_usec"));
     let single = |name: &str| read(name).and_then(|t| t.trim().parse::<u64>().ok());
@@ -34,7 +34,7 @@ pub fn cgroup_usage(dir: &Path) -> CgroupUsage {
         }
         None => (None, None),
     };
-    CgroupUsage {
+    ContainerUsage {
         cpu_usec,
         memory_peak_bytes: single("memory.peak"),
         pids_peak: single("pids.peak"),
@@ -131,7 +131,7 @@ mod tests {
             "8:0 rbytes=100 wbytes=7 rios=1 wios=1\n8:16 rbytes=5 wbytes=3 rios=1 wios=1\n",
         )
         .expect("io.stat");
-        let u = cgroup_usage(dir.path());
+        let u = container_usage(dir.path());
         assert_eq!(u.cpu_usec, Some(1234));
         assert_eq!((u.io_read_bytes, u.io_write_bytes), (Some(105), Some(10)));
         assert_eq!(u.memory_peak_bytes, None);

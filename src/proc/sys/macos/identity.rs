@@ -11,43 +11,7 @@
 use std::ffi::{c_int, c_void};
 
 use crate::proc::stat::ProcEntry;
-use crate::proc::{Identity, Liveness, ProcError, ProcKey};
-
-impl ProcKey {
-    pub fn new(pid: i32, start_ticks: u64) -> Self {
-        Self { pid, start_ticks }
-    }
-}
-
-impl Identity {
-    pub fn key(&self) -> ProcKey {
-        ProcKey::new(self.pid, self.start_ticks)
-    }
-}
-
-/// A process's entry ([`ProcEntry`], the one model of it) and its real
-/// uid. Derefs to its entry, as on Linux.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct ProcStat {
-    #[serde(flatten)]
-    pub entry: ProcEntry,
-    pub uid: u32,
-}
-
-impl std::ops::Deref for ProcStat {
-    type Target = ProcEntry;
-
-    fn deref(&self) -> &ProcEntry {
-        &self.entry
-    }
-}
-
-impl ProcStat {
-    /// A zombie: it runs no code any more.
-    pub fn is_dead(&self) -> bool {
-        !self.entry.is_live()
-    }
-}
+use crate::proc::{Identity, Liveness, ProcError, ProcStat};
 
 impl Identity {
     /// Re-reads the pid and says whether it still holds this process. Never

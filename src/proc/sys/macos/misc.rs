@@ -3,11 +3,11 @@
 //! for macOS), and honest answers for what macOS has not: cgroups and
 //! their accounting, the proc connector.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::exits::unsupported;
-use crate::proc::{Capability, CgroupUsage, Layout, LayoutReport, ProcError, ProcEvent};
+use crate::proc::{Capability, ContainerUsage, Layout, LayoutReport, Probe, ProcError, ProcEvent};
 
 /// How the teardown would record a container kill. Never recorded on
 /// macOS: no boundary there is contained ([`crate::proc::BoundaryKind::contained`]).
@@ -35,45 +35,6 @@ pub fn credentials_for(uid: u32, gid: u32) -> std::io::Result<Credentials> {
         None => vec![gid],
     };
     Ok(Credentials { uid, gid, groups })
-}
-
-impl Capability {
-    fn yes(note: impl Into<String>) -> Self {
-        Capability {
-            available: true,
-            note: note.into(),
-        }
-    }
-    fn no(note: impl Into<String>) -> Self {
-        Capability {
-            available: false,
-            note: note.into(),
-        }
-    }
-}
-
-/// The host's capabilities: Linux's fields (the `doctor` table is one),
-/// each answered for macOS.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct Probe {
-    pub kernel_release: String,
-    pub boot_id: Option<String>,
-    pub pid_max: Option<i32>,
-    pub cgroup_v2: Capability,
-    pub cgroup2_mount: Option<PathBuf>,
-    pub cgroup_root: Option<PathBuf>,
-    pub cgroup_writable: Capability,
-    pub cgroup_kill: Capability,
-    pub cgroup_freeze: Capability,
-    /// The exit watch: kqueue `EVFILT_PROC` (probed on this process).
-    pub pidfd: Capability,
-    pub pidfd_group_signal: Capability,
-    pub subreaper: Capability,
-    pub proc_connector: Capability,
-    pub cgroup_layout: Option<LayoutReport>,
-    pub cgroup_controllers: Vec<String>,
-    pub auto_boundary: crate::proc::BoundaryKind,
-    pub auto_reason: String,
 }
 
 /// Probes the host: an exit watch on this very process is tried; the rest
@@ -113,8 +74,8 @@ pub fn oom_kills(_dir: &Path) -> Option<u64> {
     None
 }
 
-pub fn cgroup_usage(_dir: &Path) -> CgroupUsage {
-    CgroupUsage::default()
+pub fn container_usage(_dir: &Path) -> ContainerUsage {
+    ContainerUsage::default()
 }
 
 /// The log cap: macOS cannot punch the oldest bytes out of a file here;
@@ -242,3 +203,12 @@ pub const LINEAGE_IN_DETAILS: bool = true;
 /// Whether `run` and `serve` spawn trees here: not yet (the process layer
 /// is compile-checked only; docs/RESIDUALS.md, "macOS").
 pub const SPAWNS_TREES: bool = false;
+
+/// Whether [`reserve_past_end`] can hold room here: no (macOS has no
+/// `fallocate` with `KEEP_SIZE`).
+pub const RESERVES_PAST_END: bool = false;
+
+/// Never called where [`RESERVES_PAST_END`] is false: says so.
+pub fn reserve_past_end(_file: &std::fs::File, _bytes: u64) -> std::io::Result<()> {
+    Err(std::io::ErrorKind::Unsupported.into())
+}

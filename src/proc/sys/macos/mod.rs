@@ -32,17 +32,21 @@ pub use exits::{
     set_parent_death_signal, set_subreaper, signal_pidfd, wait_exits,
 };
 pub use identity::{
-    ProcStat, boot_id, details_of, first_live_in_group, group_members, identity_of, read_entry,
-    read_stat, self_identity, snapshot_entries,
+    boot_id, details_of, first_live_in_group, group_members, identity_of, read_entry, read_stat,
+    self_identity, snapshot_entries,
 };
 pub use misc::*;
+// A read here is a listing: the view re-reads by listing.
+#[path = "../listed.rs"]
+mod listed;
+pub(crate) use listed::{refresh_by_listing as view_refresh, reread_by_listing as view_reread};
 pub use signal::{
     container_freeze, container_kill, container_pids, container_populated, container_thaw,
     container_wait_event, default_sigpipe, disarm_standing_kill, may_signal, signal_group_known,
     signal_process,
 };
 pub use spawn::{
-    ExecFailure, HeldChild, SHARED_PARENT_MARK, SpawnStdio, Spawned, cgroup_root, is_shared_parent,
-    remove_cgroup_if_empty, remove_cgroup_when_empty, remove_shared_parent_if_empty,
-    resolve_boundary, spawn_held,
+    EXEC_ERRNO_IS_THE_OS, EXEC_OTHER_FAILURE, HeldChild, SHARED_PARENT_MARK, SpawnStdio, Spawned,
+    cgroup_root, is_shared_parent, remove_cgroup_if_empty, remove_cgroup_when_empty,
+    remove_shared_parent_if_empty, resolve_boundary, spawn_held,
 };

@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::config::BoundaryChoice;
-use crate::proc::{BoundaryKind, ExecFailureKind, GroupRecord, Identity, ProcError, SpawnSpec};
+use crate::proc::{
+    BoundaryKind, ExecFailure, ExecFailureKind, GroupRecord, Identity, ProcError, SpawnSpec,
+};
 
 impl std::str::FromStr for BoundaryKind {
     type Err = String;
@@ -53,33 +55,9 @@ impl SpawnStdio {
     }
 }
 
-/// A released child that never became the command.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("cannot execute {program}: {}", self.what())]
-pub struct ExecFailure {
-    pub program: String,
-    pub errno: i32,
-    pub kind: ExecFailureKind,
-}
-
-impl ExecFailure {
-    pub fn exit_code(&self) -> u8 {
-        match self.kind {
-            ExecFailureKind::NotFound => 127,
-            ExecFailureKind::NotExecutable => 126,
-            ExecFailureKind::Other | ExecFailureKind::Died => 125,
-        }
-    }
-
-    fn what(&self) -> &'static str {
-        match self.kind {
-            ExecFailureKind::NotFound => "command not found",
-            ExecFailureKind::NotExecutable => "not executable",
-            ExecFailureKind::Other => "spawn failed",
-            ExecFailureKind::Died => "the held child died before release",
-        }
-    }
-}
+/// How a failed spawn reads here: `spawn failed`, without errno's words.
+pub const EXEC_OTHER_FAILURE: &str = "spawn failed";
+pub const EXEC_ERRNO_IS_THE_OS: bool = false;
 
 /// A held root: never made on macOS ([`spawn_held`] refuses).
 #[derive(Debug)]
@@ -88,7 +66,7 @@ pub struct HeldChild {
     pub pgid: i32,
     pub sid: i32,
     pub cgroup: Option<PathBuf>,
-    pub born_in_cgroup: bool,
+    pub born_in_container: bool,
     pub identity: Identity,
 }
 

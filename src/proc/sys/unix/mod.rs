@@ -2,14 +2,22 @@
 //! signal names, the user database, descriptors handed over by number, and
 //! the descriptor limit (POSIX all).
 
+mod datadir;
+mod doctor;
 pub mod fds;
 pub(in crate::proc) mod guard;
 mod limits;
+mod probe;
+mod shell;
 pub mod sig;
 pub(in crate::proc) mod userdb;
 
+pub use datadir::make_dir_private;
+pub use doctor::doctor_report;
 pub use fds::take_inherited_fd;
 pub use limits::{nofile_soft_limit, raise_nofile_soft_limit};
+pub use probe::Probe;
+pub use shell::{follow_terminal_resizes, shield_from_interrupts, stdio_pipes};
 
 use crate::proc::ProcError;
 

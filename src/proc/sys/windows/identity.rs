@@ -14,41 +14,7 @@ use windows_sys::Win32::System::Threading::{
 };
 
 use super::Owned;
-use crate::proc::{Identity, Liveness, ProcError, ProcKey};
-
-impl ProcKey {
-    pub fn new(pid: i32, start_ticks: u64) -> Self {
-        Self { pid, start_ticks }
-    }
-}
-
-impl Identity {
-    pub fn key(&self) -> ProcKey {
-        ProcKey::new(self.pid, self.start_ticks)
-    }
-}
-
-/// What treewarden reads of one process.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct ProcStat {
-    pub pid: i32,
-    pub ppid: i32,
-    /// Windows cannot tell a process's console group: 0, but for a root
-    /// this process spawned (whose group it made).
-    pub pgid: i32,
-    pub sid: i32,
-    pub start_ticks: u64,
-    /// `R` running, `Z` exited (its object kept alive by a handle).
-    pub state: char,
-    pub comm: String,
-    pub uid: u32,
-}
-
-impl ProcStat {
-    pub fn is_dead(&self) -> bool {
-        matches!(self.state, 'Z' | 'X' | 'x')
-    }
-}
+use crate::proc::{Identity, Liveness, ProcEntry, ProcError, ProcStat};
 
 impl Identity {
     /// Re-opens the pid and says whether it still holds this process.
@@ -146,13 +112,20 @@ pub fn read_stat(pid: i32) -> Result<Option<ProcStat>, ProcError> {
     };
     let (ppid, comm) = super::misc::toolhelp_entry(pid).unwrap_or((0, String::new()));
     Ok(Some(ProcStat {
-        pid,
-        ppid,
-        pgid: super::reaper::group_of(pid).unwrap_or(0),
-        sid: 0,
-        start_ticks: t.created,
-        state: if t.running { 'R' } else { 'Z' },
-        comm,
+        // Windows cannot tell a process's console group: 0, but for a root
+        // this process spawned (whose group it made). `R` running, `Z`
+        // exited (its object kept alive by a handle).
+        entry: ProcEntry {
+            pid,
+            ppid,
+            pgid: super::reaper::group_of(pid).unwrap_or(0),
+            sid: 0,
+            start_ticks: t.created,
+            state: if t.running { 'R' } else { 'Z' },
+            comm,
+            rss_bytes: 0,
+            start_stack: 0,
+        },
         uid: 0,
     }))
 }

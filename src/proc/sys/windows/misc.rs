@@ -20,7 +20,7 @@ use super::identity::{boot_id, open, times_of};
 use super::reaper::unsupported;
 use super::{Owned, job};
 use crate::proc::{
-    Capability, CgroupUsage, Identity, Layout, LayoutReport, ProcError, ProcEvent, UserInfo,
+    Capability, ContainerUsage, Identity, Layout, LayoutReport, ProcError, ProcEvent, UserInfo,
 };
 use crate::scan::ProcEntry;
 
@@ -219,21 +219,6 @@ pub fn effective_uid() -> u32 {
     0
 }
 
-impl Capability {
-    fn yes(note: impl Into<String>) -> Self {
-        Capability {
-            available: true,
-            note: note.into(),
-        }
-    }
-    fn no(note: impl Into<String>) -> Self {
-        Capability {
-            available: false,
-            note: note.into(),
-        }
-    }
-}
-
 /// What the host offers for custody on Windows.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Probe {
@@ -288,18 +273,18 @@ pub fn oom_kills(_dir: &Path) -> Option<u64> {
 }
 
 /// The job's CPU time and process count (`None`s when it is gone).
-pub fn cgroup_usage(dir: &Path) -> CgroupUsage {
+pub fn container_usage(dir: &Path) -> ContainerUsage {
     match job::open(dir)
         .ok()
         .flatten()
         .and_then(|j| job::accounting(&j).ok())
     {
-        Some(a) => CgroupUsage {
+        Some(a) => ContainerUsage {
             cpu_usec: Some(a.cpu_100ns / 10),
             pids_peak: Some(u64::from(a.total_processes)),
-            ..CgroupUsage::default()
+            ..ContainerUsage::default()
         },
-        None => CgroupUsage::default(),
+        None => ContainerUsage::default(),
     }
 }
 

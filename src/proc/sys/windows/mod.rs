@@ -27,17 +27,27 @@
 //! and [`HeldChild::cancel`] of a child that ran nothing); signal this
 //! process's own group; leak a `windows-sys` type through a signature.
 
+mod doctor;
 mod identity;
 mod job;
 mod misc;
 mod reaper;
+mod shell;
 mod signal;
 mod spawn;
 mod watch;
 
-pub use identity::{ProcStat, boot_id, identity_of, read_stat, self_identity};
+pub use doctor::doctor_report;
+pub use shell::{RESERVES_PAST_END, make_dir_private, reserve_past_end};
+pub use shell::{follow_terminal_resizes, shield_from_interrupts, stdio_pipes};
+
+pub use identity::{boot_id, identity_of, read_stat, self_identity};
 pub use job::{JOB_PREFIX, KILL_ON_CLOSE_FLAG, job_name_of};
 pub use misc::*;
+// A read here is a listing: the view re-reads by listing.
+#[path = "../listed.rs"]
+mod listed;
+pub(crate) use listed::{refresh_by_listing as view_refresh, reread_by_listing as view_reread};
 pub use reaper::{
     Reaper, has_no_children, parent_pid, reap_child, set_parent_death_signal, set_subreaper,
 };
@@ -47,9 +57,9 @@ pub use signal::{
     signal_process,
 };
 pub use spawn::{
-    ExecFailure, GivenStdio, HeldChild, SHARED_PARENT_MARK, SpawnStdio, Spawned, cgroup_root,
-    is_shared_parent, remove_cgroup_if_empty, remove_cgroup_when_empty,
-    remove_shared_parent_if_empty, resolve_boundary, spawn_held,
+    EXEC_ERRNO_IS_THE_OS, EXEC_OTHER_FAILURE, GivenStdio, HeldChild, SHARED_PARENT_MARK,
+    SpawnStdio, Spawned, cgroup_root, is_shared_parent, remove_cgroup_if_empty,
+    remove_cgroup_when_empty, remove_shared_parent_if_empty, resolve_boundary, spawn_held,
 };
 
 pub use watch::ExitWatch;

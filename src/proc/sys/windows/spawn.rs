@@ -21,7 +21,8 @@ use super::job::{self, JobLimits};
 use super::{Owned, Reaper};
 use crate::config::BoundaryChoice;
 use crate::proc::{
-    BoundaryKind, CgroupSetting, ExecFailureKind, GroupRecord, Identity, ProcError, SpawnSpec,
+    BoundaryKind, CgroupSetting, ExecFailure, ExecFailureKind, GroupRecord, Identity, ProcError,
+    SpawnSpec,
 };
 
 impl std::str::FromStr for BoundaryKind {
@@ -118,33 +119,9 @@ impl GivenStdio {
     }
 }
 
-/// A released child that never became the command.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("cannot execute {program}: {}", self.what())]
-pub struct ExecFailure {
-    pub program: String,
-    pub errno: i32,
-    pub kind: ExecFailureKind,
-}
-
-impl ExecFailure {
-    pub fn exit_code(&self) -> u8 {
-        match self.kind {
-            ExecFailureKind::NotFound => 127,
-            ExecFailureKind::NotExecutable => 126,
-            ExecFailureKind::Other | ExecFailureKind::Died => 125,
-        }
-    }
-
-    fn what(&self) -> &'static str {
-        match self.kind {
-            ExecFailureKind::NotFound => "command not found",
-            ExecFailureKind::NotExecutable => "not executable",
-            ExecFailureKind::Other => "CreateProcess failed",
-            ExecFailureKind::Died => "the held child died before release",
-        }
-    }
-}
+/// How a failed spawn reads here: `CreateProcess failed`, without errno's words.
+pub const EXEC_OTHER_FAILURE: &str = "CreateProcess failed";
+pub const EXEC_ERRNO_IS_THE_OS: bool = false;
 
 /// A root created suspended and already in its job: it has run no
 /// instruction. Dropping it terminates it (it ran nothing).
@@ -157,7 +134,7 @@ pub struct HeldChild {
     /// `job:<name>`.
     pub cgroup: Option<PathBuf>,
     /// Always true: assigned to its job before its first instruction.
-    pub born_in_cgroup: bool,
+    pub born_in_container: bool,
     pub identity: Identity,
     process: Arc<Owned>,
     finished: bool,
@@ -340,7 +317,7 @@ pub fn spawn_held(spec: &SpawnSpec) -> Result<HeldChild, ProcError> {
         pgid: pid,
         sid: pid,
         cgroup: Some(path),
-        born_in_cgroup: true,
+        born_in_container: true,
         identity: Identity {
             pid,
             start_ticks: created,

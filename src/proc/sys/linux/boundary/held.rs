@@ -12,8 +12,8 @@ use rustix::io::Errno;
 use super::cgroup::{apply_settings, make_tree_cgroups, remove_cgroup_when_empty};
 use super::fork::{child_after_fork, clone_into_cgroup};
 use super::prepare::{Prepared, prepare};
-use super::types::ExecFailure;
 use super::{MSG_LEN, RELEASE_BYTE, STEP_NAMES, TAG_EXEC, TAG_READY, TAG_SETUP};
+use crate::proc::ExecFailure;
 use crate::proc::identity::identity_of;
 use crate::proc::reaper::{Reaper, reap_child};
 use crate::proc::{ExecFailureKind, GroupRecord, Identity, ProcError, SpawnSpec};
@@ -32,7 +32,7 @@ pub struct HeldChild {
     pub cgroup: Option<PathBuf>,
     /// Born in its cgroup by `clone3(CLONE_INTO_CGROUP)`; `false` when it
     /// was forked and moved there (`cgroup.procs`), or has no cgroup.
-    pub born_in_cgroup: bool,
+    pub born_in_container: bool,
     pub identity: Identity,
     program: String,
     release_w: Option<OwnedFd>,
@@ -145,13 +145,13 @@ fn fork_held(spec: &SpawnSpec, p: &Prepared, program: String) -> Result<HeldChil
         .ok()
     });
     let fork_lock = Reaper::installed().map(Reaper::fork_lock);
-    let mut born_in_cgroup = false;
+    let mut born_in_container = false;
     let mut pid = -1;
     if let Some(dir) = &cgroup_dir {
         // SAFETY: as for fork below: clone3 without CLONE_VM is a fork (the
         // child gets a copy of this address space and returns here with 0).
         pid = unsafe { clone_into_cgroup(dir.as_raw_fd()) };
-        born_in_cgroup = pid >= 0;
+        born_in_container = pid >= 0;
     }
     if pid < 0 {
         // SAFETY: fork is called with all of the child's memory prepared; the
@@ -185,7 +185,7 @@ fn fork_held(spec: &SpawnSpec, p: &Prepared, program: String) -> Result<HeldChil
         pgid: pid,
         sid: pid,
         cgroup: None,
-        born_in_cgroup,
+        born_in_container,
         identity: Identity {
             pid,
             start_ticks: 0,
@@ -207,7 +207,8 @@ fn fork_held(spec: &SpawnSpec, p: &Prepared, program: String) -> Result<HeldChil
     };
     if let Some(cg) = &spec.container {
         // A child clone3 did not start in the cgroup is moved there now.
-        if !born_in_cgroup && let Err(e) = std::fs::write(cg.join("cgroup.procs"), pid.to_string())
+        if !born_in_container
+            && let Err(e) = std::fs::write(cg.join("cgroup.procs"), pid.to_string())
         {
             // The child may have failed its own set-up (a cwd closed to the
             // user it now runs as) and exited before it could be moved

@@ -41,7 +41,7 @@ pub use cgroup::{
 };
 pub use fork::deny_clone3_in_this_thread;
 pub use held::{HeldChild, Spawned, spawn_held};
-pub use types::{ExecFailure, GivenStdio, SpawnStdio};
+pub use types::{EXEC_ERRNO_IS_THE_OS, EXEC_OTHER_FAILURE, GivenStdio, SpawnStdio};
 
 // The files below name these as `super::delegation` and
 // `super::cgroup_wait_event`, as they did when they were one file: these

@@ -2,7 +2,7 @@
 //! the spec (argv, env, stdio, cgroup and its settings, credentials, tty),
 //! and an exec's failure as the shell reports it. Plain data: no syscall.
 
-use crate::proc::{BoundaryKind, ExecFailureKind};
+use crate::proc::{BoundaryKind, ExecFailure, ExecFailureKind};
 use std::os::fd::{AsRawFd, OwnedFd};
 
 impl std::str::FromStr for BoundaryKind {
@@ -73,14 +73,9 @@ impl PartialEq for GivenStdio {
 
 impl Eq for GivenStdio {}
 
-/// A released child that never became the command.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("cannot execute {program}: {} ({})", self.what(), std::io::Error::from_raw_os_error(*errno))]
-pub struct ExecFailure {
-    pub program: String,
-    pub errno: i32,
-    pub kind: ExecFailureKind,
-}
+/// How a failed exec reads here: `exec failed`, with errno's own words.
+pub const EXEC_OTHER_FAILURE: &str = "exec failed";
+pub const EXEC_ERRNO_IS_THE_OS: bool = true;
 
 impl ExecFailure {
     pub(super) fn new(program: &str, errno: i32) -> Self {
@@ -95,24 +90,6 @@ impl ExecFailure {
             program: program.to_owned(),
             errno,
             kind,
-        }
-    }
-
-    /// The shell convention: 127 not found, 126 not executable, else 125.
-    pub fn exit_code(&self) -> u8 {
-        match self.kind {
-            ExecFailureKind::NotFound => 127,
-            ExecFailureKind::NotExecutable => 126,
-            ExecFailureKind::Other | ExecFailureKind::Died => 125,
-        }
-    }
-
-    fn what(&self) -> &'static str {
-        match self.kind {
-            ExecFailureKind::NotFound => "command not found",
-            ExecFailureKind::NotExecutable => "not executable",
-            ExecFailureKind::Other => "exec failed",
-            ExecFailureKind::Died => "the held child died before release",
         }
     }
 }

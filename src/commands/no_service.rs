@@ -1,16 +1,15 @@
-//! The macOS bodies of the commands that do not run there yet:
-//! `serve` and `token` (the service, `http` and `service`, is built on
-//! Linux and Windows only) and `run` (no tree is spawned on macOS: the
-//! process layer there is compile-checked, never run). Each refuses with
-//! one line, exit 125. docs/RESIDUALS.md, "macOS".
+//! `serve` and `token` where the service is not built (macOS: `http`,
+//! `service` and `serve` are built on Linux and Windows only), in
+//! `service.rs`'s place: each refuses with one line, exit 125.
+//! docs/RESIDUALS.md, "macOS".
 
 use treewarden::config::Config;
 
-use crate::commands::{ServeArgs, TokenCommand};
+use super::{ServeArgs, TokenCommand};
 use crate::exit::{CliError, CliResult};
 
 /// The one line a command refuses with on macOS.
-pub fn not_supported(what: &str, why: &str) -> CliError {
+fn not_supported(what: &str, why: &str) -> CliError {
     CliError::internal(anyhow::anyhow!("{what}: macOS is not supported yet: {why}"))
 }
 
