@@ -163,36 +163,6 @@ pub struct ServeArgs {
     dispatch_scope: treewarden::custody::DispatchScope,
 }
 
-/// The service runs in `/`: its working directory is nothing a tree or a
-/// client should reach (a tree's `cwd` through a magic link, or any path
-/// the service itself would resolve relative to it), so it starts there,
-/// its own paths made absolute first (as given, against the directory it
-/// was started in).
-#[cfg(target_os = "linux")]
-fn in_root(config: &Config, mut args: ServeArgs) -> Result<(Config, ServeArgs), CliError> {
-    let abs = |p: &std::path::Path| {
-        std::path::absolute(p).map_err(|e| CliError::usage(anyhow!("{}: {e}", p.display())))
-    };
-    let mut config = config.clone();
-    config.data_dir = abs(&config.data_dir)?;
-    if let Some(c) = &config.cgroup_root {
-        config.cgroup_root = Some(abs(c)?);
-    }
-    for p in [
-        &mut args.ready_file,
-        &mut args.retain_archive,
-        &mut args.socket,
-    ]
-    .into_iter()
-    .flatten()
-    {
-        *p = abs(p)?;
-    }
-    std::env::set_current_dir("/")
-        .map_err(|e| CliError::internal(anyhow!("cannot enter /: {e}")))?;
-    Ok((config, args))
-}
-
 /// `treewarden serve`: the service. Exit 0 after a clean shutdown (every
 /// owned tree torn down), 125 when it could not start or settle.
 #[cfg(any(target_os = "linux", windows))]
@@ -208,9 +178,38 @@ pub fn serve(config: &Config, args: ServeArgs) -> CliResult {
 pub(super) fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
     use treewarden::serve::{ServeOptions, serve};
     use treewarden::service::ServiceConfig;
-    #[cfg(target_os = "linux")]
+    /// The service runs in `/` (`proc::SERVICE_DIR`; Windows has none): its
+    /// working directory is nothing a tree or a client should reach (a
+    /// tree's `cwd` through a magic link, or any path the service itself
+    /// would resolve relative to it), so it starts there, its own paths made
+    /// absolute first (as given, against the directory it was started in).
+    fn in_root(config: &Config, mut args: ServeArgs) -> Result<(Config, ServeArgs), CliError> {
+        let Some(root) = treewarden::proc::SERVICE_DIR else {
+            return Ok((config.clone(), args));
+        };
+        let abs = |p: &std::path::Path| {
+            std::path::absolute(p).map_err(|e| CliError::usage(anyhow!("{}: {e}", p.display())))
+        };
+        let mut config = config.clone();
+        config.data_dir = abs(&config.data_dir)?;
+        if let Some(c) = &config.cgroup_root {
+            config.cgroup_root = Some(abs(c)?);
+        }
+        for p in [
+            &mut args.ready_file,
+            &mut args.retain_archive,
+            &mut args.socket,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            *p = abs(p)?;
+        }
+        std::env::set_current_dir(root)
+            .map_err(|e| CliError::internal(anyhow!("cannot enter {root}: {e}")))?;
+        Ok((config, args))
+    }
     let (root_config, args) = in_root(config, args)?;
-    #[cfg(target_os = "linux")]
     let config = &root_config;
     let opts = ServeOptions {
         service: ServiceConfig {
