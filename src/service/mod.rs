@@ -95,7 +95,7 @@ use crate::custody::{
     SweepProgress, TeardownOptions, TeardownReport, TreeWatch, Watched,
 };
 use crate::ledger::{EventFilter, LedgerError, OwnerKind, TreeId, TreeRow, TreeState};
-use crate::proc::{ExitStatus, Identity, Reaper, SpawnStdio};
+use crate::proc::{ExitStatus, Identity, Reaper, SpawnStdio, sd_notify};
 use crate::scan::HostView;
 pub use metrics::Metrics;
 
@@ -798,25 +798,6 @@ impl Service {
         }
         tracing::info!(settled, "shutdown complete");
         settled
-    }
-}
-
-/// Windows has no systemd: the notify calls are no-ops there (the same
-/// names, so the call sites are one).
-#[cfg(windows)]
-mod sd_notify {
-    #[allow(dead_code)] // the states are named, never read
-    pub enum NotifyState<'a> {
-        Ready,
-        Stopping,
-        Watchdog,
-        Status(&'a str),
-    }
-    pub fn watchdog_enabled() -> Option<std::time::Duration> {
-        None
-    }
-    pub fn notify(_state: &[NotifyState<'_>]) -> std::io::Result<()> {
-        Ok(())
     }
 }
 

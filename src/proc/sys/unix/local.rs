@@ -105,3 +105,6 @@ pub fn refuse_if_open_to_others(path: &Path) -> std::io::Result<()> {
     }
     Ok(())
 }
+
+/// systemd's notify protocol (`Type=notify`, the watchdog): the crate's.
+pub use ::sd_notify;

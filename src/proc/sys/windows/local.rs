@@ -61,3 +61,25 @@ pub fn bind_local(path: &Path) -> std::io::Result<LocalListener> {
 pub fn refuse_if_open_to_others(_path: &Path) -> std::io::Result<()> {
     Ok(())
 }
+
+/// Windows has no systemd: the notify calls are no-ops here (the same
+/// names as the crate's on Unix, so the call sites are one).
+pub mod sd_notify {
+    /// A state told to the service manager; named, never read here.
+    pub enum NotifyState<'a> {
+        Ready,
+        Stopping,
+        Watchdog,
+        Status(&'a str),
+    }
+
+    /// No watchdog.
+    pub fn watchdog_enabled() -> Option<std::time::Duration> {
+        None
+    }
+
+    /// Nothing to tell.
+    pub fn notify(_state: &[NotifyState<'_>]) -> std::io::Result<()> {
+        Ok(())
+    }
+}
