@@ -18,6 +18,14 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// `serve --max-connections`'s default: connections served at once on
+/// each listener (declared here, not in `http`, so that the flag reads the
+/// same on every OS the binary builds for).
+pub const MAX_CONNECTIONS: usize = 1024;
+
+/// `serve --max-connections-per-uid`'s default.
+pub const MAX_CONNECTIONS_PER_UID: usize = 64;
+
 /// The longest duration any flag or field takes.
 pub const MAX_DURATION: Duration = Duration::from_secs(10 * 365 * 86_400);
 
@@ -153,8 +161,10 @@ impl Config {
     /// the error creating it names the path (`--data-dir` and
     /// `TREEWARDEN_DATA_DIR` choose another).
     pub fn default_data_dir() -> PathBuf {
-        if crate::proc::effective_uid() == 0 && cfg!(unix) {
-            return PathBuf::from("/var/lib/treewarden");
+        if let Some(dir) = crate::proc::SUPERUSER_DATA_DIR
+            && crate::proc::effective_uid() == 0
+        {
+            return PathBuf::from(dir);
         }
         let var = |name: &str| std::env::var_os(name).filter(|s| !s.is_empty());
         if let Some(state) = var("XDG_STATE_HOME") {

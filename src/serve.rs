@@ -111,20 +111,22 @@ pub fn serve(
     // Windows serves TCP on loopback only: no Unix socket (its peer
     // credentials and SCM_RIGHTS are Unix's), and nothing beyond loopback
     // (refused before anything is opened).
-    #[cfg(windows)]
+    // Where there is no local socket (Windows: its peer credentials and
+    // SCM_RIGHTS are Unix's), `serve` is loopback TCP only: what asks for
+    // more is refused before anything is opened.
+    if !crate::proc::LOCAL_SOCKET
+        && let Some(path) = &opts.socket
     {
-        if let Some(path) = &opts.socket {
-            return Err(ServeError::usage(format!(
-                "--socket {}: the Unix socket is Unix-only; on Windows serve listens on TCP on loopback (--listen 127.0.0.1:PORT)",
-                path.display()
-            )));
-        }
-        if !opts.service.listen.ip().is_loopback() {
-            return Err(ServeError::usage(format!(
-                "--listen {}: on Windows serve listens on loopback only (127.0.0.1 or ::1)",
-                opts.service.listen
-            )));
-        }
+        return Err(ServeError::usage(format!(
+            "--socket {}: the Unix socket is Unix-only; on Windows serve listens on TCP on loopback (--listen 127.0.0.1:PORT)",
+            path.display()
+        )));
+    }
+    if !crate::proc::BEYOND_LOOPBACK && !opts.service.listen.ip().is_loopback() {
+        return Err(ServeError::usage(format!(
+            "--listen {}: on Windows serve listens on loopback only (127.0.0.1 or ::1)",
+            opts.service.listen
+        )));
     }
     let reaper = Reaper::install()
         .map_err(|e| ServeError::internal(format!("cannot become a subreaper: {e}")))?;
@@ -242,11 +244,12 @@ pub fn serve(
             &requester(),
         )
         .map_err(|e| ServeError::internal(format!("api token: {e}")))?;
-    #[cfg(unix)]
-    let socket_path = opts
-        .socket
-        .clone()
-        .unwrap_or_else(|| config.data_dir.join("api.sock"));
+    // The local socket, where the platform has one.
+    let socket_path = crate::proc::LOCAL_SOCKET.then(|| {
+        opts.socket
+            .clone()
+            .unwrap_or_else(|| config.data_dir.join("api.sock"))
+    });
     let open_reads = opts.open_reads;
     // The dashboard's session cookie is named for this ledger (and port).
     let instance = service
@@ -260,7 +263,7 @@ pub fn serve(
         // (started by `run`, in the background) has torn anything down.
         let shutdown = service.shutdown_token();
         if opts.shutdown_on_signals {
-            crate::http::shutdown_on_signals(shutdown.clone()).map_err(|e| {
+            crate::proc::shutdown_on_signals(shutdown.clone()).map_err(|e| {
                 ServeError::internal(format!("start-up: cannot listen for signals: {e}"))
             })?;
         }
@@ -283,14 +286,15 @@ pub fn serve(
         let bound = listener
             .local_addr()
             .map_err(|e| ServeError::internal(e.to_string()))?;
-        #[cfg(unix)]
-        let unix = crate::http::bind_unix(&socket_path).map_err(|e| {
-            ServeError::internal(format!("cannot listen on {}: {e}", socket_path.display()))
-        })?;
+        let local = match &socket_path {
+            Some(path) => Some(crate::proc::bind_local(path).map_err(|e| {
+                ServeError::internal(format!("cannot listen on {}: {e}", path.display()))
+            })?),
+            None => None,
+        };
         // The file this service bound: removed at the end only while it is
         // still this one (a successor may have bound the path meanwhile).
-        #[cfg(unix)]
-        let bound_socket = file_key(&socket_path);
+        let bound_socket = socket_path.as_deref().and_then(crate::proc::file_key);
         let auth = crate::http::auth::Auth::new(!bound.ip().is_loopback(), open_reads, admin_gid)
             .with_sessions(crate::http::login::Sessions::for_instance(
                 &instance,
@@ -302,53 +306,51 @@ pub fn serve(
             auth: std::sync::Arc::new(auth),
         });
         let limits = opts.limits;
-        let servers = vec![tokio::spawn(crate::http::conn::serve(
+        let mut servers = vec![tokio::spawn(crate::http::conn::serve(
             listener,
             app.clone(),
             shutdown.clone(),
             limits,
         ))];
-        #[cfg(unix)]
-        let servers = {
-            let mut servers = servers;
+        if let Some(local) = local {
             servers.push(tokio::spawn(crate::http::conn::serve(
-                unix,
+                local,
                 app,
                 shutdown.clone(),
                 limits,
             )));
-            servers
-        };
+        }
         if let Some(path) = &service.config().ready_file {
             let tmp = path.with_extension("tmp");
             std::fs::write(&tmp, bound.to_string())
                 .and_then(|_| std::fs::rename(&tmp, path))
                 .map_err(|e| ServeError::internal(format!("{}: {e}", path.display())))?;
         }
-        #[cfg(unix)]
-        {
-            eprintln!(
-                "treewarden: listening on http://{bound}/ and {}",
-                socket_path.display()
-            );
-            tracing::info!(%bound, socket = %socket_path.display(), "listening");
-        }
-        #[cfg(windows)]
-        {
-            eprintln!("treewarden: listening on http://{bound}/");
-            tracing::info!(%bound, "listening");
+        match &socket_path {
+            Some(socket_path) => {
+                eprintln!(
+                    "treewarden: listening on http://{bound}/ and {}",
+                    socket_path.display()
+                );
+                tracing::info!(%bound, socket = %socket_path.display(), "listening");
+            }
+            None => {
+                eprintln!("treewarden: listening on http://{bound}/");
+                tracing::info!(%bound, "listening");
+            }
         }
         let settled = service.run(servers).await;
-        #[cfg(unix)]
-        if bound_socket.is_some() && file_key(&socket_path) == bound_socket {
-            if let Err(e) = std::fs::remove_file(&socket_path) {
-                tracing::warn!(error = %e, "the socket file was not removed");
+        if let Some(socket_path) = &socket_path {
+            if bound_socket.is_some() && crate::proc::file_key(socket_path) == bound_socket {
+                if let Err(e) = std::fs::remove_file(socket_path) {
+                    tracing::warn!(error = %e, "the socket file was not removed");
+                }
+            } else {
+                tracing::info!(
+                    socket = %socket_path.display(),
+                    "the socket path is another service's now: left in place"
+                );
             }
-        } else {
-            tracing::info!(
-                socket = %socket_path.display(),
-                "the socket path is another service's now: left in place"
-            );
         }
         Ok(if settled { 0 } else { EXIT_UNSETTLED })
     });
@@ -377,15 +379,4 @@ fn requester() -> crate::ledger::Requester {
         pid: Some(std::process::id() as i32),
         ..Default::default()
     }
-}
-
-/// A file's identity, not following a last symlink: its device and inode,
-/// and its change time, since a filesystem such as ext4 gives a file made
-/// just after another's removal the same inode number.
-#[cfg(unix)]
-fn file_key(path: &std::path::Path) -> Option<(u64, u64, i64, i64)> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::symlink_metadata(path)
-        .ok()
-        .map(|m| (m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
 }

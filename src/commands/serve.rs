@@ -126,14 +126,12 @@ pub struct ServeArgs {
     /// (Retry-After), up to 256 at once, then wait in the kernel's backlog.
     /// Accept also waits while fewer than 128 descriptors are free (they
     /// are custody's: /proc reads, pidfds, the ledger).
-    #[cfg_attr(any(target_os = "linux", windows), arg(long, default_value_t = treewarden::http::conn::ConnLimits::default().max_total))]
-    #[cfg_attr(target_os = "macos", arg(long, default_value_t = 0))]
+    #[arg(long, default_value_t = treewarden::config::MAX_CONNECTIONS)]
     max_connections: usize,
     /// Connections one local user (peer uid, on the socket and on loopback
     /// TCP; the source address beyond loopback) may hold at once; past it,
     /// its new connections are answered 503 (Retry-After) and closed.
-    #[cfg_attr(any(target_os = "linux", windows), arg(long, default_value_t = treewarden::http::conn::ConnLimits::default().max_per_uid))]
-    #[cfg_attr(target_os = "macos", arg(long, default_value_t = 0))]
+    #[arg(long, default_value_t = treewarden::config::MAX_CONNECTIONS_PER_UID)]
     max_connections_per_uid: usize,
     /// How long a request's head may take to arrive, a keep-alive
     /// connection may idle between requests, and an answer may wait for
@@ -163,112 +161,110 @@ pub struct ServeArgs {
     dispatch_scope: treewarden::custody::DispatchScope,
 }
 
-/// The service runs in `/`: its working directory is nothing a tree or a
-/// client should reach (a tree's `cwd` through a magic link, or any path
-/// the service itself would resolve relative to it), so it starts there,
-/// its own paths made absolute first (as given, against the directory it
-/// was started in).
-#[cfg(target_os = "linux")]
-fn in_root(config: &Config, mut args: ServeArgs) -> Result<(Config, ServeArgs), CliError> {
-    let abs = |p: &std::path::Path| {
-        std::path::absolute(p).map_err(|e| CliError::usage(anyhow!("{}: {e}", p.display())))
-    };
-    let mut config = config.clone();
-    config.data_dir = abs(&config.data_dir)?;
-    if let Some(c) = &config.cgroup_root {
-        config.cgroup_root = Some(abs(c)?);
-    }
-    for p in [
-        &mut args.ready_file,
-        &mut args.retain_archive,
-        &mut args.socket,
-    ]
-    .into_iter()
-    .flatten()
-    {
-        *p = abs(p)?;
-    }
-    std::env::set_current_dir("/")
-        .map_err(|e| CliError::internal(anyhow!("cannot enter /: {e}")))?;
-    Ok((config, args))
-}
-
 /// `treewarden serve`: the service. Exit 0 after a clean shutdown (every
 /// owned tree torn down), 125 when it could not start or settle.
 #[cfg(any(target_os = "linux", windows))]
 pub fn serve(config: &Config, args: ServeArgs) -> CliResult {
+    /// `serve`'s flags as the library's options.
+    fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
+        use treewarden::serve::{ServeOptions, serve};
+        use treewarden::service::ServiceConfig;
+        /// The service runs in `/` (`proc::SERVICE_DIR`; Windows has none): its
+        /// working directory is nothing a tree or a client should reach (a
+        /// tree's `cwd` through a magic link, or any path the service itself
+        /// would resolve relative to it), so it starts there, its own paths made
+        /// absolute first (as given, against the directory it was started in).
+        fn in_root(config: &Config, mut args: ServeArgs) -> Result<(Config, ServeArgs), CliError> {
+            let Some(root) = treewarden::proc::SERVICE_DIR else {
+                return Ok((config.clone(), args));
+            };
+            let abs = |p: &std::path::Path| {
+                std::path::absolute(p).map_err(|e| CliError::usage(anyhow!("{}: {e}", p.display())))
+            };
+            let mut config = config.clone();
+            config.data_dir = abs(&config.data_dir)?;
+            if let Some(c) = &config.cgroup_root {
+                config.cgroup_root = Some(abs(c)?);
+            }
+            for p in [
+                &mut args.ready_file,
+                &mut args.retain_archive,
+                &mut args.socket,
+            ]
+            .into_iter()
+            .flatten()
+            {
+                *p = abs(p)?;
+            }
+            std::env::set_current_dir(root)
+                .map_err(|e| CliError::internal(anyhow!("cannot enter {root}: {e}")))?;
+            Ok((config, args))
+        }
+        let (root_config, args) = in_root(config, args)?;
+        let config = &root_config;
+        let opts = ServeOptions {
+            service: ServiceConfig {
+                listen: args.listen,
+                scan_interval: args.scan_interval,
+                full_scan_interval: args.full_scan_interval,
+                sweep_interval: args.sweep_interval,
+                sweep_concurrency: args.sweep_concurrency,
+                default_grace: args.grace,
+                shutdown_grace: args.shutdown_grace,
+                drain_timeout: args.drain_timeout,
+                ready_file: args.ready_file,
+                allow_commands: args.allow_commands,
+                allow_env: args.allow_env,
+                observer: config.observer,
+                observer_rcvbuf: config.observer_rcvbuf,
+                log_max: args.log_max,
+                min_free: args.min_free,
+                max_trees_per_principal: args.max_trees_per_user,
+                max_grace: args.max_grace,
+                ended_logs: treewarden::service::EndedLogs {
+                    per_principal: args.ended_logs_per_user,
+                    keep_for: args.ended_logs_for,
+                },
+            },
+            retain: args.retain,
+            retain_every: args.retain_every,
+            retain_archive: args.retain_archive,
+            ship_otlp: args.ship_otlp,
+            socket: args.socket,
+            admin_group: args.admin_group,
+            open_reads: args.open_reads,
+            session_ttl: args.session_ttl,
+            limits: treewarden::http::conn::ConnLimits {
+                max_total: args.max_connections,
+                max_per_uid: args.max_connections_per_uid,
+                header_read: args.header_timeout,
+                ..treewarden::http::conn::ConnLimits::default()
+            },
+            dispatch_scope: args.dispatch_scope,
+            evidence_max: args.evidence_max,
+            holds: treewarden::custody::HoldCaps {
+                per_tree: args.max_held_per_tree,
+                per_principal: args.max_held_per_user,
+                reserve: treewarden::http::conn::ConnLimits::default().reserve_fds,
+            },
+            principal_limits: treewarden::ledger::Limits {
+                memory_max: args.principal_memory_max,
+                pids_max: args.principal_pids_max,
+                cpu_max_pct: args.principal_cpu_max,
+            },
+            shutdown_on_signals: true,
+        };
+        serve(config, opts, tokio_util::sync::CancellationToken::new()).map_err(|e| {
+            if e.usage {
+                CliError::usage(anyhow!(e))
+            } else {
+                CliError::internal(anyhow!(e))
+            }
+        })
+    }
+
     let telemetry = treewarden::telemetry::init(args.log_format, "info");
     let result = serve_inner(config, args);
     telemetry.shutdown();
     result
-}
-
-/// `serve`'s flags as the library's options.
-#[cfg(any(target_os = "linux", windows))]
-pub(super) fn serve_inner(config: &Config, args: ServeArgs) -> CliResult {
-    use treewarden::serve::{ServeOptions, serve};
-    use treewarden::service::ServiceConfig;
-    #[cfg(target_os = "linux")]
-    let (root_config, args) = in_root(config, args)?;
-    #[cfg(target_os = "linux")]
-    let config = &root_config;
-    let opts = ServeOptions {
-        service: ServiceConfig {
-            listen: args.listen,
-            scan_interval: args.scan_interval,
-            full_scan_interval: args.full_scan_interval,
-            sweep_interval: args.sweep_interval,
-            sweep_concurrency: args.sweep_concurrency,
-            default_grace: args.grace,
-            shutdown_grace: args.shutdown_grace,
-            drain_timeout: args.drain_timeout,
-            ready_file: args.ready_file,
-            allow_commands: args.allow_commands,
-            allow_env: args.allow_env,
-            observer: config.observer,
-            observer_rcvbuf: config.observer_rcvbuf,
-            log_max: args.log_max,
-            min_free: args.min_free,
-            max_trees_per_principal: args.max_trees_per_user,
-            max_grace: args.max_grace,
-            ended_logs: treewarden::service::EndedLogs {
-                per_principal: args.ended_logs_per_user,
-                keep_for: args.ended_logs_for,
-            },
-        },
-        retain: args.retain,
-        retain_every: args.retain_every,
-        retain_archive: args.retain_archive,
-        ship_otlp: args.ship_otlp,
-        socket: args.socket,
-        admin_group: args.admin_group,
-        open_reads: args.open_reads,
-        session_ttl: args.session_ttl,
-        limits: treewarden::http::conn::ConnLimits {
-            max_total: args.max_connections,
-            max_per_uid: args.max_connections_per_uid,
-            header_read: args.header_timeout,
-            ..treewarden::http::conn::ConnLimits::default()
-        },
-        dispatch_scope: args.dispatch_scope,
-        evidence_max: args.evidence_max,
-        holds: treewarden::custody::HoldCaps {
-            per_tree: args.max_held_per_tree,
-            per_principal: args.max_held_per_user,
-            reserve: treewarden::http::conn::ConnLimits::default().reserve_fds,
-        },
-        principal_limits: treewarden::ledger::Limits {
-            memory_max: args.principal_memory_max,
-            pids_max: args.principal_pids_max,
-            cpu_max_pct: args.principal_cpu_max,
-        },
-        shutdown_on_signals: true,
-    };
-    serve(config, opts, tokio_util::sync::CancellationToken::new()).map_err(|e| {
-        if e.usage {
-            CliError::usage(anyhow!(e))
-        } else {
-            CliError::internal(anyhow!(e))
-        }
-    })
 }

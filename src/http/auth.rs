@@ -85,18 +85,13 @@ impl Auth {
     fn is_admin(&self, cred: &PeerCred) -> bool {
         // Root, and the service's own user (it owns the ledger file anyway:
         // a developer's `serve` under their own uid).
-        if cred.uid == 0 || cred.uid == crate::proc::effective_uid() {
+        if cred.uid == 0 || cred.uid == crate::service::users::own_uid() {
             return true;
         }
         let Some(admin) = self.admin_gid else {
             return false;
         };
-        cred.gid == admin
-            || crate::proc::user_by_uid(cred.uid)
-                .ok()
-                .flatten()
-                .and_then(|u| crate::proc::groups_of(&u, cred.gid).ok())
-                .is_some_and(|g| g.contains(&admin))
+        crate::service::users::in_group(cred.uid, cred.gid, admin)
     }
 }
 
@@ -221,12 +216,7 @@ pub fn token_hash(token: &str) -> String {
     hex::encode(Sha256::digest(token.trim().as_bytes()))
 }
 
-/// A new token's secret: 32 random bytes as hex.
-pub fn new_secret() -> std::io::Result<String> {
-    let mut bytes = [0u8; 32];
-    crate::proc::fill_random(&mut bytes)?;
-    Ok(hex::encode(bytes))
-}
+pub use crate::service::users::new_secret;
 
 /// Whether a `Host` header names this machine's loopback. Reads on loopback
 /// need no token only when the request says it is for loopback: a page in a
@@ -270,8 +260,7 @@ pub fn ensure_token(data_dir: &Path) -> std::io::Result<String> {
             Ok(token)
         }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            #[cfg(unix)]
-            refuse_if_open_to_others(&path)?;
+            crate::service::users::refuse_if_open_to_others(&path)?;
             let token = std::fs::read_to_string(&path)?.trim().to_string();
             if token.is_empty() {
                 return Err(std::io::Error::new(
@@ -283,24 +272,6 @@ pub fn ensure_token(data_dir: &Path) -> std::io::Result<String> {
         }
         Err(e) => Err(e),
     }
-}
-
-/// A token file others may read is refused (Unix: its mode).
-#[cfg(unix)]
-fn refuse_if_open_to_others(path: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::metadata(path)?.permissions().mode();
-    if mode & 0o077 != 0 {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::PermissionDenied,
-            format!(
-                "{} is readable by others (mode {:o}); run `chmod 600` on it",
-                path.display(),
-                mode & 0o777
-            ),
-        ));
-    }
-    Ok(())
 }
 
 /// Paths that answer without a token on loopback: no per-tree data.

@@ -16,12 +16,12 @@ use serde::Deserialize;
 use super::AppState;
 use super::api::parse_flag;
 use super::error::{ApiError, ApiQuery, TreePath};
-use crate::custody::Unsettled;
 use crate::ledger::event::TeardownTimeline;
 use crate::ledger::hierarchy::ProcessNode;
 use crate::ledger::{
     Event, EventFilter, EventRow, ExitRecord, MemberRow, SignalRow, TreeId, TreeRow, TreeState,
 };
+use crate::service::vocab::Unsettled;
 
 use crate::ledger::{PageAt, TreeFilter, parse_since};
 
@@ -101,7 +101,7 @@ impl TreeLine {
                 .flags
                 .iter()
                 .map(|f| match f.as_str() {
-                    crate::custody::ROOT_EXITED_FLAG if !t.state.is_terminal() => {
+                    crate::service::vocab::ROOT_EXITED_FLAG if !t.state.is_terminal() => {
                         "root exited, members alive"
                     }
                     other => other,
@@ -181,7 +181,7 @@ fn recovery_line(r: &crate::service::RecoveryStatus) -> Option<String> {
 }
 
 /// The observer line of the index page.
-fn observer_line(status: Result<crate::custody::ObserverStats, String>) -> String {
+fn observer_line(status: Result<crate::service::vocab::ObserverStats, String>) -> String {
     match status {
         Ok(s) => {
             let latency = s

@@ -16,9 +16,9 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use crate::custody::CustodyError;
 use crate::ledger::LedgerError;
 use crate::service::ServiceError;
+use crate::service::failure::{CustodyError, ProcError};
 
 /// A failed request.
 #[derive(Debug)]
@@ -213,14 +213,12 @@ impl From<CustodyError> for ApiError {
             // One answer for a cwd the tree's user cannot use, whatever
             // the reason (absent, closed, not a directory): the child found
             // out as that user, and says no more than that user could learn.
-            CustodyError::Proc(crate::proc::ProcError::ChildSetup { step: "chdir", .. }) => {
+            CustodyError::Proc(ProcError::ChildSetup { step: "chdir", .. }) => {
                 ApiError::Unprocessable(
                     "cannot start the tree: its cwd is not usable by the user it runs as".into(),
                 )
             }
-            CustodyError::Proc(crate::proc::ProcError::ChildSetup { step, source })
-                if step == "credentials" =>
-            {
+            CustodyError::Proc(ProcError::ChildSetup { step, source }) if step == "credentials" => {
                 ApiError::Unprocessable(format!("cannot start the tree: {step}: {source}"))
             }
             CustodyError::Proc(e) => ApiError::Internal(e.to_string()),

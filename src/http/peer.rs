@@ -93,7 +93,7 @@ mod tests {
         assert_eq!(peer, client.local_addr().expect("client addr"));
         assert_eq!(
             loopback_tcp_uid(peer, local),
-            Some(crate::proc::effective_uid())
+            Some(crate::service::users::own_uid())
         );
         // Not the server's own row (its addresses are the other way round).
         let other: SocketAddr = "127.0.0.1:1".parse().expect("addr");

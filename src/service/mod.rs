@@ -51,26 +51,15 @@
 //! notify, no observer. `serve` listens on TCP on loopback only there.
 
 mod admit;
+mod door;
 mod drain;
 mod export;
-#[cfg(target_os = "linux")]
+pub mod failure;
+/// The logs' cap as they are written: inotify on Linux; none on Windows
+/// (`logcap_tick.rs`: the scan tick caps them).
+#[cfg_attr(windows, path = "logcap_tick.rs")]
 mod logcap;
 mod logkeep;
-/// Windows: no inotify; the scan tick caps the logs (`proc::cap_log`).
-#[cfg(windows)]
-mod logcap {
-    pub(crate) struct LogCap;
-    impl LogCap {
-        /// Never a thread there: the tick's cap applies.
-        pub(crate) fn start(_dir: &std::path::Path, _cap: u64) -> Option<LogCap> {
-            None
-        }
-        pub(crate) fn running(&self) -> bool {
-            false
-        }
-    }
-}
-mod door;
 pub mod metrics;
 mod recovery;
 pub mod retain;
@@ -78,6 +67,8 @@ mod scan;
 pub mod seal;
 pub mod ship;
 mod spawn;
+pub mod users;
+pub mod vocab;
 mod watch;
 
 pub use admit::Reservation;
@@ -104,7 +95,7 @@ use crate::custody::{
     SweepProgress, TeardownOptions, TeardownReport, TreeWatch, Watched,
 };
 use crate::ledger::{EventFilter, LedgerError, OwnerKind, TreeId, TreeRow, TreeState};
-use crate::proc::{ExitStatus, Identity, Reaper, SpawnStdio};
+use crate::proc::{ExitStatus, Identity, Reaper, SpawnStdio, sd_notify};
 use crate::scan::HostView;
 pub use metrics::Metrics;
 
@@ -217,6 +208,29 @@ pub struct SpawnParams {
 pub struct RunAs {
     pub credentials: crate::proc::Credentials,
     pub user: Option<crate::proc::UserInfo>,
+}
+
+/// The tree a [`Service::teardown`] is for: its id, and its row when the
+/// caller has read it already.
+#[derive(Clone, Debug)]
+pub struct Torn {
+    pub id: i64,
+    pub row: Option<TreeRow>,
+}
+
+impl From<i64> for Torn {
+    fn from(id: i64) -> Torn {
+        Torn { id, row: None }
+    }
+}
+
+impl From<TreeRow> for Torn {
+    fn from(row: TreeRow) -> Torn {
+        Torn {
+            id: row.id,
+            row: Some(row),
+        }
+    }
 }
 
 /// A tree this service is responsible for.
@@ -512,15 +526,21 @@ impl Service {
     /// Tears a tree down (any tree in the ledger, owned or not), with the
     /// grace asked for, else the one recorded with the tree (its row: the one
     /// source of truth), never above `cap` (the drain's shutdown grace).
-    /// One teardown per tree at a time.
+    /// One teardown per tree at a time. `tree` is an id, or the row the
+    /// caller has just read (a kill: the row its authorization read), which
+    /// is then not read again here.
     pub async fn teardown(
         &self,
-        tree: i64,
+        tree: impl Into<Torn>,
         asked: Option<Duration>,
         cap: Option<Duration>,
         cause: EndCause,
         reason: String,
     ) -> Result<TeardownReport, ServiceError> {
+        let Torn {
+            id: tree,
+            row: known,
+        } = tree.into();
         let origin = cause.service_origin();
         let root_exit = cause.root_exit();
         let lock = self.tree_lock(tree);
@@ -529,10 +549,18 @@ impl Service {
         let default = self.config.default_grace;
         let result = blocking(move || {
             let _held = lock.lock().unwrap_or_else(|e| e.into_inner());
-            let row = engine
-                .ledger()
-                .tree(TreeId(tree))?
-                .ok_or(CustodyError::UnknownTree(tree))?;
+            // What is taken from the row here (the recorded grace, the first
+            // signal) is written once, at the spawn, so a row the caller read
+            // before the lock serves as well as a fresh one. The state, the
+            // members and the authority to kill are read again under the
+            // teardown's lease by `Engine::teardown`: those reads stay.
+            let row = match known {
+                Some(row) => row,
+                None => engine
+                    .ledger()
+                    .tree(TreeId(tree))?
+                    .ok_or(CustodyError::UnknownTree(tree))?,
+            };
             let grace = policy::Grace::for_tree(&row, asked, default, cap);
             let mut opts = TeardownOptions::new(grace, reason, origin);
             opts.root_exit = root_exit;
@@ -775,25 +803,6 @@ impl Service {
         }
         tracing::info!(settled, "shutdown complete");
         settled
-    }
-}
-
-/// Windows has no systemd: the notify calls are no-ops there (the same
-/// names, so the call sites are one).
-#[cfg(windows)]
-mod sd_notify {
-    #[allow(dead_code)] // the states are named, never read
-    pub enum NotifyState<'a> {
-        Ready,
-        Stopping,
-        Watchdog,
-        Status(&'a str),
-    }
-    pub fn watchdog_enabled() -> Option<std::time::Duration> {
-        None
-    }
-    pub fn notify(_state: &[NotifyState<'_>]) -> std::io::Result<()> {
-        Ok(())
     }
 }
 

@@ -595,37 +595,10 @@ impl Engine {
     }
 }
 
-/// SIGINT, SIGTERM and SIGHUP as [`Event::Signal`]s on `tx`, from a thread
-/// of their own (run's loop and the custodian's both end on them). The
-/// handle closes the iterator, which ends the thread.
-#[cfg(unix)]
-fn forward_signals(
-    tx: &mpsc::Sender<Event>,
-) -> Result<signal_hook::iterator::Handle, CustodyError> {
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGHUP,
-    ])
-    .map_err(|e| CustodyError::Proc(crate::proc::ProcError::Io(e)))?;
-    let handle = signals.handle();
-    let tx = tx.clone();
-    std::thread::Builder::new()
-        .name("tw-signals".into())
-        .spawn(move || {
-            for sig in signals.forever() {
-                if tx.send(Event::Signal(sig)).is_err() {
-                    break;
-                }
-            }
-        })
-        .map_err(|e| CustodyError::Proc(crate::proc::ProcError::Io(e)))?;
-    Ok(handle)
-}
-
-/// Windows: the console's Ctrl+C / Ctrl+Break / close reach `run` as
-/// SIGINT / SIGTERM / SIGHUP do on Unix (a console control handler).
-#[cfg(windows)]
+/// SIGINT, SIGTERM and SIGHUP (Windows: the console's Ctrl+C, Ctrl+Break
+/// and close) as [`Event::Signal`]s on `tx`, from a thread of their own
+/// (run's loop and the custodian's both end on them) until the handle is
+/// closed.
 fn forward_signals(tx: &mpsc::Sender<Event>) -> Result<crate::proc::CtrlForward, CustodyError> {
     let tx = tx.clone();
     crate::proc::forward_console_ctrl(Box::new(move |sig| {

@@ -127,7 +127,7 @@ impl SpawnBody {
         }
         let limits = parse_limits(self.limits).map_err(bad)?;
         let lifetime = match self.lifetime.as_deref() {
-            None => crate::custody::Lifetime::Root,
+            None => crate::service::vocab::Lifetime::Root,
             Some(l) => l.parse().map_err(bad)?,
         };
         Ok(SpawnParams {
@@ -144,7 +144,7 @@ impl SpawnBody {
             requester: None,
             run_as: None,
             first_signal,
-            stdio: crate::proc::GivenStdio::default(),
+            stdio: crate::service::vocab::GivenStdio::default(),
         })
     }
 }
@@ -152,7 +152,7 @@ impl SpawnBody {
 /// A spawn's `first_signal`: names only, as the document says (`INT`,
 /// `SIGINT`): the CLI's numbers and lower case are not part of this
 /// contract.
-fn parse_first_signal(name: Option<&str>) -> Result<Option<crate::proc::Sig>, String> {
+fn parse_first_signal(name: Option<&str>) -> Result<Option<crate::service::vocab::Sig>, String> {
     match name {
         None => Ok(None),
         Some(n)
@@ -161,7 +161,7 @@ fn parse_first_signal(name: Option<&str>) -> Result<Option<crate::proc::Sig>, St
                 "TERM" | "INT" | "HUP" | "QUIT" | "USR1" | "USR2"
             ) =>
         {
-            crate::proc::Sig::parse_first(n)
+            crate::service::vocab::Sig::parse_first(n)
                 .map(Some)
                 .map_err(|e| format!("first_signal: {e}"))
         }

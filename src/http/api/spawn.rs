@@ -26,7 +26,7 @@ pub const STDIO_HEADER: &str = "treewarden-stdio";
 fn given_stdio(
     headers: &axum::http::HeaderMap,
     received: Option<&super::conn::ReceivedFds>,
-) -> Result<crate::proc::GivenStdio, ApiError> {
+) -> Result<crate::service::vocab::GivenStdio, ApiError> {
     let fds = received.map(|r| r.take_all()).unwrap_or_default();
     let slots = match stdio_slots(headers, received.is_some(), fds.len()) {
         Ok(slots) => slots,
@@ -39,7 +39,7 @@ fn given_stdio(
             return Err(e);
         }
     };
-    let mut given = crate::proc::GivenStdio::default();
+    let mut given = crate::service::vocab::GivenStdio::default();
     for (slot, fd) in slots.into_iter().zip(fds) {
         given.0[slot] = Some(std::sync::Arc::new(fd));
     }
@@ -102,7 +102,7 @@ fn stdio_slots(
 /// dropped last closes the descriptor (the tree may have exited already),
 /// and this one is dropped last, off the runtime, whatever path the
 /// handler took.
-struct CloseOffRuntime(Option<(super::conn::ReceivedFds, crate::proc::GivenStdio)>);
+struct CloseOffRuntime(Option<(super::conn::ReceivedFds, crate::service::vocab::GivenStdio)>);
 
 impl Drop for CloseOffRuntime {
     fn drop(&mut self) {
@@ -237,7 +237,7 @@ pub async fn spawn_tree(
     let row = match s.service.spawn_reserved(params, reservation).await {
         Ok(row) => row,
         Err(crate::service::ServiceError::Custody(
-            crate::custody::CustodyError::DispatchRefused { tree, reason },
+            crate::service::failure::CustodyError::DispatchRefused { tree, reason },
         )) => return Err(refusal_seen_by(&s, &principal, tree, reason).await),
         Err(e) => return Err(e.into()),
     };

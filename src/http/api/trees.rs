@@ -220,12 +220,12 @@ pub async fn kill_tree(
     let r = s
         .service
         .teardown(
-            id,
+            row,
             grace,
             None,
             // Who asked is in the reason the teardown records (tree.state,
             // kill.authorized).
-            crate::custody::policy::EndCause::Kill,
+            crate::service::vocab::EndCause::Kill,
             format!("killed through the API by {}", principal.requester()),
         )
         .await?;

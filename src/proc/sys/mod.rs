@@ -27,3 +27,13 @@ pub use windows::*;
 mod macos;
 #[cfg(target_os = "macos")]
 pub use macos::*;
+
+// The local end of `serve` (its socket, its shutdown signals, a secret
+// file's mode), one file per family beside the folders above.
+#[cfg(unix)]
+#[path = "unix/local.rs"]
+mod local;
+#[cfg(windows)]
+#[path = "windows/local.rs"]
+mod local;
+pub use local::*;

@@ -17,7 +17,9 @@ pub use doctor::doctor_report;
 pub use fds::take_inherited_fd;
 pub use limits::{nofile_soft_limit, raise_nofile_soft_limit};
 pub use probe::Probe;
-pub use shell::{follow_terminal_resizes, shield_from_interrupts, stdio_pipes};
+pub use shell::{
+    CtrlForward, follow_terminal_resizes, forward_console_ctrl, shield_from_interrupts, stdio_pipes,
+};
 
 use crate::proc::ProcError;
 

@@ -1,6 +1,7 @@
 //! What the command line asks of the OS on Linux and macOS: interrupts
-//! held off while a bounded command finishes, which of its standard streams
-//! are pipes, and a terminal's size followed into a tree's pseudo-terminal.
+//! held off while a bounded command finishes, the termination signals
+//! forwarded to an owner's loop, which of its standard streams are pipes,
+//! and a terminal's size followed into a tree's pseudo-terminal.
 
 /// A teardown interrupted between freeze and thaw would leave the tree
 /// frozen (or SIGSTOPped). `kill` and `sweep` are bounded, so they finish
@@ -47,4 +48,38 @@ pub fn follow_terminal_resizes(master: std::fs::File) -> Option<Box<dyn FnOnce()
             }
         });
     Some(Box::new(move || handle.close()))
+}
+
+/// A running forward of the termination signals ([`forward_console_ctrl`]).
+pub struct CtrlForward(signal_hook::iterator::Handle);
+
+impl CtrlForward {
+    /// Ends the forwarding thread.
+    pub fn close(&self) {
+        self.0.close();
+    }
+}
+
+/// SIGINT, SIGTERM and SIGHUP handed to `on`, each by its number, from a
+/// thread of its own until [`CtrlForward::close`] (Windows: the console's
+/// Ctrl+C, Ctrl+Break and close, as those numbers).
+pub fn forward_console_ctrl(
+    on: Box<dyn Fn(i32) + Send + Sync>,
+) -> Result<CtrlForward, crate::proc::ProcError> {
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ])
+    .map_err(crate::proc::ProcError::Io)?;
+    let handle = signals.handle();
+    std::thread::Builder::new()
+        .name("tw-signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                on(sig);
+            }
+        })
+        .map_err(crate::proc::ProcError::Io)?;
+    Ok(CtrlForward(handle))
 }
