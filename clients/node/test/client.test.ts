@@ -94,6 +94,7 @@ describe('the client over the Unix socket', { skip }, () => {
     t.on('error', () => undefined);
     const pids = (await printedPids(() => t.logs(), 1)).flat();
     assert.equal(pids.length, 2);
+    assert.equal(t.pid, pids[0], 'pid is the root process, as the workload says');
     ac.abort('the user pressed Esc');
     const o = await t.outcome;
     assert.equal(o.reason, 'killed');
