@@ -224,6 +224,8 @@ export class TreeProcess extends EventEmitter {
   private aborted = false;
   private kills: Promise<void> | undefined;
   private readonly grace: Duration | undefined;
+  private refed = true;
+  private waitSocket: import('node:net').Socket | undefined;
 
   constructor(
     private readonly client: Client,
@@ -275,6 +277,10 @@ export class TreeProcess extends EventEmitter {
       const row = await t.json<Row>('GET', query(`/api/trees/${id}/wait`, { timeout: `${step}ms` }), {
         timeoutMs: step + 30_000,
         long: true,
+        onSocket: (sock) => {
+          this.waitSocket = sock;
+          if (!this.refed) sock.unref();
+        },
       });
       if (SETTLED.has(row.state)) break;
     }
@@ -286,6 +292,24 @@ export class TreeProcess extends EventEmitter {
     this.emit('exit', o.code, o.signal);
     this.emit('close', o.code, o.signal, o);
     return o;
+  }
+
+  /**
+   * As `ChildProcess.unref()`: this process may exit while the tree runs
+   * (the wait for its end no longer holds the event loop; the service
+   * still tears it down when this process, its owner, exits).
+   */
+  unref(): this {
+    this.refed = false;
+    this.waitSocket?.unref();
+    return this;
+  }
+
+  /** Undoes `unref()`. */
+  ref(): this {
+    this.refed = true;
+    this.waitSocket?.ref();
+    return this;
   }
 
   /** The tree's whole record: members, signals, authorizations, events. */

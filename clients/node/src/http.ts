@@ -54,6 +54,8 @@ export interface RequestOptions {
   signal?: AbortSignal;
   /** A long poll (a wait): it takes a connection of the waits' own share. */
   long?: boolean;
+  /** Given the request's socket, e.g. to `unref()` it. */
+  onSocket?: (socket: import('node:net').Socket) => void;
 }
 
 /** Bodies bigger than this wait for `100 Continue` before they are sent. */
@@ -197,6 +199,7 @@ export class Transport {
           });
         },
       );
+      if (opts.onSocket) req.on('socket', opts.onSocket);
       req.on('timeout', () => req.destroy(new ConnectionFailed(`${method} ${path}: no answer in ${limit} ms`)));
       req.on('error', fail);
       if (expect) {

@@ -184,6 +184,28 @@ describe('the client over the Unix socket', { skip }, () => {
     await assert.rejects(t.spawned, Unauthorized);
   });
 
+  test('unref: a script may exit while its tree runs, and the tree goes with it (its owner)', async () => {
+    const index = new URL('../src/index.js', import.meta.url).href;
+    const script = `
+      import { Client } from '${index}';
+      const t = new Client({ socketPath: process.argv[1] }).spawn(
+        ['sh', '-c', 'sleep 600 & echo $$ $!; wait # ${s.mark}'], { env: { TW_NODE_MARK: '${s.mark}' }, grace: '200ms' });
+      await t.spawned;
+      t.unref();
+      console.log(t.treeId);`;
+    const { execFile } = await import('node:child_process');
+    const out = await new Promise<string>((resolve, reject) =>
+      execFile(process.execPath, ['--input-type=module', '-e', script, s.socket], { timeout: 30_000 }, (e, stdout) =>
+        e ? reject(e) : resolve(stdout),
+      ),
+    );
+    const id = Number(out.trim());
+    assert.ok(id > 0, out);
+    assert.ok(await waitUntil(async () => (await c.tree(id))['state'] === 'ended', 10));
+    const o = (await import('../src/index.js')).outcomeOf(await c.detail(id));
+    assert.equal(o.reason, 'owner-gone');
+  });
+
   test('nothing carrying the mark is left', async () => {
     assert.ok(await waitUntil(() => marked(s.mark).length === 0, 10), `left: ${marked(s.mark)}`);
   });
