@@ -16,8 +16,7 @@
 
 import { EventEmitter } from 'node:events';
 import { existsSync, readFileSync } from 'node:fs';
-import { homedir } from 'node:os';
-import { constants as osConstants } from 'node:os';
+import { constants as osConstants, homedir } from 'node:os';
 import * as path from 'node:path';
 
 import { Ambiguous, Conflict, NotFound, TreewardenError } from './errors.js';
@@ -364,9 +363,8 @@ export class TreeProcess extends EventEmitter {
 
   /** `await using t = client.spawn(...)`: torn down at the end of the scope. */
   async [Symbol.asyncDispose](): Promise<void> {
-    let id: number;
     try {
-      id = await this.spawned;
+      await this.spawned;
     } catch {
       return; // nothing was created
     }
@@ -378,7 +376,6 @@ export class TreeProcess extends EventEmitter {
       }
     }
     await this.outcome.catch(() => undefined);
-    void id;
   }
 }
 
