@@ -5,7 +5,7 @@
  */
 
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import * as http from 'node:http';
 import { tmpdir } from 'node:os';
 import * as path from 'node:path';
@@ -18,9 +18,11 @@ import {
   ServiceError,
   TreewardenError,
   Unavailable,
+  defaultSocket,
   duration,
   fromBody,
   outcomeOf,
+  ownIdentity,
 } from '../src/index.js';
 
 function record(state: string, reason: string | null, extra: Record<string, unknown> = {}) {
@@ -66,6 +68,28 @@ describe('the outcome, read from the record', () => {
     assert.equal(duration(2000), '2s');
     assert.equal(duration('300ms'), '300ms');
     assert.throws(() => duration(-1), RangeError);
+  });
+});
+
+describe('the owner and the socket', () => {
+  test('the owner is this process: its pid, and its start time as /proc has it', { skip: !existsSync('/proc/self/stat') }, () => {
+    const me = ownIdentity();
+    assert.equal(me.pid, process.pid);
+    const stat = readFileSync(`/proc/${process.pid}/stat`, 'latin1');
+    assert.equal(me.startTicks, Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19]));
+  });
+
+  test('the socket: TREEWARDEN_SOCKET, else api.sock in TREEWARDEN_DATA_DIR', { skip: existsSync('/run/treewarden/api.sock') }, () => {
+    const saved = { ...process.env };
+    try {
+      process.env.TREEWARDEN_SOCKET = '/tmp/x.sock';
+      assert.equal(defaultSocket(), '/tmp/x.sock');
+      delete process.env.TREEWARDEN_SOCKET;
+      process.env.TREEWARDEN_DATA_DIR = '/tmp/tw-data';
+      assert.equal(defaultSocket(), '/tmp/tw-data/api.sock');
+    } finally {
+      process.env = saved;
+    }
   });
 });
 
