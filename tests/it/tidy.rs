@@ -208,7 +208,11 @@ const PLATFORM_CFG_EXCEPTIONS: &[(&str, usize, &str)] = &[
         1,
         "a #[path] switch: serve and token refuse where the service is not built",
     ),
-    ("src/commands/serve.rs", 1, "`serve` itself, where the service is built"),
+    (
+        "src/commands/serve.rs",
+        1,
+        "`serve` itself, where the service is built",
+    ),
     (
         "src/service/mod.rs",
         1,
@@ -225,7 +229,11 @@ const PLATFORM_CFG_EXCEPTIONS: &[(&str, usize, &str)] = &[
         "a #[path] switch: the Unix socket's connection, or none on Windows",
     ),
     ("src/http/peer.rs", 1, "a test of Linux's SO_PEERCRED"),
-    ("src/custody/spawn.rs", 1, "a test of the cgroup-only shared parent"),
+    (
+        "src/custody/spawn.rs",
+        1,
+        "a test of the cgroup-only shared parent",
+    ),
     ("src/custody/markers.rs", 1, "a test that needs POSIX modes"),
     (
         "src/custody/teardown/lease.rs",
