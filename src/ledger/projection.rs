@@ -340,6 +340,38 @@ fn unbacked(table: &str, row: impl std::fmt::Display, tree: i64) -> Option<Verif
     })
 }
 
+/// The rows of one table keyed as the replay keys them, against the
+/// replay: the first that differs, is missing or has no event. `name`
+/// says which row a missing one would be.
+fn compare<K: Ord>(
+    table: &str,
+    tree: i64,
+    want: &BTreeMap<K, Row>,
+    mut have: BTreeMap<K, Stored>,
+    name: impl Fn(&K) -> String,
+) -> Option<VerifyBreak> {
+    for (k, want) in want {
+        let seq = want.fields.values().map(|(_, s)| *s).min().unwrap_or(0);
+        let Some((rowid, have)) = have.remove(k) else {
+            return missing(table, name(k), seq);
+        };
+        if let Some(found) = differs(table, &rowid, want, &have) {
+            return Some(found);
+        }
+    }
+    have.values()
+        .next()
+        .and_then(|(rowid, _)| unbacked(table, rowid, tree))
+}
+
+fn identity_of(m: &BTreeMap<&'static str, Value>) -> Key {
+    (
+        m["pid"].as_i64().unwrap_or(0),
+        m["start_ticks"].as_i64().unwrap_or(0),
+        m["boot_id"].as_str().unwrap_or("").to_string(),
+    )
+}
+
 const TREE_FIELDS: [&str; 24] = [
     "label",
     "state",
@@ -477,8 +509,7 @@ fn check_tree(conn: &Connection, tree: i64) -> Result<Option<VerifyBreak>, Fail>
     }
 
     // members, by identity
-    let mut have: BTreeMap<Key, Stored> = BTreeMap::new();
-    for (rowid, m) in stored(
+    let have = stored(
         conn,
         &format!(
             "SELECT id, {} FROM members WHERE tree_id = ?1",
@@ -486,33 +517,15 @@ fn check_tree(conn: &Connection, tree: i64) -> Result<Option<VerifyBreak>, Fail>
         ),
         tree,
         &MEMBER_FIELDS,
-    )? {
-        let k = (
-            m["pid"].as_i64().unwrap_or(0),
-            m["start_ticks"].as_i64().unwrap_or(0),
-            m["boot_id"].as_str().unwrap_or("").to_string(),
-        );
-        have.insert(k, (rowid, m));
-    }
-    for (k, want) in &replay.members {
-        let seq = want.fields.values().map(|(_, s)| *s).min().unwrap_or(0);
-        match have.remove(k) {
-            None => {
-                return Ok(missing(
-                    "members",
-                    format!("for pid {} (tree {tree})", k.0),
-                    seq,
-                ));
-            }
-            Some((rowid, have)) => {
-                if let Some(found) = differs("members", &rowid, want, &have) {
-                    return Ok(Some(found));
-                }
-            }
-        }
-    }
-    if let Some((rowid, _)) = have.values().next() {
-        return Ok(unbacked("members", rowid, tree));
+    )?
+    .into_iter()
+    .map(|(rowid, m)| (identity_of(&m), (rowid, m)))
+    .collect();
+    let found = compare("members", tree, &replay.members, have, |k| {
+        format!("for pid {} (tree {tree})", k.0)
+    });
+    if found.is_some() {
+        return Ok(found);
     }
 
     // observations: escapes and exits by identity, survivors as a list
@@ -524,11 +537,7 @@ fn check_tree(conn: &Connection, tree: i64) -> Result<Option<VerifyBreak>, Fail>
         tree,
         &["kind", "pid", "start_ticks", "boot_id", "at", "detail"],
     )? {
-        let k = (
-            o["pid"].as_i64().unwrap_or(0),
-            o["start_ticks"].as_i64().unwrap_or(0),
-            o["boot_id"].as_str().unwrap_or("").to_string(),
-        );
+        let k = identity_of(&o);
         let kind = o["kind"].as_str().unwrap_or("").to_string();
         if kind == "survivor" {
             survivors.push((k, o["at"].clone(), o["detail"].clone(), rowid));
@@ -536,25 +545,11 @@ fn check_tree(conn: &Connection, tree: i64) -> Result<Option<VerifyBreak>, Fail>
             have.insert((kind, k), (rowid, o));
         }
     }
-    for (k, want) in &replay.observations {
-        let seq = want.fields.values().map(|(_, s)| *s).min().unwrap_or(0);
-        match have.remove(k) {
-            None => {
-                return Ok(missing(
-                    "observations",
-                    format!("for the {} of pid {} (tree {tree})", k.0, k.1.0),
-                    seq,
-                ));
-            }
-            Some((rowid, have)) => {
-                if let Some(found) = differs("observations", &rowid, want, &have) {
-                    return Ok(Some(found));
-                }
-            }
-        }
-    }
-    if let Some((rowid, _)) = have.values().next() {
-        return Ok(unbacked("observations", rowid, tree));
+    let found = compare("observations", tree, &replay.observations, have, |k| {
+        format!("for the {} of pid {} (tree {tree})", k.0, k.1.0)
+    });
+    if found.is_some() {
+        return Ok(found);
     }
     for (k, at, detail, seq) in &replay.survivors {
         let at = json!(at);
@@ -601,24 +596,13 @@ fn check_tree(conn: &Connection, tree: i64) -> Result<Option<VerifyBreak>, Fail>
             &["reason", "targets", "at"][..],
         ),
     ] {
-        let mut have: BTreeMap<i64, BTreeMap<&'static str, Value>> =
-            stored(conn, sql, tree, fields)?
-                .into_iter()
-                .map(|(k, v)| (k.as_i64().unwrap_or(0), v))
-                .collect();
-        for (id, want) in want {
-            let seq = want.fields.values().map(|(_, s)| *s).min().unwrap_or(0);
-            match have.remove(id) {
-                None => return Ok(missing(table, id, seq)),
-                Some(have) => {
-                    if let Some(found) = differs(table, &json!(id), want, &have) {
-                        return Ok(Some(found));
-                    }
-                }
-            }
-        }
-        if let Some(id) = have.keys().next() {
-            return Ok(unbacked(table, id, tree));
+        let have = stored(conn, sql, tree, fields)?
+            .into_iter()
+            .map(|(k, v)| (k.as_i64().unwrap_or(0), (k, v)))
+            .collect();
+        let found = compare(table, tree, want, have, |id| id.to_string());
+        if found.is_some() {
+            return Ok(found);
         }
     }
     Ok(None)

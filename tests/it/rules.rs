@@ -645,13 +645,10 @@ fn verify_expect_head_names_a_cut_off_ledger_as_truncated() {
         &format!("seq {head}: hash is {head_hash}, but the expected head says"),
     );
 
-    // The newest two events cut off (tree 2's last member exit and its
-    // `tree.ended`), and the rows they made rolled back with them: cut
-    // consistently, the rows cannot tell; only the published head can.
-    let cut: Vec<&str> = all[all.len() - 2..].iter().map(|e| e.3.as_str()).collect();
-    assert_eq!(cut, ["member.exited", "tree.ended"]);
-    let exited: Value = serde_json::from_str(&all[all.len() - 2].4).expect("json");
-    let ended: Value = serde_json::from_str(&all[all.len() - 1].4).expect("json");
+    // The newest two events cut off (tree 2's last: its `tree.ended` and a
+    // member exit or a state change before it, as the run went), and the
+    // rows they made rolled back with them: cut consistently, the rows
+    // cannot tell; only the published head can.
     let dir = copy_ledger(&ledger, base, "cut");
     let conn = forger(
         &dir,
@@ -663,19 +660,27 @@ fn verify_expect_head_names_a_cut_off_ledger_as_truncated() {
     );
     conn.execute("DELETE FROM events WHERE seq > ?1", [head - 2])
         .expect("cut");
-    conn.execute(
-        "UPDATE trees SET state = ?1, ended_at = NULL, exit_code = NULL, exit_signal = NULL
-         WHERE id = 2",
-        [ended["from"].as_str().expect("from")],
-    )
-    .expect("roll the tree back");
-    let pid = exited["identity"]["pid"].as_i64().expect("pid");
-    conn.execute_batch(&format!(
-        "DELETE FROM observations WHERE tree_id = 2 AND kind = 'exit' AND pid = {pid};
-         UPDATE members SET exited_at = NULL, exit_code = NULL, exit_signal = NULL
-         WHERE tree_id = 2 AND pid = {pid};"
-    ))
-    .expect("roll the member back");
+    for e in all[all.len() - 2..].iter().rev() {
+        let data: Value = serde_json::from_str(&e.4).expect("json");
+        assert_eq!(e.2, Some(2), "tree 2's event: {e:?}");
+        match e.3.as_str() {
+            "tree.ended" | "tree.state" => conn.execute(
+                "UPDATE trees SET state = ?1, ended_at = NULL, exit_code = NULL,
+                                  exit_signal = NULL WHERE id = 2",
+                [data["from"].as_str().expect("from")],
+            ),
+            "member.exited" => conn
+                .execute_batch(&format!(
+                    "DELETE FROM observations WHERE tree_id = 2 AND kind = 'exit' AND pid = {pid};
+                 UPDATE members SET exited_at = NULL, exit_code = NULL, exit_signal = NULL
+                 WHERE tree_id = 2 AND pid = {pid};",
+                    pid = data["identity"]["pid"].as_i64().expect("pid")
+                ))
+                .map(|()| 1),
+            other => panic!("no roll-back written for a cut {other}"),
+        }
+        .expect("roll a row back");
+    }
     drop(conn);
     assert_verify_ok(&dir, &[]);
     assert_verify_fails(
