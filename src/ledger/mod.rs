@@ -978,8 +978,23 @@ impl Ledger {
         format: ExportFormat,
         out: &mut dyn Write,
     ) -> Result<usize, LedgerError> {
-        // A whole NDJSON export of a sealed ledger ends with its own time
-        // (`verify --export` judges the seals' freshness at it).
+        let n = self.export_with(filter, format, &mut |bytes| export::write_all(bytes, out))?;
+        out.flush()
+            .map_err(|e| LedgerError::Other(format!("export: cannot write output: {e}")))?;
+        Ok(n)
+    }
+
+    /// Every export path's one form (the CLI's, `/api/export`, the
+    /// dashboard's links): the events `filter` selects, page by page to
+    /// `sink`, and for a whole NDJSON export of a sealed ledger its own time
+    /// as the last line (`verify --export` judges the seals' freshness at
+    /// it). Returns how many events.
+    pub fn export_with(
+        &self,
+        filter: &EventFilter,
+        format: ExportFormat,
+        sink: &mut dyn FnMut(&[u8]) -> Result<(), LedgerError>,
+    ) -> Result<usize, LedgerError> {
         let whole = filter.since.is_none()
             && filter.tree.is_none()
             && filter.after_seq.is_none()
@@ -988,7 +1003,7 @@ impl Ledger {
             && filter.limit.is_none();
         let stamp = (format == ExportFormat::Ndjson && whole && self.seal_setup_of()?.is_some())
             .then(|| timestamp(std::time::SystemTime::now()));
-        let n = self.export_pages(filter, format, &mut |bytes| export::write_all(bytes, out))?;
+        let n = self.export_pages(filter, format, sink)?;
         if let Some(at) = stamp {
             let trailer = verify::ExportTrailer {
                 exported: verify::ExportStamp {
@@ -999,10 +1014,8 @@ impl Ledger {
             let mut line = serde_json::to_vec(&trailer)
                 .map_err(|e| LedgerError::Other(format!("export: {e}")))?;
             line.push(b'\n');
-            export::write_all(&line, out)?;
+            sink(&line)?;
         }
-        out.flush()
-            .map_err(|e| LedgerError::Other(format!("export: cannot write output: {e}")))?;
         Ok(n)
     }
 

@@ -29,7 +29,7 @@ impl Service {
         let engine = self.engine.clone();
         tokio::task::spawn_blocking(move || {
             let mut started = Some(started_tx);
-            let result = engine.ledger().export_pages(&filter, format, &mut |bytes| {
+            let result = engine.ledger().export_with(&filter, format, &mut |bytes| {
                 if let Some(s) = started.take() {
                     let _ = s.send(Ok(()));
                 }

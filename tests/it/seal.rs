@@ -327,6 +327,48 @@ fn start_serve(env: &Env) -> KillOnDrop {
     child
 }
 
+/// `GET /api/export` (what the dashboard's link and the runbook's API
+/// route fetch) is the same export as `treewarden export`: a whole NDJSON
+/// export of a sealed, live ledger ends with its own time, and verifies
+/// on its own with the key (it once carried no trailer and failed).
+#[test]
+fn the_api_export_of_a_live_sealed_ledger_verifies_on_its_own() {
+    let env = Env::new("session").expect("the session boundary always forms");
+    let data = env.data_dir();
+    work(&data, 0);
+    let key = setup(&data);
+    let _server = start_serve(&env);
+    assert!(wait_until(Duration::from_secs(20), || epochs(&data).len() >= 2));
+    let addr = std::fs::read_to_string(env.dir().join("addr")).expect("ready file");
+    let token = std::fs::read_to_string(data.join("api-token")).expect("token");
+    let body = reqwest::blocking::Client::new()
+        .get(format!("http://{}/api/export", addr.trim()))
+        .bearer_auth(token.trim())
+        .send()
+        .expect("GET /api/export")
+        .text()
+        .expect("body");
+    let last = body.lines().last().expect("lines");
+    assert!(last.starts_with("{\"exported\":"), "{last}");
+    let file = env.dir().join("api-export.ndjson");
+    std::fs::write(&file, &body).expect("write the export");
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let (code, out, err) = verify(
+        &scratch.path().join("none"),
+        &[
+            "--seal-key",
+            &key,
+            "--export",
+            file.to_str().expect("utf-8"),
+        ],
+    );
+    assert_eq!(
+        code,
+        Some(0),
+        "the API's export verifies alone: {out} {err}"
+    );
+}
+
 /// Root's edit of the live ledger, in one write transaction of its own
 /// (the service waits for the lock, then writes and seals on top).
 fn as_root_live(data_dir: &Path, f: impl FnOnce(&rusqlite::Connection)) {

@@ -178,6 +178,14 @@ fn a_users_tree_whose_forced_kill_could_not_be_authorized_closes_dispatch_for_th
     let tree = failed_closed_tree_of(&a, &s, &sock);
     // The gate still holds for the tree's own principal.
     assert_refused_naming(&sock, &a, &s, tree);
+    // The dashboard's banner gives the runbook's first step with the
+    // tree's own id, not a placeholder.
+    let index = s.get("/").text().expect("index");
+    assert!(
+        index.contains(&format!("<code>treewarden kill {tree}</code>"))
+            && !index.contains("resolve TREE"),
+        "{index}"
+    );
 
     // The unsettled period: B spawns throughout, and so do root on the
     // socket and the admin token over TCP.
