@@ -108,6 +108,8 @@ fn cli_requester() -> treewarden::ledger::Requester {
         via: "cli".into(),
         uid: Some(treewarden::proc::current_uid()),
         pid: Some(std::process::id() as i32),
+        login_uid: treewarden::proc::login_uid(),
+        sudo_user: std::env::var("SUDO_USER").ok().filter(|u| !u.is_empty()),
         ..Default::default()
     }
 }

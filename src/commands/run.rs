@@ -243,10 +243,8 @@ pub(super) fn run_owned(
         // The invoking user is the requester: its uid is on the tree row.
         on_behalf: Some(treewarden::custody::OnBehalf {
             requester: treewarden::ledger::Requester {
-                via: "cli".into(),
-                uid: Some(treewarden::proc::current_uid()),
                 pid: Some(me.pid),
-                ..Default::default()
+                ..super::cli_requester()
             },
             run_as: None,
         }),

@@ -229,6 +229,7 @@ fn requester(via: &str, uid: Option<u32>, token_id: Option<i64>) -> Requester {
         pid: None,
         token_id,
         token_name: None,
+        ..Default::default()
     }
 }
 

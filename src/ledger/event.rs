@@ -641,6 +641,7 @@ mod tests {
             pid: Some(77),
             token_id: None,
             token_name: None,
+            ..Default::default()
         }
     }
 

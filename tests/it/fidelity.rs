@@ -1052,3 +1052,47 @@ fn lineage_pids(dir: &Path) -> HashMap<String, i64> {
         })
         .collect()
 }
+
+/// Who asked, as a reviewer needs it: a `run` started under sudo by a user
+/// who logged in as another records `SUDO_USER` and the audit login uid
+/// beside uid 0, as the kernel and the environment say them (the login uid
+/// set on the launching shell, read back from /proc by the shell itself).
+#[test]
+fn a_cli_run_records_the_login_uid_and_the_sudo_user_behind_it() {
+    let Some(env) = Env::new("session") else {
+        return;
+    };
+    let said = env.dir.path().join("loginuid");
+    let mut cmd = env.cmd_for("sh");
+    cmd.arg("-c")
+        .arg(r#"echo 4242 > /proc/self/loginuid 2>/dev/null; cat /proc/self/loginuid > "$1"; exec "$2" run --quiet -- true"#)
+        .arg("sh")
+        .arg(&said)
+        .arg(crate::util::bin())
+        .env("SUDO_USER", "alice");
+    let mut child = cmd.spawn().expect("sh");
+    let status = wait_child(&mut child, Duration::from_secs(60)).expect("run ends");
+    assert!(status.success(), "{status:?}");
+    let login: u32 = std::fs::read_to_string(&said)
+        .expect("the shell's loginuid")
+        .trim()
+        .parse()
+        .expect("a number");
+    let conn = rusqlite::Connection::open(env.ledger_path()).expect("ledger");
+    let by: String = conn
+        .query_row(
+            "SELECT json_extract(data, '$.by') FROM events WHERE kind = 'tree.created'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("tree.created names its requester");
+    let by: Value = serde_json::from_str(&by).expect("json");
+    assert_eq!(by["via"], "cli", "{by}");
+    assert_eq!(by["sudo_user"], "alice", "{by}");
+    if login == u32::MAX {
+        crate::util::skip("the login uid could not be set here (no audit support): checked absent");
+        assert!(by.get("login_uid").is_none(), "{by}");
+    } else {
+        assert_eq!(by["login_uid"], json!(login), "{by}");
+    }
+}

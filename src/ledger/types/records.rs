@@ -91,6 +91,13 @@ pub struct Requester {
     pub token_id: Option<i64>,
     /// The token's name (TCP).
     pub token_name: Option<String>,
+    /// The CLI user's audit login uid (`/proc/self/loginuid`): who logged
+    /// in, kept across `sudo` and `su`. Absent where the kernel keeps none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub login_uid: Option<u32>,
+    /// `SUDO_USER` of a CLI run under sudo: the person behind uid 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sudo_user: Option<String>,
 }
 
 impl std::fmt::Display for Requester {
@@ -101,10 +108,22 @@ impl std::fmt::Display for Requester {
                 "token {id} ({})",
                 self.token_name.as_deref().unwrap_or("")
             )?,
-            (None, Some(uid)) => match self.pid {
-                Some(pid) => write!(f, "uid {uid} (pid {pid})")?,
-                None => write!(f, "uid {uid}")?,
-            },
+            (None, Some(uid)) => {
+                write!(f, "uid {uid}")?;
+                let mut more = Vec::new();
+                if let Some(pid) = self.pid {
+                    more.push(format!("pid {pid}"));
+                }
+                if let Some(login) = self.login_uid.filter(|l| *l != uid) {
+                    more.push(format!("login uid {login}"));
+                }
+                if let Some(sudo) = &self.sudo_user {
+                    more.push(format!("sudo by {sudo}"));
+                }
+                if !more.is_empty() {
+                    write!(f, " ({})", more.join(", "))?;
+                }
+            }
             (None, None) => f.write_str("an anonymous principal")?,
         }
         match self.via.as_str() {

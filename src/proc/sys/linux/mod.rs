@@ -60,7 +60,7 @@ pub use signal::{
 pub use stat::{boot_ticks_now, first_live_in_group, read_entry};
 pub use users::{
     Credentials, credentials_for, credentials_of_peer, current_uid, effective_uid, group_by_name,
-    groups_of, user_by_name, user_by_uid,
+    groups_of, login_uid, user_by_name, user_by_uid,
 };
 
 /// How the teardown records its container kill (`cgroup.kill`).

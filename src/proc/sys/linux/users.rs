@@ -35,7 +35,8 @@ pub struct Rlimit {
 }
 
 pub use crate::proc::userdb::{
-    UserInfo, current_uid, effective_uid, group_by_name, groups_of, user_by_name, user_by_uid,
+    UserInfo, current_uid, effective_uid, group_by_name, groups_of, login_uid, user_by_name,
+    user_by_uid,
 };
 
 /// The credentials a tree asked for by a principal with `uid` (and, from

@@ -26,7 +26,7 @@ pub struct Credentials {
 }
 
 pub use crate::proc::userdb::{
-    current_uid, effective_uid, group_by_name, groups_of, user_by_name, user_by_uid,
+    current_uid, effective_uid, group_by_name, groups_of, login_uid, user_by_name, user_by_uid,
 };
 
 pub fn credentials_for(uid: u32, gid: u32) -> std::io::Result<Credentials> {

@@ -100,6 +100,17 @@ pub fn current_uid() -> u32 {
     Uid::current().as_raw()
 }
 
+/// The audit login uid of this process (`/proc/self/loginuid`): the user
+/// who logged in, kept across `sudo` and `su`. `None` where the kernel
+/// keeps none (unset, or no such file, as on macOS).
+pub fn login_uid() -> Option<u32> {
+    let text = std::fs::read_to_string("/proc/self/loginuid").ok()?;
+    match text.trim().parse::<u32>() {
+        Ok(u32::MAX) | Err(_) => None,
+        Ok(uid) => Some(uid),
+    }
+}
+
 /// The effective uid of this process (whether it may set another's).
 pub fn effective_uid() -> u32 {
     Uid::effective().as_raw()

@@ -218,6 +218,10 @@ pub fn current_uid() -> u32 {
 pub fn effective_uid() -> u32 {
     0
 }
+/// Windows keeps no audit login uid.
+pub fn login_uid() -> Option<u32> {
+    None
+}
 
 /// What the host offers for custody on Windows.
 #[derive(Clone, Debug, serde::Serialize)]
