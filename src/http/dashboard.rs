@@ -77,7 +77,8 @@ pub struct TreeLine {
 
 impl TreeLine {
     /// The service's reading of one listed tree: its members with no exit
-    /// recorded and those seen escaped (exited or not), what it consumed
+    /// recorded (every member seen, once it is over) and those seen escaped
+    /// (exited or not), what it consumed
     /// where known, whether its owner lives.
     fn new(listed: &crate::service::ListedTree) -> Self {
         let t = &listed.tree;
@@ -95,7 +96,14 @@ impl TreeLine {
             label: t.label.clone().unwrap_or_default(),
             boundary: t.boundary.clone(),
             age: age(&t.created_at, t.ended_at.as_deref()),
-            members: usize::try_from(counts.live).unwrap_or(usize::MAX),
+            // Live members while the tree lives; once it is over, every
+            // member it had (its live count is then 0 by definition).
+            members: usize::try_from(if t.state.is_terminal() {
+                counts.seen
+            } else {
+                counts.live
+            })
+            .unwrap_or(usize::MAX),
             escapes: usize::try_from(counts.escaped).unwrap_or(usize::MAX),
             flags: t
                 .flags

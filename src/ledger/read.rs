@@ -522,7 +522,7 @@ pub(crate) fn member_counts(
 ) -> Result<Vec<(TreeId, MemberCounts)>, Fail> {
     let ids = serde_json::to_string(&ids.iter().map(|id| id.0).collect::<Vec<_>>())?;
     let mut stmt = conn.prepare_cached(
-        "SELECT tree_id, SUM(exited_at IS NULL), COUNT(escaped_at) FROM members
+        "SELECT tree_id, SUM(exited_at IS NULL), COUNT(escaped_at), COUNT(*) FROM members
          WHERE tree_id IN (SELECT value FROM json_each(?1)) GROUP BY tree_id",
     )?;
     let rows = stmt.query_map([ids], |row| {
@@ -535,6 +535,7 @@ pub(crate) fn member_counts(
             MemberCounts {
                 live: count(1)?,
                 escaped: count(2)?,
+                seen: count(3)?,
             },
         ))
     })?;
@@ -761,14 +762,16 @@ mod tests {
             counts[&a],
             MemberCounts {
                 live: 1,
-                escaped: 1
+                escaped: 1,
+                seen: 3
             }
         );
         assert_eq!(
             counts[&b],
             MemberCounts {
                 live: 1,
-                escaped: 1
+                escaped: 1,
+                seen: 1
             }
         );
         // The same answer the full detail read gives.
@@ -777,8 +780,8 @@ mod tests {
             let live = d.members.iter().filter(|m| m.exited_at.is_none()).count();
             let esc = d.members.iter().filter(|m| m.escaped_at.is_some()).count();
             assert_eq!(
-                (counts[&id].live, counts[&id].escaped),
-                (live as u64, esc as u64)
+                (counts[&id].live, counts[&id].escaped, counts[&id].seen),
+                (live as u64, esc as u64, d.members.len() as u64)
             );
         }
         assert!(ledger.member_counts(&[]).expect("none").is_empty());

@@ -944,6 +944,18 @@ fn dashboard_renders_trees_and_the_teardown_timeline_in_headless_chromium() {
         )),
         "{row}"
     );
+    // An ended tree's members column counts every member it had (as its
+    // record lists them), not the none left alive.
+    let had = s.tree(killed)["members"].as_array().map_or(0, |m| m.len());
+    assert!(had >= 3, "sh and its two sleeps: {had}");
+    let all = s.get("/?all=1").text().expect("index");
+    let row = &all[all.find(&format!("href=\"/trees/{killed}\"")).expect("row")..];
+    let row = &row[..row.find("</tr>").expect("row end")];
+    let cell = row
+        .split("<td>")
+        .nth(6)
+        .and_then(|c| c.split("</td>").next());
+    assert_eq!(cell, Some(had.to_string().as_str()), "{row}");
     let page = s
         .get(&format!("/trees/{killed}"))
         .text()

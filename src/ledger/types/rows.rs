@@ -9,12 +9,14 @@ use super::names::{TreeId, TreeState};
 use super::records::{ExitRecord, IdentityRecord, KillTarget, OwnerKind, Requester};
 use crate::ledger::event::{Event, RowKind};
 
-/// How many of a tree's members are live (no exit recorded) and how many
-/// were seen escaped (exited or not): what a tree list shows per tree.
+/// How many of a tree's members are live (no exit recorded), how many
+/// were seen escaped (exited or not), and how many were seen at all: what
+/// a tree list shows per tree.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct MemberCounts {
     pub live: u64,
     pub escaped: u64,
+    pub seen: u64,
 }
 
 /// The owner as shown with a tree.
