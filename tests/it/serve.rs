@@ -933,6 +933,11 @@ fn dashboard_renders_trees_and_the_teardown_timeline_in_headless_chromium() {
         "{index}"
     );
     assert!(index.contains("dispatch open"));
+    // What the service owns is its live trees (the killed one is no longer).
+    assert!(
+        index.contains("this service owns 1 live tree now"),
+        "{index}"
+    );
     // The live tree's owner is this service, which runs; what its cgroup
     // (where there is one) has used is shown beside it.
     let row = &index[index.find(&format!("href=\"/trees/{live}\"")).expect("row")..];
