@@ -181,7 +181,7 @@ fn recovery_line(r: &crate::service::RecoveryStatus) -> Option<String> {
         .map(|d| format!(" (start-up sweep took {:.1} s)", d.as_secs_f64()))
         .unwrap_or_default();
     Some(format!(
-        "orphans: {} pending, {} of {} found torn down{unsettled}{took}",
+        "orphans found by this service's sweeps (start-up and periodic): {} pending, {} of {} found torn down{unsettled}{took}",
         c.pending(),
         c.settled,
         c.found
