@@ -607,3 +607,266 @@ fn check_tree(conn: &Connection, tree: i64) -> Result<Option<VerifyBreak>, Fail>
     }
     Ok(None)
 }
+
+#[cfg(test)]
+mod tests {
+    //! The replay against rows the ledger's own writers made, then each
+    //! table edited behind their back (SQL on the file, triggers dropped):
+    //! the break names the table, the row and the field.
+
+    use std::time::Duration;
+
+    use crate::ledger::{
+        ExitRecord, IdentityRecord, KillTarget, Ledger, LedgerOptions, MemberRecord, NewTree,
+        OwnerKind, OwnerRecord, SignalRecord, SpawnRecord, SurvivorRecord, TreeState,
+    };
+
+    fn ident(pid: i32) -> IdentityRecord {
+        IdentityRecord {
+            pid,
+            start_ticks: 5000 + pid as u64,
+            boot_id: "b0a7-1d".into(),
+        }
+    }
+
+    fn member(pid: i32, argv: &str) -> MemberRecord {
+        MemberRecord {
+            identity: ident(pid),
+            ppid: 1,
+            pgid: 10,
+            sid: 10,
+            cgroup: None,
+            uid: Some(1000),
+            exe: Some(format!("/bin/{argv}")),
+            cmdline: vec![argv.into()],
+            cwd: Some("/tmp".into()),
+        }
+    }
+
+    /// A ledger holding one tree that did everything a tree records:
+    /// members, an exec, an escape, exits, survivors, a kill authorized and
+    /// sent, its end.
+    fn lived() -> (tempfile::TempDir, Ledger) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ledger = Ledger::open(
+            &dir.path().join("ledger.db"),
+            LedgerOptions {
+                busy_timeout: Duration::from_secs(2),
+                ..LedgerOptions::default()
+            },
+        )
+        .expect("open");
+        let owner = ledger
+            .register_owner(&OwnerRecord {
+                identity: ident(1),
+                kind: OwnerKind::Run,
+            })
+            .expect("owner");
+        let id = ledger
+            .create_tree(&NewTree {
+                label: Some("nightly".into()),
+                boundary: "session".into(),
+                owner,
+                argv: vec!["make".into(), "test".into()],
+                cwd: Some("/src".into()),
+                grace_ms: Some(100),
+                timeout_ms: None,
+                limits: Default::default(),
+                first_signal: None,
+            })
+            .expect("tree");
+        ledger
+            .tree_spawned(
+                id,
+                &SpawnRecord {
+                    root: ident(10),
+                    pgid: 10,
+                    sid: 10,
+                    cgroup: None,
+                },
+            )
+            .expect("spawned");
+        ledger
+            .observe_members(id, &[member(10, "make"), member(11, "cc")])
+            .expect("observe");
+        ledger
+            .refresh_members(id, &[member(11, "ld")])
+            .expect("exec");
+        let mut gone = member(12, "daemon");
+        gone.sid = 12;
+        gone.pgid = 12;
+        assert!(ledger.record_escape(id, &gone, "setsid").expect("escape"));
+        ledger
+            .record_exits(
+                id,
+                &[(
+                    ident(11),
+                    Some(ExitRecord {
+                        code: Some(2),
+                        signal: None,
+                        cpu_usec: None,
+                    }),
+                )],
+                "init",
+            )
+            .expect("exit");
+        ledger
+            .set_state(id, TreeState::Terminating, Some("timeout"))
+            .expect("terminating");
+        ledger
+            .record_survivors(
+                id,
+                &[SurvivorRecord {
+                    identity: ident(12),
+                    state: "S".into(),
+                    rss_bytes: 4096,
+                    cmdline: vec!["daemon".into()],
+                }],
+                std::time::SystemTime::now(),
+            )
+            .expect("survivors");
+        ledger
+            .set_state(id, TreeState::Killing, None)
+            .expect("killing");
+        let auth = ledger
+            .authorize_kill(
+                id,
+                &[KillTarget {
+                    kind: "pid".into(),
+                    target: "12".into(),
+                    identities: vec![ident(12)],
+                }],
+                "grace expired",
+            )
+            .expect("authorize");
+        ledger
+            .record_signal(
+                id,
+                &SignalRecord {
+                    signal: "SIGKILL".into(),
+                    target_kind: "pid".into(),
+                    target: "12".into(),
+                    result: "sent".into(),
+                    authorization: Some(auth),
+                },
+            )
+            .expect("sigkill");
+        ledger
+            .record_exits(id, &[(ident(10), None), (ident(12), None)], "init")
+            .expect("exits");
+        ledger
+            .end_tree(
+                id,
+                TreeState::Ended,
+                Some(ExitRecord {
+                    code: None,
+                    signal: Some(9),
+                    cpu_usec: None,
+                }),
+            )
+            .expect("end");
+        (dir, ledger)
+    }
+
+    /// `verify`'s verdict after `sql` ran on the file (with the triggers
+    /// that would refuse it dropped first).
+    fn after(sql: &str) -> Option<String> {
+        let (dir, ledger) = lived();
+        drop(ledger);
+        let conn = rusqlite::Connection::open(dir.path().join("ledger.db")).expect("file");
+        let triggers: Vec<String> = conn
+            .prepare("SELECT name FROM sqlite_master WHERE type = 'trigger'")
+            .expect("triggers")
+            .query_map([], |r| r.get(0))
+            .expect("names")
+            .collect::<Result<_, _>>()
+            .expect("names");
+        for t in triggers {
+            conn.execute_batch(&format!("DROP TRIGGER {t}"))
+                .expect("drop");
+        }
+        conn.execute_batch(sql).expect(sql);
+        super::check(&conn).expect("check").map(|b| b.what)
+    }
+
+    #[test]
+    fn rows_made_by_the_writers_are_what_their_events_say() {
+        assert_eq!(after(""), None);
+        let (_dir, ledger) = lived();
+        let report = ledger.verify(None).expect("verify");
+        assert!(report.first_break.is_none(), "{report:?}");
+    }
+
+    #[test]
+    fn each_shown_table_edited_alone_is_named_with_its_field() {
+        for (sql, says) in [
+            (
+                "UPDATE trees SET label = 'weekly'",
+                "trees row 1: label is \"weekly\"",
+            ),
+            (
+                "UPDATE trees SET exit_signal = 15",
+                "trees row 1: exit_signal is 15",
+            ),
+            (
+                "UPDATE trees SET state = 'resolved'",
+                "trees row 1: state is \"resolved\"",
+            ),
+            (
+                "UPDATE trees SET argv = '[\"true\"]'",
+                "trees row 1: argv is [\"true\"]",
+            ),
+            ("UPDATE owners SET pid = 2", "owners row 1: pid is 2"),
+            (
+                "UPDATE members SET cmdline = '[\"cc\"]' WHERE pid = 11",
+                "cmdline is [\"cc\"]",
+            ),
+            (
+                "UPDATE members SET exit_code = 0 WHERE pid = 11",
+                "exit_code is 0",
+            ),
+            (
+                "UPDATE members SET escaped_at = NULL WHERE pid = 12",
+                "escaped_at is null",
+            ),
+            ("UPDATE members SET sid = 10 WHERE pid = 12", "sid is 10"),
+            (
+                "DELETE FROM members WHERE pid = 10",
+                "members row for pid 10 (tree 1) is missing",
+            ),
+            (
+                "UPDATE observations SET detail = '{}' WHERE kind = 'escape'",
+                "observations row",
+            ),
+            (
+                "DELETE FROM observations WHERE kind = 'survivor'",
+                "observations row for survivor pid 12 (tree 1) is missing",
+            ),
+            (
+                "UPDATE kill_authorizations SET reason = 'approved'",
+                "kill_authorizations row 1: reason is \"approved\"",
+            ),
+            (
+                "UPDATE kill_authorizations SET targets = '[]'",
+                "kill_authorizations row 1: targets is []",
+            ),
+            (
+                "UPDATE signals SET target = '13'",
+                "signals row 1: target is \"13\"",
+            ),
+            ("DELETE FROM signals", "signals row 1 is missing"),
+            (
+                "INSERT INTO signals (tree_id, signal, target_kind, target, result, at)
+                 VALUES (1, 'SIGTERM', 'group', '10', 'sent', '2026-01-01T00:00:00.000Z')",
+                "signals row 2 (tree 1) has no event behind it in the chain",
+            ),
+            (
+                "DELETE FROM events WHERE kind = 'signal.sent'",
+                "signals row 1 (tree 1) has no event behind it in the chain",
+            ),
+        ] {
+            let said = after(sql).unwrap_or_else(|| panic!("{sql}: passed"));
+            assert!(said.contains(says), "{sql}: said {said:?}, not {says:?}");
+        }
+    }
+}
