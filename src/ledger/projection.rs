@@ -36,10 +36,6 @@ impl Row {
     fn set(&mut self, field: &'static str, v: Value, seq: i64) {
         self.fields.insert(field, (v, seq));
     }
-
-    fn get(&self, field: &str) -> Option<&Value> {
-        self.fields.get(field).map(|(v, _)| v)
-    }
 }
 
 type Key = (i64, i64, String);
@@ -183,9 +179,9 @@ impl Replay {
                 self.state(seq, TreeState::Resolved);
                 if let Some(t) = self.tree.as_mut() {
                     t.set("note", json!(r.note), seq);
-                    if t.get("ended_at").is_none_or(Value::is_null) {
-                        t.set("ended_at", json!(at), seq);
-                    }
+                    // The writer's `coalesce(ended_at, now)`: only an
+                    // ambiguous tree is resolved, and it has no end yet.
+                    t.set("ended_at", json!(at), seq);
                 }
             }
             Event::MemberObserved(m) => self.member_seen(seq, at, m),
@@ -193,9 +189,9 @@ impl Replay {
                 let k = key(&e.member.identity);
                 self.member_seen(seq, at, &e.member);
                 if let Some(r) = self.members.get_mut(&k) {
-                    if r.get("escaped_at").is_none_or(Value::is_null) {
-                        r.set("escaped_at", json!(at), seq);
-                    }
+                    // The writer's `coalesce(escaped_at, now)`: an identity
+                    // escapes once (the observation's unique index).
+                    r.set("escaped_at", json!(at), seq);
                     r.set("ppid", json!(e.member.ppid), seq);
                     r.set("pgid", json!(e.member.pgid), seq);
                     r.set("sid", json!(e.member.sid), seq);
@@ -765,6 +761,62 @@ mod tests {
                 }),
             )
             .expect("end");
+        // Tree 2 failed to spawn; tree 3 went ambiguous and was resolved;
+        // tree 4 is still ambiguous.
+        let failed = ledger
+            .create_tree(&NewTree {
+                label: None,
+                boundary: "session".into(),
+                owner,
+                argv: vec!["nosuch".into()],
+                cwd: None,
+                grace_ms: None,
+                timeout_ms: None,
+                limits: Default::default(),
+                first_signal: None,
+            })
+            .expect("tree 2");
+        ledger
+            .tree_spawn_failed(failed, "exec nosuch: not found", 127)
+            .expect("spawn failed");
+        for (root, resolve) in [(20, true), (30, false)] {
+            let t = ledger
+                .create_tree(&NewTree {
+                    label: None,
+                    boundary: "session".into(),
+                    owner,
+                    argv: vec!["sleep".into()],
+                    cwd: None,
+                    grace_ms: None,
+                    timeout_ms: None,
+                    limits: Default::default(),
+                    first_signal: None,
+                })
+                .expect("tree");
+            ledger
+                .tree_spawned(
+                    t,
+                    &SpawnRecord {
+                        root: ident(root),
+                        pgid: root,
+                        sid: root,
+                        cgroup: None,
+                    },
+                )
+                .expect("spawned");
+            ledger
+                .set_state(
+                    t,
+                    TreeState::Ambiguous,
+                    Some("authority could not be written"),
+                )
+                .expect("ambiguous");
+            if resolve {
+                ledger
+                    .resolve(t, "jdoe: gone by hand", &[], None)
+                    .expect("resolve");
+            }
+        }
         (dir, ledger)
     }
 
@@ -792,6 +844,15 @@ mod tests {
     #[test]
     fn rows_made_by_the_writers_are_what_their_events_say() {
         assert_eq!(after(""), None);
+        // A kind a later build writes reads as `Other` and binds no row.
+        assert_eq!(
+            after(
+                "INSERT INTO events (seq, at, tree, kind, data, prev_hash, hash)
+                 SELECT max(seq) + 1, '2026-01-01T00:00:00.000Z', 4, 'tree.later_kind', '{}',
+                        hash, hash FROM events"
+            ),
+            None
+        );
         let (_dir, ledger) = lived();
         let report = ledger.verify(None).expect("verify");
         assert!(report.first_break.is_none(), "{report:?}");
@@ -863,6 +924,37 @@ mod tests {
             (
                 "DELETE FROM events WHERE kind = 'signal.sent'",
                 "signals row 1 (tree 1) has no event behind it in the chain",
+            ),
+            (
+                "UPDATE trees SET note = NULL WHERE id = 2",
+                "trees row 2: note is null",
+            ),
+            (
+                "UPDATE trees SET exit_code = 1 WHERE id = 2",
+                "trees row 2: exit_code is 1",
+            ),
+            (
+                "UPDATE trees SET note = 'ok' WHERE id = 3",
+                "trees row 3: note is \"ok\"",
+            ),
+            (
+                "UPDATE trees SET ended_at = NULL WHERE id = 3",
+                "trees row 3: ended_at is null",
+            ),
+            (
+                "UPDATE trees SET state = 'ended' WHERE id = 4",
+                "trees row 4: state is \"ended\"",
+            ),
+            (
+                "UPDATE trees SET note = NULL WHERE id = 4",
+                "trees row 4: note is null",
+            ),
+            // A kind this build writes, in a shape it cannot read.
+            (
+                "INSERT INTO events (seq, at, tree, kind, data, prev_hash, hash)
+                 SELECT max(seq) + 1, '2026-01-01T00:00:00.000Z', 4, 'signal.sent', '{}',
+                        hash, hash FROM events",
+                "(signal.sent) cannot be read",
             ),
         ] {
             let said = after(sql).unwrap_or_else(|| panic!("{sql}: passed"));
