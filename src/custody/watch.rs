@@ -104,6 +104,13 @@ pub struct TreeWatch {
     /// the name stayed: `sh` exec'ing `sh`), and its recorded command line
     /// is refreshed.
     comms: HashMap<ProcKey, (String, u64)>,
+    /// Members whose read found no command line, with the re-reads left:
+    /// a process caught inside `execve` already carries the new program's
+    /// name but not yet its arguments, and nothing later (no new name, no
+    /// new stack) would say so. Each is read again on the next ticks until
+    /// its arguments appear (then recorded as an exec) or the tries run out
+    /// (a process that really has none: a zombie, one that blanked them).
+    argv_unread: HashMap<ProcKey, u8>,
     /// While set (a teardown past its kill authorization), exits found by a
     /// tick are kept here instead of written at once; the teardown writes
     /// them in one go after verifying the tree empty
@@ -127,6 +134,11 @@ pub struct TreeWatch {
 /// teardown ticks every few milliseconds, and an OOM kill needs recording,
 /// not a race to be first.
 const OOM_CHECK_EVERY: Duration = Duration::from_millis(250);
+
+/// How many ticks re-read a member whose first read found no command line
+/// (see [`TreeWatch::argv_unread`]): an `execve` caught halfway completes
+/// within one tick; a few more cover a loaded host.
+const ARGV_REREADS: u8 = 5;
 
 /// How often a steady tick bumps `last_seen` of known members: one write of
 /// every member costs about as much as the scan itself at 1,000 members, and
@@ -213,6 +225,7 @@ impl TreeWatch {
             journal: Vec::new(),
             last_bump: None,
             comms: HashMap::new(),
+            argv_unread: HashMap::new(),
             deferred_exits: None,
             oom_recorded: None,
             oom_checked: None,
@@ -1000,6 +1013,7 @@ impl TreeWatch {
             }
         }
         self.comms.retain(|k, _| now.contains(k));
+        self.argv_unread.retain(|k, _| now.contains(k));
         self.held.retain(|k, _| now.contains(k));
         self.unheld.retain(|k| now.contains(k));
         self.last_read.clear();
@@ -1043,6 +1057,9 @@ impl TreeWatch {
             if details.is_some() {
                 fresh.insert(key);
                 self.uids.insert(key, record.uid);
+                if record.cmdline.is_empty() {
+                    self.argv_unread.insert(key, ARGV_REREADS);
+                }
             }
             // The comm is stored once per member and replaced only when it
             // changes (an exec): this runs for every member on every tick.
@@ -1061,6 +1078,22 @@ impl TreeWatch {
                         comm.clone_from(&m.entry.comm);
                         if details.is_none() {
                             let d = engine.host().details(m.entry.pid);
+                            execd.push(MemberRecord {
+                                exe: d.exe,
+                                cmdline: d.cmdline,
+                                ..record.clone()
+                            });
+                            self.argv_unread.remove(&key);
+                        }
+                    } else if details.is_none()
+                        && let Some(left) = self.argv_unread.get_mut(&key)
+                    {
+                        let d = confirmed(engine.host().details(m.entry.pid), &m.entry);
+                        *left = left.saturating_sub(1);
+                        if !d.cmdline.is_empty() || *left == 0 {
+                            self.argv_unread.remove(&key);
+                        }
+                        if !d.cmdline.is_empty() {
                             execd.push(MemberRecord {
                                 exe: d.exe,
                                 cmdline: d.cmdline,

@@ -259,6 +259,59 @@ fn a_member_that_execs_a_program_of_the_same_name_is_noticed_by_its_new_stack() 
 }
 
 #[test]
+fn a_member_first_read_inside_its_exec_gets_its_arguments_on_a_later_tick() {
+    // `execve` names the new program (comm) before it places the new
+    // arguments and stack: a member first read in between has no command
+    // line, and nothing later (no new name, no stack that was known)
+    // says it exec'd. A CI run recorded `sleep 301` as `[]` this way.
+    let rig = rig(false, false);
+    let child = rig.host.world().fork(rig.root.0).expect("the root runs");
+    {
+        let mut w = rig.host.world();
+        let p = w.procs.get_mut(&child.0).expect("the child");
+        p.comm = "sleeper".into();
+        p.argv.clear();
+        p.start_stack = 0;
+    }
+    let mut watch = rig.watch();
+    watch.tick(&rig.engine, &no_exits());
+    assert!(rig.row(child.0).cmdline.is_empty(), "read mid-exec");
+    {
+        let mut w = rig.host.world();
+        let p = w.procs.get_mut(&child.0).expect("the child");
+        p.argv = vec!["sleeper".into(), "600".into()];
+        p.start_stack = 0x7000;
+    }
+    watch.tick(&rig.engine, &no_exits());
+    assert_eq!(rig.row(child.0).cmdline, ["sleeper", "600"]);
+    let execs = rig.events("member.exec");
+    assert_eq!(execs.len(), 1, "{execs:?}");
+    assert_eq!(execs[0].data["from"]["argv"], serde_json::json!([]));
+    // Complete now: no more re-reads.
+    let read = rig.details_read();
+    watch.tick(&rig.engine, &no_exits());
+    assert_eq!(rig.details_read(), read);
+
+    // A member that really has no arguments is read again a bounded
+    // number of times, then left as it is.
+    let bare = rig.host.world().fork(rig.root.0).expect("the root runs");
+    rig.host
+        .world()
+        .procs
+        .get_mut(&bare.0)
+        .expect("bare")
+        .argv
+        .clear();
+    for _ in 0..20 {
+        watch.tick(&rig.engine, &no_exits());
+    }
+    let read = rig.details_read();
+    watch.tick(&rig.engine, &no_exits());
+    assert_eq!(rig.details_read(), read, "re-reads are bounded");
+    assert_eq!(rig.events("member.exec").len(), 1);
+}
+
+#[test]
 fn a_stack_address_hidden_as_zero_is_no_exec() {
     // The kernel shows 0 for a process the reader may not ptrace (one that
     // made itself undumpable): that is no exec, and the row keeps its exe.
