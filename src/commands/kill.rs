@@ -38,8 +38,19 @@ pub fn kill(config: &Config, args: KillArgs) -> CliResult {
         println!("tree {} is already {}", row.id, row.state.as_str());
         return Ok(0);
     }
-    // Who asked is in the reason the teardown records, as for the API.
-    let reason = format!("treewarden kill by {}", cli_requester());
+    // Who asked, as a structured event before anything is signalled (as the
+    // API records it), and in the reason the teardown records. A ledger
+    // that refuses the event still gets the principal in the reason.
+    let by = cli_requester();
+    let asked =
+        treewarden::ledger::Event::KillRequested(treewarden::ledger::event::KillRequested {
+            by: by.clone(),
+            grace_ms: args.grace.map(|g| g.as_millis() as u64),
+        });
+    if let Err(e) = engine.ledger().append_event(Some(tree), asked) {
+        tracing::warn!(tree = tree.0, error = %e, "kill.requested not recorded; the teardown's reason names the principal");
+    }
+    let reason = format!("treewarden kill by {by}");
     // The grace recorded with the tree unless one is asked for (one hop to
     // the policy, one to the teardown).
     let grace = Grace::for_tree(&row, args.grace, policy::default_grace(), None);

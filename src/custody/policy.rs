@@ -222,6 +222,59 @@ fn as_the_mode_asks(
 mod tests {
     use super::*;
 
+    /// Every teardown reason a writer of this build spells reads back as
+    /// its cause: the outcome the dashboard shows depends on it.
+    #[test]
+    fn every_recorded_teardown_reason_reads_back_as_its_cause() {
+        use crate::ledger::outcome::Cause;
+        let root = Some(ExitStatus::Exited(3));
+        for (end, cause) in [
+            (EndCause::RootExited(root), Cause::RootExited),
+            (EndCause::RootExited(None), Cause::RootExited),
+            (EndCause::OwnerExited, Cause::OwnerGone),
+            (
+                EndCause::Timeout(Duration::from_millis(1500)),
+                Cause::Timeout,
+            ),
+            (EndCause::Signal(2), Cause::Signal),
+            (EndCause::ParentDied, Cause::OwnerGone),
+            (EndCause::Kill, Cause::Kill),
+            (EndCause::Shutdown, Cause::Shutdown),
+        ] {
+            assert_eq!(Cause::of_reason(&end.reason()), Some(cause), "{end:?}");
+        }
+        // A resumed teardown names no cause of its own: the first one stands.
+        assert_eq!(Cause::of_reason(&EndCause::Resume.reason()), None);
+        // The writers outside `EndCause`: the sweep, `kill`, the API, the
+        // custodian, `run` without a custodian.
+        for (reason, cause) in [
+            ("owner gone (orphan sweep)", Cause::OwnerGone),
+            (
+                "owner gone: finishing a teardown that could not be authorized",
+                Cause::OwnerGone,
+            ),
+            ("treewarden kill by uid 0 on the command line", Cause::Kill),
+            (
+                "killed through the API by token 1 (ops) over tcp",
+                Cause::Kill,
+            ),
+            (
+                "the custodian of a tree whose root exited received signal 15",
+                Cause::Signal,
+            ),
+            (
+                "every member exited (the root exited earlier)",
+                Cause::RootExited,
+            ),
+            (
+                "root exited; no custodian to keep the tree (x)",
+                Cause::RootExited,
+            ),
+        ] {
+            assert_eq!(Cause::of_reason(reason), Some(cause), "{reason}");
+        }
+    }
+
     #[test]
     fn without_a_proc_connector_on_fails_and_auto_scans_only() {
         // The branch a host with the connector (this one, as root) never

@@ -1,5 +1,7 @@
 //! The operator dashboard: server-rendered askama pages, usable without
-//! JavaScript, refreshed by a meta refresh. Each view struct lives beside its
+//! JavaScript; where a script runs, a live page follows the ledger's event
+//! stream and reloads once something it shows changed (templates/live.html:
+//! no timed refresh, which reloads under a reader and fails WCAG 2.2.1). Each view struct lives beside its
 //! handler; the templates are in `templates/`.
 //!
 //! Pictures where people would rather look than read: each tree page draws
@@ -23,6 +25,7 @@ use crate::ledger::{
 };
 use crate::service::vocab::Unsettled;
 
+use crate::ledger::outcome::{Outcome, OutcomeFilter, OutcomeKind};
 use crate::ledger::{PageAt, TreeFilter, parse_since};
 
 /// Trees shown on the index page at most (newest first).
@@ -73,6 +76,12 @@ pub struct TreeLine {
     pub owner_alive: Option<bool>,
     /// What it consumed (ended: from `tree.ended`; live: from its cgroup).
     pub consumed: String,
+    /// Its outcome's spelling (the CSS class and filter value).
+    pub outcome: &'static str,
+    /// Its outcome in a few words ("failed: exit 3 · 2 force-killed").
+    pub outcome_text: String,
+    /// Who ended it, where the outcome names someone.
+    pub outcome_by: String,
 }
 
 impl TreeLine {
@@ -117,6 +126,9 @@ impl TreeLine {
                 .collect::<Vec<_>>()
                 .join(", "),
             command: t.argv.join(" "),
+            outcome: listed.outcome.kind.as_str(),
+            outcome_text: listed.outcome.summary(),
+            outcome_by: listed.outcome.by.clone().unwrap_or_default(),
         }
     }
 }
@@ -141,6 +153,13 @@ pub struct IndexPage {
     pub state: String,
     pub label: String,
     pub since: String,
+    pub until: String,
+    /// The outcome filter as given (empty: none).
+    pub outcome: String,
+    /// Every outcome filter value, with its words, for the filter's menu.
+    pub outcomes: Vec<(&'static str, &'static str)>,
+    /// With an outcome filter that stopped reading: how many trees it read.
+    pub examined: Option<usize>,
     /// The query of the next (older) page, when there is one.
     pub older: Option<String>,
     /// The query of the previous (newer) page, when there is one.
@@ -149,6 +168,21 @@ pub struct IndexPage {
     pub refresh: bool,
     /// This page's query with the refresh toggled.
     pub toggle_refresh: String,
+    /// The event stream a live page follows, and the kinds it reloads on.
+    pub live_stream: String,
+    pub live_kinds: String,
+    /// This host's name.
+    pub host: String,
+}
+
+/// Every event kind, space-separated: what a live page listens for (the
+/// stream names each event by its kind).
+fn live_kinds() -> String {
+    crate::ledger::EventKind::ALL
+        .iter()
+        .map(|k| k.as_str())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The recovery line of the index page: `None` once a recovery that found
@@ -211,10 +245,14 @@ pub struct IndexQuery {
     pub all: Option<String>,
     /// Only trees in this state.
     pub state: Option<String>,
-    /// Only trees with exactly this label.
+    /// Only trees whose label contains this.
     pub label: Option<String>,
     /// Only trees created at or after this (`2h`, or an RFC 3339 time).
     pub since: Option<String>,
+    /// Only trees created before this (`10m`, or an RFC 3339 time).
+    pub until: Option<String>,
+    /// Only trees with this outcome (`exited`, `timed_out`, … or `forced`).
+    pub outcome: Option<String>,
     /// Keyset paging: the page of trees right below this id (older).
     pub before: Option<i64>,
     /// Keyset paging: the page of trees right above this id (newer).
@@ -317,12 +355,30 @@ pub async fn index(
         "" => None,
         t => Some(parse_since(t).map_err(ApiError::BadRequest)?),
     };
+    let until_s = q.until.clone().unwrap_or_default();
+    let until = match until_s.trim() {
+        "" => None,
+        t => Some(parse_since(t).map_err(ApiError::BadRequest)?),
+    };
+    let outcome_s = q.outcome.clone().unwrap_or_default();
+    let outcome = match outcome_s.trim() {
+        "" => None,
+        o => Some(o.parse::<OutcomeFilter>().map_err(ApiError::BadRequest)?),
+    };
+    // An outcome is what a tree ended as: asked for with no state, it
+    // looks through every tree, not only the live ones.
+    let states = if outcome.is_some() && state_s.trim().is_empty() {
+        None
+    } else {
+        states
+    };
     // The dashboard is for principals that see every tree (must_see_all).
     let filter = TreeFilter {
         states,
-        label,
+        label_contains: label,
         since,
-        owner: None,
+        until,
+        ..TreeFilter::default()
     };
     let at = page_at(q.before, q.after)?;
     let crate::service::TreeListView {
@@ -330,7 +386,12 @@ pub async fn index(
         more,
         counts,
         unsettled,
-    } = s.service.door().tree_list(filter, at, MAX_TREES).await?;
+        examined,
+    } = s
+        .service
+        .door()
+        .tree_list(filter, at, MAX_TREES, outcome)
+        .await?;
     let lines: Vec<TreeLine> = trees.iter().map(TreeLine::new).collect();
     let base = |at: PageAt, refresh: bool| {
         let (before, after) = match at {
@@ -343,6 +404,8 @@ pub async fn index(
             ("state", state_s.clone()),
             ("label", label_s.clone()),
             ("since", since_s.clone()),
+            ("until", until_s.clone()),
+            ("outcome", outcome_s.clone()),
             ("before", before),
             ("after", after),
             ("refresh", if refresh { String::new() } else { "0".into() }),
@@ -359,6 +422,9 @@ pub async fn index(
         newer: newer.map(|id| base(PageAt::After(id), refresh)),
         toggle_refresh: base(at, !refresh),
         refresh,
+        live_stream: "/api/events/stream".into(),
+        live_kinds: live_kinds(),
+        host: s.service.door().host(),
         counts: counts
             .into_iter()
             .map(|(st, n)| (st.as_str().to_string(), n))
@@ -366,6 +432,14 @@ pub async fn index(
         state: state_s.clone(),
         label: label_s.clone(),
         since: since_s.clone(),
+        until: until_s.clone(),
+        outcome: outcome_s.clone(),
+        outcomes: OutcomeKind::ALL
+            .into_iter()
+            .map(|k| (k.as_str(), k.words()))
+            .chain([("forced", "force-killed")])
+            .collect(),
+        examined,
         trees: lines,
         all,
         unsettled,
@@ -448,11 +522,14 @@ pub fn timeline(tl: &TeardownTimeline) -> Option<Timeline> {
         x: x_of(t_term),
         ms: 0,
     }];
-    for (label, t) in [
-        ("authorized", t_auth),
-        ("KILL", t_kill),
-        ("verified", t_end),
-    ] {
+    // The end is "verified" only where the tree was found empty: an
+    // ambiguous one was not (its kill skipped or refused, or processes left).
+    let end_label = match tl.end_state {
+        Some(TreeState::Ambiguous) if t_kill.is_none() => "kill skipped: ambiguous",
+        Some(TreeState::Ambiguous) => "not verified: ambiguous",
+        _ => "verified",
+    };
+    for (label, t) in [("authorized", t_auth), ("KILL", t_kill), (end_label, t_end)] {
         if let Some(t) = t {
             marks.push(Mark {
                 label,
@@ -461,11 +538,14 @@ pub fn timeline(tl: &TeardownTimeline) -> Option<Timeline> {
             });
         }
     }
-    let summary = segments
+    let mut summary = segments
         .iter()
         .map(|s| format!("{} {} ms", s.name, s.ms))
         .collect::<Vec<_>>()
         .join(" → ");
+    if tl.end_state == Some(TreeState::Ambiguous) {
+        summary.push_str(&format!(" → {end_label}"));
+    }
     Some(Timeline {
         segments,
         marks,
@@ -491,7 +571,9 @@ pub struct ProcessItem {
 /// The hierarchy ([`crate::ledger::hierarchy`]) flattened for the template
 /// (askama has no recursion): nesting is rebuilt from `has_children` and
 /// `closes`.
-pub fn process_items(forest: &[ProcessNode]) -> Vec<ProcessItem> {
+/// `survivors`: the tree's teardown is over or gave up (ambiguous), so a
+/// member with no exit recorded is marked as one that may still run.
+pub fn process_items(forest: &[ProcessNode], survivors: bool) -> Vec<ProcessItem> {
     // Iterative, depth first: each node is entered (its item pushed) and,
     // once its children are done, left (the item then last closes its
     // `<ul>`).
@@ -508,7 +590,13 @@ pub fn process_items(forest: &[ProcessNode]) -> Vec<ProcessItem> {
                     pid: n.pid,
                     name: n.name(),
                     command: n.cmdline.join(" "),
-                    marks: n.marks(),
+                    marks: {
+                        let mut marks = n.marks();
+                        if survivors && !n.exited {
+                            marks.push("alive at the last look".into());
+                        }
+                        marks
+                    },
                     escaped: n.escaped,
                     force_killed: n.force_killed,
                     has_children: !n.children.is_empty(),
@@ -539,12 +627,107 @@ pub struct TreePage {
     pub escapes: Vec<MemberRow>,
     /// Signals and authorizations in one list, in time order.
     pub authority: Vec<AuthorityLine>,
-    pub events: Vec<EventRow>,
     pub timeline: Option<Timeline>,
     pub live: bool,
+    /// The event stream a live page follows, and the kinds it reloads on.
+    pub live_stream: String,
+    pub live_kinds: String,
+    /// This host's name.
+    pub host: String,
     pub command: String,
     /// The last lines of its captured output (API trees), when it has any.
     pub output: Option<String>,
+    /// The first line: outcome, actor, time and counts.
+    pub verdict: String,
+    /// The outcome's spelling (its colour).
+    pub outcome: &'static str,
+    /// The tree's events as the events page reads them.
+    pub event_lines: Vec<EventLine>,
+}
+
+/// The tree page's first line: what happened, by whom, when, to how many.
+pub fn verdict(t: &TreeRow, o: &Outcome, members: &[MemberRow]) -> String {
+    let seen = members.len();
+    let escaped = members.iter().filter(|m| m.escaped_at.is_some()).count();
+    let alive = members.iter().filter(|m| m.exited_at.is_none()).count();
+    let when = t.ended_at.as_deref().unwrap_or(&t.created_at);
+    let plural = |n: usize, one: &str, many: &str| {
+        if n == 1 {
+            format!("{n} {one}")
+        } else {
+            format!("{n} {many}")
+        }
+    };
+    let mut counts = format!(
+        "{} seen, {} escaped",
+        plural(seen, "process", "processes"),
+        escaped
+    );
+    if let Some(f) = &o.forced {
+        let ids: Vec<String> = f.authorizations.iter().map(|a| format!("#{a}")).collect();
+        counts.push_str(&format!(
+            ", {} force-killed under authorization {}",
+            f.processes,
+            ids.join(", ")
+        ));
+    }
+    let why = o
+        .reason
+        .as_deref()
+        .map(|r| format!(" ({r})"))
+        .unwrap_or_default();
+    let owner = format!("{} pid {}", t.owner.kind, t.owner.pid);
+    match o.kind {
+        OutcomeKind::Running => format!(
+            "Running since {} for {owner}: {} live, {} escaped.",
+            t.created_at,
+            plural(alive, "process", "processes"),
+            escaped
+        ),
+        OutcomeKind::Exited | OutcomeKind::Failed => {
+            let exit = match o.exit.map(|e| (e.code, e.signal)) {
+                Some((_, Some(sig))) => format!("its root died of signal {sig}"),
+                Some((Some(c), None)) => format!("its root exited {c}"),
+                _ => "its root exited".into(),
+            };
+            let head = if o.kind == OutcomeKind::Exited {
+                "Exited"
+            } else {
+                "Failed"
+            };
+            format!("{head}: {exit} at {when}; {counts}.")
+        }
+        OutcomeKind::TimedOut => format!("Timed out{why} at {when}; {counts}."),
+        OutcomeKind::Killed => format!(
+            "Killed by {} at {when}; {counts}.",
+            o.by.as_deref().unwrap_or("an unrecorded principal")
+        ),
+        OutcomeKind::OwnerGone => format!(
+            "Owner gone ({owner}); ended by {} at {when}; {counts}.",
+            if o.swept {
+                "the orphan sweep"
+            } else {
+                "its watcher"
+            }
+        ),
+        OutcomeKind::Shutdown => format!("Drained at the service's shutdown at {when}; {counts}."),
+        OutcomeKind::Ambiguous | OutcomeKind::Unkillable => format!(
+            "{}{why}: {} not known to be gone; {counts}. First step: treewarden kill {}.",
+            if o.kind == OutcomeKind::Unkillable {
+                "Unkillable"
+            } else {
+                "Ambiguous"
+            },
+            plural(alive, "process", "processes"),
+            t.id
+        ),
+        OutcomeKind::SpawnFailed => format!("Spawn failed at {when}{why}."),
+        OutcomeKind::Resolved => format!(
+            "Resolved by {} at {when}{why}; {counts}.",
+            o.by.as_deref().unwrap_or("an operator")
+        ),
+        OutcomeKind::Vanished => format!("Vanished at {when}{why}; {counts}."),
+    }
 }
 
 /// One row of the events page: the event and a line a person reads.
@@ -556,6 +739,21 @@ pub struct EventLine {
     pub summary: String,
     pub data: String,
     pub hash: String,
+}
+
+impl EventLine {
+    /// The line the events page and the tree page show for `e`.
+    pub fn of(e: &EventRow) -> EventLine {
+        EventLine {
+            seq: e.seq,
+            at: e.at.clone(),
+            tree: e.tree,
+            kind: e.kind.to_string(),
+            summary: summarize(e),
+            data: e.data.to_string(),
+            hash: e.hash.chars().take(12).collect(),
+        }
+    }
 }
 
 /// One line per event kind for a reader at 3 a.m.; the JSON stays one
@@ -632,6 +830,13 @@ pub fn summarize(e: &EventRow) -> String {
             format!("owner pid {} gone; tree was {}", d.owner.pid, d.state)
         }
         Event::DispatchRefused(d) => format!("tree {} unsettled: {}", d.tree, d.reason),
+        Event::KillRequested(d) => format!(
+            "kill asked for by {}{}",
+            d.by,
+            d.grace_ms
+                .map(|g| format!(", grace {g} ms"))
+                .unwrap_or_default()
+        ),
         _ => e.data.to_string(),
     }
 }
@@ -710,18 +915,31 @@ pub async fn tree(
         output,
         teardown,
         hierarchy,
+        outcome,
     } = s
         .service
         .door()
         .tree_panel(id, OUTPUT_LINES)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
-    let processes = process_items(&hierarchy);
+    let survivors = d.tree.state == TreeState::Ambiguous;
+    let processes = process_items(&hierarchy, survivors);
     let timeline = teardown.as_ref().and_then(timeline);
+    let verdict = verdict(&d.tree, &outcome, &d.members);
     render(&TreePage {
+        verdict,
+        outcome: outcome.kind.as_str(),
+        event_lines: d.events.iter().map(EventLine::of).collect(),
         processes,
         output,
         live: !d.tree.state.is_terminal(),
+        live_stream: format!(
+            "/api/events/stream?tree={}&after={}",
+            d.tree.id,
+            d.events.last().map_or(0, |e| e.seq)
+        ),
+        live_kinds: live_kinds(),
+        host: s.service.door().host(),
         command: d.tree.argv.join(" "),
         escapes: d
             .members
@@ -732,7 +950,6 @@ pub async fn tree(
         authority: authority_lines(&d.signals, &d.authorizations),
         tree: d.tree,
         members: d.members,
-        events: d.events,
         timeline,
     })
 }
@@ -741,15 +958,84 @@ pub async fn tree(
 #[template(path = "events.html")]
 pub struct EventsPage {
     pub events: Vec<EventLine>,
-    pub tree: String,
-    pub kind: String,
-    pub since: String,
+    /// The filter as given, each field as typed (empty: none).
+    pub q: EventsText,
     pub error: Option<String>,
     /// The query of the next (older) page, when there is one.
     pub older: Option<String>,
     /// The query of the previous (newer) page, when there is one.
     pub newer: Option<String>,
+    /// This host's name: a trail read among many hosts names its own.
+    pub host: String,
+    /// Whether the page follows new events (the newest page, unless
+    /// `live=0`), and this page's query with that toggled.
+    pub live: bool,
+    pub toggle_live: String,
+    pub live_stream: String,
+    pub live_kinds: String,
 }
+
+/// The events page's filter, as typed.
+#[derive(Clone, Default)]
+pub struct EventsText {
+    pub tree: String,
+    pub kind: String,
+    pub since: String,
+    pub until: String,
+    /// `1`: only the kinds an incident review reads ([`IMPORTANT`]).
+    pub important: bool,
+    pub text: String,
+    pub label: String,
+}
+
+impl EventsText {
+    /// The query parts that repeat in every link of the page.
+    fn parts(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("tree", self.tree.clone()),
+            ("kind", self.kind.clone()),
+            ("since", self.since.clone()),
+            ("until", self.until.clone()),
+            (
+                "important",
+                if self.important {
+                    "1".into()
+                } else {
+                    String::new()
+                },
+            ),
+            ("text", self.text.clone()),
+            ("label", self.label.clone()),
+        ]
+    }
+}
+
+/// The kinds an incident review reads: kills and their authority, escapes,
+/// sweeps, ambiguity and its settling, refusals, seals, the service's own
+/// shutdown and tokens. Not the member observe/exec/exit noise.
+pub const IMPORTANT: [crate::ledger::EventKind; 18] = {
+    use crate::ledger::EventKind as K;
+    [
+        K::TreeSpawnFailed,
+        K::EscapeObserved,
+        K::SurvivorsRecorded,
+        K::SignalSent,
+        K::KillRequested,
+        K::KillAuthorized,
+        K::KillSkipped,
+        K::TreeState,
+        K::SweepOrphanFound,
+        K::SweepRefused,
+        K::DispatchRefused,
+        K::TreeResolved,
+        K::TreeOomKill,
+        K::MemberUnkillable,
+        K::TreeHoldsCapped,
+        K::TokenRevoked,
+        K::ShutdownRequested,
+        K::LedgerSeal,
+    ]
+};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -757,6 +1043,16 @@ pub struct EventsQuery {
     pub tree: Option<String>,
     pub kind: Option<String>,
     pub since: Option<String>,
+    /// Events before this (`10m`, or an RFC 3339 time).
+    pub until: Option<String>,
+    /// `1`: the incident preset ([`IMPORTANT`]).
+    pub important: Option<String>,
+    /// Events whose data contains this text.
+    pub text: Option<String>,
+    /// Events of trees whose label contains this.
+    pub label: Option<String>,
+    /// `0`: do not follow new events.
+    pub live: Option<String>,
     /// Keyset paging: the page of events right below this seq (older).
     pub before: Option<i64>,
     /// Keyset paging: the page of events right above this seq (newer).
@@ -764,17 +1060,26 @@ pub struct EventsQuery {
 }
 
 /// `GET /events`: the audit trail, newest first, filterable.
+// Over 100 lines on purpose: one page from one parsed query (each bad
+// field a banner, not a failure), one ledger read, then the links, each
+// repeating the same typed filter.
 pub async fn events(
     State(s): State<AppState>,
     axum::Extension(principal): axum::Extension<super::auth::Principal>,
     ApiQuery(q): ApiQuery<EventsQuery>,
 ) -> Result<Html<String>, ApiError> {
     principal.must_see_all("the dashboard")?;
-    let tree_s = q.tree.clone().unwrap_or_default();
-    let kind = q.kind.clone().unwrap_or_default();
-    let since_s = q.since.clone().unwrap_or_default();
+    let text = EventsText {
+        tree: q.tree.clone().unwrap_or_default(),
+        kind: q.kind.clone().unwrap_or_default(),
+        since: q.since.clone().unwrap_or_default(),
+        until: q.until.clone().unwrap_or_default(),
+        important: parse_flag("important", q.important.as_deref())?,
+        text: q.text.clone().unwrap_or_default(),
+        label: q.label.clone().unwrap_or_default(),
+    };
     let mut error = None;
-    let tree = match tree_s.trim() {
+    let tree = match text.tree.trim() {
         "" => None,
         t => match t.parse::<i64>() {
             Ok(id) => Some(TreeId(id)),
@@ -784,42 +1089,55 @@ pub async fn events(
             }
         },
     };
-    let since = match since_s.trim() {
+    let mut time = |field: &str, value: &str| match value.trim() {
         "" => None,
         t => match parse_since(t) {
             Ok(at) => Some(at),
             Err(e) => {
-                error = Some(e);
+                error = Some(format!("{field}: {e}"));
                 None
             }
         },
     };
+    let since = time("since", &text.since);
+    let until = time("until", &text.until);
+    let some = |v: &str| Some(v.trim().to_string()).filter(|v| !v.is_empty());
     // SQL filters and keeps one page next to the bound (and one more row,
     // to know whether the next page has any); nothing else is read.
     let at = page_at(q.before, q.after)?;
     let filter = EventFilter {
         since,
         tree,
-        kind_prefix: Some(kind.trim().to_string()).filter(|k| !k.is_empty()),
+        kind_prefix: some(&text.kind),
         // A newer page is read upwards from its bound, then shown newest first.
         newest_first: !matches!(at, PageAt::After(_)),
         before_seq: q.before,
         after_seq: q.after,
         limit: Some(MAX_EVENTS + 1),
+        search: crate::ledger::EventSearch {
+            kinds: text
+                .important
+                .then(|| IMPORTANT.iter().map(|k| k.as_str().to_string()).collect()),
+            until,
+            text: some(&text.text),
+            tree_label: some(&text.label),
+        },
     };
-    let mut rows = s.service.door().events(filter).await?;
+    let door = s.service.door();
+    let mut rows = door.events(filter).await?;
     let more = rows.len() > MAX_EVENTS;
     rows.truncate(MAX_EVENTS);
     if matches!(at, PageAt::After(_)) {
         rows.reverse();
     }
-    let link = |bound: (&'static str, i64)| {
-        query_string(&[
-            ("tree", tree_s.clone()),
-            ("kind", kind.clone()),
-            ("since", since_s.clone()),
-            (bound.0, bound.1.to_string()),
-        ])
+    let live_asked = !matches!(q.live.as_deref(), Some("0"));
+    let link = |bound: Option<(&'static str, i64)>, live: bool| {
+        let mut parts = text.parts();
+        if let Some((k, v)) = bound {
+            parts.push((k, v.to_string()));
+        }
+        parts.push(("live", if live { String::new() } else { "0".into() }));
+        query_string(&parts)
     };
     let (older, newer) = pager(
         at,
@@ -827,24 +1145,27 @@ pub async fn events(
         rows.first().map(|e| e.seq),
         rows.last().map(|e| e.seq),
     );
+    // Only the newest page follows new events: an older one would reload
+    // away from what the reader paged to.
+    let live = live_asked && matches!(at, PageAt::Newest);
     render(&EventsPage {
-        older: older.map(|seq| link(("before", seq))),
-        newer: newer.map(|seq| link(("after", seq))),
-        events: rows
-            .iter()
-            .map(|e| EventLine {
-                seq: e.seq,
-                at: e.at.clone(),
-                tree: e.tree,
-                kind: e.kind.to_string(),
-                summary: summarize(e),
-                data: e.data.to_string(),
-                hash: e.hash.chars().take(12).collect(),
-            })
-            .collect(),
-        tree: tree_s,
-        kind,
-        since: since_s,
+        older: older.map(|seq| link(Some(("before", seq)), live_asked)),
+        newer: newer.map(|seq| link(Some(("after", seq)), live_asked)),
+        toggle_live: link(None, !live_asked),
+        live,
+        live_stream: "/api/events/stream".into(),
+        live_kinds: if text.important {
+            IMPORTANT
+                .iter()
+                .map(|k| k.as_str())
+                .collect::<Vec<_>>()
+                .join(" ")
+        } else {
+            live_kinds()
+        },
+        events: rows.iter().map(EventLine::of).collect(),
+        host: door.host(),
+        q: text,
         error,
     })
 }

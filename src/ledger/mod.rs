@@ -72,6 +72,7 @@ mod evidence;
 mod export;
 pub(crate) mod fsmode;
 pub mod hierarchy;
+pub mod outcome;
 mod projection;
 mod prune;
 mod read;
@@ -97,11 +98,12 @@ pub use evidence::{
 pub use prune::{PruneReport, PruneRequest};
 pub use types::{
     AuthorizationId, AuthorizationRow, Deferred, EpochSeal, EventFilter, EventKind, EventRow,
-    ExitRecord, ExportFormat, IdentityRecord, KillTarget, Limits, MemberCounts, MemberRecord,
-    MemberRow, NewTree, ObservationRow, OnBehalfRecord, OwnerId, OwnerKind, OwnerRecord, OwnerRow,
-    PageAt, Requester, Resources, SealData, SealReport, SealSetup, SignalRecord, SignalRow,
-    SpawnRecord, SurvivorRecord, TokenRow, TokenScope, TreeDetail, TreeFilter, TreeId, TreeOwner,
-    TreeRow, TreeState, VerifyBreak, VerifyReport, parse_cpu_pct, parse_since, parse_size,
+    EventSearch, ExitRecord, ExportFormat, IdentityRecord, KillTarget, Limits, MemberCounts,
+    MemberRecord, MemberRow, NewTree, ObservationRow, OnBehalfRecord, OwnerId, OwnerKind,
+    OwnerRecord, OwnerRow, PageAt, Requester, Resources, SealData, SealReport, SealSetup,
+    SignalRecord, SignalRow, SpawnRecord, SurvivorRecord, TokenRow, TokenScope, TreeDetail,
+    TreeFilter, TreeId, TreeOwner, TreeRow, TreeState, VerifyBreak, VerifyReport, parse_cpu_pct,
+    parse_since, parse_size,
 };
 
 use db::Durability;
@@ -756,6 +758,21 @@ impl Ledger {
         root: Option<i32>,
     ) -> Result<(Option<u64>, bool), LedgerError> {
         self.read(move |tx| read::reaped_cpu_usec(tx, id, root))
+    }
+
+    /// How each of `trees` ended (or that it has not), read from its
+    /// events in one snapshot ([`outcome::Outcome::of`]).
+    pub fn outcomes(
+        &self,
+        trees: &[TreeRow],
+    ) -> Result<std::collections::HashMap<TreeId, outcome::Outcome>, LedgerError> {
+        let ids: Vec<TreeId> = trees.iter().map(TreeRow::tree_id).collect();
+        let events = self.read(move |tx| read::outcome_events(tx, &ids))?;
+        Ok(trees
+            .iter()
+            .zip(events)
+            .map(|(t, (id, evs))| (id, outcome::Outcome::of(t, &evs)))
+            .collect())
     }
 
     /// What each of `ids` that has ended consumed (from its `tree.ended`).

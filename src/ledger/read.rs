@@ -209,14 +209,15 @@ pub(crate) fn tree_page(
         },
         None => None,
     };
-    let (sql, args) = tree_page_sql(
-        filter.states.as_deref(),
-        filter.label.as_deref(),
-        filter.owner,
-        first,
-        at,
-        limit,
-    );
+    let last = match filter.until {
+        Some(until) => match last_tree_before(conn, until)? {
+            Some(id) => Some(id),
+            // No tree was created before then.
+            None => return Ok(Vec::new()),
+        },
+        None => None,
+    };
+    let (sql, args) = tree_page_sql(filter, (first, last), at, limit);
     let mut stmt = conn.prepare_cached(&sql)?;
     let rows = stmt.query_map(params_from_iter(args), tree_from_row)?;
     let mut rows: Vec<TreeRow> = rows.collect::<Result<_, _>>()?;
@@ -245,16 +246,41 @@ fn first_tree_since(conn: &Connection, since: std::time::SystemTime) -> Result<O
     Ok(stmt.query_row([at], |r| r.get(0)).optional()?)
 }
 
+/// The last tree created before `until`, found as [`FIRST_TREE_SINCE`]
+/// finds the first: the last event before `until`, then the last
+/// `tree.created` up to it.
+const LAST_TREE_BEFORE: &str = "SELECT tree FROM events
+     WHERE seq <= (SELECT seq FROM events WHERE at < ?1 ORDER BY at DESC LIMIT 1)
+       AND kind = 'tree.created'
+     ORDER BY seq DESC LIMIT 1";
+
+fn last_tree_before(conn: &Connection, until: std::time::SystemTime) -> Result<Option<i64>, Fail> {
+    let at = humantime::format_rfc3339_millis(until).to_string();
+    let mut stmt = conn.prepare_cached(LAST_TREE_BEFORE)?;
+    Ok(stmt.query_row([at], |r| r.get(0)).optional()?)
+}
+
+/// The SQL of one page of `filter`, with the id range its times bound
+/// (`first`, `last`: inclusive).
 fn tree_page_sql(
-    states: Option<&[TreeState]>,
-    label: Option<&str>,
-    owner: Option<super::TreeOwner>,
-    first: Option<i64>,
+    filter: &TreeFilter,
+    (first, last): (Option<i64>, Option<i64>),
     at: PageAt,
     limit: usize,
 ) -> (String, Vec<Value>) {
+    let states = filter.states.as_deref();
+    let label = filter.label.as_deref();
+    let owner = filter.owner;
     let mut clauses: Vec<String> = Vec::new();
     let mut args: Vec<Value> = Vec::new();
+    if let Some(part) = &filter.label_contains {
+        clauses.push("instr(t.label, ?) > 0".into());
+        args.push(Value::Text(part.clone()));
+    }
+    if let Some(last) = last {
+        clauses.push("t.id <= ?".into());
+        args.push(Value::Integer(last));
+    }
     if let Some(states) = states {
         clauses.push(format!(
             "t.state IN ({})",
@@ -475,6 +501,31 @@ fn events_sql(filter: &EventFilter) -> Result<(String, Vec<Value>), Fail> {
         clauses.push("instr(kind, ?) = 1");
         args.push(Value::Text(prefix.clone()));
     }
+    let search = &filter.search;
+    if let Some(kinds) = &search.kinds {
+        clauses.push(if kinds.is_empty() {
+            "0"
+        } else {
+            "kind IN (SELECT value FROM json_each(?))"
+        });
+        if !kinds.is_empty() {
+            args.push(Value::Text(serde_json::to_string(kinds)?));
+        }
+    }
+    if let Some(until) = search.until {
+        clauses.push("at < ?");
+        args.push(Value::Text(
+            humantime::format_rfc3339_millis(until).to_string(),
+        ));
+    }
+    if let Some(text) = &search.text {
+        clauses.push("instr(data, ?) > 0");
+        args.push(Value::Text(text.clone()));
+    }
+    if let Some(label) = &search.tree_label {
+        clauses.push("tree IN (SELECT id FROM trees WHERE instr(label, ?) > 0)");
+        args.push(Value::Text(label.clone()));
+    }
     let mut sql = String::from("SELECT seq, at, tree, kind, data, prev_hash, hash FROM events");
     if !clauses.is_empty() {
         sql.push_str(" WHERE ");
@@ -585,6 +636,36 @@ pub(crate) fn ended_resources(
     Ok(out)
 }
 
+/// Each of `ids` with its events of the kinds an outcome reads
+/// ([`super::outcome::OUTCOME_KINDS`]), in seq order, typed.
+pub(crate) fn outcome_events(
+    conn: &Connection,
+    ids: &[TreeId],
+) -> Result<Vec<(TreeId, Vec<super::Event>)>, Fail> {
+    let kinds = super::outcome::OUTCOME_KINDS
+        .iter()
+        .map(|k| format!("'{k}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT kind, data FROM events WHERE tree = ?1 AND kind IN ({kinds}) ORDER BY seq"
+    ))?;
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
+        let rows = stmt.query_map([id.0], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+        })?;
+        let mut events = Vec::new();
+        for row in rows {
+            let (kind, data) = row?;
+            let data: serde_json::Value = serde_json::from_str(&data).unwrap_or_default();
+            events.push(super::Event::decode(&super::RowKind::parse(&kind), &data));
+        }
+        out.push((*id, events));
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -595,7 +676,7 @@ mod tests {
     /// (which would make a page cost grow with the ledger).
     #[test]
     fn paged_reads_walk_an_index_and_never_sort_the_table() {
-        use super::{FIRST_TREE_SINCE, events_sql, tree_page_sql};
+        use super::{FIRST_TREE_SINCE, LAST_TREE_BEFORE, events_sql, tree_page_sql};
         use crate::ledger::{EventFilter, PageAt, TreeId, TreeState};
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("ledger.db");
@@ -619,7 +700,13 @@ mod tests {
             (Some(&running[..]), None, PageAt::After(5000)),
             (None, Some("ci"), PageAt::Newest),
         ] {
-            let (sql, args) = tree_page_sql(states, label, None, None, at, 100);
+            let filter = crate::ledger::TreeFilter {
+                states: states.map(<[TreeState]>::to_vec),
+                label: label.map(str::to_string),
+                label_contains: label.map(str::to_string),
+                ..Default::default()
+            };
+            let (sql, args) = tree_page_sql(&filter, (None, Some(9000)), at, 100);
             let p = plan(&sql, args);
             assert!(!p.contains("TEMP B-TREE"), "tree page sorts: {p}");
         }
@@ -636,6 +723,16 @@ mod tests {
             "since finds its event by index: {p}"
         );
         assert!(!p.contains("TEMP B-TREE"), "since sorts: {p}");
+        let until = plan(
+            LAST_TREE_BEFORE,
+            vec![rusqlite::types::Value::Text(
+                "2026-01-01T00:00:00.000Z".into(),
+            )],
+        );
+        assert!(
+            until.contains("events_at") && !until.contains("TEMP B-TREE"),
+            "until finds its event by index: {until}"
+        );
         assert!(
             !p.contains("SCAN events") || p.contains("PRIMARY KEY"),
             "since scans: {p}"

@@ -7,6 +7,7 @@
 use crate::custody::{Host as _, Unsettled};
 use crate::ledger::event::TeardownTimeline;
 use crate::ledger::hierarchy::ProcessNode;
+use crate::ledger::outcome::{Outcome, OutcomeFilter};
 use crate::ledger::{
     EventFilter, EventRow, MemberCounts, PageAt, Resources, TokenRow, TreeDetail, TreeFilter,
     TreeId, TreeRow, TreeState,
@@ -40,6 +41,8 @@ pub struct ListedTree {
     pub resources: Option<Resources>,
     /// Whether its owner is alive (live trees only).
     pub owner_alive: Option<bool>,
+    /// How it ended, or that it has not.
+    pub outcome: Outcome,
 }
 
 /// One page of the dashboard's tree list, with what each row shows.
@@ -52,7 +55,14 @@ pub struct TreeListView {
     pub counts: Vec<(TreeState, u64)>,
     /// The trees that hold dispatch closed.
     pub unsettled: Vec<Unsettled>,
+    /// With an outcome filter, the trees it read to fill the page; `Some`
+    /// with [`OUTCOME_SCAN`] when it stopped there (older trees may match).
+    pub examined: Option<usize>,
 }
+
+/// How many trees one page filtered by outcome reads at most: an outcome is
+/// read from each tree's events, not from an index.
+pub const OUTCOME_SCAN: usize = 5_000;
 
 /// The dashboard's view of one tree.
 pub struct TreePanelView {
@@ -63,6 +73,8 @@ pub struct TreePanelView {
     /// Its process hierarchy, built on the blocking read path (its size is
     /// the tree's to choose).
     pub hierarchy: Vec<ProcessNode>,
+    /// How it ended, or that it has not.
+    pub outcome: Outcome,
 }
 
 impl Service {
@@ -81,6 +93,11 @@ pub struct Door {
 }
 
 impl Door {
+    /// This host's name, as its pages and exports name it.
+    pub fn host(&self) -> String {
+        crate::proc::host_name()
+    }
+
     /// One tree's row.
     pub async fn tree(&self, id: i64) -> Result<Option<TreeRow>, ServiceError> {
         let engine = self.engine.clone();
@@ -184,38 +201,58 @@ impl Door {
     }
 
     /// One keyset page of at most `size` trees of `filter` next to `at`,
-    /// however many trees the ledger holds, with what the list shows of each.
+    /// however many trees the ledger holds, with what the list shows of each;
+    /// with `outcome`, only the trees it selects (read in batches from `at`,
+    /// at most [`OUTCOME_SCAN`] of them).
     pub async fn tree_list(
         &self,
         filter: TreeFilter,
         at: PageAt,
         size: usize,
+        outcome: Option<OutcomeFilter>,
     ) -> Result<TreeListView, ServiceError> {
         let engine = self.engine.clone();
         super::blocking(move || {
-            // One more tells whether the next page in this direction has anything.
-            let mut trees = engine.ledger().tree_page(filter, at, size + 1)?;
-            let more = trees.len() > size;
-            if more {
-                match at {
-                    // Read upwards and shown newest first: the extra one is the first.
-                    PageAt::After(_) => drop(trees.remove(0)),
-                    _ => trees.truncate(size),
+            let ledger = engine.ledger();
+            let (trees, more, examined) = match outcome {
+                None => {
+                    // One more tells whether the next page in this direction has anything.
+                    let mut trees = ledger.tree_page(filter, at, size + 1)?;
+                    let more = trees.len() > size;
+                    if more {
+                        match at {
+                            // Read upwards and shown newest first: the extra one is the first.
+                            PageAt::After(_) => drop(trees.remove(0)),
+                            _ => trees.truncate(size),
+                        }
+                    }
+                    let mut outcomes = ledger.outcomes(&trees)?;
+                    let trees: Vec<(TreeRow, Outcome)> = trees
+                        .into_iter()
+                        .filter_map(|t| Some((outcomes.remove(&t.tree_id())?, t)))
+                        .map(|(o, t)| (t, o))
+                        .collect();
+                    (trees, more, None)
                 }
-            }
+                Some(f) => {
+                    let (trees, more, examined) =
+                        by_outcome(engine.ledger(), &filter, at, size, f)?;
+                    (trees, more, Some(examined))
+                }
+            };
             // One query for every listed tree's counts, not a full detail read each.
-            let ids: Vec<TreeId> = trees.iter().map(TreeRow::tree_id).collect();
-            let members = engine.ledger().member_counts(&ids)?;
+            let ids: Vec<TreeId> = trees.iter().map(|(t, _)| t.tree_id()).collect();
+            let members = ledger.member_counts(&ids)?;
             let ended: Vec<TreeId> = trees
                 .iter()
-                .filter(|t| t.state.is_terminal())
-                .map(TreeRow::tree_id)
+                .filter(|(t, _)| t.state.is_terminal())
+                .map(|(t, _)| t.tree_id())
                 .collect();
-            let mut used = engine.ledger().ended_resources(&ended)?;
+            let mut used = ledger.ended_resources(&ended)?;
             let host = crate::custody::KernelHost::default();
             let trees = trees
                 .into_iter()
-                .map(|tree| {
+                .map(|(tree, outcome)| {
                     let id = tree.tree_id();
                     let live = !tree.state.is_terminal();
                     ListedTree {
@@ -225,16 +262,18 @@ impl Door {
                             .or_else(|| crate::custody::live_resources(&tree)),
                         owner_alive: live
                             .then(|| host.still_alive(&(&tree.owner_identity()).into())),
+                        outcome,
                         tree,
                     }
                 })
                 .collect();
-            let counts = engine.ledger().tree_counts()?;
+            let counts = ledger.tree_counts()?;
             Ok(TreeListView {
                 trees,
                 more,
                 counts,
                 unsettled: engine.gate().unsettled()?,
+                examined: examined.filter(|n| *n >= OUTCOME_SCAN),
             })
         })
         .await?
@@ -256,16 +295,82 @@ impl Door {
                     .flatten()
                     .map(|b| String::from_utf8_lossy(&b).into_owned())
                     .filter(|out| !out.is_empty());
-            Ok(detail.map(|detail| {
-                let hierarchy = detail.hierarchy();
-                TreePanelView {
-                    detail,
-                    output,
-                    teardown,
-                    hierarchy,
-                }
+            let Some(detail) = detail else {
+                return Ok(None);
+            };
+            let outcome = engine
+                .ledger()
+                .outcomes(std::slice::from_ref(&detail.tree))?
+                .remove(&detail.tree.tree_id())
+                .unwrap_or_else(|| Outcome::of(&detail.tree, &[]));
+            let hierarchy = detail.hierarchy();
+            Ok(Some(TreePanelView {
+                detail,
+                output,
+                teardown,
+                hierarchy,
+                outcome,
             }))
         })
         .await?
     }
+}
+
+/// A page of trees with their outcomes, whether more matched, and how many
+/// trees were read to fill it.
+type OutcomePage = (Vec<(TreeRow, Outcome)>, bool, usize);
+
+/// The trees of `filter` next to `at` whose outcome `f` selects: batches of
+/// the plain page read onwards from `at` until `size + 1` match, the trees
+/// run out, or [`OUTCOME_SCAN`] were read. Returns at most `size`, newest
+/// first, whether more matched, and how many trees were read.
+fn by_outcome(
+    ledger: &crate::ledger::Ledger,
+    filter: &TreeFilter,
+    at: PageAt,
+    size: usize,
+    f: OutcomeFilter,
+) -> Result<OutcomePage, crate::ledger::LedgerError> {
+    const BATCH: usize = 200;
+    let upwards = matches!(at, PageAt::After(_));
+    let mut kept: Vec<(TreeRow, Outcome)> = Vec::new();
+    let mut cursor = at;
+    let mut examined = 0;
+    loop {
+        let mut batch = ledger.tree_page(filter.clone(), cursor, BATCH)?;
+        if batch.is_empty() {
+            break;
+        }
+        examined += batch.len();
+        let full = batch.len() == BATCH;
+        // Walked away from `at`: downwards newest first, upwards oldest first.
+        if upwards {
+            batch.reverse();
+        }
+        let Some(edge) = batch.last().map(|t| t.id) else {
+            break;
+        };
+        let mut outcomes = ledger.outcomes(&batch)?;
+        for t in batch {
+            if let Some(o) = outcomes.remove(&t.tree_id())
+                && o.matches(f)
+            {
+                kept.push((t, o));
+            }
+        }
+        if kept.len() > size || !full || examined >= OUTCOME_SCAN {
+            break;
+        }
+        cursor = if upwards {
+            PageAt::After(edge)
+        } else {
+            PageAt::Before(edge)
+        };
+    }
+    let more = kept.len() > size;
+    kept.truncate(size);
+    if upwards {
+        kept.reverse();
+    }
+    Ok((kept, more, examined))
 }

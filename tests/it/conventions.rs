@@ -990,11 +990,15 @@ fn the_dashboard_pages_filters_counts_and_answers_browsers_in_html() {
     );
     let first = page("?all=1&refresh=0");
     assert_eq!(rows(&first), 100, "one page is 100 trees");
-    assert!(!first.contains("http-equiv=\"refresh\""), "refresh paused");
     assert!(
-        page("?all=1").contains("http-equiv=\"refresh\""),
-        "refresh by default"
+        !first.contains("<script id=\"live\""),
+        "live updates paused"
     );
+    assert!(
+        page("?all=1").contains("<script id=\"live\""),
+        "live updates by default"
+    );
+    assert!(!page("?all=1").contains("http-equiv"), "no timed refresh");
     let older = first
         .split("id=\"older\" href=\"/")
         .nth(1)

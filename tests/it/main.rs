@@ -9,6 +9,7 @@ mod custody;
 mod delegation;
 mod docs;
 mod fidelity;
+mod glance;
 mod golden;
 mod harness;
 mod hierarchy;

@@ -250,13 +250,13 @@ impl Server {
         })
     }
 
-    fn spawn(&self, body: &Value) -> i64 {
+    pub(crate) fn spawn(&self, body: &Value) -> i64 {
         let (status, v) = self.post("/api/trees", Some(body));
         assert_eq!(status, 201, "spawn answered {v}; log: {}", self.stderr());
         v["id"].as_i64().expect("tree id")
     }
 
-    fn tree(&self, id: i64) -> Value {
+    pub(crate) fn tree(&self, id: i64) -> Value {
         self.get_json(&format!("/api/trees/{id}"))
     }
 
@@ -958,7 +958,7 @@ fn dashboard_renders_trees_and_the_teardown_timeline_in_headless_chromium() {
     let row = &row[..row.find("</tr>").expect("row end")];
     let cell = row
         .split("<td>")
-        .nth(6)
+        .nth(7)
         .and_then(|c| c.split("</td>").next());
     assert_eq!(cell, Some(had.to_string().as_str()), "{row}");
     let page = s

@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 use crate::serve::Server;
 use crate::util::{bin, skip, wait_child, wait_until};
 
-const CHROMIUM: &str = "/usr/bin/chromium";
+pub(crate) const CHROMIUM: &str = "/usr/bin/chromium";
 
 /// A client that does not follow redirects (the tests read them).
 fn client() -> Client {
@@ -120,7 +120,7 @@ fn assert_cannot_spawn_with(s: &Server, cookie: &str) {
 }
 
 /// A token made with the real `treewarden token create`: (id, secret).
-fn make_token(s: &Server, scope: &str, name: &str) -> (i64, String) {
+pub(crate) fn make_token(s: &Server, scope: &str, name: &str) -> (i64, String) {
     let out = Command::new(bin())
         .env("TREEWARDEN_DATA_DIR", s.data_dir())
         .args([
@@ -458,7 +458,7 @@ impl Drop for Recorder {
 /// Headless Chromium driven over the DevTools protocol on a pipe: its
 /// commands on fd 3, its answers on fd 4 (NUL-terminated JSON), here its
 /// stdin and stdout, moved there by `sh` before it execs Chromium.
-struct Browser {
+pub(crate) struct Browser {
     child: Child,
     commands: ChildStdin,
     answers: Receiver<Value>,
@@ -469,7 +469,7 @@ struct Browser {
 }
 
 impl Browser {
-    fn start() -> Browser {
+    pub(crate) fn start() -> Browser {
         let profile = tempfile::tempdir().expect("profile dir");
         let stderr = std::fs::File::create(profile.path().join("chromium.stderr")).expect("stderr");
         let mut child = Command::new("sh")
@@ -543,7 +543,7 @@ impl Browser {
     }
 
     /// One command and its result (bounded: 30 s).
-    fn call(&mut self, session: Option<&str>, method: &str, params: Value) -> Value {
+    pub(crate) fn call(&mut self, session: Option<&str>, method: &str, params: Value) -> Value {
         self.next_id += 1;
         let id = self.next_id;
         let mut msg = json!({"id": id, "method": method, "params": params});
@@ -572,13 +572,13 @@ impl Browser {
     }
 
     /// A command to the page.
-    fn page(&mut self, method: &str, params: Value) -> Value {
+    pub(crate) fn page(&mut self, method: &str, params: Value) -> Value {
         let session = self.session.clone();
         self.call(Some(&session), method, params)
     }
 
     /// The value of `expr` in the page.
-    fn eval(&mut self, expr: &str) -> Value {
+    pub(crate) fn eval(&mut self, expr: &str) -> Value {
         self.page(
             "Runtime.evaluate",
             json!({"expression": expr, "returnByValue": true}),
@@ -588,7 +588,7 @@ impl Browser {
 
     /// The page's address once it has loaded one for which `done` holds
     /// (bounded: 30 s).
-    fn wait_for(&mut self, what: &str, done: impl Fn(&str) -> bool) -> String {
+    pub(crate) fn wait_for(&mut self, what: &str, done: impl Fn(&str) -> bool) -> String {
         let mut href = String::new();
         let ok = wait_until(Duration::from_secs(30), || {
             let state = self.eval("document.readyState + ' ' + location.href");
@@ -600,7 +600,7 @@ impl Browser {
         href
     }
 
-    fn navigate(&mut self, url: &str) {
+    pub(crate) fn navigate(&mut self, url: &str) {
         self.page("Page.navigate", json!({"url": url}));
     }
 }

@@ -60,6 +60,10 @@ pub struct TreeFilter {
     pub since: Option<std::time::SystemTime>,
     /// Only trees this principal asked for (`None`: anyone's).
     pub owner: Option<TreeOwner>,
+    /// Only trees whose label contains this (the dashboard's search).
+    pub label_contains: Option<String>,
+    /// Only trees created before this moment.
+    pub until: Option<std::time::SystemTime>,
 }
 
 /// Whose trees a [`TreeFilter`] keeps: a principal's own, as
@@ -92,6 +96,23 @@ pub struct EventFilter {
     /// than the oldest. Off by default (export and tailing read oldest first).
     pub newest_first: bool,
     pub limit: Option<usize>,
+    /// The dashboard's incident search (none by default).
+    pub search: EventSearch,
+}
+
+/// What the events page narrows the trail by, beyond [`EventFilter`]'s
+/// keys: all combine with AND.
+#[derive(Clone, Debug, Default)]
+pub struct EventSearch {
+    /// Only these kinds (exact names).
+    pub kinds: Option<Vec<String>>,
+    /// Events before this moment.
+    pub until: Option<std::time::SystemTime>,
+    /// Events whose data contains this text (a scan of what the other
+    /// conditions leave).
+    pub text: Option<String>,
+    /// Events of trees whose label contains this.
+    pub tree_label: Option<String>,
 }
 
 #[cfg(test)]
