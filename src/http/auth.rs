@@ -566,33 +566,10 @@ mod tests {
 
     fn tree(uid: Option<u32>, token: Option<i64>) -> TreeRow {
         TreeRow {
-            id: 1,
-            label: None,
-            state: crate::ledger::TreeState::Running,
-            boundary: "session".into(),
             owner: crate::ledger::OwnerRow {
-                id: 1,
-                pid: 2,
-                start: 3,
-                boot_id: "b".into(),
                 kind: "service".into(),
+                ..TreeRow::example().owner
             },
-            argv: vec!["true".into()],
-            cwd: None,
-            root_pid: None,
-            root_start_ticks: None,
-            boot_id: None,
-            pgid: None,
-            sid: None,
-            cgroup: None,
-            created_at: String::new(),
-            ended_at: None,
-            exit: None,
-            flags: Vec::new(),
-            note: None,
-            grace_ms: None,
-            timeout_ms: None,
-            first_signal: None,
             requester_uid: uid,
             requested_by: Some(Requester {
                 via: "test".into(),
@@ -600,8 +577,7 @@ mod tests {
                 token_id: token,
                 ..Requester::default()
             }),
-            run_uid: None,
-            run_gid: None,
+            ..TreeRow::example()
         }
     }
 

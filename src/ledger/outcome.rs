@@ -369,37 +369,9 @@ mod tests {
 
     fn tree(state: TreeState, exit: Option<ExitRecord>) -> TreeRow {
         TreeRow {
-            id: 1,
-            label: None,
             state,
-            boundary: "session".into(),
-            owner: crate::ledger::OwnerRow {
-                id: 1,
-                pid: 2,
-                start: 3,
-                boot_id: "b".into(),
-                kind: "run".into(),
-            },
-            argv: vec!["true".into()],
-            cwd: None,
-            root_pid: Some(5),
-            root_start_ticks: Some(6),
-            boot_id: Some("b".into()),
-            pgid: Some(5),
-            sid: Some(5),
-            cgroup: None,
-            created_at: "2026-01-01T00:00:00Z".into(),
-            ended_at: None,
             exit,
-            flags: Vec::new(),
-            note: None,
-            grace_ms: None,
-            timeout_ms: None,
-            first_signal: None,
-            requester_uid: None,
-            requested_by: None,
-            run_uid: None,
-            run_gid: None,
+            ..TreeRow::example()
         }
     }
 

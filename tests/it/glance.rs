@@ -407,13 +407,7 @@ fn pages_in_a_browser(s: &Server, pages: &[(&str, String)]) {
         json!({"width": 1280, "height": 900, "deviceScaleFactor": 1, "mobile": false}),
     );
     // A deep link, unauthenticated: the form, then back to the link.
-    let deep = s.url(&pages[1].1);
-    b.navigate(&deep);
-    b.wait_for("the login form", |h| h.contains("/login?next="));
-    b.eval("document.getElementById('token').focus()");
-    b.page("Input.insertText", json!({"text": s.token}));
-    b.eval("document.querySelector('form button[type=submit]').click()");
-    b.wait_for("the deep link after login", |h| h == deep);
+    b.sign_in_through(s, &s.url(&pages[1].1));
     let artifacts = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/artifacts");
     std::fs::create_dir_all(&artifacts).expect("artifacts dir");
     for (name, path) in pages {

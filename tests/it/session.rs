@@ -600,6 +600,17 @@ impl Browser {
         href
     }
 
+    /// Opens `deep` (a URL of `s`) signed out, types `s`'s token into the
+    /// login form it is sent to, and waits until it is back on `deep`.
+    pub(crate) fn sign_in_through(&mut self, s: &Server, deep: &str) {
+        self.navigate(deep);
+        self.wait_for("the login form", |h| h.contains("/login?next="));
+        self.eval("document.getElementById('token').focus()");
+        self.page("Input.insertText", json!({"text": s.token}));
+        self.eval("document.querySelector('form button[type=submit]').click()");
+        self.wait_for("the deep link after login", |h| h == deep);
+    }
+
     pub(crate) fn navigate(&mut self, url: &str) {
         self.page("Page.navigate", json!({"url": url}));
     }
@@ -627,16 +638,11 @@ fn a_browser_logged_in_here_gives_another_loopback_port_nothing_that_writes() {
     let id = v["id"].as_i64().expect("id");
     let elsewhere = Recorder::start();
     let mut b = Browser::start();
-    // A deep link, unauthenticated: the browser is sent to the form...
+    // A deep link, unauthenticated: the browser is sent to the form, where
+    // the token is typed into the real form and submitted; signed in, it is
+    // back on the page it asked for.
     let deep = s.url(&format!("/trees/{id}"));
-    b.navigate(&deep);
-    b.wait_for("the login form", |h| h.contains("/login?next="));
-    // ...where the token is typed into the real form and submitted.
-    b.eval("document.getElementById('token').focus()");
-    b.page("Input.insertText", json!({"text": s.token}));
-    b.eval("document.querySelector('form button[type=submit]').click()");
-    // Signed in, it is back on the page it asked for.
-    b.wait_for("the deep link after login", |h| h == deep);
+    b.sign_in_through(&s, &deep);
     let text = b.eval("document.body.innerText");
     assert!(
         text.as_str().unwrap_or("").contains(&format!("Tree {id}")),

@@ -103,6 +103,45 @@ pub struct TreeRow {
 }
 
 impl TreeRow {
+    /// A running session tree of a `run` owner with nothing else set: the
+    /// row unit tests start from and change what they test.
+    #[cfg(test)]
+    pub(crate) fn example() -> TreeRow {
+        TreeRow {
+            id: 1,
+            label: None,
+            state: TreeState::Running,
+            boundary: "session".into(),
+            owner: OwnerRow {
+                id: 1,
+                pid: 2,
+                start: 3,
+                boot_id: "b".into(),
+                kind: "run".into(),
+            },
+            argv: vec!["true".into()],
+            cwd: None,
+            root_pid: None,
+            root_start_ticks: None,
+            boot_id: None,
+            pgid: None,
+            sid: None,
+            cgroup: None,
+            created_at: String::new(),
+            ended_at: None,
+            exit: None,
+            flags: Vec::new(),
+            note: None,
+            grace_ms: None,
+            timeout_ms: None,
+            first_signal: None,
+            requester_uid: None,
+            requested_by: None,
+            run_uid: None,
+            run_gid: None,
+        }
+    }
+
     pub fn tree_id(&self) -> TreeId {
         TreeId(self.id)
     }
