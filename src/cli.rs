@@ -100,6 +100,10 @@ enum Command {
     Ls(crate::commands::LsArgs),
     /// One tree: members, escapes, signals, authorizations, events.
     Show(crate::commands::ShowArgs),
+    /// One tree's incident report (Markdown or HTML): the verdict, the
+    /// timeline, the process tree, escapes, survivors, and the proof
+    /// references `verify` checks.
+    Report(crate::commands::ReportArgs),
     /// A tree's captured stdout and stderr (trees spawned through the API;
     /// `run` passes its output through).
     Logs(crate::commands::LogsArgs),
@@ -262,6 +266,7 @@ pub fn main() -> ExitCode {
         cli.command,
         Command::Ls(_)
             | Command::Show(_)
+            | Command::Report(_)
             | Command::Logs(_)
             | Command::Export { .. }
             | Command::Verify { .. }
@@ -296,6 +301,7 @@ fn run_command(command: Command, config: &Config) -> CliResult {
         Command::Kill(args) => crate::commands::kill(config, args),
         Command::Ls(args) => crate::commands::ls(config, args),
         Command::Show(args) => crate::commands::show(config, args),
+        Command::Report(args) => crate::commands::report(config, args),
         Command::Logs(args) => crate::commands::logs(config, args),
         Command::Sweep(args) => crate::commands::sweep(config, args),
         Command::Resolve(args) => crate::commands::resolve(config, args),

@@ -20,12 +20,10 @@ use super::api::parse_flag;
 use super::error::{ApiError, ApiQuery, TreePath};
 use crate::ledger::event::TeardownTimeline;
 use crate::ledger::hierarchy::ProcessNode;
-use crate::ledger::{
-    Event, EventFilter, EventRow, ExitRecord, MemberRow, SignalRow, TreeId, TreeRow, TreeState,
-};
+use crate::ledger::{EventFilter, EventRow, MemberRow, SignalRow, TreeId, TreeRow, TreeState};
 use crate::service::vocab::Unsettled;
 
-use crate::ledger::outcome::{Outcome, OutcomeFilter, OutcomeKind};
+use crate::ledger::outcome::{OutcomeFilter, OutcomeKind};
 use crate::ledger::{PageAt, TreeFilter, parse_since};
 
 /// Trees shown on the index page at most (newest first).
@@ -645,91 +643,6 @@ pub struct TreePage {
     pub event_lines: Vec<EventLine>,
 }
 
-/// The tree page's first line: what happened, by whom, when, to how many.
-pub fn verdict(t: &TreeRow, o: &Outcome, members: &[MemberRow]) -> String {
-    let seen = members.len();
-    let escaped = members.iter().filter(|m| m.escaped_at.is_some()).count();
-    let alive = members.iter().filter(|m| m.exited_at.is_none()).count();
-    let when = t.ended_at.as_deref().unwrap_or(&t.created_at);
-    let plural = |n: usize, one: &str, many: &str| {
-        if n == 1 {
-            format!("{n} {one}")
-        } else {
-            format!("{n} {many}")
-        }
-    };
-    let mut counts = format!(
-        "{} seen, {} escaped",
-        plural(seen, "process", "processes"),
-        escaped
-    );
-    if let Some(f) = &o.forced {
-        let ids: Vec<String> = f.authorizations.iter().map(|a| format!("#{a}")).collect();
-        counts.push_str(&format!(
-            ", {} force-killed under authorization {}",
-            f.processes,
-            ids.join(", ")
-        ));
-    }
-    let why = o
-        .reason
-        .as_deref()
-        .map(|r| format!(" ({r})"))
-        .unwrap_or_default();
-    let owner = format!("{} pid {}", t.owner.kind, t.owner.pid);
-    match o.kind {
-        OutcomeKind::Running => format!(
-            "Running since {} for {owner}: {} live, {} escaped.",
-            t.created_at,
-            plural(alive, "process", "processes"),
-            escaped
-        ),
-        OutcomeKind::Exited | OutcomeKind::Failed => {
-            let exit = match o.exit.map(|e| (e.code, e.signal)) {
-                Some((_, Some(sig))) => format!("its root died of signal {sig}"),
-                Some((Some(c), None)) => format!("its root exited {c}"),
-                _ => "its root exited".into(),
-            };
-            let head = if o.kind == OutcomeKind::Exited {
-                "Exited"
-            } else {
-                "Failed"
-            };
-            format!("{head}: {exit} at {when}; {counts}.")
-        }
-        OutcomeKind::TimedOut => format!("Timed out{why} at {when}; {counts}."),
-        OutcomeKind::Killed => format!(
-            "Killed by {} at {when}; {counts}.",
-            o.by.as_deref().unwrap_or("an unrecorded principal")
-        ),
-        OutcomeKind::OwnerGone => format!(
-            "Owner gone ({owner}); ended by {} at {when}; {counts}.",
-            if o.swept {
-                "the orphan sweep"
-            } else {
-                "its watcher"
-            }
-        ),
-        OutcomeKind::Shutdown => format!("Drained at the service's shutdown at {when}; {counts}."),
-        OutcomeKind::Ambiguous | OutcomeKind::Unkillable => format!(
-            "{}{why}: {} not known to be gone; {counts}. First step: treewarden kill {}.",
-            if o.kind == OutcomeKind::Unkillable {
-                "Unkillable"
-            } else {
-                "Ambiguous"
-            },
-            plural(alive, "process", "processes"),
-            t.id
-        ),
-        OutcomeKind::SpawnFailed => format!("Spawn failed at {when}{why}."),
-        OutcomeKind::Resolved => format!(
-            "Resolved by {} at {when}{why}; {counts}.",
-            o.by.as_deref().unwrap_or("an operator")
-        ),
-        OutcomeKind::Vanished => format!("Vanished at {when}{why}; {counts}."),
-    }
-}
-
 /// One row of the events page: the event and a line a person reads.
 pub struct EventLine {
     pub seq: i64,
@@ -749,95 +662,10 @@ impl EventLine {
             at: e.at.clone(),
             tree: e.tree,
             kind: e.kind.to_string(),
-            summary: summarize(e),
+            summary: e.sentence(),
             data: e.data.to_string(),
             hash: e.hash.chars().take(12).collect(),
         }
-    }
-}
-
-/// One line per event kind for a reader at 3 a.m.; the JSON stays one
-/// click away. Read typed: an event this build does not type shows its JSON.
-pub fn summarize(e: &EventRow) -> String {
-    fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
-        v.as_ref().map_or_else(|| "-".into(), T::to_string)
-    }
-    let exit = |v: &Option<ExitRecord>| match v.map(|x| (x.code, x.signal)) {
-        Some((_, Some(sig))) => format!("killed by signal {sig}"),
-        Some((Some(code), None)) => format!("exit {code}"),
-        _ => "no status".into(),
-    };
-    match e.event() {
-        Event::TreeCreated(d) => format!(
-            "{} (owner {} {})",
-            d.argv.join(" "),
-            d.owner.kind,
-            d.owner.pid
-        ),
-        Event::TreeSpawned(d) => {
-            format!("root pid {}, pgid {}, sid {}", d.root.pid, d.pgid, d.sid)
-        }
-        Event::TreeSpawnFailed(d) => format!("exit {}: {}", d.exit_code, d.reason),
-        Event::TreeState(d) => format!("{} → {}: {}", d.from, d.to, opt(&d.reason)),
-        Event::TreeEnded(d) => format!("{} → {}, root {}", d.from, d.to, exit(&d.exit)),
-        Event::TreeResolved(d) => format!("resolved: {}", d.note),
-        Event::TreeOomKill(d) => format!(
-            "the kernel's OOM killer ended {} process(es) ({} in all)",
-            d.oom_kills, d.total
-        ),
-        Event::TreeHoldsCapped(d) => format!(
-            "loose members past {} held handles (the {} cap; {} held) are kept by identity and uid",
-            d.limit, d.cap, d.held
-        ),
-        Event::MemberObserved(d) => format!("pid {}: {}", d.identity.pid, d.cmdline.join(" ")),
-        Event::MemberExec(d) => format!(
-            "pid {} ran {} (was {})",
-            d.identity.pid,
-            d.to.argv.join(" "),
-            d.from.argv.join(" ")
-        ),
-        Event::MemberExited(d) => format!(
-            "pid {} {} (reaped by {})",
-            d.identity.pid,
-            exit(&d.exit),
-            d.reaped_by
-        ),
-        Event::EscapeObserved(d) => format!(
-            "pid {} left to pgid {} sid {}",
-            d.member.identity.pid, d.member.pgid, d.member.sid
-        ),
-        Event::SignalSent(d) => format!(
-            "{} → {} {}: {}",
-            d.signal, d.target_kind, d.target, d.result
-        ),
-        Event::KillAuthorized(d) => {
-            let pids: Vec<String> = d
-                .targets
-                .iter()
-                .flat_map(|t| t.identities.iter().map(|i| i.pid.to_string()))
-                .collect();
-            format!(
-                "#{} for pid {}: {}",
-                d.authorization,
-                pids.join(" "),
-                d.reason
-            )
-        }
-        Event::KillSkipped(d) | Event::SweepRefused(d) => d.reason,
-        Event::SurvivorsRecorded(d) => format!("{} survivors snapshotted", d.survivors.len()),
-        Event::SweepStarted(d) => format!("{} candidates", d.candidates),
-        Event::SweepOrphanFound(d) => {
-            format!("owner pid {} gone; tree was {}", d.owner.pid, d.state)
-        }
-        Event::DispatchRefused(d) => format!("tree {} unsettled: {}", d.tree, d.reason),
-        Event::KillRequested(d) => format!(
-            "kill asked for by {}{}",
-            d.by,
-            d.grace_ms
-                .map(|g| format!(", grace {g} ms"))
-                .unwrap_or_default()
-        ),
-        _ => e.data.to_string(),
     }
 }
 
@@ -925,7 +753,7 @@ pub async fn tree(
     let survivors = d.tree.state == TreeState::Ambiguous;
     let processes = process_items(&hierarchy, survivors);
     let timeline = teardown.as_ref().and_then(timeline);
-    let verdict = verdict(&d.tree, &outcome, &d.members);
+    let verdict = outcome.verdict(&d.tree, &d.members);
     render(&TreePage {
         verdict,
         outcome: outcome.kind.as_str(),

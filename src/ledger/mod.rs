@@ -77,6 +77,7 @@ mod projection;
 mod prune;
 mod read;
 pub mod seal;
+mod sentence;
 mod types;
 mod verify;
 mod write;

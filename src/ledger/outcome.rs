@@ -16,7 +16,7 @@ use std::collections::BTreeSet;
 use serde::Serialize;
 
 use super::event::Event;
-use super::{ExitRecord, TreeRow, TreeState};
+use super::{ExitRecord, MemberRow, TreeRow, TreeState};
 
 /// Why a tree's teardown began.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -291,6 +291,94 @@ impl Outcome {
             forced,
             swept,
             reason,
+        }
+    }
+
+    /// The tree page's first line: what happened, by whom, when, to how many.
+    pub fn verdict(&self, t: &TreeRow, members: &[MemberRow]) -> String {
+        let o = self;
+        let seen = members.len();
+        let escaped = members.iter().filter(|m| m.escaped_at.is_some()).count();
+        let alive = members.iter().filter(|m| m.exited_at.is_none()).count();
+        let when = t.ended_at.as_deref().unwrap_or(&t.created_at);
+        let plural = |n: usize, one: &str, many: &str| {
+            if n == 1 {
+                format!("{n} {one}")
+            } else {
+                format!("{n} {many}")
+            }
+        };
+        let mut counts = format!(
+            "{} seen, {} escaped",
+            plural(seen, "process", "processes"),
+            escaped
+        );
+        if let Some(f) = &o.forced {
+            let ids: Vec<String> = f.authorizations.iter().map(|a| format!("#{a}")).collect();
+            counts.push_str(&format!(
+                ", {} force-killed under authorization {}",
+                f.processes,
+                ids.join(", ")
+            ));
+        }
+        let why = o
+            .reason
+            .as_deref()
+            .map(|r| format!(" ({r})"))
+            .unwrap_or_default();
+        let owner = format!("{} pid {}", t.owner.kind, t.owner.pid);
+        match o.kind {
+            OutcomeKind::Running => format!(
+                "Running since {} for {owner}: {} live, {} escaped.",
+                t.created_at,
+                plural(alive, "process", "processes"),
+                escaped
+            ),
+            OutcomeKind::Exited | OutcomeKind::Failed => {
+                let exit = match o.exit.map(|e| (e.code, e.signal)) {
+                    Some((_, Some(sig))) => format!("its root died of signal {sig}"),
+                    Some((Some(c), None)) => format!("its root exited {c}"),
+                    _ => "its root exited".into(),
+                };
+                let head = if o.kind == OutcomeKind::Exited {
+                    "Exited"
+                } else {
+                    "Failed"
+                };
+                format!("{head}: {exit} at {when}; {counts}.")
+            }
+            OutcomeKind::TimedOut => format!("Timed out{why} at {when}; {counts}."),
+            OutcomeKind::Killed => format!(
+                "Killed by {} at {when}; {counts}.",
+                o.by.as_deref().unwrap_or("an unrecorded principal")
+            ),
+            OutcomeKind::OwnerGone => format!(
+                "Owner gone ({owner}); ended by {} at {when}; {counts}.",
+                if o.swept {
+                    "the orphan sweep"
+                } else {
+                    "its watcher"
+                }
+            ),
+            OutcomeKind::Shutdown => {
+                format!("Drained at the service's shutdown at {when}; {counts}.")
+            }
+            OutcomeKind::Ambiguous | OutcomeKind::Unkillable => format!(
+                "{}{why}: {} not known to be gone; {counts}. First step: treewarden kill {}.",
+                if o.kind == OutcomeKind::Unkillable {
+                    "Unkillable"
+                } else {
+                    "Ambiguous"
+                },
+                plural(alive, "process", "processes"),
+                t.id
+            ),
+            OutcomeKind::SpawnFailed => format!("Spawn failed at {when}{why}."),
+            OutcomeKind::Resolved => format!(
+                "Resolved by {} at {when}{why}; {counts}.",
+                o.by.as_deref().unwrap_or("an operator")
+            ),
+            OutcomeKind::Vanished => format!("Vanished at {when}{why}; {counts}."),
         }
     }
 

@@ -20,6 +20,7 @@ mod observer;
 mod privilege;
 mod proc;
 mod recovery;
+mod report;
 mod retention;
 mod rules;
 mod scale;
