@@ -1,5 +1,5 @@
-//! The commands that drive the service: `serve` (`serve.rs`) and `token`
-//! (its arguments in `token.rs`). The service (`http`, `service`, `serve`)
+//! The commands that drive the service: `serve` (`serve.rs`), `token`
+//! (its arguments in `token.rs`) and `ship` (`ship.rs`). The service (`http`, `service`, `serve`)
 //! is built on Linux and Windows; on macOS `commands/mod.rs` takes
 //! `no_service.rs` in this file's place.
 
@@ -65,5 +65,52 @@ pub fn token(config: &Config, cmd: TokenCommand) -> CliResult {
             }
             Ok(0)
         }
+    }
+}
+
+/// `treewarden ship URLS`: every event up to the head, to JetStream, from
+/// the same cursor as `serve --ship`. Exit 0 when caught up; 3 when no
+/// server answered or acknowledged in time; 4 when the stream refused.
+pub fn ship(config: &Config, args: ShipArgs) -> CliResult {
+    use treewarden::service::nats::{NatsConfig, ShipError, ship_once};
+    let mut nats = NatsConfig::new(
+        &args.servers,
+        args.creds.clone(),
+        args.host_id.as_deref(),
+        args.replicas,
+    )
+    .map_err(|e| CliError::usage(anyhow!("{e}")))?;
+    nats.timeout = args.timeout;
+    let ledger = open_ledger(config)?;
+    let head = ledger
+        .head()
+        .map_err(|e| CliError::internal(anyhow!(e)))?
+        .map_or(0, |(seq, _)| seq);
+    match ship_once(&ledger, &nats) {
+        Ok(done) => {
+            if args.json {
+                print_json(&serde_json::json!({
+                    "shipped": done.events, "cursor": done.cursor, "head": head,
+                    "subject": nats.subject(),
+                }))?;
+            } else {
+                println!(
+                    "shipped {} events to {}; cursor at seq {} (head {head})",
+                    done.events,
+                    nats.subject(),
+                    done.cursor
+                );
+            }
+            Ok(0)
+        }
+        Err(e @ ShipError::Unreachable(_)) => Err(CliError::with_code(
+            crate::exit::EXIT_UNREACHABLE,
+            anyhow!("ship: {e}"),
+        )),
+        Err(e @ ShipError::Refused(_)) => Err(CliError::with_code(
+            crate::exit::EXIT_REFUSED,
+            anyhow!("ship: {e}"),
+        )),
+        Err(e @ ShipError::Ledger(_)) => Err(CliError::internal(anyhow!("ship: {e}"))),
     }
 }
