@@ -123,6 +123,9 @@ enum Command {
     /// event (the ledger was rewound or forked, or another ledger ships under
     /// this host id); 125 when the ledger cannot be read.
     Ship(crate::commands::ShipArgs),
+    /// The fleet's view of what hosts shipped to JetStream.
+    #[command(subcommand)]
+    Fleet(crate::commands::FleetCommand),
     /// Report what this host supports (cgroup v2, pidfd, subreaper, proc
     /// connector) and which boundary `auto` picks.
     Doctor {
@@ -311,6 +314,7 @@ fn run_command(command: Command, config: &Config) -> CliResult {
         Command::Serve(args) => crate::commands::serve(config, args),
         Command::Token(cmd) => crate::commands::token(config, cmd),
         Command::Ship(args) => crate::commands::ship(config, args),
+        Command::Fleet(cmd) => crate::commands::fleet(config, cmd),
         Command::Doctor { json } => doctor(config, json),
         Command::Export {
             format,

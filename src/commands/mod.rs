@@ -56,7 +56,7 @@ use run::RunStatus;
 pub use run::{RunArgs, run};
 pub use seal::{SealCommand, seal};
 pub use serve::ServeArgs;
-pub use ship::ShipArgs;
+pub use ship::{FleetCommand, ShipArgs};
 pub use show::{ShowArgs, show};
 pub use sweep::{SweepArgs, sweep};
 pub use token::TokenCommand;
@@ -66,7 +66,7 @@ pub use verify::verify;
 // and Windows only: on macOS they are `no_service.rs`'s refusals.
 #[cfg_attr(target_os = "macos", path = "no_service.rs")]
 mod service;
-pub use service::{serve, ship, token};
+pub use service::{fleet, serve, ship, token};
 
 /// The ledger's path, when a ledger is there: a missing file is a usage
 /// error (usually a wrong --data-dir); no command but `run` and `serve`

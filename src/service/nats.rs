@@ -220,8 +220,8 @@ struct Link {
     loaded: bool,
 }
 
-/// Connects and makes (or finds) the stream.
-async fn connect(config: &NatsConfig) -> Result<Link, ShipError> {
+/// A JetStream context on the configured servers.
+async fn context(config: &NatsConfig) -> Result<jetstream::Context, ShipError> {
     let mut options = async_nats::ConnectOptions::new()
         .name("treewarden")
         .connection_timeout(config.timeout);
@@ -234,9 +234,14 @@ async fn connect(config: &NatsConfig) -> Result<Link, ShipError> {
     let client = async_nats::connect_with_options(config.servers.clone(), options)
         .await
         .map_err(|e| ShipError::Unreachable(format!("{}: {e}", config.servers_text())))?;
-    let js = jetstream::ContextBuilder::new()
+    Ok(jetstream::ContextBuilder::new()
         .timeout(config.timeout)
-        .build(client);
+        .build(client))
+}
+
+/// Connects and makes (or finds) the stream.
+async fn connect(config: &NatsConfig) -> Result<Link, ShipError> {
+    let js = context(config).await?;
     let stream = js
         .get_or_create_stream(stream::Config {
             name: config.stream.clone(),
@@ -318,13 +323,12 @@ fn event_at(ledger: &Ledger, seq: i64) -> Result<Option<EventRow>, ShipError> {
 
 /// The subject's newest message as (ledger seq, hash, stream seq); `None`
 /// when the subject has none.
-async fn subject_head(link: &Link) -> Result<Option<(i64, String, u64)>, ShipError> {
+async fn subject_head(
+    stream: &stream::Stream,
+    subject: &str,
+) -> Result<Option<(i64, String, u64)>, ShipError> {
     use async_nats::jetstream::stream::LastRawMessageErrorKind as K;
-    match link
-        .stream
-        .get_last_raw_message_by_subject(&link.subject)
-        .await
-    {
+    match stream.get_last_raw_message_by_subject(subject).await {
         Ok(m) => {
             let (seq, hash) = shipped_event(&m.payload).ok_or_else(|| {
                 ShipError::Refused(format!(
@@ -335,10 +339,7 @@ async fn subject_head(link: &Link) -> Result<Option<(i64, String, u64)>, ShipErr
             Ok(Some((seq, hash, m.sequence)))
         }
         Err(e) if matches!(e.kind(), K::NoMessageFound) => Ok(None),
-        Err(e) => Err(ShipError::Unreachable(format!(
-            "reading {}: {e}",
-            link.subject
-        ))),
+        Err(e) => Err(ShipError::Unreachable(format!("reading {subject}: {e}"))),
     }
 }
 
@@ -358,7 +359,7 @@ async fn reconcile(
             next.seq
         ))
     };
-    let Some((seq, hash, at)) = subject_head(link).await? else {
+    let Some((seq, hash, at)) = subject_head(&link.stream, &link.subject).await? else {
         return Err(refused(format!(
             "the stream holds no event of this host, but this ledger shipped up to seq {cursor} before (was the stream replaced, or the host id changed?)"
         )));
@@ -652,4 +653,198 @@ async fn run(ledger: &Ledger, config: &NatsConfig, refused: &Refusals, cancel: &
         }
         backoff = (backoff * 2).min(Duration::from_secs(30));
     }
+}
+
+/// One message of a host's subject, as the stream holds it.
+#[derive(Clone, Debug)]
+pub struct StoredEvent {
+    pub stream_seq: u64,
+    /// `Nats-Msg-Id` and `ce-id`, when present.
+    pub msg_id: Option<String>,
+    pub ce_id: Option<String>,
+    pub body: Vec<u8>,
+}
+
+/// Every message of `host`'s subject, in stream order, read by an
+/// ephemeral pull consumer (`fleet verify`): the stream alone, no ledger.
+pub fn read_host(config: &NatsConfig, host: &str) -> Result<Vec<StoredEvent>, ShipError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| ShipError::Unreachable(format!("runtime: {e}")))?;
+    rt.block_on(read_host_async(config, host))
+}
+
+async fn read_host_async(config: &NatsConfig, host: &str) -> Result<Vec<StoredEvent>, ShipError> {
+    use futures_util::StreamExt;
+    use jetstream::consumer;
+    let subject = subject_of(host);
+    let unreachable = |e: &dyn std::fmt::Display| ShipError::Unreachable(format!("{subject}: {e}"));
+    let stream = context(config)
+        .await?
+        .get_stream(&config.stream)
+        .await
+        .map_err(|e| unreachable(&format!("stream {}: {e}", config.stream)))?;
+    let last = match subject_head(&stream, &subject).await {
+        Ok(Some((_, _, at))) => at,
+        Ok(None) => return Ok(Vec::new()),
+        // A message that is no event still bounds the read; the walk names it.
+        Err(ShipError::Refused(_)) => {
+            stream
+                .get_last_raw_message_by_subject(&subject)
+                .await
+                .map_err(|e| unreachable(&e))?
+                .sequence
+        }
+        Err(e) => return Err(e),
+    };
+    let consumer = stream
+        .create_consumer(consumer::pull::Config {
+            filter_subject: subject.clone(),
+            deliver_policy: consumer::DeliverPolicy::All,
+            ack_policy: consumer::AckPolicy::None,
+            inactive_threshold: Duration::from_secs(60),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| unreachable(&e))?;
+    let mut out: Vec<StoredEvent> = Vec::new();
+    while out.last().is_none_or(|m| m.stream_seq < last) {
+        let mut batch = consumer
+            .fetch()
+            .max_messages(1000)
+            .expires(config.timeout)
+            .messages()
+            .await
+            .map_err(|e| unreachable(&e))?;
+        let before = out.len();
+        while let Some(m) = batch.next().await {
+            let m = m.map_err(|e| unreachable(&e))?;
+            let stream_seq = m.info().map_err(|e| unreachable(&e))?.stream_sequence;
+            let header = |name: &str| {
+                m.headers
+                    .as_ref()
+                    .and_then(|h| h.get(name))
+                    .map(|v| v.as_str().to_string())
+            };
+            out.push(StoredEvent {
+                stream_seq,
+                msg_id: header("Nats-Msg-Id"),
+                ce_id: header("ce-id"),
+                body: m.payload.to_vec(),
+            });
+        }
+        if out.len() == before {
+            return Err(ShipError::Unreachable(format!(
+                "{subject}: the stream stopped delivering at stream seq {} of {last}",
+                out.last().map_or(0, |m| m.stream_seq)
+            )));
+        }
+    }
+    Ok(out)
+}
+
+/// What `fleet verify` proved of a host's events in the stream.
+#[derive(Debug)]
+pub struct HostReport {
+    pub events: usize,
+    /// The newest event's seq and hash.
+    pub head: Option<(i64, String)>,
+    pub sealed: Option<crate::ledger::SealReport>,
+}
+
+/// `fleet verify`: a host's events as the stream alone holds them, checked
+/// for continuity (each seq the one after the last: no gap, no rewind; each
+/// message's ids naming its own event), then walked as an export is
+/// (`ledger::verify_export`: every hash recomputed, every `prev_hash` the
+/// previous event's hash, and with `seal_key` every seal). `Ok(Err(why))`:
+/// the first break, naming the seq.
+pub fn verify_host(
+    stored: &[StoredEvent],
+    host: &str,
+    seal_key: Option<crate::ledger::seal::SealKey>,
+) -> Result<Result<HostReport, String>, ShipError> {
+    let mut lines = String::new();
+    let mut seqs = Vec::with_capacity(stored.len());
+    let mut prev: Option<i64> = None;
+    for m in stored {
+        let Ok(e) = serde_json::from_slice::<EventRow>(&m.body) else {
+            return Ok(Err(format!(
+                "stream seq {}: not a treewarden event",
+                m.stream_seq
+            )));
+        };
+        if let Some(p) = prev {
+            if e.seq <= p {
+                return Ok(Err(format!(
+                    "seq {}: after seq {p} (stream seq {}): the host's sequence went back (a rewind or a fork in the stream)",
+                    e.seq, m.stream_seq
+                )));
+            }
+            if e.seq != p + 1 {
+                return Ok(Err(format!(
+                    "seq {}: after seq {p} (stream seq {}): seqs {} to {} are missing",
+                    e.seq,
+                    m.stream_seq,
+                    p + 1,
+                    e.seq - 1
+                )));
+            }
+        }
+        let want_id = message_id(host, &e);
+        if m.msg_id.as_deref() != Some(want_id.as_str())
+            || m.ce_id.as_deref() != Some(format!("{host}:{}", e.seq).as_str())
+        {
+            return Ok(Err(format!(
+                "seq {}: its message ids ({:?}, {:?}) are not this event's ({want_id})",
+                e.seq, m.msg_id, m.ce_id
+            )));
+        }
+        prev = Some(e.seq);
+        seqs.push(e.seq);
+        lines.push_str(&String::from_utf8_lossy(&m.body));
+        lines.push('\n');
+    }
+    // The walk reads a file: the events, written where only this user reads.
+    let path = std::env::temp_dir().join(format!(
+        "treewarden-fleet-{host}-{}-{}.ndjson",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    let written = {
+        use crate::ledger::fsmode::Mode as _;
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create_new(true).mode(0o600);
+        options.open(&path).and_then(|mut f| {
+            use std::io::Write as _;
+            f.write_all(lines.as_bytes())
+        })
+    };
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&path);
+        return Err(ShipError::Ledger(format!("{}: {e}", path.display())));
+    }
+    let walked = crate::ledger::verify_export(&path, seal_key);
+    let _ = std::fs::remove_file(&path);
+    let (report, sealed) = walked.map_err(|e| ShipError::Ledger(e.to_string()))?;
+    if let Some(found) = report.first_break {
+        // A break the walk names by line is named by the event on it.
+        let line_seq = found
+            .what
+            .strip_prefix("line ")
+            .and_then(|rest| rest.split(':').next())
+            .and_then(|n| n.parse::<usize>().ok())
+            .and_then(|n| seqs.get(n.wrapping_sub(1)));
+        return Ok(Err(match (found.seq, line_seq) {
+            (Some(_), _) | (None, None) => found.to_string(),
+            (None, Some(seq)) => format!("seq {seq}: {}", found.what),
+        }));
+    }
+    Ok(Ok(HostReport {
+        events: stored.len(),
+        head: report.head,
+        sealed,
+    }))
 }

@@ -725,3 +725,80 @@ fn a_stopped_server_blocks_no_spawn_and_shipping_resumes_from_the_cursor() {
         "no seq twice"
     );
 }
+
+/// `treewarden fleet verify` on one host; its exit status and output.
+fn fleet_verify(url: &str, id: &str) -> (Option<i32>, String) {
+    let out = Command::new(bin())
+        .args(["fleet", "verify", "--nats", url, id])
+        .stdin(Stdio::null())
+        .output()
+        .expect("fleet verify");
+    (
+        out.status.code(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[test]
+fn fleet_verify_proves_a_host_from_the_stream_and_names_a_forged_event() {
+    let Some(exe) = nats_server() else { return };
+    let Some(nats) = Nats::start(&exe, 1) else {
+        panic!("no JetStream server became ready");
+    };
+    let data = ledger_with_runs(2);
+    let id = host("fleet");
+    let subject = format!("treewarden.{id}.events");
+    let (code, out) = ship(data.path(), &nats.url(), &id, &[]);
+    assert_eq!(code, Some(0), "{out}");
+    let events = ledger_events(data.path());
+    let (code, out) = fleet_verify(&nats.url(), &id);
+    assert_eq!(code, Some(0), "an untouched stream verifies: {out}");
+    assert!(
+        out.contains(&format!("{} events from the stream", events.len())),
+        "{out}"
+    );
+    // A forger with publish rights appends the next seq: linked to the real
+    // head, a fresh message id in the shipper's form, the right expected
+    // sequence, so the server takes it; its data is not what its hash says.
+    let stored = read_subject(&nats.url(), &subject);
+    let last = stored.last().expect("a shipped event");
+    let mut forged = last.body.clone();
+    let seq = last.body["seq"].as_i64().expect("seq") + 1;
+    forged["seq"] = seq.into();
+    forged["prev_hash"] = last.body["hash"].clone();
+    forged["data"] = serde_json::json!({"forged": true});
+    let hash = format!("{:064x}", 0xf0_u64);
+    forged["hash"] = hash.clone().into();
+    block_on(async {
+        let js = jetstream::new(connect(&nats.url()).await.expect("connect"));
+        js.send_publish(
+            subject.clone(),
+            jetstream::message::PublishMessage::build()
+                .payload(serde_json::to_vec(&forged).expect("json").into())
+                .message_id(format!("{id}:{seq}:{}", &hash[..16]))
+                .expected_last_subject_sequence(last.stream_seq)
+                .header("ce-id", format!("{id}:{seq}").as_str()),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("the server takes the forged event");
+    });
+    let (code, out) = fleet_verify(&nats.url(), &id);
+    assert_eq!(code, Some(1), "the forged event fails: {out}");
+    assert!(out.contains(&format!("seq {seq}")), "names the seq: {out}");
+    // The host's own next event is refused by the server, not hidden.
+    let status = Command::new(bin())
+        .env("TREEWARDEN_DATA_DIR", data.path())
+        .env("TREEWARDEN_BOUNDARY", "session")
+        .args(["run", "--", "true"])
+        .status()
+        .expect("run");
+    assert!(status.success());
+    let (code, out) = ship(data.path(), &nats.url(), &id, &[]);
+    assert_eq!(code, Some(4), "{out}");
+}
