@@ -81,7 +81,7 @@ pub fn ship(config: &Config, args: ShipArgs) -> CliResult {
     )
     .map_err(|e| CliError::usage(anyhow!("{e}")))?;
     nats.timeout = args.timeout;
-    let ledger = open_ledger(config)?;
+    let ledger = open_existing_ledger(config)?;
     let head = ledger
         .head()
         .map_err(|e| CliError::internal(anyhow!(e)))?

@@ -848,3 +848,62 @@ pub fn verify_host(
         sealed,
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_configured_host_id_is_a_subject_token_or_refused() {
+        assert_eq!(host_id(Some("build-17_a")).as_deref(), Ok("build-17_a"));
+        for bad in ["", "a.b", "a*", "a>", "a b", &"x".repeat(65)] {
+            let e = host_id(Some(bad)).expect_err(bad);
+            assert!(e.contains("NATS subject token"), "{e}");
+        }
+        // Unconfigured: the machine id or the host name, always a token.
+        let id = host_id(None).expect("a host id");
+        assert!(valid_host_id(&id), "{id}");
+    }
+
+    #[test]
+    fn servers_are_nats_urls_and_each_bad_value_is_named() {
+        let c = NatsConfig::new("nats://127.0.0.1:4222, 127.0.0.1:4223", None, Some("h"), 3)
+            .expect("two servers");
+        assert_eq!(c.servers_text(), "127.0.0.1:4222,127.0.0.1:4223");
+        assert_eq!(c.subject(), "treewarden.h.events");
+        let e = NatsConfig::new("http://127.0.0.1:4222", None, Some("h"), 1).expect_err("http");
+        assert!(e.starts_with("http://127.0.0.1:4222: "), "{e}");
+        assert!(NatsConfig::new(" , ", None, Some("h"), 1).is_err());
+        assert!(NatsConfig::new("nats://h:4222", None, Some("h"), 0).is_err());
+        assert!(NatsConfig::new("nats://h:4222", None, Some("h"), 6).is_err());
+        let e = NatsConfig::new(
+            "nats://h:4222",
+            Some("/nonexistent/tw.creds".into()),
+            Some("h"),
+            1,
+        )
+        .expect_err("creds");
+        assert!(e.contains("no such credentials file"), "{e}");
+    }
+
+    #[test]
+    fn the_message_id_carries_the_hash_so_a_fork_is_no_duplicate() {
+        let event = |hash: &str| EventRow {
+            seq: 7,
+            at: "2026-01-01T00:00:00.000Z".into(),
+            tree: None,
+            kind: crate::ledger::RowKind::Unknown("x.y".into()),
+            data: serde_json::json!({}),
+            prev_hash: "0".repeat(64),
+            hash: hash.into(),
+        };
+        let a = message_id("h", &event(&"a".repeat(64)));
+        let b = message_id("h", &event(&"b".repeat(64)));
+        assert_eq!(a, format!("h:7:{}", "a".repeat(16)));
+        assert_ne!(a, b);
+        assert_eq!(
+            shipped_event(&serde_json::to_vec(&event(&"a".repeat(64))).expect("json")),
+            Some((7, "a".repeat(64)))
+        );
+    }
+}

@@ -802,3 +802,52 @@ fn fleet_verify_proves_a_host_from_the_stream_and_names_a_forged_event() {
     let (code, out) = ship(data.path(), &nats.url(), &id, &[]);
     assert_eq!(code, Some(4), "{out}");
 }
+
+#[test]
+fn bad_shipping_flags_are_refused_with_one_line_and_exit_2() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data = dir.path().join("data");
+    let run = |args: &[&str]| {
+        let out = Command::new(bin())
+            .env("TREEWARDEN_DATA_DIR", &data)
+            .env("TREEWARDEN_BOUNDARY", "session")
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("treewarden");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let one_line = |(code, err): (Option<i32>, String), what: &str| {
+        assert_eq!(code, Some(2), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+        assert!(err.contains(what), "{what} in {err}");
+    };
+    one_line(
+        run(&[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--ship",
+            "http://127.0.0.1:4222",
+        ]),
+        "--ship: http://127.0.0.1:4222: a NATS server is nats://HOST:PORT",
+    );
+    one_line(
+        run(&[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--ship",
+            "nats://127.0.0.1:4222",
+            "--ship-host-id",
+            "a.b",
+        ]),
+        "NATS subject token",
+    );
+    // `ship` with no ledger creates none.
+    one_line(run(&["ship", "nats://127.0.0.1:4222"]), "ledger");
+    assert!(!data.join("ledger.db").exists());
+}
