@@ -233,11 +233,17 @@ struct Stored {
 /// Every message of `subject` in the stream, in stream order, read by an
 /// ephemeral pull consumer.
 fn read_subject(url: &str, subject: &str) -> Vec<Stored> {
+    try_read_subject(url, subject).expect("the stream read back")
+}
+
+/// [`read_subject`], an error while the cluster elects a leader.
+fn try_read_subject(url: &str, subject: &str) -> Result<Vec<Stored>, String> {
+    let e = |e: &dyn std::fmt::Display| e.to_string();
     block_on(async {
         use futures_util::StreamExt;
-        let client = connect(url).await.expect("connect");
+        let client = connect(url).await.map_err(|x| e(&x))?;
         let js = jetstream::new(client);
-        let stream = js.get_stream("TREEWARDEN").await.expect("the stream");
+        let stream = js.get_stream("TREEWARDEN").await.map_err(|x| e(&x))?;
         let consumer = stream
             .create_consumer(consumer::pull::Config {
                 filter_subject: subject.to_string(),
@@ -246,7 +252,7 @@ fn read_subject(url: &str, subject: &str) -> Vec<Stored> {
                 ..Default::default()
             })
             .await
-            .expect("a consumer");
+            .map_err(|x| e(&x))?;
         let mut out = Vec::new();
         loop {
             let mut batch = consumer
@@ -255,11 +261,11 @@ fn read_subject(url: &str, subject: &str) -> Vec<Stored> {
                 .expires(Duration::from_millis(500))
                 .messages()
                 .await
-                .expect("fetch");
+                .map_err(|x| e(&x))?;
             let before = out.len();
             while let Some(m) = batch.next().await {
-                let m = m.expect("a message");
-                let info = m.info().expect("info");
+                let m = m.map_err(|x| e(&x))?;
+                let info = m.info().map_err(|x| e(&x))?;
                 let headers = m
                     .headers
                     .iter()
@@ -278,7 +284,7 @@ fn read_subject(url: &str, subject: &str) -> Vec<Stored> {
                 });
             }
             if out.len() == before {
-                return out;
+                return Ok(out);
             }
         }
     })
@@ -344,7 +350,9 @@ fn metric(server: &Server, name: &str) -> Option<f64> {
 /// The stream holds exactly the ledger's events, in order, each once.
 fn stream_matches_ledger(url: &str, subject: &str, data: &Path) -> bool {
     let events = ledger_events(data);
-    let stored = read_subject(url, subject);
+    let Ok(stored) = try_read_subject(url, subject) else {
+        return false;
+    };
     seqs(&stored)
         == events
             .iter()
@@ -850,4 +858,52 @@ fn bad_shipping_flags_are_refused_with_one_line_and_exit_2() {
     // `ship` with no ledger creates none.
     one_line(run(&["ship", "nats://127.0.0.1:4222"]), "ledger");
     assert!(!data.join("ledger.db").exists());
+}
+
+#[test]
+fn a_cluster_node_killed_mid_shipping_loses_and_duplicates_nothing() {
+    let Some(exe) = nats_server() else { return };
+    let Some(mut nats) = Nats::start(&exe, 3) else {
+        panic!("the 3-node JetStream cluster did not form");
+    };
+    let id = host("node");
+    let subject = format!("treewarden.{id}.events");
+    let server = Server::start(&[
+        "--ship",
+        &nats.url(),
+        "--ship-host-id",
+        &id,
+        "--ship-replicas",
+        "3",
+    ]);
+    for i in 0..4 {
+        spawn_ended(&server, &format!("before-{i}"));
+    }
+    // One node dies (SIGKILL) while events keep coming: a stream with three
+    // replicas keeps its quorum; the shipper's client moves to a live node.
+    nats.nodes[0].kill();
+    for i in 0..8 {
+        spawn_ended(&server, &format!("after-{i}"));
+    }
+    let live = nats.nodes[1..]
+        .iter()
+        .map(|n| format!("nats://127.0.0.1:{}", n.port))
+        .collect::<Vec<_>>()
+        .join(",");
+    let data = server.data_dir();
+    assert!(
+        wait_until(Duration::from_secs(60), || stream_matches_ledger(
+            &live, &subject, &data
+        )),
+        "every event once, in order, on the surviving nodes; log: {}",
+        server.stderr()
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || metric(
+            &server,
+            "treewarden_ship_lag_events"
+        ) == Some(0.0)),
+        "lag back to 0"
+    );
+    assert_eq!(metric(&server, "treewarden_ship_refused_total"), Some(0.0));
 }
