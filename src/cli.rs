@@ -118,6 +118,18 @@ enum Command {
     /// ledger as hashes; effective at once, no restart).
     #[command(subcommand)]
     Token(crate::commands::TokenCommand),
+    /// Ship the ledger's events to NATS JetStream once, up to the head, from
+    /// the same durable cursor as `serve --ship` (for hosts that only `run`:
+    /// a timer runs it).
+    ///
+    /// Exit 0 when caught up; 2 on a bad argument or no ledger; 3 when no
+    /// server answered or acknowledged in time; 4 when the stream refused an
+    /// event (the ledger was rewound or forked, or another ledger ships under
+    /// this host id); 125 when the ledger cannot be read.
+    Ship(crate::commands::ShipArgs),
+    /// The fleet's view of what hosts shipped to JetStream.
+    #[command(subcommand)]
+    Fleet(crate::commands::FleetCommand),
     /// Report what this host supports (cgroup v2, pidfd, subreaper, proc
     /// connector) and which boundary `auto` picks.
     Doctor {
@@ -307,6 +319,8 @@ fn run_command(command: Command, config: &Config) -> CliResult {
         Command::Resolve(args) => crate::commands::resolve(config, args),
         Command::Serve(args) => crate::commands::serve(config, args),
         Command::Token(cmd) => crate::commands::token(config, cmd),
+        Command::Ship(args) => crate::commands::ship(config, args),
+        Command::Fleet(cmd) => crate::commands::fleet(config, cmd),
         Command::Doctor { json } => doctor(config, json),
         Command::Export {
             format,

@@ -44,6 +44,8 @@ pub struct ServeOptions {
     pub retain_archive: Option<PathBuf>,
     /// OTLP/HTTP endpoint for the ledger's events (else the environment's).
     pub ship_otlp: Option<String>,
+    /// NATS JetStream shipping (`--ship`), its flags checked.
+    pub ship_nats: Option<crate::service::nats::NatsConfig>,
     /// The Unix socket (default `<data-dir>/api.sock`). Unix only: on
     /// Windows a socket named here is refused.
     pub socket: Option<PathBuf>,
@@ -212,6 +214,29 @@ pub fn serve(
                 )
             }
         };
+    let nats_shipper = match opts.ship_nats.clone() {
+        None => None,
+        Some(nats) => {
+            let ledger = crate::ledger::Ledger::open(
+                &config.ledger_path(),
+                crate::ledger::LedgerOptions::from_config(config),
+            )
+            .map_err(|e| ServeError::internal(format!("JetStream shipping: {e}")))?;
+            tracing::info!(
+                servers = %nats.servers_text(),
+                subject = %nats.subject(),
+                "shipping ledger events to NATS JetStream"
+            );
+            Some(
+                crate::service::nats::NatsShipper::start(
+                    ledger,
+                    nats,
+                    service.metrics().ship_refused.clone(),
+                )
+                .map_err(ServeError::internal)?,
+            )
+        }
+    };
     // Sealing: seals every epoch where `seal setup` was run. Its
     // own handle waits longer for the write lock than custody writes do: a
     // seal is due once an epoch, and the wait blocks only its thread.
@@ -366,6 +391,9 @@ pub fn serve(
         retention.stop();
     }
     if let Some(shipper) = shipper {
+        shipper.stop();
+    }
+    if let Some(shipper) = nats_shipper {
         shipper.stop();
     }
     code

@@ -12,7 +12,9 @@
 //! - `after-authorize`: `kill.authorized` is committed (FULL), its SIGKILL
 //!   not yet sent;
 //! - `seal-committed`: an epoch's seal is committed (FULL), its key not yet
-//!   overwritten by the next one (`ledger/seal.rs`).
+//!   overwritten by the next one (`ledger/seal.rs`);
+//! - `ship-acked`: JetStream acknowledged a batch of events, the shipping
+//!   cursor not yet written (`service/nats.rs`).
 //!
 //! It must never be set in production: a process that aborts in a teardown
 //! leaves the tree frozen in `terminating` for the next sweep. So it is not

@@ -35,6 +35,7 @@ mod resolve;
 mod run;
 mod seal;
 mod serve;
+mod ship;
 mod show;
 mod sweep;
 mod token;
@@ -57,6 +58,7 @@ use run::RunStatus;
 pub use run::{RunArgs, run};
 pub use seal::{SealCommand, seal};
 pub use serve::ServeArgs;
+pub use ship::{FleetCommand, ShipArgs};
 pub use show::{ShowArgs, show};
 pub use sweep::{SweepArgs, sweep};
 pub use token::TokenCommand;
@@ -66,7 +68,7 @@ pub use verify::verify;
 // and Windows only: on macOS they are `no_service.rs`'s refusals.
 #[cfg_attr(target_os = "macos", path = "no_service.rs")]
 mod service;
-pub use service::{serve, token};
+pub use service::{fleet, serve, ship, token};
 
 /// The ledger's path, when a ledger is there: a missing file is a usage
 /// error (usually a wrong --data-dir); no command but `run` and `serve`

@@ -5,7 +5,7 @@
 
 use treewarden::config::Config;
 
-use super::{ServeArgs, TokenCommand};
+use super::{FleetCommand, ServeArgs, ShipArgs, TokenCommand};
 use crate::exit::{CliError, CliResult};
 
 /// The one line a command refuses with on macOS.
@@ -26,5 +26,21 @@ pub fn token(_config: &Config, _cmd: TokenCommand) -> CliResult {
     Err(not_supported(
         "token",
         "tokens are the service's, which is built on Linux and Windows only",
+    ))
+}
+
+/// `ship` on macOS: refused with one line (the shipper is the service's).
+pub fn ship(_config: &Config, _args: ShipArgs) -> CliResult {
+    Err(not_supported(
+        "ship",
+        "the JetStream shipper is the service's, which is built on Linux and Windows only",
+    ))
+}
+
+/// `fleet` on macOS: refused with one line (it reads what the shipper sends).
+pub fn fleet(_config: &Config, _cmd: FleetCommand) -> CliResult {
+    Err(not_supported(
+        "fleet",
+        "the JetStream reader is the service's, which is built on Linux and Windows only",
     ))
 }

@@ -105,6 +105,22 @@ pub struct ServeArgs {
     /// OTEL_EXPORTER_OTLP_ENDPOINT when set; otherwise off.
     #[arg(long, value_name = "URL")]
     ship_otlp: Option<String>,
+    /// Ship every ledger event to NATS JetStream: the servers, comma
+    /// separated (nats://HOST:PORT[,HOST:PORT…]). Subject
+    /// treewarden.<host-id>.events of the stream TREEWARDEN (made where
+    /// absent), in seq order, from a durable cursor; custody never waits on it.
+    #[arg(long, value_name = "URLS")]
+    ship: Option<String>,
+    /// A NATS credentials file (user JWT and NKey seed) for --ship.
+    #[arg(long, value_name = "FILE", requires = "ship")]
+    ship_creds: Option<std::path::PathBuf>,
+    /// This host's id in the subject and the message ids. Default:
+    /// /etc/machine-id, else the host name.
+    #[arg(long, value_name = "ID", requires = "ship")]
+    ship_host_id: Option<String>,
+    /// The stream's replicas when --ship makes it (1 to 5).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    ship_replicas: usize,
     /// The Unix socket (the same API; the principal is the peer's uid, no
     /// token). Default: <data-dir>/api.sock. Made 0666: who connects is
     /// known from SO_PEERCRED, not from the file mode. Unix only: refused
@@ -190,6 +206,7 @@ pub fn serve(config: &Config, args: ServeArgs) -> CliResult {
                 &mut args.ready_file,
                 &mut args.retain_archive,
                 &mut args.socket,
+                &mut args.ship_creds,
             ]
             .into_iter()
             .flatten()
@@ -230,6 +247,18 @@ pub fn serve(config: &Config, args: ServeArgs) -> CliResult {
             retain_every: args.retain_every,
             retain_archive: args.retain_archive,
             ship_otlp: args.ship_otlp,
+            ship_nats: match &args.ship {
+                None => None,
+                Some(urls) => Some(
+                    treewarden::service::nats::NatsConfig::new(
+                        urls,
+                        args.ship_creds.clone(),
+                        args.ship_host_id.as_deref(),
+                        args.ship_replicas,
+                    )
+                    .map_err(|e| CliError::usage(anyhow!("--ship: {e}")))?,
+                ),
+            },
             socket: args.socket,
             admin_group: args.admin_group,
             open_reads: args.open_reads,

@@ -1,5 +1,5 @@
-//! The commands that drive the service: `serve` (`serve.rs`) and `token`
-//! (its arguments in `token.rs`). The service (`http`, `service`, `serve`)
+//! The commands that drive the service: `serve` (`serve.rs`), `token`
+//! (its arguments in `token.rs`) and `ship` (`ship.rs`). The service (`http`, `service`, `serve`)
 //! is built on Linux and Windows; on macOS `commands/mod.rs` takes
 //! `no_service.rs` in this file's place.
 
@@ -65,5 +65,132 @@ pub fn token(config: &Config, cmd: TokenCommand) -> CliResult {
             }
             Ok(0)
         }
+    }
+}
+
+/// `treewarden ship URLS`: every event up to the head, to JetStream, from
+/// the same cursor as `serve --ship`. Exit 0 when caught up; 3 when no
+/// server answered or acknowledged in time; 4 when the stream refused.
+pub fn ship(config: &Config, args: ShipArgs) -> CliResult {
+    use treewarden::service::nats::{NatsConfig, ShipError, ship_once};
+    let mut nats = NatsConfig::new(
+        &args.servers,
+        args.creds.clone(),
+        args.host_id.as_deref(),
+        args.replicas,
+    )
+    .map_err(|e| CliError::usage(anyhow!("{e}")))?;
+    nats.timeout = args.timeout;
+    let ledger = open_existing_ledger(config)?;
+    let head = ledger
+        .head()
+        .map_err(|e| CliError::internal(anyhow!(e)))?
+        .map_or(0, |(seq, _)| seq);
+    match ship_once(&ledger, &nats) {
+        Ok(done) => {
+            if args.json {
+                print_json(&serde_json::json!({
+                    "shipped": done.events, "cursor": done.cursor, "head": head,
+                    "subject": nats.subject(),
+                }))?;
+            } else {
+                println!(
+                    "shipped {} events to {}; cursor at seq {} (head {head})",
+                    done.events,
+                    nats.subject(),
+                    done.cursor
+                );
+            }
+            Ok(0)
+        }
+        Err(e @ ShipError::Unreachable(_)) => Err(CliError::with_code(
+            crate::exit::EXIT_UNREACHABLE,
+            anyhow!("ship: {e}"),
+        )),
+        Err(e @ ShipError::Refused(_)) => Err(CliError::with_code(
+            crate::exit::EXIT_REFUSED,
+            anyhow!("ship: {e}"),
+        )),
+        Err(e @ ShipError::Ledger(_)) => Err(CliError::internal(anyhow!("ship: {e}"))),
+    }
+}
+
+/// `treewarden fleet verify --nats URLS HOST`: the host's events from the
+/// stream alone. Exit 0 when whole; 1 naming the first broken seq; 3 when
+/// no server answered.
+pub fn fleet(_config: &Config, cmd: FleetCommand) -> CliResult {
+    use treewarden::service::nats::{NatsConfig, ShipError, read_host, verify_host};
+    let FleetCommand::Verify {
+        nats,
+        host,
+        seal_key,
+        creds,
+        json,
+    } = cmd;
+    let seal_key = seal_key
+        .as_deref()
+        .map(treewarden::ledger::seal::SealKey::parse)
+        .transpose()
+        .map_err(|e| CliError::usage(anyhow!("--seal-key: {e}")))?;
+    let config = NatsConfig::new(&nats, creds, Some(&host), 1)
+        .map_err(|e| CliError::usage(anyhow!("{e}")))?;
+    let failed = |e: ShipError| match e {
+        ShipError::Unreachable(_) => {
+            CliError::with_code(crate::exit::EXIT_UNREACHABLE, anyhow!("fleet verify: {e}"))
+        }
+        e => CliError::internal(anyhow!("fleet verify: {e}")),
+    };
+    let stored = read_host(&config, &host).map_err(failed)?;
+    if stored.is_empty() {
+        return Err(CliError::usage(anyhow!(
+            "fleet verify: the stream holds no event of host {host} ({})",
+            config.subject()
+        )));
+    }
+    let verdict = verify_host(&stored, &host, seal_key).map_err(failed)?;
+    if json {
+        let (report, first_break) = match &verdict {
+            Ok(r) => (Some(r), None),
+            Err(why) => (None, Some(why.clone())),
+        };
+        print_json(&serde_json::json!({
+            "ok": verdict.is_ok(),
+            "host": host,
+            "events": stored.len(),
+            "head": report.and_then(|r| r.head.as_ref()).map(|(seq, hash)| serde_json::json!({"seq": seq, "hash": hash})),
+            "seal": report.and_then(|r| r.sealed.as_ref()),
+            "first_break": first_break,
+        }))?;
+        return Ok(if verdict.is_ok() {
+            0
+        } else {
+            crate::exit::EXIT_BROKEN
+        });
+    }
+    match verdict {
+        Ok(report) => {
+            let head = report
+                .head
+                .map(|(seq, hash)| format!("head {seq}:{hash}"))
+                .unwrap_or_else(|| "no head".into());
+            let sealed = report
+                .sealed
+                .map(|s| {
+                    format!(
+                        ", sealed: epochs 0 to {} ({} seals), {} events after the newest",
+                        s.last_epoch, s.seals, s.unsealed
+                    )
+                })
+                .unwrap_or_default();
+            println!(
+                "ok: host {host}: {} events from the stream, {head}, continuous{sealed}",
+                report.events
+            );
+            Ok(0)
+        }
+        Err(why) => Err(CliError::with_code(
+            crate::exit::EXIT_BROKEN,
+            anyhow!("fleet verify failed: host {host}: {why}"),
+        )),
     }
 }

@@ -33,6 +33,7 @@ const MIGRATIONS: &[M<'static>] = &[
         "../../migrations/0009_checks_without_in_lists.sql"
     )),
     M::up(include_str!("../../migrations/0010_evidence_budget.sql")),
+    M::up(include_str!("../../migrations/0011_ship_remote_seq.sql")),
 ];
 
 /// How hard a commit must be on disk before it returns.

@@ -988,6 +988,36 @@ impl Ledger {
         })
     }
 
+    /// The shipping cursor of `sink` and the sink's own position of the
+    /// event at it (JetStream: its stream sequence), if shipping ever ran.
+    pub fn ship_position(&self, sink: &str) -> Result<Option<(i64, Option<i64>)>, LedgerError> {
+        let sink = sink.to_string();
+        self.read(move |tx| {
+            Ok(tx
+                .prepare_cached("SELECT seq, remote_seq FROM ship_cursor WHERE sink = ?1")?
+                .query_row([&sink], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?)
+        })
+    }
+
+    /// Moves the shipping cursor of `sink` forward to `seq` with the sink's
+    /// position of that event; a `seq` behind the cursor changes nothing.
+    pub fn set_ship_position(&self, sink: &str, seq: i64, remote: i64) -> Result<(), LedgerError> {
+        let sink = sink.to_string();
+        self.write(Durability::Normal, move |w| {
+            let now = w.now.clone();
+            w.exec(
+                "INSERT INTO ship_cursor (sink, seq, at, remote_seq) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (sink) DO UPDATE SET
+                   remote_seq = CASE WHEN excluded.seq >= seq THEN excluded.remote_seq ELSE remote_seq END,
+                   at = CASE WHEN excluded.seq >= seq THEN excluded.at ELSE at END,
+                   seq = max(seq, excluded.seq)",
+                rusqlite::params![sink, seq, now, remote],
+            )?;
+            Ok(())
+        })
+    }
+
     /// Writes the selected events to `out` in `format`; returns how many.
     /// Nothing is written to `out` unless the whole export was read.
     pub fn export(

@@ -188,7 +188,14 @@ impl Door {
             let unsettled = engine.gate().unsettled()?;
             let unkillable = engine.gate().newest_unkillable(&unsettled);
             let head = engine.ledger().head()?;
-            let shipped = engine.ledger().ship_cursor(super::ship::SINK)?;
+            // The lowest cursor of the sinks shipping (OTLP, JetStream): what
+            // has not left the host for every one of them.
+            let otlp = engine.ledger().ship_cursor(super::ship::SINK)?;
+            let nats = engine.ledger().ship_cursor(super::nats::SINK)?;
+            let shipped = match (otlp, nats) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             Ok(MetricsReadings {
                 counts,
                 unsettled,

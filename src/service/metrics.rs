@@ -122,12 +122,16 @@ pub struct Metrics {
     pub recovering: Gauge,
     /// Set only at scrape time, from the ledger's head.
     pub ledger_head_seq: Gauge,
-    /// Events committed but not yet acknowledged by the OTLP endpoint
-    /// (head minus the shipping cursor); 0 when shipping never ran. Set
-    /// only at scrape time, from the ledger.
+    /// Events committed but not yet acknowledged by every shipping sink
+    /// (head minus the lowest cursor, OTLP's and JetStream's); 0 when
+    /// shipping never ran. Set only at scrape time, from the ledger.
     pub ship_lag_events: Gauge,
-    /// The last seq the OTLP endpoint acknowledged (the durable cursor).
+    /// The last seq every shipping sink acknowledged (the lowest cursor).
     pub ship_acked_seq: Gauge,
+    /// `treewarden_ship_refused_total`: events the JetStream stream refused
+    /// because this ledger does not extend what it holds for the host
+    /// (rewound, forked, or a second ledger under one host id), each try.
+    pub ship_refused: C,
     /// `treewarden_observer_up`: 1 while the proc-connector observer runs.
     pub observer_up: Gauge,
     /// `treewarden_observer_events_total`: proc-connector events read (after the socket filter).
@@ -202,6 +206,7 @@ impl Metrics {
             ledger_head_seq: Gauge::default(),
             ship_lag_events: Gauge::default(),
             ship_acked_seq: Gauge::default(),
+            ship_refused: C::default(),
             observer_up: Gauge::default(),
             observer_events: C::default(),
             observer_overflows: C::default(),
@@ -322,13 +327,18 @@ impl Metrics {
         );
         registry.register(
             "ship_lag_events",
-            "Ledger events not yet acknowledged by the OTLP log endpoint (0 when shipping never ran)",
+            "Ledger events not yet acknowledged by every shipping sink, OTLP and JetStream (head minus the lowest cursor; 0 when shipping never ran)",
             m.ship_lag_events.clone(),
         );
         registry.register(
             "ship_acked_seq",
-            "The last ledger seq the OTLP log endpoint acknowledged",
+            "The last ledger seq every shipping sink acknowledged (the lowest cursor)",
             m.ship_acked_seq.clone(),
+        );
+        registry.register(
+            "ship_refused",
+            "Events the JetStream stream refused: this ledger does not extend what the stream holds for its host (rewound, forked, or a second ledger under one host id)",
+            m.ship_refused.clone(),
         );
         registry.register(
             "observer_up",

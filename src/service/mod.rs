@@ -61,6 +61,7 @@ pub mod failure;
 mod logcap;
 mod logkeep;
 pub mod metrics;
+pub mod nats;
 mod recovery;
 pub mod retain;
 mod scan;

@@ -14,6 +14,7 @@ mod golden;
 mod harness;
 mod hierarchy;
 mod hostile;
+mod jetstream;
 mod ledger;
 mod ledger_life;
 mod observer;
