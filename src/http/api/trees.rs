@@ -333,6 +333,12 @@ pub async fn tree_log(
 
 /// How often a followed log is looked at for what was written since.
 const LOG_POLL: Duration = Duration::from_millis(50);
+/// Followed logs open at once, across clients: each is a read every
+/// [`LOG_POLL`] on the blocking pool (503 beyond, which clients retry).
+const MAX_LOG_STREAMS: usize = 64;
+
+static LOG_STREAMS: std::sync::LazyLock<std::sync::Arc<tokio::sync::Semaphore>> =
+    std::sync::LazyLock::new(|| std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_LOG_STREAMS)));
 
 /// A followed log between two chunks of its stream.
 struct Following {
@@ -345,6 +351,8 @@ struct Following {
     settled: bool,
     ends: tokio::sync::watch::Receiver<u64>,
     stop: tokio_util::sync::CancellationToken,
+    /// This stream's place among [`MAX_LOG_STREAMS`], given back with it.
+    _permit: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl Following {
@@ -386,6 +394,11 @@ impl Following {
 
 /// `GET /api/trees/{id}/log?follow=1`: the log as a chunked stream.
 async fn follow_log(s: &AppState, row: TreeRow) -> Result<axum::response::Response, ApiError> {
+    let permit = LOG_STREAMS.clone().try_acquire_owned().map_err(|_| {
+        ApiError::Unavailable(format!(
+            "{MAX_LOG_STREAMS} followed logs are open already; retry later"
+        ))
+    })?;
     let door = s.service.door();
     let mut ends = s.service.ends();
     // Subscribed before the state is read: an end after the read wakes it.
@@ -403,6 +416,7 @@ async fn follow_log(s: &AppState, row: TreeRow) -> Result<axum::response::Respon
         settled,
         ends,
         stop: s.service.shutdown_token(),
+        _permit: permit,
     };
     let chunks = futures_util::stream::unfold(following, |f| async move {
         f.advance()
