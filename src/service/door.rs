@@ -4,14 +4,13 @@
 //! fields). HTTP asks these; it never hands the service a closure over the
 //! engine.
 
-use super::ends::TreeEnd;
 use crate::custody::{Host as _, LogFollower, Unsettled};
 use crate::ledger::event::TeardownTimeline;
 use crate::ledger::hierarchy::ProcessNode;
 use crate::ledger::outcome::{Outcome, OutcomeFilter};
 use crate::ledger::{
-    EventFilter, EventKind, EventRow, MemberCounts, PageAt, Resources, TokenRow, TreeDetail,
-    TreeFilter, TreeId, TreeRow, TreeState,
+    EventFilter, EventRow, MemberCounts, PageAt, Resources, TokenRow, TreeDetail, TreeFilter,
+    TreeId, TreeRow, TreeState,
 };
 
 use crate::custody::Engine;
@@ -219,24 +218,19 @@ impl Door {
         .await?
     }
 
-    /// Why a settled tree ended, typed (`None` while it runs): from its
-    /// `tree.state` and `kill.*` events ([`super::ends`]).
-    pub async fn tree_end(&self, row: TreeRow) -> Result<Option<TreeEnd>, ServiceError> {
+    /// How a settled tree ended, typed (`None` while it runs): the
+    /// ledger's one reading of its events ([`Outcome::of`]), as the
+    /// dashboard shows it.
+    pub async fn settled_outcome(&self, row: TreeRow) -> Result<Option<Outcome>, ServiceError> {
         if !(row.state.is_terminal() || row.state == TreeState::Ambiguous) {
             return Ok(None);
         }
         let engine = self.engine.clone();
         super::blocking(move || {
-            let mut events = Vec::new();
-            for kind in [EventKind::TreeState.as_str(), "kill."] {
-                events.extend(engine.ledger().events(&EventFilter {
-                    tree: Some(TreeId(row.id)),
-                    kind_prefix: Some(kind.to_string()),
-                    ..Default::default()
-                })?);
-            }
-            events.sort_by_key(|e| e.seq);
-            Ok(super::ends::tree_end(&row, &events))
+            Ok(engine
+                .ledger()
+                .outcomes(std::slice::from_ref(&row))?
+                .remove(&row.tree_id()))
         })
         .await?
     }

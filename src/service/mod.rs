@@ -53,7 +53,6 @@
 mod admit;
 mod door;
 mod drain;
-pub mod ends;
 mod export;
 pub mod failure;
 /// The logs' cap as they are written: inotify on Linux; none on Windows

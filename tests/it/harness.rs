@@ -1,6 +1,6 @@
 //! The API a harness needs (issue 25), against the real `serve`: a
 //! machine-readable `code` in every error body, `GET /api/trees/{id}/wait`
-//! (a long poll woken by the tree's end) and its typed `end`, the followed
+//! (a long poll woken by the tree's end) and its typed `outcome`, the followed
 //! log, the per-tree event stream, the label and state filters of the tree
 //! list, `first_signal`, the grace cap (`--max-grace`) and numeric users.
 //!
@@ -135,7 +135,7 @@ fn wait_answers_as_soon_as_the_tree_ends_and_at_its_timeout_otherwise() {
     let (st, v) = get(&s, &format!("/api/trees/{id}/wait?timeout=300ms"));
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["state"], "running", "{v}");
-    assert_eq!(v["end"], Value::Null, "no end while it runs: {v}");
+    assert_eq!(v["outcome"], Value::Null, "no outcome while it runs: {v}");
     assert!(
         t0.elapsed() >= Duration::from_millis(300),
         "{:?}",
@@ -171,11 +171,8 @@ fn wait_answers_as_soon_as_the_tree_ends_and_at_its_timeout_otherwise() {
     waiter.join().expect("waiter");
     assert_eq!(v["state"], "ended", "{v}");
     assert_eq!(v["exit"]["code"], 0, "{v}");
-    assert_eq!(
-        v["end"],
-        json!({"cause": "exit", "forced": false, "by": null}),
-        "{v}"
-    );
+    assert_eq!(v["outcome"]["kind"], "exited", "{v}");
+    assert_eq!(v["outcome"]["forced"], Value::Null, "{v}");
     let latency = answered.duration_since(released);
     say(&format!(
         "wait answered {} ms after the tree's release",
@@ -188,7 +185,7 @@ fn wait_answers_as_soon_as_the_tree_ends_and_at_its_timeout_otherwise() {
 }
 
 #[test]
-fn a_timeout_and_a_kill_end_alike_and_are_told_apart_by_the_typed_end() {
+fn a_timeout_and_a_kill_end_alike_and_are_told_apart_by_the_typed_outcome() {
     let s = Server::start(&[]);
     let mut timed = s.body("exec sleep 600");
     timed["timeout"] = json!("300ms");
@@ -204,14 +201,11 @@ fn a_timeout_and_a_kill_end_alike_and_are_told_apart_by_the_typed_end() {
     // The same status: the root ended by the first signal, both times.
     assert_eq!(t["exit"], k["exit"], "{t} {k}");
     assert_eq!(t["exit"]["signal"], 15, "{t}");
-    assert_eq!(
-        t["end"],
-        json!({"cause": "timeout", "forced": false, "by": null}),
-        "{t}"
-    );
-    assert_eq!(k["end"]["cause"], "kill", "{k}");
+    assert_eq!(t["outcome"]["kind"], "timed_out", "{t}");
+    assert_eq!(t["outcome"]["by"], Value::Null, "{t}");
+    assert_eq!(k["outcome"]["kind"], "killed", "{k}");
     assert!(
-        k["end"]["by"]
+        k["outcome"]["by"]
             .as_str()
             .is_some_and(|b| b.starts_with("token ") || b.starts_with("uid ")),
         "the kill names who asked: {k}"

@@ -865,7 +865,7 @@ fn a_non_root_requester_binds_a_tree_to_its_descendant_not_to_another_process() 
         &format!("/api/trees/{id}/wait?timeout=10s"),
         None,
     );
-    assert_eq!(t["end"]["cause"], "owner_exit", "{t}");
+    assert_eq!(t["outcome"]["kind"], "owner_gone", "{t}");
     // Another process (this test's own, root's): refused, nothing made.
     let before = curl(&sock, None, "GET", "/api/trees?all=1", None).1;
     let (status, v) = curl(

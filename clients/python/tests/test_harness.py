@@ -4,7 +4,7 @@ it needed: one test per item, each against a real ``serve``.
 1. asyncio trees' pipes are ``asyncio.StreamReader``/``StreamWriter``;
 2. a cancelled ``wait()`` tears the tree down; a cancelled ``spawn()``
    leaves no tree its caller did not learn of;
-3. a timeout is told from a kill by a typed cause;
+3. a timeout is told from a kill by a typed outcome kind;
 4. ``owner=`` names a descendant (any process, for root); a non-root
    user's other processes are refused;
 5. under load: bounded concurrency, 503 retried then ``Unavailable``, a 413
@@ -81,7 +81,7 @@ def test_async_pipes_are_asyncio_streams_and_do_not_block_the_loop(server: Serve
         assert await asyncio.wait_for(t.stdout.read(), 10 * scale()) == b""
         assert await asyncio.wait_for(t.stderr.read(), 10 * scale()) == b"done\n"
         out = await t.wait(timeout=20)
-        assert (out.state, out.returncode, out.cause) == ("ended", 0, "exit")
+        assert (out.state, out.returncode, out.kind) == ("ended", 0, "exited")
         await t.__aexit__(None, None, None)
 
     asyncio.run(main())
@@ -112,7 +112,7 @@ def test_cancelling_wait_tears_the_tree_down(server: Server) -> None:
         # The CancelledError went on only once the teardown was done.
         assert not any(alive(p) for p in pids), [p for p in pids if alive(p)]
         out = await (await c.tree(t.id)).wait(timeout=10)
-        assert (out.state, out.cause, out.forced) == ("ended", "kill", True)
+        assert (out.state, out.kind, out.forced) == ("ended", "killed", True)
         assert c.left_running == []
         await t.__aexit__(None, None, None)
 
@@ -184,7 +184,7 @@ async def _cancel_later(task: "asyncio.Task[None]", after: float) -> None:
 # 3. typed outcome -----------------------------------------------------------
 
 
-def test_a_timeout_is_told_from_a_kill_by_a_typed_cause(server: Server) -> None:
+def test_a_timeout_is_told_from_a_kill_by_a_typed_outcome(server: Server) -> None:
     c = server.client()
     timed = c.spawn(["sleep", "600"], timeout=0.4, grace="200ms", env=server.body_env())
     killed = c.spawn(["sleep", "600"], grace="200ms", env=server.body_env())
@@ -198,16 +198,17 @@ def test_a_timeout_is_told_from_a_kill_by_a_typed_cause(server: Server) -> None:
     k = killed.wait(timeout=30)
     # The same status, told apart without reading any text.
     assert t.returncode == k.returncode == -signal.SIGTERM
-    assert (t.cause, t.timed_out, t.forced, t.killed_by) == ("timeout", True, False, None)
-    assert (k.cause, k.timed_out, k.forced) == ("kill", False, False)
+    assert (t.kind, t.timed_out, t.forced, t.killed_by) == ("timed_out", True, False, None)
+    assert (k.kind, k.timed_out, k.forced) == ("killed", False, False)
     assert k.killed_by is not None and k.killed_by.startswith(f"uid {os.getuid()}")
     s = stubborn.wait(timeout=30)
-    assert (s.cause, s.forced, s.returncode) == ("kill", True, -signal.SIGKILL)
+    assert (s.kind, s.forced, s.returncode) == ("killed", True, -signal.SIGKILL)
     e = exited.wait(timeout=30)
-    assert (e.cause, e.forced, e.returncode) == ("exit", False, 3)
-    # The API's own answer carries it: `end` beside the row.
-    assert timed.info["end"] == {"cause": "timeout", "forced": False, "by": None}
-    assert set(treewarden.CAUSES) >= {t.cause, k.cause, e.cause}
+    assert (e.kind, e.forced, e.returncode) == ("failed", False, 3)
+    # The API's own answer carries it: `outcome` beside the row.
+    assert timed.info["outcome"]["kind"] == "timed_out"
+    assert "forced" not in timed.info["outcome"]
+    assert set(treewarden.OUTCOME_KINDS) >= {t.kind, k.kind, e.kind}
 
 
 # 4. owner= ------------------------------------------------------------------
@@ -227,7 +228,7 @@ def test_owner_names_another_process_and_the_tree_ends_with_it(server: Server) -
         worker.kill()
         worker.wait()
         out = t.wait(timeout=20)
-        assert (out.state, out.cause) == ("ended", "owner_exit")
+        assert (out.state, out.kind) == ("ended", "owner_gone")
         assert not alive(root)
         # A pid and a start that do not match are a different process.
         with pytest.raises(treewarden.BadRequest):
@@ -251,7 +252,7 @@ try:
     out["descendant"] = [t.info["owner"]["pid"] == child.pid, child.pid]
 finally:
     child.kill(); child.wait()
-out["descendant_end"] = t.wait(timeout=20).cause
+out["descendant_end"] = t.wait(timeout=20).kind
 try:
     c.spawn(["true"], owner=int(sys.argv[4]), cwd="/")
     out["other"] = "accepted"
@@ -291,7 +292,7 @@ def test_a_non_root_user_names_its_descendant_but_not_another_process() -> None:
         assert r.returncode == 0, r.stderr + s.log()
         out = json.loads(r.stdout)
         assert out["descendant"][0] is True, out
-        assert out["descendant_end"] == "owner_exit", out
+        assert out["descendant_end"] == "owner_gone", out
         assert out["other"] == ["forbidden", 403], out
     finally:
         if s is not None:

@@ -17,7 +17,7 @@ run``). No runtime dependency; Python 3.9 or later; Linux (the Unix socket,
 stdio passed as descriptors), or any OS over TCP with a token (Windows).
 """
 
-from ._client import (CAUSES, DEVNULL, FINAL_STATES, PIPE, SETTLED_STATES, STDOUT, AsyncClient,
+from ._client import (OUTCOME_KINDS, DEVNULL, FINAL_STATES, PIPE, SETTLED_STATES, STDOUT, AsyncClient,
                       AsyncTree, Client, Outcome, Report, Tree, default_socket, duration,
                       own_identity, start_ticks)
 from ._errors import (Ambiguous, BadRequest, Conflict, ConnectionFailed, DispatchClosed, Error,
@@ -29,7 +29,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Client", "AsyncClient", "Tree", "AsyncTree", "Outcome", "Report", "run", "CompletedProcess",
-    "PIPE", "DEVNULL", "STDOUT", "FINAL_STATES", "SETTLED_STATES", "CAUSES", "default_socket",
+    "PIPE", "DEVNULL", "STDOUT", "FINAL_STATES", "SETTLED_STATES", "OUTCOME_KINDS", "default_socket",
     "duration", "own_identity", "start_ticks", "Error", "DispatchClosed", "Ambiguous", "Forbidden",
     "NotFound", "BadRequest", "PayloadTooLarge", "Unavailable", "Unauthorized", "Conflict",
     "ServiceError", "ConnectionFailed", "TimeoutExpired",

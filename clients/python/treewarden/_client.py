@@ -133,29 +133,30 @@ def _endpoint(socket: Optional[str], url: Optional[str], token: Optional[str]) -
     return _http.Endpoint(socket=socket or default_socket(), token=token)
 
 
-#: Why a tree ended (:attr:`Outcome.cause`), as the service records it:
-#: ``exit`` its root exited (or, under ``lifetime="owner"``, what it left
-#: did), ``timeout`` its ``timeout`` passed, ``kill`` a kill was asked for
-#: (:attr:`Outcome.killed_by` says by whom), ``owner_exit`` its owner
-#: process exited, ``shutdown`` the service's drain ended it, ``other`` an
-#: end this client does not know (a sweep, a resumed teardown).
-CAUSES = frozenset({"exit", "timeout", "kill", "owner_exit", "shutdown", "other"})
+#: How a tree ended (:attr:`Outcome.kind`), as the service reads it from its
+#: ledger (the dashboard's outcome column): ``exited`` (its root exited 0),
+#: ``failed`` (non-zero, or a signal no teardown sent), ``timed_out``,
+#: ``killed`` (:attr:`Outcome.killed_by` says by whom), ``owner_gone``,
+#: ``shutdown`` (the service's drain), ``ambiguous``, ``unkillable``,
+#: ``spawn_failed``, ``resolved``, ``vanished``.
+OUTCOME_KINDS = frozenset({"exited", "failed", "timed_out", "killed", "owner_gone", "shutdown",
+                           "ambiguous", "unkillable", "spawn_failed", "resolved", "vanished"})
 
 
 @dataclass(frozen=True)
 class Outcome:
     """How a tree ended: its ledger ``state``, its root's status as Popen
-    has it (negative for a signal; ``None`` if unknown), and, typed, why:
-    ``cause`` (one of :data:`CAUSES`; ``None`` while it runs, or from a
-    service too old to say), whether the teardown had to force-kill
-    (``forced``: a SIGKILL under a committed authorization), and who asked
-    for a kill (``killed_by``). A timeout and a kill both end the root with
-    SIGTERM; ``cause`` tells them apart."""
+    has it (negative for a signal; ``None`` if unknown), and, typed, how:
+    ``kind`` (one of :data:`OUTCOME_KINDS`; ``None`` from a service too
+    old to say), whether the teardown had to force-kill (``forced``: a
+    SIGKILL under a committed authorization), and who asked for a kill
+    (``killed_by``). A timeout and a kill both end the root with SIGTERM;
+    ``kind`` tells them apart."""
 
     state: str
     returncode: Optional[int]
     tree_id: int
-    cause: Optional[str] = None
+    kind: Optional[str] = None
     forced: bool = False
     killed_by: Optional[str] = None
 
@@ -165,7 +166,7 @@ class Outcome:
 
     @property
     def timed_out(self) -> bool:
-        return self.cause == "timeout"
+        return self.kind == "timed_out"
 
 
 @dataclass(frozen=True)
@@ -191,12 +192,13 @@ def _returncode(row: Mapping[str, Any]) -> Optional[int]:
 
 
 def _outcome(row: Mapping[str, Any]) -> Outcome:
-    end = row.get("end") or {}
-    cause = end.get("cause")
+    seen = row.get("outcome") or {}
+    kind = seen.get("kind")
+    by = seen.get("by")
     return Outcome(state=str(row["state"]), returncode=_returncode(row), tree_id=int(row["id"]),
-                   cause=str(cause) if cause is not None else None,
-                   forced=bool(end.get("forced", False)),
-                   killed_by=end.get("by") if isinstance(end.get("by"), str) else None)
+                   kind=str(kind) if kind is not None else None,
+                   forced=seen.get("forced") is not None,
+                   killed_by=by if kind == "killed" and isinstance(by, str) else None)
 
 
 def _report(v: Mapping[str, Any]) -> Report:

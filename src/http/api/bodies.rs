@@ -310,12 +310,13 @@ pub struct LogQuery {
 }
 
 /// What `GET /api/trees/{id}/wait` answers: the tree's row, and once it is
-/// in a final state (or ambiguous) why it ended, typed.
+/// in a final state (or ambiguous) how it ended, typed.
 #[derive(Serialize, ToSchema)]
 pub struct WaitAnswer {
     #[serde(flatten)]
     pub tree: crate::ledger::TreeRow,
-    /// Why the tree ended (`null` while it runs): branch on `end.cause`
-    /// (`timeout` or `kill`, ...), never on a reason's text.
-    pub end: Option<crate::service::ends::TreeEnd>,
+    /// How the tree ended (`null` while it runs), as the dashboard shows
+    /// it: branch on `outcome.kind` (`timed_out`, `killed`, ...), never on
+    /// a reason's text.
+    pub outcome: Option<crate::ledger::outcome::Outcome>,
 }

@@ -143,10 +143,11 @@ fn wait_over(state: TreeState) -> bool {
 
 /// Wait for a tree to end: answers the tree as soon as it is in a final
 /// state (or ambiguous), or as it stands when `timeout` passes (then its
-/// `state` is still a live one and `end` is null; ask again). A long poll,
-/// woken by the service's own notice of the tree's end, not a loop of
-/// reads. A settled tree's `end` says why, typed: `cause` (`exit`,
-/// `timeout`, `kill`, `owner_exit`, `shutdown`, `other`), `forced`, `by`.
+/// `state` is still a live one and `outcome` is null; ask again). A long
+/// poll, woken by the service's own notice of the tree's end, not a loop of
+/// reads. A settled tree's `outcome` says how it ended, typed: `kind`
+/// (`exited`, `failed`, `timed_out`, `killed`, `owner_gone`, `shutdown`,
+/// `ambiguous`, ...), `by`, `forced`, as the dashboard shows it.
 #[utoipa::path(get, path = "/api/trees/{id}/wait", params(("id" = i64, Path, description = "tree id"), WaitQuery),
     security(("bearer" = [])),
     responses((status = 200, description = "the tree, ended (or ambiguous), or as it stands at the timeout", body = WaitAnswer),
@@ -189,8 +190,8 @@ pub async fn wait_tree(
                 () = stop.cancelled() => true,
             };
         if over {
-            let end = s.service.door().tree_end(row.clone()).await?;
-            return Ok(Json(WaitAnswer { tree: row, end }));
+            let outcome = s.service.door().settled_outcome(row.clone()).await?;
+            return Ok(Json(WaitAnswer { tree: row, outcome }));
         }
     }
 }
@@ -232,11 +233,7 @@ pub async fn kill_tree(
             // Who asked is in the reason the teardown records (tree.state,
             // kill.authorized).
             crate::service::vocab::EndCause::Kill,
-            format!(
-                "{} {}",
-                crate::service::ends::API_KILL_REASON,
-                principal.requester()
-            ),
+            format!("killed through the API by {}", principal.requester()),
         )
         .await?;
     Ok(Json(KillResponse {
