@@ -4,7 +4,7 @@
 //! fields). HTTP asks these; it never hands the service a closure over the
 //! engine.
 
-use crate::custody::{Host as _, Unsettled};
+use crate::custody::{Host as _, LogFollower, Unsettled};
 use crate::ledger::event::TeardownTimeline;
 use crate::ledger::hierarchy::ProcessNode;
 use crate::ledger::outcome::{Outcome, OutcomeFilter};
@@ -178,6 +178,85 @@ impl Door {
             Ok(Some(log.unwrap_or_default()))
         })
         .await?
+    }
+
+    /// What a tree's captured log holds now, and a follower that hands out
+    /// what is written after it (across the cap's collapses); `None` for a
+    /// tree the ledger does not hold.
+    pub async fn log_follower(
+        &self,
+        id: i64,
+    ) -> Result<Option<(Vec<u8>, LogFollower)>, ServiceError> {
+        let engine = self.engine.clone();
+        super::blocking(move || {
+            if engine.ledger().tree(TreeId(id))?.is_none() {
+                return Ok(None);
+            }
+            let read = |err: std::io::Error| ServiceError::Task(format!("reading the log: {err}"));
+            let now = crate::custody::read_log(engine.data_dir(), TreeId(id), None)
+                .map_err(read)?
+                .unwrap_or_default();
+            let path = crate::custody::log_path(engine.data_dir(), TreeId(id));
+            let follower = LogFollower::after(path, &now).map_err(read)?;
+            Ok(Some((now, follower)))
+        })
+        .await?
+    }
+
+    /// What was written to a followed log since the last poll (empty when
+    /// nothing was), and the follower back.
+    pub async fn log_poll(
+        &self,
+        mut follower: LogFollower,
+    ) -> Result<(Vec<u8>, LogFollower), ServiceError> {
+        super::blocking(move || {
+            let new = follower
+                .poll()
+                .map_err(|err| ServiceError::Task(format!("reading the log: {err}")))?;
+            Ok((new, follower))
+        })
+        .await?
+    }
+
+    /// How a settled tree ended, typed (`None` while it runs): the
+    /// ledger's one reading of its events ([`Outcome::of`]), as the
+    /// dashboard shows it.
+    pub async fn settled_outcome(&self, row: TreeRow) -> Result<Option<Outcome>, ServiceError> {
+        if !(row.state.is_terminal() || row.state == TreeState::Ambiguous) {
+            return Ok(None);
+        }
+        let engine = self.engine.clone();
+        super::blocking(move || {
+            Ok(engine
+                .ledger()
+                .outcomes(std::slice::from_ref(&row))?
+                .remove(&row.tree_id()))
+        })
+        .await?
+    }
+
+    /// Whether `pid` is a descendant of `ancestor` now (its parent, its
+    /// parent's parent, ..., at most 64 generations up): who a socket
+    /// client may name as a tree's owner beside itself.
+    pub async fn descends_from(&self, pid: i32, ancestor: i32) -> bool {
+        super::blocking(move || {
+            let mut at = pid;
+            for _ in 0..64 {
+                let Ok(Some(stat)) = crate::proc::read_stat(at) else {
+                    return false;
+                };
+                if stat.ppid == ancestor {
+                    return true;
+                }
+                if stat.ppid <= 1 {
+                    return false;
+                }
+                at = stat.ppid;
+            }
+            false
+        })
+        .await
+        .unwrap_or(false)
     }
 
     /// What `GET /metrics` reads at scrape time.

@@ -1,8 +1,8 @@
 //! The API a harness needs (issue 25), against the real `serve`: a
 //! machine-readable `code` in every error body, `GET /api/trees/{id}/wait`
-//! (a long poll woken by the tree's end), the per-tree event stream, the
-//! label and state filters of the tree list, `first_signal`, the grace cap
-//! (`--max-grace`) and numeric users.
+//! (a long poll woken by the tree's end) and its typed `outcome`, the followed
+//! log, the per-tree event stream, the label and state filters of the tree
+//! list, `first_signal`, the grace cap (`--max-grace`) and numeric users.
 //!
 //! Trees end on a condition the test controls: each blocks reading a FIFO
 //! in the test's temp dir, and ends when the test writes to it. Every tree
@@ -135,6 +135,7 @@ fn wait_answers_as_soon_as_the_tree_ends_and_at_its_timeout_otherwise() {
     let (st, v) = get(&s, &format!("/api/trees/{id}/wait?timeout=300ms"));
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["state"], "running", "{v}");
+    assert_eq!(v["outcome"], Value::Null, "no outcome while it runs: {v}");
     assert!(
         t0.elapsed() >= Duration::from_millis(300),
         "{:?}",
@@ -170,6 +171,8 @@ fn wait_answers_as_soon_as_the_tree_ends_and_at_its_timeout_otherwise() {
     waiter.join().expect("waiter");
     assert_eq!(v["state"], "ended", "{v}");
     assert_eq!(v["exit"]["code"], 0, "{v}");
+    assert_eq!(v["outcome"]["kind"], "exited", "{v}");
+    assert_eq!(v["outcome"]["forced"], Value::Null, "{v}");
     let latency = answered.duration_since(released);
     say(&format!(
         "wait answered {} ms after the tree's release",
@@ -178,6 +181,70 @@ fn wait_answers_as_soon_as_the_tree_ends_and_at_its_timeout_otherwise() {
     assert!(latency < scaled(Duration::from_secs(2)), "{latency:?}");
     // Over the bound: refused with the code.
     let (st, v) = get(&s, &format!("/api/trees/{id}/wait?timeout=10m"));
+    assert_eq!((st, v["code"].as_str()), (400, Some("BadRequest")), "{v}");
+}
+
+#[test]
+fn a_timeout_and_a_kill_end_alike_and_are_told_apart_by_the_typed_outcome() {
+    let s = Server::start(&[]);
+    let mut timed = s.body("exec sleep 600");
+    timed["timeout"] = json!("300ms");
+    timed["grace"] = json!("200ms");
+    let timed = spawn(&s, &timed);
+    let mut killed = s.body("exec sleep 600");
+    killed["grace"] = json!("200ms");
+    let killed = spawn(&s, &killed);
+    let (st, k) = s.post(&format!("/api/trees/{killed}/kill"), None);
+    assert_eq!(st, 200, "{k}");
+    let (_, t) = get(&s, &format!("/api/trees/{timed}/wait?timeout=30s"));
+    let (_, k) = get(&s, &format!("/api/trees/{killed}/wait?timeout=30s"));
+    // The same status: the root ended by the first signal, both times.
+    assert_eq!(t["exit"], k["exit"], "{t} {k}");
+    assert_eq!(t["exit"]["signal"], 15, "{t}");
+    assert_eq!(t["outcome"]["kind"], "timed_out", "{t}");
+    assert_eq!(t["outcome"]["by"], Value::Null, "{t}");
+    assert_eq!(k["outcome"]["kind"], "killed", "{k}");
+    assert!(
+        k["outcome"]["by"]
+            .as_str()
+            .is_some_and(|b| b.starts_with("token ") || b.starts_with("uid ")),
+        "the kill names who asked: {k}"
+    );
+    assert!(s.marked().is_empty(), "{:?}", s.marked());
+}
+
+#[test]
+fn a_followed_log_streams_each_write_once_and_ends_with_the_tree() {
+    let s = Server::start(&[]);
+    let fifo = mkfifo(s.dir.path(), "second");
+    let id = spawn(
+        &s,
+        &s.body(&format!(
+            "echo first; read x < '{}'; echo second",
+            fifo.display()
+        )),
+    );
+    let mut r = s.get(&format!("/api/trees/{id}/log?follow=1"));
+    assert_eq!(r.status(), 200);
+    // The first line arrives while the tree still runs (blocked on the
+    // FIFO): the answer is a stream, not a read of the log at its end.
+    let mut got = Vec::new();
+    let mut buf = [0u8; 64];
+    while !got.ends_with(b"first\n") {
+        let n = r.read(&mut buf).expect("read the stream");
+        assert!(n > 0, "the stream ended before the first line: {got:?}");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let released = Instant::now();
+    release(&fifo);
+    // The rest, once, and the stream ends by itself with the tree.
+    r.read_to_end(&mut got).expect("the stream ends");
+    say(&format!(
+        "a followed log ended {} ms after its tree's release",
+        released.elapsed().as_millis()
+    ));
+    assert_eq!(String::from_utf8_lossy(&got), "first\nsecond\n");
+    let (st, v) = get(&s, &format!("/api/trees/{id}/log?follow=1&tail=1"));
     assert_eq!((st, v["code"].as_str()), (400, Some("BadRequest")), "{v}");
 }
 

@@ -803,6 +803,82 @@ fn over_the_socket_a_tree_may_be_bound_to_its_requesters_life() {
     );
 }
 
+/// A socket client may bind a tree to a descendant's life (a harness's
+/// worker), not to a process outside its own line: the kernel's parent
+/// links decide, read when the spawn is asked for.
+#[test]
+fn a_non_root_requester_binds_a_tree_to_its_descendant_not_to_another_process() {
+    if tool("curl").is_none() {
+        skip("curl not installed");
+        return;
+    }
+    let Some(user) = TestUser::create() else {
+        return;
+    };
+    let public = public_dir();
+    let sock = public.path().join("api.sock");
+    let s = Server::start(&["--socket", sock.to_str().expect("utf-8 path")]);
+    let body = json!({"argv": ["sh", "-c", "exec sleep 300"], "cwd": "/",
+        "env": {"TW_TEST_MARK": s.mark}, "grace": "200ms"})
+    .to_string()
+    .replacen('{', "{\"owner_pid\": OWNER, ", 1);
+    // As the user: a background sleep, then `exec curl` naming it, so the
+    // owner is the requester's child.
+    let script = format!(
+        "sleep 300 >/dev/null 2>&1 & exec curl -sS --max-time 60 --unix-socket '{}' -X POST -H 'content-type: application/json' -d \"$(echo '{}' | sed \"s/OWNER/$!/\")\" -w '\\n%{{http_code}}' http://localhost/api/trees",
+        sock.display(),
+        body
+    );
+    let out = Command::new("setpriv")
+        .arg(format!("--reuid={}", user.uid))
+        .arg(format!("--regid={}", user.gid))
+        .arg("--clear-groups")
+        .args(["sh", "-c", &script])
+        .current_dir("/")
+        .stdout(std::process::Stdio::piped())
+        .output()
+        .expect("setpriv");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (json_body, code) = text.rsplit_once('\n').expect("status line");
+    assert_eq!(code.trim(), "201", "{text}; {}", s.stderr());
+    let v: Value = serde_json::from_str(json_body).expect("json");
+    let owner = v["owner"]["pid"].as_i64().expect("owner pid") as i32;
+    let requester = v["requested_by"]["pid"].as_i64().expect("requester pid") as i32;
+    assert_ne!(owner, requester, "{v}");
+    assert!(pid_alive(owner), "the owner, the user's sleep, lives: {v}");
+    // The owner's death ends the tree.
+    let root = v["root_pid"].as_i64().expect("root") as i32;
+    let id = v["id"].as_i64().expect("id");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(owner).expect("pid"),
+        rustix::process::Signal::KILL,
+    )
+    .expect("kill the owner");
+    assert!(
+        wait_until(Duration::from_secs(10), || !pid_alive(root)),
+        "the tree outlived its owner"
+    );
+    let (_, t) = curl(
+        &sock,
+        None,
+        "GET",
+        &format!("/api/trees/{id}/wait?timeout=10s"),
+        None,
+    );
+    assert_eq!(t["outcome"]["kind"], "owner_gone", "{t}");
+    // Another process (this test's own, root's): refused, nothing made.
+    let before = curl(&sock, None, "GET", "/api/trees?all=1", None).1;
+    let (status, v) = curl(
+        &sock,
+        Some(&user),
+        "POST",
+        "/api/trees",
+        Some(&json!({"argv": ["true"], "cwd": "/", "owner_pid": std::process::id()})),
+    );
+    assert_eq!(status, 403, "{v}");
+    assert_eq!(curl(&sock, None, "GET", "/api/trees?all=1", None).1, before);
+}
+
 /// Issue 24, finding 5 (groups): a requester that cleared its
 /// supplementary groups got them back in its tree (the service asked the
 /// user database, `getgrouplist`). The tree now has the groups the kernel

@@ -37,7 +37,7 @@ def test_spawn_wait_gives_the_status_as_popen_does(server: Server) -> None:
     c = server.client()
     t = c.spawn(["sh", "-c", "exit 3"], env=server.body_env(), label="rc")
     out = t.wait(timeout=20)
-    assert out == treewarden.Outcome(state="ended", returncode=3, tree_id=t.id)
+    assert out == treewarden.Outcome(state="ended", returncode=3, tree_id=t.id, kind="failed")
     t = c.spawn(["sh", "-c", "kill -KILL $$"], env=server.body_env())
     assert t.wait(timeout=20).returncode == -signal.SIGKILL
     # The owner on the record is this process, by pid and start time.
@@ -88,7 +88,7 @@ def test_cat_with_pipes_echoes_and_survives_a_sigkill_of_the_service(server: Ser
     # unknown (None): the adopting service is not its root's parent, so it
     # never reaped it.
     t.stdin.close()
-    assert c.tree(t.id).wait(timeout=20) == treewarden.Outcome("ended", None, t.id)
+    assert c.tree(t.id).wait(timeout=20) == treewarden.Outcome("ended", None, t.id, "exited")
     assert t.stdout.read() == b""
     # Nothing was captured: its output went to our pipe.
     assert c.tree(t.id).logs() == b""
@@ -180,9 +180,8 @@ def test_asyncio_client_has_the_same_methods(server: Server) -> None:
                           env=server.body_env(), grace="200ms")
         assert t.stdin is not None and t.stdout is not None
         t.stdin.write(b"ping\n")
-        t.stdin.flush()
-        line = await asyncio.get_running_loop().run_in_executor(None, t.stdout.readline)
-        assert line == b"ping\n"
+        await t.stdin.drain()
+        assert await t.stdout.readline() == b"ping\n"
         assert [x.id for x in await c.trees(label=label, alive=True)] == [t.id]
         # Members are recorded by the service's scans (every 100 ms here).
         async def root_recorded() -> bool:

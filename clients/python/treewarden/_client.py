@@ -1,10 +1,12 @@
 """``Client`` and ``AsyncClient``: the service's API as harness code wants
 it, reading like :mod:`subprocess`.
 
-The owner of every tree is the calling process, named by its pid and its
-start time (field 22 of ``/proc/self/stat``), read here: the service
-watches that process and tears the tree down within a second of its exit,
-whatever the caller forgot. stdio given as ``PIPE``, ``DEVNULL``, a file or
+The owner of every tree is the calling process (or one it names with
+``owner=``), named by its pid and, on Linux, its start time (field 22 of
+``/proc/PID/stat``, read here; elsewhere there is no ``/proc`` and the
+service reads the start itself): the service watches that process and
+tears the tree down within a second of its exit, whatever the caller
+forgot. stdio given as ``PIPE``, ``DEVNULL``, a file or
 a descriptor reaches the tree as its 0/1/2 over the Unix socket
 (``SCM_RIGHTS``), never through the service, so the tree keeps its pipes
 when the service restarts.
@@ -12,10 +14,12 @@ when the service restarts.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import io
 import os
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from typing import (IO, Any, AsyncIterator, Dict, Iterator, List, Mapping, Optional, Sequence,
                     Tuple, Union)
@@ -73,13 +77,27 @@ def _seconds(d: Optional[Duration]) -> Optional[float]:
     return float(d)
 
 
-def own_identity() -> Tuple[int, int]:
-    """This process's pid and start time in clock ticks."""
-    with open("/proc/self/stat", "rb") as f:
-        stat = f.read()
+def start_ticks(pid: int) -> Optional[int]:
+    """A process's start time in clock ticks, as Linux's ``/proc/PID/stat``
+    has it; ``None`` where there is no ``/proc`` (Windows, macOS), where the
+    service reads the owner's start itself. Raises :class:`ProcessLookupError`
+    for a pid that is not there."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError as e:
+        raise ProcessLookupError(f"no process {pid}") from e
     # The fields after the command name, which may hold spaces and ')'.
     rest = stat[stat.rindex(b")") + 2:].split()
-    return os.getpid(), int(rest[19])
+    return int(rest[19])
+
+
+def own_identity() -> Tuple[int, Optional[int]]:
+    """This process's pid and start time in clock ticks (``None`` where
+    there is no ``/proc``: see :func:`start_ticks`)."""
+    return os.getpid(), start_ticks(os.getpid())
 
 
 def default_socket() -> str:
@@ -92,7 +110,7 @@ def default_socket() -> str:
         return unit
     data = os.environ.get("TREEWARDEN_DATA_DIR")
     if not data:
-        if os.geteuid() == 0:
+        if getattr(os, "geteuid", lambda: -1)() == 0:
             data = "/var/lib/treewarden"
         else:
             state = os.environ.get("XDG_STATE_HOME") or os.path.join(
@@ -102,6 +120,8 @@ def default_socket() -> str:
 
 
 def _endpoint(socket: Optional[str], url: Optional[str], token: Optional[str]) -> _http.Endpoint:
+    if url is None and socket is None and not hasattr(os, "geteuid"):
+        raise ValueError("no Unix socket here: give url='http://127.0.0.1:PORT' and a token")
     if url is not None:
         import urllib.parse
 
@@ -113,18 +133,40 @@ def _endpoint(socket: Optional[str], url: Optional[str], token: Optional[str]) -
     return _http.Endpoint(socket=socket or default_socket(), token=token)
 
 
+#: How a tree ended (:attr:`Outcome.kind`), as the service reads it from its
+#: ledger (the dashboard's outcome column): ``exited`` (its root exited 0),
+#: ``failed`` (non-zero, or a signal no teardown sent), ``timed_out``,
+#: ``killed`` (:attr:`Outcome.killed_by` says by whom), ``owner_gone``,
+#: ``shutdown`` (the service's drain), ``ambiguous``, ``unkillable``,
+#: ``spawn_failed``, ``resolved``, ``vanished``.
+OUTCOME_KINDS = frozenset({"exited", "failed", "timed_out", "killed", "owner_gone", "shutdown",
+                           "ambiguous", "unkillable", "spawn_failed", "resolved", "vanished"})
+
+
 @dataclass(frozen=True)
 class Outcome:
-    """How a tree ended: its ledger ``state`` and its root's status as Popen
-    has it (negative for a signal; ``None`` if unknown)."""
+    """How a tree ended: its ledger ``state``, its root's status as Popen
+    has it (negative for a signal; ``None`` if unknown), and, typed, how:
+    ``kind`` (one of :data:`OUTCOME_KINDS`; ``None`` from a service too
+    old to say), whether the teardown had to force-kill (``forced``: a
+    SIGKILL under a committed authorization), and who asked for a kill
+    (``killed_by``). A timeout and a kill both end the root with SIGTERM;
+    ``kind`` tells them apart."""
 
     state: str
     returncode: Optional[int]
     tree_id: int
+    kind: Optional[str] = None
+    forced: bool = False
+    killed_by: Optional[str] = None
 
     @property
     def ok(self) -> bool:
         return self.state in FINAL_STATES and self.returncode == 0
+
+    @property
+    def timed_out(self) -> bool:
+        return self.kind == "timed_out"
 
 
 @dataclass(frozen=True)
@@ -150,7 +192,13 @@ def _returncode(row: Mapping[str, Any]) -> Optional[int]:
 
 
 def _outcome(row: Mapping[str, Any]) -> Outcome:
-    return Outcome(state=str(row["state"]), returncode=_returncode(row), tree_id=int(row["id"]))
+    seen = row.get("outcome") or {}
+    kind = seen.get("kind")
+    by = seen.get("by")
+    return Outcome(state=str(row["state"]), returncode=_returncode(row), tree_id=int(row["id"]),
+                   kind=str(kind) if kind is not None else None,
+                   forced=seen.get("forced") is not None,
+                   killed_by=by if kind == "killed" and isinstance(by, str) else None)
 
 
 def _report(v: Mapping[str, Any]) -> Report:
@@ -227,17 +275,37 @@ class _Stdio:
                 f.close()
 
 
+#: ``owner=`` takes a pid, or a pid and its start time in clock ticks.
+OwnerSpec = Union[None, int, Tuple[int, int]]
+
+
+def _owner(owner: OwnerSpec) -> Tuple[int, Optional[int]]:
+    """The owner's pid and start time: this process by default; a pid
+    named (its start read now, so a pid reused meanwhile is refused, not
+    watched); or a pid with the start the caller read when it knew it."""
+    if owner is None:
+        return own_identity()
+    if isinstance(owner, tuple):
+        pid, start = owner
+        return int(pid), int(start)
+    if isinstance(owner, bool) or not isinstance(owner, int):
+        raise TypeError(f"owner is a pid or (pid, start_ticks), not {owner!r}")
+    return owner, start_ticks(owner)
+
+
 def _spawn_body(argv: Sequence[str], label: Optional[str], grace: Optional[Duration],
                 timeout: Optional[Duration], env: Optional[Mapping[str, str]],
                 cwd: Optional[Union[str, "os.PathLike[str]"]], limits: Optional[Mapping[str, Any]],
-                lifetime: str, first_signal: Optional[str]) -> Dict[str, Any]:
+                lifetime: str, first_signal: Optional[str],
+                owner: OwnerSpec = None) -> Dict[str, Any]:
     if isinstance(argv, (str, bytes)):
         raise TypeError("argv is a sequence of strings, as for subprocess without shell=True")
     if lifetime not in ("root", "owner"):
         raise ValueError(f"lifetime is 'root' or 'owner', not {lifetime!r}")
-    pid, start = own_identity()
-    body: Dict[str, Any] = {"argv": [os.fspath(a) for a in argv], "owner_pid": pid,
-                            "owner_start_ticks": start}
+    pid, start = _owner(owner)
+    body: Dict[str, Any] = {"argv": [os.fspath(a) for a in argv], "owner_pid": pid}
+    if start is not None:
+        body["owner_start_ticks"] = start
     if label is not None:
         body["label"] = label
     if grace is not None:
@@ -355,23 +423,12 @@ class Tree:
 
     def logs(self, follow: bool = False) -> Union[bytes, Iterator[bytes]]:
         """The captured stdout and stderr (where they were not passed).
-        ``follow=True``: an iterator of what is new, until the tree ends."""
+        ``follow=True``: an iterator of the output as it is written, over one
+        streamed answer (``GET /api/trees/{id}/log?follow=1``: what is kept
+        first, then each write, until the tree has ended)."""
         if not follow:
             return self._client._t.request("GET", f"/api/trees/{self.id}/log").body
-        return self._follow_logs()
-
-    def _follow_logs(self) -> Iterator[bytes]:
-        seen = b""
-        while True:
-            row = self._client._t.request(
-                "GET", f"/api/trees/{self.id}/wait?timeout=500ms", timeout=60).json()
-            now = self._client._t.request("GET", f"/api/trees/{self.id}/log").body
-            new = now[len(seen):] if now.startswith(seen) else now
-            if new:
-                yield new
-            seen = now
-            if row["state"] in SETTLED_STATES:
-                return
+        return self._client._t.stream(f"/api/trees/{self.id}/log?follow=1", accept="text/plain")
 
     def __enter__(self) -> "Tree":
         return self
@@ -387,14 +444,29 @@ class Tree:
                 pass
 
 
+def _tcp_stdio(endpoint: _http.Endpoint, *specs: StdSpec) -> None:
+    if not endpoint.unix and any(x is not None for x in specs):
+        raise Error("stdin/stdout/stderr pass only over the Unix socket, not TCP")
+
+
 class Client:
     """The service's API: over its Unix socket (``socket``, default as the
-    CLI finds it), or TCP with a token (``url="http://127.0.0.1:7878"``)."""
+    CLI finds it), or TCP with a token (``url="http://127.0.0.1:7878"``).
+
+    At most ``max_connections`` requests are open at once (other threads
+    wait their turn); a request the service cannot take now (503 but a
+    closed dispatch, a connection refused or reset before it was whole) is
+    tried again up to ``retries`` times, after the service's ``Retry-After``
+    or a growing pause, then raised as :class:`Unavailable` or
+    :class:`ConnectionFailed`."""
 
     def __init__(self, socket: Optional[str] = None, url: Optional[str] = None,
-                 token: Optional[str] = None, *, timeout: Optional[float] = 120.0) -> None:
+                 token: Optional[str] = None, *, timeout: Optional[float] = 120.0,
+                 max_connections: int = _http.MAX_CONNECTIONS,
+                 retries: int = _http.RETRIES) -> None:
         self.endpoint = _endpoint(socket, url, token)
-        self._t = _http.Transport(self.endpoint, timeout)
+        self._t = _http.Transport(self.endpoint, timeout, max_connections=max_connections,
+                                  retries=retries)
 
     def spawn(self, argv: Sequence[str], *, label: Optional[str] = None,
               grace: Optional[Duration] = None, timeout: Optional[Duration] = None,
@@ -402,13 +474,15 @@ class Client:
               cwd: Optional[Union[str, "os.PathLike[str]"]] = None,
               limits: Optional[Mapping[str, Any]] = None, lifetime: str = "root",
               first_signal: Optional[str] = None, stdin: StdSpec = None, stdout: StdSpec = None,
-              stderr: StdSpec = None) -> Tree:
-        """Starts ``argv`` as a tree owned by this process."""
-        body = _spawn_body(argv, label, grace, timeout, env, cwd, limits, lifetime, first_signal)
+              stderr: StdSpec = None, owner: OwnerSpec = None) -> Tree:
+        """Starts ``argv`` as a tree owned by this process, or by ``owner``
+        (a pid, or a pid and its start time): the tree ends within a second
+        of that process's exit. On the Unix socket a principal may name its
+        own descendants (root, any process); else 403, :class:`Forbidden`."""
+        body = _spawn_body(argv, label, grace, timeout, env, cwd, limits, lifetime, first_signal,
+                           owner)
+        _tcp_stdio(self.endpoint, stdin, stdout, stderr)
         stdio = _Stdio(stdin, stdout, stderr)
-        if stdio.fds and not self.endpoint.unix:
-            stdio.abandon()
-            raise Error("stdin/stdout/stderr pass only over the Unix socket, not TCP")
         try:
             row = self._t.request("POST", "/api/trees", body, headers=stdio.header,
                                   fds=stdio.fds).json()
@@ -439,17 +513,63 @@ class Client:
         return v
 
 
-class AsyncTree:
-    """A :class:`Tree` whose methods are coroutines."""
+async def _through_cancellation(work: "asyncio.Future[Any]") -> None:
+    """Waits for ``work`` to finish whatever cancellations arrive meanwhile
+    (each is honoured by the caller's re-raise once ``work`` is done)."""
+    while not work.done():
+        try:
+            await asyncio.shield(work)
+        except asyncio.CancelledError:
+            continue
+        except Exception:  # noqa: BLE001 - its outcome is read below
+            break
 
-    def __init__(self, client: "AsyncClient", row: Mapping[str, Any],
-                 stdio: Optional[_Stdio] = None) -> None:
+
+class AsyncTree:
+    """A :class:`Tree` whose methods are coroutines, and whose pipes are
+    asyncio streams: ``stdin`` an :class:`asyncio.StreamWriter`,
+    ``stdout``/``stderr`` :class:`asyncio.StreamReader` (for ``PIPE``).
+
+    Cancellation means teardown: a task cancelled in :meth:`wait` (an
+    ``asyncio.timeout``, a ``wait_for``, a harness cancelling its tool
+    call) tears the tree down (first signal, grace, forced kill, verified)
+    before the ``CancelledError`` goes on; a ``wait(timeout=...)`` that
+    expires raises :class:`TimeoutExpired` and leaves the tree running, as
+    ``Popen.wait`` does."""
+
+    def __init__(self, client: "AsyncClient", row: Mapping[str, Any]) -> None:
         self._client = client
         self.id: int = int(row["id"])
         self.info: Dict[str, Any] = dict(row)
-        self.stdin: Optional[IO[bytes]] = stdio.parent["stdin"] if stdio else None
-        self.stdout: Optional[IO[bytes]] = stdio.parent["stdout"] if stdio else None
-        self.stderr: Optional[IO[bytes]] = stdio.parent["stderr"] if stdio else None
+        self.stdin: Optional[asyncio.StreamWriter] = None
+        self.stdout: Optional[asyncio.StreamReader] = None
+        self.stderr: Optional[asyncio.StreamReader] = None
+        self._transports: List[asyncio.BaseTransport] = []
+
+    async def _attach(self, stdio: _Stdio) -> None:
+        """The parent's ends of the pipes, as streams on the running loop."""
+        loop = asyncio.get_running_loop()
+        f = stdio.parent["stdin"]
+        if f is not None:
+            stdio.parent["stdin"] = None
+            wt, wp = await loop.connect_write_pipe(
+                lambda: asyncio.StreamReaderProtocol(asyncio.StreamReader()), f)
+            self._transports.append(wt)
+            self.stdin = asyncio.StreamWriter(wt, wp, None, loop)
+        for name in ("stdout", "stderr"):
+            f = stdio.parent[name]
+            if f is not None:
+                stdio.parent[name] = None
+                reader = asyncio.StreamReader()
+                rt, _ = await loop.connect_read_pipe(
+                    lambda r=reader: asyncio.StreamReaderProtocol(r), f)  # type: ignore[misc]
+                self._transports.append(rt)
+                setattr(self, name, reader)
+
+    def _close_pipes(self) -> None:
+        for t in self._transports:
+            t.close()
+        self._transports = []
 
     def __repr__(self) -> str:
         return f"<treewarden.AsyncTree {self.id} {self.info.get('state')}>"
@@ -465,14 +585,27 @@ class AsyncTree:
         deadline = None if limit is None else time.monotonic() + limit
         while True:
             step = _WAIT_STEP if deadline is None else max(0.0, min(_WAIT_STEP, deadline - time.monotonic()))
-            row = (await self._client._t.request(
-                "GET", _http.query(f"/api/trees/{self.id}/wait", {"timeout": f"{int(step * 1000)}ms"}),
-                timeout=step + 30)).json()
+            try:
+                row = (await self._client._t.request(
+                    "GET", _http.query(f"/api/trees/{self.id}/wait",
+                                       {"timeout": f"{int(step * 1000)}ms"}),
+                    timeout=step + 30)).json()
+            except asyncio.CancelledError:
+                await self._teardown_cancelled()
+                raise
             self.info = row
             if row["state"] in SETTLED_STATES:
                 return _outcome(row)
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutExpired(self.info.get("argv") or [], limit or 0.0, tree=self.id)
+
+    async def _teardown_cancelled(self) -> None:
+        """The task was cancelled: the tree is torn down first (a failed
+        teardown leaves the tree named in ``AsyncClient.left_running``)."""
+        work = asyncio.ensure_future(self.kill())
+        await _through_cancellation(work)
+        if work.cancelled() or work.exception() is not None:
+            self._client.left_running.append(self.id)
 
     async def kill(self, grace: Optional[Duration] = None) -> Report:
         q = _http.query(f"/api/trees/{self.id}/kill", {"grace": duration(grace)})
@@ -509,27 +642,16 @@ class AsyncTree:
     async def logs(self) -> bytes:
         return (await self._client._t.request("GET", f"/api/trees/{self.id}/log")).body
 
-    async def follow_logs(self) -> AsyncIterator[bytes]:
-        """What is new in the captured output as it comes, until the tree ends."""
-        seen = b""
-        while True:
-            row = (await self._client._t.request(
-                "GET", f"/api/trees/{self.id}/wait?timeout=500ms", timeout=60)).json()
-            now = (await self._client._t.request("GET", f"/api/trees/{self.id}/log")).body
-            new = now[len(seen):] if now.startswith(seen) else now
-            if new:
-                yield new
-            seen = now
-            if row["state"] in SETTLED_STATES:
-                return
+    def follow_logs(self) -> AsyncIterator[bytes]:
+        """The captured output as it is written, over one streamed answer
+        (what is kept first, then each write), until the tree has ended."""
+        return self._client._t.stream(f"/api/trees/{self.id}/log?follow=1", accept="text/plain")
 
     async def __aenter__(self) -> "AsyncTree":
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        for f in (self.stdin, self.stdout, self.stderr):
-            if f is not None:
-                f.close()
+        self._close_pipes()
         if self.state not in SETTLED_STATES:
             try:
                 await self.kill()
@@ -538,12 +660,23 @@ class AsyncTree:
 
 
 class AsyncClient:
-    """:class:`Client`'s methods as coroutines (asyncio)."""
+    """:class:`Client`'s methods as coroutines (asyncio), with the same
+    bound on open requests (``max_connections``) and retries.
+
+    A cancelled :meth:`spawn` never leaves a tree its caller cannot name:
+    the request runs on to its answer, and a tree it made is torn down
+    before the ``CancelledError`` goes on (one whose teardown failed is
+    named in :attr:`left_running`)."""
 
     def __init__(self, socket: Optional[str] = None, url: Optional[str] = None,
-                 token: Optional[str] = None, *, timeout: Optional[float] = 120.0) -> None:
+                 token: Optional[str] = None, *, timeout: Optional[float] = 120.0,
+                 max_connections: int = _http.MAX_CONNECTIONS,
+                 retries: int = _http.RETRIES) -> None:
         self.endpoint = _endpoint(socket, url, token)
-        self._t = _http.AsyncTransport(self.endpoint, timeout)
+        self._t = _http.AsyncTransport(self.endpoint, timeout, max_connections=max_connections,
+                                       retries=retries)
+        #: Trees a cancellation was to tear down whose teardown failed.
+        self.left_running: List[int] = []
 
     async def spawn(self, argv: Sequence[str], *, label: Optional[str] = None,
                     grace: Optional[Duration] = None, timeout: Optional[Duration] = None,
@@ -551,22 +684,44 @@ class AsyncClient:
                     cwd: Optional[Union[str, "os.PathLike[str]"]] = None,
                     limits: Optional[Mapping[str, Any]] = None, lifetime: str = "root",
                     first_signal: Optional[str] = None, stdin: StdSpec = None,
-                    stdout: StdSpec = None, stderr: StdSpec = None) -> AsyncTree:
-        body = _spawn_body(argv, label, grace, timeout, env, cwd, limits, lifetime, first_signal)
+                    stdout: StdSpec = None, stderr: StdSpec = None,
+                    owner: OwnerSpec = None) -> AsyncTree:
+        body = _spawn_body(argv, label, grace, timeout, env, cwd, limits, lifetime, first_signal,
+                           owner)
+        _tcp_stdio(self.endpoint, stdin, stdout, stderr)
         stdio = _Stdio(stdin, stdout, stderr)
-        if stdio.fds and not self.endpoint.unix:
-            stdio.abandon()
-            raise Error("stdin/stdout/stderr pass only over the Unix socket, not TCP")
+        request = asyncio.ensure_future(self._t.request(
+            "POST", "/api/trees", body, headers=stdio.header, fds=stdio.fds))
         try:
-            row = (await self._t.request("POST", "/api/trees", body, headers=stdio.header,
-                                         fds=stdio.fds)).json()
+            row = (await asyncio.shield(request)).json()
+        except asyncio.CancelledError:
+            await self._undo(request, stdio)
+            raise
         except BaseException:
             stdio.abandon()
             raise
         stdio.sent()
-        return AsyncTree(self, row, stdio)
+        tree = AsyncTree(self, row)
+        try:
+            await tree._attach(stdio)
+        except BaseException:
+            stdio.abandon()
+            tree._close_pipes()
+            await tree._teardown_cancelled()
+            raise
+        return tree
+
+    async def _undo(self, request: "asyncio.Future[_http.Response]", stdio: _Stdio) -> None:
+        """A spawn cancelled in flight: its request runs on to its answer;
+        a tree it made is torn down before the cancellation goes on."""
+        await _through_cancellation(request)
+        stdio.abandon()
+        if request.cancelled() or request.exception() is not None:
+            return
+        await AsyncTree(self, request.result().json())._teardown_cancelled()
 
     async def tree(self, tree_id: int) -> AsyncTree:
+        """The tree ``tree_id`` (without pipes: those are its spawner's)."""
         r = await self._t.request("GET", f"/api/trees/{int(tree_id)}")
         return AsyncTree(self, r.json()["tree"])
 

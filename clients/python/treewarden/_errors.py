@@ -59,6 +59,11 @@ class BadRequest(Error, ValueError):
     code = "BadRequest"
 
 
+class PayloadTooLarge(BadRequest):
+    """The request is over the service's body limit (413): a smaller one
+    (a shorter argv, a smaller environment) is needed, not a retry."""
+
+
 class Unavailable(Error):
     """Not now: the service is draining, its ledger is busy, or a bound of
     yours is reached (your connections, your trees). A later retry may
@@ -119,6 +124,8 @@ def from_body(status: int, body: Any) -> Error:
     else:
         message, code, tree = (str(body).strip() or f"HTTP {status}"), None, None
     cls = _BY_CODE.get(code) if isinstance(code, str) else None
+    if status == 413:
+        cls = PayloadTooLarge
     if cls is None:
         # No code to go by (an answer from something in front of the
         # service): a 503 is still "not now", whoever said it.

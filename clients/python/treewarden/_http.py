@@ -4,18 +4,35 @@ One connection per request (``Connection: close``): nothing is pooled, so a
 request's descriptors (``SCM_RIGHTS``, sent with its first bytes) can never
 be taken for another's. The request and its answer are plain bytes; only
 the transport differs between :class:`Transport` and its coroutines.
+
+Under load both keep to the service's rules instead of meeting its caps:
+at most ``max_connections`` requests of one client are open at once (the
+service answers a peer over its own cap 503); a 503 that is not a closed
+dispatch, and a connection refused or reset before the request was
+whole, are tried again after ``Retry-After`` or a growing pause, at most
+``retries`` times, then raised as :class:`Unavailable` or
+:class:`ConnectionFailed` (never a raw ``ConnectionResetError``). A
+request whose answer was lost after it was sent is tried again only when
+it is a read (``GET``): a spawn or a kill may have happened. A body over
+:data:`EXPECT_OVER` bytes is sent after ``Expect: 100-continue``, so the
+service's 413 for one over its limit arrives as that answer, not as a
+broken pipe.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import random
 import socket
+import threading
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from ._errors import ConnectionFailed, from_body
+from ._errors import ConnectionFailed, Error, Unavailable, from_body
 
 
 @dataclass
@@ -43,8 +60,53 @@ class Endpoint:
         return self.socket is not None
 
 
+#: Bodies larger than this are sent only once the service said it wants them
+#: (``Expect: 100-continue``): one over its limit is answered 413 unread.
+EXPECT_OVER = 64 * 1024
+#: Requests of one client open at once, by default (the service lets one
+#: peer hold 64 connections; the rest are for its other clients).
+MAX_CONNECTIONS = 16
+#: Tries after the first, by default, of a request the service could not
+#: take now (503, a connection refused or reset before the request was
+#: whole).
+RETRIES = 6
+#: Errors of a connect or a send that say "not now", never "not there".
+_TRANSIENT = {errno.EAGAIN, errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED, errno.ETIMEDOUT}
+
+
+class _Again(Exception):
+    """One try failed in a way a later one may not: ``error`` is raised if
+    none is left; ``after`` is the service's ``Retry-After``."""
+
+    def __init__(self, error: Error, after: Optional[float] = None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.after = after
+
+
+def _pause(attempt: int, after: Optional[float]) -> float:
+    """How long to wait before try ``attempt`` (1, 2, ...): the service's
+    ``Retry-After`` when it gave one, else 50 ms doubling to 2 s, jittered
+    so many waiting clients do not come back at once."""
+    base = after if after is not None else min(2.0, 0.05 * (2 ** (attempt - 1)))
+    return base * (0.5 + random.random())
+
+
+def _retry_after(head: "_Head") -> Optional[float]:
+    v = head.headers.get("retry-after")
+    try:
+        return max(0.0, float(v)) if v is not None else None
+    except ValueError:
+        return None
+
+
+def _transient(e: OSError) -> bool:
+    return isinstance(e, (ConnectionResetError, BrokenPipeError, ConnectionAbortedError,
+                          BlockingIOError, socket.timeout)) or e.errno in _TRANSIENT
+
+
 def _request_bytes(ep: Endpoint, method: str, path: str, body: Optional[bytes],
-                   headers: Mapping[str, str]) -> bytes:
+                   headers: Mapping[str, str]) -> Tuple[bytes, bytes]:
     host = "localhost" if ep.unix else f"{ep.host}:{ep.port}"
     lines = [f"{method} {ep.scheme_path}{path} HTTP/1.1", f"Host: {host}", "Connection: close",
              "User-Agent: treewarden-python/0.1"]
@@ -55,8 +117,10 @@ def _request_bytes(ep: Endpoint, method: str, path: str, body: Optional[bytes],
     if body is not None:
         lines.append("Content-Type: application/json")
         lines.append(f"Content-Length: {len(body)}")
+        if len(body) > EXPECT_OVER:
+            lines.append("Expect: 100-continue")
     head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-    return head + (body or b"")
+    return head, (body or b"")
 
 
 def query(path: str, params: Mapping[str, Any]) -> str:
@@ -70,17 +134,27 @@ def _q(v: Any) -> str:
     return str(v)
 
 
+def _where(ep: Endpoint) -> str:
+    return ep.socket or "" if ep.unix else f"{ep.host}:{ep.port}"
+
+
 def _connect(ep: Endpoint, timeout: Optional[float]) -> socket.socket:
     try:
         if ep.unix:
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.settimeout(timeout)
-            s.connect(ep.socket or "")
+            try:
+                s.settimeout(timeout)
+                s.connect(ep.socket or "")
+            except BaseException:
+                s.close()
+                raise
             return s
         return socket.create_connection((ep.host, ep.port), timeout=timeout)
     except OSError as e:
-        where = ep.socket if ep.unix else f"{ep.host}:{ep.port}"
-        raise ConnectionFailed(f"cannot reach treewarden at {where}: {e}") from e
+        err = ConnectionFailed(f"cannot reach treewarden at {_where(ep)}: {e}")
+        if _transient(e):
+            raise _Again(err) from e
+        raise err from e
 
 
 def _send(s: socket.socket, data: bytes, fds: Sequence[int]) -> None:
@@ -88,6 +162,10 @@ def _send(s: socket.socket, data: bytes, fds: Sequence[int]) -> None:
         sent = socket.send_fds(s, [data], list(fds))
         data = data[sent:]
     s.sendall(data)
+
+
+class _Closed(ConnectionFailed):
+    """The connection ended before an answer's head."""
 
 
 class _Head:
@@ -124,7 +202,7 @@ class _SyncReader:
         while not raw.endswith(b"\r\n\r\n"):
             line = self.f.readline(65536)
             if not line:
-                raise ConnectionFailed("the service closed the connection before answering")
+                raise _Closed("the service closed the connection before answering")
             raw += line
         return _Head(raw[:-4])
 
@@ -157,51 +235,144 @@ class _SyncReader:
                 yield data
 
 
-class Transport:
-    """Blocking requests."""
+def _unknown(method: str, path: str, e: BaseException) -> _Again:
+    """A connection lost after the request was whole: a read is tried
+    again; a change (a spawn, a kill) is raised, for it may have happened."""
+    err = ConnectionFailed(f"{method} {path}: the connection was lost after the request "
+                           f"was sent ({e}); whether it was acted on is unknown")
+    if method == "GET":
+        return _Again(err)
+    raise err from e
 
-    def __init__(self, ep: Endpoint, timeout: Optional[float] = 120.0) -> None:
+
+def _refused_now(head: _Head, data: bytes) -> Optional[_Again]:
+    """A 503 a retry may outlive (a drain, a busy ledger, a cap): not a
+    closed dispatch, which waits for an operator."""
+    if head.status != 503:
+        return None
+    err = from_body(head.status, _parse(data))
+    if not isinstance(err, Unavailable):
+        return None
+    return _Again(err, _retry_after(head))
+
+
+class Transport:
+    """Blocking requests, at most ``max_connections`` at once (threads
+    beyond it wait their turn), each tried again ``retries`` times when
+    the service could not take it now."""
+
+    def __init__(self, ep: Endpoint, timeout: Optional[float] = 120.0, *,
+                 max_connections: int = MAX_CONNECTIONS, retries: int = RETRIES) -> None:
+        if max_connections < 1:
+            raise ValueError("max_connections is 1 or more")
         self.ep = ep
         self.timeout = timeout
+        self.retries = retries
+        self._slots = threading.BoundedSemaphore(max_connections)
 
     def request(self, method: str, path: str, body: Any = None, *,
                 headers: Optional[Mapping[str, str]] = None, fds: Sequence[int] = (),
                 timeout: Optional[float] = None) -> Response:
-        s = self._open(method, path, body, headers or {}, fds, timeout)
+        payload = None if body is None else json.dumps(body).encode("utf-8")
+        attempt = 0
+        while True:
+            try:
+                with self._slots:
+                    return self._once(method, path, payload, headers or {}, fds, timeout)
+            except _Again as again:
+                attempt += 1
+                if attempt > self.retries:
+                    raise again.error from None
+                time.sleep(_pause(attempt, again.after))  # a retry's backoff, not a wait for a condition
+
+    def _once(self, method: str, path: str, payload: Optional[bytes],
+              headers: Mapping[str, str], fds: Sequence[int],
+              timeout: Optional[float]) -> Response:
+        s = _connect(self.ep, timeout if timeout is not None else self.timeout)
         try:
             r = _SyncReader(s)
-            head = r.head()
-            data = b"".join(r.chunks(head))
+            head = self._write(s, r, method, path, payload, headers, fds)
+            try:
+                if head is None:
+                    head = r.head()
+                data = b"".join(r.chunks(head))
+            except socket.timeout:
+                raise
+            except (OSError, _Closed) as e:
+                raise _unknown(method, path, e) from e
         except socket.timeout as e:
             raise ConnectionFailed(f"{method} {path}: no answer in time") from e
         finally:
             s.close()
+        again = _refused_now(head, data)
+        if again is not None:
+            raise again
         return _answer(head, data)
 
-    def stream(self, path: str) -> Iterator[bytes]:
+    def _write(self, s: socket.socket, r: _SyncReader, method: str, path: str,
+               payload: Optional[bytes], headers: Mapping[str, str],
+               fds: Sequence[int]) -> Optional[_Head]:
+        """Sends the request; returns the answer's head when the service
+        answered before taking the body (a 413 after ``Expect``)."""
+        head, body = _request_bytes(self.ep, method, path, payload, headers)
+        expect = len(body) > EXPECT_OVER
+        try:
+            if not expect:
+                _send(s, head + body, fds)
+                return None
+            _send(s, head, fds)
+            first = r.head()
+            if first.status != 100:
+                return first
+            s.sendall(body)
+            return None
+        except (OSError, _Closed) as e:
+            # The service may have answered before it closed (a 413, a 503).
+            try:
+                return r.head()
+            except (OSError, ConnectionFailed):
+                pass
+            err = ConnectionFailed(f"{method} {path}: {e}")
+            if isinstance(e, _Closed) or _transient(e):
+                raise _Again(err) from e
+            raise err from e
+
+    def stream(self, path: str, accept: str = "text/event-stream") -> Iterator[bytes]:
         """A GET whose body is read as it comes (no timeout between chunks)."""
-        s = self._open("GET", path, None, {"Accept": "text/event-stream"}, (), None)
+        attempt = 0
+        while True:
+            try:
+                s = _connect(self.ep, self.timeout)
+                try:
+                    r = _SyncReader(s)
+                    self._write(s, r, "GET", path, None, {"Accept": accept}, ())
+                    head = r.head()
+                    if head.status >= 300:
+                        data = b"".join(r.chunks(head))
+                        again = _refused_now(head, data)
+                        if again is not None:
+                            raise again
+                        raise from_body(head.status, _parse(data))
+                except BaseException:
+                    s.close()
+                    raise
+                break
+            except (OSError, _Closed) as e:
+                again = _Again(ConnectionFailed(f"GET {path}: {e}"))
+            except _Again as a:
+                again = a
+            attempt += 1
+            if attempt > self.retries:
+                raise again.error from None
+            time.sleep(_pause(attempt, again.after))  # a retry's backoff, not a wait for a condition
         try:
             s.settimeout(None)
-            r = _SyncReader(s)
-            head = r.head()
-            if head.status >= 300:
-                raise from_body(head.status, _parse(b"".join(r.chunks(head))))
             for chunk in r.chunks(head):
                 yield chunk
+        except OSError as e:
+            raise ConnectionFailed(f"GET {path}: the stream broke: {e}") from e
         finally:
             s.close()
-
-    def _open(self, method: str, path: str, body: Any, headers: Mapping[str, str],
-              fds: Sequence[int], timeout: Optional[float]) -> socket.socket:
-        payload = None if body is None else json.dumps(body).encode("utf-8")
-        s = _connect(self.ep, timeout if timeout is not None else self.timeout)
-        try:
-            _send(s, _request_bytes(self.ep, method, path, payload, headers), fds)
-        except OSError as e:
-            s.close()
-            raise ConnectionFailed(f"{method} {path}: {e}") from e
-        return s
 
 
 def _parse(data: bytes) -> Any:
@@ -225,7 +396,7 @@ class _AsyncReader:
         try:
             raw = await self.r.readuntil(b"\r\n\r\n")
         except asyncio.IncompleteReadError as e:
-            raise ConnectionFailed("the service closed the connection before answering") from e
+            raise _Closed("the service closed the connection before answering") from e
         return _Head(raw[:-4])
 
     async def chunks(self, head: _Head) -> AsyncIterator[bytes]:
@@ -258,70 +429,165 @@ class _AsyncReader:
 
 
 class AsyncTransport:
-    """The same requests, as coroutines on the running loop."""
+    """The same requests, as coroutines on the running loop, with the same
+    bound (tasks beyond ``max_connections`` wait their turn) and retries."""
 
-    def __init__(self, ep: Endpoint, timeout: Optional[float] = 120.0) -> None:
+    def __init__(self, ep: Endpoint, timeout: Optional[float] = 120.0, *,
+                 max_connections: int = MAX_CONNECTIONS, retries: int = RETRIES) -> None:
+        if max_connections < 1:
+            raise ValueError("max_connections is 1 or more")
         self.ep = ep
         self.timeout = timeout
+        self.retries = retries
+        self._max = max_connections
+        self._slots: Optional[asyncio.Semaphore] = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
 
-    async def _open(self, method: str, path: str, body: Any, headers: Mapping[str, str],
-                    fds: Sequence[int]) -> Tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        payload = None if body is None else json.dumps(body).encode("utf-8")
-        data = _request_bytes(self.ep, method, path, payload, headers)
+    def _sem(self) -> asyncio.Semaphore:
+        # A semaphore belongs to one loop: a client used from a second
+        # loop (a second asyncio.run) gets a fresh one.
+        loop = asyncio.get_running_loop()
+        if self._slots is None or self._loop is not loop:
+            self._slots, self._loop = asyncio.Semaphore(self._max), loop
+        return self._slots
+
+    async def _connect(self, first: bytes, fds: Sequence[int]
+                       ) -> Tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
+        """Connects and sends ``first``'s start with the descriptors;
+        returns what of ``first`` is left to write."""
         try:
             if self.ep.unix:
                 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                s.setblocking(False)
-                loop = asyncio.get_running_loop()
-                await loop.sock_connect(s, self.ep.socket or "")
-                if fds:
-                    # The descriptors ride on the first bytes; a fresh
-                    # connection's send buffer takes them at once.
-                    s.setblocking(True)
-                    try:
-                        sent = socket.send_fds(s, [data], list(fds))
-                    finally:
-                        s.setblocking(False)
-                    data = data[sent:]
-                reader, writer = await asyncio.open_unix_connection(sock=s)
+                try:
+                    s.setblocking(False)
+                    loop = asyncio.get_running_loop()
+                    await loop.sock_connect(s, self.ep.socket or "")
+                    if fds:
+                        # The descriptors ride on the first bytes; a fresh
+                        # connection's send buffer takes them at once.
+                        s.setblocking(True)
+                        try:
+                            sent = socket.send_fds(s, [first], list(fds))
+                        finally:
+                            s.setblocking(False)
+                        first = first[sent:]
+                    reader, writer = await asyncio.open_unix_connection(sock=s)
+                except BaseException:
+                    s.close()
+                    raise
             else:
                 reader, writer = await asyncio.open_connection(self.ep.host, self.ep.port)
         except OSError as e:
-            where = self.ep.socket if self.ep.unix else f"{self.ep.host}:{self.ep.port}"
-            raise ConnectionFailed(f"cannot reach treewarden at {where}: {e}") from e
-        writer.write(data)
-        await writer.drain()
-        return reader, writer
+            err = ConnectionFailed(f"cannot reach treewarden at {_where(self.ep)}: {e}")
+            if _transient(e):
+                raise _Again(err) from e
+            raise err from e
+        return reader, writer, first
+
+    async def _open(self, method: str, path: str, payload: Optional[bytes],
+                    headers: Mapping[str, str], fds: Sequence[int]
+                    ) -> Tuple[_AsyncReader, asyncio.StreamWriter, Optional[_Head]]:
+        """Connects and sends the request; the head is the answer's when
+        the service answered before taking the body (a 413 after ``Expect``)."""
+        head, body = _request_bytes(self.ep, method, path, payload, headers)
+        expect = len(body) > EXPECT_OVER
+        reader, writer, rest = await self._connect(head if expect else head + body, fds)
+        r = _AsyncReader(reader)
+        try:
+            writer.write(rest)
+            await writer.drain()
+            if expect:
+                first = await r.head()
+                if first.status != 100:
+                    return r, writer, first
+                writer.write(body)
+                await writer.drain()
+        except (OSError, _Closed) as e:
+            # The service may have answered before it closed (a 413, a 503).
+            try:
+                return r, writer, await r.head()
+            except (OSError, ConnectionFailed):
+                pass
+            writer.close()
+            err = ConnectionFailed(f"{method} {path}: {e}")
+            if isinstance(e, _Closed) or _transient(e):
+                raise _Again(err) from e
+            raise err from e
+        except BaseException:
+            writer.close()
+            raise
+        return r, writer, None
 
     async def request(self, method: str, path: str, body: Any = None, *,
                       headers: Optional[Mapping[str, str]] = None, fds: Sequence[int] = (),
                       timeout: Optional[float] = None) -> Response:
+        payload = None if body is None else json.dumps(body).encode("utf-8")
         limit = timeout if timeout is not None else self.timeout
-
-        async def go() -> Response:
-            reader, writer = await self._open(method, path, body, headers or {}, fds)
+        attempt = 0
+        while True:
             try:
-                r = _AsyncReader(reader)
-                head = await r.head()
+                async with self._sem():
+                    return await self._once(method, path, payload, headers or {}, fds, limit)
+            except _Again as again:
+                attempt += 1
+                if attempt > self.retries:
+                    raise again.error from None
+                await asyncio.sleep(_pause(attempt, again.after))  # a retry's backoff
+
+    async def _once(self, method: str, path: str, payload: Optional[bytes],
+                    headers: Mapping[str, str], fds: Sequence[int],
+                    limit: Optional[float]) -> Response:
+        async def go() -> Response:
+            r, writer, head = await self._open(method, path, payload, headers, fds)
+            try:
+                if head is None:
+                    head = await r.head()
                 parts: List[bytes] = [c async for c in r.chunks(head)]
+            except (OSError, _Closed, asyncio.IncompleteReadError) as e:
+                raise _unknown(method, path, e) from e
             finally:
                 writer.close()
-            return _answer(head, b"".join(parts))
+            data = b"".join(parts)
+            again = _refused_now(head, data)
+            if again is not None:
+                raise again
+            return _answer(head, data)
 
         try:
             return await asyncio.wait_for(go(), limit)
         except asyncio.TimeoutError as e:
             raise ConnectionFailed(f"{method} {path}: no answer in time") from e
 
-    async def stream(self, path: str) -> AsyncIterator[bytes]:
-        reader, writer = await self._open("GET", path, None, {"Accept": "text/event-stream"}, ())
+    async def stream(self, path: str, accept: str = "text/event-stream") -> AsyncIterator[bytes]:
+        attempt = 0
+        while True:
+            try:
+                r, writer, _ = await self._open("GET", path, None, {"Accept": accept}, ())
+                try:
+                    head = await r.head()
+                    if head.status >= 300:
+                        data = b"".join([c async for c in r.chunks(head)])
+                        again = _refused_now(head, data)
+                        if again is not None:
+                            raise again
+                        raise from_body(head.status, _parse(data))
+                except BaseException:
+                    writer.close()
+                    raise
+                break
+            except (OSError, _Closed) as e:
+                again = _Again(ConnectionFailed(f"GET {path}: {e}"))
+            except _Again as a:
+                again = a
+            attempt += 1
+            if attempt > self.retries:
+                raise again.error from None
+            await asyncio.sleep(_pause(attempt, again.after))  # a retry's backoff
         try:
-            r = _AsyncReader(reader)
-            head = await r.head()
-            if head.status >= 300:
-                raise from_body(head.status, _parse(b"".join([c async for c in r.chunks(head)])))
             async for chunk in r.chunks(head):
                 yield chunk
+        except (OSError, asyncio.IncompleteReadError) as e:
+            raise ConnectionFailed(f"GET {path}: the stream broke: {e}") from e
         finally:
             writer.close()
 

@@ -301,4 +301,22 @@ pub struct LogQuery {
     /// service's `--log-max`).
     #[param(minimum = 0, maximum = 1000000)]
     pub tail: Option<usize>,
+    /// `1`/`true`: a streamed answer: what is kept, then each write as it
+    /// lands (looked for every 50 ms, across the cap's collapses), ending
+    /// once the tree is in a final state and its output is sent. Not with
+    /// `tail`.
+    #[param(pattern = "^(|0|1|true|false)$")]
+    pub follow: Option<String>,
+}
+
+/// What `GET /api/trees/{id}/wait` answers: the tree's row, and once it is
+/// in a final state (or ambiguous) how it ended, typed.
+#[derive(Serialize, ToSchema)]
+pub struct WaitAnswer {
+    #[serde(flatten)]
+    pub tree: crate::ledger::TreeRow,
+    /// How the tree ended (`null` while it runs), as the dashboard shows
+    /// it: branch on `outcome.kind` (`timed_out`, `killed`, ...), never on
+    /// a reason's text.
+    pub outcome: Option<crate::ledger::outcome::Outcome>,
 }

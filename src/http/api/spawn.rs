@@ -187,15 +187,23 @@ pub async fn spawn_tree(
     }
     params.requester = Some(principal.requester());
     // On the socket the requester is known by its peer credentials: a
-    // client may bind the tree to its own life (`owner_pid` = itself), not
-    // to another process's.
+    // client may bind the tree to its own life (`owner_pid` = itself) or
+    // to a descendant's (a harness's worker, an agent it started), and an
+    // admin (root) to any process's; not another user's process otherwise.
     if let Principal::Local { cred, .. } = &principal
         && let Some(pid) = params.owner_pid
         && Some(pid) != cred.pid
+        && !principal.acts_on_all()
     {
-        return Err(ApiError::Forbidden(format!(
-            "owner_pid {pid} is not the requesting process: on the socket a tree may be bound only to its requester's life (owner_pid = your own pid, or none)"
-        )));
+        let descends = match cred.pid {
+            Some(me) => s.service.door().descends_from(pid, me).await,
+            None => false,
+        };
+        if !descends {
+            return Err(ApiError::Forbidden(format!(
+                "owner_pid {pid} is neither the requesting process nor one of its descendants: on the socket a tree may be bound only to its requester's life or a descendant's (root: any process's)"
+            )));
+        }
     }
     // One principal may not hold every tree the host can run: a cap on
     // its live trees (admins are not capped). Its place among its spawns in

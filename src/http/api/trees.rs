@@ -8,7 +8,8 @@ use axum::response::IntoResponse;
 use axum::{Extension, Json};
 
 use super::bodies::{
-    ErrorBody, KillQuery, KillResponse, ListQuery, LogQuery, PhaseJson, ResolveBody, WaitQuery,
+    ErrorBody, KillQuery, KillResponse, ListQuery, LogQuery, PhaseJson, ResolveBody, WaitAnswer,
+    WaitQuery,
 };
 use super::parse::{parse_duration, parse_flag, parse_grace, parse_states, query_escape};
 use super::{MAX_LABEL, MAX_WAIT};
@@ -142,11 +143,14 @@ fn wait_over(state: TreeState) -> bool {
 
 /// Wait for a tree to end: answers the tree as soon as it is in a final
 /// state (or ambiguous), or as it stands when `timeout` passes (then its
-/// `state` is still a live one; ask again). A long poll, woken by the
-/// service's own notice of the tree's end, not a loop of reads.
+/// `state` is still a live one and `outcome` is null; ask again). A long
+/// poll, woken by the service's own notice of the tree's end, not a loop of
+/// reads. A settled tree's `outcome` says how it ended, typed: `kind`
+/// (`exited`, `failed`, `timed_out`, `killed`, `owner_gone`, `shutdown`,
+/// `ambiguous`, ...), `by`, `forced`, as the dashboard shows it.
 #[utoipa::path(get, path = "/api/trees/{id}/wait", params(("id" = i64, Path, description = "tree id"), WaitQuery),
     security(("bearer" = [])),
-    responses((status = 200, description = "the tree, ended (or ambiguous), or as it stands at the timeout", body = TreeRow),
+    responses((status = 200, description = "the tree, ended (or ambiguous), or as it stands at the timeout", body = WaitAnswer),
     (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
     (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn wait_tree(
@@ -154,7 +158,7 @@ pub async fn wait_tree(
     Extension(principal): Extension<Principal>,
     TreePath(id): TreePath,
     ApiQuery(q): ApiQuery<WaitQuery>,
-) -> Result<Json<TreeRow>, ApiError> {
+) -> Result<Json<WaitAnswer>, ApiError> {
     let timeout = match q.timeout.as_deref() {
         None => Duration::from_secs(30),
         Some(t) => parse_duration("timeout", t).map_err(ApiError::BadRequest)?,
@@ -178,13 +182,16 @@ pub async fn wait_tree(
             .await?
             .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
         principal.may_see(&row)?;
-        if wait_over(row.state) || tokio::time::Instant::now() >= deadline {
-            return Ok(Json(row));
-        }
-        tokio::select! {
-            changed = ends.changed() => if changed.is_err() { return Ok(Json(row)) },
-            () = tokio::time::sleep_until(deadline) => {}
-            () = stop.cancelled() => return Ok(Json(row)),
+        let over = wait_over(row.state)
+            || tokio::time::Instant::now() >= deadline
+            || tokio::select! {
+                changed = ends.changed() => changed.is_err(),
+                () = tokio::time::sleep_until(deadline) => false,
+                () = stop.cancelled() => true,
+            };
+        if over {
+            let outcome = s.service.door().settled_outcome(row.clone()).await?;
+            return Ok(Json(WaitAnswer { tree: row, outcome }));
         }
     }
 }
@@ -282,18 +289,27 @@ pub async fn resolve_tree(
 }
 
 /// A tree's captured stdout and stderr (API trees only; `run` passes its
-/// output through), as text.
+/// output through), as text; with `follow=1`, streamed as it is written
+/// until the tree has ended.
 #[utoipa::path(get, path = "/api/trees/{id}/log", params(("id" = i64, Path, description = "tree id"), LogQuery), security(("bearer" = [])),
-    responses((status = 200, description = "the captured output", content_type = "text/plain", body = String),
+    responses((status = 200, description = "the captured output (with `follow`: a chunked stream of it)", content_type = "text/plain", body = String),
     (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
     (status = 503, body = ErrorBody)))]
 pub async fn tree_log(
     State(s): State<AppState>,
     ApiQuery(q): ApiQuery<LogQuery>,
     super::auth::SeeTree { row, .. }: super::auth::SeeTree,
-) -> Result<impl IntoResponse, ApiError> {
+) -> Result<axum::response::Response, ApiError> {
     if q.tail.is_some_and(|t| t > 1_000_000) {
         return Err(ApiError::BadRequest("tail: at most 1000000 lines".into()));
+    }
+    if parse_flag("follow", q.follow.as_deref())? {
+        if q.tail.is_some() {
+            return Err(ApiError::BadRequest(
+                "tail and follow: ask for one of them".into(),
+            ));
+        }
+        return follow_log(&s, row).await;
     }
     let id = row.id;
     let bytes = s
@@ -308,5 +324,108 @@ pub async fn tree_log(
             "text/plain; charset=utf-8",
         )],
         bytes,
-    ))
+    )
+        .into_response())
+}
+
+/// How often a followed log is looked at for what was written since.
+const LOG_POLL: Duration = Duration::from_millis(50);
+/// Followed logs open at once, across clients: each is a read every
+/// [`LOG_POLL`] on the blocking pool (503 beyond, which clients retry).
+const MAX_LOG_STREAMS: usize = 64;
+
+static LOG_STREAMS: std::sync::LazyLock<std::sync::Arc<tokio::sync::Semaphore>> =
+    std::sync::LazyLock::new(|| std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_LOG_STREAMS)));
+
+/// A followed log between two chunks of its stream.
+struct Following {
+    door: crate::service::Door,
+    id: i64,
+    /// What the log held when the stream began, sent first.
+    first: Option<Vec<u8>>,
+    follower: Option<crate::service::vocab::LogFollower>,
+    /// The tree is settled: one more read, and the stream ends.
+    settled: bool,
+    ends: tokio::sync::watch::Receiver<u64>,
+    stop: tokio_util::sync::CancellationToken,
+    /// This stream's place among [`MAX_LOG_STREAMS`], given back with it.
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Following {
+    /// The next chunk: what the log held, then each write as it lands;
+    /// `None` once the tree is settled and its output sent (or the service
+    /// shuts down, or the log cannot be read).
+    async fn advance(mut self) -> Option<(axum::body::Bytes, Self)> {
+        if let Some(first) = self.first.take().filter(|b| !b.is_empty()) {
+            return Some((first.into(), self));
+        }
+        loop {
+            let follower = self.follower.take()?;
+            match self.door.log_poll(follower).await {
+                Ok((new, follower)) => {
+                    self.follower = Some(follower);
+                    if !new.is_empty() {
+                        return Some((new.into(), self));
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(tree = self.id, error = %e, "a followed log could not be read; its stream ends");
+                    return None;
+                }
+            }
+            if self.settled {
+                return None;
+            }
+            tokio::select! {
+                changed = self.ends.changed() => {
+                    self.settled = changed.is_err()
+                        || matches!(self.door.tree(self.id).await, Ok(Some(r)) if wait_over(r.state));
+                }
+                () = tokio::time::sleep(LOG_POLL) => {}
+                () = self.stop.cancelled() => return None,
+            }
+        }
+    }
+}
+
+/// `GET /api/trees/{id}/log?follow=1`: the log as a chunked stream.
+async fn follow_log(s: &AppState, row: TreeRow) -> Result<axum::response::Response, ApiError> {
+    let permit = LOG_STREAMS.clone().try_acquire_owned().map_err(|_| {
+        ApiError::Unavailable(format!(
+            "{MAX_LOG_STREAMS} followed logs are open already; retry later"
+        ))
+    })?;
+    let door = s.service.door();
+    let mut ends = s.service.ends();
+    // Subscribed before the state is read: an end after the read wakes it.
+    ends.borrow_and_update();
+    let (first, follower) = door
+        .log_follower(row.id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("unknown tree {}", row.id)))?;
+    let settled = door.tree(row.id).await?.is_none_or(|r| wait_over(r.state));
+    let following = Following {
+        door,
+        id: row.id,
+        first: Some(first),
+        follower: Some(follower),
+        settled,
+        ends,
+        stop: s.service.shutdown_token(),
+        _permit: permit,
+    };
+    let chunks = futures_util::stream::unfold(following, |f| async move {
+        f.advance()
+            .await
+            .map(|(chunk, f)| (Ok::<_, std::convert::Infallible>(chunk), f))
+    });
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; charset=utf-8",
+        )],
+        axum::body::Body::from_stream(chunks),
+    )
+        .into_response())
 }
