@@ -29,6 +29,7 @@ pub mod framing;
 pub mod login;
 pub mod metrics;
 pub mod peer;
+pub mod runbook;
 pub mod stream;
 
 use std::sync::Arc;
@@ -90,6 +91,7 @@ pub fn router(state: AppState) -> Router {
         .route("/", get(dashboard::index))
         .route("/trees/{id}", get(dashboard::tree))
         .route("/events", get(dashboard::events))
+        .route("/runbook", get(runbook::runbook))
         .route("/metrics", get(metrics::metrics))
         .route("/login", get(login::form).post(login::submit))
         .layer(axum::middleware::from_fn_with_state(

@@ -203,6 +203,20 @@ fn each_outcome_is_shown_filtered_and_stated_first_on_its_tree_page() {
         "the survivors live on as evidence"
     );
 
+    // The banner's runbook link opens the section the service serves.
+    let index = s.get("/?all=1&refresh=0").text().expect("index");
+    assert!(
+        index.contains("href=\"/runbook#treewardendispatchclosed\""),
+        "{index}"
+    );
+    let runbook = s.get("/runbook");
+    assert_eq!(runbook.status(), 200);
+    let runbook = runbook.text().expect("runbook");
+    assert!(
+        runbook.contains("id=\"treewardendispatchclosed\""),
+        "the served runbook has the section the banner names"
+    );
+
     // The index: every tree with its own outcome.
     let expected: BTreeMap<i64, &str> = [
         (clean, "exited"),
