@@ -140,6 +140,11 @@ enum Command {
         /// resumes from the last seq it wrote.
         #[arg(long, value_name = "SEQ")]
         after: Option<i64>,
+        /// Write to this new file instead of stdout; a directory gets the
+        /// default name, which names the host and the time
+        /// (`treewarden-audit-HOST-20260101T120000Z.ndjson`).
+        #[arg(long, short = 'o', value_name = "PATH")]
+        output: Option<PathBuf>,
     },
     /// Copy the ledger to DEST (a new file) while it is in use, through
     /// SQLite's online backup, then verify the copy on its own.
@@ -307,7 +312,15 @@ fn run_command(command: Command, config: &Config) -> CliResult {
             since,
             tree,
             after,
-        } => export(config, format, since.as_deref(), tree.as_deref(), after),
+            output,
+        } => export(
+            config,
+            format,
+            since.as_deref(),
+            tree.as_deref(),
+            after,
+            output.as_deref(),
+        ),
         Command::Backup { dest } => backup(config, &dest),
         Command::Prune {
             before,

@@ -118,6 +118,7 @@ pub fn print_verify(
             "checkpoint": report.checkpoint,
             "archives": archives,
             "seal": sealed,
+            "trailer": report.trailer,
             "first_break": report.first_break.as_ref().map(|b| b.to_string()),
         }))
         .map_err(CliError::internal)?;
@@ -167,8 +168,13 @@ pub fn print_verify(
                         String::new()
                     }
                 });
+            let trailer = report
+                .trailer
+                .as_ref()
+                .map(|t| format!("; {t}"))
+                .unwrap_or_default();
             println!(
-                "ok: {} events, {head}{from}, {integrity}{archived}{sealed}",
+                "ok: {} events, {head}{from}, {integrity}{archived}{sealed}{trailer}",
                 report.events
             );
             Ok(0)

@@ -94,6 +94,7 @@ pub use event::{Event, RowKind};
 pub use evidence::{
     DEFAULT_EVIDENCE_MAX, EVIDENCE_MARGIN, FLAG_EVIDENCE_DROPPED, FLAG_EVIDENCE_OVER_BUDGET,
 };
+pub use export::file_name as export_file_name;
 pub use prune::{PruneReport, PruneRequest};
 pub use types::{
     AuthorizationId, AuthorizationRow, Deferred, EpochSeal, EventFilter, EventKind, EventRow,
@@ -157,6 +158,9 @@ pub struct Ledger {
     /// The evidence bounds: the per-tree budget, and the free-space floor
     /// that keeps the reserve for authority (`evidence.rs`).
     evidence: Arc<evidence::Gate>,
+    /// The directory of the ledger's file: the data dir, where the seal
+    /// key file is (a sealed ledger's export seals its trailer with it).
+    dir: Arc<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for Ledger {
@@ -187,7 +191,8 @@ impl Ledger {
             .to_path_buf();
         Ok(Ledger {
             handle: db::start(path, opts.busy_timeout, opts.reserve)?,
-            evidence: Arc::new(evidence::Gate::new(dir, opts.reserve)),
+            evidence: Arc::new(evidence::Gate::new(dir.clone(), opts.reserve)),
+            dir: Arc::new(dir),
         })
     }
 
@@ -209,7 +214,8 @@ impl Ledger {
             .to_path_buf();
         Ok(Ledger {
             handle: db::start_in(path, busy_timeout, 0, db::DirRule::AsIs)?,
-            evidence: Arc::new(evidence::Gate::new(dir, 0)),
+            evidence: Arc::new(evidence::Gate::new(dir.clone(), 0)),
+            dir: Arc::new(dir),
         })
     }
 
@@ -986,9 +992,11 @@ impl Ledger {
 
     /// Every export path's one form (the CLI's, `/api/export`, the
     /// dashboard's links): the events `filter` selects, page by page to
-    /// `sink`, and for a whole NDJSON export of a sealed ledger its own time
-    /// as the last line (`verify --export` judges the seals' freshness at
-    /// it). Returns how many events.
+    /// `sink`, and for a whole NDJSON export of a sealed ledger a last line
+    /// of its own (`verify::ExportStamp`): its time (`verify --export`
+    /// judges the seals' freshness at it), host, machine and boot, the head
+    /// it stops at, its filter and count, sealed with the current epoch's
+    /// key from the data dir's key file. Returns how many events.
     pub fn export_with(
         &self,
         filter: &EventFilter,
@@ -1001,18 +1009,32 @@ impl Ledger {
             && filter.before_seq.is_none()
             && filter.kind_prefix.is_none()
             && filter.limit.is_none();
-        let stamp = (format == ExportFormat::Ndjson && whole && self.seal_setup_of()?.is_some())
-            .then(|| timestamp(std::time::SystemTime::now()));
-        let n = self.export_pages(filter, format, sink)?;
-        if let Some(at) = stamp {
-            let trailer = verify::ExportTrailer {
-                exported: verify::ExportStamp {
-                    at,
-                    events: n as u64,
-                },
+        let sealed = if format == ExportFormat::Ndjson && whole {
+            self.export_seal(&self.dir)?
+        } else {
+            None
+        };
+        let head = match &sealed {
+            Some(s) => s.head.clone(),
+            None => self.head()?,
+        };
+        let n = self.export_pages_to(filter, format, sink, head.as_ref().map_or(0, |h| h.0))?;
+        if let Some(sealed) = sealed {
+            let stamp = verify::ExportStamp {
+                v: Some(2),
+                at: timestamp(sealed.at),
+                events: n as u64,
+                host: Some(crate::proc::host_name()),
+                machine_id: machine_id(),
+                boot_id: crate::proc::boot_id().ok().map(str::to_string),
+                head: Some(head.map(|(seq, hash)| verify::StampHead { seq, hash })),
+                filter: Some(serde_json::json!({})),
             };
-            let mut line = serde_json::to_vec(&trailer)
-                .map_err(|e| LedgerError::Other(format!("export: {e}")))?;
+            let fail = |e: serde_json::Error| LedgerError::Other(format!("export: {e}"));
+            let mut raw = serde_json::to_value(&stamp).map_err(fail)?;
+            sealed.key.seal(&mut raw);
+            let mut line =
+                serde_json::to_vec(&serde_json::json!({ "exported": raw })).map_err(fail)?;
             line.push(b'\n');
             sink(&line)?;
         }
@@ -1040,6 +1062,17 @@ impl Ledger {
         sink: &mut dyn FnMut(&[u8]) -> Result<(), LedgerError>,
     ) -> Result<usize, LedgerError> {
         let head = self.head()?.map_or(0, |(seq, _)| seq);
+        self.export_pages_to(filter, format, sink, head)
+    }
+
+    /// [`Ledger::export_pages`] up to the event `head` (a seq).
+    fn export_pages_to(
+        &self,
+        filter: &EventFilter,
+        format: ExportFormat,
+        sink: &mut dyn FnMut(&[u8]) -> Result<(), LedgerError>,
+        head: i64,
+    ) -> Result<usize, LedgerError> {
         let mut page = filter.clone();
         page.newest_first = false;
         page.limit = Some(export::PAGE);
@@ -1061,6 +1094,14 @@ impl Ledger {
             }
         }
     }
+}
+
+/// This host's `/etc/machine-id`, where it has one.
+fn machine_id() -> Option<String> {
+    std::fs::read_to_string("/etc/machine-id")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
 }
 
 /// `verify --export FILE`: an NDJSON export checked alone, with the same

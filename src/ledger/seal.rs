@@ -74,6 +74,8 @@ const RECORD_LEN: usize = 256;
 const CATCH_UP_CHUNK: u64 = 1000;
 /// The shortest interval `seal setup` accepts.
 pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
+/// The form of the seals this build makes: 2, exports' trailers sealed too.
+const SEAL_FORM: u32 = 2;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -497,6 +499,72 @@ impl Ledger {
     }
 }
 
+/// The key an export's trailer is sealed with: that of the epoch after the
+/// ledger's newest seal, which the key file holds while that epoch is open.
+pub(crate) struct TrailerKey {
+    epoch: u64,
+    key: [u8; 32],
+}
+
+impl TrailerKey {
+    /// Seals the trailer's object (`exported`'s value): adds `epoch`, then
+    /// `mac` over the canonical JSON of everything else in it.
+    pub(crate) fn seal(&self, stamp: &mut serde_json::Value) {
+        if let Some(obj) = stamp.as_object_mut() {
+            obj.insert("epoch".into(), self.epoch.into());
+        }
+        let mac = mac_of(&self.key, stamp);
+        if let Some(obj) = stamp.as_object_mut() {
+            obj.insert("mac".into(), mac.into());
+        }
+    }
+}
+
+/// What a whole export of a sealed ledger starts from, all read under the
+/// key file's lock (no seal commits meanwhile): the head it stops at, its
+/// time, and its trailer's key.
+pub(crate) struct ExportSeal {
+    pub(crate) head: Option<(i64, String)>,
+    pub(crate) at: SystemTime,
+    pub(crate) key: TrailerKey,
+}
+
+impl Ledger {
+    /// The start of a whole export of this ledger when it is sealed
+    /// ([`ExportSeal`]); `Ok(None)` when it is not. The key file must be
+    /// this setup's: an export of a sealed ledger whose trailer cannot be
+    /// sealed is refused rather than written unauthenticated.
+    pub(crate) fn export_seal(&self, data_dir: &Path) -> Result<Option<ExportSeal>, LedgerError> {
+        let Some((_, setup)) = self.read(|tx| read_setup(tx))? else {
+            return Ok(None);
+        };
+        let keys = KeyFile::open(&key_path(data_dir))?;
+        if !same(&keys.record.setup, &setup.mac) {
+            return Err(LedgerError::Invariant(format!(
+                "seal key file {} belongs to another setup",
+                keys.path.display()
+            )));
+        }
+        let (head, last) = self.read(|tx| Ok((super::db::read_head(tx)?, last_epoch(tx)?)))?;
+        let at = SystemTime::now();
+        // A crash between a seal's commit and the key's overwrite leaves
+        // the file one epoch behind: the trailer takes the key after the
+        // newest seal, as the next sealer will.
+        let want = last.map_or(0, |l| l + 1);
+        let (mut epoch, mut key) = (keys.record.epoch, keys.record.key()?);
+        while epoch < want {
+            key = evolve(&key);
+            epoch += 1;
+        }
+        drop(keys);
+        Ok(Some(ExportSeal {
+            head,
+            at,
+            key: TrailerKey { epoch, key },
+        }))
+    }
+}
+
 fn write_new_key_file(path: &Path, dir: &Path, record: &KeyRecord) -> Result<(), Fail> {
     use std::io::Write;
     let io = |what: &str, e: std::io::Error| -> Fail {
@@ -534,6 +602,7 @@ fn append_seal(
         head_hash,
         made_at: w.now.clone(),
         late,
+        v: Some(SEAL_FORM),
         mac: String::new(),
     };
     let wrap = |s: EpochSeal| {
@@ -561,6 +630,8 @@ pub(crate) struct SealCheck {
     /// Events walked since the newest seal.
     since_last: u64,
     events: u64,
+    /// A seal of form 2 was walked: the export's trailer must be sealed.
+    binds_trailers: bool,
 }
 
 impl SealCheck {
@@ -577,6 +648,7 @@ impl SealCheck {
             last: None,
             since_last: 0,
             events: 0,
+            binds_trailers: false,
         }
     }
 
@@ -688,12 +760,51 @@ impl SealCheck {
             self.late += 1;
             self.first_late.get_or_insert(epoch);
         }
+        self.binds_trailers |= seal.v.unwrap_or(1) >= SEAL_FORM;
         self.seals += 1;
         self.next = epoch + 1;
         self.key = evolve(&self.key);
         self.last = Some((epoch, seq, seal.made_at, close, made));
         self.since_last = 0;
         None
+    }
+
+    /// An export's trailer (the `exported` object, on `line`), after the
+    /// walk: sealed with the key the export's newest seal handed on, which
+    /// binds its time, host, head, filter and count. Returns what it proves.
+    pub(crate) fn check_trailer(
+        &self,
+        line: usize,
+        stamp: &serde_json::Value,
+    ) -> Result<String, VerifyBreak> {
+        let fail = |what: String| {
+            Err(VerifyBreak {
+                seq: None,
+                what: format!("line {line}: {what}"),
+            })
+        };
+        let epoch = stamp.get("epoch").and_then(serde_json::Value::as_u64);
+        let mac = stamp.get("mac").and_then(serde_json::Value::as_str);
+        let (Some(epoch), Some(mac)) = (epoch, mac) else {
+            if self.binds_trailers {
+                return fail("the trailer carries no seal (epoch and MAC), but this ledger's seals bind every export's trailer: written by hand or by another tool".into());
+            }
+            return Ok("the trailer is unauthenticated (an export made before trailers were sealed: a cut export with a hand-written last line would pass)".into());
+        };
+        if epoch != self.next {
+            return fail(format!(
+                "the trailer is sealed as epoch {epoch}, but the export's seals hand on epoch {}'s key: the export was cut before its newest seals, or the trailer is another export's",
+                self.next
+            ));
+        }
+        if !same(&mac_of(&self.key, stamp), mac) {
+            return fail(format!(
+                "the trailer's MAC does not match epoch {epoch}'s key: its time, host, machine id, boot id, head, filter or event count was edited, or it was written by hand"
+            ));
+        }
+        Ok(format!(
+            "the trailer (time, host, head, count) is sealed with epoch {epoch}'s key"
+        ))
     }
 
     /// After the walk: seals exist, and the newest is fresh at `read_at`

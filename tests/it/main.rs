@@ -30,5 +30,6 @@ mod tenants;
 mod tenants_conn;
 mod tenants_fds;
 mod tidy;
+mod trailer;
 mod util;
 mod wrapper;

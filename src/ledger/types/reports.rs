@@ -33,6 +33,9 @@ pub struct VerifyReport {
     /// The `ledger.checkpoint` the chain was proven from (its seq), when
     /// the ledger was pruned; for an archive, the checkpoint it matched.
     pub checkpoint: Option<i64>,
+    /// For an export: what its last line (the `exported` trailer) proves,
+    /// in a sentence (sealed, unauthenticated, or absent).
+    pub trailer: Option<String>,
 }
 
 impl VerifyReport {
@@ -76,6 +79,11 @@ pub struct EpochSeal {
     pub made_at: String,
     /// Made more than one interval after its epoch ended (no sealer ran then).
     pub late: bool,
+    /// The seal's form: absent in seals made before exports' trailers were
+    /// sealed; 2 once they are (an export of such a ledger must carry an
+    /// authenticated trailer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub v: Option<u32>,
     pub mac: String,
 }
 
