@@ -202,6 +202,12 @@ enum Command {
             hide_env_values = true
         )]
         seal_key: Option<String>,
+        /// The root public key `seal setup --pub` wrote (a file): check a
+        /// public-key ledger's seals and its export's trailer with no
+        /// secret; on a ledger, also that no sealed epoch's private key is
+        /// left in any file of its data dir.
+        #[arg(long, value_name = "FILE", conflicts_with = "seal_key")]
+        seal_pub: Option<PathBuf>,
         /// Verify this NDJSON export (`treewarden export`) alone instead of
         /// the ledger: no data directory needed; same verdict.
         #[arg(long, value_name = "FILE", conflicts_with_all = ["expect_head", "archive"])]
@@ -333,13 +339,14 @@ fn run_command(command: Command, config: &Config) -> CliResult {
             archive,
             json,
             seal_key,
+            seal_pub,
             export,
         } => verify(
             config,
             expect_head.as_deref(),
             &archive,
             json,
-            seal_key.as_deref(),
+            (seal_key.as_deref(), seal_pub.as_deref()),
             export.as_deref(),
         ),
         Command::Completions { shell } => {

@@ -864,21 +864,25 @@ impl Ledger {
         self.read(move |tx| Ok(verify::verify(tx, expect_head, None)?.0))
     }
 
-    /// [`Ledger::verify`], and with `seal_key` the seals (`seal.rs`):
-    /// every MAC, consecutive epochs from the setup, every event at or
+    /// [`Ledger::verify`], and with `seal_key` (the verification key or
+    /// the root public key) the seals (`seal.rs`): every MAC or signature,
+    /// consecutive epochs from the setup, every event at or
     /// below a seal's head covered by it, and the newest seal fresh at the
     /// time of the read (or a clean close). One read transaction: one
     /// consistent snapshot of a ledger that is being written.
     pub fn verify_sealed(
         &self,
         expect_head: Option<(i64, String)>,
-        seal_key: Option<seal::SealKey>,
+        seal_key: Option<seal::SealVerifier>,
     ) -> Result<(VerifyReport, Option<SealReport>), LedgerError> {
+        // The data dir is looked through for erased epochs' private keys
+        // where it holds a key file (a live ledger's, not a copy's).
+        let dir = Some(self.dir.as_ref().clone()).filter(|d| seal::key_path(d).exists());
         self.read(move |tx| {
             // Taken before the snapshot's first read: a seal the snapshot
             // holds was made before it, or at the latest just after it.
             let read_at = std::time::SystemTime::now();
-            let seals = seal_key.map(|k| (seal::SealCheck::new(k), read_at));
+            let seals = seal_key.map(|k| (seal::SealCheck::new(k, dir), read_at));
             verify::verify(tx, expect_head, seals)
         })
     }
@@ -1109,9 +1113,9 @@ fn machine_id() -> Option<String> {
 /// freshness is judged at the export's own time (its last line).
 pub fn verify_export(
     path: &Path,
-    seal_key: Option<seal::SealKey>,
+    seal_key: Option<seal::SealVerifier>,
 ) -> Result<(VerifyReport, Option<SealReport>), LedgerError> {
-    verify::verify_export(path, seal_key.map(seal::SealCheck::new))
+    verify::verify_export(path, seal_key.map(|k| seal::SealCheck::new(k, None)))
 }
 
 /// Test-only: a second connection holding the ledger's write lock, which is

@@ -321,7 +321,7 @@ pub(crate) fn verify_export(
     let trailer = match (&stamp, walk.seals.as_ref()) {
         (Some(s), Some(check)) => check.check_trailer(s.line, &s.raw),
         (Some(_), None) if sealed => {
-            Ok("the trailer is sealed but not checked (no --seal-key)".to_string())
+            Ok("the trailer is sealed but not checked (no --seal-key or --seal-pub)".to_string())
         }
         (Some(_), None) => Ok("the trailer (time, host, head, count) is unauthenticated: an unsealed ledger's export (the chain proves each event, not where the export ends)".to_string()),
         (None, _) => Ok("no trailer: the export is not bound as a whole (the chain proves each event; a cut export passes)".to_string()),

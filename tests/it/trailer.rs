@@ -161,7 +161,7 @@ fn the_trailer_binds_time_host_and_head_and_each_forgery_is_named() {
     let (code, out, _) = verify_file(scratch.path(), &file, None);
     assert_eq!(code, Some(0));
     assert!(
-        out.contains("sealed but not checked (no --seal-key)"),
+        out.contains("sealed but not checked (no --seal-key or --seal-pub)"),
         "{out}"
     );
 

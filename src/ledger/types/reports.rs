@@ -66,7 +66,18 @@ pub struct SealSetup {
     /// `[start + N*interval, start + (N+1)*interval)`.
     pub start: String,
     pub interval_ms: u64,
+    /// HMAC seals: the MAC with epoch 0's key.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub mac: String,
+    /// `ed25519` for public-key seals (absent: HMAC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<String>,
+    /// Public-key seals: epoch 0's public key (the root `verify
+    /// --seal-pub` is given), and the setup's signature with its key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sig: Option<String>,
 }
 
 /// One epoch's seal: the chain's head just before the seal event (whose
@@ -84,7 +95,15 @@ pub struct EpochSeal {
     /// authenticated trailer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub v: Option<u32>,
+    /// HMAC seals: the MAC with the epoch's key.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub mac: String,
+    /// Public-key seals: the next epoch's public key, which this seal
+    /// certifies, and the seal's signature with its own epoch's key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sig: Option<String>,
 }
 
 /// What `verify --seal-key` proved about the seals.
