@@ -23,6 +23,7 @@ mod retention;
 mod rules;
 mod scale;
 mod seal;
+mod seal_pub;
 mod serve;
 mod session;
 mod shipping;
