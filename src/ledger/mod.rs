@@ -1050,9 +1050,31 @@ impl Ledger {
     /// processes keep writing meanwhile (a step that meets a write starts
     /// over from what changed). The copy is a consistent snapshot of one
     /// moment: it verifies on its own.
+    ///
+    /// A sealed ledger's copy is made under the seal key file's lock (no
+    /// seal commits meanwhile) and then stamped (`seal::stamp_backup`):
+    /// its time, host, machine, boot and head, sealed with the key after
+    /// its newest seal, so that `verify --seal-key`/`--seal-pub` judges it
+    /// at the time it was taken, however much later it is checked.
     pub fn backup_to(&self, dest: &Path) -> Result<(), LedgerError> {
-        let dest = dest.to_path_buf();
-        self.handle.call(move |store| store.backup_to(&dest))
+        let lock = self.seal_lock(&self.dir)?;
+        let copy = dest.to_path_buf();
+        self.handle.call(move |store| store.backup_to(&copy))?;
+        if let Some(lock) = &lock {
+            let stamp = serde_json::json!({
+                "v": 2,
+                "at": timestamp(std::time::SystemTime::now()),
+                "host": crate::proc::host_name(),
+                "machine_id": machine_id(),
+                "boot_id": crate::proc::boot_id().ok(),
+            });
+            if let Err(e) = seal::stamp_backup(dest, lock, stamp) {
+                // An unstamped copy of a sealed ledger would read as stale.
+                let _ = std::fs::remove_file(dest);
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
     /// The streaming core of every export: the events `filter` selects, up

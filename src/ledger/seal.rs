@@ -703,6 +703,18 @@ impl Ledger {
     /// this setup's: an export of a sealed ledger whose trailer cannot be
     /// sealed is refused rather than written unauthenticated.
     pub(crate) fn export_seal(&self, data_dir: &Path) -> Result<Option<ExportSeal>, LedgerError> {
+        let Some(lock) = self.seal_lock(data_dir)? else {
+            return Ok(None);
+        };
+        let (head, last) = self.read(|tx| Ok((super::db::read_head(tx)?, last_epoch(tx)?)))?;
+        let at = SystemTime::now();
+        let key = lock.key_after(last)?;
+        Ok(Some(ExportSeal { head, at, key }))
+    }
+
+    /// The key file, locked (no seal commits while it is held) and checked
+    /// to be this setup's; `Ok(None)` when the ledger is not sealed.
+    pub(crate) fn seal_lock(&self, data_dir: &Path) -> Result<Option<SealLock>, LedgerError> {
         let Some((_, setup)) = self.read(|tx| read_setup(tx))? else {
             return Ok(None);
         };
@@ -713,13 +725,23 @@ impl Ledger {
                 keys.path.display()
             )));
         }
-        let (head, last) = self.read(|tx| Ok((super::db::read_head(tx)?, last_epoch(tx)?)))?;
-        let at = SystemTime::now();
-        // A crash between a seal's commit and the key's overwrite leaves
-        // the file one epoch behind: the trailer takes the key after the
-        // newest seal, as the next sealer will.
+        Ok(Some(SealLock { keys }))
+    }
+}
+
+/// The key file held locked: no seal commits meanwhile.
+pub(crate) struct SealLock {
+    keys: KeyFile,
+}
+
+impl SealLock {
+    /// The key of the epoch after `last` (the newest sealed epoch). A crash
+    /// between a seal's commit and the key's overwrite leaves the file one
+    /// epoch behind: the key after the newest seal is taken, as the next
+    /// sealer will.
+    pub(crate) fn key_after(&self, last: Option<u64>) -> Result<TrailerKey, LedgerError> {
         let want = last.map_or(0, |l| l + 1);
-        let (mut epoch, mut key) = (keys.record.epoch, keys.record.key()?);
+        let (mut epoch, mut key) = (self.keys.record.epoch, self.keys.record.key()?);
         while epoch < want {
             // A public-key ledger's file is at most one epoch behind (its
             // next key certified, drawn, and read here).
@@ -732,13 +754,59 @@ impl Ledger {
             key = key.advance()?;
             epoch += 1;
         }
-        drop(keys);
-        Ok(Some(ExportSeal {
-            head,
-            at,
-            key: TrailerKey { epoch, key },
-        }))
+        Ok(TrailerKey { epoch, key })
     }
+}
+
+/// Stamps a backup just made (under `lock`, so its newest seal is the
+/// ledger's): a `backup_stamp` table in the copy holding the stamp (its
+/// time, host, machine, boot and head) sealed as an export's trailer is,
+/// so that `verify` judges the copy's seals at the time it was taken.
+pub(crate) fn stamp_backup(
+    dest: &Path,
+    lock: &SealLock,
+    mut stamp: serde_json::Value,
+) -> Result<(), LedgerError> {
+    let fail = |e: rusqlite::Error| LedgerError::Other(format!("backup stamp: {e}"));
+    let conn = Connection::open(dest).map_err(fail)?;
+    let (head, last) =
+        (|| -> Result<_, Fail> { Ok((super::db::read_head(&conn)?, last_epoch(&conn)?)) })()
+            .map_err(|f| f.into_ledger(Duration::ZERO))?;
+    let key = lock.key_after(last)?;
+    if let Some(obj) = stamp.as_object_mut() {
+        obj.insert(
+            "head".into(),
+            head.map(|(seq, hash)| serde_json::json!({"seq": seq, "hash": hash}))
+                .unwrap_or_default(),
+        );
+    }
+    key.seal(&mut stamp);
+    conn.execute_batch("CREATE TABLE backup_stamp (stamp TEXT NOT NULL)")
+        .map_err(fail)?;
+    conn.execute(
+        "INSERT INTO backup_stamp (stamp) VALUES (?1)",
+        [chain::canonical_string(&stamp)],
+    )
+    .map_err(fail)?;
+    Ok(())
+}
+
+/// A backup's stamp, if the ledger is one (`stamp_backup`).
+pub(crate) fn read_backup_stamp(conn: &Connection) -> Result<Option<serde_json::Value>, Fail> {
+    let has: Option<String> = conn
+        .query_row(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'backup_stamp'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?;
+    if has.is_none() {
+        return Ok(None);
+    }
+    let text: Option<String> = conn
+        .query_row("SELECT stamp FROM backup_stamp LIMIT 1", [], |r| r.get(0))
+        .optional()?;
+    Ok(text.and_then(|t| serde_json::from_str(&t).ok()))
 }
 
 fn write_new_key_file(path: &Path, dir: &Path, record: &KeyRecord) -> Result<(), Fail> {
@@ -1108,6 +1176,43 @@ impl SealCheck {
         Ok(format!(
             "the trailer (time, host, head, count) is sealed with epoch {epoch}'s key"
         ))
+    }
+
+    /// A backup's stamp (`stamp_backup`), after the walk: sealed with the
+    /// key the copy's newest seal handed on. Returns its epoch.
+    pub(crate) fn check_backup_stamp(&self, stamp: &serde_json::Value) -> Result<u64, VerifyBreak> {
+        let fail = |what: String| {
+            Err(VerifyBreak {
+                seq: None,
+                what: format!("the backup's stamp {what}"),
+            })
+        };
+        let Some(epoch) = stamp.get("epoch").and_then(serde_json::Value::as_u64) else {
+            return fail("carries no seal (edited, or written by hand)".into());
+        };
+        if epoch != self.next {
+            return fail(format!(
+                "is sealed as epoch {epoch}, but the copy's seals hand on epoch {}'s key: the copy was cut, or the stamp is another copy's",
+                self.next
+            ));
+        }
+        let authentic = match &self.check {
+            Checker::Hmac { key, .. } => stamp
+                .get("mac")
+                .and_then(serde_json::Value::as_str)
+                .is_some_and(|m| same(&mac_of(key, stamp), m)),
+            Checker::Signed { current, .. } => signed_by(
+                current,
+                stamp,
+                stamp.get("sig").and_then(serde_json::Value::as_str),
+            ),
+        };
+        if !authentic {
+            return fail(format!(
+                "does not match epoch {epoch}'s key: its time, host, machine id, boot id or head was edited"
+            ));
+        }
+        Ok(epoch)
     }
 
     /// After the walk: seals exist, and the newest is fresh at `read_at`

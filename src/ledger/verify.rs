@@ -31,7 +31,7 @@ pub(crate) fn verify(
     expect_head: Option<(i64, String)>,
     seals: Option<(SealCheck, std::time::SystemTime)>,
 ) -> Result<(VerifyReport, Option<SealReport>), Fail> {
-    let (seals, read_at) = match seals {
+    let (seals, mut read_at) = match seals {
         Some((check, at)) => (Some(check), Some(at)),
         None => (None, None),
     };
@@ -120,7 +120,76 @@ pub(crate) fn verify(
             }
         };
     }
-    finish_seals(report, seals, read_at)
+    // A backup is judged at the time it was taken (its stamp's), while it
+    // still ends at the head its stamp names: a restored backup written to
+    // since is a live ledger again, judged now.
+    let backup = super::seal::read_backup_stamp(conn)?.filter(|stamp| {
+        let named = stamp["head"]["seq"]
+            .as_i64()
+            .zip(stamp["head"]["hash"].as_str());
+        named == report.head.as_ref().map(|(s, h)| (*s, h.as_str()))
+    });
+    if let Some(stamp) = &backup
+        && read_at.is_some()
+    {
+        read_at = stamp["at"]
+            .as_str()
+            .and_then(|t| humantime::parse_rfc3339(t).ok());
+    }
+    let stamp = match (&backup, seals.as_ref()) {
+        (Some(stamp), Some(check)) => Some(check_stamp(check, stamp, &report)),
+        (Some(stamp), None) => {
+            report.trailer = Some(format!(
+                "a backup taken at {} (its stamp not checked: no --seal-key or --seal-pub)",
+                stamp["at"].as_str().unwrap_or("an unknown time")
+            ));
+            None
+        }
+        (None, _) => None,
+    };
+    // An edited stamp is named before the seals are judged at its time.
+    if report.first_break.is_none()
+        && let Some(Err(found)) = &stamp
+    {
+        report.first_break = Some(found.clone());
+        return Ok((report, None));
+    }
+    let (mut report, sealed) = finish_seals(report, seals, read_at)?;
+    if report.first_break.is_none()
+        && let Some(Ok(note)) = stamp
+    {
+        report.trailer = Some(note);
+    }
+    Ok((report, sealed))
+}
+
+/// A backup's stamp against the copy: sealed with the key its newest seal
+/// handed on, naming the copy's head. Returns what it proves.
+fn check_stamp(
+    check: &SealCheck,
+    stamp: &serde_json::Value,
+    report: &VerifyReport,
+) -> Result<String, VerifyBreak> {
+    let epoch = check.check_backup_stamp(stamp)?;
+    let named = stamp["head"]["seq"]
+        .as_i64()
+        .zip(stamp["head"]["hash"].as_str());
+    let walked = report.head.as_ref().map(|(s, h)| (*s, h.as_str()));
+    if named != walked {
+        return Err(VerifyBreak {
+            seq: None,
+            what: format!(
+                "the backup's stamp names head {} but the copy ends at {} (written to since it was taken, or cut)",
+                named.map_or("none".to_string(), |(s, h)| format!("{s}:{h}")),
+                walked.map_or("none".to_string(), |(s, h)| format!("{s}:{h}"))
+            ),
+        });
+    }
+    Ok(format!(
+        "a backup, proven up to seq {} at {} (its stamp sealed with epoch {epoch}'s key)",
+        named.map_or(0, |(s, _)| s),
+        stamp["at"].as_str().unwrap_or_default()
+    ))
 }
 
 /// The seal check's end (when asked, and nothing broke before it).

@@ -189,6 +189,18 @@ fn public_key_seals_verify_with_no_secret_and_erased_keys_are_gone() {
         }
     }
 
+    // A backup, checked with the root alone: proven up to its head.
+    let backup = env.dir().join("backup");
+    std::fs::create_dir(&backup).expect("dir");
+    let out = tw(
+        &data,
+        &["backup", backup.join("ledger.db").to_str().expect("utf-8")],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let (code, out, err) = verify(&backup, &seal_pub(&root_file));
+    assert_eq!(code, Some(0), "{out} {err}");
+    assert!(out.contains("a backup, proven up to seq"), "{out}");
+
     // The wrong tools: the HMAC flag, a root that is not this ledger's.
     let (code, _, err) = verify(&data, &["--seal-key", &"ab".repeat(32)]);
     assert_eq!(code, Some(1));

@@ -358,3 +358,65 @@ fn as_an_earlier_build_sealed(conn: &rusqlite::Connection, evs: &[Ev], seed: &st
     }
     assert!(crate::rules::chain_consistent(conn), "the recipe's chain");
 }
+
+/// A backup carries the seal state of its moment: taken while the sealer
+/// ran, checked after the ledger's own seals went stale, it passes and
+/// says what it proves up to when; its stamp edited, it fails, named.
+#[test]
+fn a_backup_verifies_as_of_its_own_time_long_after() {
+    let env = Env::new("session").expect("the session boundary always forms");
+    let data = env.data_dir();
+    work(&data, 0);
+    let key = crate::seal::setup(&data);
+    for code in 1..=2 {
+        work(&data, code);
+        crate::seal::seal_next(&data);
+    }
+    let dest_dir = env.dir().join("backup");
+    std::fs::create_dir(&dest_dir).expect("dir");
+    let dest = dest_dir.join("ledger.db");
+    let out = tw(&data, &["backup", dest.to_str().expect("utf-8")]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    let head_seq: i64 = said
+        .split("head ")
+        .nth(1)
+        .and_then(|h| h.split(':').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("backup names its head: {said}"));
+    // No sealer runs: the live ledger's newest seal goes stale.
+    assert!(
+        crate::util::wait_until(std::time::Duration::from_secs(20), || {
+            let (code, _, err) = verify(&data, &["--seal-key", &key]);
+            code == Some(1) && err.contains("overdue")
+        }),
+        "the live ledger goes stale without a sealer"
+    );
+    // The backup, checked now: judged at its own time.
+    let (code, out, err) = verify(&dest_dir, &["--seal-key", &key]);
+    assert_eq!(code, Some(0), "{out} {err}");
+    assert!(
+        out.contains(&format!("a backup, proven up to seq {head_seq} at ")),
+        "{out}"
+    );
+    // Its stamp's time moved on an hour (to look fresh later): named.
+    let conn = crate::rules::open(&dest);
+    let stamp: String = conn
+        .query_row("SELECT stamp FROM backup_stamp", [], |r| r.get(0))
+        .expect("the stamp");
+    let mut stamp: Value = serde_json::from_str(&stamp).expect("json");
+    let at = humantime::parse_rfc3339(stamp["at"].as_str().expect("at")).expect("time");
+    stamp["at"] = rfc3339(at + std::time::Duration::from_secs(3600)).into();
+    conn.execute(
+        "UPDATE backup_stamp SET stamp = ?1",
+        [serde_json::to_string(&stamp).expect("json")],
+    )
+    .expect("edit");
+    drop(conn);
+    let (code, out, err) = verify(&dest_dir, &["--seal-key", &key]);
+    assert_eq!(code, Some(1), "{out} {err}");
+    assert!(
+        err.contains("the backup's stamp does not match epoch"),
+        "{err}"
+    );
+}
