@@ -126,7 +126,7 @@ pub(crate) fn seal_next(data_dir: &Path) {
 }
 
 /// Waits (bounded) for the time `seal now` said the next seal is due.
-fn wait_for_due(said: &str) {
+pub(crate) fn wait_for_due(said: &str) {
     let due = said
         .rsplit("next seal due at ")
         .next()

@@ -343,3 +343,74 @@ fn a_reseal_with_a_later_epochs_key_and_a_kept_erased_key_are_named() {
     let (code, out, err) = verify(&data, &seal_pub(&root_file));
     assert_eq!(code, Some(0), "{out} {err}");
 }
+
+/// A crash between a seal's commit and the key file's overwrite: the file
+/// still holds the sealed epoch's key (verify says so, naming the file),
+/// the export in between still verifies (its trailer takes the next key,
+/// which the seal certified), and the next sealer mends the file without
+/// losing a certified key.
+#[test]
+fn a_crash_after_a_signed_seal_loses_no_key_and_the_next_sealer_mends_it() {
+    if !treewarden::testhook::ENABLED {
+        crate::util::skip("crash points exist in debug builds only (cargo test without --release)");
+        return;
+    }
+    let env = Env::new("session").expect("the session boundary always forms");
+    let data = env.data_dir();
+    work(&data, 0);
+    let root_file = env.dir().join("root.pub");
+    setup_pub(&data, &root_file);
+    seal_next(&data);
+    let (epoch, _, _) = keys_in_file(&data);
+    let sealed = epochs(&data).len();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let out = std::process::Command::new(crate::util::bin())
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["seal", "now"])
+            .env("TREEWARDEN_TEST_CRASH_AT", "seal-committed")
+            .env_remove("TREEWARDEN_DATA_DIR")
+            .output()
+            .expect("seal now");
+        if epochs(&data).len() > sealed {
+            assert_eq!(out.status.code(), None, "aborted: {}", text(&out.stderr));
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "an epoch ended");
+        crate::seal::wait_for_due(&text(&out.stdout));
+    }
+    let (behind, _, _) = keys_in_file(&data);
+    assert_eq!(behind, epoch, "the key file was not overwritten");
+    assert_eq!(epochs(&data).last().copied(), Some(behind));
+    let (code, _, err) = verify(&data, &seal_pub(&root_file));
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains(&format!(
+            "epoch {behind}'s private key is still on disk, in "
+        )) && err.contains("seal.key"),
+        "{err}"
+    );
+    // The export in between: sealed with the certified next key.
+    let out = tw(&data, &["export"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let file = env.dir().join("between.ndjson");
+    std::fs::write(&file, &out.stdout).expect("write");
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let (code, out, err) = verify(
+        &scratch.path().join("none"),
+        &[
+            &seal_pub(&root_file)[..],
+            &["--export", file.to_str().expect("utf-8")],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, Some(0), "{out} {err}");
+    // The next sealer mends the file, and everything verifies.
+    let out = tw(&data, &["seal", "close"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let got = epochs(&data);
+    assert_eq!(got, (0..got.len() as u64).collect::<Vec<_>>(), "none twice");
+    let (code, out, err) = verify(&data, &seal_pub(&root_file));
+    assert_eq!(code, Some(0), "{out} {err}");
+}
