@@ -414,3 +414,47 @@ fn a_crash_after_a_signed_seal_loses_no_key_and_the_next_sealer_mends_it() {
     let (code, out, err) = verify(&data, &seal_pub(&root_file));
     assert_eq!(code, Some(0), "{out} {err}");
 }
+
+/// `serve` seals a public-key ledger on its own timer, and the API's export
+/// of the live ledger verifies with the root alone.
+#[test]
+fn serve_seals_a_public_key_ledger_and_its_api_export_verifies() {
+    let env = Env::new("session").expect("the session boundary always forms");
+    let data = env.data_dir();
+    work(&data, 0);
+    let root_file = env.dir().join("root.pub");
+    setup_pub(&data, &root_file);
+    let _server = crate::seal::start_serve(&env);
+    assert!(
+        crate::util::wait_until(std::time::Duration::from_secs(20), || epochs(&data).len()
+            >= 2),
+        "the service seals"
+    );
+    let addr = std::fs::read_to_string(env.dir().join("addr")).expect("ready file");
+    let token = std::fs::read_to_string(data.join("api-token")).expect("token");
+    let body = reqwest::blocking::Client::new()
+        .get(format!("http://{}/api/export", addr.trim()))
+        .bearer_auth(token.trim())
+        .send()
+        .expect("GET /api/export")
+        .text()
+        .expect("body");
+    let file = env.dir().join("api.ndjson");
+    std::fs::write(&file, &body).expect("write");
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let (code, out, err) = verify(
+        &scratch.path().join("none"),
+        &[
+            &seal_pub(&root_file)[..],
+            &["--export", file.to_str().expect("utf-8")],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, Some(0), "{out} {err}");
+    assert!(
+        out.contains("the trailer (time, host, head, count) is sealed"),
+        "{out}"
+    );
+    let (code, out, err) = verify(&data, &seal_pub(&root_file));
+    assert_eq!(code, Some(0), "the live ledger: {out} {err}");
+}
