@@ -156,6 +156,11 @@ enum Command {
         /// resumes from the last seq it wrote.
         #[arg(long, value_name = "SEQ")]
         after: Option<i64>,
+        /// Write to this new file instead of stdout; a directory gets the
+        /// default name, which names the host and the time
+        /// (`treewarden-audit-HOST-20260101T120000Z.ndjson`).
+        #[arg(long, short = 'o', value_name = "PATH")]
+        output: Option<PathBuf>,
     },
     /// Copy the ledger to DEST (a new file) while it is in use, through
     /// SQLite's online backup, then verify the copy on its own.
@@ -213,6 +218,12 @@ enum Command {
             hide_env_values = true
         )]
         seal_key: Option<String>,
+        /// The root public key `seal setup --pub` wrote (a file): check a
+        /// public-key ledger's seals and its export's trailer with no
+        /// secret; on a ledger, also that no sealed epoch's private key is
+        /// left in any file of its data dir.
+        #[arg(long, value_name = "FILE", conflicts_with = "seal_key")]
+        seal_pub: Option<PathBuf>,
         /// Verify this NDJSON export (`treewarden export`) alone instead of
         /// the ledger: no data directory needed; same verdict.
         #[arg(long, value_name = "FILE", conflicts_with_all = ["expect_head", "archive"])]
@@ -327,7 +338,15 @@ fn run_command(command: Command, config: &Config) -> CliResult {
             since,
             tree,
             after,
-        } => export(config, format, since.as_deref(), tree.as_deref(), after),
+            output,
+        } => export(
+            config,
+            format,
+            since.as_deref(),
+            tree.as_deref(),
+            after,
+            output.as_deref(),
+        ),
         Command::Backup { dest } => backup(config, &dest),
         Command::Prune {
             before,
@@ -340,13 +359,14 @@ fn run_command(command: Command, config: &Config) -> CliResult {
             archive,
             json,
             seal_key,
+            seal_pub,
             export,
         } => verify(
             config,
             expect_head.as_deref(),
             &archive,
             json,
-            seal_key.as_deref(),
+            (seal_key.as_deref(), seal_pub.as_deref()),
             export.as_deref(),
         ),
         Command::Completions { shell } => {

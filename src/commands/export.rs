@@ -13,6 +13,7 @@ pub fn export(
     since: Option<&str>,
     tree: Option<&str>,
     after: Option<i64>,
+    output: Option<&std::path::Path>,
 ) -> CliResult {
     if after.is_some_and(|a| a < 0) {
         return Err(CliError::usage(anyhow::anyhow!(
@@ -43,9 +44,44 @@ pub fn export(
         after_seq: after,
         ..EventFilter::default()
     };
-    let stdout = std::io::stdout();
-    ledger
-        .export(&filter, format, &mut stdout.lock())
-        .map_err(CliError::internal)?;
-    Ok(0)
+    let Some(output) = output else {
+        let stdout = std::io::stdout();
+        ledger
+            .export(&filter, format, &mut stdout.lock())
+            .map_err(CliError::internal)?;
+        return Ok(0);
+    };
+    let path = if output.is_dir() {
+        output.join(treewarden::ledger::export_file_name(
+            format,
+            std::time::SystemTime::now(),
+        ))
+    } else {
+        output.to_path_buf()
+    };
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .map_err(|e| CliError::usage(anyhow::anyhow!("--output {}: {e}", path.display())))?;
+    let mut out = std::io::BufWriter::new(file);
+    let written = ledger.export(&filter, format, &mut out).and_then(|n| {
+        out.into_inner()
+            .map_err(|e| e.into_error())
+            .and_then(|f| f.sync_all())
+            .map_err(|e| treewarden::ledger::LedgerError::Other(format!("export: {e}")))
+            .map(|()| n)
+    });
+    match written {
+        Ok(n) => {
+            println!("{}", path.display());
+            eprintln!("treewarden: {n} events exported to {}", path.display());
+            Ok(0)
+        }
+        Err(e) => {
+            // A cut file must not pass for an export.
+            let _ = std::fs::remove_file(&path);
+            Err(CliError::internal(e))
+        }
+    }
 }

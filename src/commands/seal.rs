@@ -17,10 +17,19 @@ pub enum SealCommand {
     /// Makes the ledger when there is none yet, as `run` and `serve` do.
     /// Exit 0 with the key on stdout; 2 when sealing is set up already or on
     /// a bad interval; 125 when it cannot be recorded.
+    ///
+    /// With --pub FILE: public-key seals (Ed25519, a key pair per epoch,
+    /// each epoch's key certifying the next one's and then erased); the
+    /// root public key goes to FILE (a new file) and stdout, and `verify
+    /// --seal-pub FILE` checks the seals with no secret.
     Setup {
         /// How long an epoch is (every epoch is sealed; at least 1s).
         #[arg(long, default_value = "15m", value_parser = parse_duration)]
         interval: Duration,
+        /// Seal with public keys, writing the root public key here (a new
+        /// file: take it off this host, to the auditor).
+        #[arg(long = "pub", value_name = "FILE")]
+        public: Option<std::path::PathBuf>,
     },
     /// Seal every ended epoch not sealed yet, at once (those past their
     /// next epoch marked late): for a host without `serve`, e.g. from cron.
@@ -36,7 +45,7 @@ pub enum SealCommand {
 /// `treewarden seal setup|now|close`.
 pub fn seal(config: &Config, cmd: SealCommand) -> CliResult {
     use treewarden::ledger::seal::MIN_INTERVAL;
-    if let SealCommand::Setup { interval } = &cmd
+    if let SealCommand::Setup { interval, .. } = &cmd
         && *interval < MIN_INTERVAL
     {
         return Err(CliError::usage(anyhow::anyhow!(
@@ -52,16 +61,42 @@ pub fn seal(config: &Config, cmd: SealCommand) -> CliResult {
         SealCommand::Now | SealCommand::Close => open_existing_ledger(config)?,
     };
     match cmd {
-        SealCommand::Setup { interval } => {
+        SealCommand::Setup { interval, public } => {
+            if let Some(file) = &public
+                && file.symlink_metadata().is_ok()
+            {
+                return Err(CliError::usage(anyhow::anyhow!(
+                    "--pub {}: exists (the root public key is written to a new file)",
+                    file.display()
+                )));
+            }
             let report = ledger
-                .seal_setup(&config.data_dir, interval)
+                .seal_setup(&config.data_dir, interval, public.is_some())
                 .map_err(|e| match e {
                     LedgerError::Invariant(m) => {
                         CliError::usage(anyhow::anyhow!("seal setup: {m}"))
                     }
                     e => CliError::internal(anyhow::anyhow!("seal setup: {e}")),
                 })?;
-            println!("{}", report.key.to_hex());
+            if let (Some(file), Some(root)) = (&public, &report.public) {
+                write_public(file, root)?;
+                println!("{root}");
+                eprintln!(
+                    "treewarden: public-key sealing set up (seq {}, epoch 0 from {}, interval {}); the root public key above is in {}: take it off this host (`verify --seal-pub FILE`). {} holds only the current epoch's private key and the next one's.",
+                    report.seq,
+                    report.start,
+                    humantime::format_duration(report.interval),
+                    file.display(),
+                    report.key_file.display()
+                );
+                return Ok(0);
+            }
+            let Some(key) = report.key else {
+                return Err(CliError::internal(anyhow::anyhow!(
+                    "seal setup: no verification key was made"
+                )));
+            };
+            println!("{}", key.to_hex());
             eprintln!(
                 "treewarden: sealing set up (seq {}, epoch 0 from {}, interval {}); the verification key above is shown once: keep it off this host. {} holds only the current epoch's key.",
                 report.seq,
@@ -105,4 +140,23 @@ pub fn seal(config: &Config, cmd: SealCommand) -> CliResult {
             Ok(0)
         }
     }
+}
+
+/// Writes the root public key to `file`, a new file, fsynced.
+fn write_public(file: &std::path::Path, root: &str) -> Result<(), CliError> {
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(file)
+        .and_then(|mut f| {
+            f.write_all(format!("{root}\n").as_bytes())?;
+            f.sync_all()
+        })
+        .map_err(|e| {
+            CliError::internal(anyhow::anyhow!(
+                "--pub {}: {e} (sealing is set up: the root public key is {root})",
+                file.display()
+            ))
+        })
 }

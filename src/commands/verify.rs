@@ -24,17 +24,30 @@ pub fn verify(
     expect_head: Option<&str>,
     archives: &[PathBuf],
     json: bool,
-    seal_key: Option<&str>,
+    (seal_key, seal_pub): (Option<&str>, Option<&std::path::Path>),
     export: Option<&std::path::Path>,
 ) -> CliResult {
     let expect_head = expect_head
         .map(parse_head)
         .transpose()
         .map_err(|e| CliError::usage(anyhow::anyhow!(e)))?;
-    let seal_key = seal_key
-        .map(treewarden::ledger::seal::SealKey::parse)
-        .transpose()
-        .map_err(|e| CliError::usage(anyhow::anyhow!("--seal-key: {e}")))?;
+    use treewarden::ledger::seal::{SealKey, SealPub, SealVerifier};
+    let seal_key = match (seal_key, seal_pub) {
+        (Some(key), _) => Some(
+            SealKey::parse(key)
+                .map(SealVerifier::Key)
+                .map_err(|e| CliError::usage(anyhow::anyhow!("--seal-key: {e}")))?,
+        ),
+        (None, Some(file)) => {
+            let text = std::fs::read_to_string(file).map_err(|e| {
+                CliError::usage(anyhow::anyhow!("--seal-pub {}: {e}", file.display()))
+            })?;
+            Some(SealPub::parse(&text).map(SealVerifier::Pub).map_err(|e| {
+                CliError::usage(anyhow::anyhow!("--seal-pub {}: {e}", file.display()))
+            })?)
+        }
+        (None, None) => None,
+    };
     let broken =
         |what: String| CliError::with_code(EXIT_BROKEN, anyhow::anyhow!("verify failed: {what}"));
     let path = match export {
@@ -118,6 +131,7 @@ pub fn print_verify(
             "checkpoint": report.checkpoint,
             "archives": archives,
             "seal": sealed,
+            "trailer": report.trailer,
             "first_break": report.first_break.as_ref().map(|b| b.to_string()),
         }))
         .map_err(CliError::internal)?;
@@ -162,13 +176,18 @@ pub fn print_verify(
                 })
                 .unwrap_or_else(|| {
                     if unchecked_seals {
-                        ", sealing set up (seals not checked: no --seal-key)".to_string()
+                        ", sealing set up (seals not checked: no --seal-key or --seal-pub)".to_string()
                     } else {
                         String::new()
                     }
                 });
+            let trailer = report
+                .trailer
+                .as_ref()
+                .map(|t| format!("; {t}"))
+                .unwrap_or_default();
             println!(
-                "ok: {} events, {head}{from}, {integrity}{archived}{sealed}",
+                "ok: {} events, {head}{from}, {integrity}{archived}{sealed}{trailer}",
                 report.events
             );
             Ok(0)

@@ -1,6 +1,7 @@
 //! `GET /api/export`: the audit trail for incident review, as NDJSON or
 //! CSV, exactly as `treewarden export` writes it, streamed from the ledger
-//! page by page (constant memory), as a download (`Content-Disposition`).
+//! page by page (constant memory), as a download (`Content-Disposition`,
+//! a file name with the host and the time).
 //! `after=SEQ` makes it incremental: exactly the events after SEQ.
 
 use axum::extract::State;
@@ -63,10 +64,12 @@ pub async fn export(
         axum::body::Body::from_stream(futures_util::stream::unfold(chunks, |mut rx| async move {
             rx.recv().await.map(|chunk| (chunk, rx))
         }));
-    let (content_type, name) = match format {
-        ExportFormat::Ndjson => ("application/x-ndjson", "treewarden-audit.ndjson"),
-        ExportFormat::Csv => ("text/csv; charset=utf-8", "treewarden-audit.csv"),
+    let content_type = match format {
+        ExportFormat::Ndjson => "application/x-ndjson",
+        ExportFormat::Csv => "text/csv; charset=utf-8",
     };
+    // The host and the time in the name: files from many hosts side by side.
+    let name = crate::ledger::export_file_name(format, std::time::SystemTime::now());
     let disposition = format!("attachment; filename=\"{name}\"");
     Ok((
         [

@@ -14,6 +14,38 @@ use super::chain;
 use super::error::LedgerError;
 use super::types::{EventRow, ExportFormat};
 
+/// The default name of an export's file (the CLI's `--output DIR`, the
+/// API's and the dashboard's download): what it is, this host's name and
+/// the time in UTC to the second, so that files from many hosts can sit
+/// side by side: `treewarden-audit-web1-20260101T120000Z.ndjson`.
+pub fn file_name(format: ExportFormat, at: std::time::SystemTime) -> String {
+    let host: String = crate::proc::host_name()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let host = if host.is_empty() { "host".into() } else { host };
+    // `2026-01-01T12:00:00.123Z` -> `20260101T120000Z`.
+    let stamp = super::timestamp(at);
+    let stamp: String = stamp
+        .split('.')
+        .next()
+        .unwrap_or(&stamp)
+        .chars()
+        .filter(|c| c.is_ascii_digit() || *c == 'T')
+        .collect();
+    let ext = match format {
+        ExportFormat::Ndjson => "ndjson",
+        ExportFormat::Csv => "csv",
+    };
+    format!("treewarden-audit-{host}-{stamp}Z.{ext}")
+}
+
 /// Events per page of a streaming export.
 pub(crate) const PAGE: usize = 1000;
 

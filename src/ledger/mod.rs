@@ -96,6 +96,7 @@ pub use event::{Event, RowKind};
 pub use evidence::{
     DEFAULT_EVIDENCE_MAX, EVIDENCE_MARGIN, FLAG_EVIDENCE_DROPPED, FLAG_EVIDENCE_OVER_BUDGET,
 };
+pub use export::file_name as export_file_name;
 pub use prune::{PruneReport, PruneRequest};
 pub use types::{
     AuthorizationId, AuthorizationRow, Deferred, EpochSeal, EventFilter, EventKind, EventRow,
@@ -160,6 +161,9 @@ pub struct Ledger {
     /// The evidence bounds: the per-tree budget, and the free-space floor
     /// that keeps the reserve for authority (`evidence.rs`).
     evidence: Arc<evidence::Gate>,
+    /// The directory of the ledger's file: the data dir, where the seal
+    /// key file is (a sealed ledger's export seals its trailer with it).
+    dir: Arc<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for Ledger {
@@ -190,7 +194,8 @@ impl Ledger {
             .to_path_buf();
         Ok(Ledger {
             handle: db::start(path, opts.busy_timeout, opts.reserve)?,
-            evidence: Arc::new(evidence::Gate::new(dir, opts.reserve)),
+            evidence: Arc::new(evidence::Gate::new(dir.clone(), opts.reserve)),
+            dir: Arc::new(dir),
         })
     }
 
@@ -212,7 +217,8 @@ impl Ledger {
             .to_path_buf();
         Ok(Ledger {
             handle: db::start_in(path, busy_timeout, 0, db::DirRule::AsIs)?,
-            evidence: Arc::new(evidence::Gate::new(dir, 0)),
+            evidence: Arc::new(evidence::Gate::new(dir.clone(), 0)),
+            dir: Arc::new(dir),
         })
     }
 
@@ -876,21 +882,25 @@ impl Ledger {
         self.read(move |tx| Ok(verify::verify(tx, expect_head, None)?.0))
     }
 
-    /// [`Ledger::verify`], and with `seal_key` the seals (`seal.rs`):
-    /// every MAC, consecutive epochs from the setup, every event at or
+    /// [`Ledger::verify`], and with `seal_key` (the verification key or
+    /// the root public key) the seals (`seal.rs`): every MAC or signature,
+    /// consecutive epochs from the setup, every event at or
     /// below a seal's head covered by it, and the newest seal fresh at the
     /// time of the read (or a clean close). One read transaction: one
     /// consistent snapshot of a ledger that is being written.
     pub fn verify_sealed(
         &self,
         expect_head: Option<(i64, String)>,
-        seal_key: Option<seal::SealKey>,
+        seal_key: Option<seal::SealVerifier>,
     ) -> Result<(VerifyReport, Option<SealReport>), LedgerError> {
+        // The data dir is looked through for erased epochs' private keys
+        // where it holds a key file (a live ledger's, not a copy's).
+        let dir = Some(self.dir.as_ref().clone()).filter(|d| seal::key_path(d).exists());
         self.read(move |tx| {
             // Taken before the snapshot's first read: a seal the snapshot
             // holds was made before it, or at the latest just after it.
             let read_at = std::time::SystemTime::now();
-            let seals = seal_key.map(|k| (seal::SealCheck::new(k), read_at));
+            let seals = seal_key.map(|k| (seal::SealCheck::new(k, dir), read_at));
             verify::verify(tx, expect_head, seals)
         })
     }
@@ -1034,9 +1044,11 @@ impl Ledger {
 
     /// Every export path's one form (the CLI's, `/api/export`, the
     /// dashboard's links): the events `filter` selects, page by page to
-    /// `sink`, and for a whole NDJSON export of a sealed ledger its own time
-    /// as the last line (`verify --export` judges the seals' freshness at
-    /// it). Returns how many events.
+    /// `sink`, and for a whole NDJSON export of a sealed ledger a last line
+    /// of its own (`verify::ExportStamp`): its time (`verify --export`
+    /// judges the seals' freshness at it), host, machine and boot, the head
+    /// it stops at, its filter and count, sealed with the current epoch's
+    /// key from the data dir's key file. Returns how many events.
     pub fn export_with(
         &self,
         filter: &EventFilter,
@@ -1049,18 +1061,32 @@ impl Ledger {
             && filter.before_seq.is_none()
             && filter.kind_prefix.is_none()
             && filter.limit.is_none();
-        let stamp = (format == ExportFormat::Ndjson && whole && self.seal_setup_of()?.is_some())
-            .then(|| timestamp(std::time::SystemTime::now()));
-        let n = self.export_pages(filter, format, sink)?;
-        if let Some(at) = stamp {
-            let trailer = verify::ExportTrailer {
-                exported: verify::ExportStamp {
-                    at,
-                    events: n as u64,
-                },
+        let sealed = if format == ExportFormat::Ndjson && whole {
+            self.export_seal(&self.dir)?
+        } else {
+            None
+        };
+        let head = match &sealed {
+            Some(s) => s.head.clone(),
+            None => self.head()?,
+        };
+        let n = self.export_pages_to(filter, format, sink, head.as_ref().map_or(0, |h| h.0))?;
+        if let Some(sealed) = sealed {
+            let stamp = verify::ExportStamp {
+                v: Some(2),
+                at: timestamp(sealed.at),
+                events: n as u64,
+                host: Some(crate::proc::host_name()),
+                machine_id: machine_id(),
+                boot_id: crate::proc::boot_id().ok().map(str::to_string),
+                head: Some(head.map(|(seq, hash)| verify::StampHead { seq, hash })),
+                filter: Some(serde_json::json!({})),
             };
-            let mut line = serde_json::to_vec(&trailer)
-                .map_err(|e| LedgerError::Other(format!("export: {e}")))?;
+            let fail = |e: serde_json::Error| LedgerError::Other(format!("export: {e}"));
+            let mut raw = serde_json::to_value(&stamp).map_err(fail)?;
+            sealed.key.seal(&mut raw);
+            let mut line =
+                serde_json::to_vec(&serde_json::json!({ "exported": raw })).map_err(fail)?;
             line.push(b'\n');
             sink(&line)?;
         }
@@ -1072,9 +1098,31 @@ impl Ledger {
     /// processes keep writing meanwhile (a step that meets a write starts
     /// over from what changed). The copy is a consistent snapshot of one
     /// moment: it verifies on its own.
+    ///
+    /// A sealed ledger's copy is made under the seal key file's lock (no
+    /// seal commits meanwhile) and then stamped (`seal::stamp_backup`):
+    /// its time, host, machine, boot and head, sealed with the key after
+    /// its newest seal, so that `verify --seal-key`/`--seal-pub` judges it
+    /// at the time it was taken, however much later it is checked.
     pub fn backup_to(&self, dest: &Path) -> Result<(), LedgerError> {
-        let dest = dest.to_path_buf();
-        self.handle.call(move |store| store.backup_to(&dest))
+        let lock = self.seal_lock(&self.dir)?;
+        let copy = dest.to_path_buf();
+        self.handle.call(move |store| store.backup_to(&copy))?;
+        if let Some(lock) = &lock {
+            let stamp = serde_json::json!({
+                "v": 2,
+                "at": timestamp(std::time::SystemTime::now()),
+                "host": crate::proc::host_name(),
+                "machine_id": machine_id(),
+                "boot_id": crate::proc::boot_id().ok(),
+            });
+            if let Err(e) = seal::stamp_backup(dest, lock, stamp) {
+                // An unstamped copy of a sealed ledger would read as stale.
+                let _ = std::fs::remove_file(dest);
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
     /// The streaming core of every export: the events `filter` selects, up
@@ -1088,6 +1136,17 @@ impl Ledger {
         sink: &mut dyn FnMut(&[u8]) -> Result<(), LedgerError>,
     ) -> Result<usize, LedgerError> {
         let head = self.head()?.map_or(0, |(seq, _)| seq);
+        self.export_pages_to(filter, format, sink, head)
+    }
+
+    /// [`Ledger::export_pages`] up to the event `head` (a seq).
+    fn export_pages_to(
+        &self,
+        filter: &EventFilter,
+        format: ExportFormat,
+        sink: &mut dyn FnMut(&[u8]) -> Result<(), LedgerError>,
+        head: i64,
+    ) -> Result<usize, LedgerError> {
         let mut page = filter.clone();
         page.newest_first = false;
         page.limit = Some(export::PAGE);
@@ -1111,14 +1170,36 @@ impl Ledger {
     }
 }
 
+/// This host's `/etc/machine-id`, where it has one.
+fn machine_id() -> Option<String> {
+    std::fs::read_to_string("/etc/machine-id")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
 /// `verify --export FILE`: an NDJSON export checked alone, with the same
 /// chain walk and (with `seal_key`) the same seal check as the ledger's;
 /// freshness is judged at the export's own time (its last line).
 pub fn verify_export(
     path: &Path,
-    seal_key: Option<seal::SealKey>,
+    seal_key: Option<seal::SealVerifier>,
 ) -> Result<(VerifyReport, Option<SealReport>), LedgerError> {
-    verify::verify_export(path, seal_key.map(seal::SealCheck::new))
+    verify::verify_export(path, seal_key.map(|k| seal::SealCheck::new(k, None)), None)
+}
+
+/// [`verify_export`] for a trail with no trailer of its own (a JetStream
+/// stream's events): its seals' freshness is judged as of `as_of`.
+pub fn verify_trail_as_of(
+    path: &Path,
+    seal_key: Option<seal::SealVerifier>,
+    as_of: std::time::SystemTime,
+) -> Result<(VerifyReport, Option<SealReport>), LedgerError> {
+    verify::verify_export(
+        path,
+        seal_key.map(|k| seal::SealCheck::new(k, None)),
+        Some(as_of),
+    )
 }
 
 /// Test-only: a second connection holding the ledger's write lock, which is

@@ -481,6 +481,7 @@ pub(crate) fn verify_archives(
             integrity_ok: true,
             first_break: scan.first_break.clone(),
             checkpoint: None,
+            trailer: None,
         };
         let mut matched = None;
         if report.first_break.is_none() {

@@ -40,6 +40,22 @@
 //! as op `close`: the writer stopped cleanly, and `verify` then asks for no
 //! fresher seal. A later sealer goes on with the next epoch (late seals).
 //!
+//! # Public-key seals
+//!
+//! `seal setup --pub FILE` seals with Ed25519 instead (`scheme: ed25519`
+//! in the setup), so that a verifier holds no secret and cannot make a seal:
+//! each epoch has a key pair drawn from the kernel's random source; the
+//! setup names epoch 0's public key (the *root*, written to FILE and printed
+//! once, for the auditor) and is signed with its key; the seal of epoch N
+//! names epoch N+1's public key (`next`) and is signed with epoch N's key,
+//! which is then overwritten in the key file. `verify --seal-pub FILE`
+//! follows the certificates from the root: a seal signed with any key but
+//! its epoch's (a later one root found on the host) fails. The key file
+//! holds epoch N's key and the next one's (so a crash after a seal's commit
+//! loses no certified key); a public-key ledger seals one epoch per
+//! transaction. `verify --seal-pub` on a ledger also looks through its data
+//! dir's files for the private key of any sealed epoch, which must be gone.
+//!
 //! The key file is one fixed-size record (`{"epoch","key","setup"}`,
 //! padded to 256 bytes) overwritten at offset 0 and fsynced, under an
 //! exclusive `flock` that every sealer takes for its whole run, so two
@@ -55,6 +71,7 @@ use super::fsmode::Mode as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
+use ed25519_dalek::{Signature, Signer as _, SigningKey, Verifier as _, VerifyingKey};
 use hmac::{Hmac, KeyInit, Mac};
 use rusqlite::{Connection, OptionalExtension};
 use sha2::{Digest, Sha256};
@@ -70,10 +87,16 @@ use super::types::{EpochSeal, EventKind, SealData, SealReport, SealSetup, Verify
 pub const KEY_FILE: &str = "seal.key";
 /// The key file's one record, padded: overwritten in place, never resized.
 const RECORD_LEN: usize = 256;
+/// A public-key ledger's record (two keys and the setup's signature).
+const RECORD_LEN_SIGNED: usize = 512;
+/// The setup's `scheme` for public-key seals.
+const ED25519: &str = "ed25519";
 /// Seals written in one transaction when catching up many epochs.
 const CATCH_UP_CHUNK: u64 = 1000;
 /// The shortest interval `seal setup` accepts.
 pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
+/// The form of the seals this build makes: 2, exports' trailers sealed too.
+const SEAL_FORM: u32 = 2;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -141,6 +164,79 @@ fn same(a: &str, b: &str) -> bool {
             .zip(b.bytes())
             .fold(0u8, |acc, (x, y)| acc | (x ^ y))
             == 0
+}
+
+/// What a signature covers: the canonical JSON of the data without its
+/// `mac` and `sig`.
+fn message_of(data: &serde_json::Value) -> String {
+    let mut data = data.clone();
+    if let Some(obj) = data.as_object_mut() {
+        obj.remove("mac");
+        obj.remove("sig");
+    }
+    chain::canonical_string(&data)
+}
+
+fn sign_of(key: &[u8; 32], data: &serde_json::Value) -> String {
+    hex::encode(
+        SigningKey::from_bytes(key)
+            .sign(message_of(data).as_bytes())
+            .to_bytes(),
+    )
+}
+
+fn signed_by(public: &VerifyingKey, data: &serde_json::Value, sig: Option<&str>) -> bool {
+    let Some(sig) = sig
+        .and_then(|s| hex::decode(s).ok())
+        .and_then(|b| <[u8; 64]>::try_from(b).ok())
+    else {
+        return false;
+    };
+    public
+        .verify(message_of(data).as_bytes(), &Signature::from_bytes(&sig))
+        .is_ok()
+}
+
+fn public_of(key: &[u8; 32]) -> VerifyingKey {
+    SigningKey::from_bytes(key).verifying_key()
+}
+
+fn parse_public(hex_text: &str) -> Option<VerifyingKey> {
+    let bytes: [u8; 32] = hex::decode(hex_text.trim()).ok()?.try_into().ok()?;
+    VerifyingKey::from_bytes(&bytes).ok()
+}
+
+/// The key of the epoch a sealer is in: an HMAC key (derived one way), or a
+/// public-key ledger's signing key with the next epoch's, drawn already.
+#[derive(Clone)]
+enum EpochKey {
+    Hmac([u8; 32]),
+    Signing { key: [u8; 32], next: [u8; 32] },
+}
+
+impl EpochKey {
+    /// The next epoch's key: derived (HMAC), or the drawn one, with a new
+    /// one drawn after it.
+    fn advance(&self) -> Result<EpochKey, LedgerError> {
+        Ok(match self {
+            EpochKey::Hmac(k) => EpochKey::Hmac(evolve(k)),
+            EpochKey::Signing { next, .. } => EpochKey::Signing {
+                key: *next,
+                next: random_seed()?,
+            },
+        })
+    }
+
+    /// Adds the authenticator to `data` (an object): `mac`, or `sig`.
+    fn authenticate(&self, data: &mut serde_json::Value) {
+        let (field, value) = match self {
+            EpochKey::Hmac(k) => ("mac", mac_of(k, data)),
+            EpochKey::Signing { key, .. } => ("sig", sign_of(key, data)),
+        };
+        if let Some(obj) = data.as_object_mut() {
+            obj.insert(field.into(), value.into());
+        }
+    }
 }
 
 fn to_value<T: serde::Serialize>(v: &T) -> Result<serde_json::Value, Fail> {
@@ -227,24 +323,55 @@ struct KeyRecord {
     /// The epoch whose key this is.
     epoch: u64,
     key: String,
-    /// The setup's MAC: binds the file to one setup.
+    /// The setup's MAC (or signature): binds the file to one setup.
     setup: String,
+    /// A public-key ledger's: the next epoch's key, drawn already.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    next: Option<String>,
+}
+
+fn key_bytes(text: &str) -> Result<[u8; 32], LedgerError> {
+    hex::decode(text)
+        .ok()
+        .and_then(|b| <[u8; 32]>::try_from(b).ok())
+        .ok_or_else(|| LedgerError::Other("seal key file: the key is malformed".into()))
 }
 
 impl KeyRecord {
-    fn key(&self) -> Result<[u8; 32], LedgerError> {
-        hex::decode(&self.key)
-            .ok()
-            .and_then(|b| <[u8; 32]>::try_from(b).ok())
-            .ok_or_else(|| LedgerError::Other("seal key file: the key is malformed".into()))
+    fn of(epoch: u64, key: &EpochKey, setup: String) -> KeyRecord {
+        let (key, next) = match key {
+            EpochKey::Hmac(k) => (hex::encode(k), None),
+            EpochKey::Signing { key, next } => (hex::encode(key), Some(hex::encode(next))),
+        };
+        KeyRecord {
+            epoch,
+            key,
+            setup,
+            next,
+        }
+    }
+    fn key(&self) -> Result<EpochKey, LedgerError> {
+        let key = key_bytes(&self.key)?;
+        Ok(match &self.next {
+            None => EpochKey::Hmac(key),
+            Some(next) => EpochKey::Signing {
+                key,
+                next: key_bytes(next)?,
+            },
+        })
     }
     fn bytes(&self) -> Result<Vec<u8>, LedgerError> {
+        let len = if self.next.is_some() {
+            RECORD_LEN_SIGNED
+        } else {
+            RECORD_LEN
+        };
         let mut text = serde_json::to_vec(self)
             .map_err(|e| LedgerError::Other(format!("seal key file: {e}")))?;
-        if text.len() >= RECORD_LEN {
+        if text.len() >= len {
             return Err(LedgerError::Other("seal key file: record too long".into()));
         }
-        text.resize(RECORD_LEN - 1, b' ');
+        text.resize(len - 1, b' ');
         text.push(b'\n');
         Ok(text)
     }
@@ -283,12 +410,8 @@ impl KeyFile {
     }
 
     /// Overwrites the record in place with the key of `epoch` and fsyncs.
-    fn store(&mut self, epoch: u64, key: &[u8; 32]) -> Result<(), LedgerError> {
-        let record = KeyRecord {
-            epoch,
-            key: hex::encode(key),
-            setup: self.record.setup.clone(),
-        };
+    fn store(&mut self, epoch: u64, key: &EpochKey) -> Result<(), LedgerError> {
+        let record = KeyRecord::of(epoch, key, self.record.setup.clone());
         crate::proc::write_all_at(&self.file, &record.bytes()?, 0)
             .map_err(|e| Self::io(&self.path, "cannot overwrite", e))?;
         self.file
@@ -307,8 +430,10 @@ pub fn key_path(data_dir: &Path) -> PathBuf {
 /// What `seal setup` made.
 #[derive(Clone, Debug)]
 pub struct SealSetupReport {
-    /// The verification key: print it once, keep it off the host.
-    pub key: SealKey,
+    /// The verification key (HMAC seals): print it once, keep it off the host.
+    pub key: Option<SealKey>,
+    /// The root public key (public-key seals), as 64 hex digits.
+    pub public: Option<String>,
     pub seq: i64,
     pub start: String,
     pub interval: Duration,
@@ -336,15 +461,22 @@ fn random_seed() -> Result<[u8; 32], LedgerError> {
     Ok(seed)
 }
 
+/// The setup's binding of the key file: its MAC, or its signature.
+fn setup_id(setup: &SealSetup) -> &str {
+    setup.sig.as_deref().unwrap_or(&setup.mac)
+}
+
 impl Ledger {
-    /// `seal setup`: a new seed, the key file (a new file, 0600, fsynced,
-    /// holding key(0) only) and the setup event, committed FULL. Refused
-    /// when sealing is already set up or the key file exists; a failed
-    /// commit removes the key file.
+    /// `seal setup`: a new seed (or, with `public`, epoch 0's and epoch 1's
+    /// signing keys), the key file (a new file, 0600, fsynced, holding
+    /// epoch 0's key, and epoch 1's for public-key seals) and the setup
+    /// event, committed FULL. Refused when sealing is already set up or the
+    /// key file exists; a failed commit removes the key file.
     pub fn seal_setup(
         &self,
         data_dir: &Path,
         interval: Duration,
+        public: bool,
     ) -> Result<SealSetupReport, LedgerError> {
         if interval < MIN_INTERVAL {
             return Err(LedgerError::Invariant(
@@ -365,26 +497,51 @@ impl Ledger {
                 path.display()
             )));
         }
-        let seed = SealKey(random_seed()?);
-        let key0 = seed.first();
+        let (seed, key0) = if public {
+            let key = random_seed()?;
+            (
+                None,
+                EpochKey::Signing {
+                    key,
+                    next: random_seed()?,
+                },
+            )
+        } else {
+            let seed = SealKey(random_seed()?);
+            let key0 = seed.first();
+            (Some(seed), EpochKey::Hmac(key0))
+        };
+        let root = match &key0 {
+            EpochKey::Signing { key, .. } => Some(hex::encode(public_of(key).to_bytes())),
+            EpochKey::Hmac(_) => None,
+        };
         let result = {
             let path = path.clone();
             let data_dir = data_dir.to_path_buf();
+            let root = root.clone();
             self.write(Durability::Full, move |w| {
                 if read_setup(w.tx)?.is_some() {
                     return Err(LedgerError::Invariant("sealing is already set up".into()).into());
                 }
-                let mut setup = SealSetup {
+                let setup = SealSetup {
                     start: w.now.clone(),
                     interval_ms,
                     mac: String::new(),
+                    scheme: root.as_ref().map(|_| ED25519.to_string()),
+                    public: root,
+                    sig: None,
                 };
-                setup.mac = mac_of(&key0, &to_value(&SealData::Setup(setup.clone()))?);
-                let record = KeyRecord {
-                    epoch: 0,
-                    key: hex::encode(key0),
-                    setup: setup.mac.clone(),
+                let mut data = to_value(&SealData::Setup(setup))?;
+                key0.authenticate(&mut data);
+                let setup = match serde_json::from_value::<SealData>(data) {
+                    Ok(SealData::Setup(setup)) => setup,
+                    _ => {
+                        return Err(
+                            LedgerError::Other("seal setup: cannot be read back".into()).into()
+                        );
+                    }
                 };
+                let record = KeyRecord::of(0, &key0, setup_id(&setup).to_string());
                 write_new_key_file(&path, &data_dir, &record)?;
                 let seq = w.event(None, &Event::LedgerSeal(SealData::Setup(setup.clone())))?;
                 Ok((seq, setup))
@@ -393,6 +550,7 @@ impl Ledger {
         match result {
             Ok((seq, setup)) => Ok(SealSetupReport {
                 key: seed,
+                public: setup.public,
                 seq,
                 start: setup.start,
                 interval,
@@ -416,7 +574,7 @@ impl Ledger {
         let clock = Clock::of(&setup)
             .ok_or_else(|| LedgerError::Invariant("the seal setup is malformed".into()))?;
         let mut keys = KeyFile::open(&key_path(data_dir))?;
-        if !same(&keys.record.setup, &setup.mac) {
+        if !same(&keys.record.setup, setup_id(&setup)) {
             return Err(LedgerError::Invariant(format!(
                 "seal key file {} belongs to another setup",
                 keys.path.display()
@@ -424,13 +582,26 @@ impl Ledger {
         }
         let mut epoch = keys.record.epoch;
         let mut key = keys.record.key()?;
+        // A public-key ledger seals one epoch a transaction: the key file
+        // holds only the next epoch's key ahead.
+        let chunk = match key {
+            EpochKey::Hmac(_) => CATCH_UP_CHUNK,
+            EpochKey::Signing { .. } => 1,
+        };
         // A crash between a seal's commit and the key's overwrite: evolve
         // past the newest seal first.
         if let Some(last) = self.read(|tx| last_epoch(tx))?
             && last >= epoch
         {
+            if chunk == 1 && last > epoch {
+                return Err(LedgerError::Invariant(format!(
+                    "seal key file {} holds epoch {epoch}'s key but the ledger is sealed to epoch {last}: the key of epoch {} is lost",
+                    keys.path.display(),
+                    last + 1
+                )));
+            }
             while epoch <= last {
-                key = evolve(&key);
+                key = key.advance()?;
                 epoch += 1;
             }
             keys.store(epoch, &key)?;
@@ -442,17 +613,19 @@ impl Ledger {
                 break;
             }
             // Seal the ended epochs from `epoch` on, a chunk per transaction.
-            let (start_key, start_epoch) = (key, epoch);
+            let (start_key, start_epoch) = (key.clone(), epoch);
             let sealed: Vec<(u64, bool)> = self.write(Durability::Full, move |w| {
                 let now_ms = parse_ms(&w.now).unwrap_or(now);
                 let (mut key, mut epoch) = (start_key, start_epoch);
                 let mut out = Vec::new();
-                while clock.end_of(epoch) <= now_ms && (out.len() as u64) < CATCH_UP_CHUNK {
+                while clock.end_of(epoch) <= now_ms && (out.len() as u64) < chunk {
                     let late = now_ms > clock.end_of(epoch) + clock.interval_ms;
                     append_seal(w, &key, epoch, late, false)?;
                     out.push((epoch, late));
-                    key = evolve(&key);
                     epoch += 1;
+                    if (out.len() as u64) < chunk {
+                        key = key.advance()?;
+                    }
                 }
                 Ok(out)
             })?;
@@ -460,7 +633,7 @@ impl Ledger {
                 crate::testhook::crash_point("seal-committed");
             }
             for (e, late) in &sealed {
-                key = evolve(&key);
+                key = key.advance()?;
                 epoch = e + 1;
                 run.sealed.push(*e);
                 run.late += u64::from(*late);
@@ -472,11 +645,11 @@ impl Ledger {
             }
         }
         if close {
-            let (k, e) = (key, epoch);
+            let (k, e) = (key.clone(), epoch);
             self.write(Durability::Full, move |w| {
                 append_seal(w, &k, e, false, true)
             })?;
-            key = evolve(&key);
+            key = key.advance()?;
             epoch += 1;
             keys.store(epoch, &key)?;
             run.sealed.push(epoch - 1);
@@ -495,6 +668,145 @@ impl Ledger {
             Ok(read_setup(tx)?.map(|(seq, s)| (seq, Duration::from_millis(s.interval_ms))))
         })
     }
+}
+
+/// The key an export's trailer is sealed with: that of the epoch after the
+/// ledger's newest seal, which the key file holds while that epoch is open.
+pub(crate) struct TrailerKey {
+    epoch: u64,
+    key: EpochKey,
+}
+
+impl TrailerKey {
+    /// Seals the trailer's object (`exported`'s value): adds `epoch`, then
+    /// `mac` (or `sig`) over the canonical JSON of everything else in it.
+    pub(crate) fn seal(&self, stamp: &mut serde_json::Value) {
+        if let Some(obj) = stamp.as_object_mut() {
+            obj.insert("epoch".into(), self.epoch.into());
+        }
+        self.key.authenticate(stamp);
+    }
+}
+
+/// What a whole export of a sealed ledger starts from, all read under the
+/// key file's lock (no seal commits meanwhile): the head it stops at, its
+/// time, and its trailer's key.
+pub(crate) struct ExportSeal {
+    pub(crate) head: Option<(i64, String)>,
+    pub(crate) at: SystemTime,
+    pub(crate) key: TrailerKey,
+}
+
+impl Ledger {
+    /// The start of a whole export of this ledger when it is sealed
+    /// ([`ExportSeal`]); `Ok(None)` when it is not. The key file must be
+    /// this setup's: an export of a sealed ledger whose trailer cannot be
+    /// sealed is refused rather than written unauthenticated.
+    pub(crate) fn export_seal(&self, data_dir: &Path) -> Result<Option<ExportSeal>, LedgerError> {
+        let Some(lock) = self.seal_lock(data_dir)? else {
+            return Ok(None);
+        };
+        let (head, last) = self.read(|tx| Ok((super::db::read_head(tx)?, last_epoch(tx)?)))?;
+        let at = SystemTime::now();
+        let key = lock.key_after(last)?;
+        Ok(Some(ExportSeal { head, at, key }))
+    }
+
+    /// The key file, locked (no seal commits while it is held) and checked
+    /// to be this setup's; `Ok(None)` when the ledger is not sealed.
+    pub(crate) fn seal_lock(&self, data_dir: &Path) -> Result<Option<SealLock>, LedgerError> {
+        let Some((_, setup)) = self.read(|tx| read_setup(tx))? else {
+            return Ok(None);
+        };
+        let keys = KeyFile::open(&key_path(data_dir))?;
+        if !same(&keys.record.setup, setup_id(&setup)) {
+            return Err(LedgerError::Invariant(format!(
+                "seal key file {} belongs to another setup",
+                keys.path.display()
+            )));
+        }
+        Ok(Some(SealLock { keys }))
+    }
+}
+
+/// The key file held locked: no seal commits meanwhile.
+pub(crate) struct SealLock {
+    keys: KeyFile,
+}
+
+impl SealLock {
+    /// The key of the epoch after `last` (the newest sealed epoch). A crash
+    /// between a seal's commit and the key's overwrite leaves the file one
+    /// epoch behind: the key after the newest seal is taken, as the next
+    /// sealer will.
+    pub(crate) fn key_after(&self, last: Option<u64>) -> Result<TrailerKey, LedgerError> {
+        let want = last.map_or(0, |l| l + 1);
+        let (mut epoch, mut key) = (self.keys.record.epoch, self.keys.record.key()?);
+        while epoch < want {
+            // A public-key ledger's file is at most one epoch behind (its
+            // next key certified, drawn, and read here).
+            if matches!(key, EpochKey::Signing { .. }) && epoch + 1 < want {
+                return Err(LedgerError::Invariant(format!(
+                    "seal key file holds epoch {epoch}'s key but the ledger is sealed to epoch {}",
+                    want - 1
+                )));
+            }
+            key = key.advance()?;
+            epoch += 1;
+        }
+        Ok(TrailerKey { epoch, key })
+    }
+}
+
+/// Stamps a backup just made (under `lock`, so its newest seal is the
+/// ledger's): a `backup_stamp` table in the copy holding the stamp (its
+/// time, host, machine, boot and head) sealed as an export's trailer is,
+/// so that `verify` judges the copy's seals at the time it was taken.
+pub(crate) fn stamp_backup(
+    dest: &Path,
+    lock: &SealLock,
+    mut stamp: serde_json::Value,
+) -> Result<(), LedgerError> {
+    let fail = |e: rusqlite::Error| LedgerError::Other(format!("backup stamp: {e}"));
+    let conn = Connection::open(dest).map_err(fail)?;
+    let (head, last) =
+        (|| -> Result<_, Fail> { Ok((super::db::read_head(&conn)?, last_epoch(&conn)?)) })()
+            .map_err(|f| f.into_ledger(Duration::ZERO))?;
+    let key = lock.key_after(last)?;
+    if let Some(obj) = stamp.as_object_mut() {
+        obj.insert(
+            "head".into(),
+            head.map(|(seq, hash)| serde_json::json!({"seq": seq, "hash": hash}))
+                .unwrap_or_default(),
+        );
+    }
+    key.seal(&mut stamp);
+    conn.execute_batch("CREATE TABLE backup_stamp (stamp TEXT NOT NULL)")
+        .map_err(fail)?;
+    conn.execute(
+        "INSERT INTO backup_stamp (stamp) VALUES (?1)",
+        [chain::canonical_string(&stamp)],
+    )
+    .map_err(fail)?;
+    Ok(())
+}
+
+/// A backup's stamp, if the ledger is one (`stamp_backup`).
+pub(crate) fn read_backup_stamp(conn: &Connection) -> Result<Option<serde_json::Value>, Fail> {
+    let has: Option<String> = conn
+        .query_row(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'backup_stamp'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?;
+    if has.is_none() {
+        return Ok(None);
+    }
+    let text: Option<String> = conn
+        .query_row("SELECT stamp FROM backup_stamp LIMIT 1", [], |r| r.get(0))
+        .optional()?;
+    Ok(text.and_then(|t| serde_json::from_str(&t).ok()))
 }
 
 fn write_new_key_file(path: &Path, dir: &Path, record: &KeyRecord) -> Result<(), Fail> {
@@ -520,7 +832,7 @@ fn write_new_key_file(path: &Path, dir: &Path, record: &KeyRecord) -> Result<(),
 /// Appends the seal (or close) of `epoch` over the current head.
 fn append_seal(
     w: &mut super::db::Writer<'_>,
-    key: &[u8; 32],
+    key: &EpochKey,
     epoch: u64,
     late: bool,
     close: bool,
@@ -534,7 +846,13 @@ fn append_seal(
         head_hash,
         made_at: w.now.clone(),
         late,
+        v: Some(SEAL_FORM),
         mac: String::new(),
+        next: match key {
+            EpochKey::Signing { next, .. } => Some(hex::encode(public_of(next).to_bytes())),
+            EpochKey::Hmac(_) => None,
+        },
+        sig: None,
     };
     let wrap = |s: EpochSeal| {
         if close {
@@ -543,17 +861,59 @@ fn append_seal(
             SealData::Seal(s)
         }
     };
-    seal.mac = mac_of(key, &to_value(&wrap(seal.clone()))?);
+    let mut data = to_value(&wrap(seal.clone()))?;
+    key.authenticate(&mut data);
+    match key {
+        EpochKey::Hmac(_) => seal.mac = data["mac"].as_str().unwrap_or_default().to_string(),
+        EpochKey::Signing { .. } => seal.sig = data["sig"].as_str().map(str::to_string),
+    }
     w.event(None, &Event::LedgerSeal(wrap(seal)))
 }
 
-/// `verify --seal-key`: fed every event in seq order by the chain walk.
+/// The root public key `seal setup --pub` wrote (64 hex digits).
+#[derive(Clone, Debug)]
+pub struct SealPub(VerifyingKey);
+
+impl SealPub {
+    /// Parses the key as `seal setup --pub` wrote it.
+    pub fn parse(s: &str) -> Result<SealPub, String> {
+        parse_public(s).map(SealPub).ok_or_else(|| {
+            "malformed public key: expected the 64 hex digits `seal setup --pub` wrote".to_string()
+        })
+    }
+}
+
+/// What `verify` checks seals with: the verification key (HMAC seals) or
+/// the root public key (public-key seals).
+#[derive(Clone, Debug)]
+pub enum SealVerifier {
+    Key(SealKey),
+    Pub(SealPub),
+}
+
+/// The check's key state (one a verify run: its size does not matter).
+#[allow(clippy::large_enum_variant)]
+enum Checker {
+    /// The seed, and the key of the next epoch expected.
+    Hmac { seed: SealKey, key: [u8; 32] },
+    /// The root, the public key of the next epoch expected (certified by
+    /// the seal before it), the sealed epochs' public keys, and the data
+    /// dir to look through for their private keys (a ledger's, not an
+    /// export's).
+    Signed {
+        root: VerifyingKey,
+        current: VerifyingKey,
+        sealed: Vec<(u64, [u8; 32])>,
+        dir: Option<PathBuf>,
+    },
+}
+
+/// `verify --seal-key` / `--seal-pub`: fed every event in seq order by the chain walk.
 pub(crate) struct SealCheck {
-    seed: SealKey,
+    check: Checker,
     setup: Option<(i64, SealSetup, Clock)>,
-    /// The next epoch expected and its key.
+    /// The next epoch expected (its key in `check`).
     next: u64,
-    key: [u8; 32],
     seals: u64,
     late: u64,
     first_late: Option<u64>,
@@ -561,22 +921,36 @@ pub(crate) struct SealCheck {
     /// Events walked since the newest seal.
     since_last: u64,
     events: u64,
+    /// A seal of form 2 was walked: the export's trailer must be sealed.
+    binds_trailers: bool,
 }
 
 impl SealCheck {
-    pub(crate) fn new(seed: SealKey) -> SealCheck {
-        let key = seed.first();
+    /// `dir`: the data dir of the ledger checked (none for an export).
+    pub(crate) fn new(verifier: SealVerifier, dir: Option<PathBuf>) -> SealCheck {
+        let check = match verifier {
+            SealVerifier::Key(seed) => Checker::Hmac {
+                key: seed.first(),
+                seed,
+            },
+            SealVerifier::Pub(SealPub(root)) => Checker::Signed {
+                root,
+                current: root,
+                sealed: Vec::new(),
+                dir,
+            },
+        };
         SealCheck {
-            seed,
+            check,
             setup: None,
             next: 0,
-            key,
             seals: 0,
             late: 0,
             first_late: None,
             last: None,
             since_last: 0,
             events: 0,
+            binds_trailers: false,
         }
     }
 
@@ -616,11 +990,8 @@ impl SealCheck {
                         ),
                     );
                 }
-                if !same(&mac_of(&self.seed.first(), data), &setup.mac) {
-                    return Self::broke(
-                        seq,
-                        "the seal key does not match this ledger's seal setup (wrong key, or the setup was replaced)".into(),
-                    );
+                if let Some(what) = self.setup_refused(data, &setup) {
+                    return Self::broke(seq, what);
                 }
                 let Some(clock) = Clock::of(&setup) else {
                     return Self::broke(seq, "the seal setup is malformed".into());
@@ -660,14 +1031,37 @@ impl SealCheck {
                 ),
             );
         }
-        if !same(&mac_of(&self.key, data), &seal.mac) {
-            return Self::broke(
-                seq,
-                format!(
-                    "epoch {epoch}: the seal's MAC does not match its epoch's key (made with another key, e.g. a later one, or edited)"
-                ),
-            );
+        match &self.check {
+            Checker::Hmac { key, .. } if !same(&mac_of(key, data), &seal.mac) => {
+                return Self::broke(
+                    seq,
+                    format!(
+                        "epoch {epoch}: the seal's MAC does not match its epoch's key (made with another key, e.g. a later one, or edited)"
+                    ),
+                );
+            }
+            Checker::Signed { current, .. } if !signed_by(current, data, seal.sig.as_deref()) => {
+                return Self::broke(
+                    seq,
+                    format!(
+                        "epoch {epoch}: the seal's signature does not match its epoch's public key (made with another key, e.g. a later epoch's found on the host, or edited)"
+                    ),
+                );
+            }
+            _ => {}
         }
+        let next_public = match &self.check {
+            Checker::Signed { .. } => match seal.next.as_deref().and_then(parse_public) {
+                Some(next) => Some(next),
+                None => {
+                    return Self::broke(
+                        seq,
+                        format!("epoch {epoch}: the seal certifies no next public key"),
+                    );
+                }
+            },
+            Checker::Hmac { .. } => None,
+        };
         if seal.head_seq != seq - 1 || seal.head_hash != prev_hash {
             return Self::broke(
                 seq,
@@ -688,12 +1082,137 @@ impl SealCheck {
             self.late += 1;
             self.first_late.get_or_insert(epoch);
         }
+        self.binds_trailers |= seal.v.unwrap_or(1) >= SEAL_FORM;
         self.seals += 1;
         self.next = epoch + 1;
-        self.key = evolve(&self.key);
+        match (&mut self.check, next_public) {
+            (Checker::Hmac { key, .. }, _) => *key = evolve(key),
+            (
+                Checker::Signed {
+                    current, sealed, ..
+                },
+                Some(next),
+            ) => {
+                sealed.push((epoch, current.to_bytes()));
+                *current = next;
+            }
+            (Checker::Signed { .. }, None) => {}
+        }
         self.last = Some((epoch, seq, seal.made_at, close, made));
         self.since_last = 0;
         None
+    }
+
+    /// Why the setup is not the one this check's key or root belongs to.
+    fn setup_refused(&self, data: &serde_json::Value, setup: &SealSetup) -> Option<String> {
+        let signed = setup.scheme.is_some();
+        match &self.check {
+            Checker::Hmac { .. } if signed => Some(format!(
+                "this ledger's seals are signed ({}): check them with --seal-pub FILE, the root public key `seal setup --pub` wrote",
+                setup.scheme.as_deref().unwrap_or_default()
+            )),
+            Checker::Hmac { seed, .. } => (!same(&mac_of(&seed.first(), data), &setup.mac)).then(|| {
+                "the seal key does not match this ledger's seal setup (wrong key, or the setup was replaced)".to_string()
+            }),
+            Checker::Signed { .. } if setup.scheme.as_deref() != Some(ED25519) => Some(
+                "this ledger's seals are HMACs: check them with --seal-key KEY, the verification key `seal setup` printed".into(),
+            ),
+            Checker::Signed { root, .. } => {
+                if setup.public.as_deref().and_then(parse_public) != Some(*root) {
+                    Some("the public key does not match this ledger's seal setup (wrong key, or the setup was replaced)".into())
+                } else if !signed_by(root, data, setup.sig.as_deref()) {
+                    Some("the seal setup's signature does not match its public key (edited)".into())
+                } else {
+                    None
+                }
+            }
+        }
+    }
+
+    /// An export's trailer (the `exported` object, on `line`), after the
+    /// walk: sealed with the key the export's newest seal handed on, which
+    /// binds its time, host, head, filter and count. Returns what it proves.
+    pub(crate) fn check_trailer(
+        &self,
+        line: usize,
+        stamp: &serde_json::Value,
+    ) -> Result<String, VerifyBreak> {
+        let fail = |what: String| {
+            Err(VerifyBreak {
+                seq: None,
+                what: format!("line {line}: {what}"),
+            })
+        };
+        let epoch = stamp.get("epoch").and_then(serde_json::Value::as_u64);
+        let mac = stamp.get("mac").and_then(serde_json::Value::as_str);
+        let sig = stamp.get("sig").and_then(serde_json::Value::as_str);
+        let (Some(epoch), true) = (epoch, mac.is_some() || sig.is_some()) else {
+            if self.binds_trailers {
+                return fail("the trailer carries no seal (epoch and MAC), but this ledger's seals bind every export's trailer: written by hand or by another tool".into());
+            }
+            return Ok("the trailer is unauthenticated (an export made before trailers were sealed: a cut export with a hand-written last line would pass)".into());
+        };
+        if epoch != self.next {
+            return fail(format!(
+                "the trailer is sealed as epoch {epoch}, but the export's seals hand on epoch {}'s key: the export was cut before its newest seals, or the trailer is another export's",
+                self.next
+            ));
+        }
+        let (authentic, what) = match &self.check {
+            Checker::Hmac { key, .. } => (
+                mac.is_some_and(|m| same(&mac_of(key, stamp), m)),
+                "MAC does not match epoch",
+            ),
+            Checker::Signed { current, .. } => (
+                signed_by(current, stamp, sig),
+                "signature does not match epoch",
+            ),
+        };
+        if !authentic {
+            return fail(format!(
+                "the trailer's {what} {epoch}'s key: its time, host, machine id, boot id, head, filter or event count was edited, or it was written by hand"
+            ));
+        }
+        Ok(format!(
+            "the trailer (time, host, head, count) is sealed with epoch {epoch}'s key"
+        ))
+    }
+
+    /// A backup's stamp (`stamp_backup`), after the walk: sealed with the
+    /// key the copy's newest seal handed on. Returns its epoch.
+    pub(crate) fn check_backup_stamp(&self, stamp: &serde_json::Value) -> Result<u64, VerifyBreak> {
+        let fail = |what: String| {
+            Err(VerifyBreak {
+                seq: None,
+                what: format!("the backup's stamp {what}"),
+            })
+        };
+        let Some(epoch) = stamp.get("epoch").and_then(serde_json::Value::as_u64) else {
+            return fail("carries no seal (edited, or written by hand)".into());
+        };
+        if epoch != self.next {
+            return fail(format!(
+                "is sealed as epoch {epoch}, but the copy's seals hand on epoch {}'s key: the copy was cut, or the stamp is another copy's",
+                self.next
+            ));
+        }
+        let authentic = match &self.check {
+            Checker::Hmac { key, .. } => stamp
+                .get("mac")
+                .and_then(serde_json::Value::as_str)
+                .is_some_and(|m| same(&mac_of(key, stamp), m)),
+            Checker::Signed { current, .. } => signed_by(
+                current,
+                stamp,
+                stamp.get("sig").and_then(serde_json::Value::as_str),
+            ),
+        };
+        if !authentic {
+            return fail(format!(
+                "does not match epoch {epoch}'s key: its time, host, machine id, boot id or head was edited"
+            ));
+        }
+        Ok(epoch)
     }
 
     /// After the walk: seals exist, and the newest is fresh at `read_at`
@@ -707,6 +1226,21 @@ impl SealCheck {
                 what: "the ledger has no seal setup: the seal key matches no seal".into(),
             });
         };
+        if let Checker::Signed {
+            sealed,
+            dir: Some(dir),
+            ..
+        } = &self.check
+            && let Some((file, epoch)) = erased_key_left(dir, sealed)
+        {
+            return Err(VerifyBreak {
+                seq: None,
+                what: format!(
+                    "epoch {epoch}'s private key is still on disk, in {}: its seal should have erased it (a copy of the key file, or an overwrite that did not happen)",
+                    file.display()
+                ),
+            });
+        }
         let Some((epoch, seq, made_at, closed, made_ms)) = self.last.clone() else {
             return Err(VerifyBreak {
                 seq: Some(setup_seq),
@@ -781,6 +1315,56 @@ impl SealCheck {
             read_at: read_ms.map(time_of),
         }
     }
+}
+
+/// Files this large are not looked through for keys (a key file is 512 bytes).
+const SCAN_MAX: u64 = 1 << 20;
+
+/// The first file under `dir` that holds, as 64 hex digits, the private key
+/// of a sealed epoch (one of `sealed`'s public keys): (file, epoch). The
+/// ledger's own files are skipped: no key is ever written to SQLite.
+fn erased_key_left(dir: &Path, sealed: &[(u64, [u8; 32])]) -> Option<(PathBuf, u64)> {
+    let by_public: std::collections::HashMap<[u8; 32], u64> =
+        sealed.iter().map(|(e, p)| (*p, *e)).collect();
+    let mut stack = vec![(dir.to_path_buf(), 0u32)];
+    while let Some((d, depth)) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
+            let name = entry.file_name();
+            if meta.is_dir() && depth < 4 {
+                stack.push((path, depth + 1));
+                continue;
+            }
+            if !meta.is_file()
+                || meta.len() > SCAN_MAX
+                || name.to_string_lossy().starts_with("ledger.db")
+            {
+                continue;
+            }
+            let Ok(bytes) = std::fs::read(&path) else {
+                continue;
+            };
+            for run in bytes.split(|b| !b.is_ascii_hexdigit()) {
+                let Some(key) = (run.len() == 64)
+                    .then(|| std::str::from_utf8(run).ok())
+                    .flatten()
+                    .and_then(|t| key_bytes(t).ok())
+                else {
+                    continue;
+                };
+                if let Some(epoch) = by_public.get(&public_of(&key).to_bytes()) {
+                    return Some((path, *epoch));
+                }
+            }
+        }
+    }
+    None
 }
 
 #[cfg(test)]

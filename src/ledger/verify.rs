@@ -31,7 +31,7 @@ pub(crate) fn verify(
     expect_head: Option<(i64, String)>,
     seals: Option<(SealCheck, std::time::SystemTime)>,
 ) -> Result<(VerifyReport, Option<SealReport>), Fail> {
-    let (seals, read_at) = match seals {
+    let (seals, mut read_at) = match seals {
         Some((check, at)) => (Some(check), Some(at)),
         None => (None, None),
     };
@@ -41,6 +41,7 @@ pub(crate) fn verify(
         integrity_ok: false,
         first_break: None,
         checkpoint: None,
+        trailer: None,
     };
 
     let problems: Vec<String> = {
@@ -119,7 +120,76 @@ pub(crate) fn verify(
             }
         };
     }
-    finish_seals(report, seals, read_at)
+    // A backup is judged at the time it was taken (its stamp's), while it
+    // still ends at the head its stamp names: a restored backup written to
+    // since is a live ledger again, judged now.
+    let backup = super::seal::read_backup_stamp(conn)?.filter(|stamp| {
+        let named = stamp["head"]["seq"]
+            .as_i64()
+            .zip(stamp["head"]["hash"].as_str());
+        named == report.head.as_ref().map(|(s, h)| (*s, h.as_str()))
+    });
+    if let Some(stamp) = &backup
+        && read_at.is_some()
+    {
+        read_at = stamp["at"]
+            .as_str()
+            .and_then(|t| humantime::parse_rfc3339(t).ok());
+    }
+    let stamp = match (&backup, seals.as_ref()) {
+        (Some(stamp), Some(check)) => Some(check_stamp(check, stamp, &report)),
+        (Some(stamp), None) => {
+            report.trailer = Some(format!(
+                "a backup taken at {} (its stamp not checked: no --seal-key or --seal-pub)",
+                stamp["at"].as_str().unwrap_or("an unknown time")
+            ));
+            None
+        }
+        (None, _) => None,
+    };
+    // An edited stamp is named before the seals are judged at its time.
+    if report.first_break.is_none()
+        && let Some(Err(found)) = &stamp
+    {
+        report.first_break = Some(found.clone());
+        return Ok((report, None));
+    }
+    let (mut report, sealed) = finish_seals(report, seals, read_at)?;
+    if report.first_break.is_none()
+        && let Some(Ok(note)) = stamp
+    {
+        report.trailer = Some(note);
+    }
+    Ok((report, sealed))
+}
+
+/// A backup's stamp against the copy: sealed with the key its newest seal
+/// handed on, naming the copy's head. Returns what it proves.
+fn check_stamp(
+    check: &SealCheck,
+    stamp: &serde_json::Value,
+    report: &VerifyReport,
+) -> Result<String, VerifyBreak> {
+    let epoch = check.check_backup_stamp(stamp)?;
+    let named = stamp["head"]["seq"]
+        .as_i64()
+        .zip(stamp["head"]["hash"].as_str());
+    let walked = report.head.as_ref().map(|(s, h)| (*s, h.as_str()));
+    if named != walked {
+        return Err(VerifyBreak {
+            seq: None,
+            what: format!(
+                "the backup's stamp names head {} but the copy ends at {} (written to since it was taken, or cut)",
+                named.map_or("none".to_string(), |(s, h)| format!("{s}:{h}")),
+                walked.map_or("none".to_string(), |(s, h)| format!("{s}:{h}"))
+            ),
+        });
+    }
+    Ok(format!(
+        "a backup, proven up to seq {} at {} (its stamp sealed with epoch {epoch}'s key)",
+        named.map_or(0, |(s, _)| s),
+        stamp["at"].as_str().unwrap_or_default()
+    ))
 }
 
 /// The seal check's end (when asked, and nothing broke before it).
@@ -143,13 +213,41 @@ fn finish_seals(
     }
 }
 
-/// The last line of a CLI NDJSON export of a sealed ledger: not an event,
-/// but the export's own time (freshness is judged at it) and how many
-/// events it holds (a cut export shows).
+/// The last line of a whole NDJSON export of a sealed ledger (every path's:
+/// the CLI's, `/api/export`, the dashboard's link): not an event, but the
+/// export's own time (freshness is judged at it), where it was made, the
+/// head it stops at, its filter and how many events it holds, sealed with
+/// the key of the epoch after the newest seal (`seal.rs`, [`TrailerKey`]):
+/// cutting the export or editing the line fails `verify --export
+/// --seal-key`. Trailers of earlier builds carry only `at` and `events`.
+///
+/// [`TrailerKey`]: super::seal::TrailerKey
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct ExportStamp {
+    /// The trailer's form: 2 (absent in an earlier build's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) v: Option<u32>,
     pub(crate) at: String,
     pub(crate) events: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) host: Option<String>,
+    /// `/etc/machine-id` (none where the host has no such file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) machine_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) boot_id: Option<String>,
+    /// The newest event the export holds (null for an empty ledger).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) head: Option<Option<StampHead>>,
+    /// What the export selected: `{}` for the whole ledger.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) filter: Option<serde_json::Value>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct StampHead {
+    pub(crate) seq: i64,
+    pub(crate) hash: String,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -157,15 +255,26 @@ pub(crate) struct ExportTrailer {
     pub(crate) exported: ExportStamp,
 }
 
+/// The export's trailer as read: its line, its fields, and its object as
+/// written (the MAC covers exactly that).
+struct ReadStamp {
+    line: usize,
+    stamp: ExportStamp,
+    raw: serde_json::Value,
+}
+
 /// `verify --export FILE`: the same chain walk (and seal check) over an
 /// NDJSON export alone, in two passes over the file (the newest checkpoint
 /// first, as the ledger's walk reads it first). Without SQLite there is no
 /// integrity check and no `signals` table: the chain's own SIGKILL rule holds.
+/// Then the trailer: its count and head are the export's, and (with a seal
+/// key) it is sealed with the key the export's newest seal handed on.
 // Over 100 lines on purpose: two passes over one export file (the newest checkpoint first, then
-// the walk), the first pass's findings carried into the second.
+// the walk), the first pass's findings carried into the second, then the trailer's checks.
 pub(crate) fn verify_export(
     path: &std::path::Path,
     seals: Option<SealCheck>,
+    as_of: Option<std::time::SystemTime>,
 ) -> Result<(VerifyReport, Option<SealReport>), LedgerError> {
     use std::io::BufRead;
     let open = || {
@@ -181,6 +290,7 @@ pub(crate) fn verify_export(
         integrity_ok: true,
         first_break: None,
         checkpoint: None,
+        trailer: None,
     };
     let fail = |mut report: VerifyReport, line: usize, what: String| {
         report.first_break = Some(VerifyBreak {
@@ -189,26 +299,37 @@ pub(crate) fn verify_export(
         });
         Ok((report, None))
     };
-    // Pass 1: the newest checkpoint and the trailer.
+    // Pass 1: the newest checkpoint, the trailer, and whether the export
+    // holds seals at all.
     let mut checkpoint = None;
-    let mut stamp: Option<(usize, ExportStamp)> = None;
-    let mut lines = 0usize;
+    let mut stamp: Option<ReadStamp> = None;
+    let mut sealed = false;
     for (i, line) in open()?.lines().enumerate() {
         let line = line.map_err(read_err)?;
         if line.trim().is_empty() {
             continue;
         }
-        lines = i + 1;
-        if let Some((at, _)) = &stamp {
+        if let Some(s) = &stamp {
             return fail(
                 report,
                 i + 1,
-                format!("an event after the export's last line (line {at})"),
+                format!("an event after the export's last line (line {})", s.line),
             );
         }
-        if let Ok(trailer) = serde_json::from_str::<ExportTrailer>(&line) {
-            stamp = Some((i + 1, trailer.exported));
-            continue;
+        if let Ok(value) = serde_json::from_str::<serde_json::Value>(&line)
+            && let Some(raw) = value.get("exported")
+        {
+            match serde_json::from_value::<ExportTrailer>(value.clone()) {
+                Ok(trailer) => {
+                    stamp = Some(ReadStamp {
+                        line: i + 1,
+                        stamp: trailer.exported,
+                        raw: raw.clone(),
+                    });
+                    continue;
+                }
+                Err(e) => return fail(report, i + 1, format!("the trailer is malformed: {e}")),
+            }
         }
         match serde_json::from_str::<EventRow>(&line) {
             Ok(e) if e.kind == EventKind::LedgerCheckpoint => {
@@ -219,20 +340,22 @@ pub(crate) fn verify_export(
                     }
                 }
             }
-            Ok(_) => {}
+            Ok(e) => sealed |= e.kind == EventKind::LedgerSeal,
             Err(e) => return fail(report, i + 1, format!("not an exported event: {e}")),
         }
     }
-    let _ = lines;
     report.checkpoint = checkpoint.as_ref().map(|c| c.seq);
+    // When it was read: its trailer's time, else the time the caller
+    // judges a trail without one at (a stream's last event).
     let read_at = stamp
         .as_ref()
-        .and_then(|(_, s)| humantime::parse_rfc3339(&s.at).ok());
+        .and_then(|s| humantime::parse_rfc3339(&s.stamp.at).ok())
+        .or(as_of);
     // Pass 2: the walk.
     let mut walk = Walk::new(checkpoint, seals);
     for (i, line) in open()?.lines().enumerate() {
         let line = line.map_err(read_err)?;
-        if line.trim().is_empty() || stamp.as_ref().is_some_and(|(at, _)| *at == i + 1) {
+        if line.trim().is_empty() || stamp.as_ref().is_some_and(|s| s.line == i + 1) {
             continue;
         }
         let e: EventRow = match serde_json::from_str(&line) {
@@ -260,20 +383,63 @@ pub(crate) fn verify_export(
         report.first_break = Some(found);
         return Ok((report, None));
     }
-    if let Some((line, s)) = &stamp
-        && s.events != report.events
+    if let Some(s) = &stamp
+        && let Some(what) = stamp_disagrees(&s.stamp, &report)
     {
-        report.first_break = Some(VerifyBreak {
-            seq: None,
-            what: format!(
-                "line {line}: the export says it holds {} events but {} are there (cut or added to)",
-                s.events, report.events
-            ),
-        });
-        return Ok((report, None));
+        let line = s.line;
+        return fail(report, line, what);
     }
-    finish_seals(report, walk.seals.take(), read_at)
-        .map_err(|f| f.into_ledger(std::time::Duration::ZERO))
+    // The trailer's seal is judged after the seals' own verdict, so that a
+    // broken or stale run of seals is named as such first.
+    let trailer = match (&stamp, walk.seals.as_ref()) {
+        (Some(s), Some(check)) => check.check_trailer(s.line, &s.raw),
+        (Some(_), None) if sealed => {
+            Ok("the trailer is sealed but not checked (no --seal-key or --seal-pub)".to_string())
+        }
+        (Some(_), None) => Ok("the trailer (time, host, head, count) is unauthenticated: an unsealed ledger's export (the chain proves each event, not where the export ends)".to_string()),
+        (None, _) => Ok("no trailer: the export is not bound as a whole (the chain proves each event; a cut export passes)".to_string()),
+    };
+    let (mut report, sealed) = finish_seals(report, walk.seals.take(), read_at)
+        .map_err(|f| f.into_ledger(std::time::Duration::ZERO))?;
+    if report.first_break.is_some() {
+        return Ok((report, sealed));
+    }
+    match trailer {
+        Ok(note) => report.trailer = Some(note),
+        Err(found) => {
+            report.first_break = Some(found);
+            return Ok((report, None));
+        }
+    }
+    Ok((report, sealed))
+}
+
+/// What a trailer says that the export it ends does not bear out: its
+/// event count, or its head.
+fn stamp_disagrees(stamp: &ExportStamp, report: &VerifyReport) -> Option<String> {
+    if stamp.events != report.events {
+        return Some(format!(
+            "the export says it holds {} events but {} are there (cut or added to)",
+            stamp.events, report.events
+        ));
+    }
+    let head = stamp.head.as_ref()?;
+    let walked = report.head.as_ref().map(|(seq, hash)| StampHead {
+        seq: *seq,
+        hash: hash.clone(),
+    });
+    if *head != walked {
+        let name = |h: &Option<StampHead>| {
+            h.as_ref()
+                .map_or("no event".to_string(), |h| format!("{}:{}", h.seq, h.hash))
+        };
+        return Some(format!(
+            "the trailer names head {} but the export ends at {} (cut or added to)",
+            name(head),
+            name(&walked)
+        ));
+    }
+    None
 }
 
 /// One event as the walk sees it: `data_text` as stored (the ledger) or

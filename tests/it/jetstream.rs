@@ -907,3 +907,82 @@ fn a_cluster_node_killed_mid_shipping_loses_and_duplicates_nothing() {
     );
     assert_eq!(metric(&server, "treewarden_ship_refused_total"), Some(0.0));
 }
+
+#[test]
+fn fleet_verify_checks_a_sealed_hosts_seals_from_the_stream_alone() {
+    let Some(exe) = nats_server() else { return };
+    let Some(nats) = Nats::start(&exe, 1) else {
+        panic!("no JetStream server became ready");
+    };
+    let data = ledger_with_runs(1);
+    let cli = |args: &[&str]| {
+        let out = Command::new(bin())
+            .env("TREEWARDEN_DATA_DIR", data.path())
+            .env("TREEWARDEN_BOUNDARY", "session")
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("treewarden");
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let printed = cli(&["seal", "setup", "--interval", "1s"]);
+    let key = printed
+        .lines()
+        .map(str::trim)
+        .find(|l| l.len() == 64 && l.chars().all(|c| c.is_ascii_hexdigit()))
+        .unwrap_or_else(|| panic!("no key printed: {printed}"))
+        .to_string();
+    cli(&["run", "--", "true"]);
+    // Sealed, not closed: the newest seal's freshness must be judged.
+    assert!(
+        wait_until(Duration::from_secs(10), || cli(&["seal", "now"])
+            .contains("sealed epoch")),
+        "epoch 0 was never sealed"
+    );
+    let id = host("sealed");
+    let (code, out) = ship(data.path(), &nats.url(), &id, &[]);
+    assert_eq!(code, Some(0), "{out}");
+    // The stream carries no trailer: its seals are judged as of its last
+    // event, with the key `seal setup` printed, and nothing else.
+    let out = Command::new(bin())
+        .args([
+            "fleet",
+            "verify",
+            "--nats",
+            &nats.url(),
+            &id,
+            "--seal-key",
+            &key,
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("fleet verify");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("sealed: epochs 0 to"), "{text}");
+    // Another key is not the host's.
+    let wrong = format!("{:064x}", 7);
+    let out = Command::new(bin())
+        .args([
+            "fleet",
+            "verify",
+            "--nats",
+            &nats.url(),
+            &id,
+            "--seal-key",
+            &wrong,
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("fleet verify");
+    assert_eq!(out.status.code(), Some(1), "a wrong key fails");
+}

@@ -25,7 +25,7 @@ use crate::util::{KillOnDrop, bin, signal, wait_child, wait_until};
 // ---------------------------------------------------------------------------
 // The documented recipe (src/ledger/seal.rs), written again here.
 
-fn key0(seed_hex: &str) -> [u8; 32] {
+pub(crate) fn key0(seed_hex: &str) -> [u8; 32] {
     let seed = hex::decode(seed_hex.trim()).expect("the key is hex");
     let mut h = Sha256::new();
     h.update(b"treewarden seal v1 key 0");
@@ -33,7 +33,7 @@ fn key0(seed_hex: &str) -> [u8; 32] {
     h.finalize().into()
 }
 
-fn next_key(key: &[u8; 32]) -> [u8; 32] {
+pub(crate) fn next_key(key: &[u8; 32]) -> [u8; 32] {
     let mut h = Sha256::new();
     h.update(b"treewarden seal v1 next");
     h.update(key);
@@ -41,7 +41,7 @@ fn next_key(key: &[u8; 32]) -> [u8; 32] {
 }
 
 /// `hex(hmac_sha256(key, canonical JSON of data without "mac"))`.
-fn recipe_mac(key: &[u8; 32], data: &Value) -> String {
+pub(crate) fn recipe_mac(key: &[u8; 32], data: &Value) -> String {
     let mut data = data.clone();
     data.as_object_mut().expect("object").remove("mac");
     let text = serde_json::to_string(&data).expect("json");
@@ -53,7 +53,7 @@ fn recipe_mac(key: &[u8; 32], data: &Value) -> String {
 // ---------------------------------------------------------------------------
 // Helpers
 
-fn tw(data_dir: &Path, args: &[&str]) -> std::process::Output {
+pub(crate) fn tw(data_dir: &Path, args: &[&str]) -> std::process::Output {
     Command::new(bin())
         .arg("--data-dir")
         .arg(data_dir)
@@ -67,12 +67,12 @@ fn tw(data_dir: &Path, args: &[&str]) -> std::process::Output {
         .expect("run treewarden")
 }
 
-fn text(b: &[u8]) -> String {
+pub(crate) fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
 /// `seal setup --interval 1s`: the key it printed (the whole of stdout).
-fn setup(data_dir: &Path) -> String {
+pub(crate) fn setup(data_dir: &Path) -> String {
     let out = tw(data_dir, &["seal", "setup", "--interval", "1s"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let key = text(&out.stdout).trim().to_string();
@@ -82,7 +82,7 @@ fn setup(data_dir: &Path) -> String {
 }
 
 /// A workload event: `run -- sh -c 'exit CODE'`.
-fn work(data_dir: &Path, code: i32) {
+pub(crate) fn work(data_dir: &Path, code: i32) {
     let out = tw(
         data_dir,
         &["run", "--quiet", "--", "sh", "-c", &format!("exit {code}")],
@@ -90,7 +90,7 @@ fn work(data_dir: &Path, code: i32) {
     assert_eq!(out.status.code(), Some(code), "{}", text(&out.stderr));
 }
 
-fn seals(data_dir: &Path) -> Vec<Value> {
+pub(crate) fn seals(data_dir: &Path) -> Vec<Value> {
     let conn = open(&data_dir.join("ledger.db"));
     let mut stmt = conn
         .prepare("SELECT data FROM events WHERE kind = 'ledger.seal' ORDER BY seq")
@@ -101,7 +101,7 @@ fn seals(data_dir: &Path) -> Vec<Value> {
         .collect()
 }
 
-fn epochs(data_dir: &Path) -> Vec<u64> {
+pub(crate) fn epochs(data_dir: &Path) -> Vec<u64> {
     seals(data_dir)
         .iter()
         .filter_map(|s| s["epoch"].as_u64())
@@ -111,7 +111,7 @@ fn epochs(data_dir: &Path) -> Vec<u64> {
 /// `seal now` until a seal newer than the newest one now is made
 /// (bounded): between tries it waits for the time `seal now` said the next
 /// seal is due, so it starts two or three processes per seal, not hundreds.
-fn seal_next(data_dir: &Path) {
+pub(crate) fn seal_next(data_dir: &Path) {
     let before = epochs(data_dir).last().copied();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -126,7 +126,7 @@ fn seal_next(data_dir: &Path) {
 }
 
 /// Waits (bounded) for the time `seal now` said the next seal is due.
-fn wait_for_due(said: &str) {
+pub(crate) fn wait_for_due(said: &str) {
     let due = said
         .rsplit("next seal due at ")
         .next()
@@ -140,7 +140,7 @@ fn wait_for_due(said: &str) {
 }
 
 /// `verify ARGS` on a data dir: (exit code, stdout, stderr).
-fn verify(data_dir: &Path, args: &[&str]) -> (Option<i32>, String, String) {
+pub(crate) fn verify(data_dir: &Path, args: &[&str]) -> (Option<i32>, String, String) {
     let out = tw(data_dir, &[&["verify"], args].concat());
     (out.status.code(), text(&out.stdout), text(&out.stderr))
 }
@@ -178,7 +178,7 @@ fn assert_export_agrees(data_dir: &Path, key: &str, ledger_said: &str) {
 }
 
 /// A copy of a sealed data dir (ledger checkpointed into the file, key file).
-fn copy_sealed(data_dir: &Path, parent: &Path, name: &str) -> PathBuf {
+pub(crate) fn copy_sealed(data_dir: &Path, parent: &Path, name: &str) -> PathBuf {
     let conn = open(&data_dir.join("ledger.db"));
     conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
         .expect("checkpoint");
@@ -191,9 +191,9 @@ fn copy_sealed(data_dir: &Path, parent: &Path, name: &str) -> PathBuf {
     dir
 }
 
-type Ev = (String, Option<i64>, String, Value);
+pub(crate) type Ev = (String, Option<i64>, String, Value);
 
-fn all_events(conn: &rusqlite::Connection) -> Vec<Ev> {
+pub(crate) fn all_events(conn: &rusqlite::Connection) -> Vec<Ev> {
     crate::rules::events(conn)
         .into_iter()
         .map(|(_, at, tree, kind, data, _, _)| {
@@ -206,7 +206,7 @@ fn all_events(conn: &rusqlite::Connection) -> Vec<Ev> {
 /// the whole chain from seq 1 with every hash recomputed by the recipe.
 /// With `reseal = Some((key, from))`, every seal of epoch `from` or later
 /// is made again over the new chain with `key` (a key root holds).
-fn rewrite(conn: &rusqlite::Connection, evs: &[Ev], reseal: Option<(&[u8; 32], u64)>) {
+pub(crate) fn rewrite(conn: &rusqlite::Connection, evs: &[Ev], reseal: Option<(&[u8; 32], u64)>) {
     for t in [
         "events_gapless",
         "events_linked",
@@ -245,7 +245,7 @@ fn rewrite(conn: &rusqlite::Connection, evs: &[Ev], reseal: Option<(&[u8; 32], u
 }
 
 /// The key root finds in the key file (the current epoch's).
-fn key_in_file(data_dir: &Path) -> (u64, [u8; 32]) {
+pub(crate) fn key_in_file(data_dir: &Path) -> (u64, [u8; 32]) {
     let text = std::fs::read_to_string(data_dir.join("seal.key")).expect("key file");
     let record: Value = serde_json::from_str(text.trim()).expect("record");
     let key = hex::decode(record["key"].as_str().expect("key")).expect("hex");
@@ -257,7 +257,7 @@ fn key_in_file(data_dir: &Path) -> (u64, [u8; 32]) {
 
 /// A ledger with sealing set up and several sealed epochs, events between
 /// them, closed cleanly at the end: (data dir, key).
-fn sealed_ledger(env: &Env) -> (PathBuf, String) {
+pub(crate) fn sealed_ledger(env: &Env) -> (PathBuf, String) {
     let data = env.data_dir();
     work(&data, 0);
     let key = setup(&data);
@@ -305,7 +305,7 @@ fn event_and_next_seal(evs: &[Ev], kind: &str, nth: usize) -> (usize, u64) {
 
 /// `treewarden serve` on 127.0.0.1:0 in `env` (its log in serve.stderr),
 /// up when its ready file is written; ended by its pid on drop.
-fn start_serve(env: &Env) -> KillOnDrop {
+pub(crate) fn start_serve(env: &Env) -> KillOnDrop {
     let ready = env.dir().join("addr");
     let err = std::fs::File::create(env.dir().join("serve.stderr")).expect("stderr");
     let _ = std::fs::remove_file(&ready);
@@ -341,13 +341,27 @@ fn the_api_export_of_a_live_sealed_ledger_verifies_on_its_own() {
     assert!(wait_until(Duration::from_secs(20), || epochs(&data).len() >= 2));
     let addr = std::fs::read_to_string(env.dir().join("addr")).expect("ready file");
     let token = std::fs::read_to_string(data.join("api-token")).expect("token");
-    let body = reqwest::blocking::Client::new()
+    let response = reqwest::blocking::Client::new()
         .get(format!("http://{}/api/export", addr.trim()))
         .bearer_auth(token.trim())
         .send()
-        .expect("GET /api/export")
-        .text()
-        .expect("body");
+        .expect("GET /api/export");
+    // The download's name (the dashboard's link too) names host and time.
+    let disposition = response
+        .headers()
+        .get("content-disposition")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").expect("hostname");
+    assert!(
+        disposition.starts_with(&format!(
+            "attachment; filename=\"treewarden-audit-{}-",
+            host.trim()
+        )) && disposition.ends_with("Z.ndjson\""),
+        "{disposition}"
+    );
+    let body = response.text().expect("body");
     let last = body.lines().last().expect("lines");
     assert!(last.starts_with("{\"exported\":"), "{last}");
     let file = env.dir().join("api-export.ndjson");

@@ -364,7 +364,22 @@ fn seals_ship_with_the_events_and_the_shipped_copy_verifies_with_the_key() {
         text.push_str(&serde_json::to_string(e).expect("json"));
         text.push('\n');
     }
-    text.push_str(&serde_json::json!({"exported": {"at": at, "events": events.len()}}).to_string());
+    // The copy's trailer is sealed as the host's are (the collector holds
+    // the verification key, so it can derive the key of the epoch after
+    // the copy's newest seal): an unsealed one would not verify.
+    let next_epoch = events
+        .iter()
+        .rev()
+        .filter(|e| e["kind"] == "ledger.seal")
+        .find_map(|e| e["data"]["epoch"].as_u64())
+        .map_or(0, |e| e + 1);
+    let mut epoch_key = crate::seal::key0(&key);
+    for _ in 0..next_epoch {
+        epoch_key = crate::seal::next_key(&epoch_key);
+    }
+    let mut stamp = serde_json::json!({"at": at, "events": events.len(), "epoch": next_epoch});
+    stamp["mac"] = crate::seal::recipe_mac(&epoch_key, &stamp).into();
+    text.push_str(&serde_json::json!({ "exported": stamp }).to_string());
     text.push('\n');
     let file = server.dir.path().join("collected.ndjson");
     std::fs::write(&file, &text).expect("write the copy");

@@ -33,6 +33,9 @@ pub struct VerifyReport {
     /// The `ledger.checkpoint` the chain was proven from (its seq), when
     /// the ledger was pruned; for an archive, the checkpoint it matched.
     pub checkpoint: Option<i64>,
+    /// For an export: what its last line (the `exported` trailer) proves,
+    /// in a sentence (sealed, unauthenticated, or absent).
+    pub trailer: Option<String>,
 }
 
 impl VerifyReport {
@@ -63,7 +66,18 @@ pub struct SealSetup {
     /// `[start + N*interval, start + (N+1)*interval)`.
     pub start: String,
     pub interval_ms: u64,
+    /// HMAC seals: the MAC with epoch 0's key.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub mac: String,
+    /// `ed25519` for public-key seals (absent: HMAC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<String>,
+    /// Public-key seals: epoch 0's public key (the root `verify
+    /// --seal-pub` is given), and the setup's signature with its key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sig: Option<String>,
 }
 
 /// One epoch's seal: the chain's head just before the seal event (whose
@@ -76,7 +90,20 @@ pub struct EpochSeal {
     pub made_at: String,
     /// Made more than one interval after its epoch ended (no sealer ran then).
     pub late: bool,
+    /// The seal's form: absent in seals made before exports' trailers were
+    /// sealed; 2 once they are (an export of such a ledger must carry an
+    /// authenticated trailer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub v: Option<u32>,
+    /// HMAC seals: the MAC with the epoch's key.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub mac: String,
+    /// Public-key seals: the next epoch's public key, which this seal
+    /// certifies, and the seal's signature with its own epoch's key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sig: Option<String>,
 }
 
 /// What `verify --seal-key` proved about the seals.
