@@ -7,11 +7,6 @@
 pub const EXIT_USAGE: u8 = 2;
 /// Exit code of `verify` when the ledger is broken (the first break is printed).
 pub const EXIT_BROKEN: u8 = 1;
-/// Exit code of `ship` when no NATS server answered or acknowledged in time.
-pub const EXIT_UNREACHABLE: u8 = 3;
-/// Exit code of `ship` when the stream refused an event (the ledger does not
-/// extend what the stream holds for this host).
-pub const EXIT_REFUSED: u8 = 4;
 /// Exit code when treewarden itself failed (cannot record, ambiguous, refused).
 pub const EXIT_INTERNAL: u8 = 125;
 

@@ -68,6 +68,14 @@ pub fn token(config: &Config, cmd: TokenCommand) -> CliResult {
     }
 }
 
+/// Exit code of `ship` (and `fleet verify`) when no NATS server answered
+/// or acknowledged in time. Declared beside its only users: macOS builds
+/// neither.
+const EXIT_UNREACHABLE: u8 = 3;
+/// Exit code of `ship` when the stream refused an event (the ledger does not
+/// extend what the stream holds for this host).
+const EXIT_REFUSED: u8 = 4;
+
 /// `treewarden ship URLS`: every event up to the head, to JetStream, from
 /// the same cursor as `serve --ship`. Exit 0 when caught up; 3 when no
 /// server answered or acknowledged in time; 4 when the stream refused.
@@ -103,14 +111,12 @@ pub fn ship(config: &Config, args: ShipArgs) -> CliResult {
             }
             Ok(0)
         }
-        Err(e @ ShipError::Unreachable(_)) => Err(CliError::with_code(
-            crate::exit::EXIT_UNREACHABLE,
-            anyhow!("ship: {e}"),
-        )),
-        Err(e @ ShipError::Refused(_)) => Err(CliError::with_code(
-            crate::exit::EXIT_REFUSED,
-            anyhow!("ship: {e}"),
-        )),
+        Err(e @ ShipError::Unreachable(_)) => {
+            Err(CliError::with_code(EXIT_UNREACHABLE, anyhow!("ship: {e}")))
+        }
+        Err(e @ ShipError::Refused(_)) => {
+            Err(CliError::with_code(EXIT_REFUSED, anyhow!("ship: {e}")))
+        }
         Err(e @ ShipError::Ledger(_)) => Err(CliError::internal(anyhow!("ship: {e}"))),
     }
 }
@@ -136,7 +142,7 @@ pub fn fleet(_config: &Config, cmd: FleetCommand) -> CliResult {
         .map_err(|e| CliError::usage(anyhow!("{e}")))?;
     let failed = |e: ShipError| match e {
         ShipError::Unreachable(_) => {
-            CliError::with_code(crate::exit::EXIT_UNREACHABLE, anyhow!("fleet verify: {e}"))
+            CliError::with_code(EXIT_UNREACHABLE, anyhow!("fleet verify: {e}"))
         }
         e => CliError::internal(anyhow!("fleet verify: {e}")),
     };
