@@ -65,7 +65,7 @@ pub use owner::{
     Action, KeepEnd, KeepOptions, LIFETIME_OWNER_FLAG, Lifetime, OwnerWatch, ROOT_EXITED_FLAG,
     RunEnd, RunOptions, RunOutcome, Watched, mark_lifetime_owner,
 };
-pub use spawn::{OnBehalf, SpawnRequest, Spawned, log_path, read_log};
+pub use spawn::{OnBehalf, SpawnRequest, Spawned, last_lines, log_path, read_log};
 pub use stats::EngineStats;
 pub use sweep::{
     DEFAULT_SWEEP_CONCURRENCY, SweepCounts, SweepOptions, SweepOutcome, SweepProgress, SweepReport,

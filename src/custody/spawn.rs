@@ -104,23 +104,27 @@ pub fn read_log(
     };
     let start = bytes.iter().position(|b| *b != 0).unwrap_or(bytes.len());
     let bytes = &bytes[start..];
-    let Some(n) = lines else {
-        return Ok(Some(bytes.to_vec()));
-    };
-    // The last `n` lines: a final line without its newline counts as one.
+    Ok(Some(match lines {
+        None => bytes.to_vec(),
+        Some(n) => last_lines(bytes, n).to_vec(),
+    }))
+}
+
+/// The last `n` lines of `bytes` (a final line without its newline counts
+/// as one).
+pub fn last_lines(bytes: &[u8], n: usize) -> &[u8] {
+    if n == 0 {
+        return &[];
+    }
     let body = bytes.strip_suffix(b"\n").unwrap_or(bytes);
     let cut = body
         .iter()
         .enumerate()
         .rev()
         .filter(|(_, b)| **b == b'\n')
-        .nth(n.saturating_sub(1))
+        .nth(n - 1)
         .map_or(0, |(i, _)| i + 1);
-    Ok(Some(if n == 0 {
-        Vec::new()
-    } else {
-        bytes[cut..].to_vec()
-    }))
+    &bytes[cut..]
 }
 
 /// Whose limits a check is about: one tree's (refused per spawn) or every

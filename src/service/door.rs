@@ -186,6 +186,7 @@ impl Door {
     pub async fn log_follower(
         &self,
         id: i64,
+        tail: Option<usize>,
     ) -> Result<Option<(Vec<u8>, LogFollower)>, ServiceError> {
         let engine = self.engine.clone();
         super::blocking(move || {
@@ -198,7 +199,13 @@ impl Door {
                 .unwrap_or_default();
             let path = crate::custody::log_path(engine.data_dir(), TreeId(id));
             let follower = LogFollower::after(path, &now).map_err(read)?;
-            Ok(Some((now, follower)))
+            // What is kept, or its last `tail` lines: cut from the same
+            // read the follower starts after, so nothing comes twice.
+            let first = match tail {
+                Some(n) => crate::custody::last_lines(&now, n).to_vec(),
+                None => now,
+            };
+            Ok(Some((first, follower)))
         })
         .await?
     }

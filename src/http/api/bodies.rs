@@ -303,8 +303,8 @@ pub struct LogQuery {
     pub tail: Option<usize>,
     /// `1`/`true`: a streamed answer: what is kept, then each write as it
     /// lands (looked for every 50 ms, across the cap's collapses), ending
-    /// once the tree is in a final state and its output is sent. Not with
-    /// `tail`.
+    /// once the tree is in a final state and its output is sent. With
+    /// `tail`, the stream starts at the last N lines (as `tail -n N -f`).
     #[param(pattern = "^(|0|1|true|false)$")]
     pub follow: Option<String>,
 }

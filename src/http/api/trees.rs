@@ -304,12 +304,7 @@ pub async fn tree_log(
         return Err(ApiError::BadRequest("tail: at most 1000000 lines".into()));
     }
     if parse_flag("follow", q.follow.as_deref())? {
-        if q.tail.is_some() {
-            return Err(ApiError::BadRequest(
-                "tail and follow: ask for one of them".into(),
-            ));
-        }
-        return follow_log(&s, row).await;
+        return follow_log(&s, row, q.tail).await;
     }
     let id = row.id;
     let bytes = s
@@ -390,7 +385,11 @@ impl Following {
 }
 
 /// `GET /api/trees/{id}/log?follow=1`: the log as a chunked stream.
-async fn follow_log(s: &AppState, row: TreeRow) -> Result<axum::response::Response, ApiError> {
+async fn follow_log(
+    s: &AppState,
+    row: TreeRow,
+    tail: Option<usize>,
+) -> Result<axum::response::Response, ApiError> {
     let permit = LOG_STREAMS.clone().try_acquire_owned().map_err(|_| {
         ApiError::Unavailable(format!(
             "{MAX_LOG_STREAMS} followed logs are open already; retry later"
@@ -401,7 +400,7 @@ async fn follow_log(s: &AppState, row: TreeRow) -> Result<axum::response::Respon
     // Subscribed before the state is read: an end after the read wakes it.
     ends.borrow_and_update();
     let (first, follower) = door
-        .log_follower(row.id)
+        .log_follower(row.id, tail)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("unknown tree {}", row.id)))?;
     let settled = door.tree(row.id).await?.is_none_or(|r| wait_over(r.state));
