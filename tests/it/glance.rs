@@ -15,7 +15,7 @@ use regex::Regex;
 use serde_json::{Value, json};
 
 use crate::serve::Server;
-use crate::util::{KillOnDrop, bin, pid_alive, signal, wait_until};
+use crate::util::{KillOnDrop, bin, pid_alive, printed_pids, signal, wait_until};
 
 /// Each listed tree's outcome spelling, by id, from the index's rows.
 fn outcomes_on(s: &Server, query: &str) -> BTreeMap<i64, String> {
@@ -49,22 +49,6 @@ fn wait_state(s: &Server, id: i64, state: &str) {
     assert!(reached, "tree {id} never {state}: {}", s.tree(id));
 }
 
-/// Pids the workload wrote to `file` (one per line), once there are `n`.
-fn pids_in(s: &Server, file: &str, n: usize) -> Vec<i32> {
-    let path = s.dir.path().join(file);
-    let mut pids = Vec::new();
-    let ok = wait_until(Duration::from_secs(20), || {
-        pids = std::fs::read_to_string(&path)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .collect();
-        pids.len() >= n
-    });
-    assert!(ok, "{file}: {pids:?}");
-    pids
-}
-
 #[test]
 fn each_outcome_is_shown_filtered_and_stated_first_on_its_tree_page() {
     let s = Server::start_with_env(&[], &[("TREEWARDEN_BUSY_TIMEOUT", "1s")]);
@@ -88,7 +72,7 @@ fn each_outcome_is_shown_filtered_and_stated_first_on_its_tree_page() {
          setsid sh -c 'echo $$ >> forced.pids; exec sleep 300' & \
          sleep 300 & echo $! >> forced.pids; echo $$ >> forced.pids; wait",
     ));
-    let forced_pids = pids_in(&s, "forced.pids", 3);
+    let forced_pids = printed_pids(&s.dir.path().join("forced.pids"), 3);
     assert!(
         wait_until(Duration::from_secs(20), || {
             let t = s.tree(killed);
@@ -154,7 +138,7 @@ fn each_outcome_is_shown_filtered_and_stated_first_on_its_tree_page() {
     let ambiguous = s.spawn(
         &s.body("trap '' TERM; sleep 300 & echo $! >> left.pids; echo $$ >> left.pids; wait"),
     );
-    let left = pids_in(&s, "left.pids", 2);
+    let left = printed_pids(&s.dir.path().join("left.pids"), 2);
     assert!(wait_until(Duration::from_secs(20), || {
         s.tree(ambiguous)["members"]
             .as_array()

@@ -565,7 +565,30 @@ fn a_replay_past_the_duplicate_window_resumes_without_storing_twice() {
         .collect();
     // Past the window the ids are forgotten: the server refuses the replay
     // by its expected sequence, and the shipper finds its own events there.
-    std::thread::sleep(Duration::from_millis(2500));
+    // The window has passed once a probe id published after the shipper's
+    // is no longer a duplicate (the server forgets ids in the order it
+    // took them), on another host's subject of the same stream.
+    let probe = |url: &str| {
+        block_on(async {
+            let js = jetstream::new(connect(url).await.expect("connect"));
+            js.send_publish(
+                format!("treewarden.{id}probe.events"),
+                jetstream::message::PublishMessage::build()
+                    .payload("probe".into())
+                    .message_id("window-probe"),
+            )
+            .await
+            .expect("publish")
+            .await
+            .expect("the probe is stored")
+            .duplicate
+        })
+    };
+    assert!(!probe(&nats.url()), "the probe's first publish is new");
+    assert!(
+        wait_until(Duration::from_secs(20), || !probe(&nats.url())),
+        "the 1 s duplicate window never passed"
+    );
     let (code, out) = ship(data.path(), &nats.url(), &id, &[]);
     assert_eq!(code, Some(0), "{out}");
     assert_eq!(

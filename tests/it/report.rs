@@ -5,25 +5,7 @@
 use std::time::Duration;
 
 use crate::custody::Env;
-use crate::util::{signal, wait_child, wait_until};
-
-/// Pids the workload wrote to `file`, once there are `n`.
-fn printed(env: &Env, file: &str, n: usize) -> Vec<i64> {
-    let path = env.dir().join(file);
-    let mut pids = Vec::new();
-    assert!(
-        wait_until(Duration::from_secs(20), || {
-            pids = std::fs::read_to_string(&path)
-                .unwrap_or_default()
-                .lines()
-                .filter_map(|l| l.trim().parse().ok())
-                .collect();
-            pids.len() >= n
-        }),
-        "{file}: {pids:?}"
-    );
-    pids
-}
+use crate::util::{printed_pids, signal, wait_child};
 
 /// `report TREE [--format F]`'s output, kept in target/artifacts.
 fn report(env: &Env, tree: i64, format: &str) -> String {
@@ -54,7 +36,7 @@ fn a_report_states_a_forced_kill_and_an_owner_death_as_the_workload_knows_them()
         &["--grace", "200ms", "--timeout", "1s", "--quiet"],
         "trap '' TERM; sleep 300 & echo $! >> forced.pids; echo $$ >> forced.pids; wait",
     );
-    let forced = printed(&env, "forced.pids", 2);
+    let forced = printed_pids(&env.dir().join("forced.pids"), 2);
     let status = wait_child(&mut run, Duration::from_secs(30)).expect("run exits");
     assert_eq!(status.code(), Some(124), "{}", env.stderr_of(&run));
     let md = report(&env, 1, "md");
@@ -94,7 +76,7 @@ fn a_report_states_a_forced_kill_and_an_owner_death_as_the_workload_knows_them()
         &["--quiet"],
         "sleep 300 & echo $! >> gone.pids; echo $$ >> gone.pids; wait",
     );
-    let gone = printed(&env, "gone.pids", 2);
+    let gone = printed_pids(&env.dir().join("gone.pids"), 2);
     let owner = run.id();
     signal(owner, rustix::process::Signal::KILL);
     let _ = wait_child(&mut run, Duration::from_secs(10));

@@ -326,3 +326,19 @@ pub fn refused_event(reason: &str) -> treewarden::ledger::Event {
         reason: reason.to_string(),
     })
 }
+
+/// The pids a workload wrote to `path` (one a line), once there are `n`
+/// (bounded: 20 s).
+pub fn printed_pids(path: &std::path::Path, n: usize) -> Vec<i32> {
+    let mut pids = Vec::new();
+    let ok = wait_until(Duration::from_secs(20), || {
+        pids = std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        pids.len() >= n
+    });
+    assert!(ok, "{}: {pids:?}", path.display());
+    pids
+}
