@@ -16,7 +16,7 @@ use std::collections::BTreeSet;
 use serde::Serialize;
 
 use super::event::Event;
-use super::{ExitRecord, MemberRow, TreeRow, TreeState};
+use super::{EventKind, ExitRecord, MemberRow, TreeRow, TreeState};
 
 /// Why a tree's teardown began.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -190,15 +190,14 @@ pub struct Outcome {
 }
 
 /// The event kinds [`Outcome::of`] reads: a tree list reads only these.
-pub const OUTCOME_KINDS: [&str; 8] = [
-    "tree.state",
-    "tree.spawn_failed",
-    "kill.requested",
-    "kill.authorized",
-    "kill.skipped",
-    "sweep.orphan_found",
-    "member.unkillable",
-    "tree.resolved",
+pub const OUTCOME_KINDS: [EventKind; 7] = [
+    EventKind::TreeState,
+    EventKind::KillRequested,
+    EventKind::KillAuthorized,
+    EventKind::KillSkipped,
+    EventKind::SweepOrphanFound,
+    EventKind::MemberUnkillable,
+    EventKind::TreeResolved,
 ];
 
 impl Outcome {

@@ -644,7 +644,7 @@ pub(crate) fn outcome_events(
 ) -> Result<Vec<(TreeId, Vec<super::Event>)>, Fail> {
     let kinds = super::outcome::OUTCOME_KINDS
         .iter()
-        .map(|k| format!("'{k}'"))
+        .map(|k| format!("'{}'", k.as_str()))
         .collect::<Vec<_>>()
         .join(", ");
     let mut stmt = conn.prepare_cached(&format!(
