@@ -149,9 +149,18 @@ enum Command {
         /// age (`2h`, `30m`).
         #[arg(long, value_name = "T")]
         since: Option<String>,
+        /// Only events before T (same forms as --since).
+        #[arg(long, value_name = "T")]
+        until: Option<String>,
         /// Only events of this tree.
         #[arg(long, value_name = "ID")]
         tree: Option<String>,
+        /// Only events whose kind starts with this (`kill.`, `signal.sent`).
+        /// With --since, --until or --tree, the export proves itself:
+        /// `verify --export` checks each event is the ledger's and none in
+        /// the filter was left out.
+        #[arg(long, value_name = "PREFIX")]
+        kind: Option<String>,
         /// Only events after this seq (exclusive): an incremental export
         /// resumes from the last seq it wrote.
         #[arg(long, value_name = "SEQ")]
@@ -336,14 +345,16 @@ fn run_command(command: Command, config: &Config) -> CliResult {
         Command::Export {
             format,
             since,
+            until,
             tree,
+            kind,
             after,
             output,
         } => export(
             config,
             format,
-            since.as_deref(),
-            tree.as_deref(),
+            (since.as_deref(), until.as_deref()),
+            (tree.as_deref(), kind.as_deref()),
             after,
             output.as_deref(),
         ),

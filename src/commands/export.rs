@@ -1,4 +1,6 @@
-//! `treewarden export`: the ledger as NDJSON or CSV, streamed.
+//! `treewarden export`: the ledger as NDJSON or CSV, streamed; narrowed by
+//! time, tree or kind, an NDJSON export carries the proofs that it is
+//! whole (`ledger/export.rs`).
 
 use super::*;
 
@@ -10,8 +12,8 @@ use crate::exit::{CliError, CliResult};
 pub fn export(
     config: &Config,
     format: ExportFormat,
-    since: Option<&str>,
-    tree: Option<&str>,
+    (since, until): (Option<&str>, Option<&str>),
+    (tree, kind): (Option<&str>, Option<&str>),
     after: Option<i64>,
     output: Option<&std::path::Path>,
 ) -> CliResult {
@@ -24,6 +26,15 @@ pub fn export(
         .map(|v| treewarden::ledger::parse_since(v).map_err(|e| format!("--since: {e}")))
         .transpose()
         .map_err(|e| CliError::usage(anyhow::anyhow!(e)))?;
+    let until = until
+        .map(|v| treewarden::ledger::parse_since(v).map_err(|e| format!("--until: {e}")))
+        .transpose()
+        .map_err(|e| CliError::usage(anyhow::anyhow!(e)))?;
+    if kind.is_some_and(str::is_empty) {
+        return Err(CliError::usage(anyhow::anyhow!(
+            "malformed --kind: expected a kind or its prefix (`kill.`)"
+        )));
+    }
     let tree = tree
         .map(|t| {
             t.parse::<i64>()
@@ -42,6 +53,11 @@ pub fn export(
         since,
         tree,
         after_seq: after,
+        kind_prefix: kind.map(str::to_string),
+        search: treewarden::ledger::EventSearch {
+            until,
+            ..Default::default()
+        },
         ..EventFilter::default()
     };
     let Some(output) = output else {

@@ -3,6 +3,8 @@
 //! page by page (constant memory), as a download (`Content-Disposition`,
 //! a file name with the host and the time).
 //! `after=SEQ` makes it incremental: exactly the events after SEQ.
+//! Narrowed by `since`, `until`, `tree` or `kind`, the NDJSON proves
+//! itself as the CLI's does (`ledger/export.rs`).
 
 use axum::extract::State;
 use axum::http::header;
@@ -12,7 +14,7 @@ use serde::Deserialize;
 use super::AppState;
 use super::api::parse_since_query;
 use super::error::{ApiError, ApiQuery};
-use crate::ledger::{EventFilter, ExportFormat, TreeId};
+use crate::ledger::{EventFilter, EventSearch, ExportFormat, TreeId};
 
 #[derive(Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -25,7 +27,15 @@ pub struct ExportQuery {
     /// age such as `2h`.
     #[param(format = DateTime)]
     pub since: Option<String>,
+    /// Events before this time (same forms as `since`).
+    #[param(format = DateTime)]
+    pub until: Option<String>,
     pub tree: Option<i64>,
+    /// Events whose kind starts with this (`kill.`, `signal.sent`). With
+    /// `since`, `until` or `tree`, an NDJSON export carries the inclusion
+    /// proofs and Merkle root `treewarden verify --export` checks.
+    #[param(min_length = 1)]
+    pub kind: Option<String>,
     /// Only events with a greater seq (an incremental export resumes from
     /// the last seq it received).
     #[param(minimum = 0)]
@@ -50,6 +60,10 @@ pub async fn export(
         .parse()
         .map_err(ApiError::BadRequest)?;
     let since = parse_since_query(q.since.as_deref())?;
+    let until = parse_since_query(q.until.as_deref())?;
+    if q.kind.as_deref().is_some_and(str::is_empty) {
+        return Err(ApiError::BadRequest("kind: a kind or its prefix".into()));
+    }
     if q.after.is_some_and(|a| a < 0) {
         return Err(ApiError::BadRequest("after: a seq is 0 or more".into()));
     }
@@ -57,6 +71,11 @@ pub async fn export(
         since,
         tree: q.tree.map(TreeId),
         after_seq: q.after,
+        kind_prefix: q.kind,
+        search: EventSearch {
+            until,
+            ..EventSearch::default()
+        },
         ..EventFilter::default()
     };
     let chunks = s.service.export_stream(filter, format).await?;

@@ -139,9 +139,162 @@ pub fn event_hash_of_text(
     hex::encode(hasher.finalize())
 }
 
+/// A Merkle tree over the chain's event hashes (RFC 9162 section 2.1):
+/// leaf `i` is `sha256(0x00 || hash_i)` (the event's 32 hash bytes), an
+/// inner node `sha256(0x01 || left || right)`; an odd node at the end of a
+/// level is carried up unpaired, which is the RFC's split at the largest
+/// power of two. A filtered export names the root over every event up to
+/// its head and proves each event it holds by an inclusion path to it.
+pub struct Merkle {
+    /// `levels[0]` the leaves, the last level the root alone.
+    levels: Vec<Vec<[u8; 32]>>,
+}
+
+/// The leaf of an event hash (64 hex digits); `None` when it is not one.
+pub fn merkle_leaf(event_hash: &str) -> Option<[u8; 32]> {
+    let bytes = <[u8; 32]>::try_from(hex::decode(event_hash).ok()?).ok()?;
+    let mut h = Sha256::new();
+    h.update([0u8]);
+    h.update(bytes);
+    Some(h.finalize().into())
+}
+
+fn merkle_node(left: &[u8; 32], right: &[u8; 32]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update([1u8]);
+    h.update(left);
+    h.update(right);
+    h.finalize().into()
+}
+
+impl Merkle {
+    /// The tree over `leaves` (in seq order).
+    pub fn new(leaves: Vec<[u8; 32]>) -> Merkle {
+        let mut levels = vec![leaves];
+        while levels.last().is_some_and(|l| l.len() > 1) {
+            let below = levels.last().map(Vec::as_slice).unwrap_or_default();
+            let up = below
+                .chunks(2)
+                .map(|pair| match pair {
+                    [l, r] => merkle_node(l, r),
+                    [one] => *one,
+                    _ => unreachable!("chunks(2) yields one or two"),
+                })
+                .collect();
+            levels.push(up);
+        }
+        Merkle { levels }
+    }
+
+    pub fn size(&self) -> u64 {
+        self.levels[0].len() as u64
+    }
+
+    /// The root: `sha256("")` for an empty tree.
+    pub fn root(&self) -> [u8; 32] {
+        match self.levels.last().and_then(|l| l.first()) {
+            Some(root) if self.size() > 0 => *root,
+            _ => Sha256::digest([]).into(),
+        }
+    }
+
+    /// The inclusion path of leaf `index`, bottom up (RFC 9162 `PATH`).
+    pub fn path(&self, index: u64) -> Vec<[u8; 32]> {
+        let mut out = Vec::new();
+        let mut i = index as usize;
+        for level in &self.levels[..self.levels.len().saturating_sub(1)] {
+            let sibling = i ^ 1;
+            if sibling < level.len() {
+                out.push(level[sibling]);
+            }
+            i >>= 1;
+        }
+        out
+    }
+}
+
+/// RFC 9162 section 2.1.3.2: whether `leaf` is leaf `index` of the tree of
+/// `size` leaves whose root is `root`, by `path`.
+pub fn merkle_included(
+    index: u64,
+    size: u64,
+    leaf: [u8; 32],
+    path: &[[u8; 32]],
+    root: &[u8; 32],
+) -> bool {
+    if index >= size {
+        return false;
+    }
+    let (mut f, mut s) = (index, size - 1);
+    let mut r = leaf;
+    for p in path {
+        if s == 0 {
+            return false;
+        }
+        if f & 1 == 1 || f == s {
+            r = merkle_node(p, &r);
+            while f & 1 == 0 && f != 0 {
+                f >>= 1;
+                s >>= 1;
+            }
+        } else {
+            r = merkle_node(&r, p);
+        }
+        f >>= 1;
+        s >>= 1;
+    }
+    s == 0 && r == *root
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// RFC 9162's own definition of the tree hash: split at the largest
+    /// power of two below n.
+    fn mth(leaves: &[[u8; 32]]) -> [u8; 32] {
+        match leaves.len() {
+            0 => Sha256::digest([]).into(),
+            1 => leaves[0],
+            n => {
+                let mut k = 1;
+                while k * 2 < n {
+                    k *= 2;
+                }
+                merkle_node(&mth(&leaves[..k]), &mth(&leaves[k..]))
+            }
+        }
+    }
+
+    #[test]
+    fn the_merkle_tree_is_rfc_9162s_and_every_path_proves_its_leaf_alone() {
+        let other = merkle_leaf(GENESIS).expect("leaf");
+        for n in 0..40u64 {
+            let leaves: Vec<[u8; 32]> = (0..n)
+                .map(|i| merkle_leaf(&hex::encode(Sha256::digest(i.to_le_bytes()))).expect("leaf"))
+                .collect();
+            let tree = Merkle::new(leaves.clone());
+            assert_eq!(tree.root(), mth(&leaves), "root of {n}");
+            for i in 0..n {
+                let path = tree.path(i);
+                let root = tree.root();
+                assert!(
+                    merkle_included(i, n, leaves[i as usize], &path, &root),
+                    "{i} of {n}"
+                );
+                assert!(!merkle_included(i, n, other, &path, &root));
+                if n > 1 {
+                    assert!(!merkle_included(
+                        (i + 1) % n,
+                        n,
+                        leaves[i as usize],
+                        &path,
+                        &root
+                    ));
+                }
+            }
+        }
+    }
 
     #[test]
     fn canonical_sorts_keys_and_drops_spaces() {

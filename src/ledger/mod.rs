@@ -1055,12 +1055,13 @@ impl Ledger {
         format: ExportFormat,
         sink: &mut dyn FnMut(&[u8]) -> Result<(), LedgerError>,
     ) -> Result<usize, LedgerError> {
-        let whole = filter.since.is_none()
-            && filter.tree.is_none()
-            && filter.after_seq.is_none()
-            && filter.before_seq.is_none()
-            && filter.kind_prefix.is_none()
-            && filter.limit.is_none();
+        let selection = export::Selection::of(filter);
+        if format == ExportFormat::Ndjson
+            && let Some(selection) = selection.clone().filter(export::Selection::narrows)
+        {
+            return self.export_proven(filter, selection, sink);
+        }
+        let whole = selection.is_some_and(|s| s.is_whole());
         let sealed = if format == ExportFormat::Ndjson && whole {
             self.export_seal(&self.dir)?
         } else {
@@ -1081,6 +1082,9 @@ impl Ledger {
                 boot_id: crate::proc::boot_id().ok().map(str::to_string),
                 head: Some(head.map(|(seq, hash)| verify::StampHead { seq, hash })),
                 filter: Some(serde_json::json!({})),
+                tree_size: None,
+                root: None,
+                head_path: None,
             };
             let fail = |e: serde_json::Error| LedgerError::Other(format!("export: {e}"));
             let mut raw = serde_json::to_value(&stamp).map_err(fail)?;

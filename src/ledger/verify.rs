@@ -242,6 +242,14 @@ pub(crate) struct ExportStamp {
     /// What the export selected: `{}` for the whole ledger.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) filter: Option<serde_json::Value>,
+    /// A filtered export's (form 3): the Merkle tree over every event up
+    /// to `head`, its leaf count, root, and the head's own inclusion path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) tree_size: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) root: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) head_path: Option<Vec<String>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -304,6 +312,8 @@ pub(crate) fn verify_export(
     let mut checkpoint = None;
     let mut stamp: Option<ReadStamp> = None;
     let mut sealed = false;
+    // The first inclusion proof's line: a filtered export's.
+    let mut proofs: Option<usize> = None;
     for (i, line) in open()?.lines().enumerate() {
         let line = line.map_err(read_err)?;
         if line.trim().is_empty() {
@@ -331,6 +341,10 @@ pub(crate) fn verify_export(
                 Err(e) => return fail(report, i + 1, format!("the trailer is malformed: {e}")),
             }
         }
+        if line.starts_with("{\"proof\":") {
+            proofs = proofs.or(Some(i + 1));
+            continue;
+        }
         match serde_json::from_str::<EventRow>(&line) {
             Ok(e) if e.kind == EventKind::LedgerCheckpoint => {
                 checkpoint = match prune::Checkpoint::from_data(e.seq, &e.data) {
@@ -343,6 +357,29 @@ pub(crate) fn verify_export(
             Ok(e) => sealed |= e.kind == EventKind::LedgerSeal,
             Err(e) => return fail(report, i + 1, format!("not an exported event: {e}")),
         }
+    }
+    match (&stamp, proofs) {
+        (Some(s), _) if s.stamp.root.is_some() => {
+            return verify_filtered(path, s, seals);
+        }
+        (None, Some(line)) => {
+            return fail(
+                report,
+                line,
+                "an inclusion proof, but the export has no trailer to prove against: its end was cut".into(),
+            );
+        }
+        (Some(s), Some(line)) => {
+            let at = s.line;
+            return fail(
+                report,
+                line,
+                format!(
+                    "an inclusion proof, but the trailer (line {at}) names no Merkle root: edited"
+                ),
+            );
+        }
+        (Some(_) | None, None) => {}
     }
     report.checkpoint = checkpoint.as_ref().map(|c| c.seq);
     // When it was read: its trailer's time, else the time the caller
@@ -412,6 +449,226 @@ pub(crate) fn verify_export(
         }
     }
     Ok((report, sealed))
+}
+
+/// `verify --export` of a filtered export (its trailer names a Merkle
+/// root, `export.rs`): every event's hash recomputed; each event proven the
+/// ledger's by its link to the next event (consecutive seqs) or by the
+/// inclusion proof after it, leading to the trailer's root; every event
+/// taken by the trailer's selection, except the ledger's seals, which walk
+/// the seal check; the head proven the root's last leaf; the count the
+/// trailer's. A left-out event fails the count (the events held are
+/// distinct, genuine and selected, so as many as the trailer names are all
+/// of them); the trailer's own seal binds count, selection, root and head.
+// Over 100 lines on purpose: one pass over the file with each line's rules in the order they
+// are checked, then the trailer's; each rule is a few lines.
+fn verify_filtered(
+    path: &std::path::Path,
+    stamp: &ReadStamp,
+    mut seals: Option<SealCheck>,
+) -> Result<(VerifyReport, Option<SealReport>), LedgerError> {
+    use std::io::BufRead;
+    let file = std::fs::File::open(path)
+        .map(std::io::BufReader::new)
+        .map_err(|e| LedgerError::Other(format!("{}: {e}", path.display())))?;
+    let mut report = VerifyReport {
+        events: 0,
+        head: None,
+        integrity_ok: true,
+        first_break: None,
+        checkpoint: None,
+        trailer: None,
+    };
+    let fail = |mut report: VerifyReport, what: String| {
+        report.first_break = Some(VerifyBreak { seq: None, what });
+        Ok((report, None))
+    };
+    let hex32 = |h: &str| {
+        hex::decode(h)
+            .ok()
+            .and_then(|b| <[u8; 32]>::try_from(b).ok())
+    };
+    let hexes = |p: &[String]| {
+        p.iter()
+            .map(|h| hex32(h))
+            .collect::<Option<Vec<[u8; 32]>>>()
+    };
+    let t = &stamp.stamp;
+    let trailer_line = stamp.line;
+    let (Some(root), Some(size)) = (t.root.as_deref().and_then(hex32), t.tree_size) else {
+        return fail(
+            report,
+            format!("line {trailer_line}: the trailer's Merkle root or tree size is malformed"),
+        );
+    };
+    let selection: super::export::Selection =
+        match serde_json::from_value(t.filter.clone().unwrap_or_default()) {
+            Ok(s) => s,
+            Err(e) => {
+                return fail(
+                    report,
+                    format!("line {trailer_line}: the trailer's filter is malformed: {e}"),
+                );
+            }
+        };
+    // The head the trailer names is the root's last leaf.
+    let head = t.head.clone().flatten();
+    let head_proven = match (&head, t.head_path.as_deref().and_then(hexes)) {
+        (None, _) => size == 0,
+        (Some(h), Some(p)) => chain::merkle_leaf(&h.hash).is_some_and(|leaf| {
+            chain::merkle_included(size.saturating_sub(1), size, leaf, &p, &root)
+        }),
+        (Some(_), None) => false,
+    };
+    if !head_proven {
+        return fail(
+            report,
+            format!(
+                "line {trailer_line}: the trailer's head is not the last leaf of its Merkle root (edited)"
+            ),
+        );
+    }
+    // The newest event not proven yet (seq, hash): its link to the next
+    // event, or the proof after it, proves it and the run it ends.
+    let mut pending: Option<(i64, String)> = None;
+    let mut last_seq = 0i64;
+    for (i, line) in file.lines().enumerate() {
+        let line = line.map_err(|e| LedgerError::Other(format!("{}: {e}", path.display())))?;
+        let n = i + 1;
+        if line.trim().is_empty() || n == trailer_line {
+            continue;
+        }
+        if line.starts_with("{\"proof\":") {
+            let p: super::export::ProofLine = match serde_json::from_str(&line) {
+                Ok(p) => p,
+                Err(e) => {
+                    return fail(
+                        report,
+                        format!("line {n}: the inclusion proof is malformed: {e}"),
+                    );
+                }
+            };
+            let p = p.proof;
+            let Some((seq, hash)) = pending.take().filter(|(s, _)| *s == p.seq) else {
+                return fail(
+                    report,
+                    format!(
+                        "line {n}: an inclusion proof of seq {}, which is not the event before it",
+                        p.seq
+                    ),
+                );
+            };
+            let proven =
+                hexes(&p.path)
+                    .zip(chain::merkle_leaf(&hash))
+                    .is_some_and(|(path, leaf)| {
+                        chain::merkle_included(p.index, size, leaf, &path, &root)
+                    });
+            if !proven {
+                report.first_break = broke(
+                    Some(seq),
+                    format!(
+                        "line {n}: the inclusion proof does not lead to the trailer's Merkle root: the event (or a run of events linked to it) is not the ledger's, or was edited and rehashed"
+                    ),
+                );
+                return Ok((report, None));
+            }
+            continue;
+        }
+        let e: EventRow = match serde_json::from_str(&line) {
+            Ok(e) => e,
+            Err(e) => return fail(report, format!("line {n}: not an exported event: {e}")),
+        };
+        if !e.data.is_object() {
+            return fail(report, format!("line {n}: data is not a JSON object"));
+        }
+        let hash = chain::event_hash(&e.prev_hash, e.seq, &e.at, e.tree, e.kind.as_str(), &e.data);
+        if hash != e.hash {
+            report.first_break = broke(
+                Some(e.seq),
+                "hash does not match the recomputed hash (content edited)",
+            );
+            return Ok((report, None));
+        }
+        if e.seq <= last_seq {
+            report.first_break = broke(Some(e.seq), format!("out of order: after seq {last_seq}"));
+            return Ok((report, None));
+        }
+        if let Some((seq, h)) = pending.take()
+            && (e.seq != seq + 1 || e.prev_hash != h)
+        {
+            report.first_break = broke(
+                Some(seq),
+                format!(
+                    "not proven the ledger's: no inclusion proof follows it, and seq {} does not link to it (a proof line removed, or the event between them left out)",
+                    e.seq
+                ),
+            );
+            return Ok((report, None));
+        }
+        last_seq = e.seq;
+        if selection.takes(e.seq, &e.at, e.tree, e.kind.as_str()) {
+            report.events += 1;
+        } else if e.kind != EventKind::LedgerSeal {
+            report.first_break = broke(
+                Some(e.seq),
+                format!(
+                    "{} at {} is outside the export's filter {}",
+                    e.kind.as_str(),
+                    e.at,
+                    t.filter.clone().unwrap_or_default()
+                ),
+            );
+            return Ok((report, None));
+        }
+        if e.kind == EventKind::LedgerSeal
+            && let Some(check) = seals.as_mut()
+            && let Some(found) = check.step(e.seq, &e.kind, &e.data, &e.prev_hash)
+        {
+            report.first_break = Some(found);
+            return Ok((report, None));
+        }
+        pending = Some((e.seq, e.hash));
+    }
+    if let Some((seq, _)) = pending {
+        report.first_break = broke(
+            Some(seq),
+            "the export ends without this event's inclusion proof (its end was cut)",
+        );
+        return Ok((report, None));
+    }
+    if t.events != report.events {
+        let what = format!(
+            "line {trailer_line}: the export says its filter took {} events but {} are there (an event left out, or the export cut or added to)",
+            t.events, report.events
+        );
+        return fail(report, what);
+    }
+    report.head = head.map(|h| (h.seq, h.hash));
+    let read_at = humantime::parse_rfc3339(&t.at).ok();
+    let trailer = match seals.as_ref() {
+        Some(check) => check.check_trailer(trailer_line, &stamp.raw),
+        None => Ok("the trailer is not checked (no --seal-key or --seal-pub): the events are proven against its root, not the root or count against the ledger's key".to_string()),
+    };
+    let (mut report, sealed) = finish_seals(report, seals, read_at)
+        .map_err(|f| f.into_ledger(std::time::Duration::ZERO))?;
+    if report.first_break.is_some() {
+        return Ok((report, sealed));
+    }
+    match trailer {
+        Ok(note) => {
+            report.trailer = Some(format!(
+                "a filtered export ({}): {} events proven against the Merkle root of the ledger's {size} events; {note}",
+                t.filter.clone().unwrap_or_default(),
+                report.events
+            ));
+            Ok((report, sealed))
+        }
+        Err(found) => {
+            report.first_break = Some(found);
+            Ok((report, None))
+        }
+    }
 }
 
 /// What a trailer says that the export it ends does not bear out: its

@@ -20,6 +20,7 @@ mod ledger_life;
 mod observer;
 mod privilege;
 mod proc;
+mod proofs;
 mod recovery;
 mod report;
 mod retention;
