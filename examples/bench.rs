@@ -27,6 +27,12 @@
 //!    `ls`, the dashboard index, a tree page, `/api/events` (medians of 30)
 //!    and a whole export (throughput, peak RSS); targets: pages at 1M ≤ 1.5×
 //!    those at 10k, export peak RSS ≤ 1.3×; then bytes per tree and per member.
+//! 7. proofs (`--only proofs`): `verify` of a ledger of 1M events (trees of
+//!    48 members: one `tree.created` in about 100 events), and of two
+//!    1 %-filtered exports of it, which prove themselves: `--kind
+//!    tree.created` (every event a run of its own, the proofs' worst case)
+//!    and `--since` the newest 1 % (one run); each export's bytes over its
+//!    plain events' (the proofs' overhead).
 //!
 //! The order matters: sections 2 to 4 and 6 wait for their children with
 //! `std::process`, so they run before section 5 installs the reaper (this
@@ -68,7 +74,7 @@ struct Plan {
     recovery_reps: usize,
     /// Reads per kind in the auth section (issue 17).
     auth_reads: usize,
-    /// Run only this section (`authority`, `spawn`, `scan`, `recovery`, `auth`, `teardown`, `idle`, `ledger`).
+    /// Run only this section (`authority`, `spawn`, `scan`, `recovery`, `auth`, `teardown`, `idle`, `ledger`, `proofs`).
     only: Option<String>,
     /// Print each teardown's phase durations on stderr.
     phases: bool,
@@ -300,6 +306,11 @@ fn main() -> anyhow::Result<()> {
     } else {
         Vec::new()
     };
+    let proven = if plan.runs("proofs") {
+        proofs(&plan, work.path())?
+    } else {
+        Vec::new()
+    };
     if plan.runs("teardown") {
         teardowns(&plan, work.path(), &mut rows)?;
     }
@@ -321,6 +332,9 @@ fn main() -> anyhow::Result<()> {
     }
     scaling(&rows);
     for line in scale {
+        println!("{line}");
+    }
+    for line in proven {
         println!("{line}");
     }
     Ok(())
@@ -2114,4 +2128,100 @@ fn ledger_scale(plan: &Plan, dir: &Path) -> anyhow::Result<Vec<String>> {
         (10_000.0 * per_tree + 200_000.0 * per_member) / 1e6
     ));
     Ok(out)
+}
+
+// ---------------------------------------------------------------- proofs
+
+/// Section 7: `verify` of the largest scale size's ledger, and of two
+/// 1 %-filtered exports of it (`verify --export`, no ledger at hand), with
+/// each export's bytes over those of the plain events it holds.
+fn proofs(plan: &Plan, dir: &Path) -> anyhow::Result<Vec<String>> {
+    let bin = treewarden_bin()?;
+    let data = dir.join("proofs-data");
+    let ledger = Ledger::open(&data.join("ledger.db"), LedgerOptions::default())?;
+    let me = treewarden::proc::self_identity()?;
+    let owner = ledger.register_owner(&OwnerRecord {
+        identity: IdentityRecord {
+            pid: me.pid,
+            start_ticks: me.start_ticks,
+            boot_id: me.boot_id.clone(),
+        },
+        kind: OwnerKind::Run,
+    })?;
+    let target = plan.scale_sizes.last().copied().unwrap_or(1_000) as i64;
+    let t0 = Instant::now();
+    grow_ledger(&ledger, owner, 48, target, &mut 0)?;
+    let build = t0.elapsed();
+    let events = ledger.head()?.map_or(0, |(s, _)| s);
+    // The time from which the newest 1 % of the events were written.
+    let newest = ledger.events(&treewarden::ledger::EventFilter {
+        newest_first: true,
+        limit: Some((events as usize / 100).max(1)),
+        ..Default::default()
+    })?;
+    let since = newest.last().map(|e| e.at.clone()).unwrap_or_default();
+    drop(ledger);
+    let run = |args: &[&str]| -> anyhow::Result<(Duration, Vec<u8>)> {
+        let t0 = Instant::now();
+        let out = Command::new(&bin)
+            .env("TREEWARDEN_DATA_DIR", &data)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()?;
+        let took = t0.elapsed();
+        anyhow::ensure!(
+            out.status.success(),
+            "treewarden {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        Ok((took, out.stdout))
+    };
+    let (verify, _) = run(&["verify"])?;
+    let mut lines = vec![
+        String::new(),
+        format!(
+            "| proofs: {events} events (built in {:.0} s) | events | export s | export bytes | plain event bytes | proof bytes | overhead | verify s |",
+            build.as_secs_f64()
+        ),
+        "|---|---|---|---|---|---|---|---|".to_string(),
+        format!(
+            "| `verify` of the ledger | {events} | | | | | | {:.2} |",
+            verify.as_secs_f64()
+        ),
+    ];
+    let file = dir.join("proofs-export.ndjson");
+    let file_s = file.to_string_lossy().into_owned();
+    for (name, args) in [
+        (
+            "`export --kind tree.created` (each its own run), `verify --export`",
+            vec!["export", "--kind", "tree.created"],
+        ),
+        (
+            "`export --since` the newest 1 % (one run), `verify --export`",
+            vec!["export", "--since", since.as_str()],
+        ),
+    ] {
+        let (took, body) = run(&args)?;
+        let (mut taken, mut plain) = (0u64, 0u64);
+        for line in body.split(|b| *b == b'\n') {
+            if line.starts_with(b"{\"seq\":") {
+                taken += 1;
+                plain += line.len() as u64 + 1;
+            }
+        }
+        let total = body.len() as u64;
+        std::fs::write(&file, &body)?;
+        let (checked, _) = run(&["verify", "--export", &file_s])?;
+        let proof = total.saturating_sub(plain);
+        lines.push(format!(
+            "| {name} | {taken} | {:.2} | {total} | {plain} | {proof} | {:.0} % | {:.2} |",
+            took.as_secs_f64(),
+            100.0 * proof as f64 / plain.max(1) as f64,
+            checked.as_secs_f64()
+        ));
+        let _ = std::fs::remove_file(&file);
+    }
+    let _ = std::fs::remove_dir_all(&data);
+    Ok(lines)
 }
