@@ -104,6 +104,15 @@ type HmacSha256 = Hmac<Sha256>;
 #[derive(Clone)]
 pub struct SealKey([u8; 32]);
 
+/// Key material is wiped when dropped: a core dump or a later reader of
+/// this process's freed memory finds no epoch's key (best effort: copies
+/// the compiler makes on the stack are not reached).
+impl Drop for SealKey {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.0);
+    }
+}
+
 impl std::fmt::Debug for SealKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("SealKey(..)")
@@ -212,6 +221,19 @@ fn parse_public(hex_text: &str) -> Option<VerifyingKey> {
 enum EpochKey {
     Hmac([u8; 32]),
     Signing { key: [u8; 32], next: [u8; 32] },
+}
+
+impl Drop for EpochKey {
+    fn drop(&mut self) {
+        use zeroize::Zeroize;
+        match self {
+            EpochKey::Hmac(k) => k.zeroize(),
+            EpochKey::Signing { key, next } => {
+                key.zeroize();
+                next.zeroize();
+            }
+        }
+    }
 }
 
 impl EpochKey {
@@ -328,6 +350,16 @@ struct KeyRecord {
     /// A public-key ledger's: the next epoch's key, drawn already.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     next: Option<String>,
+}
+
+impl Drop for KeyRecord {
+    fn drop(&mut self) {
+        use zeroize::Zeroize;
+        self.key.zeroize();
+        if let Some(next) = self.next.as_mut() {
+            next.zeroize();
+        }
+    }
 }
 
 fn key_bytes(text: &str) -> Result<[u8; 32], LedgerError> {
