@@ -133,9 +133,9 @@ fn events_of(data: &Path) -> u64 {
         .arg("export")
         .output()
         .expect("export");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| l.contains("\"seq\""))
+    crate::util::parse_ndjson(&String::from_utf8_lossy(&out.stdout))
+        .iter()
+        .filter(|e| e.get("seq").is_some())
         .count() as u64
 }
 
@@ -305,4 +305,169 @@ fn two_fleet_serves_sharing_a_consumer_index_every_event_once() {
     // The stream holds each event once, too.
     let stored = read_subject(&nats.url(), &format!("treewarden.{}.events", hosts[3]));
     assert_eq!(stored.len() as u64, events);
+}
+
+/// `treewarden` on a data dir; its stdout (a failure fails the test).
+fn cli(data: &Path, args: &[&str]) -> String {
+    let out = Command::new(bin())
+        .env("TREEWARDEN_DATA_DIR", data)
+        .env("TREEWARDEN_BOUNDARY", "session")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("treewarden");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+#[test]
+fn a_sealed_host_with_its_key_registered_a_force_kill_linked_and_a_rebuild() {
+    let Some(exe) = nats_server() else { return };
+    let Some(nats) = Nats::start(&exe, 1) else {
+        panic!("no JetStream server became ready");
+    };
+    let data = tempfile::tempdir().expect("temp dir");
+    let printed = cli(data.path(), &["seal", "setup", "--interval", "1s"]);
+    let key = printed
+        .lines()
+        .map(str::trim)
+        .find(|l| l.len() == 64 && l.chars().all(|c| c.is_ascii_hexdigit()))
+        .unwrap_or_else(|| panic!("no key printed: {printed}"))
+        .to_string();
+    // A root that ignores SIGTERM past a short grace: a force-kill.
+    let _ = Command::new(bin())
+        .env("TREEWARDEN_DATA_DIR", data.path())
+        .env("TREEWARDEN_BOUNDARY", "session")
+        .args([
+            "run",
+            "--timeout",
+            "1s",
+            "--grace",
+            "200ms",
+            "--quiet",
+            "--",
+        ])
+        .args(["sh", "-c", "trap '' TERM; sleep 30"])
+        .stdin(Stdio::null())
+        .status()
+        .expect("run");
+    assert!(
+        wait_until(Duration::from_secs(10), || cli(
+            data.path(),
+            &["seal", "now"]
+        )
+        .contains("sealed epoch")),
+        "epoch 0 was never sealed"
+    );
+    let id = host("sealed-fleet");
+    let (code, out) = ship(data.path(), &nats.url(), &id, &[]);
+    assert_eq!(code, Some(0), "{out}");
+    let events = events_of(data.path());
+
+    let fleet_dir = tempfile::tempdir().expect("temp dir");
+    let key_file = fleet_dir.path().join("host.key");
+    std::fs::write(&key_file, format!("{key}\n")).expect("key file");
+    let fleet_data = fleet_dir.path().join("fleet");
+    let fleet_data_s = fleet_data.to_string_lossy().to_string();
+    let key_s = key_file.to_string_lossy().to_string();
+    cli(
+        data.path(),
+        &[
+            "fleet",
+            "hosts",
+            "add",
+            "--data",
+            &fleet_data_s,
+            &id,
+            "--seal-key",
+            &key_s,
+        ],
+    );
+    let listed = cli(
+        data.path(),
+        &["fleet", "hosts", "ls", "--data", &fleet_data_s],
+    );
+    assert!(
+        listed.contains(&id) && !listed.contains(&key),
+        "the key is never shown: {listed}"
+    );
+
+    let mut fleet = FleetServe::start(&nats.url(), &fleet_data, "sealed");
+    let hosts = [id.clone()];
+    assert!(
+        wait_until(Duration::from_secs(30), || caught_up(
+            &fleet, &hosts, events
+        )),
+        "walked; metrics: {}\nlog: {}",
+        fleet.get("/metrics"),
+        fleet.log()
+    );
+    assert_eq!(
+        fleet.metric("chain_broken", &id),
+        Some(0.0),
+        "{}",
+        fleet.log()
+    );
+    assert!(
+        fleet.metric("seal_age_seconds", &id).is_some(),
+        "the seal was checked"
+    );
+    let page = fleet.get("/?outcome=force-kill");
+    let link = format!("/hosts/{id}/trees/1");
+    assert!(
+        page.contains(&link),
+        "the force-kill links its tree: {page}"
+    );
+    let tree = fleet.get(&link);
+    assert!(tree.contains("kill.authorized"), "{tree}");
+    assert_eq!(fleet.stop(), Some(0));
+
+    // A wrong key is a break, once the verdict is computed again.
+    let wrong = fleet_dir.path().join("wrong.key");
+    std::fs::write(&wrong, format!("{:064x}\n", 7)).expect("key file");
+    let wrong_s = wrong.to_string_lossy().to_string();
+    cli(
+        data.path(),
+        &[
+            "fleet",
+            "hosts",
+            "add",
+            "--data",
+            &fleet_data_s,
+            &id,
+            "--seal-key",
+            &wrong_s,
+        ],
+    );
+    // Rebuilt from the stream: the same events, walked with the new key.
+    let out = Command::new(bin())
+        .args([
+            "fleet",
+            "rebuild",
+            "--nats",
+            &nats.url(),
+            "--data",
+            &fleet_data_s,
+        ])
+        .args(["--consumer", "sealed"])
+        .output()
+        .expect("rebuild");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let fleet = FleetServe::start(&nats.url(), &fleet_data, "sealed");
+    assert!(
+        wait_until(Duration::from_secs(30), || fleet
+            .metric("chain_broken", &id)
+            == Some(1.0)),
+        "a wrong key fails the seals; log: {}",
+        fleet.log()
+    );
+    assert_eq!(fleet.metric("events_indexed", &id), Some(events as f64));
 }
