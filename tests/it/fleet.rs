@@ -8,7 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::jetstream::{Nats, host, ledger_with_runs, nats_server, read_subject, ship};
+use crate::jetstream::{
+    Nats, host, ledger_with_runs, metric, nats_server, read_subject, ship, spawn_ended,
+    stream_matches_ledger,
+};
 use crate::util::{bin, wait_child, wait_until};
 
 /// One `fleet serve` process, its pages' address, ended by its own pid.
@@ -470,4 +473,94 @@ fn a_sealed_host_with_its_key_registered_a_force_kill_linked_and_a_rebuild() {
         fleet.log()
     );
     assert_eq!(fleet.metric("events_indexed", &id), Some(events as f64));
+}
+
+#[test]
+fn no_quorum_for_30_s_holds_the_cursor_grows_the_lag_and_every_event_arrives_once() {
+    let Some(exe) = nats_server() else { return };
+    let Some(mut nats) = Nats::start(&exe, 3) else {
+        panic!("the 3-node JetStream cluster did not form");
+    };
+    let url = nats.url();
+    let id = host("quorum");
+    let subject = format!("treewarden.{id}.events");
+    let server = crate::serve::Server::start(&[
+        "--ship",
+        &url,
+        "--ship-host-id",
+        &id,
+        "--ship-replicas",
+        "3",
+    ]);
+    for i in 0..3 {
+        spawn_ended(&server, &format!("before-{i}"));
+    }
+    let data = server.data_dir();
+    assert!(
+        wait_until(Duration::from_secs(60), || stream_matches_ledger(
+            &url, &subject, &data
+        )),
+        "shipped; log: {}",
+        server.stderr()
+    );
+    let fleet_dir = tempfile::tempdir().expect("temp dir");
+    let fleet = FleetServe::start(&url, fleet_dir.path(), "quorum");
+    let acked = metric(&server, "treewarden_ship_acked_seq").expect("acked seq");
+    // Two of three nodes stop: no quorum for the stream. Custody goes on.
+    nats.nodes[1].stop();
+    nats.nodes[2].stop();
+    let stopped = Instant::now();
+    let mut trees = 0;
+    let mut lag_seen = 0.0_f64;
+    while stopped.elapsed() < Duration::from_secs(30) {
+        spawn_ended(&server, &format!("during-{trees}"));
+        trees += 1;
+        lag_seen = lag_seen.max(metric(&server, "treewarden_ship_lag_events").unwrap_or(0.0));
+    }
+    assert!(trees > 0);
+    assert_eq!(
+        metric(&server, "treewarden_ship_acked_seq"),
+        Some(acked),
+        "the cursor holds without a quorum"
+    );
+    let lag_then = metric(&server, "treewarden_ship_lag_events").unwrap_or(0.0);
+    assert!(
+        lag_then > 0.0 && lag_then >= lag_seen,
+        "the lag grew: {lag_then}"
+    );
+    nats.nodes[1].restart(&nats.exe);
+    nats.nodes[2].restart(&nats.exe);
+    assert!(
+        wait_until(Duration::from_secs(120), || stream_matches_ledger(
+            &url, &subject, &data
+        )),
+        "shipping resumes, every event once, in order; log: {}",
+        server.stderr()
+    );
+    assert!(
+        wait_until(Duration::from_secs(20), || metric(
+            &server,
+            "treewarden_ship_lag_events"
+        ) == Some(0.0)),
+        "lag back to 0"
+    );
+    let events = read_subject(&url, &subject).len() as u64;
+    let hosts = [id.clone()];
+    assert!(
+        wait_until(Duration::from_secs(90), || caught_up(
+            &fleet, &hosts, events
+        )),
+        "the fleet catches up; metrics: {}\nlog: {}",
+        fleet.get("/metrics"),
+        fleet.log()
+    );
+    assert_eq!(
+        fleet.metric("events_received", &id),
+        Some(events as f64),
+        "each once"
+    );
+    assert_eq!(fleet.metric("chain_broken", &id), Some(0.0));
+    crate::util::say(&format!(
+        "fleet: no quorum for 30 s: {trees} trees spawned meanwhile, lag peaked at {lag_then} events, {events} events in the stream once each"
+    ));
 }

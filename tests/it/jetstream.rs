@@ -48,9 +48,9 @@ fn free_port() -> u16 {
 }
 
 /// One `nats-server` process, its ports and store dir.
-struct Node {
+pub(crate) struct Node {
     child: Option<Child>,
-    port: u16,
+    pub(crate) port: u16,
     config: PathBuf,
     log: PathBuf,
 }
@@ -67,7 +67,7 @@ impl Node {
         node
     }
 
-    fn restart(&mut self, exe: &Path) {
+    pub(crate) fn restart(&mut self, exe: &Path) {
         assert!(self.child.is_none(), "node already running");
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -87,7 +87,7 @@ impl Node {
     }
 
     /// SIGTERM by its own pid (a clean stop), then reaped.
-    fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             crate::util::signal(child.id(), rustix::process::Signal::TERM);
             if wait_child(&mut child, Duration::from_secs(20)).is_none() {
@@ -114,8 +114,8 @@ impl Drop for Node {
 
 /// A JetStream cluster (or one node) on loopback.
 pub(crate) struct Nats {
-    exe: PathBuf,
-    nodes: Vec<Node>,
+    pub(crate) exe: PathBuf,
+    pub(crate) nodes: Vec<Node>,
     dir: tempfile::TempDir,
 }
 
@@ -320,7 +320,7 @@ pub(crate) fn host(tag: &str) -> String {
     format!("t-{tag}-{}", std::process::id())
 }
 
-fn spawn_ended(server: &Server, label: &str) -> i64 {
+pub(crate) fn spawn_ended(server: &Server, label: &str) -> i64 {
     let (status, body) = server.post(
         "/api/trees",
         Some(&serde_json::json!({"argv": ["sh", "-c", "exit 0"], "label": label})),
@@ -339,7 +339,7 @@ fn spawn_ended(server: &Server, label: &str) -> i64 {
     id
 }
 
-fn metric(server: &Server, name: &str) -> Option<f64> {
+pub(crate) fn metric(server: &Server, name: &str) -> Option<f64> {
     let text = server.get("/metrics").text().ok()?;
     text.lines()
         .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
@@ -348,7 +348,7 @@ fn metric(server: &Server, name: &str) -> Option<f64> {
 }
 
 /// The stream holds exactly the ledger's events, in order, each once.
-fn stream_matches_ledger(url: &str, subject: &str, data: &Path) -> bool {
+pub(crate) fn stream_matches_ledger(url: &str, subject: &str, data: &Path) -> bool {
     let events = ledger_events(data);
     let Ok(stored) = try_read_subject(url, subject) else {
         return false;
