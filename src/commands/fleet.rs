@@ -88,6 +88,7 @@ pub enum FleetCommand {
 pub enum HostsCommand {
     /// Register (or replace) a host's seal verification material: the key
     /// `seal setup` printed, or the root public key `seal setup --pub` wrote.
+    #[command(group(clap::ArgGroup::new("material").required(true).args(["seal_pub", "seal_key"])))]
     Add {
         #[arg(long, value_name = "DIR")]
         data: PathBuf,
