@@ -371,6 +371,30 @@ fn a_sealed_host_with_its_key_registered_a_force_kill_linked_and_a_rebuild() {
     assert_eq!(code, Some(0), "{out}");
     let events = events_of(data.path());
 
+    // `fleet verify --since`: the whole walk, the recent events counted.
+    let out = Command::new(bin())
+        .args([
+            "fleet",
+            "verify",
+            "--nats",
+            &nats.url(),
+            &id,
+            "--seal-key",
+            &key,
+        ])
+        .args(["--since", "1h", "--json"])
+        .output()
+        .expect("fleet verify");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["since"]["events"], serde_json::json!(events), "{v}");
+    assert_eq!(v["events"], serde_json::json!(events), "{v}");
+
     let fleet_dir = tempfile::tempdir().expect("temp dir");
     let key_file = fleet_dir.path().join("host.key");
     std::fs::write(&key_file, format!("{key}\n")).expect("key file");
