@@ -11,6 +11,7 @@
 //! - [`service`]: `serve`'s owner loop: API-spawned trees, scans, sweeps, owner watches, shutdown.
 //! - [`http`]: `router(state)`: the JSON API, dashboard, `/metrics`, export, OpenAPI.
 //! - [`serve`]: `treewarden serve` as a library call: builds the service and its router, binds, runs.
+//! - [`service::fleet`] (`src/fleet/`): `fleet serve`: the fleet's JetStream consumer, verdicts, pages.
 //! - [`telemetry`]: logs to stderr (text or JSON) and OTLP span export when configured.
 //! - [`testhook`]: test-only crash points (`TREEWARDEN_TEST_CRASH_AT`), off by default.
 //!

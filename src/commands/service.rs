@@ -1,5 +1,6 @@
 //! The commands that drive the service: `serve` (`serve.rs`), `token`
-//! (its arguments in `token.rs`) and `ship` (`ship.rs`). The service (`http`, `service`, `serve`)
+//! (its arguments in `token.rs`), `ship` (`ship.rs`) and `fleet`
+//! (`fleet_service.rs`). The service (`http`, `service`, `serve`)
 //! is built on Linux and Windows; on macOS `commands/mod.rs` takes
 //! `no_service.rs` in this file's place.
 
@@ -121,82 +122,7 @@ pub fn ship(config: &Config, args: ShipArgs) -> CliResult {
     }
 }
 
-/// `treewarden fleet verify --nats URLS HOST`: the host's events from the
-/// stream alone. Exit 0 when whole; 1 naming the first broken seq; 3 when
-/// no server answered.
-pub fn fleet(_config: &Config, cmd: FleetCommand) -> CliResult {
-    use treewarden::service::nats::{NatsConfig, ShipError, read_host, verify_host};
-    let FleetCommand::Verify {
-        nats,
-        host,
-        seal_key,
-        creds,
-        json,
-    } = cmd;
-    let seal_key = seal_key
-        .as_deref()
-        .map(treewarden::ledger::seal::SealKey::parse)
-        .transpose()
-        .map_err(|e| CliError::usage(anyhow!("--seal-key: {e}")))?;
-    let config = NatsConfig::new(&nats, creds, Some(&host), 1)
-        .map_err(|e| CliError::usage(anyhow!("{e}")))?;
-    let failed = |e: ShipError| match e {
-        ShipError::Unreachable(_) => {
-            CliError::with_code(EXIT_UNREACHABLE, anyhow!("fleet verify: {e}"))
-        }
-        e => CliError::internal(anyhow!("fleet verify: {e}")),
-    };
-    let stored = read_host(&config, &host).map_err(failed)?;
-    if stored.is_empty() {
-        return Err(CliError::usage(anyhow!(
-            "fleet verify: the stream holds no event of host {host} ({})",
-            config.subject()
-        )));
-    }
-    let verdict = verify_host(&stored, &host, seal_key).map_err(failed)?;
-    if json {
-        let (report, first_break) = match &verdict {
-            Ok(r) => (Some(r), None),
-            Err(why) => (None, Some(why.clone())),
-        };
-        print_json(&serde_json::json!({
-            "ok": verdict.is_ok(),
-            "host": host,
-            "events": stored.len(),
-            "head": report.and_then(|r| r.head.as_ref()).map(|(seq, hash)| serde_json::json!({"seq": seq, "hash": hash})),
-            "seal": report.and_then(|r| r.sealed.as_ref()),
-            "first_break": first_break,
-        }))?;
-        return Ok(if verdict.is_ok() {
-            0
-        } else {
-            crate::exit::EXIT_BROKEN
-        });
-    }
-    match verdict {
-        Ok(report) => {
-            let head = report
-                .head
-                .map(|(seq, hash)| format!("head {seq}:{hash}"))
-                .unwrap_or_else(|| "no head".into());
-            let sealed = report
-                .sealed
-                .map(|s| {
-                    format!(
-                        ", sealed: epochs 0 to {} ({} seals), {} events after the newest",
-                        s.last_epoch, s.seals, s.unsealed
-                    )
-                })
-                .unwrap_or_default();
-            println!(
-                "ok: host {host}: {} events from the stream, {head}, continuous{sealed}",
-                report.events
-            );
-            Ok(0)
-        }
-        Err(why) => Err(CliError::with_code(
-            crate::exit::EXIT_BROKEN,
-            anyhow!("fleet verify failed: host {host}: {why}"),
-        )),
-    }
-}
+// `fleet`'s commands read the stream with the service's NATS code.
+#[path = "fleet_service.rs"]
+mod fleet_service;
+pub use fleet_service::fleet;

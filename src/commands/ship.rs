@@ -1,6 +1,6 @@
 //! `treewarden ship`'s arguments: one pass of the JetStream shipping for
 //! hosts that only `run` (the command is `service.rs`'s: the shipper is the
-//! service's, `service/nats.rs`).
+//! service's, `service/nats.rs`). `fleet`'s are `fleet.rs`'s.
 
 use std::path::PathBuf;
 
@@ -25,31 +25,4 @@ pub struct ShipArgs {
     /// Print {"shipped", "cursor", "head"} as JSON.
     #[arg(long)]
     pub json: bool,
-}
-
-/// `treewarden fleet …`: the fleet's view, from the JetStream stream.
-#[derive(clap::Subcommand, Debug)]
-pub enum FleetCommand {
-    /// Verify one host's events from the stream alone: each seq the one
-    /// after the last (no gap, no rewind), each message's ids its own
-    /// event's, every hash recomputed and linked, and with --seal-key the
-    /// seals. Exit 0 when whole; 1 naming the first broken seq; 3 when no
-    /// server answered.
-    Verify {
-        /// The NATS servers, comma separated: nats://HOST:PORT[,HOST:PORT…].
-        #[arg(long, value_name = "URLS")]
-        nats: String,
-        /// The host's id, as it ships (`--ship-host-id`, or its machine id).
-        #[arg(value_name = "HOST")]
-        host: String,
-        /// The host's seal verification key (`seal setup` printed it).
-        #[arg(long, value_name = "KEY")]
-        seal_key: Option<String>,
-        /// A NATS credentials file (user JWT and NKey seed).
-        #[arg(long, value_name = "FILE")]
-        creds: Option<PathBuf>,
-        /// Print {"ok", "host", "events", "head", "seal", "first_break"} as JSON.
-        #[arg(long)]
-        json: bool,
-    },
 }

@@ -70,6 +70,7 @@ mod error;
 pub mod event;
 mod evidence;
 mod export;
+pub mod fleet;
 pub(crate) mod fsmode;
 pub mod hierarchy;
 pub mod outcome;

@@ -55,6 +55,10 @@ mod door;
 mod drain;
 mod export;
 pub mod failure;
+// The fleet's consumer (`fleet serve`): its own tree, built with the service
+// because it reads the stream with `nats.rs`.
+#[path = "../fleet/mod.rs"]
+pub mod fleet;
 /// The logs' cap as they are written: inotify on Linux; none on Windows
 /// (`logcap_tick.rs`: the scan tick caps them).
 #[cfg_attr(windows, path = "logcap_tick.rs")]

@@ -744,6 +744,181 @@ async fn read_host_async(config: &NatsConfig, host: &str) -> Result<Vec<StoredEv
     Ok(out)
 }
 
+/// The subject every host ships to.
+pub const ALL_HOSTS: &str = "treewarden.*.events";
+
+/// The host a subject names (`treewarden.<host>.events`).
+pub fn host_of_subject(subject: &str) -> Option<&str> {
+    subject
+        .strip_prefix("treewarden.")?
+        .strip_suffix(".events")
+        .filter(|h| valid_host_id(h))
+}
+
+/// `fleet serve`'s side of the stream: a durable pull consumer over every
+/// host's subject. Every `fleet serve` naming the same consumer shares its
+/// messages (JetStream hands each to one of them); a message is acked only
+/// after the caller stored it, so the consumer's ack floor is a stream
+/// sequence below which every message is in the index.
+pub struct FleetReader {
+    stream: stream::Stream,
+    consumer: jetstream::consumer::PullConsumer,
+}
+
+/// One message received by [`FleetReader::fetch`], to ack once stored.
+pub struct Received {
+    pub message: crate::ledger::fleet::FleetMessage,
+    raw: jetstream::Message,
+}
+
+/// Where the fleet's consumer stands.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ConsumerPosition {
+    /// Every message at or below this stream sequence was acked.
+    pub ack_floor: u64,
+    /// Messages not delivered yet.
+    pub pending: u64,
+    /// Messages delivered, not acked yet.
+    pub ack_pending: u64,
+}
+
+impl FleetReader {
+    /// Connects, makes the stream where absent (as a shipper would) and
+    /// binds the durable consumer `name` (made where absent, from the
+    /// stream's first message).
+    pub async fn connect(config: &NatsConfig, name: &str) -> Result<FleetReader, ShipError> {
+        use jetstream::consumer;
+        let link = connect(config).await?;
+        let consumer = link
+            .stream
+            .get_or_create_consumer(
+                name,
+                consumer::pull::Config {
+                    durable_name: Some(name.to_string()),
+                    filter_subject: ALL_HOSTS.into(),
+                    deliver_policy: consumer::DeliverPolicy::All,
+                    ack_policy: consumer::AckPolicy::Explicit,
+                    ack_wait: Duration::from_secs(30),
+                    max_ack_pending: 20_000,
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| ShipError::Unreachable(format!("consumer {name}: {e}")))?;
+        Ok(FleetReader {
+            stream: link.stream,
+            consumer,
+        })
+    }
+
+    /// Up to `max` messages, waiting at most `wait` for the first.
+    pub async fn fetch(&self, max: usize, wait: Duration) -> Result<Vec<Received>, ShipError> {
+        use futures_util::StreamExt;
+        let failed = |e: &dyn std::fmt::Display| ShipError::Unreachable(format!("fetch: {e}"));
+        let mut batch = self
+            .consumer
+            .fetch()
+            .max_messages(max)
+            .expires(wait)
+            .messages()
+            .await
+            .map_err(|e| failed(&e))?;
+        let mut out = Vec::new();
+        while let Some(m) = batch.next().await {
+            let m = m.map_err(|e| failed(&e))?;
+            let stream_seq = m.info().map_err(|e| failed(&e))?.stream_sequence;
+            let header = |name: &str| {
+                m.headers
+                    .as_ref()
+                    .and_then(|h| h.get(name))
+                    .map(|v| v.as_str().to_string())
+            };
+            let message = crate::ledger::fleet::FleetMessage {
+                stream_seq,
+                host: host_of_subject(m.subject.as_str())
+                    .unwrap_or("-")
+                    .to_string(),
+                msg_id: header("Nats-Msg-Id"),
+                ce_id: header("ce-id"),
+                body: m.payload.to_vec(),
+            };
+            out.push(Received { message, raw: m });
+        }
+        Ok(out)
+    }
+
+    /// Acks what the caller stored.
+    pub async fn ack(&self, stored: &[Received]) -> Result<(), ShipError> {
+        for r in stored {
+            r.raw
+                .ack()
+                .await
+                .map_err(|e| ShipError::Unreachable(format!("ack: {e}")))?;
+        }
+        Ok(())
+    }
+
+    pub async fn position(&mut self) -> Result<ConsumerPosition, ShipError> {
+        let info = self
+            .consumer
+            .info()
+            .await
+            .map_err(|e| ShipError::Unreachable(format!("consumer info: {e}")))?;
+        Ok(ConsumerPosition {
+            ack_floor: info.ack_floor.stream_sequence,
+            pending: info.num_pending,
+            ack_pending: info.num_ack_pending as u64,
+        })
+    }
+
+    /// How many messages the stream holds per host.
+    pub async fn per_host(&mut self) -> Result<std::collections::BTreeMap<String, u64>, ShipError> {
+        use futures_util::StreamExt;
+        let failed =
+            |e: &dyn std::fmt::Display| ShipError::Unreachable(format!("stream info: {e}"));
+        let mut subjects = self
+            .stream
+            .info_with_subjects(ALL_HOSTS)
+            .await
+            .map_err(|e| failed(&e))?;
+        let mut out = std::collections::BTreeMap::new();
+        while let Some(item) = subjects.next().await {
+            let (subject, n) = item.map_err(|e| failed(&e))?;
+            if let Some(host) = host_of_subject(&subject) {
+                out.insert(host.to_string(), n as u64);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// `fleet rebuild`: deletes the durable consumer `name` (absent is fine),
+/// so the next `fleet serve` makes it again from the stream's first message.
+pub fn delete_fleet_consumer(config: &NatsConfig, name: &str) -> Result<bool, ShipError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| ShipError::Unreachable(format!("runtime: {e}")))?;
+    rt.block_on(async {
+        let js = context(config).await?;
+        let stream = match js.get_stream(&config.stream).await {
+            Ok(s) => s,
+            Err(e) if e.to_string().contains("not found") => return Ok(false),
+            Err(e) => {
+                return Err(ShipError::Unreachable(format!(
+                    "stream {}: {e}",
+                    config.stream
+                )));
+            }
+        };
+        match stream.delete_consumer(name).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.to_string().contains("not found") => Ok(false),
+            Err(e) => Err(ShipError::Unreachable(format!("consumer {name}: {e}"))),
+        }
+    })
+}
+
 /// What `fleet verify` proved of a host's events in the stream.
 #[derive(Debug)]
 pub struct HostReport {
@@ -762,7 +937,7 @@ pub struct HostReport {
 pub fn verify_host(
     stored: &[StoredEvent],
     host: &str,
-    seal_key: Option<crate::ledger::seal::SealKey>,
+    seal: Option<crate::ledger::seal::SealVerifier>,
 ) -> Result<Result<HostReport, String>, ShipError> {
     let mut lines = String::new();
     let mut seqs = Vec::with_capacity(stored.len());
@@ -832,7 +1007,7 @@ pub fn verify_host(
     // (how stale the host's shipping is, is the lag's to say).
     let walked = crate::ledger::verify_trail_as_of(
         &path,
-        seal_key.map(crate::ledger::seal::SealVerifier::Key),
+        seal,
         last_at.unwrap_or_else(std::time::SystemTime::now),
     );
     let _ = std::fs::remove_file(&path);

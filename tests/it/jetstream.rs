@@ -22,7 +22,7 @@ use crate::util::{bin, parse_ndjson, say, skip, wait_child, wait_until};
 
 /// `nats-server`'s path, or `None` after the skip line (a failure where a
 /// lane requires it).
-fn nats_server() -> Option<PathBuf> {
+pub(crate) fn nats_server() -> Option<PathBuf> {
     let found = std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
             .map(|d| d.join("nats-server"))
@@ -48,9 +48,9 @@ fn free_port() -> u16 {
 }
 
 /// One `nats-server` process, its ports and store dir.
-struct Node {
+pub(crate) struct Node {
     child: Option<Child>,
-    port: u16,
+    pub(crate) port: u16,
     config: PathBuf,
     log: PathBuf,
 }
@@ -67,7 +67,7 @@ impl Node {
         node
     }
 
-    fn restart(&mut self, exe: &Path) {
+    pub(crate) fn restart(&mut self, exe: &Path) {
         assert!(self.child.is_none(), "node already running");
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -87,7 +87,7 @@ impl Node {
     }
 
     /// SIGTERM by its own pid (a clean stop), then reaped.
-    fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             crate::util::signal(child.id(), rustix::process::Signal::TERM);
             if wait_child(&mut child, Duration::from_secs(20)).is_none() {
@@ -113,16 +113,16 @@ impl Drop for Node {
 }
 
 /// A JetStream cluster (or one node) on loopback.
-struct Nats {
-    exe: PathBuf,
-    nodes: Vec<Node>,
+pub(crate) struct Nats {
+    pub(crate) exe: PathBuf,
+    pub(crate) nodes: Vec<Node>,
     dir: tempfile::TempDir,
 }
 
 impl Nats {
     /// `n` nodes in one cluster (`n == 1`: a plain JetStream server), ready
     /// to take a stream (a meta leader elected), else `None` after saying why.
-    fn start(exe: &Path, n: usize) -> Option<Nats> {
+    pub(crate) fn start(exe: &Path, n: usize) -> Option<Nats> {
         let dir = tempfile::tempdir().expect("temp dir");
         let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
         let routes: Vec<String> = ports
@@ -189,7 +189,7 @@ impl Nats {
     }
 
     /// Every node's client URL, comma separated (the `--ship` form).
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         self.nodes
             .iter()
             .map(|n| format!("nats://127.0.0.1:{}", n.port))
@@ -209,12 +209,12 @@ impl Nats {
 }
 
 /// A client of the servers `url` names (comma separated, as `--ship`).
-async fn connect(url: &str) -> Result<async_nats::Client, async_nats::ConnectError> {
+pub(crate) async fn connect(url: &str) -> Result<async_nats::Client, async_nats::ConnectError> {
     let servers: Vec<&str> = url.split(',').collect();
     async_nats::connect(servers).await
 }
 
-fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+pub(crate) fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -224,15 +224,15 @@ fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
 
 /// One stored message: its stream sequence, headers, and body.
 #[derive(Debug)]
-struct Stored {
-    stream_seq: u64,
+pub(crate) struct Stored {
+    pub(crate) stream_seq: u64,
     headers: std::collections::BTreeMap<String, String>,
-    body: Value,
+    pub(crate) body: Value,
 }
 
 /// Every message of `subject` in the stream, in stream order, read by an
 /// ephemeral pull consumer.
-fn read_subject(url: &str, subject: &str) -> Vec<Stored> {
+pub(crate) fn read_subject(url: &str, subject: &str) -> Vec<Stored> {
     try_read_subject(url, subject).expect("the stream read back")
 }
 
@@ -316,11 +316,11 @@ fn seqs(stored: &[Stored]) -> Vec<i64> {
 }
 
 /// A unique host id per test (the stream is the tests' own anyway).
-fn host(tag: &str) -> String {
+pub(crate) fn host(tag: &str) -> String {
     format!("t-{tag}-{}", std::process::id())
 }
 
-fn spawn_ended(server: &Server, label: &str) -> i64 {
+pub(crate) fn spawn_ended(server: &Server, label: &str) -> i64 {
     let (status, body) = server.post(
         "/api/trees",
         Some(&serde_json::json!({"argv": ["sh", "-c", "exit 0"], "label": label})),
@@ -339,7 +339,7 @@ fn spawn_ended(server: &Server, label: &str) -> i64 {
     id
 }
 
-fn metric(server: &Server, name: &str) -> Option<f64> {
+pub(crate) fn metric(server: &Server, name: &str) -> Option<f64> {
     let text = server.get("/metrics").text().ok()?;
     text.lines()
         .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
@@ -348,7 +348,7 @@ fn metric(server: &Server, name: &str) -> Option<f64> {
 }
 
 /// The stream holds exactly the ledger's events, in order, each once.
-fn stream_matches_ledger(url: &str, subject: &str, data: &Path) -> bool {
+pub(crate) fn stream_matches_ledger(url: &str, subject: &str, data: &Path) -> bool {
     let events = ledger_events(data);
     let Ok(stored) = try_read_subject(url, subject) else {
         return false;
@@ -444,7 +444,12 @@ fn events_reach_a_three_node_cluster_in_order_with_their_headers() {
 
 /// `treewarden ship` on a data dir, with extra environment; its exit status
 /// and stderr.
-fn ship(data: &Path, url: &str, id: &str, env: &[(&str, &str)]) -> (Option<i32>, String) {
+pub(crate) fn ship(
+    data: &Path,
+    url: &str,
+    id: &str,
+    env: &[(&str, &str)],
+) -> (Option<i32>, String) {
     let mut cmd = Command::new(bin());
     cmd.env("TREEWARDEN_DATA_DIR", data)
         .args(["ship", url, "--host-id", id, "--timeout", "3s"])
@@ -466,7 +471,7 @@ fn ship(data: &Path, url: &str, id: &str, env: &[(&str, &str)]) -> (Option<i32>,
 }
 
 /// A data dir with a few `run` trees' events.
-fn ledger_with_runs(n: usize) -> tempfile::TempDir {
+pub(crate) fn ledger_with_runs(n: usize) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("temp dir");
     for _ in 0..n {
         let status = Command::new(bin())

@@ -9,6 +9,7 @@ mod custody;
 mod delegation;
 mod docs;
 mod fidelity;
+mod fleet;
 mod glance;
 mod golden;
 mod harness;
