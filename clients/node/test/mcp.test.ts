@@ -123,6 +123,7 @@ describe('MCP stdio transport', { skip: noBinary }, () => {
     // Its stdin closed, the server exited by itself well inside the wait:
     // no signal was needed, and nothing is left.
     assert.ok(got.closeMs < 2000, `close took ${got.closeMs} ms`);
+    t.diagnostic(`measured: polite close ${got.closeMs} ms`);
     assert.ok(await waitUntil(() => live(pidfile).length === 0, BOUND), `left: ${live(pidfile)}`);
     const o = await transport.outcome!;
     assert.deepEqual([o.reason, o.code, o.forced], ['exit', 0, false]);
@@ -146,6 +147,7 @@ describe('MCP stdio transport', { skip: noBinary }, () => {
     });
     const got = await round(transport);
     assert.equal(got.added, '5');
+    t.diagnostic(`measured: lingering close (exitWait 500 ms) ${got.closeMs} ms`);
     // Closed stdin, 0.5 s, then the service's teardown of the whole tree.
     assert.deepEqual(live(ours), []);
     const o = await transport.outcome!;
@@ -167,9 +169,13 @@ describe('MCP stdio transport', { skip: noBinary }, () => {
         assert.deepEqual(Object.keys(pids(pidfile)).sort(), ['server', 'shim']);
         const exited = new Promise((resolve) => owner.once('exit', resolve));
         owner.kill('SIGKILL');
+        const killed = Date.now();
         await exited;
         const gone = await waitUntil(() => live(pidfile).length === 0, which === 'sdk' ? 3 : BOUND);
-        if (which === 'treewarden') assert.ok(gone, `left running: ${live(pidfile)}`);
+        if (which === 'treewarden') {
+          assert.ok(gone, `left running: ${live(pidfile)}`);
+          t.diagnostic(`measured: owner SIGKILLed -> nothing left in ${Date.now() - killed} ms`);
+        }
         else assert.ok(!gone && alive(pids(pidfile).server!), 'the SDK had no chance to clean up');
       } finally {
         if (owner.exitCode === null && owner.signalCode === null) owner.kill('SIGKILL');

@@ -102,6 +102,7 @@ def test_a_session_through_a_launcher_and_close_in_the_spec_order(server: Server
     # Its stdin closed, the server exited by itself, well inside the wait:
     # no signal was needed, and nothing is left.
     assert got["close"] < 2.0, got["close"]
+    print(f"measured: polite close {got['close'] * 1000:.0f} ms")
     assert wait_until(lambda: not live(pidfile), 5), live(pidfile)
     [tree] = server.client().trees(label=label)
     outcome = tree.wait(timeout=10)
@@ -129,6 +130,7 @@ def test_close_ends_a_server_its_launcher_detached_where_the_sdk_leaves_it(
                                                 socket=server.socket, label=label, exit_wait=0.5,
                                                 grace=1))
     assert got["added"] == "5"
+    print(f"measured: lingering close (exit_wait 0.5 s) {got['close'] * 1000:.0f} ms")
     # Closed stdin, 0.5 s, then the service's teardown of the whole tree.
     assert not live(ours), live(ours)
     [tree] = server.client().trees(label=label)
@@ -149,10 +151,12 @@ def test_owner_sigkilled_leaves_no_process_of_the_server(server: Server, tmp_pat
         assert owner.stdout.readline() == b"ready\n"
         assert set(pids(pidfile)) == {"shim", "server"}
         owner.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
         owner.wait(timeout=10)
         gone = wait_until(lambda: not live(pidfile), 5)
         if which == "treewarden":
             assert gone, f"left running: {live(pidfile)}"
+            print(f"measured: owner SIGKILLed -> nothing left in {(time.monotonic() - killed) * 1000:.0f} ms")
         else:
             # The SDK had no chance to clean up: the detached server lives on.
             assert not gone and alive(pids(pidfile)["server"])
