@@ -165,3 +165,23 @@ def test_owner_sigkilled_leaves_no_process_of_the_server(server: Server, tmp_pat
             owner.kill()
             owner.wait()
         end(pidfile)
+
+
+def test_a_cancelled_caller_leaves_nothing(server: Server, tmp_path: Path) -> None:
+    # A harness cancels a tool call's task mid-session: the shutdown runs
+    # shielded to its end before the cancellation goes on.
+    pidfile = tmp_path / "pids"
+
+    async def cancelled() -> bool:
+        with anyio.CancelScope() as scope:
+            async with stdio_client(params(pidfile, server.mark, detach=True, linger=True),
+                                    socket=server.socket, exit_wait=0.3, grace=1) as (read, write):
+                async with ClientSession(read, write) as session:
+                    await session.initialize()
+                    scope.cancel()
+                    await anyio.sleep_forever()
+        return scope.cancelled_caught
+
+    assert anyio.run(cancelled)
+    assert set(pids(pidfile)) == {"shim", "server"}
+    assert not live(pidfile), live(pidfile)
