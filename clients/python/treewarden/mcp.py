@@ -35,7 +35,6 @@ asyncio backend.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import sys
 from typing import Any, AsyncIterator, Dict, Optional, TextIO, Tuple
@@ -189,9 +188,11 @@ async def _stop(tree: AsyncTree, exit_wait: Duration, grace: Duration) -> None:
     closed, ``exit_wait`` for the server to exit by itself (its launcher's
     exit ends the tree, and the service ends what it left), then the
     service's teardown: SIGTERM, ``grace``, authorization, SIGKILL."""
+    import anyio
+
     if tree.stdin is not None:
         tree.stdin.close()
-        with contextlib.suppress(ConnectionError, OSError):
+        with anyio.move_on_after(1), contextlib.suppress(ConnectionError, OSError):
             await tree.stdin.wait_closed()
     try:
         await tree.wait(timeout=_seconds(exit_wait))
