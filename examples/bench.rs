@@ -425,7 +425,7 @@ fn authority(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()>
     })?;
     let tree = ledger.create_tree(&NewTree {
         label: Some("bench".into()),
-        boundary: "session".into(),
+        boundary: treewarden::proc::BoundaryKind::Session,
         owner,
         argv: vec!["true".into()],
         cwd: None,
@@ -436,12 +436,12 @@ fn authority(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()>
     })?;
     let targets = [
         KillTarget {
-            kind: "group".into(),
+            kind: treewarden::ledger::TargetKind::Group,
             target: "4242".into(),
             identities: vec![identity(4242), identity(4243), identity(4244)],
         },
         KillTarget {
-            kind: "pid".into(),
+            kind: treewarden::ledger::TargetKind::Pid,
             target: "4300".into(),
             identities: vec![identity(4300)],
         },
@@ -995,7 +995,7 @@ fn scans(plan: &Plan, rows: &mut Vec<Row>) -> anyhow::Result<()> {
     // reads 0 inside a pid namespace entered without a new session):
     // classify does the same work whatever it finds.
     let known = scan::KnownTree {
-        id: 1,
+        id: treewarden::ledger::TreeId(1),
         pgid: me,
         sid: 1,
         ..Default::default()
@@ -1794,7 +1794,7 @@ fn grow_ledger(
         *next_tree += 1;
         let id = ledger.create_tree(&NewTree {
             label: Some(format!("build-{}", t % 50)),
-            boundary: "session".into(),
+            boundary: treewarden::proc::BoundaryKind::Session,
             owner,
             argv: vec!["make".into(), "-j8".into(), format!("target-{t}")],
             cwd: Some("/srv/build".into()),
@@ -1962,7 +1962,7 @@ fn ledger_scale(plan: &Plan, dir: &Path) -> anyhow::Result<Vec<String>> {
     for i in 0..5 {
         ledger.create_tree(&NewTree {
             label: Some(format!("live-{i}")),
-            boundary: "session".into(),
+            boundary: treewarden::proc::BoundaryKind::Session,
             owner,
             argv: vec!["sleep".into(), "infinity".into()],
             cwd: None,

@@ -235,7 +235,7 @@ fn escaped_from(entry: &ProcEntry, tree: &KnownTree) -> bool {
 /// members already seen (by identity), which keeps membership monotonic.
 #[derive(Clone, Debug, Default)]
 pub struct KnownTree {
-    pub id: i64,
+    pub id: crate::ledger::TreeId,
     /// Recorded at spawn, never re-resolved from the leader.
     pub pgid: i32,
     pub sid: i32,
@@ -359,7 +359,7 @@ pub struct Member {
 /// What one scan found for one tree.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TreeFindings {
-    pub tree: i64,
+    pub tree: crate::ledger::TreeId,
     /// Live members (zombies excluded).
     pub members: Vec<Member>,
 }
@@ -619,7 +619,7 @@ mod tests {
 
     fn tree(id: i64, pgid: i32) -> KnownTree {
         KnownTree {
-            id,
+            id: crate::ledger::TreeId(id),
             pgid,
             sid: pgid,
             ..Default::default()
@@ -1152,7 +1152,7 @@ mod tests {
                 .prop_map(
                     |(pgid, sid, root_start_ticks, cgroup_pids, seen, observed, adopted_by)| {
                         KnownTree {
-                            id: 1,
+                            id: crate::ledger::TreeId(1),
                             pgid,
                             sid,
                             cgroup_pids,

@@ -74,8 +74,5 @@ pub(super) fn end_reason(t: &TreeRow) -> String {
 
 /// A kept tree (`--lifetime owner`) whose root exited while members live on.
 pub(super) fn root_exited_members_alive(t: &TreeRow) -> bool {
-    !t.state.is_terminal()
-        && t.flags
-            .iter()
-            .any(|f| f == treewarden::custody::ROOT_EXITED_FLAG)
+    !t.state.is_terminal() && t.has_flag(&treewarden::ledger::TreeFlag::RootExited)
 }

@@ -4,7 +4,6 @@ use super::*;
 use std::path::PathBuf;
 
 use treewarden::config::Config;
-use treewarden::ledger::TreeId;
 
 use crate::exit::{CliError, CliResult};
 
@@ -37,7 +36,7 @@ pub fn prune(config: &Config, before: &str, archive: Option<PathBuf>, json: bool
     // not taken yet: never pruned, whatever its row says.
     let keep = treewarden::custody::markers::all(&config.data_dir)
         .into_iter()
-        .map(|(tree, _)| TreeId(tree))
+        .map(|(tree, _)| tree)
         .collect();
     let report = ledger
         .prune(&treewarden::ledger::PruneRequest {

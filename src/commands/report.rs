@@ -93,7 +93,7 @@ fn blocks(
                     t.owner.kind, t.owner.pid, t.owner.start
                 ),
             ),
-            ("boundary", t.boundary.clone()),
+            ("boundary", t.boundary.to_string()),
             ("created", t.created_at.clone()),
             ("ended", t.ended_at.clone().unwrap_or_else(|| "-".into())),
             (

@@ -27,7 +27,7 @@ impl Ambiguity<'_> {
     /// settled.
     pub(super) fn mark_ambiguous(
         &self,
-        tree: i64,
+        tree: TreeId,
         reason: &str,
         survivors: &[crate::ledger::IdentityRecord],
         pending: &[crate::ledger::Deferred],
@@ -69,15 +69,15 @@ impl Ambiguity<'_> {
     /// Its marker goes only once the evidence it kept is in the ledger: the
     /// marker is that evidence's only copy. Callers hold the tree's lease
     /// (or the replay is skipped when another process holds it).
-    pub(super) fn forget_ambiguous(&self, tree: i64) {
+    pub(super) fn forget_ambiguous(&self, tree: TreeId) {
         if let Ok(mut set) = self.engine.ambiguous.lock() {
             set.remove(&tree);
         }
         if markers::read(&self.engine.data_dir, tree).is_some_and(|m| !m.pending.is_empty()) {
-            self.replay_deferred_leased(TreeId(tree));
+            self.replay_deferred_leased(tree);
             if markers::read(&self.engine.data_dir, tree).is_some_and(|m| !m.pending.is_empty()) {
                 tracing::warn!(
-                    tree,
+                    tree = tree.0,
                     "settled, but its deferred evidence is not in the ledger yet: the marker stays"
                 );
                 return;
@@ -86,14 +86,14 @@ impl Ambiguity<'_> {
         markers::remove(&self.engine.data_dir, tree);
     }
 
-    pub(super) fn is_ambiguous_in_memory(&self, tree: i64) -> bool {
+    pub(super) fn is_ambiguous_in_memory(&self, tree: TreeId) -> bool {
         self.ambiguous_in_memory().iter().any(|(t, _)| *t == tree)
     }
 
     /// The pids of the survivors an unsettled marker names for this tree
     /// that still live (what `run` tells its caller when it failed closed).
     pub fn survivors_left(&self, tree: TreeId) -> Vec<i32> {
-        self.marked_survivors(tree.0)
+        self.marked_survivors(tree)
             .into_iter()
             .filter(|id| self.engine.host().still_alive(&id.into()))
             .map(|id| id.pid)
@@ -102,7 +102,7 @@ impl Ambiguity<'_> {
 
     /// Survivors a marker names for this tree: a teardown counts them as
     /// members even when the ledger never recorded them.
-    pub(crate) fn marked_survivors(&self, tree: i64) -> Vec<crate::ledger::IdentityRecord> {
+    pub(crate) fn marked_survivors(&self, tree: TreeId) -> Vec<crate::ledger::IdentityRecord> {
         markers::read(&self.engine.data_dir, tree)
             .map(|m| m.survivors)
             .unwrap_or_default()
@@ -110,8 +110,8 @@ impl Ambiguity<'_> {
 
     /// Ambiguous trees not necessarily in the ledger yet: this process's
     /// memory and every process's marker files, with the recorded reason.
-    pub fn ambiguous_in_memory(&self) -> Vec<(i64, String)> {
-        let mut v: Vec<(i64, String)> = self
+    pub fn ambiguous_in_memory(&self) -> Vec<(TreeId, String)> {
+        let mut v: Vec<(TreeId, String)> = self
             .engine
             .ambiguous
             .lock()
@@ -135,7 +135,7 @@ impl Ambiguity<'_> {
     /// under its own lease.
     pub fn replay_deferred(&self, tree: TreeId) {
         let has_pending =
-            markers::read(&self.engine.data_dir, tree.0).is_some_and(|m| !m.pending.is_empty());
+            markers::read(&self.engine.data_dir, tree).is_some_and(|m| !m.pending.is_empty());
         if !has_pending {
             return;
         }
@@ -157,13 +157,13 @@ impl Ambiguity<'_> {
     pub fn settle_record(&self) {
         for (tree, marker) in markers::all(&self.engine.data_dir) {
             if !marker.pending.is_empty() {
-                self.replay_deferred(TreeId(tree));
+                self.replay_deferred(tree);
             }
         }
     }
 
     pub(crate) fn replay_deferred_leased(&self, tree: TreeId) {
-        let Some(mut marker) = markers::read(&self.engine.data_dir, tree.0) else {
+        let Some(mut marker) = markers::read(&self.engine.data_dir, tree) else {
             return;
         };
         if marker.pending.is_empty() {
@@ -173,7 +173,7 @@ impl Ambiguity<'_> {
             // Named (and the name kept) before the replay, so a replay whose
             // marker rewrite is lost is recognised the next time.
             marker.batch = markers::new_batch();
-            markers::write(&self.engine.data_dir, tree.0, &marker);
+            markers::write(&self.engine.data_dir, tree, &marker);
         }
         let batch = marker.batch.clone();
         match self
@@ -189,7 +189,7 @@ impl Ambiguity<'_> {
                 );
                 marker.pending.clear();
                 marker.batch.clear();
-                markers::write(&self.engine.data_dir, tree.0, &marker);
+                markers::write(&self.engine.data_dir, tree, &marker);
             }
             Err(e) => {
                 tracing::warn!(tree = tree.0, error = %e, "deferred evidence still not written")
@@ -203,7 +203,7 @@ impl Ambiguity<'_> {
     /// or settled by a teardown.
     pub fn flush_ambiguous(&self) {
         for (tree, _) in self.ambiguous_in_memory() {
-            let id = TreeId(tree);
+            let id = tree;
             self.replay_deferred(id);
             match self.engine.ledger.tree(id) {
                 // A terminal tree's marker is judged by the dispatch gate.
@@ -215,7 +215,7 @@ impl Ambiguity<'_> {
                         crate::ledger::TreeState::Ambiguous,
                         Some("recorded late: the ledger refused it earlier"),
                     ) {
-                        tracing::warn!(tree, error = %e, "ambiguous state still not recorded");
+                        tracing::warn!(tree = tree.0, error = %e, "ambiguous state still not recorded");
                     }
                 }
                 Ok(None) | Err(_) => {}
@@ -262,8 +262,8 @@ impl Ambiguity<'_> {
             .engine
             .ledger
             .tree_members(tree)?
-            .ok_or(CustodyError::UnknownTree(tree.0))?;
-        let marked = self.is_ambiguous_in_memory(tree.0);
+            .ok_or(CustodyError::UnknownTree(tree))?;
+        let marked = self.is_ambiguous_in_memory(tree);
         if row.state != crate::ledger::TreeState::Ambiguous && !marked {
             return Err(CustodyError::Conflict(format!(
                 "tree {} is {}, not ambiguous: nothing to resolve",
@@ -271,7 +271,7 @@ impl Ambiguity<'_> {
                 row.state.as_str()
             )));
         }
-        let mut candidates = self.marked_survivors(tree.0);
+        let mut candidates = self.marked_survivors(tree);
         for m in members.iter().filter(|m| m.exited_at.is_none()) {
             let id = m.identity();
             if !candidates.contains(&id) {
@@ -303,7 +303,7 @@ impl Ambiguity<'_> {
                 "resolve: tree already {}; its marker is removed",
                 row.state.as_str()
             );
-            self.forget_ambiguous(tree.0);
+            self.forget_ambiguous(tree);
             return Ok(());
         }
         if row.state != crate::ledger::TreeState::Ambiguous {
@@ -315,9 +315,11 @@ impl Ambiguity<'_> {
         }
         self.engine.ledger.resolve(tree, note, &alive, by)?;
         if !alive.is_empty() {
-            self.engine.ledger.add_flag(tree, "survivors_left")?;
+            self.engine
+                .ledger
+                .add_flag(tree, crate::ledger::TreeFlag::SurvivorsLeft)?;
         }
-        self.forget_ambiguous(tree.0);
+        self.forget_ambiguous(tree);
         if alive.is_empty()
             && let Some(dir) = row.cgroup.as_deref()
         {

@@ -21,7 +21,7 @@
 use serde::Serialize;
 
 use super::{CustodyError, Engine};
-use crate::ledger::{Event, TreeState, event};
+use crate::ledger::{Event, TreeId, TreeState, event};
 
 /// Whom an unsettled tree refuses new work to.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -52,7 +52,7 @@ impl std::str::FromStr for DispatchScope {
 /// One reason dispatch is closed.
 #[derive(Clone, Debug, Serialize)]
 pub struct Unsettled {
-    pub tree: i64,
+    pub tree: TreeId,
     pub reason: String,
 }
 
@@ -82,7 +82,7 @@ impl Gate<'_> {
             // A marker left for a tree the ledger holds as ended (a teardown
             // that raced another) is stale once every survivor it names is
             // gone; while one lives, the tree is not settled.
-            if let Some(row) = self.engine.ledger.tree(crate::ledger::TreeId(tree))?
+            if let Some(row) = self.engine.ledger.tree(tree)?
                 && row.state.is_terminal()
             {
                 let alive = self
@@ -94,7 +94,7 @@ impl Gate<'_> {
                     .count();
                 if alive == 0 {
                     tracing::info!(
-                        tree,
+                        tree = tree.0,
                         "stale unsettled marker of a {} tree removed",
                         row.state.as_str()
                     );
@@ -103,7 +103,7 @@ impl Gate<'_> {
                     // that process.
                     if let Ok(Some(_lease)) = super::teardown::Lease::take_within(
                         &self.engine.data_dir,
-                        crate::ledger::TreeId(tree),
+                        tree,
                         std::time::Duration::ZERO,
                     ) {
                         self.engine.ambiguity().forget_ambiguous(tree);
@@ -154,21 +154,17 @@ impl Gate<'_> {
     /// The newest of `unsettled` whose teardown left a member no signal
     /// ends (flagged `unkillable`, see `teardown::unkillable`): what the
     /// operator's alert names. `None`: none.
-    pub fn newest_unkillable(&self, unsettled: &[Unsettled]) -> Option<i64> {
+    pub fn newest_unkillable(&self, unsettled: &[Unsettled]) -> Option<TreeId> {
         unsettled
             .iter()
             .rev()
             .find(|u| {
                 self.engine
                     .ledger
-                    .tree(crate::ledger::TreeId(u.tree))
+                    .tree(u.tree)
                     .ok()
                     .flatten()
-                    .is_some_and(|row| {
-                        row.flags
-                            .iter()
-                            .any(|f| f == super::teardown::UNKILLABLE_FLAG)
-                    })
+                    .is_some_and(|row| row.has_flag(&crate::ledger::TreeFlag::Unkillable))
             })
             .map(|u| u.tree)
     }
@@ -209,11 +205,11 @@ impl Gate<'_> {
     /// nothing says whose it is.
     fn in_scope(
         &self,
-        tree: i64,
+        tree: TreeId,
         owner: &crate::proc::Identity,
         requester: Option<&crate::ledger::Requester>,
     ) -> bool {
-        let Ok(Some(row)) = self.engine.ledger.tree(crate::ledger::TreeId(tree)) else {
+        let Ok(Some(row)) = self.engine.ledger.tree(tree) else {
             return true;
         };
         if let Some(by) = row.requested_by.as_ref().filter(|r| is_api(r)) {
@@ -222,7 +218,7 @@ impl Gate<'_> {
             return principal_key(by).is_some()
                 && requester.and_then(principal_key) == principal_key(by);
         }
-        if row.owner.owner_kind() == Some(crate::ledger::OwnerKind::Service) {
+        if row.owner.kind == crate::ledger::OwnerKind::Service {
             return true;
         }
         row.owner.pid == owner.pid

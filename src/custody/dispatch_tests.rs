@@ -18,7 +18,7 @@ fn unsettled(rig: &Rig) -> Vec<(i64, String)> {
         .unsettled()
         .expect("readable")
         .into_iter()
-        .map(|u| (u.tree, u.reason))
+        .map(|u| (u.tree.0, u.reason))
         .collect()
 }
 
@@ -57,7 +57,7 @@ fn an_interrupted_teardown_closes_dispatch_only_once_its_owner_is_gone() {
         );
         assert_eq!(unsettled(&rig), [(rig.tree.0, why)]);
         match rig.engine.gate().check_dispatch() {
-            Err(CustodyError::DispatchRefused { tree, .. }) => assert_eq!(tree, rig.tree.0),
+            Err(CustodyError::DispatchRefused { tree, .. }) => assert_eq!(tree, rig.tree),
             other => panic!("refused naming the tree: {other:?}"),
         }
     }
@@ -79,7 +79,7 @@ fn an_ambiguous_tree_closes_dispatch_from_the_ledger_alone_and_is_listed_once() 
     // Held in memory and by a marker as well: still one tree.
     rig.engine
         .ambiguity()
-        .mark_ambiguous(rig.tree.0, "marked by the teardown", &[], &[]);
+        .mark_ambiguous(rig.tree, "marked by the teardown", &[], &[]);
     assert_eq!(
         unsettled(&rig),
         [(rig.tree.0, "marked by the teardown".to_string())]
@@ -101,7 +101,7 @@ fn a_marker_of_an_ended_tree_closes_dispatch_while_a_survivor_it_names_lives() {
     assert_eq!(report.state, TreeState::Ended);
     let survivor = rig.host.world().spawn(stranger(0));
     rig.engine.ambiguity().mark_ambiguous(
-        rig.tree.0,
+        rig.tree,
         "raced",
         &[IdentityRecord {
             pid: survivor.0,
@@ -120,7 +120,7 @@ fn a_marker_of_an_ended_tree_closes_dispatch_while_a_survivor_it_names_lives() {
     rig.host.world().exit(survivor.0, ExitStatus::Exited(0));
     assert_eq!(unsettled(&rig), [], "stale once the survivor is gone");
     assert!(
-        super::markers::read(rig.engine.data_dir(), rig.tree.0).is_none(),
+        super::markers::read(rig.engine.data_dir(), rig.tree).is_none(),
         "the stale marker is removed"
     );
     rig.engine.gate().check_dispatch().expect("dispatch open");
@@ -184,7 +184,7 @@ fn ambiguous_tree_owned(
         .create_tree_for(
             &NewTree {
                 label: None,
-                boundary: "session".into(),
+                boundary: crate::proc::BoundaryKind::Session,
                 owner,
                 argv: vec!["api".into()],
                 cwd: None,
@@ -237,7 +237,7 @@ fn requester(via: &str, uid: Option<u32>, token_id: Option<i64>) -> Requester {
 fn refused_for(rig: &Rig, owner: &Identity, by: Option<&Requester>) -> Option<i64> {
     match rig.engine.gate().check_dispatch_for(owner, by) {
         Ok(()) => None,
-        Err(CustodyError::DispatchRefused { tree, .. }) => Some(tree),
+        Err(CustodyError::DispatchRefused { tree, .. }) => Some(tree.0),
         Err(e) => panic!("refused for another cause: {e}"),
     }
 }
@@ -347,7 +347,9 @@ fn a_marker_the_ledger_never_took_closes_every_scope_and_each_refusal_is_recorde
     let rig = rig(false, false);
     let unknown = rig.tree.0 + 100;
     // The empty reason of a teardown that had none to give.
-    rig.engine.ambiguity().mark_ambiguous(unknown, "", &[], &[]);
+    rig.engine
+        .ambiguity()
+        .mark_ambiguous(TreeId(unknown), "", &[], &[]);
     rig.ledger
         .set_state(rig.tree, TreeState::Ambiguous, None)
         .expect("ambiguous");
@@ -511,7 +513,7 @@ fn a_member_no_sigkill_ends_is_one_typed_finding_and_the_trees_outcome() {
             .expect("tree")
             .authorizations;
         assert_eq!(
-            found[0]["authorization"], auths[1].id,
+            found[0]["authorization"], auths[1].id.0,
             "the last authorization of the first teardown that found it"
         );
     }
@@ -524,6 +526,6 @@ fn a_member_no_sigkill_ends_is_one_typed_finding_and_the_trees_outcome() {
     let unsettled = rig.engine.gate().unsettled().expect("unsettled");
     assert_eq!(
         rig.engine.gate().newest_unkillable(&unsettled),
-        Some(rig.tree.0)
+        Some(rig.tree)
     );
 }

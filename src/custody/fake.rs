@@ -962,11 +962,10 @@ pub(crate) fn record_spawned_tree(
         .create_tree(&NewTree {
             label: None,
             boundary: if cgroup.is_some() {
-                "cgroup"
+                crate::proc::BoundaryKind::Cgroup
             } else {
-                "session"
-            }
-            .into(),
+                crate::proc::BoundaryKind::Session
+            },
             owner,
             argv: vec![argv.into()],
             cwd: None,

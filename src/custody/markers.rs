@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::ledger::{Deferred, IdentityRecord};
+use crate::ledger::{Deferred, IdentityRecord, TreeId};
 
 /// What a marker says. A marker whose content could not be written (a full
 /// disk) is still a marker: the file's existence is the fact.
@@ -45,7 +45,7 @@ fn dir(data_dir: &Path) -> PathBuf {
     data_dir.join("unsettled")
 }
 
-fn path(data_dir: &Path, tree: i64) -> PathBuf {
+fn path(data_dir: &Path, tree: TreeId) -> PathBuf {
     dir(data_dir).join(format!("tree-{tree}"))
 }
 
@@ -53,7 +53,7 @@ fn path(data_dir: &Path, tree: i64) -> PathBuf {
 /// matters, the content is best effort (an empty file still closes
 /// dispatch). A rewrite goes through a temporary file and a rename, so a
 /// full disk or a crash keeps the old marker whole instead of truncating it.
-pub fn write(data_dir: &Path, tree: i64, marker: &Marker) {
+pub fn write(data_dir: &Path, tree: TreeId, marker: &Marker) {
     let target = path(data_dir, tree);
     let text = serde_json::to_string(marker).unwrap_or_default();
     if target.exists() {
@@ -63,7 +63,7 @@ pub fn write(data_dir: &Path, tree: i64, marker: &Marker) {
             .and_then(|()| std::fs::rename(&tmp, &target));
         if let Err(e) = written {
             let _ = std::fs::remove_file(&tmp);
-            tracing::error!(tree, error = %e, "unsettled marker not rewritten; the old one stays");
+            tracing::error!(tree = tree.0, error = %e, "unsettled marker not rewritten; the old one stays");
         }
         return;
     }
@@ -71,10 +71,10 @@ pub fn write(data_dir: &Path, tree: i64, marker: &Marker) {
     match made {
         Ok(mut file) => {
             if let Err(e) = file.write_all(text.as_bytes()) {
-                tracing::error!(tree, error = %e, "unsettled marker written without its content");
+                tracing::error!(tree = tree.0, error = %e, "unsettled marker written without its content");
             }
         }
-        Err(e) => tracing::error!(tree, error = %e, "unsettled marker not written"),
+        Err(e) => tracing::error!(tree = tree.0, error = %e, "unsettled marker not written"),
     }
 }
 
@@ -96,17 +96,17 @@ fn private_file(path: &Path) -> std::io::Result<std::fs::File> {
 }
 
 /// Removes the marker (the tree is settled).
-pub fn remove(data_dir: &Path, tree: i64) {
+pub fn remove(data_dir: &Path, tree: TreeId) {
     match std::fs::remove_file(path(data_dir, tree)) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => tracing::error!(tree, error = %e, "unsettled marker not removed"),
+        Err(e) => tracing::error!(tree = tree.0, error = %e, "unsettled marker not removed"),
     }
 }
 
 /// Reads one marker; `None` when there is none. Unreadable or empty content
 /// reads as a marker with no reason and no survivors.
-pub fn read(data_dir: &Path, tree: i64) -> Option<Marker> {
+pub fn read(data_dir: &Path, tree: TreeId) -> Option<Marker> {
     let text = match std::fs::read_to_string(path(data_dir, tree)) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
@@ -121,7 +121,7 @@ pub fn read(data_dir: &Path, tree: i64) -> Option<Marker> {
 }
 
 /// Every marker on the host, by tree id.
-pub fn all(data_dir: &Path) -> Vec<(i64, Marker)> {
+pub fn all(data_dir: &Path) -> Vec<(TreeId, Marker)> {
     let mut out = Vec::new();
     let Ok(entries) = std::fs::read_dir(dir(data_dir)) else {
         return out;
@@ -131,7 +131,7 @@ pub fn all(data_dir: &Path) -> Vec<(i64, Marker)> {
         let Some(tree) = name
             .to_str()
             .and_then(|n| n.strip_prefix("tree-"))
-            .and_then(|n| n.parse::<i64>().ok())
+            .and_then(|n| n.parse::<i64>().ok().map(TreeId))
         else {
             continue;
         };
@@ -155,20 +155,32 @@ mod tests {
         let mode = |p: &std::path::Path| {
             std::fs::metadata(p).expect("exists").permissions().mode() & 0o777
         };
-        super::write(data.path(), 7, &super::Marker::default());
-        assert_eq!(mode(&super::dir(data.path())), 0o700);
-        assert_eq!(mode(&super::path(data.path(), 7)), 0o600);
         super::write(
             data.path(),
-            7,
+            crate::ledger::TreeId(7),
+            &super::Marker::default(),
+        );
+        assert_eq!(mode(&super::dir(data.path())), 0o700);
+        assert_eq!(
+            mode(&super::path(data.path(), crate::ledger::TreeId(7))),
+            0o600
+        );
+        super::write(
+            data.path(),
+            crate::ledger::TreeId(7),
             &super::Marker {
                 reason: "rewritten".into(),
                 ..super::Marker::default()
             },
         );
-        assert_eq!(mode(&super::path(data.path(), 7)), 0o600);
         assert_eq!(
-            super::read(data.path(), 7).map(|m| m.reason).as_deref(),
+            mode(&super::path(data.path(), crate::ledger::TreeId(7))),
+            0o600
+        );
+        assert_eq!(
+            super::read(data.path(), crate::ledger::TreeId(7))
+                .map(|m| m.reason)
+                .as_deref(),
             Some("rewritten")
         );
     }

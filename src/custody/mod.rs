@@ -55,6 +55,8 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use crate::ledger::TreeId;
+
 pub use ambiguity::Ambiguity;
 pub use dispatch::{DispatchScope, Gate, Unsettled};
 pub use follow::{LogFollower, remove_logs};
@@ -62,8 +64,8 @@ pub use holds::{HoldCap, HoldCaps, Holds};
 pub use host::{Held, Host, KernelHost};
 pub use observer::{Observer, ObserverHandle, ObserverStats};
 pub use owner::{
-    Action, KeepEnd, KeepOptions, LIFETIME_OWNER_FLAG, Lifetime, OwnerWatch, ROOT_EXITED_FLAG,
-    RunEnd, RunOptions, RunOutcome, Watched, mark_lifetime_owner,
+    Action, KeepEnd, KeepOptions, Lifetime, OwnerWatch, RunEnd, RunOptions, RunOutcome, Watched,
+    mark_lifetime_owner,
 };
 pub use spawn::{OnBehalf, SpawnRequest, Spawned, last_lines, log_path, read_log};
 pub use stats::EngineStats;
@@ -86,7 +88,7 @@ pub enum CustodyError {
     #[error(
         "dispatch refused: tree {tree} is unsettled ({reason}); settle it with `treewarden sweep` or `treewarden resolve {tree} --note TEXT`"
     )]
-    DispatchRefused { tree: i64, reason: String },
+    DispatchRefused { tree: TreeId, reason: String },
     /// The ledger did not take a write this step needed; nothing unrecorded was done.
     #[error("cannot record in the ledger: {0}")]
     Ledger(#[from] LedgerError),
@@ -98,7 +100,7 @@ pub enum CustodyError {
     Exec(ExecFailure),
     /// No tree with this id in the ledger.
     #[error("unknown tree {0}")]
-    UnknownTree(i64),
+    UnknownTree(TreeId),
     /// The request asks for something this host or boundary cannot
     /// enforce (a limit without a cgroup or its controller); nothing was
     /// recorded or started.
@@ -110,7 +112,7 @@ pub enum CustodyError {
     /// The teardown could not prove the tree gone, or could not record the
     /// authority for its forced kill. Survivors are left alive as evidence.
     #[error("teardown of tree {tree} is ambiguous: {reason}")]
-    Ambiguous { tree: i64, reason: String },
+    Ambiguous { tree: TreeId, reason: String },
     /// The teardown's evidence was incomplete: reads of `/proc` or of the
     /// cgroup failed for a reason other than the processes being gone (out
     /// of descriptors, I/O). Nothing was concluded from them: the tree is
@@ -118,7 +120,7 @@ pub enum CustodyError {
     #[error(
         "teardown of tree {tree} undecided: evidence incomplete ({reason}); nothing was concluded, try again"
     )]
-    Incomplete { tree: i64, reason: String },
+    Incomplete { tree: TreeId, reason: String },
 }
 
 /// The engine's core: what every piece of custody works over (see the
@@ -142,12 +144,12 @@ pub struct Engine {
     reaper: Option<&'static Reaper>,
     /// Trees found ambiguous by this process whose state the ledger may not
     /// hold yet (it refused the write). Dispatch is refused at once.
-    ambiguous: Arc<Mutex<HashSet<i64>>>,
+    ambiguous: Arc<Mutex<HashSet<TreeId>>>,
     /// Processes never counted as members: this process and its helpers.
     exclude: Arc<HashSet<i32>>,
     /// Trees whose root this process spawned (so its reaper has the root's
     /// status, and every orphan of the tree came to it as subreaper).
-    spawned_here: Arc<Mutex<HashSet<i64>>>,
+    spawned_here: Arc<Mutex<HashSet<TreeId>>>,
     /// Holds `unsettled/` markers next to the ledger.
     data_dir: PathBuf,
     /// Failures the ledger could not record, for metrics.

@@ -125,9 +125,9 @@ struct Tracked {
 
 #[derive(Default)]
 struct Shared {
-    trees: Mutex<HashMap<i64, Tracked>>,
+    trees: Mutex<HashMap<TreeId, Tracked>>,
     /// Trees registered but not yet replayed against the fork history.
-    pending: Mutex<Vec<i64>>,
+    pending: Mutex<Vec<TreeId>>,
     stats: Mutex<ObserverStats>,
     stop: AtomicBool,
     /// The connector failed: the thread ended, scans carry on alone.
@@ -243,7 +243,7 @@ impl ObserverHandle {
         members.insert(root.pid, root.start_ticks);
         if let Ok(mut trees) = self.shared.trees.lock() {
             trees.insert(
-                tree.0,
+                tree,
                 Tracked {
                     root: root.pid,
                     pgid,
@@ -258,7 +258,7 @@ impl ObserverHandle {
             );
         }
         if let Ok(mut p) = self.shared.pending.lock() {
-            p.push(tree.0);
+            p.push(tree);
         }
         self.wake();
     }
@@ -269,7 +269,7 @@ impl ObserverHandle {
     /// (a process moved into the tree's cgroup from outside, a lost event:
     /// that forces a full scan) is the scans' to find.
     pub fn generation(&self, tree: TreeId) -> Option<u64> {
-        self.generations([tree])?.get(&tree.0).copied()
+        self.generations([tree])?.get(&tree).copied()
     }
 
     /// The generation of each of `trees`, under one lock, or `None` when
@@ -278,11 +278,11 @@ impl ObserverHandle {
     pub fn generations(
         &self,
         trees: impl IntoIterator<Item = TreeId>,
-    ) -> Option<HashMap<i64, u64>> {
+    ) -> Option<HashMap<TreeId, u64>> {
         let tracked = self.shared.trees.lock().ok()?;
         trees
             .into_iter()
-            .map(|t| tracked.get(&t.0).map(|w| (t.0, w.generation)))
+            .map(|t| tracked.get(&t).map(|w| (t, w.generation)))
             .collect()
     }
 
@@ -322,7 +322,7 @@ impl ObserverHandle {
     #[cfg(test)]
     pub(crate) fn attributed(&self, tree: TreeId, key: ProcKey, uid: u32) {
         if let Ok(mut trees) = self.shared.trees.lock()
-            && let Some(t) = trees.get_mut(&tree.0)
+            && let Some(t) = trees.get_mut(&tree)
         {
             t.members.insert(key.pid, key.start_ticks);
             t.uids.insert(key.pid, uid);
@@ -333,7 +333,7 @@ impl ObserverHandle {
     /// Stops watching a tree (it ended).
     pub fn unwatch(&self, tree: TreeId) {
         if let Ok(mut trees) = self.shared.trees.lock()
-            && trees.remove(&tree.0).is_some()
+            && trees.remove(&tree).is_some()
         {
             // The member pids changed: the socket filter is rebuilt.
             self.shared.next_generation();
@@ -347,7 +347,7 @@ impl ObserverHandle {
             .lock()
             .ok()
             .and_then(|t| {
-                t.get(&tree.0).map(|t| {
+                t.get(&tree).map(|t| {
                     t.members
                         .iter()
                         .filter(|(_, s)| **s != UNKNOWN_START)
@@ -363,7 +363,7 @@ impl ObserverHandle {
     /// member a scan handed over, the root, one gone before its read).
     pub fn uid(&self, tree: TreeId, key: ProcKey) -> Option<u32> {
         let trees = self.shared.trees.lock().ok()?;
-        let t = trees.get(&tree.0)?;
+        let t = trees.get(&tree)?;
         if t.members.get(&key.pid) != Some(&key.start_ticks) {
             return None;
         }
@@ -377,7 +377,7 @@ impl ObserverHandle {
     pub fn scanned(&self, tree: TreeId, members: impl IntoIterator<Item = ProcKey>) -> u64 {
         let mut unknown = 0;
         if let Ok(mut trees) = self.shared.trees.lock()
-            && let Some(t) = trees.get_mut(&tree.0)
+            && let Some(t) = trees.get_mut(&tree)
         {
             for ProcKey { pid, start_ticks } in members {
                 if t.members.get(&pid) != Some(&start_ticks) {
@@ -423,7 +423,7 @@ impl ObserverHandle {
 
 /// A member found by an event, to be written after the batch.
 struct Finding {
-    tree: i64,
+    tree: TreeId,
     record: MemberRecord,
     escaped: bool,
     forked_at: Option<u64>,
@@ -471,7 +471,7 @@ impl Worker {
                 }
             };
             let mut findings = Vec::new();
-            let mut execs: Vec<(i64, IdentityRecord)> = Vec::new();
+            let mut execs: Vec<(TreeId, IdentityRecord)> = Vec::new();
             self.replay_pending(&mut findings);
             handle.bump(|s| s.events += events.len() as u64);
             // Events were lost in this batch (an exit among them, perhaps):
@@ -567,7 +567,7 @@ impl Worker {
 
     /// A member ran a new program: noted by identity, its details read at
     /// the end of the batch.
-    fn on_exec(&mut self, pid: i32, execs: &mut Vec<(i64, IdentityRecord)>) {
+    fn on_exec(&mut self, pid: i32, execs: &mut Vec<(TreeId, IdentityRecord)>) {
         let Ok(mut trees) = self.shared.trees.lock() else {
             return;
         };
@@ -591,8 +591,8 @@ impl Worker {
 
     /// Writes what exec'd members run now (`member.exec` where the row said
     /// otherwise), one write per tree.
-    fn flush_execs(&self, execs: Vec<(i64, IdentityRecord)>) {
-        let mut by_tree: HashMap<i64, Vec<MemberRecord>> = HashMap::new();
+    fn flush_execs(&self, execs: Vec<(TreeId, IdentityRecord)>) {
+        let mut by_tree: HashMap<TreeId, Vec<MemberRecord>> = HashMap::new();
         for (tree, identity) in execs {
             let Ok(Some(stat)) = crate::proc::read_stat(identity.pid) else {
                 continue;
@@ -609,8 +609,8 @@ impl Worker {
             by_tree.entry(tree).or_default().push(record);
         }
         for (tree, records) in by_tree {
-            if let Err(e) = self.ledger.refresh_members(TreeId(tree), &records) {
-                tracing::debug!(tree, error = %e, "observer: member execs not recorded");
+            if let Err(e) = self.ledger.refresh_members(tree, &records) {
+                tracing::debug!(tree = tree.0, error = %e, "observer: member execs not recorded");
             }
         }
     }
@@ -619,7 +619,7 @@ impl Worker {
     /// happened before registration, from the history, then an escape check
     /// of every member.
     fn replay_pending(&mut self, findings: &mut Vec<Finding>) {
-        let pending: Vec<i64> = self
+        let pending: Vec<TreeId> = self
             .shared
             .pending
             .lock()
@@ -676,7 +676,7 @@ impl Worker {
         if self.surely_not_member(parent) {
             return;
         }
-        let trees: Vec<i64> = self
+        let trees: Vec<TreeId> = self
             .shared
             .trees
             .lock()
@@ -697,7 +697,7 @@ impl Worker {
     /// parent escaped) is an escape too.
     fn attribute(
         &mut self,
-        tree: i64,
+        tree: TreeId,
         parent: i32,
         child: i32,
         at_ns: u64,
@@ -752,7 +752,7 @@ impl Worker {
         // find it by its session, group, cgroup or descent.
         if stat.ppid != parent && stat.ppid != std::process::id() as i32 {
             tracing::debug!(
-                tree,
+                tree = tree.0,
                 parent,
                 child,
                 ppid = stat.ppid,
@@ -765,7 +765,13 @@ impl Worker {
         t.forked_at.insert(child, at_ns);
         t.moved(&self.shared);
         let escaped = stat.pgid != t.pgid && stat.sid != t.sid;
-        tracing::debug!(tree, parent, child, escaped, "observer: fork attributed");
+        tracing::debug!(
+            tree = tree.0,
+            parent,
+            child,
+            escaped,
+            "observer: fork attributed"
+        );
         if escaped {
             t.escaped.insert(ProcKey::new(child, stat.start_ticks));
         }
@@ -855,12 +861,12 @@ impl Worker {
         if findings.is_empty() {
             return;
         }
-        let mut by_tree: HashMap<i64, Vec<&Finding>> = HashMap::new();
+        let mut by_tree: HashMap<TreeId, Vec<&Finding>> = HashMap::new();
         for f in &findings {
             by_tree.entry(f.tree).or_default().push(f);
         }
         for (tree, list) in by_tree {
-            let id = TreeId(tree);
+            let id = tree;
             let mut records: Vec<MemberRecord> = list.iter().map(|f| f.record.clone()).collect();
             // Details (exe, argv, cwd) as of now: usually after the exec.
             // They are read by pid, so they are kept only if a read after
@@ -889,7 +895,7 @@ impl Worker {
                 Ok(new) => handle.bump(|s| s.members_recorded += new.len() as u64),
                 Err(e) => {
                     handle.bump(|s| s.write_errors += 1);
-                    tracing::debug!(tree, error = %e, "observer: members not recorded");
+                    tracing::debug!(tree = tree.0, error = %e, "observer: members not recorded");
                 }
             }
             for (f, record) in list.iter().zip(&records) {
@@ -918,7 +924,7 @@ impl Worker {
                             }
                         });
                         tracing::info!(
-                            tree,
+                            tree = tree.0,
                             pid = record.identity.pid,
                             ?latency,
                             "observer: escape recorded"
@@ -926,7 +932,7 @@ impl Worker {
                     }
                     Err(e) => {
                         handle.bump(|s| s.write_errors += 1);
-                        tracing::warn!(tree, error = %e, "observer: escape not recorded");
+                        tracing::warn!(tree = tree.0, error = %e, "observer: escape not recorded");
                     }
                 }
             }
@@ -991,8 +997,8 @@ mod tests {
         assert_eq!(
             h.generations([tree, TreeId(8)]),
             Some(HashMap::from([
-                (7, third),
-                (8, h.generation(TreeId(8)).expect("8"))
+                (tree, third),
+                (TreeId(8), h.generation(TreeId(8)).expect("8"))
             ])),
             "every tree's, under one lock"
         );

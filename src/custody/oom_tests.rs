@@ -154,7 +154,7 @@ fn each_tree_counts_from_its_own_recorded_total() {
     let row = s.ledger.tree(s.tree).expect("read").expect("row");
     let other = record_spawned_tree(
         &s.ledger,
-        crate::ledger::OwnerId(row.owner.id),
+        row.owner.id,
         (PID_BASE + 50, 1),
         Some(&other_cg),
         "eats-memory",

@@ -38,7 +38,7 @@ impl Reaped<'_> {
     #[cfg(test)]
     pub(crate) fn note_spawned_here(&self, tree: TreeId) {
         if let Ok(mut set) = self.engine.spawned_here.lock() {
-            set.insert(tree.0);
+            set.insert(tree);
         }
     }
 
@@ -47,7 +47,7 @@ impl Reaped<'_> {
         self.engine
             .spawned_here
             .lock()
-            .map(|s| s.contains(&tree.0))
+            .map(|s| s.contains(&tree))
             .unwrap_or(false)
     }
 

@@ -268,7 +268,7 @@ impl<'a> Spawner<'a> {
             &owner,
             &NewTree {
                 label: req.label.clone(),
-                boundary: boundary.to_string(),
+                boundary,
                 // (replaced by the owner row's id in the same transaction)
                 owner: crate::ledger::OwnerId(0),
                 argv: req
@@ -283,7 +283,7 @@ impl<'a> Spawner<'a> {
                 first_signal: req
                     .first_signal
                     .filter(|s| *s != crate::proc::Sig::Term)
-                    .map(|s| s.name().to_string()),
+                    .map(|s| s.name().into()),
             },
             on_behalf.as_ref(),
         )?;
@@ -379,7 +379,7 @@ impl<'a> Spawner<'a> {
             }
         }
         if let Ok(mut set) = self.engine.spawned_here.lock() {
-            set.insert(tree.0);
+            set.insert(tree);
         }
         tracing::info!(tree = tree.0, pid = root.pid, boundary = %boundary, "tree spawned");
         Ok(Spawned {

@@ -38,7 +38,7 @@ pub const DEFAULT_SWEEP_CONCURRENCY: usize = 64;
 /// What happened to one orphan.
 #[derive(Clone, Debug, Serialize)]
 pub struct SweepOutcome {
-    pub tree: i64,
+    pub tree: TreeId,
     pub from: TreeState,
     pub to: Option<TreeState>,
     /// The grace its teardown used (the tree's recorded one, else the default).
@@ -72,7 +72,7 @@ pub struct SweepOptions {
     /// Teardowns in flight at once (at least one).
     pub concurrency: usize,
     /// Trees left alone: the service's own, whose owners it watches itself.
-    pub skip: HashSet<i64>,
+    pub skip: HashSet<TreeId>,
     /// Counters the caller reads while the sweep runs (the service's
     /// `/readyz`, dashboard and `treewarden_orphans_pending`).
     pub progress: Option<Arc<SweepProgress>>,
@@ -295,7 +295,7 @@ impl Sweeper<'_> {
             if trees.iter().any(|t| t.id == id) {
                 continue;
             }
-            if let Some(row) = self.engine.ledger.tree(crate::ledger::TreeId(id))?
+            if let Some(row) = self.engine.ledger.tree(id)?
                 && (!row.state.is_terminal() || row.has_survivors_left())
             {
                 trees.push(row);
@@ -341,7 +341,7 @@ impl Sweeper<'_> {
             Ok(r) if r.orphans.is_empty() => None,
             Ok(r) => {
                 for o in &r.orphans {
-                    tracing::info!(tree = o.tree, from = o.from.as_str(), to = ?o.to, error = ?o.error, "settled on the way: a teardown its owner left");
+                    tracing::info!(tree = o.tree.0, from = o.from.as_str(), to = ?o.to, error = ?o.error, "settled on the way: a teardown its owner left");
                 }
                 Some(r)
             }
@@ -376,7 +376,7 @@ impl Sweeper<'_> {
                 Some("not started: the sweep was stopped (the next sweep takes it)".into());
             return outcome;
         }
-        let tree = TreeId(row.id);
+        let tree = row.id;
         let found = Event::SweepOrphanFound(event::OrphanFound {
             owner: event::GoneOwner {
                 pid: row.owner.pid,
@@ -400,8 +400,8 @@ impl Sweeper<'_> {
         // The first signal the tree was given (`run -s`), SIGTERM otherwise.
         if let Some(sig) = row
             .first_signal
-            .as_deref()
-            .and_then(|s| crate::proc::Sig::parse_first(s).ok())
+            .as_ref()
+            .and_then(|s| crate::proc::Sig::parse_first(s.as_str()).ok())
         {
             topts.first_signal = sig;
         }

@@ -162,7 +162,7 @@ fn an_orphan_is_torn_down_with_its_recorded_grace_and_an_owned_tree_is_left() {
     assert_eq!(report.orphans.len(), 1, "{:?}", report.orphans);
     let o = &report.orphans[0];
     assert_eq!(
-        (o.tree, o.from, o.to, o.grace_ms, o.error.as_deref()),
+        (o.tree.0, o.from, o.to, o.grace_ms, o.error.as_deref()),
         (
             orphan.0,
             TreeState::Running,
@@ -204,7 +204,7 @@ fn skipped_trees_count_as_owned_and_a_sweep_without_orphans_records_only_when_as
     let mut s = sweep_rig();
     let tree = s.tree(0);
     let mut opts = SweepOptions::new(Duration::ZERO);
-    opts.skip.insert(tree.0);
+    opts.skip.insert(tree);
     let report = s.engine.sweeper().sweep_with(&opts).expect("sweep");
     assert_eq!((report.examined, report.owned), (1, 1));
     assert!(report.orphans.is_empty());
@@ -216,7 +216,7 @@ fn skipped_trees_count_as_owned_and_a_sweep_without_orphans_records_only_when_as
     );
     // The opportunistic sweep writes nothing when it finds nothing.
     let mut quiet = SweepOptions::opportunistic(Duration::ZERO, 4);
-    quiet.skip.insert(tree.0);
+    quiet.skip.insert(tree);
     let report = s.engine.sweeper().sweep_with(&quiet).expect("sweep");
     assert_eq!((report.examined, report.owned), (1, 1));
     assert_eq!(s.events(None, "sweep.started").len(), 1, "nothing written");
@@ -262,7 +262,7 @@ fn the_opportunistic_sweep_takes_at_most_its_limit_the_rest_wait() {
     let report = s.engine.sweeper().sweep_with(&opts).expect("sweep");
     assert_eq!(report.examined, 3);
     assert_eq!(report.owned, 0, "the one left over is neither");
-    let swept: Vec<i64> = report.orphans.iter().map(|o| o.tree).collect();
+    let swept: Vec<i64> = report.orphans.iter().map(|o| o.tree.0).collect();
     assert_eq!(swept, [s.trees[0].0, s.trees[1].0]);
     assert_eq!(s.state(s.trees[2]), TreeState::Running);
     let report = s.engine.sweeper().sweep_with(&opts).expect("sweep");
@@ -281,7 +281,7 @@ fn an_orphan_without_a_recorded_grace_gets_the_default_and_its_first_signal() {
         .ledger
         .create_tree(&crate::ledger::NewTree {
             label: None,
-            boundary: "session".into(),
+            boundary: crate::proc::BoundaryKind::Session,
             owner,
             argv: vec!["worker".into()],
             cwd: None,
@@ -330,7 +330,7 @@ fn a_failed_closed_orphan_is_finished_without_a_second_grace_and_first() {
     // The ledger refused the ambiguity: only a marker says it.
     s.engine
         .ambiguity()
-        .mark_ambiguous(marked.0, "ledger refused", &[], &[]);
+        .mark_ambiguous(marked, "ledger refused", &[], &[]);
     let row = |t: TreeId| s.ledger.tree(t).expect("readable").expect("recorded");
     assert!(s.engine.sweeper().failed_closed(&row(ambiguous)));
     assert!(s.engine.sweeper().failed_closed(&row(marked)));
@@ -344,7 +344,7 @@ fn a_failed_closed_orphan_is_finished_without_a_second_grace_and_first() {
     let swept: Vec<(i64, u64)> = report
         .orphans
         .iter()
-        .map(|o| (o.tree, o.grace_ms))
+        .map(|o| (o.tree.0, o.grace_ms))
         .collect();
     assert_eq!(swept, [(ambiguous.0, 0), (marked.0, 0)]);
     // Only the trees that can have failed closed are examined (not every
@@ -367,7 +367,7 @@ fn a_failed_closed_orphan_is_finished_without_a_second_grace_and_first() {
     let swept: Vec<(i64, u64)> = report
         .orphans
         .iter()
-        .map(|o| (o.tree, o.grace_ms))
+        .map(|o| (o.tree.0, o.grace_ms))
         .collect();
     assert_eq!(swept, [(plain.0, 4_000)]);
 }
@@ -384,7 +384,7 @@ fn the_failed_closed_check_reads_a_force_resolved_tree_marked_again_and_no_ended
         .expect("ambiguous");
     s.engine
         .ambiguity()
-        .mark_ambiguous(ambiguous.0, "ledger refused", &[], &[]);
+        .mark_ambiguous(ambiguous, "ledger refused", &[], &[]);
     // Force-resolved with its root alive (`survivors_left`), then failed
     // closed again: its marker names a terminal tree that still has work.
     s.ledger
@@ -399,7 +399,7 @@ fn the_failed_closed_check_reads_a_force_resolved_tree_marked_again_and_no_ended
     };
     s.engine
         .ambiguity()
-        .mark_ambiguous(resolved.0, "ledger refused", &[survivor], &[]);
+        .mark_ambiguous(resolved, "ledger refused", &[survivor], &[]);
     s.engine
         .ambiguity()
         .resolve(resolved, "operator looked", true)
@@ -412,14 +412,14 @@ fn the_failed_closed_check_reads_a_force_resolved_tree_marked_again_and_no_ended
     assert!(row.has_survivors_left(), "{:?}", row.flags);
     s.engine
         .ambiguity()
-        .mark_ambiguous(resolved.0, "ledger refused again", &[], &[]);
+        .mark_ambiguous(resolved, "ledger refused again", &[], &[]);
     // A stale marker of an ended tree: nothing left to settle.
     s.ledger
         .set_state(ended, TreeState::Ended, None)
         .expect("ended");
     s.engine
         .ambiguity()
-        .mark_ambiguous(ended.0, "stale", &[], &[]);
+        .mark_ambiguous(ended, "stale", &[], &[]);
 
     let report = s
         .engine
@@ -427,7 +427,7 @@ fn the_failed_closed_check_reads_a_force_resolved_tree_marked_again_and_no_ended
         .settle_failed_closed(8)
         .expect("some settled");
     assert_eq!((report.examined, report.owned), (2, 0));
-    let swept: Vec<i64> = report.orphans.iter().map(|o| o.tree).collect();
+    let swept: Vec<i64> = report.orphans.iter().map(|o| o.tree.0).collect();
     assert_eq!(swept, [ambiguous.0, resolved.0]);
     let row = s
         .ledger

@@ -12,8 +12,8 @@ use super::fake::{
 };
 use super::{CustodyError, Engine, Origin, TeardownOptions, TeardownReport};
 use crate::ledger::{
-    EventFilter, EventKind, IdentityRecord, KillTarget, Ledger, NewTree, SpawnRecord, TreeDetail,
-    TreeId, TreeState, WriteLock,
+    EventFilter, EventKind, IdentityRecord, KillTarget, Ledger, NewTree, SpawnRecord, TargetKind,
+    TreeDetail, TreeId, TreeState, WriteLock,
 };
 use crate::proc::{ExitStatus, Sig};
 
@@ -162,7 +162,7 @@ fn assert_every_kill_authorized(sent: &[Sent]) {
             Target::Cgroup(dir) => ("cgroup", dir.display().to_string()),
         };
         let named = |t: &KillTarget| {
-            t.kind == kind
+            t.kind.as_str() == kind
                 && t.target == target
                 && s.hit.iter().all(|(pid, start)| {
                     t.identities
@@ -220,7 +220,7 @@ fn every_sigkill_follows_a_committed_authorization_naming_exactly_its_targets() 
     let mut named: Vec<(String, i32)> = auth
         .targets
         .iter()
-        .flat_map(|t| t.identities.iter().map(|id| (t.kind.clone(), id.pid)))
+        .flat_map(|t| t.identities.iter().map(|id| (t.kind.to_string(), id.pid)))
         .collect();
     named.sort();
     let mut hit: Vec<(String, i32)> = kills
@@ -344,7 +344,7 @@ fn a_refused_authorization_sends_no_sigkill_thaws_and_closes_dispatch() {
         Err(CustodyError::DispatchRefused { .. })
     ));
     assert_eq!(rig.engine.stats().authorizations_failed(), 1);
-    let marked = rig.engine.ambiguity().marked_survivors(rig.tree.0);
+    let marked = rig.engine.ambiguity().marked_survivors(rig.tree);
     assert_eq!(marked.len(), 2, "the marker names the survivors");
     // Once the ledger takes writes again the trail is written late.
     drop(lock.lock().expect("lock slot").take());
@@ -637,8 +637,8 @@ fn a_recycled_pid_is_never_signalled() {
         .detail()
         .signals
         .into_iter()
-        .filter(|r| r.target_kind == "pid" && r.target == pid)
-        .map(|r| (r.signal, r.result))
+        .filter(|r| r.target_kind == TargetKind::Pid && r.target == pid)
+        .map(|r| (r.signal.to_string(), r.result.to_string()))
         .collect();
     assert_eq!(
         rows,
@@ -751,8 +751,8 @@ fn a_sigkill_that_found_the_group_empty_is_recorded_as_skipped_not_as_a_signal()
     let group_rows: Vec<(String, String)> = detail
         .signals
         .iter()
-        .filter(|r| r.target_kind == "group" && r.target == group)
-        .map(|r| (r.signal.clone(), r.result.clone()))
+        .filter(|r| r.target_kind == TargetKind::Group && r.target == group)
+        .map(|r| (r.signal.to_string(), r.result.to_string()))
         .collect();
     // TERM and STOP to the empty group are recorded as what they found;
     // the SIGKILL that found nobody is not a signal.
@@ -805,8 +805,8 @@ fn a_tree_of_another_boot_is_closed_vanished_without_a_signal() {
         .ledger
         .create_tree(&NewTree {
             label: None,
-            boundary: "session".into(),
-            owner: crate::ledger::OwnerId(owner),
+            boundary: crate::proc::BoundaryKind::Session,
+            owner,
             argv: vec!["x".into()],
             cwd: None,
             grace_ms: None,
@@ -879,7 +879,7 @@ fn resumes_from_killing_with_a_fresh_authorization_naming_the_survivors_now() {
         .authorize_kill(
             rig.tree,
             &[KillTarget {
-                kind: "group".into(),
+                kind: crate::ledger::TargetKind::Group,
                 target: rig.root.0.to_string(),
                 identities: vec![IdentityRecord {
                     pid: PID_BASE + 999,
@@ -932,7 +932,7 @@ fn resumes_from_ambiguous_and_kills_the_survivors_the_marker_names() {
         .expect("state");
     super::markers::write(
         rig.dir.path(),
-        rig.tree.0,
+        rig.tree,
         &super::markers::Marker {
             reason: "forced kill skipped".into(),
             survivors: vec![IdentityRecord {
@@ -993,7 +993,7 @@ fn resumes_from_resolved_with_survivors_and_kills_them_with_authority() {
         .expect("state");
     super::markers::write(
         rig.dir.path(),
-        rig.tree.0,
+        rig.tree,
         &super::markers::Marker {
             reason: "forced kill skipped".into(),
             survivors: vec![IdentityRecord {
@@ -1086,7 +1086,7 @@ fn the_deferred_journal_is_replayed_before_the_resumed_teardown() {
         let _held = rig.hold_write_lock();
         rig.teardown(Duration::ZERO).expect_err("ambiguous");
     }
-    let marker = super::markers::read(rig.dir.path(), rig.tree.0).expect("marker");
+    let marker = super::markers::read(rig.dir.path(), rig.tree).expect("marker");
     assert!(
         !marker.pending.is_empty(),
         "the refused trail is journalled"
@@ -1107,7 +1107,7 @@ fn the_deferred_journal_is_replayed_before_the_resumed_teardown() {
         .expect("authorized");
     assert!(skipped < authorized, "{kinds:?}");
     assert_every_kill_authorized(&rig.host.sent());
-    assert!(super::markers::read(rig.dir.path(), rig.tree.0).is_none());
+    assert!(super::markers::read(rig.dir.path(), rig.tree).is_none());
 }
 
 #[test]
@@ -1661,7 +1661,7 @@ fn a_teardown_whose_reads_all_fail_decides_nothing_and_a_later_one_finishes() {
             .teardown(Duration::from_millis(100))
             .expect_err("no decision on incomplete evidence");
         assert!(
-            matches!(err, CustodyError::Incomplete { tree, .. } if tree == rig.tree.0),
+            matches!(err, CustodyError::Incomplete { tree, .. } if tree == rig.tree),
             "{err}"
         );
         assert!(

@@ -197,7 +197,7 @@ impl TreeWatch {
             }
         }
         Some(Self {
-            tree: TreeId(row.id),
+            tree: row.id,
             known,
             cgroup: row.cgroup.as_ref().map(PathBuf::from),
             exclude,
@@ -209,10 +209,7 @@ impl TreeWatch {
             unheld: HashSet::new(),
             principal: row.principal(),
             capped: None,
-            capped_recorded: row
-                .flags
-                .iter()
-                .any(|f| f == crate::ledger::FLAG_HOLDS_CAPPED),
+            capped_recorded: row.has_flag(&crate::ledger::TreeFlag::HoldsCapped),
             uids,
             unverified: HashSet::new(),
             marked: HashSet::new(),

@@ -757,7 +757,7 @@ fn a_write_rejected_for_another_reason_neither_degrades_the_watch_nor_is_kept() 
     // to report, and the next write is still tried.
     let rig = rig(false, false);
     let mut row = rig.ledger.tree(rig.tree).expect("readable").expect("row");
-    row.id += 1_000;
+    row.id.0 += 1_000;
     let mut watch =
         TreeWatch::new_on(rig.engine.host(), &row, &[], &HashSet::new()).expect("a watch");
     watch.degrade_on_refusal();

@@ -567,7 +567,7 @@ mod tests {
     fn tree(uid: Option<u32>, token: Option<i64>) -> TreeRow {
         TreeRow {
             owner: crate::ledger::OwnerRow {
-                kind: "service".into(),
+                kind: crate::ledger::OwnerKind::Service,
                 ..TreeRow::example().owner
             },
             requester_uid: uid,

@@ -20,7 +20,9 @@ use super::api::parse_flag;
 use super::error::{ApiError, ApiQuery, TreePath};
 use crate::ledger::event::TeardownTimeline;
 use crate::ledger::hierarchy::ProcessNode;
-use crate::ledger::{EventFilter, EventRow, MemberRow, SignalRow, TreeId, TreeRow, TreeState};
+use crate::ledger::{
+    BoundaryKind, EventFilter, EventRow, MemberRow, SignalRow, TreeFlag, TreeId, TreeRow, TreeState,
+};
 use crate::service::vocab::Unsettled;
 
 use crate::ledger::outcome::{OutcomeFilter, OutcomeKind};
@@ -58,10 +60,10 @@ fn age(created: &str, ended: Option<&str>) -> String {
 
 /// One row of the trees table.
 pub struct TreeLine {
-    pub id: i64,
+    pub id: TreeId,
     pub state: String,
     pub label: String,
-    pub boundary: String,
+    pub boundary: BoundaryKind,
     pub age: String,
     pub members: usize,
     pub escapes: usize,
@@ -101,7 +103,7 @@ impl TreeLine {
             id: t.id,
             state: t.state.as_str().into(),
             label: t.label.clone().unwrap_or_default(),
-            boundary: t.boundary.clone(),
+            boundary: t.boundary,
             age: age(&t.created_at, t.ended_at.as_deref()),
             // Live members while the tree lives; once it is over, every
             // member it had (its live count is then 0 by definition).
@@ -115,11 +117,9 @@ impl TreeLine {
             flags: t
                 .flags
                 .iter()
-                .map(|f| match f.as_str() {
-                    crate::service::vocab::ROOT_EXITED_FLAG if !t.state.is_terminal() => {
-                        "root exited, members alive"
-                    }
-                    other => other,
+                .map(|f| match f {
+                    TreeFlag::RootExited if !t.state.is_terminal() => "root exited, members alive",
+                    other => other.as_str(),
                 })
                 .collect::<Vec<_>>()
                 .join(", "),
@@ -412,8 +412,8 @@ pub async fn index(
     let (older, newer) = pager(
         at,
         more,
-        lines.first().map(|t| t.id),
-        lines.last().map(|t| t.id),
+        lines.first().map(|t| t.id.0),
+        lines.last().map(|t| t.id.0),
     );
     render(&IndexPage {
         older: older.map(|id| base(PageAt::Before(id), refresh)),
@@ -647,7 +647,7 @@ pub struct TreePage {
 pub struct EventLine {
     pub seq: i64,
     pub at: String,
-    pub tree: Option<i64>,
+    pub tree: Option<TreeId>,
     pub kind: String,
     pub summary: String,
     pub data: String,
@@ -713,9 +713,9 @@ fn authority_lines(
             1,
             AuthorityLine {
                 at: s.at.clone(),
-                what: s.signal.clone(),
+                what: s.signal.to_string(),
                 target: format!("{} {}", s.target_kind, s.target),
-                result: s.result.clone(),
+                result: s.result.to_string(),
                 authority: s
                     .authorization
                     .map(|a| format!("#{a}"))

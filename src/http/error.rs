@@ -16,7 +16,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use crate::ledger::LedgerError;
+use crate::ledger::{LedgerError, TreeId};
 use crate::service::ServiceError;
 use crate::service::failure::{CustodyError, ProcError};
 
@@ -38,7 +38,7 @@ pub enum ApiError {
     Conflict { message: String, tree: Option<i64> },
     /// 409: the tree's teardown is ambiguous (survivors left alive as
     /// evidence; dispatch into its scope closed).
-    Ambiguous { message: String, tree: i64 },
+    Ambiguous { message: String, tree: TreeId },
     /// 413: body over the limit.
     TooLarge,
     /// 415: a JSON body without `Content-Type: application/json`.
@@ -129,7 +129,7 @@ impl IntoResponse for ApiError {
                 (StatusCode::CONFLICT, C::Conflict, message, tree)
             }
             ApiError::Ambiguous { message, tree } => {
-                (StatusCode::CONFLICT, C::Ambiguous, message, Some(tree))
+                (StatusCode::CONFLICT, C::Ambiguous, message, Some(tree.0))
             }
             ApiError::TooLarge => (
                 StatusCode::PAYLOAD_TOO_LARGE,
@@ -204,7 +204,7 @@ impl From<CustodyError> for ApiError {
     fn from(e: CustodyError) -> Self {
         match e {
             CustodyError::DispatchRefused { tree, reason } => ApiError::DispatchClosed {
-                tree: Some(tree),
+                tree: Some(tree.0),
                 reason,
             },
             CustodyError::Ledger(e) => e.into(),
@@ -299,7 +299,7 @@ where
 }
 
 /// A tree id from the path; anything but an integer is 400.
-pub struct TreePath(pub i64);
+pub struct TreePath(pub TreeId);
 
 impl<S: Send + Sync> FromRequestParts<S> for TreePath {
     type Rejection = ApiError;
@@ -309,9 +309,11 @@ impl<S: Send + Sync> FromRequestParts<S> for TreePath {
             axum::extract::Path::<String>::from_request_parts(parts, state)
                 .await
                 .map_err(|r: PathRejection| ApiError::BadRequest(r.body_text()))?;
-        raw.parse::<i64>().map(TreePath).map_err(|_| {
-            ApiError::BadRequest(format!("malformed tree id {raw:?}: expected an integer"))
-        })
+        raw.parse::<i64>()
+            .map(|id| TreePath(TreeId(id)))
+            .map_err(|_| {
+                ApiError::BadRequest(format!("malformed tree id {raw:?}: expected an integer"))
+            })
     }
 }
 

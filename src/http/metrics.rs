@@ -23,7 +23,7 @@ pub async fn metrics(
     let m = s.service.metrics();
     m.set_tree_counts(&counts);
     m.dispatch_closed.set(i64::from(!unsettled.is_empty()));
-    m.unkillable_tree.set(unkillable.unwrap_or(0));
+    m.unkillable_tree.set(unkillable.map_or(0, |t| t.0));
     // The one place the head gauge is set: the ledger's own head, host-wide.
     let head_seq = head.map_or(0, |(seq, _)| seq);
     m.ledger_head_seq.set(head_seq);

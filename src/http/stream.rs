@@ -32,7 +32,7 @@ use serde::Deserialize;
 
 use super::AppState;
 use super::error::{ApiError, ApiQuery};
-use crate::ledger::{EventFilter, EventRow};
+use crate::ledger::{EventFilter, EventRow, TreeId};
 
 /// How often a stream asks the ledger for what is new.
 const POLL: Duration = Duration::from_millis(200);
@@ -126,7 +126,7 @@ enum Scope {
     Label {
         label: String,
         mine: Option<super::auth::Principal>,
-        known: std::collections::HashMap<i64, bool>,
+        known: std::collections::HashMap<TreeId, bool>,
     },
 }
 
@@ -160,7 +160,7 @@ pub async fn events_stream(
         let row = s
             .service
             .door()
-            .tree(id)
+            .tree(TreeId(id))
             .await?
             .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
         principal.may_see(&row)?;
@@ -293,7 +293,7 @@ pub async fn events_stream(
                         None => false,
                         Some(id) => service
                             .door()
-                            .tree(id)
+                            .tree(TreeId(id))
                             .await
                             .ok()
                             .flatten()

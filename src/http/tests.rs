@@ -107,7 +107,7 @@ fn rig(open_reads: bool) -> Rig {
             .create_tree_for(
                 &NewTree {
                     label: None,
-                    boundary: "session".into(),
+                    boundary: crate::proc::BoundaryKind::Session,
                     owner,
                     argv: vec!["sleep".into(), "1".into()],
                     cwd: None,

@@ -20,9 +20,11 @@ use serde_json::Value;
 
 use super::EventKind;
 use super::types::{
-    ExitRecord, IdentityRecord, KillTarget, Limits, Requester, Resources, SealData, SurvivorRecord,
-    TokenScope, TreeState,
+    AuthorizationId, ExitRecord, IdentityRecord, KillTarget, Limits, OwnerId, OwnerKind, Requester,
+    Resources, SealData, SignalName, SignalResult, SurvivorRecord, TargetKind, TokenScope, TreeId,
+    TreeState,
 };
+use crate::proc::BoundaryKind;
 
 /// An event's kind as a row carries it: one this build knows, or the name
 /// of one it does not (an older or newer writer's). Serialized as the name.
@@ -90,17 +92,17 @@ impl<'de> Deserialize<'de> for RowKind {
 /// The owner as `tree.created` names it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CreatedOwner {
-    pub id: i64,
+    pub id: OwnerId,
     pub pid: i32,
     pub start: i64,
-    pub kind: String,
+    pub kind: OwnerKind,
 }
 
 /// `tree.created`: the tree row, committed before its child is released.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TreeCreated {
     pub label: Option<String>,
-    pub boundary: String,
+    pub boundary: BoundaryKind,
     pub owner: CreatedOwner,
     pub argv: Vec<String>,
     pub cwd: Option<String>,
@@ -108,7 +110,7 @@ pub struct TreeCreated {
     pub timeout_ms: Option<u64>,
     #[serde(default)]
     pub limits: Limits,
-    pub first_signal: Option<String>,
+    pub first_signal: Option<SignalName>,
     pub by: Option<Requester>,
     pub run_uid: Option<u32>,
     pub run_gid: Option<u32>,
@@ -207,17 +209,17 @@ pub struct SurvivorsRecorded {
 pub struct SignalSent {
     /// The `signals` row's id.
     pub id: i64,
-    pub signal: String,
-    pub target_kind: String,
+    pub signal: SignalName,
+    pub target_kind: TargetKind,
     pub target: String,
-    pub result: String,
-    pub authorization: Option<i64>,
+    pub result: SignalResult,
+    pub authorization: Option<AuthorizationId>,
 }
 
 /// `kill.authorized`: committed (FULL) before the SIGKILL it names.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KillAuthorized {
-    pub authorization: i64,
+    pub authorization: AuthorizationId,
     pub targets: Vec<KillTarget>,
     pub reason: String,
 }
@@ -281,7 +283,7 @@ pub struct MemberUnkillable {
     /// The SIGKILLs it outlived, each sent under a committed authorization.
     pub kills: u32,
     /// The last authorization that named it.
-    pub authorization: i64,
+    pub authorization: AuthorizationId,
 }
 
 /// `tree.holds_capped`: the first hold of a loose member the budget of
@@ -355,7 +357,7 @@ pub struct OrphanFound {
 /// who was refused.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DispatchRefused {
-    pub tree: i64,
+    pub tree: TreeId,
     pub reason: String,
     pub unsettled: u64,
     /// The principal refused (absent from refusals recorded before it was
@@ -586,10 +588,9 @@ impl TeardownTimeline {
                 .find(|(_, e)| pred(e))
                 .map(|(at, _)| (*at).to_string())
         };
-        let signal = |e: &Event, name: &str| matches!(e, Event::SignalSent(s) if s.signal == name);
         let term = first(&|e| {
             matches!(e, Event::TreeState(s) if s.to == TreeState::Terminating)
-                || signal(e, "SIGTERM")
+                || matches!(e, Event::SignalSent(s) if s.signal.is_polite())
         })?;
         let freeze = typed.iter().find_map(|(_, e)| match e {
             Event::SurvivorsRecorded(s) => Some(s.taken_at.clone()),
@@ -609,7 +610,7 @@ impl TeardownTimeline {
             term,
             freeze,
             authorized: first(&|e| matches!(e, Event::KillAuthorized(_))),
-            kill: first(&|e| signal(e, "SIGKILL")),
+            kill: first(&|e| matches!(e, Event::SignalSent(s) if s.signal.is_kill())),
             end,
             end_state,
         })
@@ -699,12 +700,12 @@ mod tests {
             same(
                 Event::TreeCreated(Box::new(TreeCreated {
                     label: Some("l".into()),
-                    boundary: "cgroup".into(),
+                    boundary: crate::proc::BoundaryKind::Cgroup,
                     owner: CreatedOwner {
-                        id: 1,
+                        id: OwnerId(1),
                         pid: 5,
                         start: 6,
-                        kind: "run".into(),
+                        kind: crate::ledger::OwnerKind::Run,
                     },
                     argv: vec!["a".into()],
                     cwd: None,
@@ -799,23 +800,23 @@ mod tests {
                 Event::SignalSent(SignalSent {
                     id: 8,
                     signal: "SIGKILL".into(),
-                    target_kind: "group".into(),
+                    target_kind: crate::ledger::TargetKind::Group,
                     target: "10".into(),
                     result: "sent to 2 members".into(),
-                    authorization: auth,
+                    authorization: auth.map(AuthorizationId),
                 }),
                 json!({"id": 8, "signal": "SIGKILL", "target_kind": "group", "target": "10",
                        "result": "sent to 2 members", "authorization": auth}),
             );
         }
         let targets = vec![KillTarget {
-            kind: "pid".into(),
+            kind: crate::ledger::TargetKind::Pid,
             target: "12".into(),
             identities: vec![id(12)],
         }];
         same(
             Event::KillAuthorized(KillAuthorized {
-                authorization: 3,
+                authorization: AuthorizationId(3),
                 targets: targets.clone(),
                 reason: "grace expired".into(),
             }),
@@ -896,7 +897,7 @@ mod tests {
                     state: "S".into(),
                     wchan: wchan.map(String::from),
                     kills: 3,
-                    authorization: 12,
+                    authorization: AuthorizationId(12),
                 }),
                 old,
             );
@@ -950,7 +951,7 @@ mod tests {
         );
         same(
             Event::DispatchRefused(DispatchRefused {
-                tree: 3,
+                tree: TreeId(3),
                 reason: "ambiguous".into(),
                 unsettled: 2,
                 by: None,
@@ -959,7 +960,7 @@ mod tests {
         );
         same(
             Event::DispatchRefused(DispatchRefused {
-                tree: 3,
+                tree: TreeId(3),
                 reason: "ambiguous".into(),
                 unsettled: 2,
                 by: Some(req()),

@@ -19,7 +19,7 @@
 //!   writer in the member's own transaction). Past it, a member's argv is
 //!   recorded by digest (`sha256:<hex> bytes:<n> args:<k>`, and the same in
 //!   its event's `cmdline_truncated` with `over_budget`), and the tree gets
-//!   the flag [`FLAG_EVIDENCE_OVER_BUDGET`] once, in the transaction that
+//!   the flag [`TreeFlag::EvidenceOverBudget`] once, in the transaction that
 //!   first digests. Identities, groups and exits are still recorded: what
 //!   the teardown needs is never budgeted away.
 //!
@@ -30,7 +30,7 @@
 //!   first looks at the free space of the ledger's filesystem (`statvfs`)
 //!   and is refused ([`LedgerError::Full`]) below the floor,
 //!   `reserve + EVIDENCE_MARGIN`, and the tree is flagged
-//!   [`FLAG_EVIDENCE_DROPPED`] (once per tree and process, a one-row
+//!   [`TreeFlag::EvidenceDropped`] (once per tree and process, a one-row
 //!   update). So at most what evidence committed *before* the disk filled
 //!   and no checkpoint moved yet (one auto-checkpoint's worth of WAL, about
 //!   4 MiB, while no reader pins it) can sit in the reserve; nothing written
@@ -65,13 +65,6 @@ pub const DEFAULT_EVIDENCE_MAX: u64 = 16 << 20;
 /// pages) into the database file.
 pub const EVIDENCE_MARGIN: u64 = 4 << 20;
 
-/// The tree's members past its evidence budget are recorded by digest.
-pub const FLAG_EVIDENCE_OVER_BUDGET: &str = "evidence_over_budget";
-
-/// Evidence of the tree was not recorded: the ledger's filesystem was
-/// under the floor that keeps the reserve for authority.
-pub const FLAG_EVIDENCE_DROPPED: &str = "evidence_dropped";
-
 /// The ledger's evidence bounds, shared by every clone of one `Ledger`.
 #[derive(Debug)]
 pub(crate) struct Gate {
@@ -81,14 +74,14 @@ pub(crate) struct Gate {
     floor: u64,
     /// The per-tree budget, in bytes.
     budget: AtomicU64,
-    /// Trees flagged [`FLAG_EVIDENCE_DROPPED`] by this process.
+    /// Trees flagged [`TreeFlag::EvidenceDropped`] by this process.
     dropped: Mutex<HashSet<i64>>,
 }
 
 /// What one refused evidence write tells its caller.
 pub(crate) struct Refused {
     pub(crate) error: LedgerError,
-    /// The tree to flag [`FLAG_EVIDENCE_DROPPED`] (first refusal for it here).
+    /// The tree to flag [`TreeFlag::EvidenceDropped`] (first refusal for it here).
     pub(crate) flag: Option<TreeId>,
 }
 
@@ -189,7 +182,7 @@ mod tests {
         ledger
             .create_tree(&NewTree {
                 label: None,
-                boundary: "session".into(),
+                boundary: crate::proc::BoundaryKind::Session,
                 owner,
                 argv: vec!["sh".into()],
                 cwd: None,
@@ -236,7 +229,7 @@ mod tests {
         let flags = |r: &crate::ledger::TreeRow| {
             r.flags
                 .iter()
-                .filter(|f| *f == super::FLAG_EVIDENCE_OVER_BUDGET)
+                .filter(|f| **f == crate::ledger::TreeFlag::EvidenceOverBudget)
                 .count()
         };
         assert_eq!(flags(&row), 1, "flagged once: {:?}", row.flags);

@@ -116,17 +116,6 @@ impl ProcessNode {
     }
 }
 
-/// A `signal.sent` result that says the signal went out to something
-/// (`sent`, `sent to N members` with N > 0), as the teardown writes it.
-fn delivered(result: &str) -> bool {
-    result == "sent"
-        || result
-            .strip_prefix("sent to ")
-            .and_then(|r| r.split_whitespace().next())
-            .and_then(|n| n.parse::<u64>().ok())
-            .is_some_and(|n| n > 0)
-}
-
 type Key = (i32, u64);
 
 impl TreeDetail {
@@ -144,7 +133,7 @@ impl TreeDetail {
                         s.authorization == Some(a.id)
                             && s.target_kind == t.kind
                             && s.target == t.target
-                            && delivered(&s.result)
+                            && s.result.delivered()
                     })
                     .map(|s| s.at.as_str())
                     .min();

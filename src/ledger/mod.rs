@@ -79,6 +79,7 @@ mod prune;
 mod read;
 pub mod seal;
 mod sentence;
+mod sqlvalue;
 mod types;
 mod verify;
 mod write;
@@ -94,26 +95,20 @@ pub use bound::FIELD_MAX;
 pub use chain::{GENESIS, canonical_event, canonical_string, event_hash, event_hash_of_text};
 pub use error::LedgerError;
 pub use event::{Event, RowKind};
-pub use evidence::{
-    DEFAULT_EVIDENCE_MAX, EVIDENCE_MARGIN, FLAG_EVIDENCE_DROPPED, FLAG_EVIDENCE_OVER_BUDGET,
-};
+pub use evidence::{DEFAULT_EVIDENCE_MAX, EVIDENCE_MARGIN};
 pub use export::file_name as export_file_name;
 pub use prune::{PruneReport, PruneRequest};
 pub use types::{
-    AuthorizationId, AuthorizationRow, Deferred, EpochSeal, EventFilter, EventKind, EventRow,
-    EventSearch, ExitRecord, ExportFormat, IdentityRecord, KillTarget, Limits, MemberCounts,
-    MemberRecord, MemberRow, NewTree, ObservationRow, OnBehalfRecord, OwnerId, OwnerKind,
-    OwnerRecord, OwnerRow, PageAt, Requester, Resources, SealData, SealReport, SealSetup,
-    SignalRecord, SignalRow, SpawnRecord, SurvivorRecord, TokenRow, TokenScope, TreeDetail,
-    TreeFilter, TreeId, TreeOwner, TreeRow, TreeState, VerifyBreak, VerifyReport, parse_cpu_pct,
-    parse_since, parse_size,
+    AuthorizationId, AuthorizationRow, BoundaryKind, Deferred, EpochSeal, EventFilter, EventKind,
+    EventRow, EventSearch, ExitRecord, ExportFormat, IdentityRecord, KillTarget, Limits,
+    MemberCounts, MemberRecord, MemberRow, NewTree, ObservationRow, OnBehalfRecord, OwnerId,
+    OwnerKind, OwnerRecord, OwnerRow, PageAt, Requester, Resources, SealData, SealReport,
+    SealSetup, SignalName, SignalRecord, SignalResult, SignalRow, SpawnRecord, SurvivorRecord,
+    TargetKind, TokenRow, TokenScope, TreeDetail, TreeFilter, TreeFlag, TreeId, TreeOwner, TreeRow,
+    TreeState, VerifyBreak, VerifyReport, parse_cpu_pct, parse_since, parse_size,
 };
 
 use db::Durability;
-
-/// Loose members of the tree were past a cap on held handles
-/// (`custody/holds.rs`): they are known by identity and uid, not held.
-pub const FLAG_HOLDS_CAPPED: &str = "holds_capped";
 
 /// A time as the ledger writes it (RFC 3339, UTC, milliseconds).
 pub fn timestamp(t: std::time::SystemTime) -> String {
@@ -233,7 +228,7 @@ impl Ledger {
     /// Runs an evidence write (see `evidence.rs`): refused with
     /// [`LedgerError::Full`] while the ledger's filesystem is under the
     /// floor that keeps the reserve for authority; the tree is then flagged
-    /// [`FLAG_EVIDENCE_DROPPED`] once.
+    /// [`TreeFlag::EvidenceDropped`] once.
     fn evidence_write<T: Send + 'static>(
         &self,
         tree: Option<TreeId>,
@@ -241,7 +236,7 @@ impl Ledger {
     ) -> Result<T, LedgerError> {
         if let Err(refused) = self.evidence.admit(tree) {
             if let Some(t) = refused.flag
-                && let Err(e) = self.add_flag(t, FLAG_EVIDENCE_DROPPED)
+                && let Err(e) = self.add_flag(t, TreeFlag::EvidenceDropped)
             {
                 tracing::debug!(tree = t.0, error = %e, "the evidence-dropped flag was not written");
             }
@@ -663,8 +658,8 @@ impl Ledger {
     }
 
     /// Adds a flag to the tree (idempotent); returns whether it was new.
-    pub fn add_flag(&self, id: TreeId, flag: &str) -> Result<bool, LedgerError> {
-        let flag = flag.to_string();
+    pub fn add_flag(&self, id: TreeId, flag: impl Into<TreeFlag>) -> Result<bool, LedgerError> {
+        let flag = flag.into();
         self.write(Durability::Normal, move |w| write::add_flag(w, id, &flag))
     }
 
@@ -774,7 +769,7 @@ impl Ledger {
         &self,
         trees: &[TreeRow],
     ) -> Result<std::collections::HashMap<TreeId, outcome::Outcome>, LedgerError> {
-        let ids: Vec<TreeId> = trees.iter().map(TreeRow::tree_id).collect();
+        let ids: Vec<TreeId> = trees.iter().map(|t| t.id).collect();
         let events = self.read(move |tx| read::outcome_events(tx, &ids))?;
         Ok(trees
             .iter()

@@ -165,7 +165,8 @@ pub struct Forced {
     /// Distinct processes the authorizations named.
     pub processes: u64,
     /// The authorizations' ids, oldest first.
-    pub authorizations: Vec<i64>,
+    #[schema(value_type = Vec<i64>)]
+    pub authorizations: Vec<super::AuthorizationId>,
 }
 
 /// How a tree ended (or that it has not), read from its events.
@@ -452,7 +453,7 @@ fn by_in(reason: Option<&str>) -> Option<String> {
 mod tests {
     use super::*;
     use crate::ledger::event::{KillAuthorized, KillRequested, Reason, StateChanged};
-    use crate::ledger::{IdentityRecord, KillTarget, Requester};
+    use crate::ledger::{AuthorizationId, IdentityRecord, KillTarget, Requester};
 
     fn tree(state: TreeState, exit: Option<ExitRecord>) -> TreeRow {
         TreeRow {
@@ -480,9 +481,9 @@ mod tests {
 
     fn authorized(id: i64, pids: &[i32]) -> Event {
         Event::KillAuthorized(KillAuthorized {
-            authorization: id,
+            authorization: AuthorizationId(id),
             targets: vec![KillTarget {
-                kind: "pid".into(),
+                kind: crate::ledger::TargetKind::Pid,
                 target: "x".into(),
                 identities: pids
                     .iter()
@@ -550,7 +551,7 @@ mod tests {
             o.forced,
             Some(Forced {
                 processes: 3,
-                authorizations: vec![2, 3]
+                authorizations: vec![AuthorizationId(2), AuthorizationId(3)]
             })
         );
         assert!(o.matches(OutcomeFilter::Forced));

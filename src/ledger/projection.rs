@@ -138,7 +138,7 @@ impl Replay {
                 o.set("pid", json!(c.owner.pid), seq);
                 o.set("start_ticks", json!(c.owner.start), seq);
                 o.set("kind", json!(c.owner.kind), seq);
-                self.owner = Some((c.owner.id, o));
+                self.owner = Some((c.owner.id.0, o));
             }
             Event::TreeSpawned(s) => {
                 if let Some(t) = self.tree.as_mut() {
@@ -242,7 +242,7 @@ impl Replay {
                 r.set("reason", json!(k.reason), seq);
                 r.set("targets", json!(k.targets), seq);
                 r.set("at", json!(at), seq);
-                self.authorizations.insert(k.authorization, r);
+                self.authorizations.insert(k.authorization.0, r);
             }
             Event::Other(o) if o.kind.known().is_some() => {
                 return Err(format!(
@@ -661,7 +661,7 @@ mod tests {
         let id = ledger
             .create_tree(&NewTree {
                 label: Some("nightly".into()),
-                boundary: "session".into(),
+                boundary: crate::proc::BoundaryKind::Session,
                 owner,
                 argv: vec!["make".into(), "test".into()],
                 cwd: Some("/src".into()),
@@ -728,7 +728,7 @@ mod tests {
             .authorize_kill(
                 id,
                 &[KillTarget {
-                    kind: "pid".into(),
+                    kind: crate::ledger::TargetKind::Pid,
                     target: "12".into(),
                     identities: vec![ident(12)],
                 }],
@@ -740,7 +740,7 @@ mod tests {
                 id,
                 &SignalRecord {
                     signal: "SIGKILL".into(),
-                    target_kind: "pid".into(),
+                    target_kind: crate::ledger::TargetKind::Pid,
                     target: "12".into(),
                     result: "sent".into(),
                     authorization: Some(auth),
@@ -766,7 +766,7 @@ mod tests {
         let failed = ledger
             .create_tree(&NewTree {
                 label: None,
-                boundary: "session".into(),
+                boundary: crate::proc::BoundaryKind::Session,
                 owner,
                 argv: vec!["nosuch".into()],
                 cwd: None,
@@ -783,7 +783,7 @@ mod tests {
             let t = ledger
                 .create_tree(&NewTree {
                     label: None,
-                    boundary: "session".into(),
+                    boundary: crate::proc::BoundaryKind::Session,
                     owner,
                     argv: vec!["sleep".into()],
                     cwd: None,

@@ -821,7 +821,7 @@ mod tests {
         ledger
             .create_tree(&NewTree {
                 label: None,
-                boundary: "session".into(),
+                boundary: crate::proc::BoundaryKind::Session,
                 owner,
                 argv: vec!["sleep".into()],
                 cwd: None,
@@ -902,7 +902,7 @@ mod tests {
                 .append_event(
                     None,
                     Event::DispatchRefused(crate::ledger::event::DispatchRefused {
-                        tree: id.0,
+                        tree: id,
                         reason: format!("{i}"),
                         unsettled: 1,
                         by: None,
@@ -951,7 +951,7 @@ mod tests {
             .expect("nothing to record");
         let term = SignalRecord {
             signal: "SIGTERM".into(),
-            target_kind: "group".into(),
+            target_kind: crate::ledger::TargetKind::Group,
             target: "10".into(),
             result: "sent".into(),
             authorization: None,

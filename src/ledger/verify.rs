@@ -405,7 +405,7 @@ pub(crate) fn verify_export(
         let row = WalkRow {
             seq: e.seq,
             at: e.at,
-            tree: e.tree,
+            tree: e.tree.map(|t| t.0),
             kind: e.kind,
             data_text: chain::canonical_string(&e.data),
             prev_hash: e.prev_hash,
@@ -822,17 +822,12 @@ impl Walk {
         // every other kind (an unknown one too) is proven by its hash alone.
         match Event::decode(&kind, &data) {
             Event::KillAuthorized(k) => {
-                self.authorized.insert(k.authorization, tree);
+                self.authorized.insert(k.authorization.0, tree);
             }
             // The forced kills: SIGKILL, and on Windows TerminateJobObject
             // and TerminateProcess.
-            Event::SignalSent(s)
-                if matches!(
-                    s.signal.as_str(),
-                    "SIGKILL" | "TERMINATE_JOB" | "TERMINATE_PROCESS"
-                ) =>
-            {
-                match s.authorization.and_then(|a| self.authorized.get(&a)) {
+            Event::SignalSent(s) if s.signal.is_kill() => {
+                match s.authorization.and_then(|a| self.authorized.get(&a.0)) {
                     Some(auth_tree) if *auth_tree == tree => {}
                     Some(_) => {
                         return broke(Some(seq), "SIGKILL cites an authorization of another tree");

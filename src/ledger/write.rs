@@ -12,17 +12,14 @@ use super::event::{self as ev, Event};
 use super::read;
 use super::types::{
     AuthorizationId, Deferred, ExitRecord, IdentityRecord, KillTarget, MemberRecord, NewTree,
-    OnBehalfRecord, OwnerId, OwnerRecord, Requester, SignalRecord, SpawnRecord, SurvivorRecord,
-    TokenScope, TreeId, TreeState,
+    OnBehalfRecord, OwnerId, OwnerKind, OwnerRecord, Requester, SignalRecord, SpawnRecord,
+    SurvivorRecord, TokenScope, TreeFlag, TreeId, TreeState,
 };
 
 /// Clock ticks as SQLite stores them (an i64; ticks never come near its limit).
 fn ticks(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
-
-// `job`: a Windows tree's Job Object.
-const TARGET_KINDS: [&str; 4] = ["group", "cgroup", "pid", "job"];
 
 fn invariant(msg: impl Into<String>) -> Fail {
     LedgerError::Invariant(msg.into()).into()
@@ -63,13 +60,6 @@ pub(crate) fn create_tree(
     tree: &NewTree,
     on_behalf: Option<&OnBehalfRecord>,
 ) -> Result<TreeId, Fail> {
-    // `job`: a Windows tree's Job Object (migration 0008).
-    if !matches!(tree.boundary.as_str(), "cgroup" | "session" | "job") {
-        return Err(invariant(format!(
-            "boundary must be cgroup, session or job, not {:?}",
-            tree.boundary
-        )));
-    }
     // Bounded evidence: a request's argv and label are kept up to
     // FIELD_MAX each, past it cut with their length and digest.
     let (argv_kept, argv_cut) = super::bound::argv(&tree.argv);
@@ -111,16 +101,16 @@ pub(crate) fn create_tree(
             ],
         )?;
     }
-    let owner: (i32, i64, String) = w.row(
+    let owner: (i32, i64, OwnerKind) = w.row(
         "SELECT pid, start_ticks, kind FROM owners WHERE id = ?1",
         [tree.owner.0],
         |r| Ok((r.get(0)?, r.get::<_, i64>(1)?, r.get(2)?)),
     )?;
     let data = ev::TreeCreated {
         label: label_kept,
-        boundary: tree.boundary.clone(),
+        boundary: tree.boundary,
         owner: ev::CreatedOwner {
-            id: tree.owner.0,
+            id: tree.owner,
             pid: owner.0,
             start: owner.1,
             kind: owner.2,
@@ -238,7 +228,7 @@ fn spend<'m>(
         return Ok((bounded, cut));
     }
     if spent <= budget {
-        add_flag(w, id, super::evidence::FLAG_EVIDENCE_OVER_BUDGET)?;
+        add_flag(w, id, &TreeFlag::EvidenceOverBudget)?;
         w.exec(
             "UPDATE trees SET evidence_bytes = ?2 WHERE id = ?1",
             params![
@@ -612,15 +602,6 @@ pub(crate) fn authorize_kill(
     if targets.is_empty() {
         return Err(invariant("a kill authorization must name its targets"));
     }
-    if let Some(bad) = targets
-        .iter()
-        .find(|t| !TARGET_KINDS.contains(&t.kind.as_str()))
-    {
-        return Err(invariant(format!(
-            "kill target kind must be group, cgroup, pid or job, not {:?}",
-            bad.kind
-        )));
-    }
     let targets_json = serde_json::to_string(targets)?;
     w.exec(
         "INSERT INTO kill_authorizations (tree_id, reason, targets, at) VALUES (?1, ?2, ?3, ?4)",
@@ -630,7 +611,7 @@ pub(crate) fn authorize_kill(
     w.event(
         Some(id),
         &Event::KillAuthorized(ev::KillAuthorized {
-            authorization: auth.0,
+            authorization: auth,
             targets: targets.to_vec(),
             reason: reason.to_string(),
         }),
@@ -656,7 +637,7 @@ fn insert_signal(w: &mut Writer<'_>, id: TreeId, s: &SignalRecord) -> Result<i64
             s.target_kind,
             s.target,
             s.result,
-            s.authorization.map(|a| a.0),
+            s.authorization,
             w.now
         ],
     )?;
@@ -666,10 +647,10 @@ fn insert_signal(w: &mut Writer<'_>, id: TreeId, s: &SignalRecord) -> Result<i64
         &Event::SignalSent(ev::SignalSent {
             id: signal_id,
             signal: s.signal.clone(),
-            target_kind: s.target_kind.clone(),
+            target_kind: s.target_kind,
             target: s.target.clone(),
             result: s.result.clone(),
-            authorization: s.authorization.map(|a| a.0),
+            authorization: s.authorization,
         }),
     )?;
     Ok(signal_id)
@@ -758,7 +739,7 @@ pub(crate) fn resolve(
     Ok(())
 }
 
-pub(crate) fn add_flag(w: &mut Writer<'_>, id: TreeId, flag: &str) -> Result<bool, Fail> {
+pub(crate) fn add_flag(w: &mut Writer<'_>, id: TreeId, flag: &TreeFlag) -> Result<bool, Fail> {
     current_state(w, id)?;
     let changed = w.exec(
         "UPDATE trees SET flags = json_insert(flags, '$[#]', ?2)
@@ -768,7 +749,7 @@ pub(crate) fn add_flag(w: &mut Writer<'_>, id: TreeId, flag: &str) -> Result<boo
     Ok(changed == 1)
 }
 
-/// The tree's holds were capped: the flag [`super::FLAG_HOLDS_CAPPED`]
+/// The tree's holds were capped: the flag [`TreeFlag::HoldsCapped`]
 /// and, only when the flag is new, one `tree.holds_capped` event, in one
 /// transaction. Whether it was new.
 pub(crate) fn holds_capped(
@@ -776,7 +757,7 @@ pub(crate) fn holds_capped(
     id: TreeId,
     data: &super::event::HoldsCapped,
 ) -> Result<bool, Fail> {
-    if !add_flag(w, id, super::FLAG_HOLDS_CAPPED)? {
+    if !add_flag(w, id, &TreeFlag::HoldsCapped)? {
         return Ok(false);
     }
     w.event(Some(id), &Event::TreeHoldsCapped(data.clone()))?;

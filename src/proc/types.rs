@@ -32,15 +32,32 @@ impl BoundaryKind {
     pub fn contained(self) -> bool {
         matches!(self, BoundaryKind::Cgroup | BoundaryKind::Job)
     }
+
+    /// The kind a recorded name names, whatever this host offers (its
+    /// `FromStr` takes only the kinds this OS can give).
+    pub fn recorded(name: &str) -> Option<BoundaryKind> {
+        [
+            BoundaryKind::Cgroup,
+            BoundaryKind::Session,
+            BoundaryKind::Job,
+        ]
+        .into_iter()
+        .find(|b| b.as_str() == name)
+    }
+
+    /// Its recorded name (`cgroup`, `session`, `job`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BoundaryKind::Cgroup => "cgroup",
+            BoundaryKind::Session => "session",
+            BoundaryKind::Job => "job",
+        }
+    }
 }
 
 impl std::fmt::Display for BoundaryKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            BoundaryKind::Cgroup => "cgroup",
-            BoundaryKind::Session => "session",
-            BoundaryKind::Job => "job",
-        })
+        f.write_str(self.as_str())
     }
 }
 

@@ -24,7 +24,7 @@ pub struct MetricsReadings {
     /// The trees that hold dispatch closed.
     pub unsettled: Vec<Unsettled>,
     /// The newest unkillable tree among them.
-    pub unkillable: Option<i64>,
+    pub unkillable: Option<TreeId>,
     /// The ledger's head (seq, hash).
     pub head: Option<(i64, String)>,
     /// The OTLP sink's acknowledged seq.
@@ -99,17 +99,17 @@ impl Door {
     }
 
     /// One tree's row.
-    pub async fn tree(&self, id: i64) -> Result<Option<TreeRow>, ServiceError> {
+    pub async fn tree(&self, id: TreeId) -> Result<Option<TreeRow>, ServiceError> {
         let engine = self.engine.clone();
-        super::blocking(move || Ok(engine.ledger().tree(TreeId(id))?)).await?
+        super::blocking(move || Ok(engine.ledger().tree(id)?)).await?
     }
 
     /// One tree with its members, signals and exits; what a live tree
     /// consumed so far, measured now, where none is recorded.
-    pub async fn tree_detail(&self, id: i64) -> Result<Option<TreeDetail>, ServiceError> {
+    pub async fn tree_detail(&self, id: TreeId) -> Result<Option<TreeDetail>, ServiceError> {
         let engine = self.engine.clone();
         super::blocking(move || {
-            let mut detail = engine.ledger().tree_detail(TreeId(id))?;
+            let mut detail = engine.ledger().tree_detail(id)?;
             if let Some(d) = &mut detail
                 && d.resources.is_none()
             {
@@ -165,15 +165,15 @@ impl Door {
     /// none; `None` for a tree the ledger does not hold.
     pub async fn tree_log(
         &self,
-        id: i64,
+        id: TreeId,
         tail: Option<usize>,
     ) -> Result<Option<Vec<u8>>, ServiceError> {
         let engine = self.engine.clone();
         super::blocking(move || {
-            if engine.ledger().tree(TreeId(id))?.is_none() {
+            if engine.ledger().tree(id)?.is_none() {
                 return Ok(None);
             }
-            let log = crate::custody::read_log(engine.data_dir(), TreeId(id), tail)
+            let log = crate::custody::read_log(engine.data_dir(), id, tail)
                 .map_err(|err| ServiceError::Task(format!("reading the log: {err}")))?;
             Ok(Some(log.unwrap_or_default()))
         })
@@ -185,19 +185,19 @@ impl Door {
     /// tree the ledger does not hold.
     pub async fn log_follower(
         &self,
-        id: i64,
+        id: TreeId,
         tail: Option<usize>,
     ) -> Result<Option<(Vec<u8>, LogFollower)>, ServiceError> {
         let engine = self.engine.clone();
         super::blocking(move || {
-            if engine.ledger().tree(TreeId(id))?.is_none() {
+            if engine.ledger().tree(id)?.is_none() {
                 return Ok(None);
             }
             let read = |err: std::io::Error| ServiceError::Task(format!("reading the log: {err}"));
-            let now = crate::custody::read_log(engine.data_dir(), TreeId(id), None)
+            let now = crate::custody::read_log(engine.data_dir(), id, None)
                 .map_err(read)?
                 .unwrap_or_default();
-            let path = crate::custody::log_path(engine.data_dir(), TreeId(id));
+            let path = crate::custody::log_path(engine.data_dir(), id);
             let follower = LogFollower::after(path, &now).map_err(read)?;
             // What is kept, or its last `tail` lines: cut from the same
             // read the follower starts after, so nothing comes twice.
@@ -237,7 +237,7 @@ impl Door {
             Ok(engine
                 .ledger()
                 .outcomes(std::slice::from_ref(&row))?
-                .remove(&row.tree_id()))
+                .remove(&row.id))
         })
         .await?
     }
@@ -322,7 +322,7 @@ impl Door {
                     let mut outcomes = ledger.outcomes(&trees)?;
                     let trees: Vec<(TreeRow, Outcome)> = trees
                         .into_iter()
-                        .filter_map(|t| Some((outcomes.remove(&t.tree_id())?, t)))
+                        .filter_map(|t| Some((outcomes.remove(&t.id)?, t)))
                         .map(|(o, t)| (t, o))
                         .collect();
                     (trees, more, None)
@@ -334,19 +334,19 @@ impl Door {
                 }
             };
             // One query for every listed tree's counts, not a full detail read each.
-            let ids: Vec<TreeId> = trees.iter().map(|(t, _)| t.tree_id()).collect();
+            let ids: Vec<TreeId> = trees.iter().map(|(t, _)| t.id).collect();
             let members = ledger.member_counts(&ids)?;
             let ended: Vec<TreeId> = trees
                 .iter()
                 .filter(|(t, _)| t.state.is_terminal())
-                .map(|(t, _)| t.tree_id())
+                .map(|(t, _)| t.id)
                 .collect();
             let mut used = ledger.ended_resources(&ended)?;
             let host = crate::custody::KernelHost::default();
             let trees = trees
                 .into_iter()
                 .map(|(tree, outcome)| {
-                    let id = tree.tree_id();
+                    let id = tree.id;
                     let live = !tree.state.is_terminal();
                     ListedTree {
                         members: members.get(&id).copied().unwrap_or_default(),
@@ -375,26 +375,25 @@ impl Door {
     /// One tree as the dashboard shows it, its output's last `output_lines`.
     pub async fn tree_panel(
         &self,
-        id: i64,
+        id: TreeId,
         output_lines: usize,
     ) -> Result<Option<TreePanelView>, ServiceError> {
         let engine = self.engine.clone();
         super::blocking(move || {
-            let detail = engine.ledger().tree_detail(TreeId(id))?;
-            let teardown = engine.ledger().teardown_timeline(TreeId(id))?;
-            let output =
-                crate::custody::read_log(engine.data_dir(), TreeId(id), Some(output_lines))
-                    .ok()
-                    .flatten()
-                    .map(|b| String::from_utf8_lossy(&b).into_owned())
-                    .filter(|out| !out.is_empty());
+            let detail = engine.ledger().tree_detail(id)?;
+            let teardown = engine.ledger().teardown_timeline(id)?;
+            let output = crate::custody::read_log(engine.data_dir(), id, Some(output_lines))
+                .ok()
+                .flatten()
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .filter(|out| !out.is_empty());
             let Some(detail) = detail else {
                 return Ok(None);
             };
             let outcome = engine
                 .ledger()
                 .outcomes(std::slice::from_ref(&detail.tree))?
-                .remove(&detail.tree.tree_id())
+                .remove(&detail.tree.id)
                 .unwrap_or_else(|| Outcome::of(&detail.tree, &[]));
             let hierarchy = detail.hierarchy();
             Ok(Some(TreePanelView {
@@ -440,12 +439,12 @@ fn by_outcome(
         if upwards {
             batch.reverse();
         }
-        let Some(edge) = batch.last().map(|t| t.id) else {
+        let Some(edge) = batch.last().map(|t| t.id.0) else {
             break;
         };
         let mut outcomes = ledger.outcomes(&batch)?;
         for t in batch {
-            if let Some(o) = outcomes.remove(&t.tree_id())
+            if let Some(o) = outcomes.remove(&t.id)
                 && o.matches(f)
             {
                 kept.push((t, o));

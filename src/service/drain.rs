@@ -23,7 +23,7 @@ impl Service {
             // itself, and those of owners gone, are torn down, each with its
             // recorded grace, capped once by the policy inside the teardown.
             let mut left = Vec::new();
-            let owned: Vec<i64> = self
+            let owned: Vec<TreeId> = self
                 .lock_owned()
                 .iter()
                 .filter(|(id, o)| match &o.client_owner {
@@ -39,7 +39,7 @@ impl Service {
             left.sort_unstable();
             for (tree, owner) in &left {
                 tracing::info!(
-                    tree,
+                    tree = tree.0,
                     owner,
                     "shutdown: left running (its owner process lives); the next start adopts it"
                 );
@@ -72,11 +72,11 @@ impl Service {
                     Ok((_, Ok(r))) if r.state.is_terminal() => {}
                     Ok((tree, Ok(r))) => {
                         all_ok = false;
-                        tracing::error!(tree, state = %r.state, "tree not settled at shutdown");
+                        tracing::error!(tree = tree.0, state = %r.state, "tree not settled at shutdown");
                     }
                     Ok((tree, Err(e))) => {
                         all_ok = false;
-                        tracing::error!(tree, error = %e, "teardown at shutdown failed");
+                        tracing::error!(tree = tree.0, error = %e, "teardown at shutdown failed");
                     }
                     Err(e) => {
                         all_ok = false;

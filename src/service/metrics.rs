@@ -414,8 +414,8 @@ impl Metrics {
             Event::SignalSent(s) => {
                 self.signals
                     .get_or_create(&SignalLabels {
-                        signal: bounded(&s.signal).to_string(),
-                        target_kind: bounded(&s.target_kind).to_string(),
+                        signal: bounded(s.signal.as_str()).to_string(),
+                        target_kind: bounded(s.target_kind.as_str()).to_string(),
                     })
                     .inc();
             }

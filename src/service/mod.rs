@@ -219,12 +219,12 @@ pub struct RunAs {
 /// caller has read it already.
 #[derive(Clone, Debug)]
 pub struct Torn {
-    pub id: i64,
+    pub id: TreeId,
     pub row: Option<TreeRow>,
 }
 
-impl From<i64> for Torn {
-    fn from(id: i64) -> Torn {
+impl From<TreeId> for Torn {
+    fn from(id: TreeId) -> Torn {
         Torn { id, row: None }
     }
 }
@@ -257,12 +257,12 @@ pub struct Service {
     config: ServiceConfig,
     me: Identity,
     metrics: Metrics,
-    owned: Mutex<HashMap<i64, Owned>>,
+    owned: Mutex<HashMap<TreeId, Owned>>,
     /// Moves whenever a tree is added to `owned` or removed from it (the
     /// scan loop's idle tick: the same trees as at its last look).
     owned_version: std::sync::atomic::AtomicU64,
     /// Locks of teardowns of trees this service does not own (API kills).
-    foreign_locks: Mutex<HashMap<i64, Arc<Mutex<()>>>>,
+    foreign_locks: Mutex<HashMap<TreeId, Arc<Mutex<()>>>>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
     /// Spawns hold it shared; shutdown takes it exclusively and sets `true`.
@@ -505,18 +505,18 @@ impl Service {
     }
 
     /// Ids of the trees this service owns now.
-    pub fn owned_trees(&self) -> Vec<i64> {
-        let mut v: Vec<i64> = self.lock_owned().keys().copied().collect();
+    pub fn owned_trees(&self) -> Vec<TreeId> {
+        let mut v: Vec<TreeId> = self.lock_owned().keys().copied().collect();
         v.sort_unstable();
         v
     }
 
-    fn lock_owned(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Owned>> {
+    fn lock_owned(&self) -> std::sync::MutexGuard<'_, HashMap<TreeId, Owned>> {
         // A poisoned map is still a valid map: a panicking holder changed nothing half-way.
         self.owned.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn tree_lock(&self, tree: i64) -> Arc<Mutex<()>> {
+    fn tree_lock(&self, tree: TreeId) -> Arc<Mutex<()>> {
         if let Some(o) = self.lock_owned().get(&tree) {
             return o.lock.clone();
         }
@@ -563,7 +563,7 @@ impl Service {
                 Some(row) => row,
                 None => engine
                     .ledger()
-                    .tree(TreeId(tree))?
+                    .tree(tree)?
                     .ok_or(CustodyError::UnknownTree(tree))?,
             };
             let grace = policy::Grace::for_tree(&row, asked, default, cap);
@@ -573,12 +573,12 @@ impl Service {
             // sweep sends it: from the row just read.
             if let Some(sig) = row
                 .first_signal
-                .as_deref()
-                .and_then(|s| crate::proc::Sig::parse_first(s).ok())
+                .as_ref()
+                .and_then(|s| crate::proc::Sig::parse_first(s.as_str()).ok())
             {
                 opts.first_signal = sig;
             }
-            engine.teardown(TreeId(tree), &opts, &mut |_| {})
+            engine.teardown(tree, &opts, &mut |_| {})
         })
         .await?;
         if let Ok(report) = &result {
@@ -599,7 +599,7 @@ impl Service {
         Ok(result?)
     }
 
-    fn forget(&self, tree: i64) {
+    fn forget(&self, tree: TreeId) {
         if let Some(o) = self.lock_owned().remove(&tree) {
             self.owned_version
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -607,7 +607,7 @@ impl Service {
         }
         self.note_ended();
         if let Some(h) = &self.observer_handle {
-            h.unwatch(TreeId(tree));
+            h.unwatch(tree);
         }
         self.foreign_locks
             .lock()
@@ -618,7 +618,7 @@ impl Service {
     /// Records an operator's resolution (reopens dispatch), and who made it.
     pub async fn resolve(
         &self,
-        tree: i64,
+        tree: TreeId,
         note: String,
         force: bool,
         by: Option<crate::ledger::Requester>,
@@ -627,7 +627,7 @@ impl Service {
         blocking(move || {
             engine
                 .ambiguity()
-                .resolve_by(TreeId(tree), &note, force, by.as_ref())
+                .resolve_by(tree, &note, force, by.as_ref())
         })
         .await??;
         self.forget(tree);
@@ -657,7 +657,7 @@ impl Service {
             // lives: the sweep leaves it alone (the owner is alive), so it
             // is adopted and its teardown resumed here.
             let interrupted = matches!(row.state, TreeState::Terminating | TreeState::Killing);
-            if row.owner.owner_kind() == Some(OwnerKind::Client)
+            if row.owner.kind == OwnerKind::Client
                 && (interrupted || matches!(row.state, TreeState::Running | TreeState::Spawning))
             {
                 let owner = Identity {
@@ -668,7 +668,7 @@ impl Service {
                 let fd = crate::proc::open_exit_watch(&owner).ok().flatten();
                 let Some(fd) = fd else { continue };
                 tracing::info!(
-                    tree = row.id,
+                    tree = row.id.0,
                     owner = row.owner.pid,
                     "adopted a client tree"
                 );
@@ -689,11 +689,7 @@ impl Service {
                 });
                 // A tree spawned with `"lifetime": "owner"` keeps it (its
                 // root may have exited already: the tree is kept).
-                let lifetime = if row
-                    .flags
-                    .iter()
-                    .any(|f| f == crate::custody::LIFETIME_OWNER_FLAG)
-                {
+                let lifetime = if row.has_flag(&crate::ledger::TreeFlag::LifetimeOwner) {
                     crate::custody::Lifetime::Owner
                 } else {
                     crate::custody::Lifetime::Root
@@ -716,7 +712,7 @@ impl Service {
                             .await
                         {
                             // The watch task still tears it down when its owner exits.
-                            tracing::warn!(tree, error = %e, "resumed teardown not settled");
+                            tracing::warn!(tree = tree.0, error = %e, "resumed teardown not settled");
                         }
                     });
                 }

@@ -75,7 +75,7 @@ fn prune_once(ledger: &Ledger, config: &RetainConfig) {
     });
     let keep: Vec<TreeId> = crate::custody::markers::all(&config.data_dir)
         .into_iter()
-        .map(|(tree, _)| TreeId(tree))
+        .map(|(tree, _)| tree)
         .collect();
     match ledger.prune(&PruneRequest {
         before,

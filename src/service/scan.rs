@@ -39,7 +39,7 @@ impl Service {
                     // Read before the trees it stands for.
                     let version = this.owned_version.load(std::sync::atomic::Ordering::SeqCst);
                     // Trees being torn down are skipped: the teardown scans them.
-                    let wanted: Vec<i64> = this
+                    let wanted: Vec<TreeId> = this
                         .lock_owned()
                         .iter()
                         .filter(|(_, o)| o.lock.try_lock().is_ok())
@@ -70,19 +70,19 @@ impl Service {
     // Over 100 lines on purpose: one scan tick in its order (watches synced, the host read full,
     // observed or targeted, the quiet trees skipped, every other tree ticked on one index), on one
     // `ScanState`; `forced` and `full`, decided at its start, are used again at its end.
-    pub(super) fn scan_once(&self, st: &mut ScanState, wanted: &[i64], owned_version: u64) {
+    pub(super) fn scan_once(&self, st: &mut ScanState, wanted: &[TreeId], owned_version: u64) {
         let ledger = self.engine.ledger();
         self.cap_logs(wanted);
         // A set, not the slice: at 2,000 live trees `contains` on the slice
         // made these two lines 8 M comparisons a tick (in a profile of the idle service).
-        let wanted_set: HashSet<i64> = wanted.iter().copied().collect();
+        let wanted_set: HashSet<TreeId> = wanted.iter().copied().collect();
         st.watches.retain(|id, _| wanted_set.contains(id));
         st.quiet.retain(|id, _| wanted_set.contains(id));
         for id in wanted {
             if st.watches.contains_key(id) {
                 continue;
             }
-            let Ok(Some((tree, members))) = ledger.tree_members(TreeId(*id)) else {
+            let Ok(Some((tree, members))) = ledger.tree_members(*id) else {
                 continue;
             };
             let exclude = HashSet::from([self.me.pid]);
@@ -116,7 +116,7 @@ impl Service {
         let epoch = self.observer_handle.as_ref().map(|h| h.epoch());
         let (observed, generations) = match self.observer_handle.as_ref() {
             Some(h) if !st.relist && h.healthy() => {
-                match h.generations(st.watches.keys().map(|id| TreeId(*id))) {
+                match h.generations(st.watches.keys().copied()) {
                     Some(g) => (Some(h), g),
                     None => (None, HashMap::new()),
                 }
@@ -135,7 +135,7 @@ impl Service {
         }
         if let Some(h) = observed {
             for id in st.watches.keys().filter(|id| !quiet.contains(id)) {
-                reread.extend(h.members(TreeId(*id)).into_iter().map(|k| k.pid));
+                reread.extend(h.members(*id).into_iter().map(|k| k.pid));
             }
         }
         let host = st.host.get_or_insert_with(HostView::default);
@@ -180,10 +180,7 @@ impl Service {
                 let report =
                     w.tick_indexed(&self.engine, &st.exits, host.snapshot(), &index, false);
                 if full && report.incomplete.is_none() {
-                    seen.push((
-                        TreeId(*id),
-                        report.members.iter().map(|m| w.identity(m)).collect(),
-                    ));
+                    seen.push((*id, report.members.iter().map(|m| w.identity(m)).collect()));
                 }
                 members += report.members.len();
                 unobserved += report.unobserved;
@@ -303,17 +300,17 @@ impl Service {
     /// Captured output stays under its cap: capped as it is written by the
     /// log-cap thread; here (one stat per owned tree) only when that thread
     /// does not run.
-    fn cap_logs(&self, wanted: &[i64]) {
+    fn cap_logs(&self, wanted: &[TreeId]) {
         let capping = self.log_capping();
         for id in wanted.iter().filter(|_| !capping) {
-            let path = crate::custody::log_path(self.engine.data_dir(), TreeId(*id));
+            let path = crate::custody::log_path(self.engine.data_dir(), *id);
             match crate::proc::cap_log(&path, self.config.log_max) {
                 Ok(0) => {}
                 Ok(dropped) => {
-                    tracing::debug!(tree = id, dropped, "oldest captured output dropped")
+                    tracing::debug!(tree = id.0, dropped, "oldest captured output dropped")
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => tracing::warn!(tree = id, error = %e, "captured output not capped"),
+                Err(e) => tracing::warn!(tree = id.0, error = %e, "captured output not capped"),
             }
         }
     }
@@ -367,13 +364,13 @@ pub(super) struct ScanState {
     /// The last tick found members the observer did not know: this one
     /// lists `/proc` (their children are found by descent).
     pub(super) relist: bool,
-    pub(super) watches: HashMap<i64, TreeWatch>,
+    pub(super) watches: HashMap<TreeId, TreeWatch>,
     pub(super) exits: HashMap<i32, ExitStatus>,
     pub(super) last_full: Option<Instant>,
     pub(super) after_seq: i64,
     /// Trees whose last tick found everything and wrote it, with the
     /// observer's generation of each then: see [`ScanState::quiet_trees`].
-    pub(super) quiet: HashMap<i64, Quiet>,
+    pub(super) quiet: HashMap<TreeId, Quiet>,
     /// Set by a tick that skipped every tree: see [`Service::idle_tick`].
     pub(super) idle_at: Option<Idle>,
 }
@@ -407,7 +404,7 @@ impl ScanState {
     /// (docs/RESIDUALS.md). A `cgroup.procs` re-read of every quiet tree
     /// between full scans is not done: at 2,000 live trees every 10 s, it
     /// was a ninth of the idle service's CPU.
-    fn quiet_trees(&self, generations: &HashMap<i64, u64>) -> HashSet<i64> {
+    fn quiet_trees(&self, generations: &HashMap<TreeId, u64>) -> HashSet<TreeId> {
         self.watches
             .keys()
             .filter(|id| {

@@ -263,7 +263,7 @@ fn record(r: &mut SdkLogRecord, e: &EventRow, host: &str) {
     r.add_attribute("seq", e.seq);
     r.add_attribute("kind", e.kind.to_string());
     if let Some(tree) = e.tree {
-        r.add_attribute("tree", tree);
+        r.add_attribute("tree", tree.0);
     }
     r.add_attribute("hash", e.hash.clone());
     r.add_attribute("host", host.to_string());

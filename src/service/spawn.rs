@@ -222,7 +222,7 @@ impl Service {
         }
         let client_owner = (kind == OwnerKind::Client).then(|| owner.clone());
         self.adopt(
-            tree.0,
+            tree,
             client_owner,
             Some(spawned.root.clone()),
             owner_fd,
@@ -232,14 +232,14 @@ impl Service {
         drop(gate);
         let engine = self.engine.clone();
         let row = blocking(move || engine.ledger().tree(tree)).await??;
-        row.ok_or(ServiceError::Custody(CustodyError::UnknownTree(tree.0)))
+        row.ok_or(ServiceError::Custody(CustodyError::UnknownTree(tree)))
     }
 
     /// Registers a tree as owned and starts its watch task.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn adopt(
         self: &Arc<Self>,
-        tree: i64,
+        tree: TreeId,
         client_owner: Option<Identity>,
         root: Option<Identity>,
         owner_fd: Option<crate::proc::ExitHandle>,
@@ -279,9 +279,9 @@ impl Service {
                 let (engine, reaper, r) = (this.engine.clone(), this.reaper, r.clone());
                 let kept = blocking(move || {
                     let status = reaper.and_then(|rp| rp.wait_exit(r.pid, Some(Duration::from_secs(1))));
-                    let empty = engine.tree_empty_now(TreeId(tree));
+                    let empty = engine.tree_empty_now(tree);
                     if !empty {
-                        engine.record_root_exit_kept(TreeId(tree), &r, status);
+                        engine.record_root_exit_kept(tree, &r, status);
                     }
                     (status, empty)
                 })
@@ -331,8 +331,8 @@ impl Service {
                     .await
                 {
                     Ok(r) if r.state.is_terminal() => return,
-                    Ok(r) => tracing::warn!(tree, state = %r.state, "teardown left the tree unsettled; retrying"),
-                    Err(e) => tracing::error!(tree, error = %e, retry_in = ?backoff, "teardown after {why:?} failed; retrying"),
+                    Ok(r) => tracing::warn!(tree = tree.0, state = %r.state, "teardown left the tree unsettled; retrying"),
+                    Err(e) => tracing::error!(tree = tree.0, error = %e, retry_in = ?backoff, "teardown after {why:?} failed; retrying"),
                 }
                 tokio::select! {
                     _ = settled.cancelled() => return,

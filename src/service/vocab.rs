@@ -4,7 +4,7 @@
 //! never reaches into `custody` or `proc` itself.
 
 pub use crate::custody::policy::EndCause;
-pub use crate::custody::{Lifetime, LogFollower, ObserverStats, ROOT_EXITED_FLAG, Unsettled};
+pub use crate::custody::{Lifetime, LogFollower, ObserverStats, Unsettled};
 pub use crate::proc::{GivenStdio, Sig};
 
 /// The soft `RLIMIT_NOFILE` of this process (`None` where it cannot be

@@ -13,7 +13,7 @@ impl Service {
     pub(super) async fn watch_kept(
         &self,
         done: &CancellationToken,
-        tree: i64,
+        tree: TreeId,
         owner: Option<&crate::proc::ExitWatch>,
         deadline: Option<tokio::time::Instant>,
         watch: &mut OwnerWatch,
@@ -28,7 +28,7 @@ impl Service {
                 _ = until(deadline) => watch.handle_timeout(now()),
                 _ = every.tick() => {
                     let engine = self.engine.clone();
-                    let empty = blocking(move || engine.tree_empty_now(TreeId(tree))).await;
+                    let empty = blocking(move || engine.tree_empty_now(tree)).await;
                     watch.handle_tick(empty.ok());
                 }
             }

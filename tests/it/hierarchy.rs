@@ -52,7 +52,7 @@ fn tree_with_root(root: i32) -> (tempfile::TempDir, Ledger, TreeId) {
     let tree = ledger
         .create_tree(&NewTree {
             label: None,
-            boundary: "session".into(),
+            boundary: treewarden::proc::BoundaryKind::Session,
             owner,
             argv: vec!["sh".into(), "-c".into(), "chain".into()],
             cwd: Some("/tmp".into()),
@@ -188,7 +188,7 @@ fn twenty_thousand_members_in_linear_time() {
 fn sigkill(auth: treewarden::ledger::AuthorizationId, kind: &str, target: &str) -> SignalRecord {
     SignalRecord {
         signal: "SIGKILL".into(),
-        target_kind: kind.into(),
+        target_kind: kind.parse().expect("a target kind"),
         target: target.into(),
         result: "sent".into(),
         authorization: Some(auth),
@@ -230,12 +230,12 @@ fn the_force_killed_mark_follows_the_signal_not_the_authorization() {
             tree,
             &[
                 KillTarget {
-                    kind: "group".into(),
+                    kind: treewarden::ledger::TargetKind::Group,
                     target: root.to_string(),
                     identities: vec![ident(reached), ident(gone_first), ident(own_exit)],
                 },
                 KillTarget {
-                    kind: "pid".into(),
+                    kind: treewarden::ledger::TargetKind::Pid,
                     target: unsent.to_string(),
                     identities: vec![ident(unsent)],
                 },

@@ -73,7 +73,7 @@ fn tree_life(ledger: &Ledger, base: i32) -> TreeId {
     let tree = ledger
         .create_tree(&NewTree {
             label: Some(format!("job-{base}")),
-            boundary: "session".into(),
+            boundary: treewarden::proc::BoundaryKind::Session,
             owner,
             argv: vec!["sh".into(), "-c".into(), "sleep 60 & wait".into()],
             cwd: Some("/tmp".into()),
@@ -133,7 +133,7 @@ fn tree_life(ledger: &Ledger, base: i32) -> TreeId {
             tree,
             &SignalRecord {
                 signal: "SIGTERM".into(),
-                target_kind: "group".into(),
+                target_kind: treewarden::ledger::TargetKind::Group,
                 target: (base + 1).to_string(),
                 result: "ok".into(),
                 authorization: None,
@@ -159,7 +159,7 @@ fn tree_life(ledger: &Ledger, base: i32) -> TreeId {
         .authorize_kill(
             tree,
             &[KillTarget {
-                kind: "group".into(),
+                kind: treewarden::ledger::TargetKind::Group,
                 target: (base + 1).to_string(),
                 identities: vec![ident(base + 1)],
             }],
@@ -171,7 +171,7 @@ fn tree_life(ledger: &Ledger, base: i32) -> TreeId {
             tree,
             &SignalRecord {
                 signal: "SIGKILL".into(),
-                target_kind: "group".into(),
+                target_kind: treewarden::ledger::TargetKind::Group,
                 target: (base + 1).to_string(),
                 result: "ok".into(),
                 authorization: Some(auth),
@@ -430,7 +430,7 @@ fn ledger_database_refuses_edits_and_unauthorized_sigkill() {
 
     let unauthorized = SignalRecord {
         signal: "SIGKILL".into(),
-        target_kind: "group".into(),
+        target_kind: treewarden::ledger::TargetKind::Group,
         target: "101".into(),
         result: "ok".into(),
         authorization: None,
@@ -446,7 +446,7 @@ fn ledger_database_refuses_edits_and_unauthorized_sigkill() {
         ledger
             .create_tree(&NewTree {
                 label: None,
-                boundary: "cgroup".into(),
+                boundary: treewarden::proc::BoundaryKind::Cgroup,
                 owner,
                 argv: vec!["true".into()],
                 cwd: None,
@@ -475,7 +475,7 @@ fn ledger_database_refuses_edits_and_unauthorized_sigkill() {
         .record_signal(
             live,
             &SignalRecord {
-                authorization: Some(treewarden::ledger::AuthorizationId(foreign)),
+                authorization: Some(foreign),
                 ..unauthorized.clone()
             },
         )
@@ -499,7 +499,7 @@ fn ledger_database_refuses_edits_and_unauthorized_sigkill() {
     // The dispatch gate's candidates are the trees whose state can close
     // it: a live running tree is not one, the same tree ambiguous is.
     let ids =
-        |rows: Vec<treewarden::ledger::TreeRow>| rows.iter().map(|t| t.id).collect::<Vec<_>>();
+        |rows: Vec<treewarden::ledger::TreeRow>| rows.iter().map(|t| t.id.0).collect::<Vec<_>>();
     assert!(ids(ledger.nonterminal_trees().expect("live")).contains(&live.0));
     assert_eq!(
         ids(ledger.unsettled_candidates().expect("candidates")),
@@ -522,7 +522,7 @@ fn ledger_database_refuses_edits_and_unauthorized_sigkill() {
         .append_event(
             Some(live),
             treewarden::ledger::Event::KillAuthorized(treewarden::ledger::event::KillAuthorized {
-                authorization: 1,
+                authorization: treewarden::ledger::AuthorizationId(1),
                 targets: vec![],
                 reason: "forged".into(),
             }),
@@ -647,7 +647,7 @@ fn ledger_held_write_lock_becomes_busy_within_the_bound() {
         .authorize_kill(
             tree,
             &[KillTarget {
-                kind: "pid".into(),
+                kind: treewarden::ledger::TargetKind::Pid,
                 target: "101".into(),
                 identities: vec![ident(101)],
             }],
@@ -742,12 +742,12 @@ fn ledger_full_disk_fails_cleanly_and_recovers() {
         let conn = raw(&path);
         let auths = count(&conn, "SELECT count(*) FROM kill_authorizations");
         drop(conn);
-        let tree = ledger.list_trees(true).expect("trees")[0].tree_id();
+        let tree = ledger.list_trees(true).expect("trees")[0].id;
         let err = ledger
             .authorize_kill(
                 tree,
                 &[KillTarget {
-                    kind: "group".into(),
+                    kind: treewarden::ledger::TargetKind::Group,
                     target: "101".into(),
                     identities: vec![],
                 }],
@@ -785,7 +785,7 @@ fn ledger_export_round_trip_reproduces_every_hash() {
             None,
             treewarden::ledger::Event::DispatchRefused(
                 treewarden::ledger::event::DispatchRefused {
-                    tree: tree.0,
+                    tree,
                     reason: "nested: {\"a\": [1, -2]}".into(),
                     unsettled: 1,
                     by: None,
@@ -1086,8 +1086,14 @@ fn a_chain_written_before_typed_events_verifies_and_reads_typed_byte_for_byte() 
             "seq {} ({kind})",
             e.seq
         );
-        let hash =
-            treewarden::ledger::event_hash(&prev, e.seq, &e.at, e.tree, kind.as_str(), &data);
+        let hash = treewarden::ledger::event_hash(
+            &prev,
+            e.seq,
+            &e.at,
+            e.tree.map(|t| t.0),
+            kind.as_str(),
+            &data,
+        );
         assert_eq!(hash, e.hash, "seq {}", e.seq);
         prev = hash;
     }

@@ -480,7 +480,7 @@ fn ledger_with_trees(dir: &Path, trees: usize, members: usize) {
         let id = ledger
             .create_tree(&NewTree {
                 label: Some(format!("tree-{t}")),
-                boundary: "session".into(),
+                boundary: treewarden::proc::BoundaryKind::Session,
                 owner,
                 argv: vec!["sh".into(), "-c".into(), "make -j8 all".into()],
                 cwd: Some("/srv/build".into()),

@@ -260,7 +260,7 @@ fn new_tree(ledger: &Ledger, label: &str) -> treewarden::ledger::TreeId {
     ledger
         .create_tree(&NewTree {
             label: Some(label.into()),
-            boundary: "session".into(),
+            boundary: treewarden::proc::BoundaryKind::Session,
             owner,
             argv: vec!["true".into()],
             cwd: None,

@@ -53,7 +53,7 @@ fn add_tree(
     let id = ledger
         .create_tree(&NewTree {
             label: Some(if t.is_multiple_of(2) { "even" } else { "odd" }.into()),
-            boundary: "session".into(),
+            boundary: treewarden::proc::BoundaryKind::Session,
             owner,
             argv: vec!["sh".into(), "-c".into(), format!("job {t}")],
             cwd: Some("/tmp".into()),

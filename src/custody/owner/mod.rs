@@ -84,15 +84,6 @@ impl std::str::FromStr for Lifetime {
     }
 }
 
-/// The flag on a tree whose root exited while members live on
-/// (`--lifetime owner`): "root exited, members alive" in ls, show and the
-/// dashboard.
-pub const ROOT_EXITED_FLAG: &str = "root_exited";
-
-/// The flag on a tree spawned with [`Lifetime::Owner`], so an owner that
-/// takes it over later (a restarted service) keeps its lifetime.
-pub const LIFETIME_OWNER_FLAG: &str = "lifetime_owner";
-
 /// Why the tree was torn down.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -481,10 +472,10 @@ pub enum KeepEnd {
     Empty,
 }
 
-/// Flags a tree [`LIFETIME_OWNER_FLAG`] (best effort, logged): all it needs
+/// Flags a tree [`TreeFlag::LifetimeOwner`] (best effort, logged): all it needs
 /// is the ledger.
 pub fn mark_lifetime_owner(ledger: &crate::ledger::Ledger, tree: TreeId) {
-    if let Err(e) = ledger.add_flag(tree, LIFETIME_OWNER_FLAG) {
+    if let Err(e) = ledger.add_flag(tree, crate::ledger::TreeFlag::LifetimeOwner) {
         tracing::warn!(tree = tree.0, error = %e, "lifetime_owner flag not recorded");
     }
 }
@@ -492,7 +483,7 @@ pub fn mark_lifetime_owner(ledger: &crate::ledger::Ledger, tree: TreeId) {
 impl Engine {
     /// Records that a kept tree's root exited (`member.exited`, with its
     /// status when this process reaped it) and flags the tree
-    /// [`ROOT_EXITED_FLAG`]. Best effort: a refused write is logged (the
+    /// [`TreeFlag::RootExited`]. Best effort: a refused write is logged (the
     /// tree stays in custody either way).
     pub fn record_root_exit_kept(
         &self,
@@ -505,7 +496,10 @@ impl Engine {
         if let Err(e) = self.ledger.record_exits(tree, &[(record, exit)], "parent") {
             tracing::warn!(tree = tree.0, error = %e, "the root's exit not recorded");
         }
-        if let Err(e) = self.ledger.add_flag(tree, ROOT_EXITED_FLAG) {
+        if let Err(e) = self
+            .ledger
+            .add_flag(tree, crate::ledger::TreeFlag::RootExited)
+        {
             tracing::warn!(tree = tree.0, error = %e, "root_exited flag not recorded");
         }
     }
@@ -539,7 +533,7 @@ impl Engine {
         let (row, members) = self
             .ledger
             .tree_members(tree)?
-            .ok_or(CustodyError::UnknownTree(tree.0))?;
+            .ok_or(CustodyError::UnknownTree(tree))?;
         let exclude = self.exclude.as_ref().clone();
         let mut watch = TreeWatch::new(&row, &members, &exclude);
         let none = HashMap::new();

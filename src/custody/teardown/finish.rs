@@ -58,7 +58,7 @@ impl Teardown<'_> {
     /// The trail of a teardown that failed closed: `kill.skipped` with its
     /// reason, the flag, and the state `ambiguous` (each kept in the
     /// journal when the ledger does not take it).
-    pub(super) fn fail_closed_trail(&mut self, why: &str, flag: &str) {
+    pub(super) fn fail_closed_trail(&mut self, why: &str, flag: crate::ledger::TreeFlag) {
         let at = now();
         let _ = self.watch.record(
             &self.engine.ledger,
@@ -72,7 +72,7 @@ impl Teardown<'_> {
             &self.engine.ledger,
             "flag",
             Deferred::Flag {
-                flag: flag.to_string(),
+                flag,
                 at: at.clone(),
             },
         );
@@ -137,7 +137,7 @@ impl Teardown<'_> {
         };
         self.report.resources = resources;
         let state = close(self.engine, self.tree, TreeState::Ended, exit, resources)?;
-        self.engine.ambiguity().forget_ambiguous(self.tree.0);
+        self.engine.ambiguity().forget_ambiguous(self.tree);
         if let Some(dir) = self.watch.cgroup() {
             remove_cgroup(self.engine.host(), dir);
         }
@@ -257,7 +257,9 @@ pub(super) fn close(
         Ok(()) => Ok(state),
         Err(e) => match engine.ledger.tree(tree) {
             Ok(Some(row)) if row.has_survivors_left() => {
-                engine.ledger.add_flag(tree, "survivors_ended")?;
+                engine
+                    .ledger
+                    .add_flag(tree, crate::ledger::TreeFlag::SurvivorsEnded)?;
                 Ok(row.state)
             }
             Ok(Some(row)) if row.state.is_terminal() => Ok(row.state),

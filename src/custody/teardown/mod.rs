@@ -40,7 +40,6 @@ mod unkillable;
 
 pub(crate) use finish::{remove_cgroup, resources_from};
 pub(crate) use lease::Lease;
-pub(crate) use unkillable::UNKILLABLE_FLAG;
 
 /// Who asked for the teardown; chooses the event that records a refusal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -153,7 +152,7 @@ pub struct Progress {
 /// What a teardown did.
 #[derive(Clone, Debug, Serialize)]
 pub struct TeardownReport {
-    pub tree: i64,
+    pub tree: TreeId,
     pub state: TreeState,
     /// Live members when the teardown started.
     pub members_at_start: usize,
@@ -179,7 +178,7 @@ impl TeardownReport {
     /// The report of a teardown that has done nothing yet.
     fn nothing_yet(tree: TreeId, state: TreeState) -> Self {
         TeardownReport {
-            tree: tree.0,
+            tree,
             state,
             members_at_start: 0,
             force_killed: 0,
@@ -338,45 +337,6 @@ struct Targets {
     cgroup_pids: HashSet<i32>,
 }
 
-/// What one signal step did to one target, typed; its `Display` is the
-/// `result` the ledger records (`signals.result`, `signal.sent`), spelled
-/// as it always was.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Sent {
-    /// Delivered (a cgroup's `cgroup.kill`, a held or checked pidfd).
-    Delivered,
-    /// `killpg` to the recorded group, which had this many live members.
-    ToMembers(usize),
-    /// The group had no live member: nothing sent.
-    GroupEmpty,
-    /// The process was already gone: nothing sent.
-    Gone,
-    /// Not sent: the target is not provably the recorded one.
-    Refused(String),
-    /// The syscall failed.
-    Failed(String),
-}
-
-impl Sent {
-    /// Whether the signal reached its target.
-    pub(crate) fn was_sent(&self) -> bool {
-        matches!(self, Sent::Delivered | Sent::ToMembers(_))
-    }
-}
-
-impl std::fmt::Display for Sent {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Sent::Delivered => f.write_str("sent"),
-            Sent::ToMembers(n) => write!(f, "sent to {n} members"),
-            Sent::GroupEmpty => f.write_str("group empty"),
-            Sent::Gone => f.write_str("gone"),
-            Sent::Refused(why) => write!(f, "refused: {why}"),
-            Sent::Failed(e) => write!(f, "failed: {e}"),
-        }
-    }
-}
-
 impl Engine {
     /// Tears a tree down (or resumes a teardown from the state the ledger
     /// holds). Terminal trees are left as they are.
@@ -472,7 +432,7 @@ impl<'a> Teardown<'a> {
         let (row, known_members) = engine
             .ledger
             .tree_members(tree)?
-            .ok_or(CustodyError::UnknownTree(tree.0))?;
+            .ok_or(CustodyError::UnknownTree(tree))?;
         let mut report = TeardownReport::nothing_yet(tree, row.state);
         // A terminal tree is done, unless an operator resolved it leaving
         // survivors (`resolve --force`): those are still killed with the
@@ -510,7 +470,7 @@ impl<'a> Teardown<'a> {
             watch.adopt_children_of(pid);
         }
         watch.degrade_on_refusal();
-        watch.remember(&engine.ambiguity().marked_survivors(tree.0));
+        watch.remember(&engine.ambiguity().marked_survivors(tree));
         watch.set_observer(opts.observer.clone());
         let group = recorded_group(&row, &watch);
         let mut exits: HashMap<i32, crate::proc::ExitStatus> = HashMap::new();

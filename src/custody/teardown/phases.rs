@@ -121,7 +121,7 @@ impl Teardown<'_> {
             tries += 1;
             if tries >= INCOMPLETE_TRIES {
                 return Err(CustodyError::Incomplete {
-                    tree: self.tree.0,
+                    tree: self.tree,
                     reason,
                 });
             }
@@ -451,7 +451,7 @@ impl Teardown<'_> {
         // the busy timeout.
         self.engine
             .ambiguity()
-            .mark_ambiguous(tree.0, &why, &named, self.watch.journal());
+            .mark_ambiguous(tree, &why, &named, self.watch.journal());
         self.thaw(&survivors);
         if let Some(Err(e)) = self.watch.record(
             &self.engine.ledger,
@@ -468,15 +468,12 @@ impl Teardown<'_> {
         // unless the ledger already refused evidence, and kept in the
         // marker's journal if not written (the next process that finds the
         // ledger writable replays it).
-        self.fail_closed_trail(&why, "authority_write_failed");
+        self.fail_closed_trail(&why, crate::ledger::TreeFlag::AuthorityWriteFailed);
         self.engine
             .ambiguity()
-            .mark_ambiguous(tree.0, &why, &named, self.watch.journal());
+            .mark_ambiguous(tree, &why, &named, self.watch.journal());
         log_skipped(&self.watch);
-        CustodyError::Ambiguous {
-            tree: tree.0,
-            reason: why,
-        }
+        CustodyError::Ambiguous { tree, reason: why }
     }
 
     /// Members outlived every round: the tree is not provably gone.
@@ -485,9 +482,9 @@ impl Teardown<'_> {
     pub(super) fn survived(&mut self, members: Vec<Member>, armed: Option<String>) -> CustodyError {
         let tree = self.tree;
         let flag = if armed.is_some() {
-            "disarm_failed"
+            crate::ledger::TreeFlag::DisarmFailed
         } else {
-            "survivors"
+            crate::ledger::TreeFlag::Survivors
         };
         let unkillable = if armed.is_none() {
             self.record_unkillable(&members)
@@ -508,22 +505,19 @@ impl Teardown<'_> {
         let named: Vec<IdentityRecord> = members.iter().map(|m| self.watch.identity(m)).collect();
         self.engine
             .ambiguity()
-            .mark_ambiguous(tree.0, &why, &named, self.watch.journal());
+            .mark_ambiguous(tree, &why, &named, self.watch.journal());
         let _ = self.flush_deferred_exits();
         let _ = self.watch.record(
             &self.engine.ledger,
             "flag",
-            Deferred::Flag {
-                flag: flag.into(),
-                at: now(),
-            },
+            Deferred::Flag { flag, at: now() },
         );
         if !unkillable.is_empty() {
             let _ = self.watch.record(
                 &self.engine.ledger,
                 "flag",
                 Deferred::Flag {
-                    flag: super::unkillable::UNKILLABLE_FLAG.into(),
+                    flag: crate::ledger::TreeFlag::Unkillable,
                     at: now(),
                 },
             );
@@ -541,12 +535,9 @@ impl Teardown<'_> {
         }
         self.engine
             .ambiguity()
-            .mark_ambiguous(tree.0, &why, &named, self.watch.journal());
+            .mark_ambiguous(tree, &why, &named, self.watch.journal());
         log_skipped(&self.watch);
-        CustodyError::Ambiguous {
-            tree: tree.0,
-            reason: why,
-        }
+        CustodyError::Ambiguous { tree, reason: why }
     }
 
     /// Waits for the kernel's `populated 0` of the tree's cgroup, or

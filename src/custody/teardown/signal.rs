@@ -8,10 +8,11 @@ use std::time::Duration;
 use super::super::CustodyError;
 use super::super::watch::TreeWatch;
 use super::Teardown;
-use super::{Origin, Reach, Sent, Targets, TeardownOptions, now};
+use super::{Origin, Reach, Targets, TeardownOptions, now};
 use crate::custody::Engine;
 use crate::ledger::{
-    AuthorizationId, Deferred, Event, IdentityRecord, KillTarget, SignalRecord, TreeId, event,
+    AuthorizationId, Deferred, Event, IdentityRecord, KillTarget, SignalRecord, SignalResult,
+    TargetKind, TreeId, event,
 };
 use crate::proc::{Delivery, GroupDelivery, Identity, Sig};
 use crate::scan::Member;
@@ -73,23 +74,23 @@ impl Teardown<'_> {
         let mut group_ok = true;
         // The step's signal records, written in one transaction at the end.
         let mut records: Vec<SignalRecord> = Vec::new();
-        let mut record = |signal: &str, kind: &str, target: &str, result: &Sent| {
+        let mut record = |signal: &str, kind: TargetKind, target: &str, result: &SignalResult| {
             records.push(SignalRecord {
-                signal: signal.to_string(),
-                target_kind: kind.to_string(),
+                signal: signal.into(),
+                target_kind: kind,
                 target: target.to_string(),
-                result: result.to_string(),
+                result: result.clone(),
                 authorization,
             })
         };
         if let Some(dir) = step.cgroup.as_deref() {
             let result = match self.engine.host.container_kill(dir) {
-                Ok(()) => Sent::Delivered,
-                Err(e) => Sent::Failed(e.to_string()),
+                Ok(()) => SignalResult::Delivered,
+                Err(e) => SignalResult::Failed(e.to_string()),
             };
             // SIGKILL on the cgroup; TERMINATE_JOB on a Windows job.
             let (signal, kind) = crate::proc::CONTAINER_KILL;
-            record(signal, kind, &dir.display().to_string(), &result);
+            record(signal, kind.into(), &dir.display().to_string(), &result);
         }
         if step.in_group > 0 || step.cgroup.is_none() {
             let result =
@@ -98,19 +99,24 @@ impl Teardown<'_> {
                     .host
                     .signal_group_known(&step.group, sig, &step.group_pids)
                 {
-                    Ok(GroupDelivery::Sent { members }) => Sent::ToMembers(members),
-                    Ok(GroupDelivery::Empty) => Sent::GroupEmpty,
+                    Ok(GroupDelivery::Sent { members }) => SignalResult::ToMembers(members),
+                    Ok(GroupDelivery::Empty) => SignalResult::GroupEmpty,
                     Ok(GroupDelivery::NotRecorded(why)) => {
                         group_ok = false;
                         if self.watch.degraded().is_none() {
                             refusal_event(self.engine, self.tree, self.opts, &why);
                         }
-                        Sent::Refused(why)
+                        SignalResult::Refused(why)
                     }
-                    Err(e) => Sent::Failed(e.to_string()),
+                    Err(e) => SignalResult::Failed(e.to_string()),
                 };
             if result.was_sent() || sig != Sig::Kill {
-                record(sig.name(), "group", &step.group.pgid.to_string(), &result);
+                record(
+                    sig.name(),
+                    TargetKind::Group,
+                    &step.group.pgid.to_string(),
+                    &result,
+                );
             } else if step.cgroup.is_none() {
                 // A SIGKILL that was not sent is recorded as skipped, not as a signal.
                 let why = format!("group {}: {result}", step.group.pgid);
@@ -135,23 +141,23 @@ impl Teardown<'_> {
             // uid, read again through that handle); never by its pid.
             let deliver = |held: &super::super::Held| match self.engine.host.signal_held(held, sig)
             {
-                Ok(Delivery::Sent) => Sent::Delivered,
-                Ok(Delivery::Gone) => Sent::Gone,
-                Ok(Delivery::Recycled) => Sent::Refused("pid recycled".into()),
-                Err(e) => Sent::Failed(e.to_string()),
+                Ok(Delivery::Sent) => SignalResult::Delivered,
+                Ok(Delivery::Gone) => SignalResult::Gone,
+                Ok(Delivery::Recycled) => SignalResult::Refused("pid recycled".into()),
+                Err(e) => SignalResult::Failed(e.to_string()),
             };
             let result = match self.watch.held(&id.key()) {
                 Some(held) => deliver(held),
                 None => match self.watch.hold_to_signal(self.engine.host(), id) {
                     Ok(Some(held)) => deliver(&held),
-                    Ok(None) => Sent::Refused(
+                    Ok(None) => SignalResult::Refused(
                         "not held, and no handle now shows it the member (gone, recycled, or never read with its uid)".into(),
                     ),
-                    Err(e) => Sent::Failed(format!("not held, and no handle now: {e}")),
+                    Err(e) => SignalResult::Failed(format!("not held, and no handle now: {e}")),
                 },
             };
             if result.was_sent() || sig != Sig::Kill {
-                record(sig.name(), "pid", &id.pid.to_string(), &result);
+                record(sig.name(), TargetKind::Pid, &id.pid.to_string(), &result);
             }
         }
         if !records.is_empty()
@@ -268,14 +274,14 @@ pub(super) fn kill_targets(
     }
     if step.in_group > 0 || step.cgroup.is_none() {
         targets.push(KillTarget {
-            kind: "group".into(),
+            kind: TargetKind::Group,
             target: step.group.pgid.to_string(),
             identities: ids(&|m| m.entry.pgid == step.group.pgid),
         });
     }
     for id in &step.loose {
         targets.push(KillTarget {
-            kind: "pid".into(),
+            kind: TargetKind::Pid,
             target: id.pid.to_string(),
             identities: vec![IdentityRecord {
                 pid: id.pid,

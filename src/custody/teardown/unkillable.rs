@@ -13,10 +13,6 @@ use std::collections::HashSet;
 use super::Teardown;
 use crate::scan::Member;
 
-/// The tree flag of a teardown that left a member no signal ends
-/// (`member.unkillable`): its outcome, beside `survivors`.
-pub(crate) const UNKILLABLE_FLAG: &str = "unkillable";
-
 impl Teardown<'_> {
     /// The members of `members` that outlived a SIGKILL sent under a
     /// committed authorization: each is recorded once per tree as a
@@ -74,7 +70,7 @@ impl Teardown<'_> {
                     state: m.entry.state.to_string(),
                     wchan,
                     kills,
-                    authorization: auth.0,
+                    authorization: auth,
                 });
             if let Err(e) = self.engine.ledger.append_event(Some(self.tree), finding) {
                 tracing::warn!(tree = self.tree.0, error = %e, "member.unkillable not recorded");

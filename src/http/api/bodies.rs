@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::ledger::TreeState;
+use crate::ledger::{TreeId, TreeState};
 
 /// `{"error": "...", "code": "..."}`, on every failure.
 #[derive(Serialize, ToSchema)]
@@ -204,7 +204,8 @@ pub struct PhaseJson {
 /// What a kill did.
 #[derive(Serialize, ToSchema)]
 pub struct KillResponse {
-    pub tree: i64,
+    #[schema(value_type = i64)]
+    pub tree: TreeId,
     pub state: TreeState,
     pub members_at_start: usize,
     pub force_killed: usize,

@@ -31,7 +31,7 @@ pub async fn events(
         let row = s
             .service
             .door()
-            .tree(id)
+            .tree(TreeId(id))
             .await?
             .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
         principal.may_see(&row)?;

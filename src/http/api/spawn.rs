@@ -12,7 +12,7 @@ use super::run_as::run_as;
 use crate::http::AppState;
 use crate::http::auth::Principal;
 use crate::http::error::{ApiError, ApiJson};
-use crate::ledger::TreeRow;
+use crate::ledger::{TreeId, TreeRow};
 
 /// The header naming which of the tree's descriptors 0, 1, 2 the
 /// descriptors sent with the request become, in the order they were sent.
@@ -121,13 +121,13 @@ impl Drop for CloseOffRuntime {
 async fn refusal_seen_by(
     s: &AppState,
     principal: &Principal,
-    tree: i64,
+    tree: TreeId,
     reason: String,
 ) -> ApiError {
     let row = s.service.door().tree(tree).await.ok().flatten();
     match row {
         Some(row) if principal.may_see(&row).is_ok() => ApiError::DispatchClosed {
-            tree: Some(tree),
+            tree: Some(tree.0),
             reason,
         },
         _ => ApiError::DispatchClosed { tree: None, reason },

@@ -221,8 +221,8 @@ pub async fn kill_tree(
         by: by.clone(),
         grace_ms: grace.map(|g| g.as_millis() as u64),
     });
-    if let Err(e) = s.service.record(Some(TreeId(id)), asked).await {
-        tracing::warn!(tree = id, error = %e, "kill.requested not recorded; the teardown's reason names the principal");
+    if let Err(e) = s.service.record(Some(id), asked).await {
+        tracing::warn!(tree = id.0, error = %e, "kill.requested not recorded; the teardown's reason names the principal");
     }
     let r = s
         .service
@@ -335,7 +335,7 @@ static LOG_STREAMS: std::sync::LazyLock<std::sync::Arc<tokio::sync::Semaphore>> 
 /// A followed log between two chunks of its stream.
 struct Following {
     door: crate::service::Door,
-    id: i64,
+    id: TreeId,
     /// What the log held when the stream began, sent first.
     first: Option<Vec<u8>>,
     follower: Option<crate::service::vocab::LogFollower>,
@@ -365,7 +365,7 @@ impl Following {
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(tree = self.id, error = %e, "a followed log could not be read; its stream ends");
+                    tracing::warn!(tree = self.id.0, error = %e, "a followed log could not be read; its stream ends");
                     return None;
                 }
             }

@@ -7,7 +7,9 @@ use serde::{Deserialize, Serialize};
 use super::reports::SealData;
 
 /// A tree's row id in the ledger.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 #[serde(transparent)]
 pub struct TreeId(pub i64);
 
@@ -22,11 +24,18 @@ pub struct OwnerId(pub i64);
 #[serde(transparent)]
 pub struct AuthorizationId(pub i64);
 
-impl std::fmt::Display for TreeId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)
-    }
+/// Ids print as their integer (`tree 12`, `authorization #3`).
+macro_rules! id_display {
+    ($($ty:ident),*) => {$(
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "{}", self.0)
+            }
+        }
+    )*};
 }
+
+id_display!(TreeId, OwnerId, AuthorizationId);
 
 /// Where a tree is in its life. Terminal states are final: the database
 /// refuses to move a tree out of one.

@@ -7,6 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use super::limits::Limits;
 use super::names::{AuthorizationId, OwnerId, TreeState};
+use super::vocab::{SignalName, SignalResult, TargetKind, TreeFlag};
+use crate::proc::BoundaryKind;
 
 /// A process named by its identity, never by a bare pid.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
@@ -39,6 +41,12 @@ impl OwnerKind {
     }
 }
 
+impl std::fmt::Display for OwnerKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl std::str::FromStr for OwnerKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -57,11 +65,11 @@ pub struct OwnerRecord {
     pub kind: OwnerKind,
 }
 
-/// A tree about to be spawned. `boundary` is "cgroup" or "session".
+/// A tree about to be spawned.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NewTree {
     pub label: Option<String>,
-    pub boundary: String,
+    pub boundary: BoundaryKind,
     pub owner: OwnerId,
     pub argv: Vec<String>,
     pub cwd: Option<String>,
@@ -73,7 +81,7 @@ pub struct NewTree {
     /// Limits set on its cgroup (recorded in `tree.created`).
     pub limits: Limits,
     /// The teardown's first signal when not SIGTERM ("SIGINT", ...).
-    pub first_signal: Option<String>,
+    pub first_signal: Option<SignalName>,
 }
 
 /// Who asked for a mutation (a spawn, a kill, a resolution, a token), as
@@ -240,19 +248,19 @@ pub struct SurvivorRecord {
 /// One target a kill authorization covers. `kind` is "group", "cgroup" or "pid".
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct KillTarget {
-    pub kind: String,
+    #[schema(value_type = String)]
+    pub kind: TargetKind,
     pub target: String,
     pub identities: Vec<IdentityRecord>,
 }
 
-/// A signal that was sent (or attempted). `signal` is spelled "SIGTERM",
-/// "SIGKILL", ...; `target_kind` is "group", "cgroup" or "pid".
+/// A signal that was sent (or attempted).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SignalRecord {
-    pub signal: String,
-    pub target_kind: String,
+    pub signal: SignalName,
+    pub target_kind: TargetKind,
     pub target: String,
-    pub result: String,
+    pub result: SignalResult,
     pub authorization: Option<AuthorizationId>,
 }
 
@@ -278,7 +286,7 @@ pub enum Deferred {
     /// A forced kill not sent (`kill.skipped`), with its reason.
     KillSkipped { reason: String, at: String },
     /// A flag on the tree row.
-    Flag { flag: String, at: String },
+    Flag { flag: TreeFlag, at: String },
     /// The survivor snapshot of a forced kill that was not authorized.
     Survivors {
         survivors: Vec<SurvivorRecord>,

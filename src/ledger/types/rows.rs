@@ -5,9 +5,11 @@
 use serde::{Deserialize, Serialize};
 
 use super::limits::Resources;
-use super::names::{TreeId, TreeState};
+use super::names::{AuthorizationId, OwnerId, TreeId, TreeState};
 use super::records::{ExitRecord, IdentityRecord, KillTarget, OwnerKind, Requester};
+use super::vocab::{SignalName, SignalResult, TargetKind, TreeFlag};
 use crate::ledger::event::{Event, RowKind};
+use crate::proc::BoundaryKind;
 
 /// How many of a tree's members are live (no exit recorded), how many
 /// were seen escaped (exited or not), and how many were seen at all: what
@@ -23,7 +25,8 @@ pub struct MemberCounts {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct OwnerRow {
     /// The owner's id in this ledger.
-    pub id: i64,
+    #[schema(value_type = i64)]
+    pub id: OwnerId,
     /// The owner's pid (with `start` and `boot_id`, its identity).
     pub pid: i32,
     /// Start time in clock ticks.
@@ -31,27 +34,29 @@ pub struct OwnerRow {
     /// The boot it ran in.
     pub boot_id: String,
     /// "run", "client" or "service" ([`OwnerRow::owner_kind`] for the type).
-    pub kind: String,
+    #[schema(value_type = String)]
+    pub kind: OwnerKind,
 }
 
 impl OwnerRow {
-    /// The owner's kind, typed (`None` only for a kind this build does not
-    /// know: the database's CHECK allows none).
-    pub fn owner_kind(&self) -> Option<OwnerKind> {
-        self.kind.parse().ok()
+    /// The owner's kind (the database's CHECK allows no other).
+    pub fn owner_kind(&self) -> OwnerKind {
+        self.kind
     }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct TreeRow {
     /// The tree's id in this ledger.
-    pub id: i64,
+    #[schema(value_type = i64)]
+    pub id: TreeId,
     /// The operator's label (`--label`), if one was given.
     pub label: Option<String>,
     /// Where the tree is in its life (spawning .. ended, ambiguous, resolved).
     pub state: TreeState,
     /// "cgroup" or "session": how membership is bounded.
-    pub boundary: String,
+    #[schema(value_type = String)]
+    pub boundary: BoundaryKind,
     /// The process that owns the tree (run, a service client, the service).
     pub owner: OwnerRow,
     /// The root's command line as asked for.
@@ -80,7 +85,8 @@ pub struct TreeRow {
     pub exit: Option<ExitRecord>,
     /// Facts about the tree that outlive its state ("survivors",
     /// "authority_write_failed", "survivors_left", "survivors_ended", ...).
-    pub flags: Vec<String>,
+    #[schema(value_type = Vec<String>)]
+    pub flags: Vec<TreeFlag>,
     /// Why it is ambiguous, or the operator's resolution note.
     pub note: Option<String>,
     /// The grace the tree was given, in milliseconds (`None`: recorded
@@ -89,7 +95,8 @@ pub struct TreeRow {
     /// The timeout the tree was given, in milliseconds (`None`: none).
     pub timeout_ms: Option<u64>,
     /// The teardown's first signal it was given ("SIGINT"; `None`: SIGTERM).
-    pub first_signal: Option<String>,
+    #[schema(value_type = Option<String>)]
+    pub first_signal: Option<SignalName>,
     /// The uid of the principal that asked for the tree (`None`: asked
     /// with a token, or recorded before migration 0006). A non-admin
     /// principal acts only on its own uid's trees.
@@ -108,16 +115,16 @@ impl TreeRow {
     #[cfg(test)]
     pub(crate) fn example() -> TreeRow {
         TreeRow {
-            id: 1,
+            id: TreeId(1),
             label: None,
             state: TreeState::Running,
-            boundary: "session".into(),
+            boundary: crate::proc::BoundaryKind::Session,
             owner: OwnerRow {
-                id: 1,
+                id: OwnerId(1),
                 pid: 2,
                 start: 3,
                 boot_id: "b".into(),
-                kind: "run".into(),
+                kind: crate::ledger::OwnerKind::Run,
             },
             argv: vec!["true".into()],
             cwd: None,
@@ -140,10 +147,6 @@ impl TreeRow {
             run_uid: None,
             run_gid: None,
         }
-    }
-
-    pub fn tree_id(&self) -> TreeId {
-        TreeId(self.id)
     }
 
     /// The grace this tree was given, or `default` for a tree recorded
@@ -173,8 +176,12 @@ impl TreeRow {
     /// killable (`kill`) and swept once its owner is gone.
     pub fn has_survivors_left(&self) -> bool {
         self.state == TreeState::Resolved
-            && self.flags.iter().any(|f| f == "survivors_left")
-            && !self.flags.iter().any(|f| f == "survivors_ended")
+            && self.has_flag(&TreeFlag::SurvivorsLeft)
+            && !self.has_flag(&TreeFlag::SurvivorsEnded)
+    }
+
+    pub fn has_flag(&self, flag: &TreeFlag) -> bool {
+        self.flags.contains(flag)
     }
 
     /// Whose account the tree is counted against (its requesting token,
@@ -259,17 +266,22 @@ pub struct ObservationRow {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct SignalRow {
     pub id: i64,
-    pub signal: String,
-    pub target_kind: String,
+    #[schema(value_type = String)]
+    pub signal: SignalName,
+    #[schema(value_type = String)]
+    pub target_kind: TargetKind,
     pub target: String,
-    pub result: String,
-    pub authorization: Option<i64>,
+    #[schema(value_type = String)]
+    pub result: SignalResult,
+    #[schema(value_type = Option<i64>)]
+    pub authorization: Option<AuthorizationId>,
     pub at: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct AuthorizationRow {
-    pub id: i64,
+    #[schema(value_type = i64)]
+    pub id: AuthorizationId,
     pub reason: String,
     pub targets: Vec<KillTarget>,
     pub at: String,
@@ -280,7 +292,8 @@ pub struct AuthorizationRow {
 pub struct EventRow {
     pub seq: i64,
     pub at: String,
-    pub tree: Option<i64>,
+    #[schema(value_type = Option<i64>)]
+    pub tree: Option<TreeId>,
     /// The kind's name (`tree.created`, ...); one this build does not know
     /// reads as [`RowKind::Unknown`].
     #[schema(value_type = String)]

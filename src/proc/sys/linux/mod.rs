@@ -64,7 +64,8 @@ pub use users::{
 };
 
 /// How the teardown records its container kill (`cgroup.kill`).
-pub const CONTAINER_KILL: (&str, &str) = ("SIGKILL", "cgroup");
+pub const CONTAINER_KILL: (&str, crate::proc::BoundaryKind) =
+    ("SIGKILL", crate::proc::BoundaryKind::Cgroup);
 /// A tree flag recorded before the root runs for a container that kills on
 /// its owner's exit: none on Linux (a cgroup outlives its owner).
 pub const STANDING_KILL_FLAG: Option<&str> = None;

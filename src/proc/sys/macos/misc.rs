@@ -11,7 +11,8 @@ use crate::proc::{Capability, ContainerUsage, Layout, LayoutReport, Probe, ProcE
 
 /// How the teardown would record a container kill. Never recorded on
 /// macOS: no boundary there is contained ([`crate::proc::BoundaryKind::contained`]).
-pub const CONTAINER_KILL: (&str, &str) = ("SIGKILL", "cgroup");
+pub const CONTAINER_KILL: (&str, crate::proc::BoundaryKind) =
+    ("SIGKILL", crate::proc::BoundaryKind::Cgroup);
 
 /// No container kills on its owner's exit on macOS.
 pub const STANDING_KILL_FLAG: Option<&str> = None;

@@ -27,7 +27,8 @@ use crate::scan::ProcEntry;
 /// How the teardown records its container kill: `TerminateJobObject` of
 /// the tree's job (the database refuses the row without its authorization,
 /// migration 0008).
-pub const CONTAINER_KILL: (&str, &str) = ("TERMINATE_JOB", "job");
+pub const CONTAINER_KILL: (&str, crate::proc::BoundaryKind) =
+    ("TERMINATE_JOB", crate::proc::BoundaryKind::Job);
 
 /// The tree flag recorded, before the root runs, for a boundary whose
 /// container kills its members when the owner's handle closes.
