@@ -582,7 +582,14 @@ fn verify_filtered(
         if !e.data.is_object() {
             return fail(report, format!("line {n}: data is not a JSON object"));
         }
-        let hash = chain::event_hash(&e.prev_hash, e.seq, &e.at, e.tree, e.kind.as_str(), &e.data);
+        let hash = chain::event_hash(
+            &e.prev_hash,
+            e.seq,
+            &e.at,
+            e.tree.map(|t| t.0),
+            e.kind.as_str(),
+            &e.data,
+        );
         if hash != e.hash {
             report.first_break = broke(
                 Some(e.seq),
@@ -607,7 +614,7 @@ fn verify_filtered(
             return Ok((report, None));
         }
         last_seq = e.seq;
-        if selection.takes(e.seq, &e.at, e.tree, e.kind.as_str()) {
+        if selection.takes(e.seq, &e.at, e.tree.map(|t| t.0), e.kind.as_str()) {
             report.events += 1;
         } else if e.kind != EventKind::LedgerSeal {
             report.first_break = broke(
