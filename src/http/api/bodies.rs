@@ -105,19 +105,15 @@ pub struct SpawnBody {
     /// committed authorization.
     #[schema(pattern = "^(SIG)?(TERM|INT|HUP|QUIT|USR1|USR2)$", example = "INT")]
     pub first_signal: Option<String>,
-    /// `stream`: the tree's stdin, stdout and stderr are pipes streamed
-    /// over this request's connection, which must ask for it
-    /// (`Connection: Upgrade`, `Upgrade: treewarden-stdio/1`; else 400,
-    /// and no tree). Answered `101` (the tree's id in `Location` and
-    /// `Treewarden-Tree`), then frames `[stream u8][length u32 BE][payload]`:
-    /// 0 stdin (client to service), 1 stdout, 2 stderr (a frame of length
-    /// 0 ends its stream), 3 exit, last, as `GET /api/trees/{id}/wait`
-    /// answers. A dropped connection closes the tree's stdin only.
+    /// `stream`: streamed stdio (`spawn_tree`'s description). Not a
+    /// property of this document: it is valid only with the upgrade
+    /// headers, which a JSON schema cannot require.
+    #[schema(ignore)]
     pub stdio: Option<StdioMode>,
 }
 
 /// How a spawn's stdio is carried.
-#[derive(Deserialize, ToSchema, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum StdioMode {
     /// Over the spawn request's own connection, upgraded.

@@ -144,9 +144,22 @@ async fn refusal_seen_by(
 /// through the service: a tree keeps its pipes when the service ends. The
 /// header is not a parameter of this document, which the TCP face serves
 /// too: there it is always refused (400), descriptors cannot cross TCP.
+///
+/// Streamed stdio, over TCP and the socket alike: a body with
+/// `"stdio": "stream"` on a request with `Connection: Upgrade` and
+/// `Upgrade: treewarden-stdio/1` is answered `101` (the tree's id in
+/// `Location` and `Treewarden-Tree`, its root's pid in
+/// `Treewarden-Root-Pid`), and the connection then carries frames
+/// `[stream u8][length u32 big-endian][payload]`: 0 stdin (client to
+/// service, at most 1 MiB), 1 stdout, 2 stderr (a frame of length 0 ends
+/// its stream), 3 exit, last, the tree's end as `GET /api/trees/{id}/wait`
+/// answers it. Without the upgrade headers such a body is refused (400)
+/// and no tree is made. A dropped connection closes the tree's stdin
+/// only. `stdio` is not a property of this document's body schema, which
+/// cannot require the headers.
 #[utoipa::path(post, path = "/api/trees", request_body = SpawnBody, security(("bearer" = [])),
     responses((status = 201, body = TreeRow),
-    (status = 101, description = "`\"stdio\": \"stream\"`: the connection now carries the tree's stdio as frames (see `stdio`)"),
+    (status = 101, description = "`\"stdio\": \"stream\"`: the connection now carries the tree's stdio as frames (see above)"),
     (status = 400, body = ErrorBody),
     (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
     (status = 415, body = ErrorBody), (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
