@@ -416,6 +416,9 @@ struct ConnIo<T> {
     after: Duration,
     stalled: Option<Pin<Box<tokio::time::Sleep>>>,
     framing: Arc<Mutex<Framing>>,
+    /// Set once the connection carries streamed stdio ([`Streamed`]): a
+    /// peer that does not read then only holds its tree's output back.
+    patient: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl<T> ConnIo<T> {
@@ -425,6 +428,7 @@ impl<T> ConnIo<T> {
             after,
             stalled: None,
             framing: Arc::default(),
+            patient: Arc::default(),
         }
     }
 
@@ -443,6 +447,10 @@ impl<T> ConnIo<T> {
                 Poll::Ready(Ok(v))
             }
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending if self.patient.load(std::sync::atomic::Ordering::Relaxed) => {
+                self.stalled = None;
+                Poll::Pending
+            }
             Poll::Pending => {
                 let after = self.after;
                 let stall = self
@@ -528,6 +536,19 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for ConnIo<T> {
     }
 }
 
+/// Every request's handle on its connection's write bound: a spawn whose
+/// connection becomes streamed stdio lifts it ([`Streamed::lift`]), since
+/// there a write waits on the peer by design (back-pressure), for as long
+/// as the peer likes; the tree's custody never waits on it.
+#[derive(Clone, Debug)]
+pub struct Streamed(Arc<std::sync::atomic::AtomicBool>);
+
+impl Streamed {
+    pub fn lift(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// Why a request is answered before the router sees it, if it is
 /// (`both_framings`: its head had `Transfer-Encoding` and
 /// `Content-Length`, as [`Framing`] saw it).
@@ -591,7 +612,10 @@ pub async fn serve<L: Accept>(
     shutdown: tokio_util::sync::CancellationToken,
     limits: ConnLimits,
 ) -> std::io::Result<()> {
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    // Each connection's task, so the shutdown waits for those in flight
+    // (hyper-util's `GracefulShutdown` does not take a connection that may
+    // upgrade).
+    let tracker = tokio_util::task::TaskTracker::new();
     let total = Arc::new(Semaphore::new(limits.max_total.max(1)));
     let refusing = Arc::new(Semaphore::new(MAX_REFUSING));
     let per_peer: Arc<Mutex<HashMap<Share, usize>>> = Arc::default();
@@ -706,10 +730,11 @@ pub async fn serve<L: Accept>(
             }
         };
         let router = router.clone();
-        let watcher = graceful.watcher();
-        tokio::spawn(async move {
+        let shutdown = shutdown.clone();
+        tracker.spawn(async move {
             let io = ConnIo::new(io, limits.header_read);
             let framing = io.framing.clone();
+            let streamed = Streamed(io.patient.clone());
             let service = hyper::service::service_fn(
                 move |mut req: hyper::Request<hyper::body::Incoming>| {
                     // hyper hands requests over in the order their heads came.
@@ -727,6 +752,7 @@ pub async fn serve<L: Accept>(
                             .contains_key(axum::http::header::AUTHORIZATION)
                         && !req.headers().contains_key(axum::http::header::COOKIE);
                     req.extensions_mut().insert(ConnectInfo(peer));
+                    req.extensions_mut().insert(streamed.clone());
                     let fds = fds.clone();
                     if let Some(fds) = &fds {
                         req.extensions_mut().insert(fds.clone());
@@ -750,14 +776,25 @@ pub async fn serve<L: Accept>(
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_read)
-                .serve_connection(TokioIo::new(io), service);
-            let conn = watcher.watch(conn);
+                .serve_connection(TokioIo::new(io), service)
+                .with_upgrades();
             let _held = (permit, slot);
-            if let Err(e) = conn.await {
+            let mut conn = std::pin::pin!(conn);
+            // At shutdown a connection finishes the request it serves and
+            // closes; an upgraded one is its handler's (streamed stdio).
+            let ended = tokio::select! {
+                r = conn.as_mut() => r,
+                () = shutdown.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = ended {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
         });
     }
-    graceful.shutdown().await;
+    tracker.close();
+    tracker.wait().await;
     Ok(())
 }

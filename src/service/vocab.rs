@@ -5,7 +5,7 @@
 
 pub use crate::custody::policy::EndCause;
 pub use crate::custody::{Lifetime, LogFollower, ObserverStats, Unsettled};
-pub use crate::proc::{GivenStdio, Sig};
+pub use crate::proc::{GivenStdio, Sig, StreamedStdio, streamed_stdio};
 
 /// The soft `RLIMIT_NOFILE` of this process (`None` where it cannot be
 /// read, or where the platform has none).

@@ -8,19 +8,22 @@
  * time from `/proc/self/stat`): the service tears the tree down within a
  * second of its exit, whatever the caller forgot.
  *
- * stdio: Node cannot pass descriptors over a Unix socket, and the API has
- * no streamed stdio yet, so a tree's stdin is `/dev/null` and its stdout
- * and stderr go to the service's captured log (`logs()`); `stdin`,
- * `stdout` and `stderr` are `null`.
+ * stdio: by default a tree's stdin is `/dev/null` and its stdout and
+ * stderr go to the service's captured log (`logs()`); `stdin`, `stdout`
+ * and `stderr` are `null`. With `stdio: 'pipe'` (or `['pipe', 'pipe',
+ * 'ignore']`, ...) they are streams carried by the spawn's own connection
+ * (streamed stdio, `./stdio.ts`), over the Unix socket or TCP alike.
  */
 
 import { EventEmitter } from 'node:events';
+import type { Readable, Writable } from 'node:stream';
 import { existsSync, readFileSync } from 'node:fs';
 import { constants as osConstants, homedir } from 'node:os';
 import * as path from 'node:path';
 
 import { Ambiguous, Conflict, NotFound, TreewardenError } from './errors.js';
 import { type Endpoint, Transport, type TransportOptions, query } from './http.js';
+import { PROTOCOL, type StdioOption, StdioStreams, stdioSlots } from './stdio.js';
 
 /** Milliseconds (as Node's timeouts), or the CLI's strings (`'300ms'`, `'2s'`). */
 export type Duration = number | string;
@@ -73,6 +76,14 @@ export interface SpawnOptions {
   firstSignal?: string;
   /** Aborted before the spawn: nothing is created. Aborted after: the tree is torn down. */
   signal?: AbortSignal;
+  /**
+   * As `child_process`: `'pipe'` gives `stdin`/`stdout`/`stderr` streams
+   * over the spawn's connection (a lost connection closes the tree's stdin
+   * and nothing else); `'inherit'` copies to this process's; `'ignore'`
+   * drops. Left out (or all `'ignore'`): stdin is `/dev/null`, the output
+   * goes to the captured log (`logs()`).
+   */
+  stdio?: StdioOption;
 }
 
 export interface RunResult extends Outcome {
@@ -210,10 +221,14 @@ export class TreeProcess extends EventEmitter {
   signalCode: NodeJS.Signals | null = null;
   /** Whether a teardown was asked for through this object. */
   killed = false;
-  /** No streamed stdio in the API yet: output is in `logs()`. */
-  readonly stdin = null;
-  readonly stdout = null;
-  readonly stderr = null;
+  /** The tree's stdin, with `stdio: 'pipe'`; `end()` closes it (the tree reads EOF). */
+  readonly stdin: Writable | null = null;
+  /** The tree's stdout, with `stdio: 'pipe'` (else `null`: see `logs()`). */
+  readonly stdout: Readable | null = null;
+  /** The tree's stderr, with `stdio: 'pipe'`. */
+  readonly stderr: Readable | null = null;
+  /** The streamed stdio's connection, when stdio is streamed. */
+  private readonly streams: StdioStreams | undefined;
   /** The tree's id once it is recorded; rejects when it was not. */
   readonly spawned: Promise<number>;
   /** How the tree ended; rejects when it was never created. */
@@ -234,6 +249,13 @@ export class TreeProcess extends EventEmitter {
     super();
     this.spawnargs = [...argv];
     this.grace = opts.grace;
+    const slots = stdioSlots(opts.stdio);
+    if (slots) {
+      this.streams = new StdioStreams(slots);
+      this.stdin = this.streams.stdin;
+      this.stdout = this.streams.stdout;
+      this.stderr = this.streams.stderr;
+    }
     const signal = opts.signal;
     this.spawned = quiet(this.start(argv, opts));
     this.outcome = quiet(this.follow());
@@ -252,6 +274,18 @@ export class TreeProcess extends EventEmitter {
   private async start(argv: readonly string[], opts: SpawnOptions): Promise<number> {
     try {
       if (opts.signal?.aborted) throw abortError(opts.signal);
+      if (this.streams) {
+        const up = await this.client.transport.upgrade('POST', '/api/trees', PROTOCOL, {
+          body: { ...spawnBody(argv, opts), stdio: 'stream' },
+        });
+        this.treeId = Number(up.headers['treewarden-tree']);
+        const root = Number(up.headers['treewarden-root-pid']);
+        this.pid = Number.isInteger(root) && root > 0 ? root : undefined;
+        this.streams.attach(up.socket, up.head);
+        if (!this.refed) this.streams.ref(false);
+        this.emit('spawn');
+        return this.treeId;
+      }
       const row = await this.client.transport.json<Row>('POST', '/api/trees', { body: spawnBody(argv, opts) });
       this.treeId = row.id;
       const root = (row.root as { pid?: number } | undefined)?.pid ?? (row.root_pid as number | undefined);
@@ -259,6 +293,7 @@ export class TreeProcess extends EventEmitter {
       this.emit('spawn');
       return row.id;
     } catch (e) {
+      this.streams?.fail(e);
       // Emitted on a later tick, so a listener added after spawn() sees it.
       queueMicrotask(() => {
         if (this.listenerCount('error') > 0) this.emit('error', e);
@@ -270,7 +305,11 @@ export class TreeProcess extends EventEmitter {
   private async follow(): Promise<Outcome> {
     const id = await this.spawned;
     const t = this.client.transport;
+    // Streamed: the exit frame says when the tree settled (after its
+    // output's end); without it (the connection lost), the long poll.
+    const streamed = this.streams ? await this.streams.exit : null;
     for (;;) {
+      if (streamed && SETTLED.has(String(streamed.state))) break;
       // A long poll; shorter while other waits queue for a connection.
       const step = t.waitsQueued > 0 ? 500 : 30_000;
       const row = await t.json<Row>('GET', query(`/api/trees/${id}/wait`, { timeout: `${step}ms` }), {
@@ -301,13 +340,24 @@ export class TreeProcess extends EventEmitter {
   unref(): this {
     this.refed = false;
     this.waitSocket?.unref();
+    this.streams?.ref(false);
     return this;
+  }
+
+  /**
+   * Hangs up the streamed stdio's connection: the tree's stdin is closed
+   * and what it writes after is dropped; the tree itself lives by its
+   * lifetime rules (its owner, its timeout), never by this connection.
+   */
+  disconnect(): void {
+    this.streams?.close();
   }
 
   /** Undoes `unref()`. */
   ref(): this {
     this.refed = true;
     this.waitSocket?.ref();
+    this.streams?.ref(true);
     return this;
   }
 

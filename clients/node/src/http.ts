@@ -47,6 +47,14 @@ export interface Answer {
   body: Buffer;
 }
 
+/** A connection upgraded by the service's `101`. */
+export interface Upgraded {
+  headers: http.IncomingHttpHeaders;
+  socket: import('node:net').Socket;
+  /** Bytes of the upgraded stream that came with the answer. */
+  head: Buffer;
+}
+
 export interface RequestOptions {
   body?: unknown;
   timeoutMs?: number;
@@ -148,13 +156,16 @@ export class Transport {
     }
   }
 
-  private once(method: string, path: string, opts: RequestOptions): Promise<Answer> {
+  private once(method: string, path: string, opts: RequestOptions & { upgrade: string }): Promise<Answer | Upgraded>;
+  private once(method: string, path: string, opts: RequestOptions): Promise<Answer>;
+  private once(method: string, path: string, opts: RequestOptions & { upgrade?: string }): Promise<Answer | Upgraded> {
     const payload = opts.body === undefined ? undefined : Buffer.from(JSON.stringify(opts.body), 'utf8');
     const headers: http.OutgoingHttpHeaders = {
       Host: this.unix ? 'localhost' : `${this.target.host}:${this.target.port}`,
-      Connection: 'close',
+      Connection: opts.upgrade ? 'Upgrade' : 'close',
       'User-Agent': 'treewarden-node/0.1',
     };
+    if (opts.upgrade) headers.Upgrade = opts.upgrade;
     if (this.token) headers.Authorization = `Bearer ${this.token}`;
     if (payload) {
       headers['Content-Type'] = 'application/json';
@@ -164,7 +175,7 @@ export class Transport {
     if (expect) headers.Expect = '100-continue';
     const limit = opts.timeoutMs ?? this.timeoutMs;
     const where = this.unix ? this.target.socketPath : `${this.target.host}:${this.target.port}`;
-    return new Promise<Answer>((resolve, reject) => {
+    return new Promise<Answer | Upgraded>((resolve, reject) => {
       let settled = false;
       const fail = (e: unknown): void => {
         if (settled) return;
@@ -199,6 +210,17 @@ export class Transport {
           });
         },
       );
+      if (opts.upgrade) {
+        req.on('upgrade', (res, socket, head) => {
+          if (settled) {
+            socket.destroy();
+            return;
+          }
+          settled = true;
+          socket.setTimeout(0);
+          resolve({ headers: res.headers, socket, head });
+        });
+      }
       if (opts.onSocket) req.on('socket', opts.onSocket);
       req.on('timeout', () => req.destroy(new ConnectionFailed(`${method} ${path}: no answer in ${limit} ms`)));
       req.on('error', fail);
@@ -208,6 +230,29 @@ export class Transport {
         req.end(payload);
       }
     });
+  }
+
+  /**
+   * A request answered `101` with the connection upgraded to `protocol`
+   * (streamed stdio): the socket, and what of its bytes came with the
+   * answer. Any other answer throws as `request` does (a 503 `Unavailable`
+   * is retried); the connection's slot is held only until the answer.
+   */
+  async upgrade(method: string, path: string, protocol: string, opts: RequestOptions = {}): Promise<Upgraded> {
+    for (let attempt = 0; ; attempt++) {
+      await this.slots.take();
+      let a: Answer | Upgraded;
+      try {
+        a = await this.once(method, path, { ...opts, upgrade: protocol });
+      } finally {
+        this.slots.give();
+      }
+      if ('socket' in a) return a;
+      const err = a.status < 300 ? new TreewardenError(`${method} ${path}: answered ${a.status}, not upgraded`, { status: a.status }) : fromBody(a.status, parse(a.body));
+      if (!(err instanceof Unavailable) || attempt >= this.retries || opts.signal?.aborted) throw err;
+      this.retried += 1;
+      await sleep(Math.min(this.maxRetryDelayMs, 25 * 2 ** attempt));
+    }
   }
 
   async json<T = unknown>(method: string, path: string, opts: RequestOptions = {}): Promise<T> {

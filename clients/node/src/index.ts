@@ -19,3 +19,4 @@ export {
 } from './client.js';
 export * from './errors.js';
 export { type Endpoint, type TransportOptions } from './http.js';
+export { type StdioOption, type StdioSlot } from './stdio.js';

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import (IO, Any, AsyncIterator, Dict, Iterator, List, Mapping, Optional, Sequence,
                     Tuple, Union)
 
-from . import _http
+from . import _http, _stdio
 from ._errors import Error, NotFound, TimeoutExpired
 
 #: What ``stdin``/``stdout``/``stderr`` take, as for :class:`subprocess.Popen`.
@@ -350,6 +350,8 @@ class Tree:
         self.id: int = int(row["id"])
         #: The tree's row as the service last answered it.
         self.info: Dict[str, Any] = dict(row)
+        #: Over TCP, what carries the streamed stdio (``relay.close()`` hangs it up).
+        self.relay: Optional[_stdio.Relay] = None
         self.stdin: Optional[IO[bytes]] = stdio.parent["stdin"] if stdio else None
         self.stdout: Optional[IO[bytes]] = stdio.parent["stdout"] if stdio else None
         self.stderr: Optional[IO[bytes]] = stdio.parent["stderr"] if stdio else None
@@ -445,8 +447,11 @@ class Tree:
 
 
 def _tcp_stdio(endpoint: _http.Endpoint, *specs: StdSpec) -> None:
+    """Over TCP the blocking client streams stdio over the spawn's
+    connection; the asyncio one passes it over the Unix socket only."""
     if not endpoint.unix and any(x is not None for x in specs):
-        raise Error("stdin/stdout/stderr pass only over the Unix socket, not TCP")
+        raise Error("AsyncClient: stdin/stdout/stderr pass only over the Unix socket; "
+                    "over TCP use Client (streamed stdio)")
 
 
 class Client:
@@ -481,8 +486,9 @@ class Client:
         own descendants (root, any process); else 403, :class:`Forbidden`."""
         body = _spawn_body(argv, label, grace, timeout, env, cwd, limits, lifetime, first_signal,
                            owner)
-        _tcp_stdio(self.endpoint, stdin, stdout, stderr)
         stdio = _Stdio(stdin, stdout, stderr)
+        if not self.endpoint.unix and stdio.slots:
+            return self._spawn_streamed(body, stdio)
         try:
             row = self._t.request("POST", "/api/trees", body, headers=stdio.header,
                                   fds=stdio.fds).json()
@@ -491,6 +497,26 @@ class Client:
             raise
         stdio.sent()
         return Tree(self, row, stdio)
+
+    def _spawn_streamed(self, body: Dict[str, Any], stdio: _Stdio) -> Tree:
+        """Over TCP: the descriptors the Unix socket would pass are relayed
+        over the spawn's own connection (streamed stdio, ``_stdio.py``)."""
+        fds = {name: os.dup(fd) for name, fd in zip(stdio.slots, stdio.fds)}
+        try:
+            headers, sock, reader = self._t.upgrade("POST", "/api/trees",
+                                                    {**body, "stdio": "stream"}, _stdio.PROTOCOL)
+        except BaseException:
+            for fd in fds.values():
+                os.close(fd)
+            stdio.abandon()
+            raise
+        relay = _stdio.Relay(sock, reader, fds)
+        stdio.sent()
+        tree_id = int(headers.get("treewarden-tree", "0"))
+        row = self._t.request("GET", f"/api/trees/{tree_id}").json()["tree"]
+        tree = Tree(self, row, stdio)
+        tree.relay = relay
+        return tree
 
     def tree(self, tree_id: int) -> Tree:
         return Tree(self, self._t.request("GET", f"/api/trees/{int(tree_id)}").json()["tree"])

@@ -106,10 +106,10 @@ def _transient(e: OSError) -> bool:
 
 
 def _request_bytes(ep: Endpoint, method: str, path: str, body: Optional[bytes],
-                   headers: Mapping[str, str]) -> Tuple[bytes, bytes]:
+                   headers: Mapping[str, str], connection: str = "close") -> Tuple[bytes, bytes]:
     host = "localhost" if ep.unix else f"{ep.host}:{ep.port}"
-    lines = [f"{method} {ep.scheme_path}{path} HTTP/1.1", f"Host: {host}", "Connection: close",
-             "User-Agent: treewarden-python/0.1"]
+    lines = [f"{method} {ep.scheme_path}{path} HTTP/1.1", f"Host: {host}",
+             f"Connection: {connection}", "User-Agent: treewarden-python/0.1"]
     if ep.token:
         lines.append(f"Authorization: Bearer {ep.token}")
     for k, v in headers.items():
@@ -336,6 +336,57 @@ class Transport:
             if isinstance(e, _Closed) or _transient(e):
                 raise _Again(err) from e
             raise err from e
+
+    def upgrade(self, method: str, path: str, body: Any, protocol: str
+                ) -> Tuple[Dict[str, str], socket.socket, Any]:
+        """A request answered 101, its connection upgraded to ``protocol``:
+        the answer's headers, the socket, and its buffered reader (which
+        may hold the stream's first bytes). Any other answer raises as
+        :meth:`request` does; a 503 ``Unavailable`` is tried again."""
+        payload = json.dumps(body).encode("utf-8")
+        attempt = 0
+        while True:
+            try:
+                with self._slots:
+                    return self._upgrade_once(method, path, payload, protocol)
+            except _Again as again:
+                attempt += 1
+                if attempt > self.retries:
+                    raise again.error from None
+                time.sleep(_pause(attempt, again.after))  # a retry's backoff, not a wait for a condition
+
+    def _upgrade_once(self, method: str, path: str, payload: bytes, protocol: str
+                      ) -> Tuple[Dict[str, str], socket.socket, Any]:
+        s = _connect(self.ep, self.timeout)
+        try:
+            r = _SyncReader(s)
+            head, body = _request_bytes(self.ep, method, path, payload, {"Upgrade": protocol},
+                                        connection="Upgrade")
+            try:
+                s.sendall(head + body)
+                answer = r.head()
+                if answer.status == 100:
+                    answer = r.head()
+                if answer.status == 101:
+                    s.settimeout(None)
+                    return answer.headers, s, r.f
+                data = b"".join(r.chunks(answer))
+            except socket.timeout:
+                raise
+            except (OSError, _Closed) as e:
+                raise _unknown(method, path, e) from e
+        except socket.timeout as e:
+            s.close()
+            raise ConnectionFailed(f"{method} {path}: no answer in time") from e
+        except BaseException:
+            s.close()
+            raise
+        s.close()
+        again = _refused_now(answer, data)
+        if again is not None:
+            raise again
+        _answer(answer, data)
+        raise ConnectionFailed(f"{method} {path}: answered {answer.status}, not upgraded")
 
     def stream(self, path: str, accept: str = "text/event-stream") -> Iterator[bytes]:
         """A GET whose body is read as it comes (no timeout between chunks)."""

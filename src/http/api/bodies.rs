@@ -105,6 +105,19 @@ pub struct SpawnBody {
     /// committed authorization.
     #[schema(pattern = "^(SIG)?(TERM|INT|HUP|QUIT|USR1|USR2)$", example = "INT")]
     pub first_signal: Option<String>,
+    /// `stream`: streamed stdio (`spawn_tree`'s description). Not a
+    /// property of this document: it is valid only with the upgrade
+    /// headers, which a JSON schema cannot require.
+    #[schema(ignore)]
+    pub stdio: Option<StdioMode>,
+}
+
+/// How a spawn's stdio is carried.
+#[derive(Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum StdioMode {
+    /// Over the spawn request's own connection, upgraded.
+    Stream,
 }
 
 /// `"limits": {"memory_max": "64M", "pids_max": 50, "cpu_max": "50%"}`.

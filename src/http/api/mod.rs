@@ -3,7 +3,7 @@
 //! drift from the code that answers.
 //!
 //! One file a job: bodies.rs the shapes, parse.rs their checks,
-//! run_as.rs who a spawn runs as, spawn.rs `POST /api/trees`, trees.rs the
+//! run_as.rs who a spawn runs as, spawn.rs `POST /api/trees`, stdio.rs its streamed stdio, trees.rs the
 //! other tree routes, events.rs `GET /api/events`, health.rs `/healthz`,
 //! `/readyz` and `POST /api/shutdown`, doc.rs the OpenAPI document. Every
 //! public item is re-exported here: the rest of the crate names
@@ -16,6 +16,7 @@ mod health;
 mod parse;
 mod run_as;
 mod spawn;
+mod stdio;
 mod trees;
 
 pub use bodies::*;

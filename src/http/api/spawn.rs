@@ -144,20 +144,56 @@ async fn refusal_seen_by(
 /// through the service: a tree keeps its pipes when the service ends. The
 /// header is not a parameter of this document, which the TCP face serves
 /// too: there it is always refused (400), descriptors cannot cross TCP.
+///
+/// Streamed stdio, over TCP and the socket alike: a body with
+/// `"stdio": "stream"` on a request with `Connection: Upgrade` and
+/// `Upgrade: treewarden-stdio/1` is answered `101` (the tree's id in
+/// `Location` and `Treewarden-Tree`, its root's pid in
+/// `Treewarden-Root-Pid`), and the connection then carries frames
+/// `[stream u8][length u32 big-endian][payload]`: 0 stdin (client to
+/// service, at most 1 MiB), 1 stdout, 2 stderr (a frame of length 0 ends
+/// its stream), 3 exit, last, the tree's end as `GET /api/trees/{id}/wait`
+/// answers it. Without the upgrade headers such a body is refused (400)
+/// and no tree is made. A dropped connection closes the tree's stdin
+/// only. `stdio` is not a property of this document's body schema, which
+/// cannot require the headers.
 #[utoipa::path(post, path = "/api/trees", request_body = SpawnBody, security(("bearer" = [])),
-    responses((status = 201, body = TreeRow), (status = 400, body = ErrorBody),
+    responses((status = 201, body = TreeRow),
+    (status = 101, description = "`\"stdio\": \"stream\"`: the connection now carries the tree's stdio as frames (see above)"),
+    (status = 400, body = ErrorBody),
     (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 409, body = ErrorBody), (status = 413, body = ErrorBody),
     (status = 415, body = ErrorBody), (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)))]
+// Over 100 lines on purpose: one request's checks in order (descriptors, user, owner, cap), then the
+// spawn and its answer (201, or 101 for streamed stdio); split, each step would re-take the request.
+#[allow(clippy::too_many_arguments)]
 pub async fn spawn_tree(
     State(s): State<AppState>,
     Extension(principal): Extension<Principal>,
     received: Option<Extension<super::conn::ReceivedFds>>,
+    upgrade: Option<Extension<hyper::upgrade::OnUpgrade>>,
+    streamed: Option<Extension<super::conn::Streamed>>,
     headers: axum::http::HeaderMap,
     ApiJson(body): ApiJson<SpawnBody>,
-) -> Result<impl IntoResponse, ApiError> {
+) -> Result<axum::response::Response, ApiError> {
     // Taken first: whatever else is wrong, descriptors sent with this
     // request are not left for the next one.
     let stdio = given_stdio(&headers, received.as_ref().map(|Extension(r)| r))?;
+    let stream = body.stdio.is_some();
+    let upgrade = match (stream, upgrade) {
+        (false, _) => None,
+        _ if stdio.0.iter().any(Option::is_some) => {
+            return Err(ApiError::BadRequest(
+                "\"stdio\": \"stream\" and descriptors sent with the request: choose one".into(),
+            ));
+        }
+        (true, Some(Extension(u))) if super::stdio::asks_upgrade(&headers) => Some(u),
+        (true, _) => {
+            return Err(ApiError::BadRequest(format!(
+                "\"stdio\": \"stream\" needs the request to ask for the upgrade: Connection: Upgrade, Upgrade: {}",
+                super::stdio::PROTOCOL
+            )));
+        }
+    };
     // Declared before `params`, so dropped after it.
     let _close_off_runtime = CloseOffRuntime(
         received
@@ -168,6 +204,16 @@ pub async fn spawn_tree(
     let user = body.user.clone();
     let mut params = body.validate(s.service.config().max_grace)?;
     params.stdio = stdio;
+    // Made before the spawn, so what the tree writes before the upgrade
+    // waits in the pipes; the service's copies of the tree's ends go with
+    // `params` once it is spawned.
+    let mut ends = None;
+    if upgrade.is_some() {
+        let pipes = crate::service::vocab::streamed_stdio()
+            .map_err(|e| ApiError::Internal(format!("the stdio pipes: {e}")))?;
+        params.stdio = pipes.child;
+        ends = Some((pipes.stdin, pipes.stdout, pipes.stderr));
+    }
     // The user database (NSS: files, but also LDAP or sssd) and the peer's
     // /proc files are blocking reads: they run on the blocking pool, never
     // on an async worker that serves other connections meanwhile.
@@ -250,9 +296,41 @@ pub async fn spawn_tree(
         Err(e) => return Err(e.into()),
     };
     let location = format!("/api/trees/{}", row.id);
+    if let (Some(upgrade), Some((stdin, stdout, stderr))) = (upgrade, ends) {
+        // The tree runs: a failure here leaves it to its lifetime rules,
+        // its stdio closed.
+        let pumps = super::stdio::Pumps::start(stdin, stdout, stderr)
+            .map_err(|e| ApiError::Internal(format!("the stdio threads: {e}")))?;
+        if let Some(Extension(streamed)) = streamed {
+            streamed.lift();
+        }
+        tokio::spawn(super::stdio::serve(upgrade, pumps, s.clone(), row.id));
+        let root = row.root_pid.map(|p| p.to_string()).unwrap_or_default();
+        return Ok((
+            StatusCode::SWITCHING_PROTOCOLS,
+            [
+                (axum::http::header::CONNECTION, "upgrade".to_string()),
+                (
+                    axum::http::header::UPGRADE,
+                    super::stdio::PROTOCOL.to_string(),
+                ),
+                (axum::http::header::LOCATION, location),
+                (
+                    axum::http::HeaderName::from_static(super::stdio::TREE_HEADER),
+                    row.id.to_string(),
+                ),
+                (
+                    axum::http::HeaderName::from_static(super::stdio::ROOT_PID_HEADER),
+                    root,
+                ),
+            ],
+        )
+            .into_response());
+    }
     Ok((
         StatusCode::CREATED,
         [(axum::http::header::LOCATION, location)],
         Json(row),
-    ))
+    )
+        .into_response())
 }

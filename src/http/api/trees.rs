@@ -137,7 +137,7 @@ pub async fn get_tree(
 /// Whether a waiter is answered: the tree reached a final state, or its
 /// teardown is ambiguous (survivors left as evidence: only an operator or
 /// a later teardown moves it on).
-fn wait_over(state: TreeState) -> bool {
+pub(super) fn wait_over(state: TreeState) -> bool {
     state.is_terminal() || state == TreeState::Ambiguous
 }
 

@@ -28,6 +28,12 @@ mod macos;
 #[cfg(target_os = "macos")]
 pub use macos::*;
 
+// Streamed stdio's pipes, where the service is built.
+#[cfg(any(target_os = "linux", windows))]
+mod stdio_pipes;
+#[cfg(any(target_os = "linux", windows))]
+pub use stdio_pipes::*;
+
 // The local end of `serve` (its socket, its shutdown signals, a secret
 // file's mode), one file per family beside the folders above.
 #[cfg(unix)]
