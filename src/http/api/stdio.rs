@@ -35,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::bodies::WaitAnswer;
 use crate::http::AppState;
+use crate::ledger::TreeId;
 
 /// The `Upgrade` protocol of streamed stdio.
 pub const PROTOCOL: &str = "treewarden-stdio/1";
@@ -134,11 +135,11 @@ fn write_pipe(mut pipe: std::io::PipeWriter, mut rx: mpsc::Receiver<Vec<u8>>) {
 
 /// Serves the streamed stdio of tree `id` once the connection is upgraded,
 /// until the exit frame is written or the peer is gone.
-pub async fn serve(upgrade: hyper::upgrade::OnUpgrade, pumps: Pumps, state: AppState, id: i64) {
+pub async fn serve(upgrade: hyper::upgrade::OnUpgrade, pumps: Pumps, state: AppState, id: TreeId) {
     let io = match upgrade.await {
         Ok(io) => hyper_util::rt::TokioIo::new(io),
         Err(e) => {
-            tracing::debug!(tree = id, error = %e, "the stdio upgrade failed: its stdin is closed");
+            tracing::debug!(tree = id.0, error = %e, "the stdio upgrade failed: its stdin is closed");
             return;
         }
     };
@@ -250,7 +251,7 @@ async fn write_frame<W: AsyncWrite + Unpin>(
 
 /// The tree's end as `GET /api/trees/{id}/wait` answers it, once it is
 /// settled (or as it stands when the service shuts down).
-async fn settled(s: AppState, id: i64) -> Vec<u8> {
+async fn settled(s: AppState, id: TreeId) -> Vec<u8> {
     let mut ends = s.service.ends();
     let stop = s.service.shutdown_token();
     let mut last = false;
@@ -271,10 +272,10 @@ async fn settled(s: AppState, id: i64) -> Vec<u8> {
             Ok(Some(_)) => {}
             Ok(None) => return b"{}".to_vec(),
             Err(e) if last => {
-                tracing::warn!(tree = id, error = %e, "the streamed tree's end could not be read");
+                tracing::warn!(tree = id.0, error = %e, "the streamed tree's end could not be read");
                 return b"{}".to_vec();
             }
-            Err(e) => tracing::warn!(tree = id, error = %e, "the streamed tree's end: retrying"),
+            Err(e) => tracing::warn!(tree = id.0, error = %e, "the streamed tree's end: retrying"),
         }
         tokio::select! {
             changed = ends.changed() => last = changed.is_err(),
