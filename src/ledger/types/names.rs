@@ -7,27 +7,32 @@ use serde::{Deserialize, Serialize};
 use super::reports::SealData;
 
 /// A tree's row id in the ledger.
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
+#[derive(Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct TreeId(pub i64);
 
 /// An owner's row id in the ledger.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct OwnerId(pub i64);
 
 /// A committed kill authorization's row id. Holding one means the row that
 /// authorizes a SIGKILL is durably in the ledger.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct AuthorizationId(pub i64);
 
-/// Ids print as their integer (`tree 12`, `authorization #3`).
+/// Ids print as their integer (`tree 12`, `authorization #3`), in logs
+/// (`?left`) too, as they did before they were typed.
 macro_rules! id_display {
     ($($ty:ident),*) => {$(
         impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "{}", self.0)
+            }
+        }
+
+        impl std::fmt::Debug for $ty {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 write!(f, "{}", self.0)
             }
