@@ -577,14 +577,7 @@ fn scan_archive(conn: &Connection, path: &Path) -> Result<ArchiveScan, Fail> {
             scan.first_break = broke(Some(e.seq), "data is not an object".into());
             return Ok(scan);
         }
-        let hash = chain::event_hash(
-            &e.prev_hash,
-            e.seq,
-            &e.at,
-            e.tree.map(|t| t.0),
-            e.kind.as_str(),
-            &e.data,
-        );
+        let hash = e.recomputed_hash();
         if hash != e.hash {
             scan.first_break = broke(
                 Some(e.seq),

@@ -582,14 +582,7 @@ fn verify_filtered(
         if !e.data.is_object() {
             return fail(report, format!("line {n}: data is not a JSON object"));
         }
-        let hash = chain::event_hash(
-            &e.prev_hash,
-            e.seq,
-            &e.at,
-            e.tree.map(|t| t.0),
-            e.kind.as_str(),
-            &e.data,
-        );
+        let hash = e.recomputed_hash();
         if hash != e.hash {
             report.first_break = broke(
                 Some(e.seq),

@@ -306,6 +306,18 @@ pub struct EventRow {
 }
 
 impl EventRow {
+    /// Its hash recomputed from its fields (`hash` is what it claims).
+    pub fn recomputed_hash(&self) -> String {
+        crate::ledger::event_hash(
+            &self.prev_hash,
+            self.seq,
+            &self.at,
+            self.tree.map(|t| t.0),
+            self.kind.as_str(),
+            &self.data,
+        )
+    }
+
     /// The event's data, typed (never fails: an unknown kind or data that
     /// does not decode is [`Event::Other`]).
     pub fn event(&self) -> Event {
