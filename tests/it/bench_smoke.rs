@@ -1,4 +1,4 @@
-//! The benchmark suite (`bench/run`, `examples/bench.rs`) at its smoke size:
+//! The benchmark suite (`bench/run`, `examples/bench/main.rs`) at its smoke size:
 //! benchmarks are not tests and stay out of the test run's time budget, but
 //! this keeps the suite compiling and running. `cargo test` builds the
 //! examples next to the test binary; the bench runs as its own process,

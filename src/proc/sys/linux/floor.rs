@@ -1,7 +1,7 @@
 //! The bench's spawn floor (docs/PERFORMANCE.md), kept here because it needs `unsafe`
 //! (a raw `clone3`) and only `src/proc/` may have it. Not used by
 //! treewarden: the plainest code that does what a spawn into a cgroup
-//! boundary must, for `examples/bench.rs` to compare `run -- true` against.
+//! boundary must, for `examples/bench/main.rs` to compare `run -- true` against.
 
 use std::ffi::CString;
 use std::io::Write;

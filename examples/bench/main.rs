@@ -1,4 +1,4 @@
-//! The benchmark suite of issue 6: every cost measured next to its floor in
+//! The benchmark suite: every cost measured next to its floor in
 //! the same run, printed as one table with ratios.
 //!
 //! `bench/run` builds it with `--release` and runs it; `--smoke` runs every
@@ -11,18 +11,18 @@
 //! 3. scan: `scan::snapshot` + `scan::classify` vs plain reads of every
 //!    `/proc/<pid>/stat` (no parsing) vs a sysinfo full process refresh, at
 //!    the base process count and with extra idle `sleep` children;
-//! 4. recovery (issue 12): N SIGTERM-ignoring orphans (grace 1 s) left by a
+//! 4. recovery: N SIGTERM-ignoring orphans (grace 1 s) left by a
 //!    SIGKILLed `treewarden serve`; a new `serve` on the same ledger, from its
 //!    start to `/healthz` (floor: the same start on an empty ledger) and to
 //!    the last orphan gone (floor: the grace itself, which every orphan must
 //!    be given). Flat in N up to the sweep's concurrency bound (64); then
-//!    auth (issue 17): a TCP read with a bearer token (hashed, looked up in
+//!    auth: a TCP read with a bearer token (hashed, looked up in
 //!    the ledger on every request) vs the same read under `--open-reads`;
 //! 5. teardown: `Engine::teardown` of a SIGTERM-ignoring tree at grace 0, from
 //!    the call to verified-empty, vs `cgroup.kill` + wait for `populated 0`
 //!    (cgroup boundary) and `killpg(SIGKILL)` + wait until no live member is
 //!    left (session boundary);
-//! 6. ledger scale (issue 15, `--only ledger`): one ledger grown through the
+//! 6. ledger scale (`--only ledger`): one ledger grown through the
 //!    ledger API (trees of 20 members) to 10k, 100k and 1M events; at each,
 //!    `ls`, the dashboard index, a tree page, `/api/events` (medians of 30)
 //!    and a whole export (throughput, peak RSS); targets: pages at 1M ≤ 1.5×
@@ -72,7 +72,7 @@ struct Plan {
     recovery_sizes: Vec<usize>,
     recovery_grace: Duration,
     recovery_reps: usize,
-    /// Reads per kind in the auth section (issue 17).
+    /// Reads per kind in the auth section.
     auth_reads: usize,
     /// Run only this section (`authority`, `spawn`, `scan`, `recovery`, `auth`, `teardown`, `idle`, `ledger`, `proofs`).
     only: Option<String>,
@@ -82,10 +82,10 @@ struct Plan {
     idle_extra: usize,
     idle_settle: Duration,
     idle_window: Duration,
-    /// Ledger scale (issue 15): sizes in events, members per tree,
+    /// Ledger scale: sizes in events, members per tree,
     /// requests per page, trees for the growth measurement.
     scale_sizes: Vec<usize>,
-    /// Live trees of 5 processes under one serve (issue 30: 2,000).
+    /// Live trees of 5 processes under one serve.
     live_trees: usize,
     scale_members: usize,
     scale_reps: usize,
@@ -342,7 +342,7 @@ fn main() -> anyhow::Result<()> {
 
 // ---------------------------------------------------------------- auth
 
-/// Issue 17: what a token costs a read. Every TCP read with a token hashes it
+/// What a token costs a read. Every TCP read with a token hashes it
 /// and looks it up in the ledger (no cache: a revocation is effective on the
 /// next request). Measured: `GET /api/trees/1` with the bearer token, on one
 /// keep-alive connection; floor: the same read without a token on a service
@@ -516,7 +516,7 @@ fn spawn(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()> {
         Ok(d)
     };
     let (mut ours, mut floor) = (Vec::new(), Vec::new());
-    // The spawn floor (issue 30), interleaved with the runs: mkdir a
+    // The spawn floor, interleaved with the runs: mkdir a
     // cgroup, fdatasync, clone3 into it, exec `true`, wait, fdatasync,
     // rmdir (src/proc/sys/linux/floor.rs: raw syscalls, none of the custody code).
     // Only where a cgroup can be made.
@@ -568,7 +568,7 @@ fn spawn(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()> {
         floor_name: "`sh -c true`".into(),
         floor: stats(floor),
         by_p99: false,
-        // Issue 13's target (was +30 ms).
+        // The target (was +30 ms).
         target: Target::OverheadMs(5.0),
     });
     if !spawn_floor.is_empty() {
@@ -707,7 +707,7 @@ fn idle_service(plan: &Plan, dir: &Path) -> anyhow::Result<String> {
     );
     drop(serve); // SIGTERM: serve tears its 5 trees down
     drop(idle);
-    // Issue 13's targets (were 1 % and 25 MiB).
+    // The targets (were 1 % and 25 MiB).
     let ok = cpu_pct <= 0.5 && rss <= 20.0;
     Ok(format!(
         "| 5 | idle service: serve, 5 trees, +{} processes, {:.0} s | — | {cpu_pct:.2} % core, RSS {rss:.1} MiB (peak {hwm:.1}) | | | | | | ≤ 0.5 % core, ≤ 20 MiB | {} |",
@@ -719,7 +719,7 @@ fn idle_service(plan: &Plan, dir: &Path) -> anyhow::Result<String> {
 
 // --------------------------------------------------------------- live trees
 
-/// Issue 30: one `serve` holding `plan.live_trees` live trees of 5
+/// One `serve` holding `plan.live_trees` live trees of 5
 /// processes each (spawned through the API as the admin token, so no
 /// per-user cap): while they live, its CPU (% of a core) over the idle
 /// window, RSS, open descriptors, `/healthz` p99 (200 requests) and spawn
@@ -1216,7 +1216,7 @@ fn recover_once(
     Ok((healthy, gone))
 }
 
-/// Issue 12: recovery time of N orphans vs N, each next to its floor.
+/// Recovery time of N orphans vs N, each next to its floor.
 fn recovery(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()> {
     let bin = treewarden_bin()?;
     let cgroup = BenchCgroup::create("recovery");
@@ -1488,7 +1488,7 @@ impl Bench {
         Ok((verified, d))
     }
 
-    /// The evidence floor (issue 30): the least work the mission's rules
+    /// The evidence floor: the least work the mission's rules
     /// need for the same tree, in the plainest code, none of treewarden's:
     /// stop the tree (cgroup boundary: `cgroup.freeze` and wait for
     /// `frozen 1`; session: `killpg(SIGSTOP)`), list its members
@@ -1762,7 +1762,7 @@ fn scaling(rows: &[Row]) {
 
 // ------------------------------------------------------------ ledger scale
 
-/// One size of the ledger-scale section (issue 15).
+/// One size of the ledger-scale section.
 struct ScaleRow {
     events: i64,
     trees: usize,
@@ -1940,7 +1940,7 @@ fn export_run(bin: &Path, data: &Path) -> anyhow::Result<(Duration, u64, u64)> {
     Ok((t0.elapsed(), bytes, peak))
 }
 
-/// Issue 15's scale row: one ledger grown through the ledger API to each
+/// The ledger's scale row: one ledger grown through the ledger API to each
 /// size in turn; at each, `ls`, the dashboard's index, a tree page,
 /// `/api/events`, and a whole export (throughput, peak RSS).
 fn ledger_scale(plan: &Plan, dir: &Path) -> anyhow::Result<Vec<String>> {
@@ -2009,7 +2009,7 @@ fn ledger_scale(plan: &Plan, dir: &Path) -> anyhow::Result<Vec<String>> {
         let ready = dir.join(format!("scale-ready-{i}"));
         let serve = start_serve(&bin, data, &ready, None)?;
         let (_, addr) = until_healthy(&ready, Instant::now())?;
-        // Reads over TCP carry a token (issue 17): the service's own.
+        // Reads over TCP carry a token: the service's own.
         let token = std::fs::read_to_string(data.join("api-token"))?
             .trim()
             .to_string();
@@ -2076,7 +2076,7 @@ fn ledger_scale(plan: &Plan, dir: &Path) -> anyhow::Result<Vec<String>> {
     let mut out = vec![
         String::new(),
         format!(
-            "| ledger scale (issue 15), {} members per tree | events | trees | build s (from the previous size) | ledger MB | ls ms | index ms | tree page ms | /api/events ms | export s | export events/s | export MB/s | export peak RSS MiB |",
+            "| ledger scale, {} members per tree | events | trees | build s (from the previous size) | ledger MB | ls ms | index ms | tree page ms | /api/events ms | export s | export events/s | export MB/s | export peak RSS MiB |",
             plan.scale_members
         ),
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|".into(),
