@@ -26,7 +26,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::ledger::fleet::{FleetIndex, HostMaterial, Verdict};
 use crate::ledger::seal::{SealKey, SealPub, SealVerifier};
-use crate::service::nats::{ConsumerPosition, FleetReader, NatsConfig, StoredEvent, verify_host};
+use crate::service::nats::{
+    ConsumerPosition, FLEET_MAX_ACK_PENDING, FleetReader, NatsConfig, StoredEvent, verify_host,
+};
 
 /// The durable consumer's name where none is given.
 pub const CONSUMER: &str = "treewarden-fleet";
@@ -193,13 +195,41 @@ pub async fn serve(options: FleetOptions, cancel: CancellationToken) -> Result<(
     Ok(())
 }
 
-/// The consumer loop: reconnects with backoff (1 s doubling to 30 s).
+/// A consumer with messages pending that delivers none for this long is
+/// stalled: its leader is asked to step down and the reader reconnects.
+const STALLED: Duration = Duration::from_secs(15);
+
+/// Watches a consumer for a stall: messages pending, fewer than the most it
+/// may have unacked, and none delivered for [`STALLED`]. No clock of its
+/// own: the caller says when each look was taken.
+#[derive(Debug, Default)]
+struct StallWatch {
+    /// Since when messages are pending and none has been delivered.
+    quiet_since: Option<Instant>,
+}
+
+impl StallWatch {
+    /// One look: `delivered` messages came in the last fetch, the consumer
+    /// stands at `position`. True once the quiet has lasted [`STALLED`].
+    fn look(&mut self, delivered: usize, position: &ConsumerPosition, now: Instant) -> bool {
+        let starved =
+            delivered == 0 && position.pending > 0 && position.ack_pending < FLEET_MAX_ACK_PENDING;
+        if !starved {
+            self.quiet_since = None;
+            return false;
+        }
+        now.duration_since(*self.quiet_since.get_or_insert(now)) >= STALLED
+    }
+}
+
+/// The consumer loop: reconnects with backoff (1 s doubling to 30 s, back
+/// to 1 s once a connection is made).
 async fn consume(options: &FleetOptions, fleet: &Fleet, cancel: &CancellationToken) {
     let mut backoff = Duration::from_secs(1);
     while !cancel.is_cancelled() {
         let failed = tokio::select! {
             _ = cancel.cancelled() => return,
-            r = consume_connected(options, fleet, cancel) => r,
+            r = consume_connected(options, fleet, cancel, &mut backoff) => r,
         };
         if let Err(e) = failed {
             tracing::warn!("fleet consumer: {e}; retrying");
@@ -219,12 +249,15 @@ async fn consume_connected(
     options: &FleetOptions,
     fleet: &Fleet,
     cancel: &CancellationToken,
+    backoff: &mut Duration,
 ) -> Result<(), String> {
     let mut reader = FleetReader::connect(&options.nats, &options.consumer)
         .await
         .map_err(|e| e.to_string())?;
     fleet.progress().connected = true;
+    *backoff = Duration::from_secs(1);
     let mut last_walk = Instant::now() - Duration::from_secs(60);
+    let mut stall = StallWatch::default();
     while !cancel.is_cancelled() {
         let batch = reader
             .fetch(500, Duration::from_millis(500))
@@ -248,6 +281,16 @@ async fn consume_connected(
         if batch.is_empty() || last_walk.elapsed() >= Duration::from_secs(1) {
             last_walk = Instant::now();
             let position = reader.position().await.map_err(|e| e.to_string())?;
+            if stall.look(batch.len(), &position, Instant::now()) {
+                if let Err(e) = reader.step_down().await {
+                    tracing::warn!("fleet consumer: {e}");
+                }
+                return Err(format!(
+                    "consumer stalled: {} messages pending, none delivered for {} s",
+                    position.pending,
+                    STALLED.as_secs()
+                ));
+            }
             let in_stream = reader.per_host().await.map_err(|e| e.to_string())?;
             {
                 let mut p = fleet.progress();
@@ -286,16 +329,50 @@ fn walk(fleet: &Fleet, floor: u64) {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn a_consumer_is_stalled_only_after_a_quiet_with_messages_pending() {
+        let t0 = Instant::now();
+        let pending = |pending, ack_pending| ConsumerPosition {
+            ack_floor: 10,
+            pending,
+            ack_pending,
+        };
+        let mut w = StallWatch::default();
+        assert!(!w.look(0, &pending(5, 0), t0));
+        assert!(!w.look(0, &pending(5, 0), t0 + STALLED - Duration::from_millis(1)));
+        assert!(w.look(0, &pending(5, 0), t0 + STALLED));
+        // A delivery, or nothing pending, ends the quiet.
+        let mut w = StallWatch::default();
+        assert!(!w.look(0, &pending(5, 0), t0));
+        assert!(!w.look(3, &pending(5, 0), t0 + STALLED / 2));
+        assert!(!w.look(0, &pending(5, 0), t0 + STALLED));
+        assert!(!w.look(
+            0,
+            &pending(5, 0),
+            t0 + STALLED * 2 - Duration::from_millis(1)
+        ));
+        assert!(w.look(0, &pending(5, 0), t0 + STALLED * 2));
+        let mut w = StallWatch::default();
+        assert!(!w.look(0, &pending(5, 0), t0));
+        assert!(!w.look(0, &pending(0, 0), t0 + STALLED / 2));
+        assert!(!w.look(0, &pending(5, 0), t0 + STALLED));
+        // At the unacked limit the server holds deliveries back by design.
+        let mut w = StallWatch::default();
+        let full = pending(5, FLEET_MAX_ACK_PENDING);
+        assert!(!w.look(0, &full, t0));
+        assert!(!w.look(0, &full, t0 + STALLED * 2));
+        assert!(!w.look(0, &pending(5, FLEET_MAX_ACK_PENDING - 1), t0 + STALLED * 2));
+    }
+
     #[test]
     fn a_break_names_its_seq() {
+        assert_eq!(break_seq("seq 17: prev_hash does not match"), Some(17));
         assert_eq!(
-            super::break_seq("seq 17: prev_hash does not match"),
-            Some(17)
-        );
-        assert_eq!(
-            super::break_seq("seq 9: after seq 12 (stream seq 40): went back"),
+            break_seq("seq 9: after seq 12 (stream seq 40): went back"),
             Some(9)
         );
-        assert_eq!(super::break_seq("integrity_check: no"), None);
+        assert_eq!(break_seq("integrity_check: no"), None);
     }
 }

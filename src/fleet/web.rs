@@ -302,14 +302,48 @@ async fn metrics(State(fleet): State<Arc<Fleet>>) -> Response {
         "events_received",
         "Messages of the host this instance received (redeliveries included)",
     );
-    let (progress_here, progress_received) = {
+    let (progress_here, progress_received, position, connected) = {
         let p = fleet.progress();
         let pairs = |m: &std::collections::BTreeMap<String, u64>| -> Vec<(String, u64)> {
             m.iter().map(|(h, n)| (h.clone(), *n)).collect()
         };
-        (pairs(&p.indexed_here), pairs(&p.received))
+        (
+            pairs(&p.indexed_here),
+            pairs(&p.received),
+            p.position,
+            p.connected,
+        )
     };
     let as_i64 = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    let consumer = |registry: &mut Registry, name: &str, help: &str, v: u64| {
+        let g = Gauge::<i64>::default();
+        g.set(as_i64(v));
+        registry.register(name, help, g);
+    };
+    consumer(
+        &mut registry,
+        "consumer_connected",
+        "1 while this instance's consumer is bound",
+        u64::from(connected),
+    );
+    consumer(
+        &mut registry,
+        "consumer_pending",
+        "Messages of the stream the consumer has not delivered yet (as of its last look)",
+        position.pending,
+    );
+    consumer(
+        &mut registry,
+        "consumer_ack_pending",
+        "Messages delivered and not acked yet",
+        position.ack_pending,
+    );
+    consumer(
+        &mut registry,
+        "consumer_ack_floor",
+        "The stream sequence at or below which every message is acked",
+        position.ack_floor,
+    );
     for h in &hosts {
         let l = HostLabel {
             host: h.host.clone(),

@@ -761,9 +761,15 @@ pub fn host_of_subject(subject: &str) -> Option<&str> {
 /// after the caller stored it, so the consumer's ack floor is a stream
 /// sequence below which every message is in the index.
 pub struct FleetReader {
+    js: jetstream::Context,
     stream: stream::Stream,
     consumer: jetstream::consumer::PullConsumer,
+    name: String,
 }
+
+/// At most this many messages delivered and not yet acked: past it the
+/// server delivers nothing more until acks come back.
+pub const FLEET_MAX_ACK_PENDING: u64 = 20_000;
 
 /// One message received by [`FleetReader::fetch`], to ack once stored.
 pub struct Received {
@@ -799,16 +805,41 @@ impl FleetReader {
                     deliver_policy: consumer::DeliverPolicy::All,
                     ack_policy: consumer::AckPolicy::Explicit,
                     ack_wait: Duration::from_secs(30),
-                    max_ack_pending: 20_000,
+                    max_ack_pending: FLEET_MAX_ACK_PENDING as i64,
                     ..Default::default()
                 },
             )
             .await
             .map_err(|e| ShipError::Unreachable(format!("consumer {name}: {e}")))?;
         Ok(FleetReader {
+            js: link.js,
             stream: link.stream,
             consumer,
+            name: name.to_string(),
         })
+    }
+
+    /// Asks the consumer's leader to step down, so that its replicas elect
+    /// another from the replicated state. A replicated consumer that lost
+    /// its quorum can come back with a leader that answers pull requests
+    /// with nothing while messages are pending; a new leader serves them.
+    /// A consumer of one replica has no one to step down for: the server
+    /// says so, and that answer is returned as an error.
+    pub async fn step_down(&self) -> Result<(), ShipError> {
+        let subject = format!(
+            "CONSUMER.LEADER.STEPDOWN.{}.{}",
+            self.stream.cached_info().config.name,
+            self.name
+        );
+        let answer: serde_json::Value = self
+            .js
+            .request(subject, &serde_json::json!({}))
+            .await
+            .map_err(|e| ShipError::Unreachable(format!("consumer step-down: {e}")))?;
+        match answer.get("error") {
+            Some(e) => Err(ShipError::Unreachable(format!("consumer step-down: {e}"))),
+            None => Ok(()),
+        }
     }
 
     /// Up to `max` messages, waiting at most `wait` for the first.

@@ -9,8 +9,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::jetstream::{
-    Nats, host, ledger_with_runs, metric, nats_server, read_subject, ship, spawn_ended,
-    stream_matches_ledger,
+    Nats, host, ledger_with_runs, metric, nats_server, read_subject, ship, shipped_everything,
+    spawn_ended, stream_matches_ledger,
 };
 use crate::util::{bin, wait_child, wait_until};
 
@@ -554,37 +554,29 @@ fn no_quorum_for_30_s_holds_the_cursor_grows_the_lag_and_every_event_arrives_onc
     );
     nats.nodes[1].restart(&nats.exe);
     nats.nodes[2].restart(&nats.exe);
-    assert!(
-        wait_until(Duration::from_secs(120), || stream_matches_ledger(
-            &url, &subject, &data
-        )),
-        "shipping resumes, every event once, in order; log: {}",
-        server.stderr()
-    );
-    assert!(
-        wait_until(Duration::from_secs(20), || metric(
-            &server,
-            "treewarden_ship_lag_events"
-        ) == Some(0.0)),
-        "lag back to 0"
-    );
-    let events = read_subject(&url, &subject).len() as u64;
+    shipped_everything(&server, &url, &subject, Duration::from_secs(120));
+    // The stream holds exactly the ledger's events (just checked).
+    let events = events_of(&data);
     let hosts = [id.clone()];
     assert!(
         wait_until(Duration::from_secs(90), || caught_up(
             &fleet, &hosts, events
         )),
-        "the fleet catches up; metrics: {}\nlog: {}",
+        "the fleet catches up to {events} events; metrics: {}\nlog: {}",
         fleet.get("/metrics"),
         fleet.log()
     );
+    // Stored once each. Received may count more: a message delivered while
+    // the consumer had no quorum can have its ack lost and come again.
     assert_eq!(
-        fleet.metric("events_received", &id),
+        fleet.metric("events_indexed_here", &id),
         Some(events as f64),
-        "each once"
+        "each stored once"
     );
+    let received = fleet.metric("events_received", &id).unwrap_or(0.0);
+    assert!(received >= events as f64, "received {received} of {events}");
     assert_eq!(fleet.metric("chain_broken", &id), Some(0.0));
     crate::util::say(&format!(
-        "fleet: no quorum for 30 s: {trees} trees spawned meanwhile, lag peaked at {lag_then} events, {events} events in the stream once each"
+        "fleet: no quorum for 30 s: {trees} trees spawned meanwhile, lag peaked at {lag_then} events, {events} events in the stream once each, {received} deliveries to the fleet"
     ));
 }

@@ -244,7 +244,7 @@ fn try_read_subject(url: &str, subject: &str) -> Result<Vec<Stored>, String> {
         let client = connect(url).await.map_err(|x| e(&x))?;
         let js = jetstream::new(client);
         let stream = js.get_stream("TREEWARDEN").await.map_err(|x| e(&x))?;
-        let consumer = stream
+        let mut consumer = stream
             .create_consumer(consumer::pull::Config {
                 filter_subject: subject.to_string(),
                 deliver_policy: consumer::DeliverPolicy::All,
@@ -254,6 +254,7 @@ fn try_read_subject(url: &str, subject: &str) -> Result<Vec<Stored>, String> {
             .await
             .map_err(|x| e(&x))?;
         let mut out = Vec::new();
+        let started = Instant::now();
         loop {
             let mut batch = consumer
                 .fetch()
@@ -283,8 +284,17 @@ fn try_read_subject(url: &str, subject: &str) -> Result<Vec<Stored>, String> {
                     body: serde_json::from_slice(&m.payload).expect("a JSON body"),
                 });
             }
+            // An empty fetch ends the read only once the consumer has
+            // nothing left to deliver: a fetch can come back empty while
+            // the cluster settles, with messages still pending.
             if out.len() == before {
-                return Ok(out);
+                let pending = consumer.info().await.map_err(|x| e(&x))?.num_pending;
+                if pending == 0 {
+                    return Ok(out);
+                }
+                if started.elapsed() > Duration::from_secs(30) {
+                    return Err(format!("{pending} messages still pending after 30 s"));
+                }
             }
         }
     })
@@ -358,6 +368,24 @@ pub(crate) fn stream_matches_ledger(url: &str, subject: &str, data: &Path) -> bo
             .iter()
             .filter_map(|e| e["seq"].as_i64())
             .collect::<Vec<_>>()
+}
+
+/// Shipping caught up: within `wait` the stream holds exactly the ledger's
+/// events, in order, each once; then the lag metric is back to 0.
+pub(crate) fn shipped_everything(server: &Server, url: &str, subject: &str, wait: Duration) {
+    let data = server.data_dir();
+    assert!(
+        wait_until(wait, || stream_matches_ledger(url, subject, &data)),
+        "shipping resumes, every event once, in order; log: {}",
+        server.stderr()
+    );
+    assert!(
+        wait_until(Duration::from_secs(20), || metric(
+            server,
+            "treewarden_ship_lag_events"
+        ) == Some(0.0)),
+        "lag back to 0"
+    );
 }
 
 #[test]
@@ -738,22 +766,7 @@ fn a_stopped_server_blocks_no_spawn_and_shipping_resumes_from_the_cursor() {
     // Back on the same port and store: shipping resumes where it stopped.
     let exe = nats.exe.clone();
     nats.nodes[0].restart(&exe);
-    assert!(
-        wait_until(Duration::from_secs(60), || stream_matches_ledger(
-            &nats.url(),
-            &subject,
-            &data
-        )),
-        "shipping resumes, every event once; log: {}",
-        server.stderr()
-    );
-    assert!(
-        wait_until(Duration::from_secs(10), || metric(
-            &server,
-            "treewarden_ship_lag_events"
-        ) == Some(0.0)),
-        "lag back to 0"
-    );
+    shipped_everything(&server, &nats.url(), &subject, Duration::from_secs(60));
     let stored = seqs(&read_subject(&nats.url(), &subject));
     assert_eq!(
         stored.iter().collect::<BTreeSet<_>>().len(),
@@ -918,21 +931,8 @@ fn a_cluster_node_killed_mid_shipping_loses_and_duplicates_nothing() {
         .map(|n| format!("nats://127.0.0.1:{}", n.port))
         .collect::<Vec<_>>()
         .join(",");
-    let data = server.data_dir();
-    assert!(
-        wait_until(Duration::from_secs(60), || stream_matches_ledger(
-            &live, &subject, &data
-        )),
-        "every event once, in order, on the surviving nodes; log: {}",
-        server.stderr()
-    );
-    assert!(
-        wait_until(Duration::from_secs(10), || metric(
-            &server,
-            "treewarden_ship_lag_events"
-        ) == Some(0.0)),
-        "lag back to 0"
-    );
+    // Every event once, in order, on the surviving nodes.
+    shipped_everything(&server, &live, &subject, Duration::from_secs(60));
     assert_eq!(metric(&server, "treewarden_ship_refused_total"), Some(0.0));
 }
 
