@@ -55,6 +55,8 @@ use treewarden::ledger::{
 use treewarden::proc::{Reaper, SpawnStdio};
 use treewarden::scan;
 
+mod fleet;
+
 /// How big each section runs.
 struct Plan {
     commits: usize,
@@ -311,6 +313,9 @@ fn main() -> anyhow::Result<()> {
     } else {
         Vec::new()
     };
+    if plan.runs("fleet") {
+        fleet::run(&plan, work.path())?;
+    }
     if plan.runs("teardown") {
         teardowns(&plan, work.path(), &mut rows)?;
     }
