@@ -257,6 +257,7 @@ async fn consume_connected(
     fleet.progress().connected = true;
     *backoff = Duration::from_secs(1);
     let mut last_walk = Instant::now() - Duration::from_secs(60);
+    let mut walk_took = Duration::ZERO;
     let mut stall = StallWatch::default();
     while !cancel.is_cancelled() {
         let batch = reader
@@ -277,8 +278,11 @@ async fn consume_connected(
             }
             reader.ack(&batch).await.map_err(|e| e.to_string())?;
         }
-        // Walked at most once a second, and whenever the consumer is idle.
-        if batch.is_empty() || last_walk.elapsed() >= Duration::from_secs(1) {
+        // Walked whenever the consumer is idle; while a backlog is read, at
+        // most once a second and at most a fifth of the time (a walk re-reads
+        // each host it takes from its first event).
+        let due = (walk_took * 4).max(Duration::from_secs(1));
+        if batch.is_empty() || last_walk.elapsed() >= due {
             last_walk = Instant::now();
             let position = reader.position().await.map_err(|e| e.to_string())?;
             if stall.look(batch.len(), &position, Instant::now()) {
@@ -298,7 +302,9 @@ async fn consume_connected(
                 p.in_stream = in_stream;
                 p.last_error = None;
             }
+            let started = Instant::now();
             walk(fleet, position.ack_floor);
+            walk_took = started.elapsed();
         }
     }
     Ok(())
