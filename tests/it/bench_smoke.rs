@@ -50,7 +50,7 @@ fn bench_suite_runs_at_smoke_size() {
         "idle service: serve, 5 trees",
         "| api spawns | 8 callers",
         "| scaling (item 6)",
-        "| ledger scale (issue 15)",
+        "| ledger scale, ",
         "growth: ",
     ] {
         assert!(stdout.contains(row), "no {row:?} row in:\n{stdout}");
