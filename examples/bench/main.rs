@@ -40,6 +40,8 @@
 //! and every zombie a kill leaves behind is reaped by it, not counted).
 //! Idle children are ended by their own pid at the end of their section.
 
+mod api;
+
 use std::collections::HashSet;
 use std::ffi::OsString;
 use std::io::{Read, Write};
@@ -76,7 +78,10 @@ struct Plan {
     recovery_reps: usize,
     /// Reads per kind in the auth section.
     auth_reads: usize,
-    /// Run only this section (`authority`, `spawn`, `scan`, `recovery`, `auth`, `teardown`, `idle`, `ledger`, `proofs`).
+    /// Concurrent callers of the api section's levels, and each level's window.
+    api_callers: Vec<usize>,
+    api_window: Duration,
+    /// Run only this section (`authority`, `spawn`, `scan`, `recovery`, `auth`, `api`, `teardown`, `idle`, `ledger`, `proofs`).
     only: Option<String>,
     /// Print each teardown's phase durations on stderr.
     phases: bool,
@@ -131,6 +136,8 @@ impl Plan {
                 recovery_grace: Duration::from_millis(200),
                 recovery_reps: 1,
                 auth_reads: 20,
+                api_callers: vec![1, 8],
+                api_window: Duration::from_millis(300),
                 dir,
                 only,
                 phases,
@@ -155,6 +162,8 @@ impl Plan {
                 recovery_grace: Duration::from_secs(1),
                 recovery_reps: 3,
                 auth_reads: 2000,
+                api_callers: vec![1, 50, 200],
+                api_window: Duration::from_secs(5),
                 dir,
                 only,
                 phases,
@@ -301,6 +310,11 @@ fn main() -> anyhow::Result<()> {
     if plan.runs("auth") {
         auth(&plan, work.path(), &mut rows)?;
     }
+    let api_lines = if plan.runs("api") {
+        api::api(&plan, work.path(), &mut rows)?
+    } else {
+        Vec::new()
+    };
     // Before the teardowns: it waits for its children with std::process,
     // which the teardown section's reaper would take from it.
     let scale = if plan.runs("ledger") {
@@ -334,6 +348,14 @@ fn main() -> anyhow::Result<()> {
     if let Some(line) = live {
         println!();
         println!("{line}");
+    }
+    if !api_lines.is_empty() {
+        println!();
+        println!("| api spawns | callers | ours | floor | target |");
+        println!("|---|---|---|---|---|");
+        for line in api_lines {
+            println!("{line}");
+        }
     }
     scaling(&rows);
     for line in scale {

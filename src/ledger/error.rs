@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use rusqlite::ErrorCode;
 
-#[derive(Debug, thiserror::Error)]
+/// `Clone`: a grouped commit's failure is every caller's in the group.
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum LedgerError {
     /// Another connection held the write lock for longer than the busy
     /// timeout. Nothing was written.

@@ -48,6 +48,7 @@ fn bench_suite_runs_at_smoke_size() {
         "teardown, 10 processes, session",
         "start → last orphan gone",
         "idle service: serve, 5 trees",
+        "| api spawns | 8 callers",
         "| scaling (item 6)",
         "| ledger scale, ",
         "| 40 | fleet: ",

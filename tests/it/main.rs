@@ -2,6 +2,7 @@
 //! files, real HTTP on 127.0.0.1:0. Each area lives in its own module.
 
 mod alerts;
+mod api_spawns;
 mod bench_smoke;
 mod budget;
 mod conventions;
