@@ -55,6 +55,8 @@ use treewarden::ledger::{
 use treewarden::proc::{Reaper, SpawnStdio};
 use treewarden::scan;
 
+mod stdio;
+
 /// How big each section runs.
 struct Plan {
     commits: usize,
@@ -298,6 +300,9 @@ fn main() -> anyhow::Result<()> {
     }
     if plan.runs("auth") {
         auth(&plan, work.path(), &mut rows)?;
+    }
+    if plan.runs("stdio") {
+        stdio::round_trips(&plan, work.path(), &mut rows)?;
     }
     // Before the teardowns: it waits for its children with std::process,
     // which the teardown section's reaper would take from it.

@@ -49,7 +49,8 @@ fn bench_suite_runs_at_smoke_size() {
         "start → last orphan gone",
         "idle service: serve, 5 trees",
         "| scaling (item 6)",
-        "| ledger scale (issue 15)",
+        "| ledger scale, ",
+        "streamed stdio over loopback TCP",
         "growth: ",
     ] {
         assert!(stdout.contains(row), "no {row:?} row in:\n{stdout}");
