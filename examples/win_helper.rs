@@ -13,6 +13,10 @@
 //! win_helper end <pid> <start_ticks>            ends that process only if its creation time is
 //!                                               still <start_ticks> (a member the ledger names):
 //!                                               prints ended/gone/recycled, exit 0 (1 on error)
+//! win_helper rpc-echo                           an ACP-style stdio server: each line of stdin a
+//!                                               JSON-RPC request, answered on stdout by one line
+//!                                               {"jsonrpc":"2.0","id":<its id>,"result":<its
+//!                                               params>}; exit 0 at stdin's end
 //! ```
 //!
 //! On other systems it says so and exits 2.
@@ -51,6 +55,41 @@ mod windows {
 
     fn me() -> PathBuf {
         std::env::current_exe().unwrap_or_else(|_| PathBuf::from("win_helper.exe"))
+    }
+
+    /// Answers each JSON-RPC request line on stdin with its id and params,
+    /// one line each, flushed at once (the peer waits for it); 0 at EOF.
+    fn rpc_echo() -> i32 {
+        use std::io::{BufRead, Write};
+        let stdin = std::io::stdin().lock();
+        let mut out = std::io::stdout().lock();
+        for line in stdin.lines() {
+            let Ok(line) = line else {
+                return 1;
+            };
+            if line.trim().is_empty() {
+                continue;
+            }
+            let answer = match serde_json::from_str::<serde_json::Value>(&line) {
+                Ok(req) => serde_json::json!({
+                    "jsonrpc": "2.0",
+                    "id": req["id"],
+                    "result": req["params"],
+                }),
+                Err(e) => serde_json::json!({
+                    "jsonrpc": "2.0",
+                    "id": null,
+                    "error": { "code": -32700, "message": e.to_string() },
+                }),
+            };
+            if writeln!(out, "{answer}")
+                .and_then(|()| out.flush())
+                .is_err()
+            {
+                return 1;
+            }
+        }
+        0
     }
 
     pub fn main() -> i32 {
@@ -129,6 +168,7 @@ mod windows {
                 }
                 0
             }
+            "rpc-echo" => rpc_echo(),
             other => {
                 eprintln!("win_helper: unknown mode {other:?}");
                 2

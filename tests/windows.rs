@@ -847,3 +847,167 @@ fn serve_ends_a_tree_at_its_roots_exit_and_at_its_owners_exit() {
     assert_eq!(status.code(), Some(0));
     env.verify();
 }
+
+/// Frame kinds of streamed stdio (`Upgrade: treewarden-stdio/1`): each
+/// frame `[kind u8][length u32 big-endian][payload]`.
+const STDIN: u8 = 0;
+const STDOUT: u8 = 1;
+const STDERR: u8 = 2;
+const EXIT: u8 = 3;
+
+fn write_frame(s: &mut impl std::io::Write, kind: u8, payload: &[u8]) {
+    let len = u32::try_from(payload.len()).expect("a frame's length");
+    let mut frame = Vec::with_capacity(5 + payload.len());
+    frame.push(kind);
+    frame.extend_from_slice(&len.to_be_bytes());
+    frame.extend_from_slice(payload);
+    s.write_all(&frame).expect("write a frame");
+}
+
+fn read_frame(s: &mut impl std::io::Read) -> (u8, Vec<u8>) {
+    let mut head = [0u8; 5];
+    s.read_exact(&mut head).expect("a frame's head");
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    let mut payload = vec![0; len];
+    s.read_exact(&mut payload).expect("a frame's payload");
+    (head[0], payload)
+}
+
+/// Sends a spawn asking for streamed stdio and reads its answer's head
+/// (byte by byte: the frames follow it on the same connection): the
+/// status and the head's text.
+fn spawn_streamed(
+    s: &mut std::net::TcpStream,
+    addr: &str,
+    token: &str,
+    body: &Value,
+) -> (u16, String) {
+    use std::io::{Read, Write};
+    let body = body.to_string();
+    let req = format!(
+        "POST /api/trees HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\
+         Connection: Upgrade\r\nUpgrade: treewarden-stdio/1\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).expect("send the spawn");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut byte).expect("the answer's head");
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, head)
+}
+
+/// An ACP-style stdio server hosted by the Windows service: `serve` over
+/// TCP with a token spawns `win_helper rpc-echo` with `"stdio": "stream"`;
+/// 100 JSON-RPC requests go in as stdin frames and each answer comes back
+/// on stdout with its id and payload; an empty stdin frame (the
+/// half-close) ends the server's stdin, it exits 0, stdout's and stderr's
+/// ends come, then the exit frame, last, names the tree ended by its
+/// root's exit, as the ledger does.
+#[test]
+fn serve_hosts_a_json_rpc_stdio_child_over_streamed_stdio() {
+    use std::io::Read;
+    let env = Env::new();
+    let (mut serve, addr) = start_serve(&env);
+    let token = admin_token(&env);
+    let h = helper().display().to_string();
+    let mut s = std::net::TcpStream::connect(&addr).expect("connect to the service");
+    s.set_read_timeout(Some(WAIT)).expect("read timeout");
+    s.set_nodelay(true).expect("nodelay");
+    let (status, head) = spawn_streamed(
+        &mut s,
+        &addr,
+        &token,
+        &serde_json::json!({ "argv": [h, "rpc-echo"], "stdio": "stream" }),
+    );
+    assert_eq!(status, 101, "{head}");
+    let tree: i64 = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("treewarden-tree")
+                .then(|| value.trim().parse().ok())?
+        })
+        .expect("the tree's id in the 101");
+
+    let mut out = Vec::new();
+    let mut err = Vec::new();
+    for i in 0..100u32 {
+        let params = serde_json::json!({ "n": i, "text": format!("message {i}: ünïcode ✓") });
+        let req = serde_json::json!({
+            "jsonrpc": "2.0", "id": i, "method": "session/echo", "params": params,
+        });
+        write_frame(&mut s, STDIN, format!("{req}\n").as_bytes());
+        let line = loop {
+            if let Some(nl) = out.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = out.drain(..=nl).collect();
+                break line;
+            }
+            match read_frame(&mut s) {
+                (STDOUT, chunk) if !chunk.is_empty() => out.extend(chunk),
+                (STDERR, chunk) if !chunk.is_empty() => err.extend(chunk),
+                (kind, chunk) => panic!(
+                    "answer {i}: a frame {kind} ({}) before it; stderr: {}",
+                    String::from_utf8_lossy(&chunk),
+                    String::from_utf8_lossy(&err)
+                ),
+            }
+        };
+        let answer: Value = serde_json::from_slice(&line).expect("an answer is JSON");
+        assert_eq!(answer["id"], i, "{answer}");
+        assert_eq!(answer["result"], params, "{answer}");
+    }
+
+    // The half-close: stdin ends, the server exits 0.
+    write_frame(&mut s, STDIN, &[]);
+    let mut ended = Vec::new();
+    let exit = loop {
+        match read_frame(&mut s) {
+            (EXIT, payload) => break payload,
+            (kind @ (STDOUT | STDERR), chunk) if chunk.is_empty() => ended.push(kind),
+            (STDOUT, chunk) => panic!("stdout after the last answer: {chunk:?}"),
+            (STDERR, chunk) => err.extend(chunk),
+            (kind, chunk) => panic!("a frame {kind}: {chunk:?}"),
+        }
+    };
+    ended.sort_unstable();
+    assert_eq!(
+        ended,
+        [STDOUT, STDERR],
+        "both ends before the exit frame; stderr: {}",
+        String::from_utf8_lossy(&err)
+    );
+    assert!(out.is_empty(), "{}", String::from_utf8_lossy(&out));
+    let exit: Value = serde_json::from_slice(&exit).expect("the exit frame is JSON");
+    assert_eq!(exit["id"], tree, "{exit}");
+    assert_eq!(exit["state"], "ended", "{exit}");
+    assert_eq!(exit["outcome"]["kind"], "exited", "{exit}");
+    assert_eq!(exit["outcome"]["exit"]["code"], 0, "{exit}");
+    // The exit frame is the last: the service ends the stream after it.
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "bytes after the exit frame: {rest:?}");
+
+    let detail = settled(&env, tree);
+    assert_eq!(detail["tree"]["state"], "ended", "{detail}");
+    assert_eq!(detail["tree"]["exit"]["code"], 0, "{detail}");
+    let events = detail["events"].as_array().expect("events");
+    assert!(
+        !events.iter().any(|e| e["kind"] == "kill.requested"),
+        "ended by its root's exit, not a kill: {detail}"
+    );
+    let (status, body) = http(&addr, "POST", "/api/shutdown", Some(&token), None);
+    assert_eq!(status, 202, "shutdown: {body}");
+    let status = wait_child(&mut serve, WAIT).expect("serve exits after its drain");
+    assert_eq!(status.code(), Some(0));
+    env.verify();
+}

@@ -58,6 +58,7 @@ use treewarden::proc::{Reaper, SpawnStdio};
 use treewarden::scan;
 
 mod fleet;
+mod stdio;
 
 /// How big each section runs.
 struct Plan {
@@ -315,6 +316,9 @@ fn main() -> anyhow::Result<()> {
     } else {
         Vec::new()
     };
+    if plan.runs("stdio") {
+        stdio::round_trips(&plan, work.path(), &mut rows)?;
+    }
     // Before the teardowns: it waits for its children with std::process,
     // which the teardown section's reaper would take from it.
     let scale = if plan.runs("ledger") {

@@ -778,6 +778,11 @@ pub async fn serve<L: Accept>(
                 .header_read_timeout(limits.header_read)
                 .serve_connection(TokioIo::new(io), service)
                 .with_upgrades();
+            // Given back when `conn` ends: after its last answer, or at an
+            // upgrade, which hands the connection to its handler (streamed
+            // stdio) and out of both caps. Such a connection is its tree's
+            // stdio, bounded by the cap on live trees, not a request slot: a
+            // caller's long-lived stdio trees never starve its requests.
             let _held = (permit, slot);
             let mut conn = std::pin::pin!(conn);
             // At shutdown a connection finishes the request it serves and

@@ -52,6 +52,7 @@ fn bench_suite_runs_at_smoke_size() {
         "| scaling (item 6)",
         "| ledger scale, ",
         "| 40 | fleet: ",
+        "streamed stdio over loopback TCP",
         "growth: ",
     ] {
         assert!(stdout.contains(row), "no {row:?} row in:\n{stdout}");

@@ -212,6 +212,87 @@ fn one_uid_holds_at_most_its_cap_of_connections() {
     assert!(served, "served again once the uid's connections ended");
 }
 
+/// A streamed-stdio connection gives its slot back at the upgrade: it is
+/// its tree's stdio (a tree capped by `--max-trees-per-user`), not a
+/// request slot, so a caller holding as many stdio trees as its cap of
+/// connections still gets an ordinary request served, and each stream
+/// still carries its tree's stdio to the end.
+#[test]
+fn streamed_stdio_connections_leave_the_callers_request_slots() {
+    let s = Server::start(&["--max-connections-per-uid", "3"]);
+    let frame = |kind: u8, payload: &[u8]| {
+        let mut f = vec![kind];
+        f.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+        f.extend_from_slice(payload);
+        f
+    };
+    let read_frame = |c: &mut std::net::TcpStream| {
+        let mut head = [0u8; 5];
+        c.read_exact(&mut head).expect("a frame's head");
+        let mut payload =
+            vec![0; u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize];
+        c.read_exact(&mut payload).expect("a frame's payload");
+        (head[0], payload)
+    };
+    let body = json!({ "argv": ["cat"], "stdio": "stream" }).to_string();
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        let mut c = std::net::TcpStream::connect(&s.addr).expect("connect");
+        c.set_read_timeout(Some(Duration::from_secs(30)))
+            .expect("read timeout");
+        write!(
+            c,
+            "POST /api/trees HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\
+             Connection: Upgrade\r\nUpgrade: treewarden-stdio/1\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            s.token,
+            body.len()
+        )
+        .expect("send the spawn");
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            c.read_exact(&mut byte).expect("the answer's head");
+            head.push(byte[0]);
+        }
+        let head = String::from_utf8_lossy(&head).into_owned();
+        assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+        streams.push(c);
+    }
+    // Three stdio trees held, as many as the cap: an ordinary request.
+    let mut answer = String::new();
+    let served = wait_until(Duration::from_secs(10), || {
+        let mut c = std::net::TcpStream::connect(&s.addr).expect("connect");
+        c.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("read timeout");
+        let _ = write!(
+            c,
+            "GET /api/trees HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n",
+            s.token
+        );
+        answer.clear();
+        let _ = c.read_to_string(&mut answer);
+        answer.starts_with("HTTP/1.1 200")
+    });
+    assert!(
+        served,
+        "a request beside {} stdio streams: {answer}",
+        streams.len()
+    );
+    for c in &mut streams {
+        c.write_all(&frame(0, b"hi\n")).expect("stdin");
+        assert_eq!(read_frame(c), (1, b"hi\n".to_vec()));
+        c.write_all(&frame(0, b"")).expect("stdin's end");
+        let end = loop {
+            if let (3, end) = read_frame(c) {
+                break end;
+            }
+        };
+        let end: Value = serde_json::from_slice(&end).expect("the exit frame");
+        assert_eq!(end["outcome"]["kind"], "exited", "{end}");
+    }
+}
+
 fn tree_detail(s: &Server, tree: i64) -> Value {
     let out = Command::new(bin())
         .env("TREEWARDEN_DATA_DIR", s.data_dir())
