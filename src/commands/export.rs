@@ -11,12 +11,15 @@ use crate::exit::{CliError, CliResult};
 
 pub fn export(
     config: &Config,
-    format: ExportFormat,
+    format: &str,
     (since, until): (Option<&str>, Option<&str>),
     (tree, kind): (Option<&str>, Option<&str>),
     after: Option<i64>,
     output: Option<&std::path::Path>,
 ) -> CliResult {
+    let format: ExportFormat = format
+        .parse()
+        .map_err(|e: String| CliError::usage(anyhow::anyhow!("--format: {e}")))?;
     if after.is_some_and(|a| a < 0) {
         return Err(CliError::usage(anyhow::anyhow!(
             "malformed --after: a seq is 0 or more"
@@ -62,9 +65,7 @@ pub fn export(
     };
     let Some(output) = output else {
         let stdout = std::io::stdout();
-        ledger
-            .export(&filter, format, &mut stdout.lock())
-            .map_err(CliError::internal)?;
+        write(&ledger, &filter, format, &mut stdout.lock())?;
         return Ok(0);
     };
     let path = if output.is_dir() {
@@ -81,23 +82,54 @@ pub fn export(
         .open(&path)
         .map_err(|e| CliError::usage(anyhow::anyhow!("--output {}: {e}", path.display())))?;
     let mut out = std::io::BufWriter::new(file);
-    let written = ledger.export(&filter, format, &mut out).and_then(|n| {
+    let written = write(&ledger, &filter, format, &mut out).and_then(|n| {
         out.into_inner()
             .map_err(|e| e.into_error())
             .and_then(|f| f.sync_all())
-            .map_err(|e| treewarden::ledger::LedgerError::Other(format!("export: {e}")))
+            .map_err(|e| CliError::internal(anyhow::anyhow!("export: {e}")))
             .map(|()| n)
     });
     match written {
         Ok(n) => {
             println!("{}", path.display());
-            eprintln!("treewarden: {n} events exported to {}", path.display());
+            let what = if format == ExportFormat::Ocsf {
+                "OCSF records"
+            } else {
+                "events"
+            };
+            eprintln!("treewarden: {n} {what} exported to {}", path.display());
             Ok(0)
         }
         Err(e) => {
             // A cut file must not pass for an export.
             let _ = std::fs::remove_file(&path);
-            Err(CliError::internal(e))
+            Err(e)
         }
     }
+}
+
+/// Writes the export; an OCSF one says on stderr how many events it left
+/// out as not process activity (the NDJSON export has them). Returns how
+/// many lines of events (or records) it wrote.
+fn write(
+    ledger: &treewarden::ledger::Ledger,
+    filter: &EventFilter,
+    format: ExportFormat,
+    out: &mut dyn std::io::Write,
+) -> Result<usize, CliError> {
+    if format != ExportFormat::Ocsf {
+        return ledger
+            .export(filter, format, out)
+            .map_err(CliError::internal);
+    }
+    let counts = ledger
+        .export_ocsf(filter, out)
+        .map_err(CliError::internal)?;
+    if counts.skipped > 0 {
+        eprintln!(
+            "treewarden: {} events of other kinds left out of the OCSF export (not process activity; the NDJSON export has them)",
+            counts.skipped
+        );
+    }
+    Ok(counts.records)
 }

@@ -43,6 +43,7 @@ pub fn file_name(format: ExportFormat, at: std::time::SystemTime) -> String {
     let ext = match format {
         ExportFormat::Ndjson => "ndjson",
         ExportFormat::Csv => "csv",
+        ExportFormat::Ocsf => "ocsf.ndjson",
     };
     format!("treewarden-audit-{host}-{stamp}Z.{ext}")
 }
@@ -91,6 +92,9 @@ pub(crate) fn format(
                 .into_inner()
                 .map_err(|e| LedgerError::Other(format!("export: {e}")))
         }
+        ExportFormat::Ocsf => Err(LedgerError::Invariant(
+            "export: OCSF lines are made by ledger/ocsf.rs, not page by page here".into(),
+        )),
     }
 }
 

@@ -73,6 +73,7 @@ mod export;
 pub mod fleet;
 pub(crate) mod fsmode;
 pub mod hierarchy;
+mod ocsf;
 pub mod outcome;
 mod projection;
 mod prune;
@@ -97,6 +98,7 @@ pub use error::LedgerError;
 pub use event::{Event, RowKind};
 pub use evidence::{DEFAULT_EVIDENCE_MAX, EVIDENCE_MARGIN};
 pub use export::file_name as export_file_name;
+pub use ocsf::{OCSF_VERSION, OcsfCounts};
 pub use prune::{PruneReport, PruneRequest};
 pub use types::{
     AuthorizationId, AuthorizationRow, BoundaryKind, Deferred, EpochSeal, EventFilter, EventKind,
@@ -1051,6 +1053,9 @@ impl Ledger {
         format: ExportFormat,
         sink: &mut dyn FnMut(&[u8]) -> Result<(), LedgerError>,
     ) -> Result<usize, LedgerError> {
+        if format == ExportFormat::Ocsf {
+            return self.export_ocsf_with(filter, sink).map(|c| c.records);
+        }
         let selection = export::Selection::of(filter);
         if format == ExportFormat::Ndjson
             && let Some(selection) = selection.clone().filter(export::Selection::narrows)
@@ -1147,6 +1152,21 @@ impl Ledger {
         sink: &mut dyn FnMut(&[u8]) -> Result<(), LedgerError>,
         head: i64,
     ) -> Result<usize, LedgerError> {
+        self.pages_to(filter, head, &mut |rows, first| {
+            sink(&export::format(rows, format, first)?)
+        })
+    }
+
+    /// The events `filter` selects up to the event `head` (a seq), oldest
+    /// first, in pages of [`export::PAGE`] (keyset on `seq`), each handed
+    /// to `each` (with whether it is the first) before the next is read;
+    /// the first page always, even empty. Returns how many events.
+    pub(crate) fn pages_to(
+        &self,
+        filter: &EventFilter,
+        head: i64,
+        each: &mut PageSink<'_>,
+    ) -> Result<usize, LedgerError> {
         let mut page = filter.clone();
         page.newest_first = false;
         page.limit = Some(export::PAGE);
@@ -1158,7 +1178,7 @@ impl Ledger {
             let rows: Vec<EventRow> = rows.into_iter().take_while(|r| r.seq <= head).collect();
             let reached_head = rows.last().is_none_or(|r| r.seq >= head);
             if !rows.is_empty() || first {
-                sink(&export::format(&rows, format, first)?)?;
+                each(&rows, first)?;
             }
             first = false;
             sent += rows.len();
@@ -1169,6 +1189,10 @@ impl Ledger {
         }
     }
 }
+
+/// What [`Ledger::pages_to`] hands each page to: its rows, and whether it
+/// is the first.
+pub(crate) type PageSink<'a> = dyn FnMut(&[EventRow], bool) -> Result<(), LedgerError> + 'a;
 
 /// This host's `/etc/machine-id`, where it has one.
 fn machine_id() -> Option<String> {

@@ -20,6 +20,7 @@ mod jetstream;
 mod ledger;
 mod ledger_life;
 mod observer;
+mod ocsf;
 mod privilege;
 mod proc;
 mod proofs;

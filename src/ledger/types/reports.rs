@@ -136,6 +136,9 @@ pub struct SealReport {
 pub enum ExportFormat {
     Ndjson,
     Csv,
+    /// OCSF 1.5.0 Process Activity, one object per line: a view for SIEMs,
+    /// not evidence (`ledger/ocsf.rs`).
+    Ocsf,
 }
 
 impl std::str::FromStr for ExportFormat {
@@ -144,7 +147,10 @@ impl std::str::FromStr for ExportFormat {
         match s {
             "ndjson" => Ok(Self::Ndjson),
             "csv" => Ok(Self::Csv),
-            other => Err(format!("unknown format {other:?}: expected ndjson or csv")),
+            "ocsf" => Ok(Self::Ocsf),
+            other => Err(format!(
+                "unknown format {other:?}: expected ndjson, csv or ocsf"
+            )),
         }
     }
 }
