@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use treewarden::config::{BoundaryChoice, Config, ObserverMode};
+use treewarden::ledger::ExportFormat;
 
 use crate::commands::{SealCommand, backup, doctor, export, prune, seal, verify};
 use crate::exit::{CliError, CliResult, EXIT_INTERNAL, EXIT_USAGE};
@@ -144,8 +145,8 @@ enum Command {
         /// ndjson (one event per line, the evidence `verify --export`
         /// checks), csv, or ocsf (OCSF 1.5.0 Process Activity for a SIEM: a
         /// view naming the seq and hash of each event it came from).
-        #[arg(long, default_value = "ndjson", value_name = "FORMAT")]
-        format: String,
+        #[arg(long, default_value = "ndjson", value_enum)]
+        format: ExportFormat,
         /// Only events at or after T: RFC 3339 (`2024-05-01T12:00:00Z`) or an
         /// age (`2h`, `30m`).
         #[arg(long, value_name = "T")]
@@ -353,7 +354,7 @@ fn run_command(command: Command, config: &Config) -> CliResult {
             output,
         } => export(
             config,
-            &format,
+            format,
             (since.as_deref(), until.as_deref()),
             (tree.as_deref(), kind.as_deref()),
             after,

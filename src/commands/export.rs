@@ -11,15 +11,12 @@ use crate::exit::{CliError, CliResult};
 
 pub fn export(
     config: &Config,
-    format: &str,
+    format: ExportFormat,
     (since, until): (Option<&str>, Option<&str>),
     (tree, kind): (Option<&str>, Option<&str>),
     after: Option<i64>,
     output: Option<&std::path::Path>,
 ) -> CliResult {
-    let format: ExportFormat = format
-        .parse()
-        .map_err(|e: String| CliError::usage(anyhow::anyhow!("--format: {e}")))?;
     if after.is_some_and(|a| a < 0) {
         return Err(CliError::usage(anyhow::anyhow!(
             "malformed --after: a seq is 0 or more"

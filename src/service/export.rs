@@ -36,15 +36,19 @@ impl Service {
                 tx.blocking_send(Ok(bytes.to_vec()))
                     .map_err(|_| LedgerError::Other("export: the client went away".into()))
             });
-            if let Err(e) = result {
-                match started.take() {
-                    Some(s) => {
-                        let _ = s.send(Err(e));
-                    }
-                    None => {
-                        tracing::warn!(error = %e, "export cut short");
-                        let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
-                    }
+            match (result, started.take()) {
+                // Nothing to write (an OCSF view of events none of which
+                // is process activity): an empty body.
+                (Ok(_), Some(s)) => {
+                    let _ = s.send(Ok(()));
+                }
+                (Ok(_), None) => {}
+                (Err(e), Some(s)) => {
+                    let _ = s.send(Err(e));
+                }
+                (Err(e), None) => {
+                    tracing::warn!(error = %e, "export cut short");
+                    let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
                 }
             }
         });

@@ -296,12 +296,15 @@ fn an_ocsf_export_of_real_runs_matches_the_ledger_and_validates() {
         .collect();
     assert_eq!(filtered.iter().collect::<Vec<_>>(), want);
 
-    // A bad --format: one line, exit 2.
+    // A bad --format: clap's refusal, naming the value and the formats, exit 2.
     let out = tw(&data, &["export", "--format", "xml"]);
     assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
     let err = text(&out.stderr);
-    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
-    assert!(err.contains("ocsf") && err.contains("xml"), "{err}");
+    assert!(
+        err.contains("'xml'") && err.contains("possible values: ndjson, csv, ocsf"),
+        "{err}"
+    );
 
     // Every line validated against OCSF 1.5.0 by the package.
     let file = env.dir().join("ocsf.ndjson");
@@ -339,4 +342,28 @@ pub(crate) fn validate(file: &Path) {
         )),
         _ => panic!("OCSF validation failed: {said} {}", text(&out.stderr)),
     }
+}
+
+#[test]
+fn the_api_serves_the_same_ocsf_view_as_the_cli_and_an_empty_one_when_nothing_matches() {
+    let server = crate::serve::Server::start(&[]);
+    // No process activity yet: 200 and an empty body, not an error.
+    let r = server.get("/api/export?format=ocsf");
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(r.text().expect("body"), "");
+    let r = server
+        .get("/api/export?format=ocsf&since=0025-09-23T02:17:38.150Z&until=1532-01-09T11:10:44Z");
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(r.text().expect("body"), "");
+    let id = crate::jetstream::spawn_ended(&server, "ocsf-api");
+    let r = server.get("/api/export?format=ocsf");
+    assert_eq!(r.status().as_u16(), 200);
+    let api = lines(&r.text().expect("body"));
+    let launch = of(&api, id, "tree.created");
+    assert_eq!(launch.len(), 1, "the tree's launch: {api:?}");
+    assert_eq!(launch[0]["activity_id"], 1);
+    assert_eq!(of(&api, id, "tree.ended").len(), 1, "its end: {api:?}");
+    let cli = tw(&server.data_dir(), &["export", "--format", "ocsf"]);
+    assert_eq!(cli.status.code(), Some(0), "{}", text(&cli.stderr));
+    assert_eq!(api, lines(&text(&cli.stdout)));
 }
