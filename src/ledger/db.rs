@@ -57,39 +57,7 @@ pub(crate) enum Durability {
 const WAL_AUTOCHECKPOINT: i64 = 1000;
 
 /// A job for the owner thread.
-enum Job {
-    /// Anything on the connection (a read, a backup, a write of its own).
-    Call(Box<dyn FnOnce(&mut Store) + Send>),
-    /// One write transaction's work, which may share its transaction and
-    /// its commit with the writes queued behind it (see [`Store::write_group`]).
-    Write(Durability, GroupJob),
-}
-
-/// A grouped write: run on the group's open transaction (`None`: the
-/// transaction could not be begun, the work is not run), it says whether
-/// its own work succeeded and returns how to answer its caller once the
-/// group's commit is known.
-type GroupJob = Box<dyn FnOnce(Option<&mut Writer<'_>>, Duration) -> Staged + Send>;
-
-/// A grouped write's work done, its caller not yet answered.
-struct Staged {
-    ok: bool,
-    answer: Answer,
-}
-
-/// Answers a grouped write's caller, given how its group's commit went.
-type Answer = Box<dyn FnOnce(Result<(), LedgerError>) + Send>;
-
-/// The most writes one group commit holds.
-const MAX_GROUP: usize = 256;
-
-/// Whether a write of this durability may share a transaction with
-/// others: FULL and NORMAL writes may (the group commits at the strongest
-/// level among them); an authority commit runs alone, as it always did
-/// (no automatic checkpoint in it, nothing else's work before its kill).
-fn groupable(d: Durability) -> bool {
-    d != Durability::Authority
-}
+type Job = Box<dyn FnOnce(&mut Store) + Send>;
 
 /// The connection and what the owner thread remembers about it.
 pub(crate) struct Store {
@@ -187,48 +155,16 @@ pub(crate) fn start_in(
     let thread = std::thread::Builder::new()
         .name("ledger".into())
         .spawn(move || {
-            let mut next: Option<Job> = None;
-            loop {
-                let job = match next.take() {
-                    Some(job) => job,
-                    None => match inbox.recv() {
-                        Ok(job) => job,
-                        Err(_) => break,
-                    },
-                };
-                match job {
-                    // A job that panics (a bug in one request's code) must not
-                    // take the ledger down for every other caller: its caller
-                    // sees the reply channel close ("stopped before replying"),
-                    // its open transaction rolls back as it unwinds, and the
-                    // thread goes on with the next job.
-                    Job::Call(job) => {
-                        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            job(&mut store)
-                        }))
-                        .is_err()
-                        {
-                            tracing::error!(
-                                "a ledger job panicked; its transaction was rolled back"
-                            );
-                        }
-                    }
-                    // The writes queued behind this one while the previous
-                    // commit was on disk join it: one transaction, one fsync.
-                    Job::Write(durability, work) => {
-                        let mut group = vec![(durability, work)];
-                        while groupable(durability) && group.len() < MAX_GROUP {
-                            match inbox.try_recv() {
-                                Ok(Job::Write(d, w)) if groupable(d) => group.push((d, w)),
-                                Ok(other) => {
-                                    next = Some(other);
-                                    break;
-                                }
-                                Err(_) => break,
-                            }
-                        }
-                        store.write_group(group);
-                    }
+            while let Ok(job) = inbox.recv() {
+                // A job that panics (a bug in one request's code) must not
+                // take the ledger down for every other caller: its caller
+                // sees the reply channel close ("stopped before replying"),
+                // its open transaction rolls back as it unwinds, and the
+                // thread goes on with the next job.
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut store)))
+                    .is_err()
+                {
+                    tracing::error!("a ledger job panicked; its transaction was rolled back");
                 }
             }
         })
@@ -246,65 +182,20 @@ impl Handle {
         f: impl FnOnce(&mut Store) -> Result<T, LedgerError> + Send + 'static,
     ) -> Result<T, LedgerError> {
         let (reply, answer) = mpsc::sync_channel(1);
-        let job = Job::Call(Box::new(move |store| {
+        let job: Job = Box::new(move |store| {
             // The caller may have gone away; then nobody needs the answer.
             let _ = reply.send(f(store));
-        }));
-        self.send(job)?;
-        answer
-            .recv()
-            .map_err(|_| LedgerError::Other("ledger thread stopped before replying".into()))?
-    }
-
-    /// One write transaction's work `f` at `durability`, answered once the
-    /// transaction that holds it has committed (possibly with other
-    /// callers' writes: [`Store::write_group`]). `f`'s own failure rolls
-    /// back only its own work; a failed commit fails every write it held.
-    pub(crate) fn write<T: Send + 'static>(
-        &self,
-        durability: Durability,
-        f: impl FnOnce(&mut Writer<'_>) -> Result<T, Fail> + Send + 'static,
-    ) -> Result<T, LedgerError> {
-        let (reply, answer) = mpsc::sync_channel(1);
-        self.send(Job::Write(durability, group_job(f, reply)))?;
-        answer
-            .recv()
-            .map_err(|_| LedgerError::Other("ledger thread stopped before replying".into()))?
-    }
-
-    fn send(&self, job: Job) -> Result<(), LedgerError> {
+        });
         let jobs = self
             .jobs
             .as_ref()
             .ok_or_else(|| LedgerError::Other("ledger is closed".into()))?;
         jobs.send(job)
-            .map_err(|_| LedgerError::Other("ledger thread has stopped".into()))
+            .map_err(|_| LedgerError::Other("ledger thread has stopped".into()))?;
+        answer
+            .recv()
+            .map_err(|_| LedgerError::Other("ledger thread stopped before replying".into()))?
     }
-}
-
-/// `f` as a grouped write whose answer goes to `reply`.
-fn group_job<T: Send + 'static>(
-    f: impl FnOnce(&mut Writer<'_>) -> Result<T, Fail> + Send + 'static,
-    reply: mpsc::SyncSender<Result<T, LedgerError>>,
-) -> GroupJob {
-    Box::new(move |writer, busy| {
-        let done = writer.map(f);
-        Staged {
-            ok: matches!(done, Some(Ok(_))),
-            answer: Box::new(move |commit| {
-                let result = match (done, commit) {
-                    (Some(Err(fail)), _) => Err(fail.into_ledger(busy)),
-                    (_, Err(e)) => Err(e),
-                    (Some(Ok(value)), Ok(())) => Ok(value),
-                    (None, Ok(())) => Err(LedgerError::Other(
-                        "the write was not run, yet its group committed".into(),
-                    )),
-                };
-                // The caller may have gone away; then nobody needs the answer.
-                let _ = reply.send(result);
-            }),
-        }
-    })
 }
 
 /// A failure to create the ledger's directory or file, by what it means.
@@ -625,104 +516,37 @@ impl Store {
         Ok(())
     }
 
-    /// Writes queued together, committed together: one `BEGIN IMMEDIATE`,
-    /// each write's work inside its own savepoint, one commit (one fsync)
-    /// at the strongest durability among them; every caller is answered
-    /// only after that commit, so nobody acts on a row that is not yet
-    /// durable. A write whose own work fails is rolled back to its
-    /// savepoint and answered with its error, the others go on; a failed
-    /// begin, savepoint or commit fails every write of the group, and
-    /// nothing of the group is written. A lone write runs without a savepoint:
-    /// `BEGIN IMMEDIATE`, its work, commit (rolled back on any error); then
-    /// the new chain head is published in the log.
-    fn write_group(&mut self, group: Vec<(Durability, GroupJob)>) {
-        let busy = self.busy_timeout;
-        let durability = group
-            .iter()
-            .map(|(d, _)| *d)
-            .find(|d| *d != Durability::Normal)
-            .unwrap_or(Durability::Normal);
-        let solo = group.len() == 1;
-        let mut works = group.into_iter().map(|(_, w)| w);
-        let mut answers: Vec<Answer> = Vec::new();
-        let mut head: Option<(i64, String)> = None;
-        let mut unrun: Option<GroupJob> = None;
-        let result: Result<(), Fail> = (|| {
+    /// One write transaction: `BEGIN IMMEDIATE` at the given durability, `f`,
+    /// commit, then publish the new chain head in the log. On any error the
+    /// transaction rolls back and nothing is written.
+    pub(crate) fn write<T>(
+        &mut self,
+        durability: Durability,
+        f: impl FnOnce(&mut Writer<'_>) -> Result<T, Fail>,
+    ) -> Result<T, LedgerError> {
+        let busy_timeout = self.busy_timeout;
+        let result = (|| {
             self.set_sync(durability)?;
             let tx = self
                 .conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)?;
-            for work in works.by_ref() {
-                if !solo && let Err(e) = tx.execute_batch("SAVEPOINT grouped") {
-                    unrun = Some(work);
-                    return Err(e.into());
-                }
-                let mut writer = Writer {
-                    tx: &tx,
-                    now: now_string(),
-                    head: head.clone(),
-                    appended: false,
-                    late: None,
-                };
-                let staged = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    work(Some(&mut writer), busy)
-                }));
-                let (appended, extended) = (writer.appended, writer.head.take());
-                match staged {
-                    Ok(staged) if staged.ok => {
-                        answers.push(staged.answer);
-                        if !solo {
-                            tx.execute_batch("RELEASE grouped")?;
-                        }
-                        if appended {
-                            head = extended;
-                        }
-                    }
-                    failed => {
-                        if let Err(panic) = &failed {
-                            tracing::error!(
-                                ?panic,
-                                "a ledger job panicked; its writes were rolled back"
-                            );
-                        }
-                        if solo {
-                            // Dropping the transaction rolls it back.
-                            drop(tx);
-                            if let Ok(staged) = failed {
-                                (staged.answer)(Ok(()));
-                            }
-                            return Ok(());
-                        }
-                        // Its own error, at once: none of its work will remain.
-                        if let Ok(staged) = failed {
-                            (staged.answer)(Ok(()));
-                        }
-                        tx.execute_batch("ROLLBACK TO grouped; RELEASE grouped")?;
-                    }
-                }
-            }
+            let mut writer = Writer {
+                tx: &tx,
+                now: now_string(),
+                head: None,
+                appended: false,
+                late: None,
+            };
+            let value = f(&mut writer)?;
+            let head = writer.appended.then(|| writer.head.clone()).flatten();
             tx.commit()?;
-            Ok(())
+            Ok((value, head))
         })();
-        match result {
-            Ok(()) => {
-                if let Some((seq, hash)) = head {
-                    self.publish_head(seq, hash);
-                }
-                for answer in answers {
-                    answer(Ok(()));
-                }
-            }
-            Err(fail) => {
-                let e = fail.into_ledger(busy);
-                for answer in answers {
-                    answer(Err(e.clone()));
-                }
-                for work in unrun.into_iter().chain(works) {
-                    (work(None, busy).answer)(Err(e.clone()));
-                }
-            }
+        let (value, head) = result.map_err(|fail: Fail| fail.into_ledger(busy_timeout))?;
+        if let Some((seq, hash)) = head {
+            self.publish_head(seq, hash);
         }
+        Ok(value)
     }
 
     /// An online copy of the database into the new file `dest` (0600),
@@ -879,13 +703,15 @@ mod tests {
         let db_size = || std::fs::metadata(&path).expect("ledger file").len();
         let write = |durability: Durability, key: &'static str, bytes: usize| {
             handle
-                .write(durability, move |w| {
-                    w.exec(
-                        "INSERT INTO ledger_meta (key, value) VALUES (?1, ?2)",
-                        params![key, "x".repeat(bytes)],
-                    )
-                    .map(|_| ())
-                    .map_err(Fail::from)
+                .call(move |store| {
+                    store.write(durability, move |w| {
+                        w.exec(
+                            "INSERT INTO ledger_meta (key, value) VALUES (?1, ?2)",
+                            params![key, "x".repeat(bytes)],
+                        )
+                        .map(|_| ())
+                        .map_err(Fail::from)
+                    })
                 })
                 .expect("written");
         };
@@ -1113,100 +939,6 @@ mod tests {
         assert!(len < 1 << 20, "its length is SQLite's: {len}");
         let (blocks, _) = allocated(0);
         assert!(blocks < 1 << 20, "none asked, none made: {blocks}");
-    }
-
-    #[test]
-    fn a_group_commits_its_writes_together_and_fails_only_the_write_that_failed() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("ledger.db");
-        let handle = start(&path, Duration::from_secs(5), 0).expect("ledger");
-        let put = |key: String, fail: bool| {
-            move |w: &mut Writer<'_>| -> Result<String, Fail> {
-                w.exec(
-                    "INSERT INTO ledger_meta (key, value) VALUES (?1, 'x')",
-                    params![key],
-                )?;
-                if fail {
-                    return Err(LedgerError::Invariant(format!("{key} refused")).into());
-                }
-                Ok(key)
-            }
-        };
-        let mut answers = Vec::new();
-        let mut group: Vec<(Durability, GroupJob)> = Vec::new();
-        for i in 0..5 {
-            let (reply, answer) = mpsc::sync_channel(1);
-            let durability = if i % 2 == 0 {
-                Durability::Normal
-            } else {
-                Durability::Full
-            };
-            group.push((durability, group_job(put(format!("g{i}"), i == 2), reply)));
-            answers.push(answer);
-        }
-        handle
-            .call(move |store| {
-                store.write_group(group);
-                Ok(())
-            })
-            .expect("the group ran");
-        let got: Vec<_> = answers
-            .iter()
-            .map(|a| a.recv().expect("every caller answered"))
-            .collect();
-        for (i, r) in got.iter().enumerate() {
-            match (i, r) {
-                (2, Err(LedgerError::Invariant(m))) => assert_eq!(m, "g2 refused"),
-                (2, other) => panic!("the failed write answered {other:?}"),
-                (_, Ok(key)) => assert_eq!(*key, format!("g{i}")),
-                (_, Err(e)) => panic!("write {i} failed: {e}"),
-            }
-        }
-        let keys = handle
-            .call(|store| {
-                store.read(|tx| {
-                    let mut st =
-                        tx.prepare("SELECT key FROM ledger_meta WHERE key LIKE 'g%' ORDER BY key")?;
-                    let keys = st
-                        .query_map([], |r| r.get::<_, String>(0))?
-                        .collect::<Result<Vec<_>, _>>()?;
-                    Ok(keys)
-                })
-            })
-            .expect("read");
-        assert_eq!(
-            keys,
-            ["g0", "g1", "g3", "g4"],
-            "the failed write's row is gone, the rest stay"
-        );
-        // A group that cannot begin (the write lock held elsewhere) fails
-        // every write it held, and writes nothing.
-        let other = Connection::open(&path).expect("second connection");
-        other.execute_batch("BEGIN IMMEDIATE").expect("lock");
-        let handle2 = start(&path, Duration::from_millis(50), 0).expect("ledger");
-        let mut answers = Vec::new();
-        let mut group: Vec<(Durability, GroupJob)> = Vec::new();
-        for i in 0..3 {
-            let (reply, answer) = mpsc::sync_channel(1);
-            group.push((
-                Durability::Full,
-                group_job(put(format!("h{i}"), false), reply),
-            ));
-            answers.push(answer);
-        }
-        handle2
-            .call(move |store| {
-                store.write_group(group);
-                Ok(())
-            })
-            .expect("the group ran");
-        for a in &answers {
-            match a.recv().expect("answered") {
-                Err(LedgerError::Busy(_)) => {}
-                other => panic!("a write of a group that could not begin: {other:?}"),
-            }
-        }
-        other.execute_batch("ROLLBACK").expect("unlock");
     }
 
     #[test]

@@ -5,8 +5,7 @@ use std::time::Duration;
 
 use rusqlite::ErrorCode;
 
-/// `Clone`: a grouped commit's failure is every caller's in the group.
-#[derive(Clone, Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
     /// Another connection held the write lock for longer than the busy
     /// timeout. Nothing was written.

@@ -253,7 +253,7 @@ impl Ledger {
         durability: Durability,
         f: impl FnOnce(&mut db::Writer<'_>) -> Result<T, error::Fail> + Send + 'static,
     ) -> Result<T, LedgerError> {
-        self.handle.write(durability, f)
+        self.handle.call(move |store| store.write(durability, f))
     }
 
     fn read<T: Send + 'static>(
