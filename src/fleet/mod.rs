@@ -220,6 +220,11 @@ impl StallWatch {
         }
         now.duration_since(*self.quiet_since.get_or_insert(now)) >= STALLED
     }
+
+    /// A fetch delivered messages (between looks): the quiet is over.
+    fn delivered(&mut self) {
+        self.quiet_since = None;
+    }
 }
 
 /// The consumer loop: reconnects with backoff (1 s doubling to 30 s, back
@@ -265,6 +270,7 @@ async fn consume_connected(
             .await
             .map_err(|e| e.to_string())?;
         if !batch.is_empty() {
+            stall.delivered();
             let messages: Vec<_> = batch.iter().map(|r| r.message.clone()).collect();
             let fresh = fleet.index.insert(&messages).map_err(|e| e.to_string())?;
             {
@@ -364,6 +370,12 @@ mod tests {
         assert!(!w.look(0, &pending(5, 0), t0));
         assert!(!w.look(0, &pending(0, 0), t0 + STALLED / 2));
         assert!(!w.look(0, &pending(5, 0), t0 + STALLED));
+        // Deliveries between looks end the quiet too.
+        let mut w = StallWatch::default();
+        assert!(!w.look(0, &pending(5, 0), t0));
+        w.delivered();
+        assert!(!w.look(0, &pending(5, 0), t0 + STALLED));
+        assert!(w.look(0, &pending(5, 0), t0 + STALLED * 2));
         // At the unacked limit the server holds deliveries back by design.
         let mut w = StallWatch::default();
         let full = pending(5, FLEET_MAX_ACK_PENDING);
