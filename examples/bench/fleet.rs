@@ -38,8 +38,8 @@ use async_nats::jetstream::{self, stream};
 use futures_util::StreamExt;
 
 use super::{
-    BenchCgroup, Marked, Plan, Serve, cpu_ticks, marked, ms, stats, status_kib, treewarden_bin,
-    until_healthy, wait_until,
+    BenchCgroup, Marked, Plan, Serve, cpu_ticks, marked, ms, serve_command, stats, status_kib,
+    treewarden_bin, until_healthy, wait_until,
 };
 
 /// How big the section runs.
@@ -236,25 +236,12 @@ fn start_serve(
     cgroup: Option<&BenchCgroup>,
     ship: Option<&str>,
 ) -> anyhow::Result<Serve> {
-    let _ = std::fs::remove_file(ready);
-    let mut c = Command::new(bin);
-    c.env("TREEWARDEN_DATA_DIR", data)
-        .env_remove("TREEWARDEN_CGROUP_ROOT")
-        .args(["serve", "--listen", "127.0.0.1:0", "--ready-file"])
-        .arg(ready)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    if let Some(url) = ship {
-        c.args(["--ship", url, "--ship-host-id", HOST]);
-    }
-    match cgroup {
-        Some(root) => c
-            .env("TREEWARDEN_BOUNDARY", "cgroup")
-            .env("TREEWARDEN_CGROUP_ROOT", &root.0),
-        None => c.env("TREEWARDEN_BOUNDARY", "session"),
-    };
-    Ok(Serve(c.spawn()?))
+    let ship = ship.map_or(Vec::new(), |url| {
+        vec!["--ship", url, "--ship-host-id", HOST]
+    });
+    Ok(Serve(
+        serve_command(bin, data, ready, cgroup, &ship).spawn()?,
+    ))
 }
 
 /// `name value` from a Prometheus text page.

@@ -382,22 +382,7 @@ fn auth(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()> {
     let bin = treewarden_bin()?;
     let data = dir.join("auth-data");
     let ready = dir.join("auth-ready");
-    let mut c = Command::new(&bin);
-    c.env("TREEWARDEN_DATA_DIR", &data)
-        .env("TREEWARDEN_BOUNDARY", "session")
-        .env_remove("TREEWARDEN_CGROUP_ROOT")
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--open-reads",
-            "--ready-file",
-        ])
-        .arg(&ready)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let _serve = Serve(c.spawn()?);
+    let _serve = Serve(serve_command(&bin, &data, &ready, None, &["--open-reads"]).spawn()?);
     let (_, addr) = until_healthy(&ready, Instant::now())?;
     let token = std::fs::read_to_string(data.join("api-token"))?;
     let http = reqwest::blocking::Client::builder()
@@ -664,20 +649,7 @@ fn idle_service(plan: &Plan, dir: &Path) -> anyhow::Result<String> {
     let data = dir.join("serve-data");
     let ready = dir.join("serve.ready");
     let cgroup_root = BenchCgroup::create("serve");
-    let mut c = Command::new(&bin);
-    c.env("TREEWARDEN_DATA_DIR", &data)
-        .env_remove("TREEWARDEN_CGROUP_ROOT")
-        .args(["serve", "--listen", "127.0.0.1:0", "--ready-file"])
-        .arg(&ready)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    match &cgroup_root {
-        Some(root) => c
-            .env("TREEWARDEN_BOUNDARY", "cgroup")
-            .env("TREEWARDEN_CGROUP_ROOT", &root.0),
-        None => c.env("TREEWARDEN_BOUNDARY", "session"),
-    };
+    let mut c = serve_command(&bin, &data, &ready, cgroup_root.as_ref(), &[]);
     let mut serve = Serve(c.spawn()?);
     let pid = serve.0.id();
     anyhow::ensure!(
@@ -1142,6 +1114,35 @@ impl Drop for Marked {
     }
 }
 
+/// `treewarden serve` on `data` and loopback, writing `ready` (removed
+/// first), with the cgroup boundary under `cgroup` or the session one, and
+/// `extra` arguments; quiet. Not started.
+fn serve_command(
+    bin: &Path,
+    data: &Path,
+    ready: &Path,
+    cgroup: Option<&BenchCgroup>,
+    extra: &[&str],
+) -> Command {
+    let _ = std::fs::remove_file(ready);
+    let mut c = Command::new(bin);
+    c.env("TREEWARDEN_DATA_DIR", data)
+        .env_remove("TREEWARDEN_CGROUP_ROOT")
+        .args(["serve", "--listen", "127.0.0.1:0", "--ready-file"])
+        .arg(ready)
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    match cgroup {
+        Some(root) => c
+            .env("TREEWARDEN_BOUNDARY", "cgroup")
+            .env("TREEWARDEN_CGROUP_ROOT", &root.0),
+        None => c.env("TREEWARDEN_BOUNDARY", "session"),
+    };
+    c
+}
+
 /// A `treewarden serve` on `data`; returns it once its ready file exists.
 fn start_serve(
     bin: &Path,
@@ -1149,26 +1150,12 @@ fn start_serve(
     ready: &Path,
     cgroup: Option<&BenchCgroup>,
 ) -> anyhow::Result<Serve> {
-    let _ = std::fs::remove_file(ready);
-    let mut c = Command::new(bin);
-    c.env("TREEWARDEN_DATA_DIR", data)
-        .env_remove("TREEWARDEN_CGROUP_ROOT")
-        .args(["serve", "--listen", "127.0.0.1:0", "--ready-file"])
-        .arg(ready)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
+    let mut c = serve_command(bin, data, ready, cgroup, &[]);
     // Serve's log (its per-teardown "teardown done" lines with their
     // phases) kept where `TW_BENCH_SERVE_LOG` says, for a profile.
     if let Some(path) = std::env::var_os("TW_BENCH_SERVE_LOG") {
         c.stderr(std::fs::File::create(path)?);
     }
-    match cgroup {
-        Some(root) => c
-            .env("TREEWARDEN_BOUNDARY", "cgroup")
-            .env("TREEWARDEN_CGROUP_ROOT", &root.0),
-        None => c.env("TREEWARDEN_BOUNDARY", "session"),
-    };
     Ok(Serve(c.spawn()?))
 }
 

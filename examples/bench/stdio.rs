@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{Plan, Row, Serve, Target, stats, treewarden_bin, until_healthy};
+use super::{Plan, Row, Serve, Target, serve_command, stats, treewarden_bin, until_healthy};
 
 /// Frame kinds: `[kind u8][length u32 big-endian][payload]`.
 const STDIN: u8 = 0;
@@ -123,16 +123,7 @@ pub fn round_trips(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Resu
     let bin = treewarden_bin()?;
     let data = dir.join("stdio-data");
     let ready = dir.join("stdio-ready");
-    let mut c = Command::new(&bin);
-    c.env("TREEWARDEN_DATA_DIR", &data)
-        .env("TREEWARDEN_BOUNDARY", "session")
-        .env_remove("TREEWARDEN_CGROUP_ROOT")
-        .args(["serve", "--listen", "127.0.0.1:0", "--ready-file"])
-        .arg(&ready)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let _serve = Serve(c.spawn()?);
+    let _serve = Serve(serve_command(&bin, &data, &ready, None, &[]).spawn()?);
     let (_, addr) = until_healthy(&ready, Instant::now())?;
     let token = std::fs::read_to_string(data.join("api-token"))?;
     let mut streamed = Streamed::spawn(&addr, token.trim())?;
