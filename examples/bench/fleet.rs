@@ -38,8 +38,8 @@ use async_nats::jetstream::{self, stream};
 use futures_util::StreamExt;
 
 use super::{
-    BenchCgroup, Marked, Plan, Serve, cpu_ticks, marked, ms, serve_command, stats, status_kib,
-    treewarden_bin, until_healthy, wait_until,
+    BenchCgroup, Marked, Plan, Serve, cpu_ticks, marked, ms, serve_command, stat_ticks, stats,
+    status_kib, treewarden_bin, until_healthy, wait_until,
 };
 
 /// How big the section runs.
@@ -263,13 +263,7 @@ fn thread_ticks(pid: u32, name: &str) -> Option<u64> {
 }
 
 fn cpu_ticks_task(pid: u32, tid: u32) -> anyhow::Result<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))?;
-    let rest = stat
-        .rsplit_once(')')
-        .ok_or_else(|| anyhow::anyhow!("bad stat"))?
-        .1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    Ok(f[11].parse::<u64>()? + f[12].parse::<u64>()?)
+    stat_ticks(&format!("/proc/{pid}/task/{tid}/stat"))
 }
 
 /// Every event's commit → delivery, from a consumer of the host's subject

@@ -605,7 +605,12 @@ fn spawn(plan: &Plan, dir: &Path, rows: &mut Vec<Row>) -> anyhow::Result<()> {
 
 /// utime + stime of a process, in clock ticks (`/proc/<pid>/stat` 14, 15).
 fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    stat_ticks(&format!("/proc/{pid}/stat"))
+}
+
+/// utime + stime from a `stat` file of `/proc` (a process's or a thread's).
+fn stat_ticks(path: &str) -> anyhow::Result<u64> {
+    let stat = std::fs::read_to_string(path)?;
     let rest = stat
         .rsplit_once(')')
         .ok_or_else(|| anyhow::anyhow!("bad stat"))?
