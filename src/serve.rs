@@ -217,9 +217,10 @@ pub fn serve(
     let nats_shipper = match opts.ship_nats.clone() {
         None => None,
         Some(nats) => {
-            let ledger = crate::ledger::Ledger::open(
+            let ledger = crate::ledger::Ledger::open_as(
                 &config.ledger_path(),
                 crate::ledger::LedgerOptions::from_config(config),
+                "ledger-ship",
             )
             .map_err(|e| ServeError::internal(format!("JetStream shipping: {e}")))?;
             tracing::info!(

@@ -126,20 +126,23 @@ impl Drop for Handle {
 }
 
 /// Opens (creating if needed) and migrates the ledger, then starts its owner thread.
+#[cfg(test)]
 pub(crate) fn start(
     path: &Path,
     busy_timeout: Duration,
     reserve: u64,
 ) -> Result<Arc<Handle>, LedgerError> {
-    start_in(path, busy_timeout, reserve, DirRule::DataDir)
+    start_in(path, busy_timeout, reserve, DirRule::DataDir, "ledger")
 }
 
-/// [`start`], with what may be assumed of the file's directory.
+/// [`start`], with what may be assumed of the file's directory and the
+/// owner thread's name (what `top -H` and a per-thread CPU count show).
 pub(crate) fn start_in(
     path: &Path,
     busy_timeout: Duration,
     reserve: u64,
     dir: DirRule,
+    thread: &str,
 ) -> Result<Arc<Handle>, LedgerError> {
     let conn =
         open_connection(path, busy_timeout, dir).map_err(|fail| fail.into_ledger(busy_timeout))?;
@@ -153,7 +156,7 @@ pub(crate) fn start_in(
     };
     let (jobs, inbox) = mpsc::channel::<Job>();
     let thread = std::thread::Builder::new()
-        .name("ledger".into())
+        .name(thread.into())
         .spawn(move || {
             while let Ok(job) = inbox.recv() {
                 // A job that panics (a bug in one request's code) must not

@@ -185,13 +185,26 @@ impl Ledger {
     /// Opens the ledger at `path`, creating the file and its parent directory
     /// if needed, in WAL mode with foreign keys on, and applies migrations.
     pub fn open(path: &Path, opts: LedgerOptions) -> Result<Ledger, LedgerError> {
+        Self::open_as(path, opts, "ledger")
+    }
+
+    /// [`Ledger::open`], its owner thread named `thread` (at most 15
+    /// bytes show): a second handle kept for one job (the JetStream
+    /// shipper's `ledger-ship`), so its cost can be told from custody's.
+    pub fn open_as(path: &Path, opts: LedgerOptions, thread: &str) -> Result<Ledger, LedgerError> {
         let dir = path
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."))
             .to_path_buf();
         Ok(Ledger {
-            handle: db::start(path, opts.busy_timeout, opts.reserve)?,
+            handle: db::start_in(
+                path,
+                opts.busy_timeout,
+                opts.reserve,
+                db::DirRule::DataDir,
+                thread,
+            )?,
             evidence: Arc::new(evidence::Gate::new(dir.clone(), opts.reserve)),
             dir: Arc::new(dir),
         })
@@ -214,7 +227,7 @@ impl Ledger {
             .unwrap_or(Path::new("."))
             .to_path_buf();
         Ok(Ledger {
-            handle: db::start_in(path, busy_timeout, 0, db::DirRule::AsIs)?,
+            handle: db::start_in(path, busy_timeout, 0, db::DirRule::AsIs, "ledger")?,
             evidence: Arc::new(evidence::Gate::new(dir.clone(), 0)),
             dir: Arc::new(dir),
         })

@@ -434,6 +434,9 @@ async fn pass(
             return Ok(shipped);
         }
         let before = link.cursor;
+        // A short batch was all there was: once it is acknowledged the
+        // pass is over, without a read that would find nothing.
+        let last = events.len() < config.batch;
         let result = publish_all(link, ledger, config, &events, &mut shipped).await;
         if link.cursor > before {
             crate::testhook::crash_point("ship-acked");
@@ -451,6 +454,9 @@ async fn pass(
             }
         }
         result?;
+        if last && events.last().is_some_and(|e| link.cursor >= e.seq) {
+            return Ok(shipped);
+        }
     }
 }
 
