@@ -801,6 +801,14 @@ pub struct EventsPage {
     pub toggle_live: String,
     pub live_stream: String,
     pub live_kinds: String,
+    /// The export's downloads of what this page's filter takes (`tree`,
+    /// `kind`, `since`, `until` as the page read them): NDJSON, with its
+    /// inclusion proofs, and CSV.
+    pub export_ndjson: String,
+    pub export_csv: String,
+    /// The page's filters the export cannot take, when any is set
+    /// (`label, text`): the page says the download leaves them out.
+    pub export_leaves_out: String,
 }
 
 /// The events page's filter, as typed.
@@ -973,6 +981,38 @@ pub async fn events(
         rows.first().map(|e| e.seq),
         rows.last().map(|e| e.seq),
     );
+    // The export takes the filters the page read (a field the page could
+    // not read, named in its banner, is left out of the link too).
+    let since_read = if since.is_some() {
+        text.since.trim()
+    } else {
+        ""
+    };
+    let until_read = if until.is_some() {
+        text.until.trim()
+    } else {
+        ""
+    };
+    let export = |format: &str| {
+        let parts = [
+            ("format", format.to_string()),
+            ("tree", tree.map(|t| t.0.to_string()).unwrap_or_default()),
+            ("kind", text.kind.trim().to_string()),
+            ("since", since_read.to_string()),
+            ("until", until_read.to_string()),
+        ];
+        format!("/api/export{}", query_string(&parts))
+    };
+    let export_leaves_out = [
+        ("label", !text.label.trim().is_empty()),
+        ("text", !text.text.trim().is_empty()),
+        ("important", text.important),
+    ]
+    .iter()
+    .filter(|(_, set)| *set)
+    .map(|(name, _)| *name)
+    .collect::<Vec<_>>()
+    .join(", ");
     // Only the newest page follows new events: an older one would reload
     // away from what the reader paged to.
     let live = live_asked && matches!(at, PageAt::Newest);
@@ -991,6 +1031,9 @@ pub async fn events(
         } else {
             live_kinds()
         },
+        export_ndjson: export("ndjson"),
+        export_csv: export("csv"),
+        export_leaves_out,
         events: rows.iter().map(EventLine::of).collect(),
         host: door.host(),
         q: text,

@@ -366,6 +366,137 @@ fn each_outcome_is_shown_filtered_and_stated_first_on_its_tree_page() {
 }
 
 /// axe-core's script, as tests/setup installs it from tests/a11y's lock.
+/// The `href` of the link `id` on `html`, its `&` read back from HTML
+/// (`&amp;` as the template writes it, `&#38;` as askama escapes it).
+fn export_link(html: &str, id: &str) -> String {
+    Regex::new(&format!(r#"<a id="{id}" href="([^"]*)""#))
+        .expect("re")
+        .captures(html)
+        .map(|c| c[1].replace("&amp;", "&").replace("&#38;", "&"))
+        .unwrap_or_else(|| panic!("no link #{id} on {html}"))
+}
+
+#[test]
+fn each_export_link_carries_its_pages_filter_and_downloads_what_verifies() {
+    let s = Server::start(&[]);
+    let (_, token) = crate::session::make_token(&s, "admin", "reviewer");
+    let cookie = crate::session::session_cookie(&s, &token);
+    let ours = s.spawn(&s.body("exit 3"));
+    let other = s.spawn(&s.body("exit 0"));
+    for id in [ours, other] {
+        wait_state(&s, id, "ended");
+    }
+    let http = reqwest::blocking::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client");
+    // What a browser does with the page and its link: the session cookie.
+    let read = |path: &str| -> String {
+        let r = http
+            .get(s.url(path))
+            .header("cookie", &cookie)
+            .send()
+            .expect("GET");
+        assert_eq!(r.status(), 200, "GET {path}");
+        r.text().expect("body")
+    };
+    let scratch = tempfile::tempdir().expect("temp dir");
+    // The download verifies alone (`verify --export`, no ledger) as a
+    // filtered export: its events, the ledger's seals aside.
+    let download = |link: &str| -> Vec<Value> {
+        let body = read(link);
+        let file = scratch.path().join("export.ndjson");
+        std::fs::write(&file, &body).expect("write the download");
+        let out = Command::new(bin())
+            .arg("--data-dir")
+            .arg(scratch.path().join("none"))
+            .args(["verify", "--export"])
+            .arg(&file)
+            .output()
+            .expect("verify --export");
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{link}: {said}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(said.contains("a filtered export"), "{link}: {said}");
+        crate::util::parse_ndjson(&body)
+            .into_iter()
+            .filter(|l| l.get("seq").is_some() && l["kind"] != "ledger.seal")
+            .collect()
+    };
+    let seqs = |events: &[Value]| -> Vec<i64> {
+        events.iter().filter_map(|e| e["seq"].as_i64()).collect()
+    };
+    let of_ours: Vec<Value> = s.tree(ours)["events"]
+        .as_array()
+        .expect("the tree's events")
+        .clone();
+
+    // A tree's page: that tree's events, all of them, nothing else.
+    let page = read(&format!("/trees/{ours}"));
+    let link = export_link(&page, "export-ndjson");
+    assert_eq!(link, format!("/api/export?format=ndjson&tree={ours}"));
+    assert_eq!(seqs(&download(&link)), seqs(&of_ours), "{link}");
+    assert_eq!(
+        export_link(&page, "export-csv"),
+        format!("/api/export?format=csv&tree={ours}")
+    );
+
+    // The events page filtered by tree, kind and time: the same filter.
+    let page = read(&format!("/events?tree={ours}&kind=tree.&since=1h&live=0"));
+    let link = export_link(&page, "export-ndjson");
+    assert_eq!(
+        link,
+        format!("/api/export?format=ndjson&tree={ours}&kind=tree.&since=1h")
+    );
+    let want: Vec<Value> = of_ours
+        .iter()
+        .filter(|e| e["kind"].as_str().is_some_and(|k| k.starts_with("tree.")))
+        .cloned()
+        .collect();
+    assert!(want.len() > 1, "{want:?}");
+    assert_eq!(seqs(&download(&link)), seqs(&want), "{link}");
+    assert!(!page.contains("export-leaves-out"), "it takes them all");
+    let until = s.tree(other)["tree"]["created_at"]
+        .as_str()
+        .expect("created_at")
+        .to_string();
+    let page = read(&format!("/events?until={until}&live=0"));
+    let link = export_link(&page, "export-ndjson");
+    let got = download(&link);
+    assert!(
+        got.iter().all(|e| e["at"].as_str() < Some(until.as_str())),
+        "{link}: {got:?}"
+    );
+    assert!(
+        got.iter().any(|e| e["tree"] == ours) && !got.iter().any(|e| e["tree"] == other),
+        "{link}: {got:?}"
+    );
+
+    // What the export cannot take is said, not carried; a field the page
+    // could not read (its banner says so) is left out of the link too.
+    let page = read("/events?label=tes&important=1&kind=kill.&live=0");
+    assert_eq!(
+        export_link(&page, "export-ndjson"),
+        "/api/export?format=ndjson&kind=kill."
+    );
+    assert!(page.contains("not label, important)"), "{page}");
+    let page = read("/events?tree=abc&live=0");
+    assert_eq!(
+        export_link(&page, "export-ndjson"),
+        "/api/export?format=ndjson"
+    );
+    // The link reads with a session or a token, never without either.
+    assert_eq!(
+        s.get_anon(&format!("/api/export?format=ndjson&tree={ours}"))
+            .status(),
+        401
+    );
+}
+
 fn axe_script() -> Option<String> {
     let at = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("target/a11y/node_modules/axe-core/axe.min.js");

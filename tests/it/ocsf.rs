@@ -3,7 +3,9 @@
 //! Process Activity and compared field by field with what the workloads
 //! printed and with the NDJSON export each record names (seq, hash); every
 //! line validated by the PyPI package `ocsf-emitter==0.3.0` (tests/setup
-//! installs it), or the test says "skipped: <why>".
+//! installs it), or the test says "skipped: <why>". A tree killed over the
+//! API with a second token: its teardown's records name that token, as its
+//! `kill.requested` records it, and not the one that spawned it.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -13,7 +15,7 @@ use serde_json::Value;
 
 use crate::custody::Env;
 use crate::seal::{text, tw};
-use crate::util::{bin, end_marked, printed_pids, say, skip, wait_child};
+use crate::util::{bin, end_marked, pid_alive, printed_pids, say, skip, wait_child, wait_until};
 
 /// Validates each line of the file with ocsf-emitter; exit 3 with a
 /// `skipped:` line when the package is not there to do it. A record made
@@ -366,4 +368,107 @@ fn the_api_serves_the_same_ocsf_view_as_the_cli_and_an_empty_one_when_nothing_ma
     let cli = tw(&server.data_dir(), &["export", "--format", "ocsf"]);
     assert_eq!(cli.status.code(), Some(0), "{}", text(&cli.stderr));
     assert_eq!(api, lines(&text(&cli.stdout)));
+}
+
+#[test]
+fn an_api_kills_teardown_records_name_its_requester_as_the_actor() {
+    let s = crate::serve::Server::start(&[]);
+    let (token_id, token) = crate::session::make_token(&s, "admin", "ocsf-oncall");
+    // Spawned with the harness's token; TERM ignored (kept across exec),
+    // so the teardown needs an authorization and a SIGKILL.
+    let id = s.spawn(&s.body("trap '' TERM; echo $$ > ocsf-root.pid; exec sleep 300"));
+    let root = printed_pids(&s.dir.path().join("ocsf-root.pid"), 1)[0];
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            s.tree(id)["members"]
+                .as_array()
+                .is_some_and(|m| !m.is_empty())
+        }),
+        "no member recorded: {}",
+        s.tree(id)
+    );
+    let r = reqwest::blocking::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client")
+        .post(s.url(&format!("/api/trees/{id}/kill?grace=100ms")))
+        .bearer_auth(&token)
+        .send()
+        .expect("kill");
+    assert_eq!(r.status(), 200);
+    let kill: Value = r.json().expect("json");
+    assert_eq!(kill["state"], "ended", "{kill}");
+    assert!(!pid_alive(root), "the root {root} was killed");
+
+    // The request as the ledger records it: the kill's token.
+    let whole = tw(&s.data_dir(), &["export"]);
+    assert_eq!(whole.status.code(), Some(0), "{}", text(&whole.stderr));
+    let events = lines(&text(&whole.stdout));
+    let requested: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["tree"] == id && e["kind"] == "kill.requested")
+        .collect();
+    assert_eq!(requested.len(), 1, "one kill request: {events:?}");
+    let request = requested[0];
+    let by = &request["data"]["by"];
+    assert_eq!(by["via"], "tcp", "{request}");
+    assert_eq!(by["token_id"], token_id, "{request}");
+    assert_eq!(by["token_name"], "ocsf-oncall", "{request}");
+
+    let out = tw(
+        &s.data_dir(),
+        &["export", "--format", "ocsf", "--tree", &id.to_string()],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let records = lines(&text(&out.stdout));
+    let kills: Vec<&Value> = of(&records, id, "signal.sent")
+        .into_iter()
+        .filter(|r| r["unmapped"]["treewarden"]["signal"] == "SIGKILL")
+        .collect();
+    assert!(!kills.is_empty(), "a SIGKILL record: {records:?}");
+    let teardown: Vec<&Value> = [
+        of(&records, id, "signal.sent"),
+        of(&records, id, "kill.authorized"),
+        of(&records, id, "tree.ended"),
+    ]
+    .concat();
+    assert!(
+        of(&records, id, "kill.authorized").len() == 1 && of(&records, id, "tree.ended").len() == 1,
+        "{records:?}"
+    );
+    for r in &teardown {
+        let actor = &r["actor"];
+        assert_eq!(actor["user"]["uid"], format!("token:{token_id}"), "{r}");
+        assert_eq!(actor["user"]["name"], "ocsf-oncall", "{r}");
+        assert_eq!(actor["app_name"], "treewarden tcp", "{r}");
+        assert!(actor.get("process").is_none(), "no pid over TCP: {r}");
+        let origin = &r["unmapped"]["treewarden"];
+        assert_eq!(&origin["by"], by, "the request's principal: {r}");
+        assert!(
+            origin["sources"].as_array().is_some_and(|s| s
+                .iter()
+                .any(|s| s["seq"] == request["seq"] && s["hash"] == request["hash"])),
+            "the kill.requested it came from: {r}"
+        );
+        assert_eq!(r["process"]["pid"], root, "{r}");
+    }
+    // The launch's actor is the token that spawned it, not the kill's.
+    let launch = of(&records, id, "tree.created");
+    assert_eq!(launch.len(), 1, "{records:?}");
+    let spawner = &launch[0]["actor"]["user"]["uid"];
+    assert!(
+        spawner.as_str().is_some_and(|u| u.starts_with("token:")),
+        "{}",
+        launch[0]
+    );
+    assert_ne!(spawner, &format!("token:{token_id}"), "{}", launch[0]);
+
+    let file = s.dir.path().join("ocsf-api-kill.ndjson");
+    let mut body = String::new();
+    for r in &records {
+        body.push_str(&r.to_string());
+        body.push('\n');
+    }
+    std::fs::write(&file, body).expect("write the OCSF export");
+    validate(&file);
 }

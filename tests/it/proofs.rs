@@ -7,7 +7,8 @@
 //! an in-range event dropped (with its proof line, so that only the count
 //! can tell), one edited and rehashed, the tail cut, the trailer forged;
 //! each fails naming what. Untouched exports of each filter kind pass, and
-//! hold exactly the events the whole export's filter would take.
+//! hold exactly the events the whole export's filter would take. A pruned
+//! ledger's filtered export proves itself too, across the checkpoint.
 
 use std::path::{Path, PathBuf};
 
@@ -16,6 +17,7 @@ use sha2::{Digest, Sha256};
 
 use crate::custody::Env;
 use crate::seal::{sealed_ledger, text, tw, verify, work};
+use crate::util::wait_child;
 
 /// `treewarden export ARGS` on stdout.
 fn export(data: &Path, args: &[&str]) -> String {
@@ -362,4 +364,89 @@ fn an_unsealed_ledgers_filtered_export_proves_its_events_and_count() {
     let (code, _, err) = check(scratch.path(), &file, None);
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("not the event before it"), "{err}");
+}
+
+#[test]
+fn a_pruned_ledgers_filtered_export_of_a_tree_proves_itself_and_names_a_forged_seq() {
+    let env = Env::new("session").expect("the session boundary always forms");
+    let data = env.data_dir();
+    // A tree live across the prune, its events interleaved with those of
+    // ended trees the prune takes: the export's seqs have gaps below the
+    // checkpoint, and its teardown comes after it.
+    work(&data, 3);
+    let mut live = env.spawn_run(&[], "sleep 600");
+    assert!(env.wait_marked(1), "the live tree runs");
+    let root = env.marked()[0];
+    work(&data, 4);
+    let whole = lines(&export(&data, &[]));
+    let tree = whole
+        .iter()
+        .find(|e| e["kind"] == "tree.spawned" && e["data"]["root"]["pid"] == root)
+        .and_then(|e| e["tree"].as_i64())
+        .expect("the live tree's tree.spawned names its root pid");
+    let out = tw(&data, &["prune", "--before", "now"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = env.output(&["kill", &tree.to_string(), "--grace", "2s"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    wait_child(&mut live, std::time::Duration::from_secs(20)).expect("run ends");
+    work(&data, 5);
+
+    let events: Vec<Value> = lines(&export(&data, &[]))
+        .into_iter()
+        .filter(is_event)
+        .collect();
+    let checkpoint = events
+        .iter()
+        .find(|e| e["kind"] == "ledger.checkpoint")
+        .and_then(|e| e["seq"].as_i64())
+        .expect("the prune's checkpoint");
+    assert!(
+        events.iter().all(|e| e["tree"].as_i64() != Some(1)),
+        "the first tree was pruned"
+    );
+    let tree_s = tree.to_string();
+    let got = lines(&export(&data, &["--tree", &tree_s]));
+    let ours = |e: &Value| e["tree"].as_i64() == Some(tree);
+    let want: Vec<i64> = events
+        .iter()
+        .filter(|e| ours(e))
+        .filter_map(|e| e["seq"].as_i64())
+        .collect();
+    assert_eq!(taken(&got, &ours), want, "exactly the tree's events");
+    assert!(got.iter().filter(|l| is_event(l)).all(ours), "nothing else");
+    assert!(
+        want.first() < Some(&checkpoint) && want.last() > Some(&checkpoint),
+        "the tree's events span the checkpoint at {checkpoint}: {want:?}"
+    );
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let file = env.dir().join("pruned-tree.ndjson");
+    write(&file, &got);
+    let (code, out, err) = check(scratch.path(), &file, None);
+    assert_eq!(code, Some(0), "{out} {err}");
+    assert!(out.contains("a filtered export"), "{out}");
+
+    // One line forged: the tree's exit edited, as it was and rehashed.
+    let i = got
+        .iter()
+        .position(|l| l["kind"] == "tree.ended")
+        .expect("the tree's end");
+    let seq = &got[i]["seq"];
+    let mut forged = got.clone();
+    forged[i]["data"]["forged"] = true.into();
+    write(&file, &forged);
+    assert_named(
+        scratch.path(),
+        &file,
+        None,
+        &format!("seq {seq}: hash does not match the recomputed hash (content edited)"),
+    );
+    rehash(&mut forged[i]);
+    write(&file, &forged);
+    let (code, out, err) = check(scratch.path(), &file, None);
+    assert_eq!(code, Some(1), "{out} {err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(
+        err.contains(&format!("seq {seq}")),
+        "names seq {seq}: {err}"
+    );
 }

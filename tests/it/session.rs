@@ -64,7 +64,7 @@ fn login(s: &Server, token: &str, next: Option<&str>) -> reqwest::blocking::Resp
 }
 
 /// Logs in with `token`: the session cookie's `name=value`.
-fn session_cookie(s: &Server, token: &str) -> String {
+pub(crate) fn session_cookie(s: &Server, token: &str) -> String {
     let r = login(s, token, None);
     assert_eq!(r.status(), 303, "login refused");
     let cookies = set_cookies(&r);

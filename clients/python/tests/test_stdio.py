@@ -4,6 +4,7 @@ connection; a lost connection closes the tree's stdin and nothing else."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 
@@ -65,3 +66,30 @@ def test_a_lost_connection_closes_stdin_only(server: Server) -> None:
         except OSError:
             pass
     assert os.path.exists(flag)
+
+
+def test_the_async_client_streams_pipes_over_tcp_too(server: Server) -> None:
+    addr = (server.dir / "ready-0").read_text().strip()
+    token = (server.data / "api-token").read_text().strip()
+
+    async def main() -> None:
+        c = treewarden.AsyncClient(url=f"http://{addr}", token=token)
+        t = await c.spawn(["cat"], env=server.body_env(), stdin=treewarden.PIPE,
+                          stdout=treewarden.PIPE)
+        assert t.stdin and t.stdout and t.relay
+        lines = [f"line {i} over tcp\n".encode() for i in range(20)]
+        for line in lines:
+            t.stdin.write(line)
+            await t.stdin.drain()
+            assert await asyncio.wait_for(t.stdout.readline(), 20) == line
+        t.stdin.close()
+        assert await asyncio.wait_for(t.stdout.read(), 20) == b""
+        outcome = await t.wait(timeout=20)
+        assert outcome.returncode == 0
+        await asyncio.wait_for(t.relay.done.wait(), 20)
+        assert t.relay.exit is not None and t.relay.exit["state"] == "ended"
+        d = await t.detail()
+        assert d["tree"]["state"] == "ended"
+        assert "tree.ended" in [e["kind"] for e in d["events"]]
+
+    asyncio.run(main())

@@ -25,7 +25,7 @@ from typing import (IO, Any, AsyncIterator, Dict, Iterator, List, Mapping, Optio
                     Tuple, Union)
 
 from . import _http, _stdio
-from ._errors import Error, NotFound, TimeoutExpired
+from ._errors import NotFound, TimeoutExpired
 
 #: What ``stdin``/``stdout``/``stderr`` take, as for :class:`subprocess.Popen`.
 PIPE = subprocess.PIPE
@@ -446,14 +446,6 @@ class Tree:
                 pass
 
 
-def _tcp_stdio(endpoint: _http.Endpoint, *specs: StdSpec) -> None:
-    """Over TCP the blocking client streams stdio over the spawn's
-    connection; the asyncio one passes it over the Unix socket only."""
-    if not endpoint.unix and any(x is not None for x in specs):
-        raise Error("AsyncClient: stdin/stdout/stderr pass only over the Unix socket; "
-                    "over TCP use Client (streamed stdio)")
-
-
 class Client:
     """The service's API: over its Unix socket (``socket``, default as the
     CLI finds it), or TCP with a token (``url="http://127.0.0.1:7878"``).
@@ -570,6 +562,8 @@ class AsyncTree:
         self.stdin: Optional[asyncio.StreamWriter] = None
         self.stdout: Optional[asyncio.StreamReader] = None
         self.stderr: Optional[asyncio.StreamReader] = None
+        #: Over TCP, what carries the streamed stdio (``relay.close()`` hangs it up).
+        self.relay: Optional[_stdio.AsyncRelay] = None
         self._transports: List[asyncio.BaseTransport] = []
 
     async def _attach(self, stdio: _Stdio) -> None:
@@ -683,6 +677,8 @@ class AsyncTree:
                 await self.kill()
             except NotFound:
                 pass
+        if self.relay is not None:
+            self.relay.close()
 
 
 class AsyncClient:
@@ -714,8 +710,9 @@ class AsyncClient:
                     owner: OwnerSpec = None) -> AsyncTree:
         body = _spawn_body(argv, label, grace, timeout, env, cwd, limits, lifetime, first_signal,
                            owner)
-        _tcp_stdio(self.endpoint, stdin, stdout, stderr)
         stdio = _Stdio(stdin, stdout, stderr)
+        if not self.endpoint.unix and stdio.slots:
+            return await self._spawn_streamed(body, stdio)
         request = asyncio.ensure_future(self._t.request(
             "POST", "/api/trees", body, headers=stdio.header, fds=stdio.fds))
         try:
@@ -731,6 +728,52 @@ class AsyncClient:
         try:
             await tree._attach(stdio)
         except BaseException:
+            stdio.abandon()
+            tree._close_pipes()
+            await tree._teardown_cancelled()
+            raise
+        return tree
+
+    async def _spawn_streamed(self, body: Dict[str, Any], stdio: _Stdio) -> AsyncTree:
+        """Over TCP: the descriptors the Unix socket would pass are relayed
+        over the spawn's own connection by two tasks (streamed stdio,
+        ``_stdio.py``); the tree's pipes are asyncio streams, as on the
+        socket. Cancelled in flight, it undoes the tree as :meth:`spawn` does."""
+        fds = {name: os.dup(fd) for name, fd in zip(stdio.slots, stdio.fds)}
+
+        def drop() -> None:
+            for fd in fds.values():
+                os.close(fd)
+            fds.clear()
+            stdio.abandon()
+
+        request = asyncio.ensure_future(self._t.upgrade(
+            "POST", "/api/trees", {**body, "stdio": "stream"}, _stdio.PROTOCOL))
+        try:
+            headers, reader, writer = await asyncio.shield(request)
+        except asyncio.CancelledError:
+            await _through_cancellation(request)
+            drop()
+            if not request.cancelled() and request.exception() is None:
+                headers, _, writer = request.result()
+                writer.close()
+                await AsyncTree(self, {"id": headers.get("treewarden-tree", "0")}
+                                )._teardown_cancelled()
+            raise
+        except BaseException:
+            drop()
+            raise
+        tree = AsyncTree(self, {"id": headers.get("treewarden-tree", "0"), "state": "running"})
+        relay = _stdio.AsyncRelay(reader, writer, fds)
+        fds.clear()
+        try:
+            tree.relay = relay
+            await relay.start()
+            stdio.sent()
+            tree.info = (await self._t.request("GET", f"/api/trees/{tree.id}")).json()["tree"]
+            await tree._attach(stdio)
+        except BaseException:
+            relay.close()
             stdio.abandon()
             tree._close_pipes()
             await tree._teardown_cancelled()

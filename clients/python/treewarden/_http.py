@@ -609,6 +609,59 @@ class AsyncTransport:
         except asyncio.TimeoutError as e:
             raise ConnectionFailed(f"{method} {path}: no answer in time") from e
 
+    async def upgrade(self, method: str, path: str, body: Any, protocol: str
+                      ) -> Tuple[Dict[str, str], asyncio.StreamReader, asyncio.StreamWriter]:
+        """:meth:`Transport.upgrade` on the running loop: the answer's
+        headers and the connection's streams (the reader may hold the
+        stream's first bytes)."""
+        payload = json.dumps(body).encode("utf-8")
+        attempt = 0
+        while True:
+            try:
+                async with self._sem():
+                    return await self._upgrade_once(method, path, payload, protocol)
+            except _Again as again:
+                attempt += 1
+                if attempt > self.retries:
+                    raise again.error from None
+                await asyncio.sleep(_pause(attempt, again.after))  # a retry's backoff
+
+    async def _upgrade_once(self, method: str, path: str, payload: bytes, protocol: str
+                            ) -> Tuple[Dict[str, str], asyncio.StreamReader, asyncio.StreamWriter]:
+        head, body = _request_bytes(self.ep, method, path, payload, {"Upgrade": protocol},
+                                    connection="Upgrade")
+        reader, writer, rest = await self._connect(head + body, ())
+        r = _AsyncReader(reader)
+
+        async def answer() -> Tuple[_Head, bytes]:
+            writer.write(rest)
+            await writer.drain()
+            got = await r.head()
+            if got.status == 100:
+                got = await r.head()
+            if got.status == 101:
+                return got, b""
+            return got, b"".join([c async for c in r.chunks(got)])
+
+        try:
+            try:
+                got, data = await asyncio.wait_for(answer(), self.timeout)
+            except asyncio.TimeoutError as e:
+                raise ConnectionFailed(f"{method} {path}: no answer in time") from e
+            except (OSError, _Closed, asyncio.IncompleteReadError) as e:
+                raise _unknown(method, path, e) from e
+        except BaseException:
+            writer.close()
+            raise
+        if got.status == 101:
+            return got.headers, reader, writer
+        writer.close()
+        again = _refused_now(got, data)
+        if again is not None:
+            raise again
+        _answer(got, data)
+        raise ConnectionFailed(f"{method} {path}: answered {got.status}, not upgraded")
+
     async def stream(self, path: str, accept: str = "text/event-stream") -> AsyncIterator[bytes]:
         attempt = 0
         while True:

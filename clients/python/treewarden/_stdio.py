@@ -11,17 +11,22 @@ tree's end, as ``wait`` answers it).
 (the same ones the Unix socket would have passed: a ``PIPE``'s far end, a
 file, ``DEVNULL``), each on a thread: what the descriptors hold back (a
 full pipe) holds the connection back, so the service stops reading the
-tree.
+tree. :class:`AsyncRelay` does the same as two tasks on the running loop
+(``AsyncClient`` over TCP): a pipe, socket or terminal is read and written
+as an asyncio stream (the descriptor is made non-blocking), a regular file
+directly.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
+import stat
 import struct
 import threading
-from typing import IO, Any, Dict, Optional
+from typing import IO, Any, Dict, List, Optional, Union
 
 PROTOCOL = "treewarden-stdio/1"
 STDIN, STDOUT, STDERR, EXIT = 0, 1, 2, 3
@@ -124,3 +129,150 @@ class Relay:
             self._sock.close()
         except OSError:
             pass
+
+
+def _streamable(fd: int) -> bool:
+    """A pipe, a socket or a character device: what the loop can watch
+    (a regular file is always ready, and read or written directly)."""
+    mode = os.fstat(fd).st_mode
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode)
+
+
+#: Where an output frame goes: an asyncio stream, or a regular file's descriptor.
+_Sink = Union[asyncio.StreamWriter, int]
+#: Where stdin frames come from: an asyncio stream, or a regular file's descriptor.
+_Source = Union[asyncio.StreamReader, int]
+
+
+class AsyncRelay:
+    """:class:`Relay` on the running loop: the upgraded connection's
+    ``reader`` and ``writer`` joined to the spawn's descriptors (``fds``,
+    which this relay owns and closes at their stream's end), by two tasks.
+    Call :meth:`start` once, on the loop that owns the connection."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 fds: Dict[str, int]) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._fds = dict(fds)
+        self._sinks: Dict[str, _Sink] = {}
+        self._transports: List[asyncio.BaseTransport] = []
+        self._tasks: List["asyncio.Task[None]"] = []
+        #: The exit frame's JSON, once it came (the tree's row and ``outcome``).
+        self.exit: Optional[Dict[str, Any]] = None
+        #: Set once the connection is done (the exit frame came, or it dropped).
+        self.done = asyncio.Event()
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            for name in ("stdout", "stderr"):
+                fd = self._fds.pop(name, None)
+                if fd is not None:
+                    self._sinks[name] = await self._sink(loop, fd)
+            fd = self._fds.pop("stdin", None)
+            source = None if fd is None else await self._source(loop, fd)
+        except BaseException:
+            self._release()
+            self.close()
+            raise
+        self._tasks.append(loop.create_task(self._outputs()))
+        if source is None:
+            self._writer.write(_frame(STDIN, b""))
+        else:
+            self._tasks.append(loop.create_task(self._stdin(source)))
+
+    async def _sink(self, loop: asyncio.AbstractEventLoop, fd: int) -> _Sink:
+        if not _streamable(fd):
+            return fd
+        f = os.fdopen(fd, "wb", buffering=0)
+        t, p = await loop.connect_write_pipe(
+            lambda: asyncio.StreamReaderProtocol(asyncio.StreamReader()), f)
+        self._transports.append(t)
+        return asyncio.StreamWriter(t, p, None, loop)
+
+    async def _source(self, loop: asyncio.AbstractEventLoop, fd: int) -> _Source:
+        if not _streamable(fd):
+            return fd
+        reader = asyncio.StreamReader()
+        f = os.fdopen(fd, "rb", buffering=0)
+        t, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), f)
+        self._transports.append(t)
+        return reader
+
+    async def _stdin(self, source: _Source) -> None:
+        try:
+            while True:
+                if isinstance(source, int):
+                    data = os.read(source, 65536)
+                else:
+                    data = await source.read(65536)
+                self._writer.write(_frame(STDIN, data))
+                await self._writer.drain()
+                if not data:
+                    return
+        except (OSError, ConnectionError):
+            return
+        finally:
+            if isinstance(source, int):
+                os.close(source)
+
+    async def _outputs(self) -> None:
+        names = {STDOUT: "stdout", STDERR: "stderr"}
+        try:
+            while True:
+                stream, length = struct.unpack(">BI", await self._reader.readexactly(5))
+                payload = await self._reader.readexactly(length) if length else b""
+                if stream == EXIT:
+                    try:
+                        self.exit = json.loads(payload.decode("utf-8"))
+                    except ValueError:
+                        self.exit = None
+                    return
+                name = names.get(stream)
+                sink = self._sinks.get(name) if name else None
+                if sink is None:
+                    continue
+                if not payload:
+                    _close_sink(self._sinks.pop(name))  # type: ignore[arg-type]
+                elif isinstance(sink, int):
+                    view = memoryview(payload)
+                    while view:
+                        view = view[os.write(sink, view):]
+                else:
+                    sink.write(payload)
+                    await sink.drain()
+        except (OSError, ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            self._release()
+            self.done.set()
+            self.close()
+
+    def _release(self) -> None:
+        for sink in self._sinks.values():
+            _close_sink(sink)
+        self._sinks.clear()
+        for fd in self._fds.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._fds.clear()
+
+    def close(self) -> None:
+        """Hangs up: the tree's stdin is closed, the tree lives by its
+        lifetime rules."""
+        for t in self._transports:
+            t.close()
+        self._writer.close()
+
+
+def _close_sink(sink: _Sink) -> None:
+    try:
+        if isinstance(sink, int):
+            os.close(sink)
+        else:
+            sink.close()
+    except OSError:
+        pass
