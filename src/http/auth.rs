@@ -34,7 +34,7 @@ use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 
 use super::AppState;
-use super::error::ApiError;
+use super::error::{ApiError, known};
 use super::login::Sessions;
 use super::peer::{Peer, PeerCred};
 use crate::ledger::fsmode::Mode as _;
@@ -493,12 +493,7 @@ async fn tree_and_principal(
         .get::<Principal>()
         .cloned()
         .ok_or_else(|| ApiError::Internal("no principal on the request".into()))?;
-    let row = state
-        .service
-        .door()
-        .tree(id)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
+    let row = known(state.service.door().tree(id).await?, id)?;
     Ok((row, principal))
 }
 

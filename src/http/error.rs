@@ -183,6 +183,11 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// `found`, or a 404 naming tree `id` when the ledger has no such tree.
+pub(crate) fn known<T>(found: Option<T>, id: impl std::fmt::Display) -> Result<T, ApiError> {
+    found.ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))
+}
+
 impl From<LedgerError> for ApiError {
     fn from(e: LedgerError) -> Self {
         match e {

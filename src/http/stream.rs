@@ -31,7 +31,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use serde::Deserialize;
 
 use super::AppState;
-use super::error::{ApiError, ApiQuery};
+use super::error::{ApiError, ApiQuery, known};
 use crate::ledger::{EventFilter, EventRow, TreeId};
 
 /// How often a stream asks the ledger for what is new.
@@ -157,12 +157,7 @@ pub async fn events_stream(
     // The whole trail needs a principal that sees every tree; one tree,
     // one of its own; a label, its own trees of that label.
     if let Some(id) = q.tree {
-        let row = s
-            .service
-            .door()
-            .tree(TreeId(id))
-            .await?
-            .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
+        let row = known(s.service.door().tree(TreeId(id)).await?, id)?;
         principal.may_see(&row)?;
     } else if q.label.is_none() {
         principal.must_see_all("the event stream")?;

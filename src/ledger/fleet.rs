@@ -183,6 +183,19 @@ impl FleetIndex {
         })
     }
 
+    /// Every row `sql` answers for `params`, each read by `f`, in order.
+    fn all<T>(
+        &self,
+        sql: &str,
+        params: impl rusqlite::Params,
+        f: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+    ) -> Result<Vec<T>, LedgerError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(sql).map_err(fail)?;
+        let rows = stmt.query_map(params, f).map_err(fail)?;
+        rows.collect::<Result<_, _>>().map_err(fail)
+    }
+
     fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
         self.conn
             .lock()
@@ -229,21 +242,18 @@ impl FleetIndex {
     }
 
     pub fn hosts(&self) -> Result<Vec<HostMaterial>, LedgerError> {
-        let conn = self.conn();
-        let mut stmt = conn
-            .prepare("SELECT host, material, value, added_at FROM hosts ORDER BY host")
-            .map_err(fail)?;
-        let rows = stmt
-            .query_map([], |r| {
+        self.all(
+            "SELECT host, material, value, added_at FROM hosts ORDER BY host",
+            [],
+            |r| {
                 Ok(HostMaterial {
                     host: r.get(0)?,
                     material: r.get(1)?,
                     value: r.get(2)?,
                     added_at: r.get(3)?,
                 })
-            })
-            .map_err(fail)?;
-        rows.collect::<Result<_, _>>().map_err(fail)
+            },
+        )
     }
 
     pub fn host(&self, host: &str) -> Result<Option<HostMaterial>, LedgerError> {
@@ -302,47 +312,34 @@ impl FleetIndex {
     /// Hosts with messages at or below `floor` that their verdict has not
     /// covered yet (and hosts registered with no verdict).
     pub fn hosts_to_verify(&self, floor: u64) -> Result<Vec<String>, LedgerError> {
-        let conn = self.conn();
-        let mut stmt = conn
-            .prepare(
-                "SELECT e.host FROM events e LEFT JOIN verdicts v ON v.host = e.host
+        self.all(
+            "SELECT e.host FROM events e LEFT JOIN verdicts v ON v.host = e.host
                  WHERE e.stream_seq <= ?1
                  GROUP BY e.host
                  HAVING MAX(e.stream_seq) > COALESCE(MAX(v.through_stream_seq), 0)
                  ORDER BY e.host",
-            )
-            .map_err(fail)?;
-        let rows = stmt
-            .query_map([i64::try_from(floor).unwrap_or(i64::MAX)], |r| r.get(0))
-            .map_err(fail)?;
-        rows.collect::<Result<_, _>>().map_err(fail)
+            [i64::try_from(floor).unwrap_or(i64::MAX)],
+            |r| r.get(0),
+        )
     }
 
     /// A host's messages, in stream order, at or below `floor` (and at or
     /// after `since`, RFC 3339, where given: the tree pages).
     pub fn messages(&self, host: &str, floor: u64) -> Result<Vec<FleetMessage>, LedgerError> {
-        let conn = self.conn();
-        let mut stmt = conn
-            .prepare(
-                "SELECT stream_seq, msg_id, ce_id, body FROM events
+        self.all(
+            "SELECT stream_seq, msg_id, ce_id, body FROM events
                  WHERE host = ?1 AND stream_seq <= ?2 ORDER BY stream_seq",
-            )
-            .map_err(fail)?;
-        let rows = stmt
-            .query_map(
-                params![host, i64::try_from(floor).unwrap_or(i64::MAX)],
-                |r| {
-                    Ok(FleetMessage {
-                        stream_seq: u64::try_from(r.get::<_, i64>(0)?).unwrap_or(0),
-                        host: host.to_string(),
-                        msg_id: r.get(1)?,
-                        ce_id: r.get(2)?,
-                        body: r.get(3)?,
-                    })
-                },
-            )
-            .map_err(fail)?;
-        rows.collect::<Result<_, _>>().map_err(fail)
+            params![host, i64::try_from(floor).unwrap_or(i64::MAX)],
+            |r| {
+                Ok(FleetMessage {
+                    stream_seq: u64::try_from(r.get::<_, i64>(0)?).unwrap_or(0),
+                    host: host.to_string(),
+                    msg_id: r.get(1)?,
+                    ce_id: r.get(2)?,
+                    body: r.get(3)?,
+                })
+            },
+        )
     }
 
     pub fn set_verdict(&self, v: &Verdict) -> Result<(), LedgerError> {
@@ -371,17 +368,13 @@ impl FleetIndex {
     /// Every host's verdict, with each host seen (indexed or registered)
     /// but not verified yet as `None`.
     pub fn verdicts(&self) -> Result<Vec<(String, Option<Verdict>)>, LedgerError> {
-        let conn = self.conn();
-        let mut stmt = conn
-            .prepare(
-                "SELECT h.host, v.through_stream_seq, v.events, v.head_seq, v.last_at, v.ok, v.why,
+        self.all(
+            "SELECT h.host, v.through_stream_seq, v.events, v.head_seq, v.last_at, v.ok, v.why,
                         v.break_seq, v.seal_made_at, v.checked_at
                  FROM (SELECT DISTINCT host FROM events UNION SELECT host FROM hosts) h
                  LEFT JOIN verdicts v ON v.host = h.host ORDER BY h.host",
-            )
-            .map_err(fail)?;
-        let rows = stmt
-            .query_map([], |r| {
+            [],
+            |r| {
                 let host: String = r.get(0)?;
                 let through: Option<i64> = r.get(1)?;
                 Ok(match through {
@@ -402,82 +395,65 @@ impl FleetIndex {
                         }),
                     ),
                 })
-            })
-            .map_err(fail)?;
-        rows.collect::<Result<_, _>>().map_err(fail)
+            },
+        )
     }
 
     /// Messages indexed per host.
     pub fn counts(&self) -> Result<Vec<(String, u64, Option<String>)>, LedgerError> {
-        let conn = self.conn();
-        let mut stmt = conn
-            .prepare("SELECT host, COUNT(*), MAX(at) FROM events GROUP BY host ORDER BY host")
-            .map_err(fail)?;
-        let rows = stmt
-            .query_map([], |r| {
+        self.all(
+            "SELECT host, COUNT(*), MAX(at) FROM events GROUP BY host ORDER BY host",
+            [],
+            |r| {
                 Ok((
                     r.get(0)?,
                     u64::try_from(r.get::<_, i64>(1)?).unwrap_or(0),
                     r.get(2)?,
                 ))
-            })
-            .map_err(fail)?;
-        rows.collect::<Result<_, _>>().map_err(fail)
+            },
+        )
     }
 
     /// Notable events across hosts, newest first.
     pub fn notables(&self, f: &NotableFilter) -> Result<Vec<Notable>, LedgerError> {
-        let conn = self.conn();
-        let mut stmt = conn
-            .prepare(
-                "SELECT host, seq, at, tree, notable, kind FROM events
+        self.all(
+            "SELECT host, seq, at, tree, notable, kind FROM events
                  WHERE notable IS NOT NULL
                    AND (?1 IS NULL OR host = ?1)
                    AND (?2 IS NULL OR notable = ?2)
                    AND (?3 IS NULL OR at >= ?3)
                  ORDER BY at DESC, stream_seq DESC LIMIT ?4",
-            )
-            .map_err(fail)?;
-        let rows = stmt
-            .query_map(
-                params![
-                    f.host,
-                    f.notable,
-                    f.since,
-                    i64::try_from(f.limit).unwrap_or(i64::MAX)
-                ],
-                |r| {
-                    Ok(Notable {
-                        host: r.get(0)?,
-                        seq: r.get(1)?,
-                        at: r.get(2)?,
-                        tree: r.get(3)?,
-                        notable: r.get(4)?,
-                        kind: r.get(5)?,
-                    })
-                },
-            )
-            .map_err(fail)?;
-        rows.collect::<Result<_, _>>().map_err(fail)
+            params![
+                f.host,
+                f.notable,
+                f.since,
+                i64::try_from(f.limit).unwrap_or(i64::MAX)
+            ],
+            |r| {
+                Ok(Notable {
+                    host: r.get(0)?,
+                    seq: r.get(1)?,
+                    at: r.get(2)?,
+                    tree: r.get(3)?,
+                    notable: r.get(4)?,
+                    kind: r.get(5)?,
+                })
+            },
+        )
     }
 
     /// One tree's events as a host shipped them, in stream order.
     pub fn tree_events(&self, host: &str, tree: i64) -> Result<Vec<IndexedEvent>, LedgerError> {
-        let conn = self.conn();
-        let mut stmt = conn
-            .prepare(
-                "SELECT stream_seq, body FROM events WHERE host = ?1 AND tree = ?2 ORDER BY stream_seq",
-            )
-            .map_err(fail)?;
-        let rows = stmt
-            .query_map(params![host, tree], |r| {
+        self.all(
+            "SELECT stream_seq, body FROM events WHERE host = ?1 AND tree = ?2 ORDER BY stream_seq",
+            params![host, tree],
+            |r| {
                 Ok(IndexedEvent {
                     stream_seq: u64::try_from(r.get::<_, i64>(0)?).unwrap_or(0),
                     body: r.get(1)?,
                 })
-            })
-            .map_err(fail)?;
-        rows.collect::<Result<_, _>>().map_err(fail)
+            },
+        )
     }
 
     /// The number of messages indexed, all hosts.

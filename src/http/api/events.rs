@@ -8,7 +8,7 @@ use super::bodies::{ErrorBody, EventsQuery};
 use super::parse::parse_since_query;
 use crate::http::AppState;
 use crate::http::auth::Principal;
-use crate::http::error::{ApiError, ApiQuery};
+use crate::http::error::{ApiError, ApiQuery, known};
 use crate::ledger::{EventFilter, EventRow, TreeId};
 
 /// The audit trail as JSON, oldest first.
@@ -28,12 +28,7 @@ pub async fn events(
                 "the whole trail spans every tree: name one of yours with ?tree=".into(),
             ));
         };
-        let row = s
-            .service
-            .door()
-            .tree(TreeId(id))
-            .await?
-            .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
+        let row = known(s.service.door().tree(TreeId(id)).await?, id)?;
         principal.may_see(&row)?;
     }
     let since = parse_since_query(q.since.as_deref())?;

@@ -15,7 +15,7 @@ use super::parse::{parse_duration, parse_flag, parse_grace, parse_states, query_
 use super::{MAX_LABEL, MAX_WAIT};
 use crate::http::AppState;
 use crate::http::auth::Principal;
-use crate::http::error::{ApiError, ApiJson, ApiQuery, TreePath};
+use crate::http::error::{ApiError, ApiJson, ApiQuery, TreePath, known};
 use crate::ledger::{TreeDetail, TreeId, TreeRow, TreeState};
 
 /// The most trees one `GET /api/trees` answers with: a page, however big
@@ -124,12 +124,7 @@ pub async fn get_tree(
     Extension(principal): Extension<Principal>,
     TreePath(id): TreePath,
 ) -> Result<Json<TreeDetail>, ApiError> {
-    let detail = s
-        .service
-        .door()
-        .tree_detail(id)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
+    let detail = known(s.service.door().tree_detail(id).await?, id)?;
     principal.may_see(&detail.tree)?;
     Ok(Json(detail))
 }
@@ -175,12 +170,7 @@ pub async fn wait_tree(
     loop {
         // Marked seen before the read: an end after it changes `ends`.
         ends.borrow_and_update();
-        let row = s
-            .service
-            .door()
-            .tree(id)
-            .await?
-            .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
+        let row = known(s.service.door().tree(id).await?, id)?;
         principal.may_see(&row)?;
         let over = wait_over(row.state)
             || tokio::time::Instant::now() >= deadline
@@ -279,12 +269,7 @@ pub async fn resolve_tree(
     s.service
         .resolve(id, body.note, body.force, Some(principal.requester()))
         .await?;
-    let row = s
-        .service
-        .door()
-        .tree(id)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
+    let row = known(s.service.door().tree(id).await?, id)?;
     Ok(Json(row))
 }
 
@@ -307,12 +292,7 @@ pub async fn tree_log(
         return follow_log(&s, row, q.tail).await;
     }
     let id = row.id;
-    let bytes = s
-        .service
-        .door()
-        .tree_log(id, q.tail)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("unknown tree {id}")))?;
+    let bytes = known(s.service.door().tree_log(id, q.tail).await?, id)?;
     Ok((
         [(
             axum::http::header::CONTENT_TYPE,

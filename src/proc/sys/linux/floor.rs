@@ -27,21 +27,7 @@ pub fn spawn_floor(dir: &Path, program: &Path, journal: &Path) -> std::io::Resul
         .open(journal)?;
     journal.write_all(b"spawn\n")?;
     journal.sync_data()?;
-    #[repr(C)]
-    #[derive(Default)]
-    struct CloneArgs {
-        flags: u64,
-        pidfd: u64,
-        child_tid: u64,
-        parent_tid: u64,
-        exit_signal: u64,
-        stack: u64,
-        stack_size: u64,
-        tls: u64,
-        set_tid: u64,
-        set_tid_size: u64,
-        cgroup: u64,
-    }
+    use super::boundary::CloneArgs;
     let args = CloneArgs {
         flags: 0x2_0000_0000, // CLONE_INTO_CGROUP
         exit_signal: libc::SIGCHLD as u64,

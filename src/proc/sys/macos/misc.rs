@@ -3,11 +3,8 @@
 //! for macOS), and honest answers for what macOS has not: cgroups and
 //! their accounting, the proc connector.
 
+use crate::proc::{Capability, ContainerUsage, Layout, LayoutReport, Probe, ProcError};
 use std::path::Path;
-use std::time::{Duration, Instant};
-
-use super::exits::unsupported;
-use crate::proc::{Capability, ContainerUsage, Layout, LayoutReport, Probe, ProcError, ProcEvent};
 
 /// How the teardown would record a container kill. Never recorded on
 /// macOS: no boundary there is contained ([`crate::proc::BoundaryKind::contained`]).
@@ -71,18 +68,8 @@ pub fn probe(_cgroup_root_override: Option<&Path>) -> Probe {
     }
 }
 
-pub fn oom_kills(_dir: &Path) -> Option<u64> {
-    None
-}
-
 pub fn container_usage(_dir: &Path) -> ContainerUsage {
     ContainerUsage::default()
-}
-
-/// The log cap: macOS cannot punch the oldest bytes out of a file here;
-/// the file is left as it is (0 bytes dropped).
-pub fn cap_log(_path: &Path, _cap: u64) -> std::io::Result<u64> {
-    Ok(0)
 }
 
 pub fn cgroup_controllers(_dir: &Path) -> Result<Vec<String>, ProcError> {
@@ -104,53 +91,9 @@ pub fn layout(_root: &Path) -> LayoutReport {
     }
 }
 
-pub fn take_delegation(root: &Path) -> Result<LayoutReport, ProcError> {
-    Ok(layout(root))
-}
-
 pub fn check_limits_possible(_root: &Path) -> Result<(), String> {
     Err("limits (--pids-max, --memory-max, --cpu-max) need cgroups, which macOS has not".into())
 }
-
-/// The proc connector: Linux only. [`Connector::open`] is refused, so the
-/// observer never starts (`--observer auto` goes on with scans).
-#[derive(Debug)]
-pub struct Connector(());
-
-#[derive(Clone, Debug)]
-pub struct ConnectorWaker(());
-
-impl ConnectorWaker {
-    pub fn wake(&self) {}
-}
-
-impl Connector {
-    pub fn open(_rcvbuf: usize) -> Result<Connector, ProcError> {
-        Err(unsupported("proc connector (it is Linux's)"))
-    }
-    pub fn recv(&mut self, _timeout: Duration) -> Result<Vec<ProcEvent>, ProcError> {
-        Ok(Vec::new())
-    }
-    pub fn waker(&self) -> ConnectorWaker {
-        ConnectorWaker(())
-    }
-    pub fn filter_to(&self, _interest: &[i32]) -> Result<(), ProcError> {
-        Ok(())
-    }
-    pub fn rcvbuf(&self) -> Result<usize, ProcError> {
-        Ok(0)
-    }
-}
-
-/// A monotonic clock in ns (this process's; only compared with itself).
-pub fn monotonic_ns() -> u64 {
-    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_nanos() as u64
-}
-
-/// Whether a shared parent container can hold several trees' containers
-/// under limits of its own (a principal's): no, no container at all on macOS.
-pub const SHARED_PARENT_LIMITS: bool = false;
 
 /// No cgroups on macOS: nobody is in one.
 pub fn member_pids(_cgroup_dir: &Path) -> Result<std::collections::HashSet<i32>, String> {
@@ -160,16 +103,6 @@ pub fn member_pids(_cgroup_dir: &Path) -> Result<std::collections::HashSet<i32>,
 /// The process's name (its argv, `KERN_PROCARGS2`, is not read yet).
 pub fn cmdline(pid: i32) -> Vec<String> {
     super::details_of(pid).1
-}
-
-/// No wait channel is read here.
-pub fn wchan(_pid: i32) -> Option<String> {
-    None
-}
-
-/// No start-time clock counts from boot here.
-pub fn boot_ticks_now() -> Option<u64> {
-    None
 }
 
 /// The forensic details of one process that can be read here.
@@ -190,11 +123,6 @@ pub fn details(pid: i32) -> crate::proc::MemberDetails {
     }
 }
 
-/// The uid as [`details`] reads it.
-pub fn uid_of(pid: i32) -> Option<u32> {
-    details(pid).uid
-}
-
 /// Whether a process's group and session can be read from outside: yes
 /// (`proc_pidinfo`).
 pub const GROUPS_READABLE: bool = true;
@@ -204,12 +132,3 @@ pub const LINEAGE_IN_DETAILS: bool = true;
 /// Whether `run` and `serve` spawn trees here: not yet (the process layer
 /// is compile-checked only; docs/RESIDUALS.md, "macOS").
 pub const SPAWNS_TREES: bool = false;
-
-/// Whether [`reserve_past_end`] can hold room here: no (macOS has no
-/// `fallocate` with `KEEP_SIZE`).
-pub const RESERVES_PAST_END: bool = false;
-
-/// Never called where [`RESERVES_PAST_END`] is false: says so.
-pub fn reserve_past_end(_file: &std::fs::File, _bytes: u64) -> std::io::Result<()> {
-    Err(std::io::ErrorKind::Unsupported.into())
-}

@@ -25,7 +25,6 @@ mod identity;
 mod misc;
 mod signal;
 mod spawn;
-pub mod tty;
 
 pub use exits::{
     ExitHandle, Reaper, has_no_children, open_exit_watch, parent_pid, pidfd_exited, reap_child,
@@ -36,6 +35,14 @@ pub use identity::{
     self_identity, snapshot_entries,
 };
 pub use misc::*;
+// What only Linux has, answered as on Windows.
+#[path = "../linux_only.rs"]
+mod linux_only;
+use exits::unsupported;
+pub use linux_only::*;
+/// Why `run --tty` has no pseudo-terminal here: Linux's `tty.rs` opens it
+/// with `O_CLOEXEC`, which macOS's `posix_openpt` lacks (and `run` is refused).
+const PTY_MISSING: &str = "pseudo-terminal for run --tty in treewarden yet";
 // A read here is a listing: the view re-reads by listing.
 #[path = "../listed.rs"]
 mod listed;
@@ -46,7 +53,6 @@ pub use signal::{
     signal_process,
 };
 pub use spawn::{
-    EXEC_ERRNO_IS_THE_OS, EXEC_OTHER_FAILURE, HeldChild, SHARED_PARENT_MARK, SpawnStdio, Spawned,
-    cgroup_root, is_shared_parent, remove_cgroup_if_empty, remove_cgroup_when_empty,
-    remove_shared_parent_if_empty, resolve_boundary, spawn_held,
+    EXEC_ERRNO_IS_THE_OS, EXEC_OTHER_FAILURE, HeldChild, SpawnStdio, cgroup_root,
+    remove_cgroup_if_empty, remove_cgroup_when_empty, resolve_boundary, spawn_held,
 };

@@ -6,10 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::Spawned;
 use crate::config::BoundaryChoice;
-use crate::proc::{
-    BoundaryKind, ExecFailure, ExecFailureKind, GroupRecord, Identity, ProcError, SpawnSpec,
-};
+use crate::proc::{BoundaryKind, ExecFailure, ExecFailureKind, Identity, ProcError, SpawnSpec};
 
 impl std::str::FromStr for BoundaryKind {
     type Err = String;
@@ -70,26 +69,6 @@ pub struct HeldChild {
     pub identity: Identity,
 }
 
-/// A released tree root.
-#[derive(Debug)]
-pub struct Spawned {
-    pub pid: i32,
-    pub pgid: i32,
-    pub sid: i32,
-    pub cgroup: Option<PathBuf>,
-    pub identity: Identity,
-}
-
-impl Spawned {
-    pub fn group_record(&self) -> GroupRecord {
-        GroupRecord {
-            pgid: self.pgid,
-            sid: self.sid,
-            leader: self.identity.clone(),
-        }
-    }
-}
-
 /// Refused: no tree is spawned on macOS yet.
 pub fn spawn_held(_spec: &SpawnSpec) -> Result<HeldChild, ProcError> {
     Err(super::exits::unsupported(
@@ -118,18 +97,4 @@ pub fn remove_cgroup_if_empty(_path: &Path) -> Result<bool, ProcError> {
 
 pub fn remove_cgroup_when_empty(_path: &Path, _wait: Duration) -> Result<bool, ProcError> {
     Ok(true)
-}
-
-/// How a shared parent's name marks it (Linux's, for the shared code).
-pub const SHARED_PARENT_MARK: &str = "-p-";
-
-/// No parent is shared by trees here (`serve --principal-*` is refused at
-/// start): none is named as one.
-pub fn is_shared_parent(_dir: &Path) -> bool {
-    false
-}
-
-/// Nothing to remove (see [`is_shared_parent`]).
-pub fn remove_shared_parent_if_empty(_dir: &Path) -> Result<bool, ProcError> {
-    Ok(false)
 }

@@ -101,6 +101,7 @@ pub fn doctor_report(config: &Config, json: bool) -> Result<(DoctorReport, u8), 
     }
     let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
     let cap = |c: &crate::proc::Capability| (if c.available { "yes" } else { "no" }).to_owned();
+    let cap_row = |name, c: &crate::proc::Capability| (name, cap(c), c.note.clone());
     let rows: Vec<(&str, String, String)> = vec![
         ("kernel", probe.kernel_release.clone(), String::new()),
         ("boot_id", opt(probe.boot_id.clone()), String::new()),
@@ -109,49 +110,21 @@ pub fn doctor_report(config: &Config, json: bool) -> Result<(DoctorReport, u8), 
             opt(probe.pid_max.map(|p| p.to_string())),
             String::new(),
         ),
-        (
-            "cgroup_v2",
-            cap(&probe.cgroup_v2),
-            probe.cgroup_v2.note.clone(),
-        ),
+        cap_row("cgroup_v2", &probe.cgroup_v2),
         (
             "cgroup_root",
             opt(probe.cgroup_root.as_ref().map(|p| p.display().to_string())),
             String::new(),
         ),
-        (
-            "cgroup_writable",
-            cap(&probe.cgroup_writable),
-            probe.cgroup_writable.note.clone(),
-        ),
-        (
-            "cgroup_kill",
-            cap(&probe.cgroup_kill),
-            probe.cgroup_kill.note.clone(),
-        ),
-        (
-            "cgroup_freeze",
-            cap(&probe.cgroup_freeze),
-            probe.cgroup_freeze.note.clone(),
-        ),
+        cap_row("cgroup_writable", &probe.cgroup_writable),
+        cap_row("cgroup_kill", &probe.cgroup_kill),
+        cap_row("cgroup_freeze", &probe.cgroup_freeze),
         layout_row(&probe),
         limits_row(&probe),
-        ("pidfd", cap(&probe.pidfd), probe.pidfd.note.clone()),
-        (
-            "pidfd_group_signal",
-            cap(&probe.pidfd_group_signal),
-            probe.pidfd_group_signal.note.clone(),
-        ),
-        (
-            "subreaper",
-            cap(&probe.subreaper),
-            probe.subreaper.note.clone(),
-        ),
-        (
-            "proc_connector",
-            cap(&probe.proc_connector),
-            probe.proc_connector.note.clone(),
-        ),
+        cap_row("pidfd", &probe.pidfd),
+        cap_row("pidfd_group_signal", &probe.pidfd_group_signal),
+        cap_row("subreaper", &probe.subreaper),
+        cap_row("proc_connector", &probe.proc_connector),
         (
             "auto_boundary",
             probe.auto_boundary.to_string(),

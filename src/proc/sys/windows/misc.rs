@@ -20,7 +20,7 @@ use super::identity::{boot_id, open, times_of};
 use super::reaper::unsupported;
 use super::{Owned, job};
 use crate::proc::{
-    Capability, ContainerUsage, Identity, Layout, LayoutReport, ProcError, ProcEvent, UserInfo,
+    Capability, ContainerUsage, Identity, Layout, LayoutReport, ProcError, UserInfo,
 };
 use crate::scan::ProcEntry;
 
@@ -272,11 +272,6 @@ pub fn probe(_cgroup_root_override: Option<&Path>) -> Probe {
     }
 }
 
-/// Jobs have no OOM killer.
-pub fn oom_kills(_dir: &Path) -> Option<u64> {
-    None
-}
-
 /// The job's CPU time and process count (`None`s when it is gone).
 pub fn container_usage(dir: &Path) -> ContainerUsage {
     match job::open(dir)
@@ -291,12 +286,6 @@ pub fn container_usage(dir: &Path) -> ContainerUsage {
         },
         None => ContainerUsage::default(),
     }
-}
-
-/// The log cap: the oldest bytes cannot be punched out of a Windows file
-/// here; the file is left as it is (0 bytes dropped).
-pub fn cap_log(_path: &Path, _cap: u64) -> std::io::Result<u64> {
-    Ok(0)
 }
 
 /// What a job can limit, in the shared controller names.
@@ -319,10 +308,6 @@ pub fn layout(_root: &Path) -> LayoutReport {
     }
 }
 
-pub fn take_delegation(root: &Path) -> Result<LayoutReport, ProcError> {
-    Ok(layout(root))
-}
-
 pub fn check_limits_possible(_root: &Path) -> Result<(), String> {
     Ok(())
 }
@@ -340,88 +325,6 @@ pub fn nofile_soft_limit() -> Option<u64> {
 }
 pub fn raise_nofile_soft_limit() -> Option<u64> {
     None
-}
-
-/// The proc connector: Linux only. [`Connector::open`] is refused, so the
-/// observer never starts (`--observer auto` goes on with scans).
-#[derive(Debug)]
-pub struct Connector(());
-
-#[derive(Clone, Debug)]
-pub struct ConnectorWaker(());
-
-impl ConnectorWaker {
-    pub fn wake(&self) {}
-}
-
-impl Connector {
-    pub fn open(_rcvbuf: usize) -> Result<Connector, ProcError> {
-        Err(unsupported("proc connector (it is Linux's)"))
-    }
-    pub fn recv(&mut self, _timeout: Duration) -> Result<Vec<ProcEvent>, ProcError> {
-        Ok(Vec::new())
-    }
-    pub fn waker(&self) -> ConnectorWaker {
-        ConnectorWaker(())
-    }
-    pub fn filter_to(&self, _interest: &[i32]) -> Result<(), ProcError> {
-        Ok(())
-    }
-    pub fn rcvbuf(&self) -> Result<usize, ProcError> {
-        Ok(0)
-    }
-}
-
-/// A monotonic clock in ns (this process's; only compared with itself).
-pub fn monotonic_ns() -> u64 {
-    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_nanos() as u64
-}
-
-/// `run --tty`: a pseudo-terminal is not offered on Windows (ConPTY is not
-/// wired); stdin is never taken as a terminal, so `run` never asks for one.
-pub mod tty {
-    use crate::proc::ProcError;
-    use std::fs::File;
-
-    pub struct Pty {
-        master: File,
-        slave: std::path::PathBuf,
-    }
-
-    impl Pty {
-        pub fn open() -> Result<Self, ProcError> {
-            Err(super::unsupported(
-                "pseudo-terminal here (ConPTY is not wired)",
-            ))
-        }
-        pub fn slave(&self) -> &std::path::Path {
-            &self.slave
-        }
-        pub fn master(&self) -> &File {
-            &self.master
-        }
-        pub fn copy_size_from_stdin(&self) {}
-    }
-
-    pub fn copy_stdin_size_to(_master: &File) {}
-
-    pub fn stdin_is_tty() -> bool {
-        false
-    }
-
-    pub struct RawTerminal(());
-
-    impl RawTerminal {
-        pub fn enter() -> Result<Option<Self>, ProcError> {
-            Ok(None)
-        }
-    }
-
-    /// Restores the caller's terminal on Unix; never made on Windows.
-    impl Drop for RawTerminal {
-        fn drop(&mut self) {}
-    }
 }
 
 type CtrlCallback = Box<dyn Fn(i32) + Send + Sync>;
@@ -605,10 +508,6 @@ pub fn dir_mode(b: &mut std::fs::DirBuilder, _mode: u32) -> &mut std::fs::DirBui
     b
 }
 
-/// Whether a shared parent container can hold several trees' containers
-/// under limits of its own (a principal's): no, no shared parent job is made here.
-pub const SHARED_PARENT_LIMITS: bool = false;
-
 /// Bytes free to an unprivileged writer on the volume of `dir`, and its
 /// size: none known here (`u64::MAX`: the floor as configured).
 pub fn disk_space(dir: &Path) -> Option<(u64, u64)> {
@@ -653,17 +552,6 @@ pub fn cmdline(pid: i32) -> Vec<String> {
     details_of(pid).1
 }
 
-/// No wait channel is read here.
-pub fn wchan(_pid: i32) -> Option<String> {
-    None
-}
-
-/// No start-time clock counts from boot here (a job's listing is always
-/// confirmed by a second read).
-pub fn boot_ticks_now() -> Option<u64> {
-    None
-}
-
 /// The forensic details of one process that can be read here.
 pub fn details(pid: i32) -> crate::proc::MemberDetails {
     let (exe, cmdline) = super::details_of(pid);
@@ -672,11 +560,6 @@ pub fn details(pid: i32) -> crate::proc::MemberDetails {
         cmdline,
         ..crate::proc::MemberDetails::default()
     }
-}
-
-/// The uid as [`details`] reads it (none on Windows).
-pub fn uid_of(pid: i32) -> Option<u32> {
-    details(pid).uid
 }
 
 /// One process, read now.

@@ -38,12 +38,19 @@ mod spawn;
 mod watch;
 
 pub use doctor::doctor_report;
-pub use shell::{RESERVES_PAST_END, make_dir_private, reserve_past_end};
+pub use shell::make_dir_private;
 pub use shell::{follow_terminal_resizes, shield_from_interrupts, stdio_pipes};
 
 pub use identity::{boot_id, identity_of, read_stat, self_identity};
 pub use job::{JOB_PREFIX, KILL_ON_CLOSE_FLAG, job_name_of};
 pub use misc::*;
+// What only Linux has, answered as on macOS.
+#[path = "../linux_only.rs"]
+mod linux_only;
+pub use linux_only::*;
+use reaper::unsupported;
+/// Why `run --tty` has no pseudo-terminal here.
+const PTY_MISSING: &str = "pseudo-terminal here (ConPTY is not wired)";
 // A read here is a listing: the view re-reads by listing.
 #[path = "../listed.rs"]
 mod listed;
@@ -57,9 +64,8 @@ pub use signal::{
     signal_process,
 };
 pub use spawn::{
-    EXEC_ERRNO_IS_THE_OS, EXEC_OTHER_FAILURE, GivenStdio, HeldChild, SHARED_PARENT_MARK,
-    SpawnStdio, Spawned, cgroup_root, is_shared_parent, remove_cgroup_if_empty,
-    remove_cgroup_when_empty, remove_shared_parent_if_empty, resolve_boundary, spawn_held,
+    EXEC_ERRNO_IS_THE_OS, EXEC_OTHER_FAILURE, GivenStdio, HeldChild, SpawnStdio, cgroup_root,
+    remove_cgroup_if_empty, remove_cgroup_when_empty, resolve_boundary, spawn_held,
 };
 
 pub use watch::ExitWatch;

@@ -27,12 +27,3 @@ pub fn follow_terminal_resizes(_master: std::fs::File) -> Option<Box<dyn FnOnce(
 pub fn make_dir_private(_dir: &std::path::Path) -> std::io::Result<Result<(), String>> {
     Ok(Ok(()))
 }
-
-/// Whether [`reserve_past_end`] can hold room here: no (no `fallocate`
-/// with `KEEP_SIZE`).
-pub const RESERVES_PAST_END: bool = false;
-
-/// Never called where [`RESERVES_PAST_END`] is false: says so.
-pub fn reserve_past_end(_file: &std::fs::File, _bytes: u64) -> std::io::Result<()> {
-    Err(std::io::ErrorKind::Unsupported.into())
-}

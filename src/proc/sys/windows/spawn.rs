@@ -18,11 +18,10 @@ use windows_sys::Win32::System::Threading::{
 
 use super::identity::{boot_id, times_of};
 use super::job::{self, JobLimits};
-use super::{Owned, Reaper};
+use super::{Owned, Reaper, Spawned};
 use crate::config::BoundaryChoice;
 use crate::proc::{
-    BoundaryKind, CgroupSetting, ExecFailure, ExecFailureKind, GroupRecord, Identity, ProcError,
-    SpawnSpec,
+    BoundaryKind, CgroupSetting, ExecFailure, ExecFailureKind, Identity, ProcError, SpawnSpec,
 };
 
 impl std::str::FromStr for BoundaryKind {
@@ -138,26 +137,6 @@ pub struct HeldChild {
     pub identity: Identity,
     process: Arc<Owned>,
     finished: bool,
-}
-
-/// A released tree root.
-#[derive(Debug)]
-pub struct Spawned {
-    pub pid: i32,
-    pub pgid: i32,
-    pub sid: i32,
-    pub cgroup: Option<PathBuf>,
-    pub identity: Identity,
-}
-
-impl Spawned {
-    pub fn group_record(&self) -> GroupRecord {
-        GroupRecord {
-            pgid: self.pgid,
-            sid: self.sid,
-            leader: self.identity.clone(),
-        }
-    }
 }
 
 fn limits_of(settings: &[CgroupSetting]) -> Result<JobLimits, ProcError> {
@@ -441,18 +420,4 @@ pub fn remove_cgroup_when_empty(path: &Path, wait: Duration) -> Result<bool, Pro
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-}
-
-/// How a shared parent's name marks it (Linux's, for the shared code).
-pub const SHARED_PARENT_MARK: &str = "-p-";
-
-/// No parent is shared by trees here (`serve --principal-*` is refused at
-/// start): none is named as one.
-pub fn is_shared_parent(_dir: &Path) -> bool {
-    false
-}
-
-/// Nothing to remove (see [`is_shared_parent`]).
-pub fn remove_shared_parent_if_empty(_dir: &Path) -> Result<bool, ProcError> {
-    Ok(false)
 }

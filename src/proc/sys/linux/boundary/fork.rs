@@ -63,6 +63,24 @@ unsafe fn enter_cwd(cwd: &std::ffi::CStr) -> bool {
     entered
 }
 
+/// `struct clone_args` (linux/sched.h): every field 64 bits on every
+/// architecture, so one definition fits all.
+#[repr(C)]
+#[derive(Default)]
+pub(crate) struct CloneArgs {
+    pub(crate) flags: u64,
+    pub(crate) pidfd: u64,
+    pub(crate) child_tid: u64,
+    pub(crate) parent_tid: u64,
+    pub(crate) exit_signal: u64,
+    pub(crate) stack: u64,
+    pub(crate) stack_size: u64,
+    pub(crate) tls: u64,
+    pub(crate) set_tid: u64,
+    pub(crate) set_tid_size: u64,
+    pub(crate) cgroup: u64,
+}
+
 /// `clone3(CLONE_INTO_CGROUP)` used as `fork`: the child is born in the
 /// cgroup `dir` names, so it is never migrated there. Writing a pid to
 /// `cgroup.procs` takes the kernel's cgroup threadgroup lock for writing,
@@ -77,23 +95,6 @@ unsafe fn enter_cwd(cwd: &std::ffi::CStr) -> bool {
 /// As for `fork`: in a multi-threaded process the child may make only
 /// async-signal-safe calls until `execve` or `_exit`.
 pub(super) unsafe fn clone_into_cgroup(dir: libc::c_int) -> libc::pid_t {
-    /// `struct clone_args` (linux/sched.h): every field 64 bits on every
-    /// architecture, so one definition fits all.
-    #[repr(C)]
-    #[derive(Default)]
-    struct CloneArgs {
-        flags: u64,
-        pidfd: u64,
-        child_tid: u64,
-        parent_tid: u64,
-        exit_signal: u64,
-        stack: u64,
-        stack_size: u64,
-        tls: u64,
-        set_tid: u64,
-        set_tid_size: u64,
-        cgroup: u64,
-    }
     /// CLONE_INTO_CGROUP (linux/sched.h, Linux 5.7).
     const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
     let Ok(cgroup) = u64::try_from(dir) else {

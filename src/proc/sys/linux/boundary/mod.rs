@@ -39,6 +39,7 @@ pub use cgroup::{
     own_cgroup_dir, remove_cgroup_if_empty, remove_cgroup_when_empty,
     remove_shared_parent_if_empty, resolve_boundary,
 };
+pub(crate) use fork::CloneArgs;
 pub use fork::deny_clone3_in_this_thread;
 pub use held::{HeldChild, Spawned, spawn_held};
 pub use types::{EXEC_ERRNO_IS_THE_OS, EXEC_OTHER_FAILURE, GivenStdio, SpawnStdio};
