@@ -553,7 +553,7 @@ pub fn ship_once(ledger: &Ledger, config: &NatsConfig) -> Result<Shipped, ShipEr
 /// publish in flight (bounded by the ack timeout).
 pub struct NatsShipper {
     cancel: CancellationToken,
-    thread: Option<JoinHandle<()>>,
+    thread: JoinHandle<()>,
 }
 
 impl NatsShipper {
@@ -573,19 +573,12 @@ impl NatsShipper {
             .name("tw-ship-nats".into())
             .spawn(move || rt.block_on(run(&ledger, &config, &refused, &token)))
             .map_err(|e| format!("JetStream shipping thread: {e}"))?;
-        Ok(NatsShipper {
-            cancel,
-            thread: Some(thread),
-        })
+        Ok(NatsShipper { cancel, thread })
     }
 
-    pub fn stop(mut self) {
+    pub fn stop(self) {
         self.cancel.cancel();
-        if let Some(thread) = self.thread.take()
-            && thread.join().is_err()
-        {
-            tracing::error!("JetStream shipping thread panicked");
-        }
+        super::join(self.thread, "JetStream shipping thread");
     }
 }
 
