@@ -1085,7 +1085,10 @@ impl Ledger {
             Some(s) => s.head.clone(),
             None => self.head()?,
         };
-        let n = self.export_pages_to(filter, format, sink, head.as_ref().map_or(0, |h| h.0))?;
+        let upto = head.as_ref().map_or(0, |h| h.0);
+        let n = self.pages_to(filter, upto, &mut |rows, first| {
+            sink(&export::format(rows, format, first)?)
+        })?;
         if let Some(sealed) = sealed {
             let stamp = verify::ExportStamp {
                 v: Some(2),
@@ -1143,37 +1146,12 @@ impl Ledger {
         Ok(())
     }
 
-    /// The streaming core of every export: the events `filter` selects, up
-    /// to the head when it starts, in pages of 1,000 (keyset on `seq`), each
-    /// page's bytes handed to `sink` before the next is read. Memory stays
-    /// flat however long the ledger is. Returns how many events went out.
-    pub fn export_pages(
-        &self,
-        filter: &EventFilter,
-        format: ExportFormat,
-        sink: &mut dyn FnMut(&[u8]) -> Result<(), LedgerError>,
-    ) -> Result<usize, LedgerError> {
-        let head = self.head()?.map_or(0, |(seq, _)| seq);
-        self.export_pages_to(filter, format, sink, head)
-    }
-
-    /// [`Ledger::export_pages`] up to the event `head` (a seq).
-    fn export_pages_to(
-        &self,
-        filter: &EventFilter,
-        format: ExportFormat,
-        sink: &mut dyn FnMut(&[u8]) -> Result<(), LedgerError>,
-        head: i64,
-    ) -> Result<usize, LedgerError> {
-        self.pages_to(filter, head, &mut |rows, first| {
-            sink(&export::format(rows, format, first)?)
-        })
-    }
-
-    /// The events `filter` selects up to the event `head` (a seq), oldest
-    /// first, in pages of [`export::PAGE`] (keyset on `seq`), each handed
-    /// to `each` (with whether it is the first) before the next is read;
-    /// the first page always, even empty. Returns how many events.
+    /// The streaming core of every export: the events `filter` selects up
+    /// to the event `head` (a seq), oldest first, in pages of
+    /// [`export::PAGE`] (keyset on `seq`), each handed to `each` (with
+    /// whether it is the first) before the next is read; the first page
+    /// always, even empty. Memory stays flat however long the ledger is.
+    /// Returns how many events.
     pub(crate) fn pages_to(
         &self,
         filter: &EventFilter,
