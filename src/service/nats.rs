@@ -654,6 +654,14 @@ async fn run(ledger: &Ledger, config: &NatsConfig, refused: &Refusals, cancel: &
     }
 }
 
+/// A header of a message the stream holds, as text.
+fn header(m: &async_nats::Message, name: &str) -> Option<String> {
+    m.headers
+        .as_ref()
+        .and_then(|h| h.get(name))
+        .map(|v| v.as_str().to_string())
+}
+
 /// One message of a host's subject, as the stream holds it.
 #[derive(Clone, Debug)]
 pub struct StoredEvent {
@@ -720,16 +728,10 @@ async fn read_host_async(config: &NatsConfig, host: &str) -> Result<Vec<StoredEv
         while let Some(m) = batch.next().await {
             let m = m.map_err(|e| unreachable(&e))?;
             let stream_seq = m.info().map_err(|e| unreachable(&e))?.stream_sequence;
-            let header = |name: &str| {
-                m.headers
-                    .as_ref()
-                    .and_then(|h| h.get(name))
-                    .map(|v| v.as_str().to_string())
-            };
             out.push(StoredEvent {
                 stream_seq,
-                msg_id: header("Nats-Msg-Id"),
-                ce_id: header("ce-id"),
+                msg_id: header(&m, "Nats-Msg-Id"),
+                ce_id: header(&m, "ce-id"),
                 body: m.payload.to_vec(),
             });
         }
@@ -857,19 +859,13 @@ impl FleetReader {
         while let Some(m) = batch.next().await {
             let m = m.map_err(|e| failed(&e))?;
             let stream_seq = m.info().map_err(|e| failed(&e))?.stream_sequence;
-            let header = |name: &str| {
-                m.headers
-                    .as_ref()
-                    .and_then(|h| h.get(name))
-                    .map(|v| v.as_str().to_string())
-            };
             let message = crate::ledger::fleet::FleetMessage {
                 stream_seq,
                 host: host_of_subject(m.subject.as_str())
                     .unwrap_or("-")
                     .to_string(),
-                msg_id: header("Nats-Msg-Id"),
-                ce_id: header("ce-id"),
+                msg_id: header(&m, "Nats-Msg-Id"),
+                ce_id: header(&m, "ce-id"),
                 body: m.payload.to_vec(),
             };
             out.push(Received { message, raw: m });
