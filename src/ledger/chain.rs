@@ -6,17 +6,6 @@ use sha2::{Digest, Sha256};
 /// `prev_hash` of the first event.
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
-/// Writes `value` as canonical JSON: object keys sorted by their UTF-8 bytes,
-/// no whitespace, strings escaped as serde_json escapes them. Independent of
-/// serde_json's `preserve_order` feature.
-pub fn canonical_json(value: &serde_json::Value, out: &mut String) {
-    let mut bytes = std::mem::take(out).into_bytes();
-    write_canonical(value, &mut bytes);
-    // Only whole UTF-8 strings and ASCII were written.
-    *out = String::from_utf8(bytes)
-        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
-}
-
 /// The canonical form straight into bytes: no intermediate `String` per
 /// scalar or key (an event naming 1,000 survivors has ~10,000 of them, and
 /// it is written inside the kill authorization's transaction).
@@ -68,11 +57,18 @@ fn write_str(s: &str, out: &mut Vec<u8>) {
     let _ = serde_json::to_writer(out, s);
 }
 
-/// The canonical JSON text of a value.
+/// The canonical JSON text of a value: object keys sorted by their UTF-8
+/// bytes, no whitespace, strings escaped as serde_json escapes them.
+/// Independent of serde_json's `preserve_order` feature.
 pub fn canonical_string(value: &serde_json::Value) -> String {
-    let mut out = String::new();
-    canonical_json(value, &mut out);
-    out
+    let mut out = Vec::new();
+    write_canonical(value, &mut out);
+    text(out)
+}
+
+/// Canonical bytes as text: only whole UTF-8 strings and ASCII were written.
+fn text(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 /// The canonical event: the JSON array `[seq,at,tree,kind,data]`, canonical.
@@ -85,8 +81,7 @@ pub fn canonical_event(
 ) -> String {
     let mut data_text = Vec::new();
     write_canonical(data, &mut data_text);
-    let bytes = event_bytes(seq, at, tree, kind, &data_text);
-    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+    text(event_bytes(seq, at, tree, kind, &data_text))
 }
 
 /// `[seq,at,tree,kind,` + the data's canonical text + `]`: what

@@ -17,6 +17,7 @@ use std::time::Duration;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::error::LedgerError;
+use super::read::unsigned;
 
 /// The index's file name under `--data`.
 pub const FILE: &str = "fleet.db";
@@ -332,7 +333,7 @@ impl FleetIndex {
             params![host, i64::try_from(floor).unwrap_or(i64::MAX)],
             |r| {
                 Ok(FleetMessage {
-                    stream_seq: u64::try_from(r.get::<_, i64>(0)?).unwrap_or(0),
+                    stream_seq: unsigned(r, 0)?,
                     host: host.to_string(),
                     msg_id: r.get(1)?,
                     ce_id: r.get(2)?,
@@ -384,7 +385,7 @@ impl FleetIndex {
                         Some(Verdict {
                             host,
                             through_stream_seq: u64::try_from(t).unwrap_or(0),
-                            events: u64::try_from(r.get::<_, i64>(2)?).unwrap_or(0),
+                            events: unsigned(r, 2)?,
                             head_seq: r.get(3)?,
                             last_at: r.get(4)?,
                             ok: r.get(5)?,
@@ -404,13 +405,7 @@ impl FleetIndex {
         self.all(
             "SELECT host, COUNT(*), MAX(at) FROM events GROUP BY host ORDER BY host",
             [],
-            |r| {
-                Ok((
-                    r.get(0)?,
-                    u64::try_from(r.get::<_, i64>(1)?).unwrap_or(0),
-                    r.get(2)?,
-                ))
-            },
+            |r| Ok((r.get(0)?, unsigned(r, 1)?, r.get(2)?)),
         )
     }
 
@@ -449,7 +444,7 @@ impl FleetIndex {
             params![host, tree],
             |r| {
                 Ok(IndexedEvent {
-                    stream_seq: u64::try_from(r.get::<_, i64>(0)?).unwrap_or(0),
+                    stream_seq: unsigned(r, 0)?,
                     body: r.get(1)?,
                 })
             },

@@ -258,7 +258,7 @@ impl Ledger {
             return Err(refused.error);
         }
         let budget = self.evidence.budget();
-        self.write(Durability::Normal, move |w| f(w, budget))
+        self.write_normal(move |w| f(w, budget))
     }
 
     fn write<T: Send + 'static>(
@@ -267,6 +267,14 @@ impl Ledger {
         f: impl FnOnce(&mut db::Writer<'_>) -> Result<T, error::Fail> + Send + 'static,
     ) -> Result<T, LedgerError> {
         self.handle.call(move |store| store.write(durability, f))
+    }
+
+    /// [`Ledger::write`] at [`Durability::Normal`].
+    fn write_normal<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut db::Writer<'_>) -> Result<T, error::Fail> + Send + 'static,
+    ) -> Result<T, LedgerError> {
+        self.write(Durability::Normal, f)
     }
 
     fn read<T: Send + 'static>(
@@ -286,9 +294,7 @@ impl Ledger {
     /// The owner row for this identity and kind, created if it is new.
     pub fn register_owner(&self, owner: &OwnerRecord) -> Result<OwnerId, LedgerError> {
         let owner = owner.clone();
-        self.write(Durability::Normal, move |w| {
-            write::register_owner(w, &owner)
-        })
+        self.write_normal(move |w| write::register_owner(w, &owner))
     }
 
     /// [`Ledger::register_owner`] and [`Ledger::create_tree_for`] in one
@@ -394,9 +400,7 @@ impl Ledger {
         exit_code: i32,
     ) -> Result<(), LedgerError> {
         let reason = reason.to_string();
-        self.write(Durability::Normal, move |w| {
-            write::tree_spawn_failed(w, id, &reason, exit_code)
-        })
+        self.write_normal(move |w| write::tree_spawn_failed(w, id, &reason, exit_code))
     }
 
     /// Records a scan's members. First sightings insert the row and emit one
@@ -445,9 +449,7 @@ impl Ledger {
         // Not refused under the floor (an escapee is a target of the next
         // teardown's signals), but budgeted as members are.
         let budget = self.evidence.budget();
-        self.write(Durability::Normal, move |w| {
-            write::record_escape(w, id, &member, &reason, budget)
-        })
+        self.write_normal(move |w| write::record_escape(w, id, &member, &reason, budget))
     }
 
     /// Records exits (observation + `member.exited`, once per identity).
@@ -475,9 +477,7 @@ impl Ledger {
         reason: Option<&str>,
     ) -> Result<TreeState, LedgerError> {
         let reason = reason.map(str::to_string);
-        self.write(Durability::Normal, move |w| {
-            write::set_state(w, id, to, reason.as_deref())
-        })
+        self.write_normal(move |w| write::set_state(w, id, to, reason.as_deref()))
     }
 
     /// Forensic snapshot of the survivors before a forced kill (observations
@@ -490,9 +490,7 @@ impl Ledger {
     ) -> Result<(), LedgerError> {
         let survivors = survivors.to_vec();
         let taken_at = humantime::format_rfc3339_millis(taken_at).to_string();
-        self.write(Durability::Normal, move |w| {
-            write::record_survivors(w, id, &survivors, &taken_at)
-        })
+        self.write_normal(move |w| write::record_survivors(w, id, &survivors, &taken_at))
     }
 
     /// Commits (FULL) the authority for a forced kill of these targets, with
@@ -568,9 +566,7 @@ impl Ledger {
     /// database refuses a SIGKILL without an authorization of this tree.
     pub fn record_signal(&self, id: TreeId, signal: &SignalRecord) -> Result<i64, LedgerError> {
         let signal = signal.clone();
-        self.write(Durability::Normal, move |w| {
-            write::record_signal(w, id, &signal)
-        })
+        self.write_normal(move |w| write::record_signal(w, id, &signal))
     }
 
     /// Records a teardown step's signals in one transaction (one
@@ -578,9 +574,7 @@ impl Ledger {
     /// without an authorization of this tree, and then none is written.
     pub fn record_signals(&self, id: TreeId, signals: &[SignalRecord]) -> Result<(), LedgerError> {
         let signals = signals.to_vec();
-        self.write(Durability::Normal, move |w| {
-            write::record_signals(w, id, &signals)
-        })
+        self.write_normal(move |w| write::record_signals(w, id, &signals))
     }
 
     /// Records the exit (observation + `member.exited`) of every member not
@@ -593,17 +587,13 @@ impl Ledger {
         unknown_reaper: &'static str,
     ) -> Result<usize, LedgerError> {
         let statuses = statuses.to_vec();
-        self.write(Durability::Normal, move |w| {
-            write::record_remaining_exits(w, id, &statuses, unknown_reaper)
-        })
+        self.write_normal(move |w| write::record_remaining_exits(w, id, &statuses, unknown_reaper))
     }
 
     /// A forced kill was not sent (event `kill.skipped`).
     pub fn kill_skipped(&self, id: TreeId, reason: &str) -> Result<(), LedgerError> {
         let reason = reason.to_string();
-        self.write(Durability::Normal, move |w| {
-            write::kill_skipped(w, id, &reason)
-        })
+        self.write_normal(move |w| write::kill_skipped(w, id, &reason))
     }
 
     /// Ends the tree as `ended` or `vanished` (event `tree.ended`).
@@ -625,9 +615,7 @@ impl Ledger {
         exit: Option<ExitRecord>,
         resources: Option<Resources>,
     ) -> Result<(), LedgerError> {
-        self.write(Durability::Normal, move |w| {
-            write::end_tree(w, id, state, exit, resources)
-        })
+        self.write_normal(move |w| write::end_tree(w, id, state, exit, resources))
     }
 
     /// An operator's resolution of an ambiguous tree (event `tree.resolved`).
@@ -641,18 +629,14 @@ impl Ledger {
         let note = note.to_string();
         let left_alive = left_alive.to_vec();
         let by = by.cloned();
-        self.write(Durability::Normal, move |w| {
-            write::resolve(w, id, &note, &left_alive, by.as_ref())
-        })
+        self.write_normal(move |w| write::resolve(w, id, &note, &left_alive, by.as_ref()))
     }
 
     /// Makes one evidence write described by a [`Deferred`] (used at once
     /// by a teardown; what the ledger refuses is kept and replayed later).
     pub fn apply_deferred(&self, id: TreeId, d: &Deferred) -> Result<(), LedgerError> {
         let d = d.clone();
-        self.write(Durability::Normal, move |w| {
-            write::apply_deferred(w, id, &d)
-        })
+        self.write_normal(move |w| write::apply_deferred(w, id, &d))
     }
 
     /// Writes evidence a teardown could not write when it happened, in
@@ -667,32 +651,26 @@ impl Ledger {
     ) -> Result<(), LedgerError> {
         let list = list.to_vec();
         let batch = batch.to_string();
-        self.write(Durability::Normal, move |w| {
-            write::replay_deferred(w, id, &list, &batch)
-        })
+        self.write_normal(move |w| write::replay_deferred(w, id, &list, &batch))
     }
 
     /// Adds a flag to the tree (idempotent); returns whether it was new.
     pub fn add_flag(&self, id: TreeId, flag: impl Into<TreeFlag>) -> Result<bool, LedgerError> {
         let flag = flag.into();
-        self.write(Durability::Normal, move |w| write::add_flag(w, id, &flag))
+        self.write_normal(move |w| write::add_flag(w, id, &flag))
     }
 
     /// Flags the tree `holds_capped` and writes its `tree.holds_capped`
     /// event, once (`custody/holds.rs`); whether it was new.
     pub fn holds_capped(&self, id: TreeId, data: event::HoldsCapped) -> Result<bool, LedgerError> {
-        self.write(Durability::Normal, move |w| {
-            write::holds_capped(w, id, &data)
-        })
+        self.write_normal(move |w| write::holds_capped(w, id, &data))
     }
 
     /// Appends a free-standing event (`sweep.*`, `dispatch.refused`): kinds
     /// with rows of their own are written only by their typed method.
     /// `data` must be a JSON object. Returns the event's seq.
     pub fn append_event(&self, tree: Option<TreeId>, event: Event) -> Result<i64, LedgerError> {
-        self.write(Durability::Normal, move |w| {
-            write::append_event(w, tree, &event)
-        })
+        self.write_normal(move |w| write::append_event(w, tree, &event))
     }
 
     /// Records one scan's cost and findings (no event).
@@ -985,7 +963,7 @@ impl Ledger {
     /// whole ledger is then shipped). A bookkeeping row: no event.
     pub fn init_ship_cursor(&self, sink: &str) -> Result<(), LedgerError> {
         let sink = sink.to_string();
-        self.write(Durability::Normal, move |w| {
+        self.write_normal(move |w| {
             let now = w.now.clone();
             w.exec(
                 "INSERT INTO ship_cursor (sink, seq, at) VALUES (?1, 0, ?2) ON CONFLICT (sink) DO NOTHING",
@@ -998,7 +976,7 @@ impl Ledger {
     /// Moves the shipping cursor of `sink` forward to `seq` (never back).
     pub fn set_ship_cursor(&self, sink: &str, seq: i64) -> Result<(), LedgerError> {
         let sink = sink.to_string();
-        self.write(Durability::Normal, move |w| {
+        self.write_normal(move |w| {
             let now = w.now.clone();
             w.exec(
                 "INSERT INTO ship_cursor (sink, seq, at) VALUES (?1, ?2, ?3)
@@ -1025,7 +1003,7 @@ impl Ledger {
     /// position of that event; a `seq` behind the cursor changes nothing.
     pub fn set_ship_position(&self, sink: &str, seq: i64, remote: i64) -> Result<(), LedgerError> {
         let sink = sink.to_string();
-        self.write(Durability::Normal, move |w| {
+        self.write_normal(move |w| {
             let now = w.now.clone();
             w.exec(
                 "INSERT INTO ship_cursor (sink, seq, at, remote_seq) VALUES (?1, ?2, ?3, ?4)
@@ -1085,7 +1063,10 @@ impl Ledger {
             Some(s) => s.head.clone(),
             None => self.head()?,
         };
-        let n = self.export_pages_to(filter, format, sink, head.as_ref().map_or(0, |h| h.0))?;
+        let upto = head.as_ref().map_or(0, |h| h.0);
+        let n = self.pages_to(filter, upto, &mut |rows, first| {
+            sink(&export::format(rows, format, first)?)
+        })?;
         if let Some(sealed) = sealed {
             let stamp = verify::ExportStamp {
                 v: Some(2),
@@ -1143,37 +1124,12 @@ impl Ledger {
         Ok(())
     }
 
-    /// The streaming core of every export: the events `filter` selects, up
-    /// to the head when it starts, in pages of 1,000 (keyset on `seq`), each
-    /// page's bytes handed to `sink` before the next is read. Memory stays
-    /// flat however long the ledger is. Returns how many events went out.
-    pub fn export_pages(
-        &self,
-        filter: &EventFilter,
-        format: ExportFormat,
-        sink: &mut dyn FnMut(&[u8]) -> Result<(), LedgerError>,
-    ) -> Result<usize, LedgerError> {
-        let head = self.head()?.map_or(0, |(seq, _)| seq);
-        self.export_pages_to(filter, format, sink, head)
-    }
-
-    /// [`Ledger::export_pages`] up to the event `head` (a seq).
-    fn export_pages_to(
-        &self,
-        filter: &EventFilter,
-        format: ExportFormat,
-        sink: &mut dyn FnMut(&[u8]) -> Result<(), LedgerError>,
-        head: i64,
-    ) -> Result<usize, LedgerError> {
-        self.pages_to(filter, head, &mut |rows, first| {
-            sink(&export::format(rows, format, first)?)
-        })
-    }
-
-    /// The events `filter` selects up to the event `head` (a seq), oldest
-    /// first, in pages of [`export::PAGE`] (keyset on `seq`), each handed
-    /// to `each` (with whether it is the first) before the next is read;
-    /// the first page always, even empty. Returns how many events.
+    /// The streaming core of every export: the events `filter` selects up
+    /// to the event `head` (a seq), oldest first, in pages of
+    /// [`export::PAGE`] (keyset on `seq`), each handed to `each` (with
+    /// whether it is the first) before the next is read; the first page
+    /// always, even empty. Memory stays flat however long the ledger is.
+    /// Returns how many events.
     pub(crate) fn pages_to(
         &self,
         filter: &EventFilter,

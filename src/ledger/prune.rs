@@ -480,8 +480,7 @@ pub(crate) fn verify_archives(
             head: scan.last.clone(),
             integrity_ok: true,
             first_break: scan.first_break.clone(),
-            checkpoint: None,
-            trailer: None,
+            ..VerifyReport::default()
         };
         let mut matched = None;
         if report.first_break.is_none() {

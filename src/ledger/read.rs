@@ -32,6 +32,11 @@ pub(crate) fn ticks(row: &Row<'_>, idx: usize) -> rusqlite::Result<u64> {
     })
 }
 
+/// A count (or a fleet's stream sequence) read back: 0 where negative.
+pub(crate) fn unsigned(row: &Row<'_>, idx: usize) -> rusqlite::Result<u64> {
+    Ok(u64::try_from(row.get::<_, i64>(idx)?).unwrap_or(0))
+}
+
 fn opt_ticks(row: &Row<'_>, idx: usize) -> rusqlite::Result<Option<u64>> {
     match row.get::<_, Option<i64>>(idx)? {
         None => Ok(None),
@@ -582,16 +587,12 @@ pub(crate) fn member_counts(
          WHERE tree_id IN (SELECT value FROM json_each(?1)) GROUP BY tree_id",
     )?;
     let rows = stmt.query_map([ids], |row| {
-        let count = |idx| -> rusqlite::Result<u64> {
-            let n: i64 = row.get(idx)?;
-            Ok(u64::try_from(n).unwrap_or(0))
-        };
         Ok((
             TreeId(row.get(0)?),
             MemberCounts {
-                live: count(1)?,
-                escaped: count(2)?,
-                seen: count(3)?,
+                live: unsigned(row, 1)?,
+                escaped: unsigned(row, 2)?,
+                seen: unsigned(row, 3)?,
             },
         ))
     })?;

@@ -1190,17 +1190,11 @@ impl SealCheck {
                 self.next
             ));
         }
-        let (authentic, what) = match &self.check {
-            Checker::Hmac { key, .. } => (
-                mac.is_some_and(|m| same(&mac_of(key, stamp), m)),
-                "MAC does not match epoch",
-            ),
-            Checker::Signed { current, .. } => (
-                signed_by(current, stamp, sig),
-                "signature does not match epoch",
-            ),
-        };
-        if !authentic {
+        if !self.sealed_now(stamp) {
+            let what = match self.check {
+                Checker::Hmac { .. } => "MAC does not match epoch",
+                Checker::Signed { .. } => "signature does not match epoch",
+            };
             return fail(format!(
                 "the trailer's {what} {epoch}'s key: its time, host, machine id, boot id, head, filter or event count was edited, or it was written by hand"
             ));
@@ -1208,6 +1202,16 @@ impl SealCheck {
         Ok(format!(
             "the trailer (time, host, head, count) is sealed with epoch {epoch}'s key"
         ))
+    }
+
+    /// Whether `stamp` (a trailer, a backup's stamp) carries its MAC or
+    /// signature by the key the newest seal handed on.
+    fn sealed_now(&self, stamp: &serde_json::Value) -> bool {
+        let field = |name| stamp.get(name).and_then(serde_json::Value::as_str);
+        match &self.check {
+            Checker::Hmac { key, .. } => field("mac").is_some_and(|m| same(&mac_of(key, stamp), m)),
+            Checker::Signed { current, .. } => signed_by(current, stamp, field("sig")),
+        }
     }
 
     /// A backup's stamp (`stamp_backup`), after the walk: sealed with the
@@ -1228,18 +1232,7 @@ impl SealCheck {
                 self.next
             ));
         }
-        let authentic = match &self.check {
-            Checker::Hmac { key, .. } => stamp
-                .get("mac")
-                .and_then(serde_json::Value::as_str)
-                .is_some_and(|m| same(&mac_of(key, stamp), m)),
-            Checker::Signed { current, .. } => signed_by(
-                current,
-                stamp,
-                stamp.get("sig").and_then(serde_json::Value::as_str),
-            ),
-        };
-        if !authentic {
+        if !self.sealed_now(stamp) {
             return fail(format!(
                 "does not match epoch {epoch}'s key: its time, host, machine id, boot id or head was edited"
             ));

@@ -17,6 +17,15 @@ use super::prune;
 use super::seal::SealCheck;
 use super::types::{EventKind, EventRow, SealReport, VerifyBreak, VerifyReport};
 
+/// `report` stopped at `found`, with no seal report.
+fn halted<E>(
+    mut report: VerifyReport,
+    found: VerifyBreak,
+) -> Result<(VerifyReport, Option<SealReport>), E> {
+    report.first_break = Some(found);
+    Ok((report, None))
+}
+
 fn broke(seq: Option<i64>, what: impl Into<String>) -> Option<VerifyBreak> {
     Some(VerifyBreak {
         seq,
@@ -35,14 +44,7 @@ pub(crate) fn verify(
         Some((check, at)) => (Some(check), Some(at)),
         None => (None, None),
     };
-    let mut report = VerifyReport {
-        events: 0,
-        head: None,
-        integrity_ok: false,
-        first_break: None,
-        checkpoint: None,
-        trailer: None,
-    };
+    let mut report = VerifyReport::default();
 
     let problems: Vec<String> = {
         let mut stmt = conn.prepare("PRAGMA integrity_check")?;
@@ -79,18 +81,15 @@ pub(crate) fn verify(
 
     let (found, seals) = walk_chain(conn, &mut report, seals)?;
     if let Some(found) = found {
-        report.first_break = Some(found);
-        return Ok((report, None));
+        return halted(report, found);
     }
 
     if let Some(found) = check_signal_rows(conn)? {
-        report.first_break = Some(found);
-        return Ok((report, None));
+        return halted(report, found);
     }
 
     if let Some(found) = super::projection::check(conn)? {
-        report.first_break = Some(found);
-        return Ok((report, None));
+        return halted(report, found);
     }
 
     if let Some((seq, hash)) = expect_head {
@@ -151,8 +150,7 @@ pub(crate) fn verify(
     if report.first_break.is_none()
         && let Some(Err(found)) = &stamp
     {
-        report.first_break = Some(found.clone());
-        return Ok((report, None));
+        return halted(report, found.clone());
     }
     let (mut report, sealed) = finish_seals(report, seals, read_at)?;
     if report.first_break.is_none()
@@ -194,7 +192,7 @@ fn check_stamp(
 
 /// The seal check's end (when asked, and nothing broke before it).
 fn finish_seals(
-    mut report: VerifyReport,
+    report: VerifyReport,
     seals: Option<SealCheck>,
     read_at: Option<std::time::SystemTime>,
 ) -> Result<(VerifyReport, Option<SealReport>), Fail> {
@@ -206,10 +204,7 @@ fn finish_seals(
     }
     match seals.finish(read_at) {
         Ok(sealed) => Ok((report, Some(sealed))),
-        Err(found) => {
-            report.first_break = Some(found);
-            Ok((report, None))
-        }
+        Err(found) => halted(report, found),
     }
 }
 
@@ -292,13 +287,9 @@ pub(crate) fn verify_export(
     };
     let read_err = |e: std::io::Error| LedgerError::Other(format!("{}: {e}", path.display()));
     let mut report = VerifyReport {
-        events: 0,
-        head: None,
         // Nothing to check below the events: the file is the record.
         integrity_ok: true,
-        first_break: None,
-        checkpoint: None,
-        trailer: None,
+        ..VerifyReport::default()
     };
     let fail = |mut report: VerifyReport, line: usize, what: String| {
         report.first_break = Some(VerifyBreak {
@@ -412,13 +403,11 @@ pub(crate) fn verify_export(
             hash: e.hash,
         };
         if let Some(found) = walk.step(row, &mut report) {
-            report.first_break = Some(found);
-            return Ok((report, None));
+            return halted(report, found);
         }
     }
     if let Some(found) = walk.finish() {
-        report.first_break = Some(found);
-        return Ok((report, None));
+        return halted(report, found);
     }
     if let Some(s) = &stamp
         && let Some(what) = stamp_disagrees(&s.stamp, &report)
@@ -443,10 +432,7 @@ pub(crate) fn verify_export(
     }
     match trailer {
         Ok(note) => report.trailer = Some(note),
-        Err(found) => {
-            report.first_break = Some(found);
-            return Ok((report, None));
-        }
+        Err(found) => return halted(report, found),
     }
     Ok((report, sealed))
 }
@@ -472,12 +458,8 @@ fn verify_filtered(
         .map(std::io::BufReader::new)
         .map_err(|e| LedgerError::Other(format!("{}: {e}", path.display())))?;
     let mut report = VerifyReport {
-        events: 0,
-        head: None,
         integrity_ok: true,
-        first_break: None,
-        checkpoint: None,
-        trailer: None,
+        ..VerifyReport::default()
     };
     let fail = |mut report: VerifyReport, what: String| {
         report.first_break = Some(VerifyBreak { seq: None, what });
@@ -625,8 +607,7 @@ fn verify_filtered(
             && let Some(check) = seals.as_mut()
             && let Some(found) = check.step(e.seq, &e.kind, &e.data, &e.prev_hash)
         {
-            report.first_break = Some(found);
-            return Ok((report, None));
+            return halted(report, found);
         }
         pending = Some((e.seq, e.hash));
     }
@@ -664,10 +645,7 @@ fn verify_filtered(
             ));
             Ok((report, sealed))
         }
-        Err(found) => {
-            report.first_break = Some(found);
-            Ok((report, None))
-        }
+        Err(found) => halted(report, found),
     }
 }
 

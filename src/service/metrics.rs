@@ -404,41 +404,25 @@ impl Metrics {
 
     /// Counts one ledger event into the families fed by events.
     pub fn count_event(&self, e: &EventRow) {
-        match e.event() {
-            Event::TreeSpawned(_) => {
-                self.trees_spawned.inc();
-            }
-            Event::EscapeObserved(_) => {
-                self.escapes.inc();
-            }
-            Event::SignalSent(s) => {
-                self.signals
-                    .get_or_create(&SignalLabels {
-                        signal: bounded(s.signal.as_str()).to_string(),
-                        target_kind: bounded(s.target_kind.as_str()).to_string(),
-                    })
-                    .inc();
-            }
-            Event::KillAuthorized(_) => {
-                self.authorizations_written.inc();
-            }
-            Event::KillSkipped(_) => {
-                self.kills_skipped.inc();
-            }
-            Event::SweepStarted(_) => {
-                self.sweeps.inc();
-            }
-            Event::SweepOrphanFound(_) => {
-                self.orphans.inc();
-            }
-            Event::DispatchRefused(_) => {
-                self.dispatch_refused.inc();
-            }
+        let counter = match e.event() {
+            Event::TreeSpawned(_) => &self.trees_spawned,
+            Event::EscapeObserved(_) => &self.escapes,
+            Event::SignalSent(s) => &*self.signals.get_or_create(&SignalLabels {
+                signal: bounded(s.signal.as_str()).to_string(),
+                target_kind: bounded(s.target_kind.as_str()).to_string(),
+            }),
+            Event::KillAuthorized(_) => &self.authorizations_written,
+            Event::KillSkipped(_) => &self.kills_skipped,
+            Event::SweepStarted(_) => &self.sweeps,
+            Event::SweepOrphanFound(_) => &self.orphans,
+            Event::DispatchRefused(_) => &self.dispatch_refused,
             Event::TreeOomKill(o) => {
                 self.oom_kills.inc_by(o.oom_kills);
+                return;
             }
-            _ => {}
-        }
+            _ => return,
+        };
+        counter.inc();
     }
 
     /// Brings the held-handle gauge and refusal counters up to date.

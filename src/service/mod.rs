@@ -104,6 +104,14 @@ use crate::proc::{ExitStatus, Identity, Reaper, SpawnStdio, sd_notify};
 use crate::scan::HostView;
 pub use metrics::Metrics;
 
+/// Waits for a service thread already told to stop; a panic in it is
+/// logged as `what` panicked.
+fn join(thread: std::thread::JoinHandle<()>, what: &str) {
+    if thread.join().is_err() {
+        tracing::error!("{what} panicked");
+    }
+}
+
 /// How often the service looks for teardowns that failed closed and whose
 /// owner is gone, to finish them ([`crate::custody::Sweeper::settle_failed_closed`]).
 const FAILED_CLOSED_CHECK: std::time::Duration = std::time::Duration::from_secs(2);

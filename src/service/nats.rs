@@ -553,7 +553,7 @@ pub fn ship_once(ledger: &Ledger, config: &NatsConfig) -> Result<Shipped, ShipEr
 /// publish in flight (bounded by the ack timeout).
 pub struct NatsShipper {
     cancel: CancellationToken,
-    thread: Option<JoinHandle<()>>,
+    thread: JoinHandle<()>,
 }
 
 impl NatsShipper {
@@ -573,19 +573,12 @@ impl NatsShipper {
             .name("tw-ship-nats".into())
             .spawn(move || rt.block_on(run(&ledger, &config, &refused, &token)))
             .map_err(|e| format!("JetStream shipping thread: {e}"))?;
-        Ok(NatsShipper {
-            cancel,
-            thread: Some(thread),
-        })
+        Ok(NatsShipper { cancel, thread })
     }
 
-    pub fn stop(mut self) {
+    pub fn stop(self) {
         self.cancel.cancel();
-        if let Some(thread) = self.thread.take()
-            && thread.join().is_err()
-        {
-            tracing::error!("JetStream shipping thread panicked");
-        }
+        super::join(self.thread, "JetStream shipping thread");
     }
 }
 
@@ -661,6 +654,14 @@ async fn run(ledger: &Ledger, config: &NatsConfig, refused: &Refusals, cancel: &
     }
 }
 
+/// A header of a message the stream holds, as text.
+fn header(m: &async_nats::Message, name: &str) -> Option<String> {
+    m.headers
+        .as_ref()
+        .and_then(|h| h.get(name))
+        .map(|v| v.as_str().to_string())
+}
+
 /// One message of a host's subject, as the stream holds it.
 #[derive(Clone, Debug)]
 pub struct StoredEvent {
@@ -727,16 +728,10 @@ async fn read_host_async(config: &NatsConfig, host: &str) -> Result<Vec<StoredEv
         while let Some(m) = batch.next().await {
             let m = m.map_err(|e| unreachable(&e))?;
             let stream_seq = m.info().map_err(|e| unreachable(&e))?.stream_sequence;
-            let header = |name: &str| {
-                m.headers
-                    .as_ref()
-                    .and_then(|h| h.get(name))
-                    .map(|v| v.as_str().to_string())
-            };
             out.push(StoredEvent {
                 stream_seq,
-                msg_id: header("Nats-Msg-Id"),
-                ce_id: header("ce-id"),
+                msg_id: header(&m, "Nats-Msg-Id"),
+                ce_id: header(&m, "ce-id"),
                 body: m.payload.to_vec(),
             });
         }
@@ -864,19 +859,13 @@ impl FleetReader {
         while let Some(m) = batch.next().await {
             let m = m.map_err(|e| failed(&e))?;
             let stream_seq = m.info().map_err(|e| failed(&e))?.stream_sequence;
-            let header = |name: &str| {
-                m.headers
-                    .as_ref()
-                    .and_then(|h| h.get(name))
-                    .map(|v| v.as_str().to_string())
-            };
             let message = crate::ledger::fleet::FleetMessage {
                 stream_seq,
                 host: host_of_subject(m.subject.as_str())
                     .unwrap_or("-")
                     .to_string(),
-                msg_id: header("Nats-Msg-Id"),
-                ce_id: header("ce-id"),
+                msg_id: header(&m, "Nats-Msg-Id"),
+                ce_id: header(&m, "ce-id"),
                 body: m.payload.to_vec(),
             };
             out.push(Received { message, raw: m });

@@ -29,8 +29,8 @@ pub struct RetainConfig {
 /// The running retention thread; [`Retention::stop`] ends it (bounded by
 /// the prune in progress, if any).
 pub struct Retention {
-    stop: Option<mpsc::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
+    stop: mpsc::Sender<()>,
+    thread: JoinHandle<()>,
 }
 
 impl Retention {
@@ -47,19 +47,12 @@ impl Retention {
                     prune_once(&ledger, &config);
                 }
             })?;
-        Ok(Retention {
-            stop: Some(stop),
-            thread: Some(thread),
-        })
+        Ok(Retention { stop, thread })
     }
 
-    pub fn stop(mut self) {
-        self.stop.take();
-        if let Some(thread) = self.thread.take()
-            && thread.join().is_err()
-        {
-            tracing::error!("retention thread panicked");
-        }
+    pub fn stop(self) {
+        drop(self.stop);
+        super::join(self.thread, "retention thread");
     }
 }
 

@@ -21,8 +21,8 @@ use crate::ledger::seal::key_path;
 
 /// The running sealer; [`Sealing::stop`] closes and ends it.
 pub struct Sealing {
-    stop: Option<mpsc::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
+    stop: mpsc::Sender<()>,
+    thread: JoinHandle<()>,
 }
 
 /// How long the sealer's own ledger handle waits for the write lock (at
@@ -63,20 +63,13 @@ impl Sealing {
                 seal_once(&ledger, &data_dir, true, &mut said);
             })
             .map_err(|e| format!("sealing: cannot start its thread: {e}"))?;
-        Ok(Sealing {
-            stop: Some(stop),
-            thread: Some(thread),
-        })
+        Ok(Sealing { stop, thread })
     }
 
     /// The clean stop: seals what is due and closes the current epoch.
-    pub fn stop(mut self) {
-        self.stop.take();
-        if let Some(thread) = self.thread.take()
-            && thread.join().is_err()
-        {
-            tracing::error!("sealer thread panicked");
-        }
+    pub fn stop(self) {
+        drop(self.stop);
+        super::join(self.thread, "sealer thread");
     }
 }
 

@@ -85,7 +85,7 @@ impl ShipConfig {
 /// flight (bounded by the request timeout).
 pub struct Shipper {
     stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    thread: JoinHandle<()>,
 }
 
 impl Shipper {
@@ -114,19 +114,12 @@ impl Shipper {
             .name("tw-ship-otlp".into())
             .spawn(move || run(&ledger, &exporter, &config, &flag))
             .map_err(|e| format!("shipping thread: {e}"))?;
-        Ok(Shipper {
-            stop,
-            thread: Some(thread),
-        })
+        Ok(Shipper { stop, thread })
     }
 
-    pub fn stop(mut self) {
+    pub fn stop(self) {
         self.stop.store(true, Ordering::SeqCst);
-        if let Some(thread) = self.thread.take()
-            && thread.join().is_err()
-        {
-            tracing::error!("OTLP shipping thread panicked");
-        }
+        super::join(self.thread, "OTLP shipping thread");
     }
 }
 

@@ -21,7 +21,7 @@ impl std::fmt::Display for VerifyBreak {
 }
 
 /// What `verify` checked and the first break, if any.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct VerifyReport {
     /// Events walked.
     pub events: u64,

@@ -178,11 +178,6 @@ impl TargetKind {
             TargetKind::Job => "job",
         }
     }
-
-    /// A whole container (a cgroup, a job), killed as one.
-    pub fn is_container(self) -> bool {
-        matches!(self, TargetKind::Cgroup | TargetKind::Job)
-    }
 }
 
 /// What a boundary's tree is signalled through as one: its cgroup, its
