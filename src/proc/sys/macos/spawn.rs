@@ -40,20 +40,6 @@ pub fn resolve_boundary(
     }
 }
 
-/// What the child's stdin/stdout/stderr are.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SpawnStdio {
-    Inherit,
-    Null,
-    Log,
-}
-
-impl SpawnStdio {
-    pub fn needs_log(&self) -> bool {
-        matches!(self, SpawnStdio::Log)
-    }
-}
-
 /// How a failed spawn reads here: `spawn failed`, without errno's words.
 pub const EXEC_OTHER_FAILURE: &str = "spawn failed";
 pub const EXEC_ERRNO_IS_THE_OS: bool = false;
