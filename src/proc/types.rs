@@ -55,6 +55,22 @@ impl BoundaryKind {
     }
 }
 
+impl std::str::FromStr for BoundaryKind {
+    type Err = String;
+    /// Only the kinds this OS can give ([`crate::proc::BOUNDARY_KINDS`]).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (on, kinds) = crate::proc::BOUNDARY_KINDS;
+        if let Some(k) = kinds.iter().find(|k| k.as_str() == s) {
+            return Ok(*k);
+        }
+        let names: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
+        Err(format!(
+            "unknown boundary kind {s:?}{on}: expected {}",
+            names.join(" or ")
+        ))
+    }
+}
+
 impl std::fmt::Display for BoundaryKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())

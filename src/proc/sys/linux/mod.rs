@@ -26,9 +26,9 @@ pub mod users;
 use crate::proc::ProcError;
 
 pub use boundary::{
-    EXEC_ERRNO_IS_THE_OS, EXEC_OTHER_FAILURE, HeldChild, SHARED_PARENT_MARK, Spawned, cgroup_root,
-    cgroup2_mount, check_cgroup_writable, deny_clone3_in_this_thread, is_shared_parent,
-    own_cgroup_dir, remove_cgroup_if_empty, remove_cgroup_when_empty,
+    BOUNDARY_KINDS, EXEC_ERRNO_IS_THE_OS, EXEC_OTHER_FAILURE, HeldChild, SHARED_PARENT_MARK,
+    Spawned, cgroup_root, cgroup2_mount, check_cgroup_writable, deny_clone3_in_this_thread,
+    is_shared_parent, own_cgroup_dir, remove_cgroup_if_empty, remove_cgroup_when_empty,
     remove_shared_parent_if_empty, resolve_boundary, spawn_held,
 };
 pub use connector::{Connector, ConnectorWaker, monotonic_ns};

@@ -25,17 +25,8 @@ use crate::proc::{
     SpawnSpec, SpawnStdio,
 };
 
-impl std::str::FromStr for BoundaryKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "job" => Ok(BoundaryKind::Job),
-            other => Err(format!(
-                "unknown boundary kind {other:?} on Windows: expected job"
-            )),
-        }
-    }
-}
+/// The kinds a tree can be given here, and the OS a refusal names.
+pub const BOUNDARY_KINDS: (&str, &[BoundaryKind]) = (" on Windows", &[BoundaryKind::Job]);
 
 /// Where tree jobs are named: the `job:` namespace (`job:<name>` per tree).
 pub fn cgroup_root(_override: Option<&Path>) -> Result<Option<PathBuf>, ProcError> {

@@ -4,18 +4,9 @@
 
 use crate::proc::{BoundaryKind, ExecFailure, ExecFailureKind};
 
-impl std::str::FromStr for BoundaryKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "cgroup" => Ok(BoundaryKind::Cgroup),
-            "session" => Ok(BoundaryKind::Session),
-            other => Err(format!(
-                "unknown boundary kind {other:?}: expected cgroup or session"
-            )),
-        }
-    }
-}
+/// The kinds a tree can be given here (the OS named in a refusal: none).
+pub const BOUNDARY_KINDS: (&str, &[BoundaryKind]) =
+    ("", &[BoundaryKind::Cgroup, BoundaryKind::Session]);
 
 /// How a failed exec reads here: `exec failed`, with errno's own words.
 pub const EXEC_OTHER_FAILURE: &str = "exec failed";
@@ -41,6 +32,15 @@ impl ExecFailure {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn boundary_kinds_parse_as_linux_gives_them() {
+        assert_eq!("session".parse::<BoundaryKind>(), Ok(BoundaryKind::Session));
+        assert_eq!(
+            "job".parse::<BoundaryKind>(),
+            Err("unknown boundary kind \"job\": expected cgroup or session".to_owned())
+        );
+    }
 
     #[test]
     fn exec_failure_kinds_follow_the_shell() {
