@@ -79,15 +79,11 @@ pub(crate) fn times_of(h: &Owned) -> Result<Times, ProcError> {
     // SAFETY: `h` is a valid process handle; the four out-pointers are
     // FILETIMEs on this stack frame.
     let ok = unsafe { GetProcessTimes(h.as_raw_handle(), &mut c, &mut e, &mut k, &mut u) };
-    if ok == 0 {
-        return Err(ProcError::Io(super::last_error()));
-    }
+    super::check_bool(ok)?;
     let mut code = 0u32;
     // SAFETY: `h` is a valid process handle; `code` is a u32 on this frame.
     let ok = unsafe { GetExitCodeProcess(h.as_raw_handle(), &mut code) };
-    if ok == 0 {
-        return Err(ProcError::Io(super::last_error()));
-    }
+    super::check_bool(ok)?;
     Ok(Times {
         created: filetime(c),
         running: code == STILL_ACTIVE as u32,

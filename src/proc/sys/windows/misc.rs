@@ -420,9 +420,7 @@ pub fn forward_console_ctrl(f: CtrlCallback) -> Result<CtrlForward, ProcError> {
     // for the whole program.
     let ok =
         unsafe { windows_sys::Win32::System::Console::SetConsoleCtrlHandler(Some(on_ctrl), 1) };
-    if ok == 0 {
-        return Err(ProcError::Io(super::last_error()));
-    }
+    super::check_bool(ok)?;
     Ok(CtrlForward(()))
 }
 

@@ -82,3 +82,11 @@ pub(crate) fn wide(s: &str) -> Vec<u16> {
 pub(crate) fn last_error() -> std::io::Error {
     std::io::Error::last_os_error()
 }
+
+/// A Win32 `BOOL` answer: 0 is a failure, the last error its cause.
+pub(crate) fn check_bool(ok: i32) -> Result<(), crate::proc::ProcError> {
+    if ok == 0 {
+        return Err(crate::proc::ProcError::Io(last_error()));
+    }
+    Ok(())
+}

@@ -118,9 +118,7 @@ pub fn signal_process(id: &Identity, sig: Sig) -> Result<Delivery, ProcError> {
     }
     // SAFETY: `h` is a valid process handle with PROCESS_TERMINATE.
     let ok = unsafe { TerminateProcess(h.as_raw_handle(), job::TERMINATED_CODE) };
-    if ok == 0 {
-        return Err(ProcError::Io(super::last_error()));
-    }
+    super::check_bool(ok)?;
     Ok(Delivery::Sent)
 }
 
@@ -162,9 +160,7 @@ pub fn signal_group_known(
     // SAFETY: plain values; the group id is the recorded root's, checked
     // above, and never 0 (which would be this process's whole console).
     let ok = unsafe { GenerateConsoleCtrlEvent(CTRL_BREAK_EVENT, rec.pgid as u32) };
-    if ok == 0 {
-        return Err(ProcError::Io(super::last_error()));
-    }
+    super::check_bool(ok)?;
     Ok(GroupDelivery::Sent { members })
 }
 
