@@ -209,6 +209,25 @@ pub enum ExitStatus {
     Signaled(i32),
 }
 
+impl ExitStatus {
+    /// The code a shell would report: the exit code, or 128 + N for signal N.
+    pub fn code_for_shell(self) -> i32 {
+        match self {
+            ExitStatus::Exited(code) => code,
+            ExitStatus::Signaled(sig) => 128 + sig,
+        }
+    }
+}
+
+impl std::fmt::Display for ExitStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExitStatus::Exited(code) => write!(f, "exited with code {code}"),
+            ExitStatus::Signaled(sig) => write!(f, "killed by signal {sig}"),
+        }
+    }
+}
+
 /// What happened to a signal aimed at a recorded group.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]

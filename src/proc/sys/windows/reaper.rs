@@ -21,24 +21,6 @@ use windows_sys::Win32::System::Threading::{
 use super::Owned;
 use crate::proc::{ExitCallback, ExitStatus, ProcError};
 
-impl ExitStatus {
-    pub fn code_for_shell(self) -> i32 {
-        match self {
-            ExitStatus::Exited(code) => code,
-            ExitStatus::Signaled(sig) => 128 + sig,
-        }
-    }
-}
-
-impl std::fmt::Display for ExitStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ExitStatus::Exited(code) => write!(f, "exited with code {code}"),
-            ExitStatus::Signaled(sig) => write!(f, "killed by signal {sig}"),
-        }
-    }
-}
-
 struct Child {
     handle: std::sync::Arc<Owned>,
     claimed: bool,
