@@ -332,6 +332,12 @@ pub enum Sig {
     Usr2,
 }
 
+impl std::fmt::Display for Sig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Everything needed to spawn one tree root.
 #[derive(Clone, Debug)]
 pub struct SpawnSpec {

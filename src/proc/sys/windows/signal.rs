@@ -70,12 +70,6 @@ impl Sig {
     }
 }
 
-impl std::fmt::Display for Sig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
 /// Whether this process may terminate `pid` (opens it with that right).
 pub fn may_signal(pid: i32) -> bool {
     matches!(open(pid, PROCESS_TERMINATE), Ok(Some(_)))
