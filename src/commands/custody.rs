@@ -129,7 +129,7 @@ pub fn custody(config: &Config, args: CustodyArgs) -> CliResult {
         pid: args.owner_pid,
         start_ticks: args.owner_start_ticks,
         boot_id: treewarden::proc::boot_id()
-            .map_err(|e| CliError::internal(anyhow!(e)))?
+            .map_err(CliError::internal)?
             .to_owned(),
     };
     let opts = treewarden::custody::KeepOptions {

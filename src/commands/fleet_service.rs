@@ -115,7 +115,7 @@ fn hosts(cmd: HostsCommand) -> CliResult {
             parsed.map_err(|e| CliError::usage(anyhow!("{}: {e}", path.display())))?;
             open_index(&data)?
                 .add_host(&host, material, &value)
-                .map_err(|e| CliError::internal(anyhow!(e)))?;
+                .map_err(CliError::internal)?;
             println!(
                 "host {host}: seals verified with its {} from now on",
                 match material {
@@ -126,9 +126,7 @@ fn hosts(cmd: HostsCommand) -> CliResult {
             Ok(0)
         }
         HostsCommand::Ls { data, json } => {
-            let hosts = open_index(&data)?
-                .hosts()
-                .map_err(|e| CliError::internal(anyhow!(e)))?;
+            let hosts = open_index(&data)?.hosts().map_err(CliError::internal)?;
             // A verification key verifies HMAC seals and can make them:
             // its file is named, never its content.
             let shown = |m: &treewarden::ledger::fleet::HostMaterial| m.value.clone();
@@ -159,9 +157,7 @@ fn rebuild(nats: &NatsArgs, data: &std::path::Path, consumer: &str) -> CliResult
     let config = nats_config(nats, Some("fleet"))?;
     let deleted = treewarden::service::nats::delete_fleet_consumer(&config, consumer)
         .map_err(|e| CliError::with_code(EXIT_UNREACHABLE, anyhow!("fleet rebuild: {e}")))?;
-    open_index(data)?
-        .clear()
-        .map_err(|e| CliError::internal(anyhow!(e)))?;
+    open_index(data)?.clear().map_err(CliError::internal)?;
     println!(
         "the index is empty{}; the next `fleet serve --consumer {consumer}` reads the stream from its first message",
         if deleted {

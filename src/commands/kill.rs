@@ -28,7 +28,7 @@ pub fn kill(config: &Config, args: KillArgs) -> CliResult {
     let row = engine
         .ledger()
         .tree(tree)
-        .map_err(|e| CliError::internal(anyhow!(e)))?
+        .map_err(CliError::internal)?
         .ok_or_else(|| CliError::usage(anyhow!("unknown tree {}", args.tree)))?;
     if row.state.is_terminal() && !row.has_survivors_left() {
         if args.json {

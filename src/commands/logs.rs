@@ -20,7 +20,7 @@ pub fn logs(config: &Config, args: LogsArgs) -> CliResult {
         engine
             .ledger()
             .tree(tree)
-            .map_err(|e| CliError::internal(anyhow!(e)))?
+            .map_err(CliError::internal)?
             .ok_or_else(|| CliError::usage(anyhow!("unknown tree {}", args.tree)))
     };
     read_row(&engine)?;

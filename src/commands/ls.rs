@@ -19,9 +19,7 @@ pub fn ls(config: &Config, args: LsArgs) -> CliResult {
         .sweeper()
         .settle_failed_closed(SETTLE_LIMIT);
     let ledger = open_for_reading(config)?;
-    let trees = ledger
-        .list_trees(args.all)
-        .map_err(|e| CliError::internal(anyhow!(e)))?;
+    let trees = ledger.list_trees(args.all).map_err(CliError::internal)?;
     if args.json {
         print_json(&trees)?;
         return Ok(0);

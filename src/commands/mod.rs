@@ -219,7 +219,7 @@ fn open_for_reading(config: &Config) -> Result<Ledger, CliError> {
 }
 
 fn print_json(value: &impl serde::Serialize) -> Result<(), CliError> {
-    let text = serde_json::to_string_pretty(value).map_err(|e| CliError::internal(anyhow!(e)))?;
+    let text = serde_json::to_string_pretty(value).map_err(CliError::internal)?;
     println!("{text}");
     Ok(())
 }

@@ -34,17 +34,16 @@ enum Block {
 
 pub fn report(config: &Config, args: ReportArgs) -> CliResult {
     let ledger = open_for_reading(config)?;
-    let fail = |e: treewarden::ledger::LedgerError| CliError::internal(anyhow!(e));
     let detail = ledger
         .tree_detail(TreeId(args.tree))
-        .map_err(fail)?
+        .map_err(CliError::internal)?
         .ok_or_else(|| CliError::usage(anyhow!("unknown tree {}", args.tree)))?;
     let outcome = ledger
         .outcomes(std::slice::from_ref(&detail.tree))
-        .map_err(fail)?
+        .map_err(CliError::internal)?
         .remove(&TreeId(args.tree))
         .ok_or_else(|| CliError::internal(anyhow!("tree {} has no outcome", args.tree)))?;
-    let head = ledger.head().map_err(fail)?;
+    let head = ledger.head().map_err(CliError::internal)?;
     let seal = ledger
         .events(&EventFilter {
             kind_prefix: Some(EventKind::LedgerSeal.as_str().into()),
@@ -52,7 +51,7 @@ pub fn report(config: &Config, args: ReportArgs) -> CliResult {
             limit: Some(1),
             ..EventFilter::default()
         })
-        .map_err(fail)?
+        .map_err(CliError::internal)?
         .pop();
     let blocks = blocks(&detail, &outcome, head, seal.as_ref());
     print!(

@@ -32,7 +32,7 @@ pub fn resolve(config: &Config, args: ResolveArgs) -> CliResult {
         let row = engine
             .ledger()
             .tree(TreeId(args.tree))
-            .map_err(|e| CliError::internal(anyhow!(e)))?;
+            .map_err(CliError::internal)?;
         print_json(&row)?;
         return Ok(0);
     }

@@ -216,7 +216,7 @@ pub(super) fn run_owned(
     if !args.no_settle {
         engine.sweeper().settle_failed_closed(SETTLE_LIMIT);
     }
-    let me = treewarden::proc::self_identity().map_err(|e| CliError::internal(anyhow!(e)))?;
+    let me = treewarden::proc::self_identity().map_err(CliError::internal)?;
     let (owner, owner_kind) = match &named_owner {
         Some(id) => (id.clone(), OwnerKind::Client),
         None => (me.clone(), OwnerKind::Run),
@@ -415,7 +415,7 @@ pub(super) fn named_owner(
     start_ticks: Option<u64>,
 ) -> Result<treewarden::proc::Identity, CliError> {
     let id = treewarden::proc::identity_of(pid)
-        .map_err(|e| CliError::internal(anyhow!(e)))?
+        .map_err(CliError::internal)?
         .ok_or_else(|| CliError::internal(anyhow!("--owner-pid {pid}: no such process")))?;
     if let Some(ticks) = start_ticks
         && ticks != id.start_ticks

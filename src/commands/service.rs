@@ -11,7 +11,6 @@ pub use super::serve::serve;
 /// `treewarden token create|list|revoke`.
 pub fn token(config: &Config, cmd: TokenCommand) -> CliResult {
     let ledger = open_ledger(config)?;
-    let internal = |e: treewarden::ledger::LedgerError| CliError::internal(anyhow!(e));
     match cmd {
         TokenCommand::Create { scope, name, json } => {
             let secret = treewarden::http::auth::new_secret()
@@ -19,7 +18,7 @@ pub fn token(config: &Config, cmd: TokenCommand) -> CliResult {
             let hash = treewarden::http::auth::token_hash(&secret);
             let id = ledger
                 .create_token(&name, scope, &hash, &cli_requester())
-                .map_err(internal)?;
+                .map_err(CliError::internal)?;
             if json {
                 print_json(&serde_json::json!({
                     "id": id, "name": name, "scope": scope, "token": secret,
@@ -34,7 +33,7 @@ pub fn token(config: &Config, cmd: TokenCommand) -> CliResult {
             Ok(0)
         }
         TokenCommand::List { json } => {
-            let tokens = ledger.tokens().map_err(internal)?;
+            let tokens = ledger.tokens().map_err(CliError::internal)?;
             if json {
                 print_json(&tokens)?;
                 return Ok(0);
@@ -62,7 +61,7 @@ pub fn token(config: &Config, cmd: TokenCommand) -> CliResult {
                 Err(treewarden::ledger::LedgerError::NotFound(_)) => {
                     return Err(CliError::usage(anyhow!("unknown token {id}")));
                 }
-                Err(e) => return Err(internal(e)),
+                Err(e) => return Err(CliError::internal(e)),
             }
             Ok(0)
         }
@@ -93,7 +92,7 @@ pub fn ship(config: &Config, args: ShipArgs) -> CliResult {
     let ledger = open_existing_ledger(config)?;
     let head = ledger
         .head()
-        .map_err(|e| CliError::internal(anyhow!(e)))?
+        .map_err(CliError::internal)?
         .map_or(0, |(seq, _)| seq);
     match ship_once(&ledger, &nats) {
         Ok(done) => {

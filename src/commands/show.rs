@@ -18,7 +18,7 @@ pub fn show(config: &Config, args: ShowArgs) -> CliResult {
     let ledger = open_for_reading(config)?;
     let mut detail = ledger
         .tree_detail(TreeId(args.tree))
-        .map_err(|e| CliError::internal(anyhow!(e)))?
+        .map_err(CliError::internal)?
         .ok_or_else(|| CliError::usage(anyhow!("unknown tree {}", args.tree)))?;
     if detail.resources.is_none() {
         detail.resources = treewarden::custody::live_resources(&detail.tree);

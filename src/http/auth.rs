@@ -462,64 +462,44 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
     next.run(req).await
 }
 
-/// A tree from the path (`/api/trees/{id}/...`) that the request's principal
-/// may act on (kill, resolve): the row is read, then 404 unless the
-/// principal may see it and 403 unless it may act on it
-/// ([`Principal::may_act_on`]), before the handler runs. Written once for
-/// every handler that acts on a tree.
-pub struct ActOnTree {
+/// A tree from the path (`/api/trees/{id}/...`) and the request's principal
+/// (set by [`authenticate`] before any handler), checked before the handler
+/// runs: the row is read, then 404 unless the principal may see it
+/// ([`Principal::may_see`]) and, with `ACT`, 403 unless it may act on it
+/// ([`Principal::may_act_on`]). Written once for every handler that reads
+/// or acts on a tree.
+pub struct TreeFor<const ACT: bool> {
     pub row: TreeRow,
     pub principal: Principal,
 }
 
-/// A tree from the path that the request's principal may read (404 else,
-/// [`Principal::may_see`]).
-pub struct SeeTree {
-    pub row: TreeRow,
-    pub principal: Principal,
-}
+/// A tree the request's principal may act on (kill, resolve).
+pub type ActOnTree = TreeFor<true>;
 
-/// The path's tree row and the request's principal (set by
-/// [`authenticate`] before any handler).
-async fn tree_and_principal(
-    parts: &mut axum::http::request::Parts,
-    state: &AppState,
-) -> Result<(TreeRow, Principal), ApiError> {
-    use axum::extract::FromRequestParts as _;
-    let super::error::TreePath(id) =
-        super::error::TreePath::from_request_parts(parts, state).await?;
-    let principal = parts
-        .extensions
-        .get::<Principal>()
-        .cloned()
-        .ok_or_else(|| ApiError::Internal("no principal on the request".into()))?;
-    let row = known(state.service.door().tree(id).await?, id)?;
-    Ok((row, principal))
-}
+/// A tree the request's principal may read.
+pub type SeeTree = TreeFor<false>;
 
-impl axum::extract::FromRequestParts<AppState> for ActOnTree {
+impl<const ACT: bool> axum::extract::FromRequestParts<AppState> for TreeFor<ACT> {
     type Rejection = ApiError;
 
     async fn from_request_parts(
         parts: &mut axum::http::request::Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let (row, principal) = tree_and_principal(parts, state).await?;
-        principal.may_act_on(&row)?;
-        Ok(ActOnTree { row, principal })
-    }
-}
-
-impl axum::extract::FromRequestParts<AppState> for SeeTree {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(
-        parts: &mut axum::http::request::Parts,
-        state: &AppState,
-    ) -> Result<Self, Self::Rejection> {
-        let (row, principal) = tree_and_principal(parts, state).await?;
-        principal.may_see(&row)?;
-        Ok(SeeTree { row, principal })
+        let super::error::TreePath(id) =
+            super::error::TreePath::from_request_parts(parts, state).await?;
+        let principal = parts
+            .extensions
+            .get::<Principal>()
+            .cloned()
+            .ok_or_else(|| ApiError::Internal("no principal on the request".into()))?;
+        let row = known(state.service.door().tree(id).await?, id)?;
+        if ACT {
+            principal.may_act_on(&row)?;
+        } else {
+            principal.may_see(&row)?;
+        }
+        Ok(TreeFor { row, principal })
     }
 }
 

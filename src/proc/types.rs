@@ -55,6 +55,22 @@ impl BoundaryKind {
     }
 }
 
+impl std::str::FromStr for BoundaryKind {
+    type Err = String;
+    /// Only the kinds this OS can give ([`crate::proc::BOUNDARY_KINDS`]).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (on, kinds) = crate::proc::BOUNDARY_KINDS;
+        if let Some(k) = kinds.iter().find(|k| k.as_str() == s) {
+            return Ok(*k);
+        }
+        let names: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
+        Err(format!(
+            "unknown boundary kind {s:?}{on}: expected {}",
+            names.join(" or ")
+        ))
+    }
+}
+
 impl std::fmt::Display for BoundaryKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
@@ -193,6 +209,25 @@ pub enum ExitStatus {
     Signaled(i32),
 }
 
+impl ExitStatus {
+    /// The code a shell would report: the exit code, or 128 + N for signal N.
+    pub fn code_for_shell(self) -> i32 {
+        match self {
+            ExitStatus::Exited(code) => code,
+            ExitStatus::Signaled(sig) => 128 + sig,
+        }
+    }
+}
+
+impl std::fmt::Display for ExitStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExitStatus::Exited(code) => write!(f, "exited with code {code}"),
+            ExitStatus::Signaled(sig) => write!(f, "killed by signal {sig}"),
+        }
+    }
+}
+
 /// What happened to a signal aimed at a recorded group.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -295,6 +330,12 @@ pub enum Sig {
     Quit,
     Usr1,
     Usr2,
+}
+
+impl std::fmt::Display for Sig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// Everything needed to spawn one tree root.

@@ -1,8 +1,8 @@
 //! What only Linux has, answered the same way where it is missing (Windows,
 //! macOS): the proc connector, a pseudo-terminal for `run --tty`, parents
 //! shared by trees, cgroup delegation, OOM counts, a log's punched holes,
-//! a wait channel, a boot clock; and the released root, which holds no pidfd
-//! there. Those two OS folders take this file as their `linux_only` module
+//! a wait channel, a boot clock, credentials with no limits of their own;
+//! and the released root, which holds no pidfd there. Those two OS folders take this file as their `linux_only` module
 //! (`#[path]`), as they take `listed.rs`.
 
 use std::path::Path;
@@ -29,6 +29,15 @@ impl Spawned {
             leader: self.identity.clone(),
         }
     }
+}
+
+/// The credentials a tree's child would take (a tree as another user is
+/// not spawned here: refused on Windows, not yet on macOS).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Credentials {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
 }
 
 /// How a shared parent's name marks it (Linux's, for the shared code).

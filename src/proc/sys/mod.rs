@@ -28,10 +28,8 @@ mod macos;
 #[cfg(target_os = "macos")]
 pub use macos::*;
 
-// Streamed stdio's pipes, where the service is built.
-#[cfg(any(target_os = "linux", windows))]
+// A tree's stdio (and its streamed stdio's pipes), one file for every OS.
 mod stdio_pipes;
-#[cfg(any(target_os = "linux", windows))]
 pub use stdio_pipes::*;
 
 // The local end of `serve` (its socket, its shutdown signals, a secret

@@ -26,10 +26,10 @@ pub mod users;
 use crate::proc::ProcError;
 
 pub use boundary::{
-    EXEC_ERRNO_IS_THE_OS, EXEC_OTHER_FAILURE, GivenStdio, HeldChild, SHARED_PARENT_MARK,
-    SpawnStdio, Spawned, cgroup_root, cgroup2_mount, check_cgroup_writable,
-    deny_clone3_in_this_thread, is_shared_parent, own_cgroup_dir, remove_cgroup_if_empty,
-    remove_cgroup_when_empty, remove_shared_parent_if_empty, resolve_boundary, spawn_held,
+    BOUNDARY_KINDS, EXEC_ERRNO_IS_THE_OS, EXEC_OTHER_FAILURE, HeldChild, SHARED_PARENT_MARK,
+    Spawned, cgroup_root, cgroup2_mount, check_cgroup_writable, deny_clone3_in_this_thread,
+    is_shared_parent, own_cgroup_dir, remove_cgroup_if_empty, remove_cgroup_when_empty,
+    remove_shared_parent_if_empty, resolve_boundary, spawn_held,
 };
 pub use connector::{Connector, ConnectorWaker, monotonic_ns};
 pub use delegation::{SUPERVISOR_LEAF, check_limits_possible, layout, take_delegation};

@@ -28,28 +28,11 @@ use rustix::process::{Pid, WaitOptions};
 use crate::proc::{ExitCallback, ExitStatus, ProcError};
 
 impl ExitStatus {
-    /// The code a shell would report: the exit code, or 128 + N for signal N.
-    pub fn code_for_shell(self) -> i32 {
-        match self {
-            ExitStatus::Exited(code) => code,
-            ExitStatus::Signaled(sig) => 128 + sig,
-        }
-    }
-
     fn from_wait(status: rustix::process::WaitStatus) -> Option<Self> {
         if let Some(code) = status.exit_status() {
             Some(ExitStatus::Exited(code))
         } else {
             status.terminating_signal().map(ExitStatus::Signaled)
-        }
-    }
-}
-
-impl std::fmt::Display for ExitStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ExitStatus::Exited(code) => write!(f, "exited with code {code}"),
-            ExitStatus::Signaled(sig) => write!(f, "killed by signal {sig}"),
         }
     }
 }

@@ -21,14 +21,6 @@ use std::time::{Duration, Instant};
 use crate::proc::{ExitStatus, Identity, Liveness, ProcError};
 
 impl ExitStatus {
-    /// The code a shell would report: the exit code, or 128 + N for signal N.
-    pub fn code_for_shell(self) -> i32 {
-        match self {
-            ExitStatus::Exited(code) => code,
-            ExitStatus::Signaled(sig) => 128 + sig,
-        }
-    }
-
     fn from_wait(status: i32) -> Option<Self> {
         if libc::WIFEXITED(status) {
             Some(ExitStatus::Exited(libc::WEXITSTATUS(status)))
@@ -36,15 +28,6 @@ impl ExitStatus {
             Some(ExitStatus::Signaled(libc::WTERMSIG(status)))
         } else {
             None
-        }
-    }
-}
-
-impl std::fmt::Display for ExitStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ExitStatus::Exited(code) => write!(f, "exited with code {code}"),
-            ExitStatus::Signaled(sig) => write!(f, "killed by signal {sig}"),
         }
     }
 }

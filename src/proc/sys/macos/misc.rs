@@ -3,7 +3,9 @@
 //! for macOS), and honest answers for what macOS has not: cgroups and
 //! their accounting, the proc connector.
 
-use crate::proc::{Capability, ContainerUsage, Layout, LayoutReport, Probe, ProcError};
+use crate::proc::{
+    Capability, ContainerUsage, Credentials, Layout, LayoutReport, Probe, ProcError,
+};
 use std::path::Path;
 
 /// How the teardown would record a container kill. Never recorded on
@@ -13,15 +15,6 @@ pub const CONTAINER_KILL: (&str, crate::proc::BoundaryKind) =
 
 /// No container kills on its owner's exit on macOS.
 pub const STANDING_KILL_FLAG: Option<&str> = None;
-
-/// The credentials a tree's child would take (a tree as another user is
-/// not spawned on macOS yet).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Credentials {
-    pub uid: u32,
-    pub gid: u32,
-    pub groups: Vec<u32>,
-}
 
 pub use crate::proc::userdb::{
     current_uid, effective_uid, group_by_name, groups_of, login_uid, user_by_name, user_by_uid,

@@ -53,6 +53,6 @@ pub use signal::{
     signal_process,
 };
 pub use spawn::{
-    EXEC_ERRNO_IS_THE_OS, EXEC_OTHER_FAILURE, HeldChild, SpawnStdio, cgroup_root,
+    BOUNDARY_KINDS, EXEC_ERRNO_IS_THE_OS, EXEC_OTHER_FAILURE, HeldChild, cgroup_root,
     remove_cgroup_if_empty, remove_cgroup_when_empty, resolve_boundary, spawn_held,
 };

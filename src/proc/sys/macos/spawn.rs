@@ -10,17 +10,8 @@ use super::Spawned;
 use crate::config::BoundaryChoice;
 use crate::proc::{BoundaryKind, ExecFailure, ExecFailureKind, Identity, ProcError, SpawnSpec};
 
-impl std::str::FromStr for BoundaryKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "session" => Ok(BoundaryKind::Session),
-            other => Err(format!(
-                "unknown boundary kind {other:?} on macOS: expected session"
-            )),
-        }
-    }
-}
+/// The kinds a tree can be given here, and the OS a refusal names.
+pub const BOUNDARY_KINDS: (&str, &[BoundaryKind]) = (" on macOS", &[BoundaryKind::Session]);
 
 /// No cgroup root on macOS.
 pub fn cgroup_root(_override: Option<&Path>) -> Result<Option<PathBuf>, ProcError> {
@@ -37,20 +28,6 @@ pub fn resolve_boundary(
         BoundaryChoice::Cgroup => Err(ProcError::NoCgroup(
             "macOS has no cgroups (use --boundary session or auto)".into(),
         )),
-    }
-}
-
-/// What the child's stdin/stdout/stderr are.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SpawnStdio {
-    Inherit,
-    Null,
-    Log,
-}
-
-impl SpawnStdio {
-    pub fn needs_log(&self) -> bool {
-        matches!(self, SpawnStdio::Log)
     }
 }
 

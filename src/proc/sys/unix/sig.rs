@@ -51,9 +51,3 @@ impl Sig {
         }
     }
 }
-
-impl std::fmt::Display for Sig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}

@@ -69,8 +69,9 @@ pub(crate) fn open(pid: i32, access: u32) -> Result<Option<Owned>, ProcError> {
     Ok(Some(unsafe { Owned::from_raw_handle(h) }))
 }
 
-/// The creation time of the process `h` names and whether it still runs.
-pub(crate) fn times_of(h: &Owned) -> Result<Times, ProcError> {
+/// `GetProcessTimes` of the process `h` names, in 100 ns units: its
+/// creation (FILETIME), exit, kernel and user times.
+pub(crate) fn process_times(h: &Owned) -> Result<[u64; 4], ProcError> {
     let zero = FILETIME {
         dwLowDateTime: 0,
         dwHighDateTime: 0,
@@ -79,22 +80,24 @@ pub(crate) fn times_of(h: &Owned) -> Result<Times, ProcError> {
     // SAFETY: `h` is a valid process handle; the four out-pointers are
     // FILETIMEs on this stack frame.
     let ok = unsafe { GetProcessTimes(h.as_raw_handle(), &mut c, &mut e, &mut k, &mut u) };
-    if ok == 0 {
-        return Err(ProcError::Io(super::last_error()));
-    }
+    super::check_bool(ok)?;
+    Ok([c, e, k, u].map(filetime))
+}
+
+/// The creation time of the process `h` names and whether it still runs.
+pub(crate) fn times_of(h: &Owned) -> Result<Times, ProcError> {
+    let [created, ..] = process_times(h)?;
     let mut code = 0u32;
     // SAFETY: `h` is a valid process handle; `code` is a u32 on this frame.
     let ok = unsafe { GetExitCodeProcess(h.as_raw_handle(), &mut code) };
-    if ok == 0 {
-        return Err(ProcError::Io(super::last_error()));
-    }
+    super::check_bool(ok)?;
     Ok(Times {
-        created: filetime(c),
+        created,
         running: code == STILL_ACTIVE as u32,
     })
 }
 
-pub(crate) fn filetime(t: FILETIME) -> u64 {
+fn filetime(t: FILETIME) -> u64 {
     (u64::from(t.dwHighDateTime) << 32) | u64::from(t.dwLowDateTime)
 }
 

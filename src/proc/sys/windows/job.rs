@@ -207,10 +207,7 @@ pub(crate) fn assign(
 ) -> Result<(), ProcError> {
     // SAFETY: both are valid handles for the duration of the call.
     let ok = unsafe { AssignProcessToJobObject(job.as_raw_handle(), process) };
-    if ok == 0 {
-        return Err(ProcError::Io(last_error()));
-    }
-    Ok(())
+    super::check_bool(ok)
 }
 
 fn extended(job: &Owned) -> Result<JOBOBJECT_EXTENDED_LIMIT_INFORMATION, ProcError> {
@@ -227,9 +224,7 @@ fn extended(job: &Owned) -> Result<JOBOBJECT_EXTENDED_LIMIT_INFORMATION, ProcErr
             std::ptr::null_mut(),
         )
     };
-    if ok == 0 {
-        return Err(ProcError::Io(last_error()));
-    }
+    super::check_bool(ok)?;
     Ok(info)
 }
 
@@ -244,10 +239,7 @@ fn set_extended(job: &Owned, info: &JOBOBJECT_EXTENDED_LIMIT_INFORMATION) -> Res
             std::mem::size_of_val(info) as u32,
         )
     };
-    if ok == 0 {
-        return Err(ProcError::Io(last_error()));
-    }
-    Ok(())
+    super::check_bool(ok)
 }
 
 /// Clears `KILL_ON_JOB_CLOSE` (keeps every other limit): closing the job's
@@ -272,10 +264,7 @@ pub(crate) fn armed(job: &Owned) -> Result<bool, ProcError> {
 pub(crate) fn terminate(job: &Owned) -> Result<(), ProcError> {
     // SAFETY: `job` is a valid job handle.
     let ok = unsafe { TerminateJobObject(job.as_raw_handle(), TERMINATED_CODE) };
-    if ok == 0 {
-        return Err(ProcError::Io(last_error()));
-    }
-    Ok(())
+    super::check_bool(ok)
 }
 
 /// The job's accounting: active processes and CPU time (100 ns units).
@@ -299,9 +288,7 @@ pub(crate) fn accounting(job: &Owned) -> Result<Accounting, ProcError> {
             std::ptr::null_mut(),
         )
     };
-    if ok == 0 {
-        return Err(ProcError::Io(last_error()));
-    }
+    super::check_bool(ok)?;
     Ok(Accounting {
         active: info.ActiveProcesses,
         total_processes: info.TotalProcesses,

@@ -18,7 +18,7 @@ use windows_sys::Win32::System::Threading::{
 
 use super::identity::{boot_id, open, times_of};
 use super::reaper::unsupported;
-use super::{Owned, job};
+use super::{Credentials, Owned, job};
 use crate::proc::{
     Capability, ContainerUsage, Identity, Layout, LayoutReport, ProcError, UserInfo,
 };
@@ -176,14 +176,6 @@ pub fn signal_pidfd(
     Err(unsupported(
         "signal for a held process (the job's terminate reaches it)",
     ))
-}
-
-/// The credentials a tree's child would take (refused on Windows).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Credentials {
-    pub uid: u32,
-    pub gid: u32,
-    pub groups: Vec<u32>,
 }
 
 pub fn user_by_name(_name: &str) -> std::io::Result<Option<UserInfo>> {
@@ -420,9 +412,7 @@ pub fn forward_console_ctrl(f: CtrlCallback) -> Result<CtrlForward, ProcError> {
     // for the whole program.
     let ok =
         unsafe { windows_sys::Win32::System::Console::SetConsoleCtrlHandler(Some(on_ctrl), 1) };
-    if ok == 0 {
-        return Err(ProcError::Io(super::last_error()));
-    }
+    super::check_bool(ok)?;
     Ok(CtrlForward(()))
 }
 

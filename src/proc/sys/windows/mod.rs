@@ -64,7 +64,7 @@ pub use signal::{
     signal_process,
 };
 pub use spawn::{
-    EXEC_ERRNO_IS_THE_OS, EXEC_OTHER_FAILURE, GivenStdio, HeldChild, SpawnStdio, cgroup_root,
+    BOUNDARY_KINDS, EXEC_ERRNO_IS_THE_OS, EXEC_OTHER_FAILURE, HeldChild, cgroup_root,
     remove_cgroup_if_empty, remove_cgroup_when_empty, resolve_boundary, spawn_held,
 };
 
@@ -81,4 +81,12 @@ pub(crate) fn wide(s: &str) -> Vec<u16> {
 /// The last Win32 error as an `io::Error`.
 pub(crate) fn last_error() -> std::io::Error {
     std::io::Error::last_os_error()
+}
+
+/// A Win32 `BOOL` answer: 0 is a failure, the last error its cause.
+pub(crate) fn check_bool(ok: i32) -> Result<(), crate::proc::ProcError> {
+    if ok == 0 {
+        return Err(crate::proc::ProcError::Io(last_error()));
+    }
+    Ok(())
 }

@@ -13,31 +13,11 @@ use std::os::windows::io::AsRawHandle;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use windows_sys::Win32::Foundation::{FILETIME, STILL_ACTIVE, WAIT_OBJECT_0};
-use windows_sys::Win32::System::Threading::{
-    GetExitCodeProcess, GetProcessTimes, WaitForSingleObject,
-};
+use windows_sys::Win32::Foundation::{STILL_ACTIVE, WAIT_OBJECT_0};
+use windows_sys::Win32::System::Threading::{GetExitCodeProcess, WaitForSingleObject};
 
 use super::Owned;
 use crate::proc::{ExitCallback, ExitStatus, ProcError};
-
-impl ExitStatus {
-    pub fn code_for_shell(self) -> i32 {
-        match self {
-            ExitStatus::Exited(code) => code,
-            ExitStatus::Signaled(sig) => 128 + sig,
-        }
-    }
-}
-
-impl std::fmt::Display for ExitStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ExitStatus::Exited(code) => write!(f, "exited with code {code}"),
-            ExitStatus::Signaled(sig) => write!(f, "killed by signal {sig}"),
-        }
-    }
-}
 
 struct Child {
     handle: std::sync::Arc<Owned>,
@@ -180,15 +160,8 @@ impl Reaper {
     /// The CPU time of `pid` (user + kernel, microseconds).
     pub fn cpu_usec_of(&self, pid: i32) -> Option<u64> {
         let h = self.handle(pid)?;
-        let zero = FILETIME {
-            dwLowDateTime: 0,
-            dwHighDateTime: 0,
-        };
-        let (mut c, mut e, mut k, mut u) = (zero, zero, zero, zero);
-        // SAFETY: `h` is a valid process handle; the out-pointers are
-        // FILETIMEs on this frame.
-        let ok = unsafe { GetProcessTimes(h.as_raw_handle(), &mut c, &mut e, &mut k, &mut u) };
-        (ok != 0).then(|| (super::identity::filetime(k) + super::identity::filetime(u)) / 10)
+        let [_, _, kernel, user] = super::identity::process_times(&h).ok()?;
+        Some((kernel + user) / 10)
     }
 
     /// Exits of spawned processes nobody claimed yet.

@@ -70,12 +70,6 @@ impl Sig {
     }
 }
 
-impl std::fmt::Display for Sig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
 /// Whether this process may terminate `pid` (opens it with that right).
 pub fn may_signal(pid: i32) -> bool {
     matches!(open(pid, PROCESS_TERMINATE), Ok(Some(_)))
@@ -118,9 +112,7 @@ pub fn signal_process(id: &Identity, sig: Sig) -> Result<Delivery, ProcError> {
     }
     // SAFETY: `h` is a valid process handle with PROCESS_TERMINATE.
     let ok = unsafe { TerminateProcess(h.as_raw_handle(), job::TERMINATED_CODE) };
-    if ok == 0 {
-        return Err(ProcError::Io(super::last_error()));
-    }
+    super::check_bool(ok)?;
     Ok(Delivery::Sent)
 }
 
@@ -162,9 +154,7 @@ pub fn signal_group_known(
     // SAFETY: plain values; the group id is the recorded root's, checked
     // above, and never 0 (which would be this process's whole console).
     let ok = unsafe { GenerateConsoleCtrlEvent(CTRL_BREAK_EVENT, rec.pgid as u32) };
-    if ok == 0 {
-        return Err(ProcError::Io(super::last_error()));
-    }
+    super::check_bool(ok)?;
     Ok(GroupDelivery::Sent { members })
 }
 

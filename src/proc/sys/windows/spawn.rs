@@ -21,20 +21,12 @@ use super::job::{self, JobLimits};
 use super::{Owned, Reaper, Spawned};
 use crate::config::BoundaryChoice;
 use crate::proc::{
-    BoundaryKind, CgroupSetting, ExecFailure, ExecFailureKind, Identity, ProcError, SpawnSpec,
+    BoundaryKind, CgroupSetting, ExecFailure, ExecFailureKind, GivenStdio, Identity, ProcError,
+    SpawnSpec, SpawnStdio,
 };
 
-impl std::str::FromStr for BoundaryKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "job" => Ok(BoundaryKind::Job),
-            other => Err(format!(
-                "unknown boundary kind {other:?} on Windows: expected job"
-            )),
-        }
-    }
-}
+/// The kinds a tree can be given here, and the OS a refusal names.
+pub const BOUNDARY_KINDS: (&str, &[BoundaryKind]) = (" on Windows", &[BoundaryKind::Job]);
 
 /// Where tree jobs are named: the `job:` namespace (`job:<name>` per tree).
 pub fn cgroup_root(_override: Option<&Path>) -> Result<Option<PathBuf>, ProcError> {
@@ -56,59 +48,7 @@ pub fn resolve_boundary(
     }
 }
 
-/// What the child's stdin/stdout/stderr are.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SpawnStdio {
-    Inherit,
-    Null,
-    Log,
-    /// Handles for 0, 1 and 2 (a slot left `None` is as with `Log`). The
-    /// service's Unix socket is what brings them on Linux; Windows serves
-    /// only TCP, so nothing fills them there yet (kept so the shared
-    /// service code reads one type).
-    Given(GivenStdio),
-}
-
-impl SpawnStdio {
-    /// Whether the tree needs its log file.
-    pub fn needs_log(&self) -> bool {
-        match self {
-            SpawnStdio::Log => true,
-            SpawnStdio::Given(g) => g.needs_log(),
-            SpawnStdio::Inherit | SpawnStdio::Null => false,
-        }
-    }
-}
-
-/// The handles of [`SpawnStdio::Given`], in the order 0, 1, 2.
-#[derive(Clone, Debug, Default)]
-pub struct GivenStdio(pub [Option<std::sync::Arc<std::os::windows::io::OwnedHandle>>; 3]);
-
-impl PartialEq for GivenStdio {
-    /// The same handles, by value.
-    fn eq(&self, other: &Self) -> bool {
-        use std::os::windows::io::AsRawHandle;
-        let raw = |g: &Self| {
-            g.0.each_ref()
-                .map(|h| h.as_ref().map(|h| h.as_raw_handle() as usize))
-        };
-        raw(self) == raw(other)
-    }
-}
-
-impl Eq for GivenStdio {}
-
 impl GivenStdio {
-    /// Whether slot `i` (0, 1, 2) is given.
-    pub fn has(&self, i: usize) -> bool {
-        self.0.get(i).is_some_and(Option::is_some)
-    }
-
-    /// Whether the log file is needed (stdout or stderr not given).
-    pub fn needs_log(&self) -> bool {
-        !(self.has(1) && self.has(2))
-    }
-
     /// Slot `i` as the child's handle (its own duplicate).
     fn stdio(&self, i: usize) -> std::io::Result<Option<std::process::Stdio>> {
         match self.0.get(i).and_then(Option::as_ref) {

@@ -42,7 +42,7 @@ pub use cgroup::{
 pub(crate) use fork::CloneArgs;
 pub use fork::deny_clone3_in_this_thread;
 pub use held::{HeldChild, Spawned, spawn_held};
-pub use types::{EXEC_ERRNO_IS_THE_OS, EXEC_OTHER_FAILURE, GivenStdio, SpawnStdio};
+pub use types::{BOUNDARY_KINDS, EXEC_ERRNO_IS_THE_OS, EXEC_OTHER_FAILURE};
 
 // The files below name these as `super::delegation` and
 // `super::cgroup_wait_event`, as they did when they were one file: these

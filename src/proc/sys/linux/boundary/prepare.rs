@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 #[cfg(doc)]
 use super::fork::child_after_fork;
-use super::types::{GivenStdio, SpawnStdio};
+use crate::proc::{GivenStdio, SpawnStdio};
 use crate::proc::{ProcError, SpawnSpec};
 
 /// Everything the child touches after fork, allocated before it.
@@ -121,11 +121,7 @@ pub(super) fn prepare(spec: &SpawnSpec) -> Result<Prepared, ProcError> {
             rustix::fs::Mode::empty(),
         )?),
     };
-    let logged = match &spec.stdio {
-        SpawnStdio::Log => true,
-        SpawnStdio::Given(g) => g.needs_log(),
-        SpawnStdio::Inherit | SpawnStdio::Null => false,
-    };
+    let logged = spec.stdio.needs_log();
     let given = match &spec.stdio {
         SpawnStdio::Given(g) => g.clone(),
         _ => GivenStdio::default(),

@@ -3,75 +3,10 @@
 //! and an exec's failure as the shell reports it. Plain data: no syscall.
 
 use crate::proc::{BoundaryKind, ExecFailure, ExecFailureKind};
-use std::os::fd::{AsRawFd, OwnedFd};
 
-impl std::str::FromStr for BoundaryKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "cgroup" => Ok(BoundaryKind::Cgroup),
-            "session" => Ok(BoundaryKind::Session),
-            other => Err(format!(
-                "unknown boundary kind {other:?}: expected cgroup or session"
-            )),
-        }
-    }
-}
-
-/// What the child's stdin/stdout/stderr are.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SpawnStdio {
-    /// The caller's descriptors 0, 1 and 2.
-    Inherit,
-    /// `/dev/null` for all three.
-    Null,
-    /// stdin from `/dev/null`; stdout and stderr appended, interleaved as
-    /// written, to [`crate::proc::SpawnSpec::log_file`] (created 0600).
-    Log,
-    /// Descriptors a client handed over (SCM_RIGHTS on the API's socket)
-    /// for 0, 1 and 2; a slot left `None` is as with [`SpawnStdio::Log`]
-    /// (stdin `/dev/null`, stdout and stderr the log file).
-    Given(GivenStdio),
-}
-
-impl SpawnStdio {
-    /// Whether the tree needs its log file (`Log`, or given descriptors
-    /// that leave stdout or stderr to it).
-    pub fn needs_log(&self) -> bool {
-        match self {
-            SpawnStdio::Log => true,
-            SpawnStdio::Given(g) => g.needs_log(),
-            SpawnStdio::Inherit | SpawnStdio::Null => false,
-        }
-    }
-}
-
-/// The descriptors of [`SpawnStdio::Given`], in the order 0, 1, 2. Shared
-/// (`Arc`) so a spec stays `Clone`; the child gets its own copy by `dup2`.
-#[derive(Clone, Debug, Default)]
-pub struct GivenStdio(pub [Option<std::sync::Arc<OwnedFd>>; 3]);
-
-impl GivenStdio {
-    /// Whether slot `i` (0, 1, 2) is given.
-    pub fn has(&self, i: usize) -> bool {
-        self.0.get(i).is_some_and(Option::is_some)
-    }
-
-    /// Whether the log file is needed (stdout or stderr not given).
-    pub fn needs_log(&self) -> bool {
-        !(self.has(1) && self.has(2))
-    }
-}
-
-impl PartialEq for GivenStdio {
-    /// The same descriptors, by number.
-    fn eq(&self, other: &Self) -> bool {
-        let raw = |g: &Self| g.0.each_ref().map(|f| f.as_ref().map(|f| f.as_raw_fd()));
-        raw(self) == raw(other)
-    }
-}
-
-impl Eq for GivenStdio {}
+/// The kinds a tree can be given here (the OS named in a refusal: none).
+pub const BOUNDARY_KINDS: (&str, &[BoundaryKind]) =
+    ("", &[BoundaryKind::Cgroup, BoundaryKind::Session]);
 
 /// How a failed exec reads here: `exec failed`, with errno's own words.
 pub const EXEC_OTHER_FAILURE: &str = "exec failed";
@@ -97,6 +32,15 @@ impl ExecFailure {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn boundary_kinds_parse_as_linux_gives_them() {
+        assert_eq!("session".parse::<BoundaryKind>(), Ok(BoundaryKind::Session));
+        assert_eq!(
+            "job".parse::<BoundaryKind>(),
+            Err("unknown boundary kind \"job\": expected cgroup or session".to_owned())
+        );
+    }
 
     #[test]
     fn exec_failure_kinds_follow_the_shell() {
