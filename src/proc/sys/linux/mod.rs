@@ -40,9 +40,7 @@ pub(crate) use listing::{view_refresh, view_reread};
 pub use pidfd::{ExitWatch, open_exit_watch, wait_exits};
 pub use probe::probe;
 pub use readers::{cmdline, details, member_pids, uid_of, wchan};
-pub use reaper::{
-    Reaper, has_no_children, parent_pid, reap_child, set_parent_death_signal, set_subreaper,
-};
+pub use reaper::{Reaper, has_no_children, parent_pid, reap_child, set_subreaper};
 pub use reserve::{RESERVES_PAST_END, reserve_past_end};
 pub use resources::{cap_log, cgroup_controllers, container_usage, oom_kills};
 pub use signal::{

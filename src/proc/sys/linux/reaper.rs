@@ -446,15 +446,6 @@ pub fn parent_pid() -> i32 {
     rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get())
 }
 
-/// Asks the kernel to send `sig` to this process when its parent dies
-/// (`PR_SET_PDEATHSIG`). Callers also compare [`parent_pid`] with the parent
-/// they started under: the kernel ties the signal to the parent *thread*.
-pub fn set_parent_death_signal(sig: crate::proc::Sig) -> Result<(), ProcError> {
-    let signal = rustix::process::Signal::from_named_raw(sig.number());
-    rustix::process::set_parent_process_death_signal(signal)?;
-    Ok(())
-}
-
 /// Whether this process has no child at all, live or zombie (`ECHILD` from
 /// `waitid(P_ALL, WEXITED | WNOHANG | WNOWAIT | __WALL)`). A probe that takes
 /// no status (`WNOWAIT`): the reaper thread stays the only one that reaps.

@@ -252,11 +252,6 @@ pub fn parent_pid() -> i32 {
     unsafe { libc::getppid() }
 }
 
-/// No parent-death signal on macOS.
-pub fn set_parent_death_signal(_sig: crate::proc::Sig) -> Result<(), ProcError> {
-    Err(unsupported("parent-death signal"))
-}
-
 /// Whether this process has no child left (`proc_listchildpids`).
 pub fn has_no_children() -> Result<bool, ProcError> {
     // SAFETY: a count query: null buffer and size 0.

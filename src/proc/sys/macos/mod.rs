@@ -28,7 +28,7 @@ mod spawn;
 
 pub use exits::{
     ExitHandle, Reaper, has_no_children, open_exit_watch, parent_pid, pidfd_exited, reap_child,
-    set_parent_death_signal, set_subreaper, signal_pidfd, wait_exits,
+    set_subreaper, signal_pidfd, wait_exits,
 };
 pub use identity::{
     boot_id, details_of, first_live_in_group, group_members, identity_of, read_entry, read_stat,

@@ -55,9 +55,7 @@ const PTY_MISSING: &str = "pseudo-terminal here (ConPTY is not wired)";
 #[path = "../listed.rs"]
 mod listed;
 pub(crate) use listed::{refresh_by_listing as view_refresh, reread_by_listing as view_reread};
-pub use reaper::{
-    Reaper, has_no_children, parent_pid, reap_child, set_parent_death_signal, set_subreaper,
-};
+pub use reaper::{Reaper, has_no_children, parent_pid, reap_child, set_subreaper};
 pub use signal::{
     container_freeze, container_kill, container_pids, container_populated, container_thaw,
     container_wait_event, default_sigpipe, disarm_standing_kill, may_signal, signal_group_known,

@@ -207,11 +207,6 @@ pub fn parent_pid() -> i32 {
     super::misc::toolhelp_entry(std::process::id() as i32).map_or(0, |(ppid, _)| ppid)
 }
 
-/// Windows has no parent-death signal.
-pub fn set_parent_death_signal(_sig: crate::proc::Sig) -> Result<(), ProcError> {
-    Err(unsupported("a parent-death signal"))
-}
-
 /// Windows cannot say whether a process has no child (no parent links kept).
 pub fn has_no_children() -> Result<bool, ProcError> {
     Err(unsupported("a child count"))
