@@ -140,6 +140,8 @@ pub fn serve(
             ))
         })?;
     ledger.set_evidence_budget(opts.evidence_max);
+    // The root's own handle (tokens, the instance id): clones share one owner thread.
+    let root_ledger = ledger.clone();
     let mut engine = Engine::new(config, ledger, Some(reaper)).map_err(|e| match e {
         CustodyError::UnknownTree(_) | CustodyError::Conflict(_) => {
             ServeError::usage(e.to_string())
@@ -261,9 +263,7 @@ pub fn serve(
     };
     // The api-token file is the first admin token: current setups keep
     // working. A replaced file's old token is revoked.
-    service
-        .engine()
-        .ledger()
+    root_ledger
         .import_token(
             "api-token file",
             &crate::http::auth::token_hash(&token),
@@ -278,11 +278,11 @@ pub fn serve(
     });
     let open_reads = opts.open_reads;
     // The dashboard's session cookie is named for this ledger (and port).
-    let instance = service
-        .engine()
-        .ledger()
+    let instance = root_ledger
         .instance_id()
         .map_err(|e| ServeError::internal(format!("ledger instance id: {e}")))?;
+    // The service's handle is the one that lives on: the ledger closes with it.
+    drop(root_ledger);
     let code = rt.block_on(async move {
         // Signals first: from here on SIGTERM drains, whatever start-up is
         // doing. Then the listeners, which answer before the recovery sweep

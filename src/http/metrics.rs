@@ -31,8 +31,7 @@ pub async fn metrics(
         m.ship_acked_seq.set(acked);
         m.ship_lag_events.set((head_seq - acked).max(0));
     }
-    m.sync_stats(s.service.engine().stats());
-    m.sync_holds(s.service.engine().holds());
+    s.service.sync_engine_metrics();
     m.sync_http(super::closer::cut_off_total());
     m.sync_observer(s.service.observer_status().ok().as_ref());
     let recovery = s.service.recovery();

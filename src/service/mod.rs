@@ -481,8 +481,11 @@ impl Service {
         }
     }
 
-    pub fn engine(&self) -> &Engine {
-        &self.engine
+    /// Copies the engine's counters and held-handle budget into the
+    /// metrics (read by `/metrics` before it encodes).
+    pub fn sync_engine_metrics(&self) {
+        self.metrics.sync_stats(self.engine.stats());
+        self.metrics.sync_holds(self.engine.holds());
     }
 
     pub fn metrics(&self) -> &Metrics {
