@@ -192,6 +192,9 @@ impl Ledger {
     /// seqs, and a trailer naming the Merkle root of every event up to the
     /// head, the head and its own path, the selection and how many events
     /// it took; sealed as a whole export's trailer is. Returns the count.
+    // Over 100 lines on purpose: one export in its order (the head fixed, every leaf read for the
+    // Merkle tree, the selected events merged with the seals in seq order with a proof after each
+    // run, then the trailer); the run in progress is state its closures share.
     pub(crate) fn export_proven(
         &self,
         filter: &EventFilter,

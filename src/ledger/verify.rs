@@ -35,6 +35,9 @@ fn broke(seq: Option<i64>, what: impl Into<String>) -> Option<VerifyBreak> {
 
 /// `seals`: the check `verify --seal-key` adds, and the time the ledger
 /// was read (freshness is judged at it).
+// Over 100 lines on purpose: the checks of a live ledger in their order (integrity, foreign keys,
+// the chain, signal rows, the projection, the expected head, the backup stamp, the seals), each
+// ending the report at its first break.
 pub(crate) fn verify(
     conn: &Connection,
     expect_head: Option<(i64, String)>,
