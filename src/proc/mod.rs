@@ -27,11 +27,13 @@
 
 #![allow(unsafe_code)]
 
+mod parallel;
 mod snapshot;
 pub mod stat;
 mod sys;
 mod types;
 
+pub use parallel::{PARALLEL_MIN, read_in_parallel};
 pub use snapshot::{HostView, Snapshot, snapshot, snapshot_pids};
 pub use stat::{ProcEntry, parse_stat};
 pub use sys::*;

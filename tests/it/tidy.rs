@@ -112,6 +112,21 @@ fn only_the_ledger_knows_sql() {
     );
 }
 
+/// `proc` is the bottom of the layers: it takes `config`'s types and names
+/// nothing above it (a walk, a classification, a row or a service is its
+/// callers' business).
+#[test]
+fn proc_names_no_layer_above_it() {
+    let re = Regex::new(r"\bcrate::(scan|ledger|custody|service|http|serve|commands|cli)\b")
+        .expect("re");
+    let found = hits(&re, |p| p.starts_with("src/proc/"));
+    assert!(
+        found.is_empty(),
+        "src/proc/ names a layer above it:\n{}",
+        found.join("\n")
+    );
+}
+
 #[test]
 fn unsafe_lives_in_proc_and_every_block_says_why() {
     let re = Regex::new(r"\bunsafe\s*(\{|fn\b|impl\b)").expect("re");
@@ -341,6 +356,12 @@ fn what_http_reaches_past_the_service_only_shrinks() {
         &hits(&direct, http),
         0,
     );
+    let engine = Regex::new(r"\.engine\(\)").expect("re");
+    ratchet(
+        "the custody engine reached through Service in src/http",
+        &hits(&engine, http),
+        0,
+    );
     let up = Regex::new(r"crate::http\b").expect("re");
     ratchet(
         "crate::http named in src/service",
@@ -366,4 +387,82 @@ fn the_teardown_reaches_the_kernel_through_host() {
         &found,
         1,
     );
+}
+
+/// The functions of `text` over `max` lines that have no `// Over 100
+/// lines on purpose:` in the comments above them, as `(line, name)`. A
+/// function runs from its `fn` line to the first line that is its indent
+/// and `}` (rustfmt's layout, which `cargo fmt --check` holds); a test
+/// module (`#[cfg(test)]` then `mod`) ends the file's production code.
+fn long_unmarked(text: &str, max: usize) -> Vec<(usize, String)> {
+    let head =
+        Regex::new(r"^(\s*)(pub(\([^)]*\))? )?(const )?(async )?(unsafe )?fn (\w+)").expect("re");
+    let lines: Vec<&str> = text.lines().collect();
+    let end = lines
+        .windows(2)
+        .position(|w| w[0].trim() == "#[cfg(test)]" && w[1].trim_start().starts_with("mod "))
+        .unwrap_or(lines.len());
+    let mut out = Vec::new();
+    for (i, line) in lines[..end].iter().enumerate() {
+        let Some(c) = head.captures(line) else {
+            continue;
+        };
+        let close = format!("{}}}", &c[1]);
+        let Some(len) = lines[i..end].iter().position(|l| *l == close) else {
+            continue;
+        };
+        if len < max {
+            continue;
+        }
+        let marked = lines[..i]
+            .iter()
+            .rev()
+            .take_while(|l| {
+                let t = l.trim_start();
+                t.starts_with("//") || t.starts_with("#[")
+            })
+            .any(|l| l.contains("Over 100 lines on purpose:"));
+        if !marked {
+            out.push((i + 1, c[7].to_string()));
+        }
+    }
+    out
+}
+
+/// ARCHITECTURE.md, "Long functions": in the core's rooms no production
+/// function is over 100 lines without its reason above it, but the
+/// teardown's `send`.
+#[test]
+fn long_functions_in_the_core_say_why() {
+    let scoped = |p: &str| {
+        (p.starts_with("src/custody/")
+            || p.starts_with("src/ledger/")
+            || (p.starts_with("src/proc/")
+                && !p.starts_with("src/proc/sys/windows/")
+                && !p.starts_with("src/proc/sys/macos/"))
+            || p == "src/scan.rs"
+            || p == "src/cli.rs")
+            && !p.ends_with("tests.rs")
+            && !p.ends_with("/fake.rs")
+    };
+    let mut found = Vec::new();
+    for (path, text) in files("src", ".rs") {
+        if !scoped(&path) {
+            continue;
+        }
+        for (n, name) in long_unmarked(&text, 100) {
+            if !(path == "src/custody/teardown/signal.rs" && name == "send") {
+                found.push(format!("{path}:{n}: fn {name}"));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "functions over 100 lines without `// Over 100 lines on purpose: …` above them:\n{}",
+        found.join("\n")
+    );
+    let probe = "fn a() {\n".to_string() + &"    x();\n".repeat(100) + "}\n";
+    assert_eq!(long_unmarked(&probe, 100), [(1, "a".to_string())]);
+    let marked = format!("// Over 100 lines on purpose: a probe.\n{probe}");
+    assert!(long_unmarked(&marked, 100).is_empty());
 }

@@ -1,6 +1,6 @@
 //! Linux's listing of processes: `/proc`'s names, each `stat` read with one
 //! buffer reused across the walk ([`StatReader`]), large reads split over
-//! idle cores ([`crate::scan::read_in_parallel`]); and how
+//! idle cores ([`crate::proc::read_in_parallel`]); and how
 //! [`crate::proc::HostView`] keeps itself current from it.
 
 use std::collections::HashSet;
@@ -41,7 +41,7 @@ pub fn snapshot_entries(only: Option<&[i32]>) -> (Vec<ProcEntry>, Option<String>
 /// The `stat` of each of `pids` (the gone skipped), and the first failed
 /// read's reason.
 fn read_stats(pids: &[i32]) -> (Vec<ProcEntry>, Option<String>) {
-    let reads = crate::scan::read_in_parallel(pids, |chunk| {
+    let reads = crate::proc::read_in_parallel(pids, |chunk| {
         let mut reader = StatReader::new();
         chunk
             .iter()

@@ -141,11 +141,11 @@ pub fn signal_process(id: &Identity, sig: Sig) -> Result<Delivery, ProcError> {
 }
 
 /// Live processes whose process group is `pgid`, by a `/proc` walk with the
-/// lean stat reader ([`crate::scan::snapshot`]: one open and read per
+/// lean stat reader ([`crate::proc::snapshot`]: one open and read per
 /// process, not `procfs`'s directory handle and full parse). An incomplete
 /// walk is an error, not an empty group: unknown is not gone.
 pub fn group_members(pgid: i32) -> Result<Vec<ProcEntry>, ProcError> {
-    let snap = crate::scan::snapshot();
+    let snap = crate::proc::snapshot();
     if let Some(why) = snap.incomplete {
         return Err(ProcError::Proc(format!(
             "process group {pgid}: /proc walk incomplete ({why})"

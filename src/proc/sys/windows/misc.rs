@@ -19,10 +19,10 @@ use windows_sys::Win32::System::Threading::{
 use super::identity::{boot_id, open, times_of};
 use super::reaper::unsupported;
 use super::{Credentials, Owned, job};
+use crate::proc::ProcEntry;
 use crate::proc::{
     Capability, ContainerUsage, Identity, Layout, LayoutReport, ProcError, UserInfo,
 };
-use crate::scan::ProcEntry;
 
 /// How the teardown records its container kill: `TerminateJobObject` of
 /// the tree's job (the database refuses the row without its authorization,
