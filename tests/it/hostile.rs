@@ -325,11 +325,75 @@ enum ChildLife {
 /// Another user's process, placed on a member's pid: it writes every
 /// signal it receives to `record` (its handlers are in place once the
 /// file says `ready`); a SIGKILL (or any signal it could not catch and
-/// that ended it) shows in its exit status, which this test, its parent,
-/// collects.
+/// that ended it) leaves it a zombie of its parent, the [`Spawner`],
+/// which never reaps it, so its pid stays its own until the spawner ends.
 struct Victim {
-    child: std::process::Child,
+    pid: i32,
     record: std::path::PathBuf,
+}
+
+/// The victims' parent: a process of the other user from its start, which
+/// forks a victim for each record path it reads and says its pid. A
+/// victim forked by root and then moved to the user (`Command::uid`) is
+/// root's between its fork and its `setuid`, a process of the member's own
+/// uid on its identity: the documented same-uid residual (RESIDUALS.md,
+/// "Two processes on one pid in one clock tick"), not what these races
+/// test. Forked here, it never had any uid but the user's.
+struct Spawner {
+    child: std::process::Child,
+    ask: std::process::ChildStdin,
+    said: std::io::BufReader<std::process::ChildStdout>,
+}
+
+const SPAWNER: &str = r#"
+import os, sys
+victim = sys.argv[1]
+for line in sys.stdin:
+    pid = os.fork()
+    if pid == 0:
+        null = os.open("/dev/null", os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+        os.execvp("python3", ["python3", "-c", victim, line.strip()])
+    print(pid, flush=True)
+"#;
+
+impl Spawner {
+    fn start(user: &crate::privilege::TestUser) -> Spawner {
+        use std::os::unix::process::CommandExt;
+        let mut child = Command::new("python3")
+            .args(["-c", SPAWNER, VICTIM])
+            .current_dir("/")
+            .uid(user.uid)
+            .gid(user.gid)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn the other user's spawner");
+        let ask = child.stdin.take().expect("stdin");
+        let said = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        Spawner { child, ask, said }
+    }
+
+    /// A victim writing to `record`, forked now.
+    fn victim(&mut self, record: &std::path::Path) -> Victim {
+        use std::io::{BufRead, Write};
+        writeln!(self.ask, "{}", record.display()).expect("ask the spawner");
+        let mut line = String::new();
+        self.said.read_line(&mut line).expect("the victim's pid");
+        let pid = line.trim().parse().expect("a pid");
+        Victim {
+            pid,
+            record: record.to_path_buf(),
+        }
+    }
+}
+
+impl Drop for Spawner {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// The victim's program: every catchable signal a teardown might send is
@@ -352,14 +416,18 @@ while True:
 
 impl Victim {
     fn pid(&self) -> i32 {
-        self.child.id() as i32
+        self.pid
     }
 
     /// What the victim itself saw: `None` while it is unharmed (running,
     /// not stopped, no signal written down), else what happened to it.
     fn harm(&mut self) -> Option<String> {
-        if let Ok(Some(status)) = self.child.try_wait() {
-            return Some(format!("ended: {status}"));
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).unwrap_or_default();
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.trim_start().chars().next());
+        if matches!(state, None | Some('Z' | 'X')) {
+            return Some(format!("ended (state {state:?})"));
         }
         let text = std::fs::read_to_string(&self.record).unwrap_or_default();
         let signals: Vec<&str> = text.lines().filter(|l| *l != "ready").collect();
@@ -383,10 +451,11 @@ impl Victim {
 }
 
 impl Drop for Victim {
+    /// Ends the victim by its pid, which is its own while its spawner lives
+    /// (a victim that ended is the spawner's zombie, never reaped).
     fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        if let Some(pid) = rustix::process::Pid::from_raw(self.pid) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
         }
     }
 }
@@ -464,6 +533,8 @@ time.sleep(600)
             .write(true)
             .open(&next)
             .expect("next fifo");
+        // Declared before the victims: they are ended (dropped) first.
+        let mut spawner = Spawner::start(user);
         let mut victims: Vec<Victim> = Vec::new();
         let mut tries = 0;
         while victims.len() < want && tries < 100 * want {
@@ -477,19 +548,7 @@ time.sleep(600)
             std::fs::write(&record, "").expect("victim's record");
             std::os::unix::fs::chown(&record, Some(user.uid), Some(user.gid)).expect("chown");
             let _ = std::fs::write("/proc/sys/kernel/ns_last_pid", (member - 1).to_string());
-            let child = {
-                use std::os::unix::process::CommandExt;
-                Command::new("python3")
-                    .args(["-c", VICTIM])
-                    .arg(&record)
-                    .current_dir("/")
-                    .uid(user.uid)
-                    .gid(user.gid)
-                    .stdin(std::process::Stdio::null())
-                    .spawn()
-                    .expect("spawn the other user's process")
-            };
-            let v = Victim { child, record };
+            let v = spawner.victim(&record);
             let vstart = start_ticks(member).filter(|_| v.pid() as u32 == member);
             // Did the ledger record the member, with the victim's start?
             let mut row = None;
