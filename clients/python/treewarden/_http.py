@@ -30,9 +30,12 @@ import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, Iterator, List, Mapping, NoReturn,
+                    Optional, Sequence, Tuple, TypeVar)
 
 from ._errors import ConnectionFailed, Error, Unavailable, from_body
+
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -245,6 +248,16 @@ def _unknown(method: str, path: str, e: BaseException) -> _Again:
     raise err from e
 
 
+def _not_upgraded(method: str, path: str, head: _Head, data: bytes) -> NoReturn:
+    """Raises for an upgrade answered with anything but 101: a refusal to
+    try again, the answer's own error, else that it was not upgraded."""
+    again = _refused_now(head, data)
+    if again is not None:
+        raise again
+    _answer(head, data)
+    raise ConnectionFailed(f"{method} {path}: answered {head.status}, not upgraded")
+
+
 def _refused_now(head: _Head, data: bytes) -> Optional[_Again]:
     """A 503 a retry may outlive (a drain, a busy ledger, a cap): not a
     closed dispatch, which waits for an operator."""
@@ -274,11 +287,17 @@ class Transport:
                 headers: Optional[Mapping[str, str]] = None, fds: Sequence[int] = (),
                 timeout: Optional[float] = None) -> Response:
         payload = None if body is None else json.dumps(body).encode("utf-8")
+        return self._retrying(lambda: self._once(method, path, payload, headers or {}, fds, timeout))
+
+    def _retrying(self, once: Callable[[], _T]) -> _T:
+        """``once()`` in a connection slot, again after each ``_Again`` (a
+        503 or a connection that never reached the service), up to
+        ``retries`` times."""
         attempt = 0
         while True:
             try:
                 with self._slots:
-                    return self._once(method, path, payload, headers or {}, fds, timeout)
+                    return once()
             except _Again as again:
                 attempt += 1
                 if attempt > self.retries:
@@ -344,16 +363,7 @@ class Transport:
         may hold the stream's first bytes). Any other answer raises as
         :meth:`request` does; a 503 ``Unavailable`` is tried again."""
         payload = json.dumps(body).encode("utf-8")
-        attempt = 0
-        while True:
-            try:
-                with self._slots:
-                    return self._upgrade_once(method, path, payload, protocol)
-            except _Again as again:
-                attempt += 1
-                if attempt > self.retries:
-                    raise again.error from None
-                time.sleep(_pause(attempt, again.after))  # a retry's backoff, not a wait for a condition
+        return self._retrying(lambda: self._upgrade_once(method, path, payload, protocol))
 
     def _upgrade_once(self, method: str, path: str, payload: bytes, protocol: str
                       ) -> Tuple[Dict[str, str], socket.socket, Any]:
@@ -382,11 +392,7 @@ class Transport:
             s.close()
             raise
         s.close()
-        again = _refused_now(answer, data)
-        if again is not None:
-            raise again
-        _answer(answer, data)
-        raise ConnectionFailed(f"{method} {path}: answered {answer.status}, not upgraded")
+        _not_upgraded(method, path, answer, data)
 
     def stream(self, path: str, accept: str = "text/event-stream") -> Iterator[bytes]:
         """A GET whose body is read as it comes (no timeout between chunks)."""
@@ -574,11 +580,16 @@ class AsyncTransport:
                       timeout: Optional[float] = None) -> Response:
         payload = None if body is None else json.dumps(body).encode("utf-8")
         limit = timeout if timeout is not None else self.timeout
+        return await self._retrying(
+            lambda: self._once(method, path, payload, headers or {}, fds, limit))
+
+    async def _retrying(self, once: Callable[[], Awaitable[_T]]) -> _T:
+        """:meth:`Transport._retrying` on the running loop."""
         attempt = 0
         while True:
             try:
                 async with self._sem():
-                    return await self._once(method, path, payload, headers or {}, fds, limit)
+                    return await once()
             except _Again as again:
                 attempt += 1
                 if attempt > self.retries:
@@ -615,16 +626,7 @@ class AsyncTransport:
         headers and the connection's streams (the reader may hold the
         stream's first bytes)."""
         payload = json.dumps(body).encode("utf-8")
-        attempt = 0
-        while True:
-            try:
-                async with self._sem():
-                    return await self._upgrade_once(method, path, payload, protocol)
-            except _Again as again:
-                attempt += 1
-                if attempt > self.retries:
-                    raise again.error from None
-                await asyncio.sleep(_pause(attempt, again.after))  # a retry's backoff
+        return await self._retrying(lambda: self._upgrade_once(method, path, payload, protocol))
 
     async def _upgrade_once(self, method: str, path: str, payload: bytes, protocol: str
                             ) -> Tuple[Dict[str, str], asyncio.StreamReader, asyncio.StreamWriter]:
@@ -656,11 +658,7 @@ class AsyncTransport:
         if got.status == 101:
             return got.headers, reader, writer
         writer.close()
-        again = _refused_now(got, data)
-        if again is not None:
-            raise again
-        _answer(got, data)
-        raise ConnectionFailed(f"{method} {path}: answered {got.status}, not upgraded")
+        _not_upgraded(method, path, got, data)
 
     async def stream(self, path: str, accept: str = "text/event-stream") -> AsyncIterator[bytes]:
         attempt = 0

@@ -38,6 +38,18 @@ def _frame(stream: int, payload: bytes) -> bytes:
     return struct.pack(">BI", stream, len(payload)) + payload
 
 
+#: The output streams' names, by frame stream number.
+_NAMES = {STDOUT: "stdout", STDERR: "stderr"}
+
+
+def _exit_of(payload: bytes) -> Optional[Dict[str, Any]]:
+    """The exit frame's status (``None`` when it does not parse)."""
+    try:
+        return json.loads(payload.decode("utf-8"))
+    except ValueError:
+        return None
+
+
 class Relay:
     """Copies between an upgraded connection and the spawn's descriptors
     (``fds``: ``"stdin"``, ``"stdout"``, ``"stderr"`` to a descriptor this
@@ -79,7 +91,6 @@ class Relay:
             os.close(fd)
 
     def _outputs(self) -> None:
-        names = {STDOUT: "stdout", STDERR: "stderr"}
         try:
             while True:
                 head = self._reader.read(5)
@@ -90,12 +101,9 @@ class Relay:
                 if len(payload) < length:
                     return
                 if stream == EXIT:
-                    try:
-                        self.exit = json.loads(payload.decode("utf-8"))
-                    except ValueError:
-                        self.exit = None
+                    self.exit = _exit_of(payload)
                     return
-                name = names.get(stream)
+                name = _NAMES.get(stream)
                 fd = self._fds.get(name) if name else None
                 if fd is None:
                     continue
@@ -218,18 +226,14 @@ class AsyncRelay:
                 os.close(source)
 
     async def _outputs(self) -> None:
-        names = {STDOUT: "stdout", STDERR: "stderr"}
         try:
             while True:
                 stream, length = struct.unpack(">BI", await self._reader.readexactly(5))
                 payload = await self._reader.readexactly(length) if length else b""
                 if stream == EXIT:
-                    try:
-                        self.exit = json.loads(payload.decode("utf-8"))
-                    except ValueError:
-                        self.exit = None
+                    self.exit = _exit_of(payload)
                     return
-                name = names.get(stream)
+                name = _NAMES.get(stream)
                 sink = self._sinks.get(name) if name else None
                 if sink is None:
                     continue
