@@ -143,7 +143,7 @@ fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
         if Instant::now() >= until {
             return false;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(20)); // the poll interval of wait_until, not a wait for a condition
     }
 }
 
